@@ -1,0 +1,42 @@
+# Two commands for a fresh machine with Python 3.11:
+#   make run    set up .venv and run the scheduler on examples/demo-jobs.json (embedded SQLite)
+#   make test   set up .venv and run every test: kernel, each distribution, conformance
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+DISTS  := $(sort $(wildcard plugins/*/pyproject.toml providers/*/pyproject.toml tests/support/*/pyproject.toml))
+DEMO_DB ?= .demo/scheduler.db
+PYTEST_WORKERS ?= 2
+
+.PHONY: install run test bench conformance clean
+
+$(VENV)/.installed: pyproject.toml $(DISTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(foreach d,$(DISTS),-e $(dir $(d)))
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	@rm -rf .demo && mkdir -p .demo
+	$(BIN)/scheduler --db $(DEMO_DB) jobs add --file examples/demo-jobs.json
+	$(BIN)/scheduler --db $(DEMO_DB) jobs list
+	$(BIN)/scheduler --db $(DEMO_DB) run --duration 12s
+	$(BIN)/scheduler --db $(DEMO_DB) runs list --limit 20
+	$(BIN)/scheduler --db $(DEMO_DB) status
+
+test: install
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests $(foreach d,$(DISTS),$(if $(wildcard $(dir $(d))tests),$(dir $(d))tests))
+	$(BIN)/python -m scheduler.conformance.ci
+
+conformance: install
+	$(BIN)/python -m scheduler.conformance.ci
+
+bench: install
+	$(PY) -m pip install -q --disable-pip-version-check -r bench/requirements.txt
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info

@@ -1,0 +1,135 @@
+"""The executor API: what the dispatcher hands an executor, and what it gets back.
+
+An executor is a plain synchronous object. The dispatcher runs it in a worker
+thread with an ``ExecutionRequest`` (what to run, until when, where to put large
+output) and a ``RunControl`` (cancellation, and durable bookkeeping callbacks that
+must happen *before* the work can cause side effects, such as the process
+identity of a shell command). It returns an ``ExecutionResult``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from scheduler.spec import JobSpec
+
+#: Terminal statuses an executor may report.
+EXECUTION_STATUSES = ("ok", "error", "timeout", "cancelled")
+
+
+@attrs.frozen(kw_only=True)
+class StreamCapture:
+    """One captured output stream: size and digest of the *whole* stream, an excerpt, maybe an artifact."""
+
+    bytes: int
+    sha256: str
+    excerpt: str
+    truncated: bool = False
+    artifact: str | None = None  # path relative to the artifacts root, when the full stream was offloaded
+    limit_exceeded: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionRequest:
+    """Everything an executor needs to run one attempt of one job."""
+
+    run_id: str
+    job_id: str
+    job: JobSpec
+    attempt: int = 1
+    scheduled_for_ms: int | None = None
+    started_at_ms: int
+    deadline_ms: int
+    #: Per-run directory the executor may write offloaded output into (already created).
+    artifacts_dir: Path
+    #: Root of the artifact store; ``StreamCapture.artifact`` paths are relative to it.
+    artifacts_root: Path
+    #: Extra variables the kernel adds to the job's environment (run id, job id, ...).
+    extra_env: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionResult:
+    """What an executor reports. ``status`` is one of ``EXECUTION_STATUSES``."""
+
+    status: str
+    exit_code: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    stdout: StreamCapture | None = None
+    stderr: StreamCapture | None = None
+    #: Structured output record: format, valid, warning, bytes, sha256 and parsed or artifact.
+    structured: dict[str, Any] | None = None
+    #: Verification audit: status, timing, exit metadata, byte counts and hashes only.
+    verification: dict[str, Any] | None = None
+    #: Text that chain conditions and deliveries see (normally the stdout excerpt).
+    summary: str | None = None
+    env_warning: str | None = None
+    details: dict[str, Any] = attrs.Factory(dict)
+
+
+@runtime_checkable
+class RunControl(Protocol):
+    """The dispatcher's side of a running execution."""
+
+    def is_cancelled(self) -> bool:
+        """True once cancellation was requested (by a user, a lost lease or shutdown)."""
+
+    def wait_cancelled(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s``; True as soon as cancellation is requested."""
+
+    def cancel_reason(self) -> str | None:
+        """Why the run was cancelled (``user``, ``lease_lost``, ``shutdown``...), if it was."""
+
+    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
+        """Durably record the process identity before the process may act; raises if the fence is lost."""
+
+    def record_termination(self, signal_name: str) -> None:
+        """Durably record that the process group was terminated (and how) before completion."""
+
+    def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        """Append a runtime event for this run (audit trail)."""
+
+
+class LocalRunControl:
+    """An in-memory ``RunControl`` for running an executor outside the dispatcher.
+
+    Used by the conformance engine and by plugin tests; it records what the
+    executor reported so assertions can look at it. ``cancel()`` requests
+    cancellation the same way the dispatcher does.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._event = threading.Event()
+        self._reason: str | None = None
+        self.processes: list[tuple[int, int, str]] = []
+        self.terminations: list[str] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def cancel(self, reason: str = "user") -> None:
+        """Request cancellation."""
+        self._reason = reason
+        self._event.set()
+
+    def is_cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait_cancelled(self, timeout_s: float) -> bool:
+        return self._event.wait(max(0.0, timeout_s))
+
+    def cancel_reason(self) -> str | None:
+        return self._reason
+
+    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
+        self.processes.append((pid, pgid, start_time))
+
+    def record_termination(self, signal_name: str) -> None:
+        self.terminations.append(signal_name)
+
+    def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        self.events.append((kind, dict(data or {})))

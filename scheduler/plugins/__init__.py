@@ -1,0 +1,1 @@
+"""Plugin host: entry-point discovery (stevedore), provider Protocols, pluggy hooks."""

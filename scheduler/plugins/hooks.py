@@ -1,0 +1,88 @@
+"""The typed facade over pluggy through which the kernel calls hooks.
+
+The plugin manager is built by ``make_plugin_manager`` (never at import time), which
+registers the hook modules found in the ``scheduler.hooks`` entry-point group with
+the same failure policy as every other plugin: a failing module is recorded, not
+fatal (unless strict loading is on).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import pluggy
+
+from scheduler.errors import SchedulerError
+from scheduler.plugins import hookspecs
+from scheduler.plugins.loader import _dist_name, _entry_points, is_disabled, strict_loading
+
+log = logging.getLogger(__name__)
+
+
+def make_plugin_manager(extra: Iterable[object] = (), *, load_entry_points: bool = True) -> pluggy.PluginManager:
+    """A plugin manager with the kernel hookspecs, entry-point hook modules and ``extra`` registered."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    failures: list[dict[str, str]] = []
+    if load_entry_points:
+        for ep in _entry_points("scheduler.hooks"):
+            if is_disabled("scheduler.hooks", ep.name):
+                continue
+            try:
+                pm.register(ep.load(), name=f"entrypoint:{ep.name}")
+            except Exception as exc:
+                failures.append({"name": ep.name, "distribution": _dist_name(ep), "error": f"{type(exc).__name__}: {exc}"})
+                log.warning("hook plugin %s from %s failed to load: %s", ep.name, _dist_name(ep), exc)
+    if failures and strict_loading():
+        first = failures[0]
+        raise SchedulerError(
+            "PLUGIN_LOAD_FAILED", f"hook plugin {first['name']} from {first['distribution']} failed: {first['error']}", details=failures
+        )
+    for obj in extra:
+        pm.register(obj)
+    pm.check_pending()
+    return pm
+
+
+class Hooks:
+    """Typed calls into the hook system; the only way kernel code reaches pluggy."""
+
+    def __init__(self, pm: pluggy.PluginManager | None = None) -> None:
+        self.pm = pm if pm is not None else make_plugin_manager()
+
+    def run_state_changed(self, run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
+        """Notify observers of a committed transition; observer errors are logged, never raised."""
+        try:
+            self.pm.hook.scheduler_run_state_changed(
+                run_id=run_id, job_id=job_id, old_status=old_status, new_status=new_status, at_ms=at_ms
+            )
+        except Exception:
+            log.exception("scheduler_run_state_changed hook failed")
+
+    def run_completed(self, run: dict[str, Any]) -> None:
+        """Notify observers that a run's completion committed."""
+        try:
+            self.pm.hook.scheduler_run_completed(run=run)
+        except Exception:
+            log.exception("scheduler_run_completed hook failed")
+
+    def dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
+        """First veto reason from any plugin, or None. A failing hook vetoes (fail closed)."""
+        try:
+            return self.pm.hook.scheduler_dispatch_veto(job=job, dispatch_kind=dispatch_kind)
+        except Exception as exc:
+            log.exception("scheduler_dispatch_veto hook failed")
+            return f"veto hook failed: {type(exc).__name__}"
+
+    def register_commands(self, cli: Any) -> None:
+        """Let plugins add CLI commands."""
+        self.pm.hook.scheduler_register_commands(cli=cli)
+
+    def config_defaults(self) -> dict[str, Any]:
+        """Merged configuration defaults contributed by plugins (earlier registrations win)."""
+        merged: dict[str, Any] = {}
+        for part in reversed(self.pm.hook.scheduler_config_defaults()):
+            if isinstance(part, dict):
+                merged.update(part)
+        return merged

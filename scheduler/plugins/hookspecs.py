@@ -1,0 +1,62 @@
+"""pluggy hook specifications: the 1:N extension points of the kernel.
+
+Every hook is prefixed ``scheduler_``. Implementations live in modules registered
+under the ``scheduler.hooks`` entry-point group and are called through the typed
+facade in ``scheduler.plugins.hooks``; kernel code never calls ``pm.hook`` itself.
+Hooks are observers and small decisions; anything that acts on the outside world
+is a provider (see ``protocols.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "scheduler"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def scheduler_run_state_changed(run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
+    """A run moved from ``old_status`` to ``new_status`` (after the transition committed).
+
+    Called in the dispatcher process for every transition it commits. Must be quick
+    and must not raise; exceptions are logged and swallowed so an observer can never
+    block a run. Use it for metrics, logs and notifications.
+    """
+
+
+@hookspec
+def scheduler_register_commands(cli: Any) -> None:
+    """Add commands to the ``scheduler`` CLI; ``cli`` is the root ``click.Group``.
+
+    Only called when the user invokes a command the kernel does not know, so
+    plugins cost nothing on the CLI's common paths.
+    """
+
+
+@hookspec
+def scheduler_config_defaults() -> dict[str, Any]:
+    """Return configuration defaults a plugin contributes (merged, kernel keys win).
+
+    Values appear in ``scheduler config`` output under the plugin's keys.
+    """
+
+
+@hookspec(firstresult=True)
+def scheduler_dispatch_veto(job: dict[str, Any], dispatch_kind: str) -> str | None:
+    """Return a reason string to skip this dispatch, or None to let it run.
+
+    The first non-None answer wins. A vetoed slot becomes a ``skipped`` run with the
+    reason ``veto: <text>``, so nothing is dropped silently.
+    """
+
+
+@hookspec
+def scheduler_run_completed(run: dict[str, Any]) -> None:
+    """A run reached a terminal state and its completion transaction committed.
+
+    ``run`` is the run's JSON view. Called once per run in the dispatcher process.
+    """

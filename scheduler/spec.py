@@ -1,0 +1,400 @@
+"""Job specs: the field catalogue, validation and normalisation into ``JobSpec``.
+
+The catalogue lives in one place: the attrs fields of ``JobSpec`` and their
+metadata. The validator, ``scheduler schema jobs`` and the storage layer (one
+column per field) all read it from there, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from scheduler.errors import SchedulerError
+from scheduler.timeutil import format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_CONDITION_CHARS = 1024
+_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
+_DRIVER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_IDENTIFIER_LIKE = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,256}$")
+
+#: Which executor driver a session target uses when the spec names none.
+DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-session"}
+
+
+def _f(
+    default: Any = attrs.NOTHING,
+    *,
+    kind: str,
+    doc: str,
+    choices: tuple[str, ...] | None = None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    required: bool = False,
+) -> Any:
+    """Declare one spec field with the metadata the validator and the catalogue read."""
+    meta = {
+        "kind": kind,
+        "doc": doc,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "required": required,
+    }
+    if required:
+        return attrs.field(metadata=meta)
+    return attrs.field(default=default, metadata=meta)
+
+
+@attrs.frozen(kw_only=True)
+class JobSpec:
+    """A validated, normalised job specification (what a user may set)."""
+
+    name: str = _f(kind="str", doc="Unique human name of the job (1-128 chars, no control characters).", required=True)
+    schedule_kind: str = _f(
+        kind="choice",
+        choices=("cron", "every", "at", "manual", "chain"),
+        doc="How the job is triggered: cron expression, fixed interval, one instant, only by `jobs run`, or by a parent job.",
+        required=True,
+    )
+    payload_message: str = _f(
+        kind="str", doc="What to run: the shell command, or the prompt for an agent target (max 64 KiB).", required=True
+    )
+    description: str | None = _f(None, kind="str", doc="Free text shown in listings.")
+    enabled: bool = _f(True, kind="bool", doc="A disabled job is never dispatched on schedule.")
+    job_type: str = _f("standard", kind="choice", choices=("standard", "watchdog"), doc="`watchdog`: payload is a check; failure raises an alert.")
+    provenance: str = _f(
+        "user_added", kind="choice", choices=("static", "user_added", "external"), doc="Trust tier of whoever created the job."
+    )
+    schedule_cron: str | None = _f(None, kind="cron", doc="5-field, or 6-field with seconds first. Only with schedule_kind=cron.")
+    schedule_every: str | None = _f(None, kind="duration", doc="Interval such as 30s, 5m, 1h30m (>= 1s). Only with schedule_kind=every.")
+    schedule_at: int | None = _f(None, kind="instant", doc="ISO-8601 instant with a zone (Z or offset). Only with schedule_kind=at.")
+    schedule_tz: str = _f("UTC", kind="timezone", doc="IANA zone in which the cron expression is evaluated.")
+    dst_gap_policy: str = _f(
+        "shift", kind="choice", choices=("shift", "skip"), doc="A local time that does not exist (spring forward): run after the gap, or skip."
+    )
+    dst_fold_policy: str = _f(
+        "once", kind="choice", choices=("once", "twice"), doc="A local time that occurs twice (fall back): run once (first) or at both."
+    )
+    misfire_policy: str = _f(
+        "coalesce", kind="choice", choices=("coalesce", "skip"), doc="Slots missed while down: run once (coalesce) or skip them all."
+    )
+    allow_past_at: bool = _f(False, kind="bool", doc="Accept a schedule_at in the past (it runs as soon as possible).")
+    session_target: str = _f("shell", kind="choice", choices=("shell", "isolated", "main"), doc="Where the payload runs.")
+    executor: str | None = _f(None, kind="driver", doc="Executor driver name; defaults from session_target (shell, agent, main-session).")
+    context_mode: str = _f("isolated", kind="choice", choices=("session", "isolated"), doc="Agent targets: resume the previous session or start fresh.")
+    heartbeat_file: str | None = _f(None, kind="relpath", doc="Agent targets: file (relative to the workspace) prepended to the prompt.")
+    working_dir: str | None = _f(None, kind="str", doc="Working directory for the command.")
+    stdin_text: str | None = _f(None, kind="str", doc="Text piped to the command's standard input.")
+    run_timeout_ms: int = _f(300_000, kind="int", minimum=1, maximum=7 * 86_400_000, doc="Wall-clock limit of one run in milliseconds.")
+    max_retries: int = _f(0, kind="int", minimum=0, maximum=100, doc="Retries after a failed run (exponential backoff).")
+    retry_backoff_ms: int = _f(30_000, kind="int", minimum=0, maximum=86_400_000, doc="Base backoff before the first retry; doubles per retry.")
+    overlap_policy: str = _f("skip", kind="choice", choices=("skip", "allow", "queue"), doc="A slot that comes while the job runs: skip it, run in parallel, or queue it.")
+    queue_limit: int = _f(10, kind="int", minimum=1, maximum=1000, doc="With overlap_policy=queue: most slots waiting per job.")
+    max_consecutive_failures: int = _f(3, kind="int", minimum=0, maximum=1000, doc="Auto-pause after this many failures in a row (0 = never).")
+    delivery_guarantee: str = _f(
+        "at-most-once", kind="choice", choices=("at-most-once", "at-least-once"), doc="Replay a run interrupted by a crash (at-least-once) or not."
+    )
+    parent_id: str | None = _f(None, kind="str", doc="Parent job id or name; required for (and only with) schedule_kind=chain.")
+    trigger_on: str | None = _f(None, kind="choice", choices=("success", "failure", "complete"), doc="Chain: which parent outcome triggers this job (default success).")
+    trigger_delay_s: int = _f(0, kind="int", minimum=0, maximum=86_400 * 30, doc="Chain: delay after the parent finishes.")
+    trigger_condition: str | None = _f(None, kind="condition", doc="Chain: `contains:TEXT` or `regex:PATTERN` matched on the parent's output.")
+    delivery_mode: str = _f("none", kind="choice", choices=("none", "always", "on_success", "on_failure"), doc="When to deliver the result.")
+    delivery_channel: str | None = _f(None, kind="driver", doc="Channel driver for delivery (required unless delivery_mode=none).")
+    delivery_to: str | None = _f(None, kind="str", doc="Channel-specific destination.")
+    output_format: str = _f("text", kind="choice", choices=("text", "json", "ndjson"), doc="How stdout is parsed into structured output.")
+    verify_shell: str | None = _f(None, kind="str", doc="Shell check run after a successful command.")
+    verify_timeout_s: int = _f(60, kind="int", minimum=1, maximum=86_400, doc="Limit of the verification check.")
+    verify_on_failure: str = _f("error", kind="choice", choices=("error", "warn"), doc="A failed check turns the run into an error, or only warns.")
+    shell_env_policy: str = _f("minimal", kind="choice", choices=("minimal", "inherit"), doc="Environment passed to shell work.")
+    approval_required: bool = _f(False, kind="bool", doc="Every run waits for an approval decision.")
+    approval_timeout_s: int = _f(3600, kind="int", minimum=1, maximum=30 * 86_400, doc="How long an approval may stay pending.")
+    approval_timeout_action: str = _f("reject", kind="choice", choices=("reject", "approve"), doc="What a timeout decides (scoped gates always reject).")
+    approval_risk_level: str = _f("medium", kind="choice", choices=("low", "medium", "high", "critical"), doc="Risk shown to approvers.")
+    approval_approver_scope: str | None = _f(None, kind="scope", doc="Who may approve: a local user name, `uid:N`; domain scopes are rejected.")
+    watchdog_alert_channel: str | None = _f(None, kind="driver", doc="Watchdog: channel that receives the alert.")
+    watchdog_alert_to: str | None = _f(None, kind="str", doc="Watchdog: destination of the alert.")
+    watchdog_self_destruct: bool = _f(False, kind="bool", doc="Watchdog: delete the job after its first passing check.")
+
+    def executor_name(self) -> str:
+        """The executor driver this job runs on."""
+        return self.executor or DEFAULT_EXECUTORS[self.session_target]
+
+    def schedule(self) -> Any:
+        """The ``scheduler.schedules.Schedule`` this spec describes (imports croniter lazily)."""
+        from scheduler.schedules import Schedule
+
+        return Schedule(
+            kind=self.schedule_kind,
+            cron=self.schedule_cron,
+            every_ms=parse_duration_ms(self.schedule_every) if self.schedule_every else None,
+            at_ms=self.schedule_at,
+            tz=self.schedule_tz,
+            dst_gap=self.dst_gap_policy,
+            dst_fold=self.dst_fold_policy,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view: instants as ISO-8601 ``Z``."""
+        out = attrs.asdict(self)
+        out["schedule_at"] = to_iso(self.schedule_at)
+        return out
+
+
+SPEC_FIELDS: tuple[attrs.Attribute, ...] = attrs.fields(JobSpec)
+SPEC_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in SPEC_FIELDS)
+
+
+def field_catalogue() -> list[dict[str, Any]]:
+    """The documented field list (`scheduler schema jobs`), generated from ``JobSpec``."""
+    rows = []
+    for f in SPEC_FIELDS:
+        m = f.metadata
+        constraints: dict[str, Any] = {}
+        if m["choices"]:
+            constraints["choices"] = list(m["choices"])
+        if m["minimum"] is not None:
+            constraints["minimum"] = m["minimum"]
+        if m["maximum"] is not None:
+            constraints["maximum"] = m["maximum"]
+        rows.append(
+            {
+                "name": f.name,
+                "type": m["kind"],
+                "required": m["required"],
+                "default": None if f.default is attrs.NOTHING else f.default,
+                "constraints": constraints,
+                "description": m["doc"],
+            }
+        )
+    return rows
+
+
+class _Errors:
+    """Collects per-field validation errors so a user sees all of them at once."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, field: str, message: str, code: str = "INVALID_VALUE") -> None:
+        self.items.append({"field": field, "code": code, "error": message})
+
+    def has(self, field: str) -> bool:
+        return any(e["field"] == field for e in self.items)
+
+
+def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
+    """Type-check and normalise one field value; record an error and return None when bad."""
+    m, name = f.metadata, f.name
+    if value is None:
+        if m["required"]:
+            errors.add(name, "is required", "REQUIRED")
+        return None
+    kind = m["kind"]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            errors.add(name, "must be true or false", "INVALID_TYPE")
+            return None
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.add(name, "must be an integer", "INVALID_TYPE")
+            return None
+        if m["minimum"] is not None and value < m["minimum"]:
+            errors.add(name, f"must be >= {m['minimum']}", "OUT_OF_RANGE")
+            return None
+        if m["maximum"] is not None and value > m["maximum"]:
+            errors.add(name, f"must be <= {m['maximum']}", "OUT_OF_RANGE")
+            return None
+        return value
+    if kind == "instant":
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            errors.add(name, "must be an ISO-8601 instant with a zone", "INVALID_TYPE")
+            return None
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_iso(value, field=name)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if not isinstance(value, str):
+        errors.add(name, "must be a string", "INVALID_TYPE")
+        return None
+    if kind == "choice":
+        if value not in m["choices"]:
+            errors.add(name, f"must be one of {', '.join(m['choices'])}", "INVALID_CHOICE")
+            return None
+        return value
+    if kind == "duration":
+        try:
+            ms = parse_duration_ms(value, field=name)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+        if ms < 1000:
+            errors.add(name, "must be at least 1s", "OUT_OF_RANGE")
+            return None
+        return format_duration_ms(ms)
+    if kind == "cron":
+        from scheduler.schedules import validate_cron
+
+        try:
+            return validate_cron(value)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if kind == "timezone":
+        from scheduler.schedules import validate_timezone
+
+        try:
+            return validate_timezone(value)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if kind == "driver":
+        if not _DRIVER_RE.match(value):
+            errors.add(name, "must be a driver name ([a-z0-9_.-], max 64)", "INVALID_VALUE")
+            return None
+        return value
+    if kind == "relpath":
+        if not value or value.startswith(("/", "\\")) or ".." in re.split(r"[\\/]", value) or "\x00" in value:
+            errors.add(name, "must be a relative path inside the workspace (no '..', not absolute)", "PATH_TRAVERSAL")
+            return None
+        return value
+    if kind == "scope":
+        if "\\" in value or "@" in value:
+            errors.add(name, "domain scopes are not supported; use a local user name or uid:N", "INVALID_SCOPE")
+            return None
+        if not _IDENTIFIER_LIKE.match(value):
+            errors.add(name, "must be a local user name or uid:N", "INVALID_SCOPE")
+            return None
+        return value
+    if kind == "condition":
+        return _check_condition(name, value, errors)
+    return value  # plain "str"
+
+
+def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
+    """Accept ``contains:TEXT`` or a ``regex:PATTERN`` that the linear-time engine compiles."""
+    if len(value) > MAX_CONDITION_CHARS:
+        errors.add(name, f"must be at most {MAX_CONDITION_CHARS} characters", "TOO_LARGE")
+        return None
+    if value.startswith("contains:") and len(value) > len("contains:"):
+        return value
+    if value.startswith("regex:"):
+        from scheduler.conditions import compile_pattern
+
+        try:
+            compile_pattern(value[len("regex:") :])
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+        return value
+    errors.add(name, "must be `contains:TEXT` or `regex:PATTERN`", "INVALID_CONDITION")
+    return None
+
+
+def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True) -> JobSpec:
+    """Validate a job spec object into a ``JobSpec``; raise ``VALIDATION_FAILED`` listing every problem.
+
+    ``check_past`` rejects an ``at`` instant already in the past unless the spec
+    sets ``allow_past_at`` (creation-time rule; updates of old jobs skip it).
+    """
+    if not isinstance(obj, dict):
+        raise SchedulerError("VALIDATION_FAILED", "a job spec must be a JSON object", details=[
+            {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
+        ])
+    errors = _Errors()
+    for key in obj:
+        if key not in SPEC_FIELD_NAMES:
+            errors.add(str(key), f"unknown field {key!r}", "UNKNOWN_FIELD")
+    values: dict[str, Any] = {}
+    for f in SPEC_FIELDS:
+        if f.name in obj:
+            values[f.name] = _coerce(f, obj[f.name], errors)
+            if values[f.name] is None and f.default is not attrs.NOTHING:
+                values[f.name] = f.default
+        elif f.metadata["required"]:
+            errors.add(f.name, "is required", "REQUIRED")
+    for text_field in ("name",):
+        v = values.get(text_field)
+        if isinstance(v, str) and not _NAME_RE.match(v):
+            errors.add(text_field, "must be 1-128 characters without control characters", "INVALID_VALUE")
+    payload = values.get("payload_message")
+    if isinstance(payload, str):
+        if not payload.strip():
+            errors.add("payload_message", "must not be empty", "REQUIRED")
+        elif len(payload.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+            errors.add("payload_message", f"must be at most {MAX_PAYLOAD_BYTES} bytes", "TOO_LARGE")
+    _cross_checks(values, errors, now=now_ms() if now is None else now, check_past=check_past)
+    if errors.items:
+        fields = ", ".join(sorted({e["field"] for e in errors.items}))
+        raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
+    if values.get("schedule_kind") == "chain" and values.get("trigger_on") is None:
+        values["trigger_on"] = "success"
+    return JobSpec(**values)
+
+
+def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: bool) -> None:
+    """Rules that involve several fields."""
+    kind = v.get("schedule_kind")
+    owners = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
+    for field, owner in owners.items():
+        present = v.get(field) is not None
+        if kind == owner and not present and not errors.has(field):
+            errors.add(field, f"is required when schedule_kind={owner}", "REQUIRED")
+        if kind is not None and kind != owner and present:
+            errors.add(field, f"is only valid with schedule_kind={owner}", "CONFLICT")
+    if kind == "at" and v.get("schedule_at") is not None and check_past:
+        if v["schedule_at"] <= now and not v.get("allow_past_at"):
+            errors.add("schedule_at", "is in the past (set allow_past_at to accept it)", "AT_IN_PAST")
+    if kind == "chain" and not v.get("parent_id") and not errors.has("parent_id"):
+        errors.add("parent_id", "is required when schedule_kind=chain", "REQUIRED")
+    if kind is not None and kind != "chain":
+        for field in ("parent_id", "trigger_on", "trigger_condition"):
+            if v.get(field) is not None:
+                errors.add(field, "is only valid with schedule_kind=chain", "CONFLICT")
+        if v.get("trigger_delay_s"):
+            errors.add("trigger_delay_s", "is only valid with schedule_kind=chain", "CONFLICT")
+    if v.get("delivery_mode", "none") != "none" and not v.get("delivery_channel"):
+        errors.add("delivery_channel", "is required unless delivery_mode=none", "REQUIRED")
+    if v.get("job_type") == "watchdog" and v.get("session_target", "shell") != "shell":
+        errors.add("job_type", "watchdog jobs run on the shell target", "CONFLICT")
+    if v.get("approval_approver_scope") and v.get("approval_timeout_action") == "approve":
+        errors.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
+
+
+def spec_to_row(spec: JobSpec) -> dict[str, Any]:
+    """Storage view of a spec: one column per field, booleans as 0/1."""
+    row = attrs.asdict(spec)
+    for f in SPEC_FIELDS:
+        if f.metadata["kind"] == "bool":
+            row[f.name] = int(row[f.name])
+    return row
+
+
+def spec_from_row(row: dict[str, Any]) -> JobSpec:
+    """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
+    values = {}
+    for f in SPEC_FIELDS:
+        val = row.get(f.name)
+        if f.metadata["kind"] == "bool" and val is not None:
+            val = bool(val)
+        if val is None and f.default is not attrs.NOTHING:
+            val = f.default
+        values[f.name] = val
+    return JobSpec(**values)
+
+
+def spec_to_input(spec: JobSpec) -> dict[str, Any]:
+    """The spec as a user-editable object (only non-default fields), used as the base for updates."""
+    out: dict[str, Any] = {}
+    for f in SPEC_FIELDS:
+        val = getattr(spec, f.name)
+        if f.metadata["required"] or val != f.default:
+            out[f.name] = to_iso(val) if f.name == "schedule_at" and val is not None else val
+    return out

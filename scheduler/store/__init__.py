@@ -1,0 +1,53 @@
+"""Opening a store: the built-in SQLite file, or a ``scheduler.stores`` plugin chosen by URL scheme."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from scheduler.errors import SchedulerError
+from scheduler.store.base import Store, Tx
+
+__all__ = ["Store", "Tx", "default_db_path", "open_store", "redact_url"]
+
+
+def default_db_path() -> Path:
+    """``$XDG_DATA_HOME/scheduler/scheduler.db`` (``~/.local/share`` when unset)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "scheduler" / "scheduler.db"
+
+
+def redact_url(url: str) -> str:
+    """A URL safe to print: any password replaced by ``***``."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True) -> Store:
+    """Open (and by default initialise) the store for a path or URL.
+
+    A plain path or ``sqlite:///path`` uses the built-in SQLite store; any other
+    ``scheme://`` loads the ``scheduler.stores`` driver named by the scheme
+    (``postgresql://`` and ``postgres://`` select ``postgres``).
+    """
+    raw = os.fspath(target) if target is not None else str(default_db_path())
+    if raw.startswith("sqlite:///"):
+        raw = raw[len("sqlite://") :]
+    if "://" in raw:
+        scheme = raw.split("://", 1)[0].lower()
+        driver = {"postgresql": "postgres", "postgres": "postgres"}.get(scheme, scheme)
+        from scheduler.plugins.loader import load_driver
+
+        factory = load_driver("scheduler.stores", driver)
+        store: Store = factory(raw)
+    else:
+        from scheduler.store.sqlite import SQLiteStore
+
+        store = SQLiteStore(raw)
+    if initialize:
+        store.initialize()
+    return store

@@ -1,0 +1,269 @@
+"""The built-in embedded store: one SQLite file in WAL mode.
+
+Each thread gets its own connection (SQLite connections are not shareable across
+threads). Write transactions use ``BEGIN IMMEDIATE`` so a claim made inside one is
+exclusive across processes; that is why ``skip_locked`` is empty here. Other
+processes' commits are noticed through ``PRAGMA data_version``, which is how an
+idle dispatcher wakes within milliseconds of a CLI ``jobs add`` without a socket.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from scheduler.errors import SchedulerError
+from scheduler.store import migrations
+from scheduler.store.base import Params
+from scheduler.timeutil import now_ms
+
+BUSY_TIMEOUT_MS = 10_000
+#: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
+CHANGE_POLL_S = 0.02
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class _SQLiteTx:
+    """A transaction on one SQLite connection."""
+
+    skip_locked = ""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        return self._conn.execute(sql, params).rowcount
+
+    def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
+        row = self._conn.execute(sql, params).fetchone()
+        return dict(row) if row is not None else None
+
+    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._conn.execute(sql, params).fetchall()]
+
+    def scalar(self, sql: str, params: Params = ()) -> Any:
+        row = self._conn.execute(sql, params).fetchone()
+        return row[0] if row is not None else None
+
+
+def _fail(phase: str, path: str, exc: BaseException | str) -> SchedulerError:
+    return SchedulerError(
+        "DB_INIT_FAILED",
+        f"database initialisation failed during {phase} of {path}: {exc}",
+        details={"phase": phase, "path": path},
+    )
+
+
+class SQLiteStore:
+    """The embedded SQLite store (``scheduler.stores`` driver ``sqlite``)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None) -> None:
+        self.path = Path(path).expanduser()
+        self.location = str(self.path)
+        self._synchronous = (synchronous or os.environ.get("SCHEDULER_SQLITE_SYNCHRONOUS") or "NORMAL").upper()
+        self._local = threading.local()
+        self._all_conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._initialized = False
+        #: Test hook passed to migrations (see ``migrations.StepHook``).
+        self.migration_step_hook: migrations.StepHook | None = None
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.location, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if not self._initialized:
+                raise SchedulerError("DB_INIT_FAILED", f"store {self.location} used before initialize()")
+            conn = self._connect()
+            self._local.conn = conn
+            self._local.depth = 0
+            with self._lock:
+                self._all_conns.append(conn)
+        return conn
+
+    # -- initialisation ------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """Open, configure and bring the schema up to date, failing closed with ``DB_INIT_FAILED``."""
+        if self._initialized:
+            return
+        path = self.location
+        try:
+            if self.path.parent and not self.path.parent.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                if self.path.is_dir():
+                    raise _fail("open", path, "path is a directory")
+                with open(self.path, "rb") as fh:
+                    head = fh.read(16)
+                if head and head != _SQLITE_HEADER:
+                    raise _fail("open", path, "file is not a SQLite database")
+        except SchedulerError:
+            raise
+        except OSError as exc:
+            raise _fail("open", path, exc) from None
+        try:
+            conn = self._connect()
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise _fail("open", path, f"cannot enable WAL (journal_mode={mode})")
+        except SchedulerError:
+            raise
+        except sqlite3.Error as exc:
+            raise _fail("open", path, exc) from None
+        try:
+            self._apply_schema(conn)
+        except SchedulerError:
+            conn.close()
+            raise
+        except Exception as exc:
+            conn.close()
+            raise _fail("schema", path, exc) from None
+        self._local.conn = conn
+        self._local.depth = 0
+        with self._lock:
+            self._all_conns.append(conn)
+        self._initialized = True
+
+    def _apply_schema(self, conn: sqlite3.Connection) -> None:
+        """Fresh: schema in one transaction. Existing: migrations, then schema again. All or nothing."""
+        path = self.location
+        conn.execute("BEGIN IMMEDIATE")
+        phase = "schema"
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            now = now_ms()
+            if "schema_migrations" in tables:
+                version = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
+                if version > migrations.SCHEMA_VERSION:
+                    raise _fail("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
+                if version < migrations.SCHEMA_VERSION:
+                    phase = "migration"
+                    migrations.migrate(conn, version, now, self.migration_step_hook)
+                    phase = "schema"
+            elif tables - {"sqlite_sequence"}:
+                raise _fail("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
+            for statement in migrations.schema_statements():
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?) ON CONFLICT(version) DO NOTHING",
+                (migrations.SCHEMA_VERSION, "current schema.sql", now),
+            )
+            conn.execute("COMMIT")
+        except SchedulerError:
+            conn.execute("ROLLBACK")
+            raise
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _fail(phase, path, exc) from None
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[_SQLiteTx]:
+        """``BEGIN IMMEDIATE`` write transaction; nested use joins the outer one."""
+        conn = self._conn()
+        if self._local.depth:
+            self._local.depth += 1
+            try:
+                yield _SQLiteTx(conn)
+            finally:
+                self._local.depth -= 1
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        self._local.depth = 1
+        try:
+            yield _SQLiteTx(conn)
+        except BaseException:
+            self._local.depth = 0
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._local.depth = 0
+        conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[_SQLiteTx]:
+        """A read snapshot (deferred transaction)."""
+        conn = self._conn()
+        if self._local.depth:
+            yield _SQLiteTx(conn)
+            return
+        conn.execute("BEGIN")
+        self._local.depth = 1
+        try:
+            yield _SQLiteTx(conn)
+        finally:
+            self._local.depth = 0
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    # -- wake-ups ------------------------------------------------------------------------------
+
+    def notify_change(self) -> None:
+        """Nothing to do: other connections see the commit through ``data_version``."""
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """Poll ``PRAGMA data_version`` until another connection commits or the timeout passes."""
+        conn = self._conn()
+        start = conn.execute("PRAGMA data_version").fetchone()[0]
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(CHANGE_POLL_S, remaining))
+            if conn.execute("PRAGMA data_version").fetchone()[0] != start:
+                return True
+
+    # -- diagnostics ---------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        with self.read() as tx:
+            return int(tx.scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
+
+    def health(self) -> list[dict[str, Any]]:
+        """Integrity, foreign keys, expected tables and a writable directory."""
+        checks: list[dict[str, Any]] = []
+        conn = self._conn()
+        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        checks.append({"check": "integrity", "ok": integrity == ["ok"], "detail": "; ".join(integrity[:5])})
+        fk = conn.execute("PRAGMA foreign_key_check").fetchall()
+        checks.append({"check": "foreign_keys", "ok": not fk, "detail": f"{len(fk)} violation(s)"})
+        expected = {
+            s.split()[5] for s in migrations.schema_statements() if s.upper().startswith("CREATE TABLE IF NOT EXISTS")
+        }
+        present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = sorted(expected - present)
+        checks.append({"check": "tables", "ok": not missing, "detail": "missing: " + ", ".join(missing) if missing else f"{len(expected)} present"})
+        writable = os.access(self.path.parent, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
+        checks.append({"check": "writable", "ok": writable, "detail": str(self.path.parent)})
+        return checks
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all_conns = self._all_conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+        self._initialized = False

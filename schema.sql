@@ -1,0 +1,432 @@
+-- scheduler executable SQLite schema.
+--
+-- This file is the single source of the embedded store's schema. It ships inside
+-- the kernel wheel as scheduler/schema.sql (a symlink to this file in the source tree)
+-- and is applied verbatim: to a fresh database in one transaction, and re-applied
+-- after the idempotent migrations of an existing one. Every statement is therefore
+-- idempotent (IF NOT EXISTS).
+--
+-- Conventions:
+--   * times are INTEGER UTC epoch milliseconds (columns ending in _at, _ms or named *_for);
+--   * booleans are INTEGER 0/1 guarded by CHECK;
+--   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
+--   * append-only and immutable tables are enforced by triggers, not by convention.
+--
+-- Schema version (keep in sync with scheduler.store.migrations.SCHEMA_VERSION): 2
+
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     INTEGER PRIMARY KEY,
+    name        TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+);
+
+-- Jobs: one row per job spec field (see `scheduler schema jobs`) plus runtime bookkeeping.
+CREATE TABLE IF NOT EXISTS jobs (
+    id                        TEXT    PRIMARY KEY,
+    name                      TEXT    NOT NULL UNIQUE,
+    description               TEXT,
+    enabled                   INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
+    job_type                  TEXT    NOT NULL DEFAULT 'standard' CHECK (job_type IN ('standard', 'watchdog')),
+    provenance                TEXT    NOT NULL DEFAULT 'user_added' CHECK (provenance IN ('static', 'user_added', 'external')),
+    schedule_kind             TEXT    NOT NULL CHECK (schedule_kind IN ('cron', 'every', 'at', 'manual', 'chain')),
+    schedule_cron             TEXT,
+    schedule_every            TEXT,
+    schedule_at               INTEGER,
+    schedule_tz               TEXT    NOT NULL DEFAULT 'UTC',
+    dst_gap_policy            TEXT    NOT NULL DEFAULT 'shift' CHECK (dst_gap_policy IN ('shift', 'skip')),
+    dst_fold_policy           TEXT    NOT NULL DEFAULT 'once' CHECK (dst_fold_policy IN ('once', 'twice')),
+    misfire_policy            TEXT    NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy IN ('coalesce', 'skip')),
+    allow_past_at             INTEGER NOT NULL DEFAULT 0 CHECK (allow_past_at IN (0, 1)),
+    session_target            TEXT    NOT NULL DEFAULT 'shell' CHECK (session_target IN ('shell', 'isolated', 'main')),
+    executor                  TEXT,
+    context_mode              TEXT    NOT NULL DEFAULT 'isolated' CHECK (context_mode IN ('session', 'isolated')),
+    heartbeat_file            TEXT,
+    payload_message           TEXT    NOT NULL,
+    working_dir               TEXT,
+    stdin_text                TEXT,
+    run_timeout_ms            INTEGER NOT NULL DEFAULT 300000 CHECK (run_timeout_ms > 0),
+    max_retries               INTEGER NOT NULL DEFAULT 0 CHECK (max_retries >= 0),
+    retry_backoff_ms          INTEGER NOT NULL DEFAULT 30000 CHECK (retry_backoff_ms >= 0),
+    overlap_policy            TEXT    NOT NULL DEFAULT 'skip' CHECK (overlap_policy IN ('skip', 'allow', 'queue')),
+    queue_limit               INTEGER NOT NULL DEFAULT 10 CHECK (queue_limit >= 1),
+    max_consecutive_failures  INTEGER NOT NULL DEFAULT 3 CHECK (max_consecutive_failures >= 0),
+    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
+    parent_id                 TEXT    REFERENCES jobs(id) ON DELETE CASCADE,
+    trigger_on                TEXT    CHECK (trigger_on IS NULL OR trigger_on IN ('success', 'failure', 'complete')),
+    trigger_delay_s           INTEGER NOT NULL DEFAULT 0 CHECK (trigger_delay_s >= 0),
+    trigger_condition         TEXT,
+    delivery_mode             TEXT    NOT NULL DEFAULT 'none' CHECK (delivery_mode IN ('none', 'always', 'on_success', 'on_failure')),
+    delivery_channel          TEXT,
+    delivery_to               TEXT,
+    output_format             TEXT    NOT NULL DEFAULT 'text' CHECK (output_format IN ('text', 'json', 'ndjson')),
+    verify_shell              TEXT,
+    verify_timeout_s          INTEGER NOT NULL DEFAULT 60 CHECK (verify_timeout_s > 0),
+    verify_on_failure         TEXT    NOT NULL DEFAULT 'error' CHECK (verify_on_failure IN ('error', 'warn')),
+    shell_env_policy          TEXT    NOT NULL DEFAULT 'minimal' CHECK (shell_env_policy IN ('minimal', 'inherit')),
+    approval_required         INTEGER NOT NULL DEFAULT 0 CHECK (approval_required IN (0, 1)),
+    approval_timeout_s        INTEGER NOT NULL DEFAULT 3600 CHECK (approval_timeout_s > 0),
+    approval_timeout_action   TEXT    NOT NULL DEFAULT 'reject' CHECK (approval_timeout_action IN ('reject', 'approve')),
+    approval_risk_level       TEXT    NOT NULL DEFAULT 'medium' CHECK (approval_risk_level IN ('low', 'medium', 'high', 'critical')),
+    approval_approver_scope   TEXT,
+    watchdog_alert_channel    TEXT,
+    watchdog_alert_to         TEXT,
+    watchdog_self_destruct    INTEGER NOT NULL DEFAULT 0 CHECK (watchdog_self_destruct IN (0, 1)),
+    -- runtime bookkeeping (owned by the kernel, never by a spec)
+    handoff_artifact_digest   TEXT,
+    created_at                INTEGER NOT NULL,
+    updated_at                INTEGER NOT NULL,
+    next_run_at               INTEGER,
+    schedule_anchor_at        INTEGER,
+    last_run_at               INTEGER,
+    last_status               TEXT,
+    last_error                TEXT,
+    last_duration_ms          INTEGER,
+    run_count                 INTEGER NOT NULL DEFAULT 0,
+    consecutive_failures      INTEGER NOT NULL DEFAULT 0,
+    paused_at                 INTEGER,
+    paused_reason             TEXT,
+    CHECK (schedule_kind <> 'cron'  OR schedule_cron IS NOT NULL),
+    CHECK (schedule_kind <> 'every' OR schedule_every IS NOT NULL),
+    CHECK (schedule_kind <> 'at'    OR schedule_at IS NOT NULL),
+    CHECK ((schedule_kind = 'chain') = (parent_id IS NOT NULL))
+);
+-- The dispatcher's wake-up query: earliest due enabled job. Partial index keeps it O(log n).
+CREATE INDEX IF NOT EXISTS jobs_due_idx ON jobs(next_run_at) WHERE enabled = 1 AND next_run_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_parent_idx ON jobs(parent_id) WHERE parent_id IS NOT NULL;
+
+-- Named leases with fencing tokens. Rows are never deleted so tokens never go back.
+CREATE TABLE IF NOT EXISTS dispatcher_leases (
+    name         TEXT    PRIMARY KEY,
+    owner        TEXT,
+    token        INTEGER NOT NULL DEFAULT 0 CHECK (token >= 0),
+    acquired_at  INTEGER,
+    renewed_at   INTEGER,
+    expires_at   INTEGER
+);
+CREATE TRIGGER IF NOT EXISTS dispatcher_leases_token_monotonic
+BEFORE UPDATE OF token ON dispatcher_leases
+WHEN NEW.token < OLD.token
+BEGIN
+    SELECT RAISE(ABORT, 'LEASE_TOKEN_REGRESSION: fencing tokens never decrease');
+END;
+CREATE TRIGGER IF NOT EXISTS dispatcher_leases_no_delete
+BEFORE DELETE ON dispatcher_leases
+BEGIN
+    SELECT RAISE(ABORT, 'LEASE_IMMUTABLE: lease rows are kept so tokens never go back');
+END;
+
+-- Durable dispatch queue. Scheduled slots have deterministic ids, so materialising
+-- the same slot twice is a no-op (INSERT ... ON CONFLICT DO NOTHING).
+CREATE TABLE IF NOT EXISTS job_dispatch_queue (
+    id                TEXT    PRIMARY KEY,
+    job_id            TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    kind              TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
+    status            TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
+    due_at            INTEGER NOT NULL,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    claim_owner       TEXT,
+    claim_token       TEXT,
+    claim_fence       INTEGER,
+    claim_expires_at  INTEGER,
+    attempts          INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    replay_count      INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
+    last_error        TEXT,
+    run_id            TEXT,
+    source_run_id     TEXT,
+    requested_by      TEXT,
+    cancel_reason     TEXT,
+    handoff_artifact_digest TEXT,
+    CHECK (status <> 'claimed' OR (claim_owner IS NOT NULL AND claim_token IS NOT NULL AND claim_expires_at IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS dispatch_pending_idx ON job_dispatch_queue(due_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
+CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
+
+-- Runs: one row per attempt to execute a job.
+CREATE TABLE IF NOT EXISTS runs (
+    id                      TEXT    PRIMARY KEY,
+    job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    dispatch_id             TEXT,
+    dispatch_kind           TEXT    CHECK (dispatch_kind IS NULL OR dispatch_kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
+    status                  TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped', 'awaiting_approval', 'approved', 'recovery_blocked')),
+    attempt                 INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+    scheduled_for           INTEGER,
+    created_at              INTEGER NOT NULL,
+    started_at              INTEGER,
+    finished_at             INTEGER,
+    terminal_at             INTEGER,
+    duration_ms             INTEGER,
+    dispatcher_owner        TEXT,
+    dispatcher_token        INTEGER,
+    parent_run_id           TEXT,
+    retry_of_run_id         TEXT,
+    replay_of_run_id        TEXT,
+    delivery_guarantee      TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
+    executor                TEXT,
+    exit_code               INTEGER,
+    error_code              TEXT,
+    error_message           TEXT,
+    skip_reason             TEXT,
+    summary                 TEXT,
+    -- process identity and lifecycle (shell work)
+    pid                     INTEGER,
+    pgid                    INTEGER,
+    process_start_time      TEXT,
+    process_state           TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'terminated', 'gone', 'unknown')),
+    process_terminated_at   INTEGER,
+    process_signal          TEXT,
+    -- cancellation
+    cancel_requested_at     INTEGER,
+    cancel_requested_by     TEXT,
+    cancel_reason           TEXT,
+    agent_abort_requested_at INTEGER,
+    agent_abort_outcome     TEXT,
+    -- output (excerpts in the row, full streams offloaded above a threshold)
+    stdout_excerpt          TEXT,
+    stderr_excerpt          TEXT,
+    stdout_bytes            INTEGER,
+    stderr_bytes            INTEGER,
+    stdout_sha256           TEXT,
+    stderr_sha256           TEXT,
+    stdout_artifact         TEXT,
+    stderr_artifact         TEXT,
+    stdout_truncated        INTEGER NOT NULL DEFAULT 0 CHECK (stdout_truncated IN (0, 1)),
+    stderr_truncated        INTEGER NOT NULL DEFAULT 0 CHECK (stderr_truncated IN (0, 1)),
+    -- structured output
+    output_format           TEXT    CHECK (output_format IS NULL OR output_format IN ('text', 'json', 'ndjson')),
+    output_valid            INTEGER CHECK (output_valid IS NULL OR output_valid IN (0, 1)),
+    output_warning          TEXT,
+    output_bytes            INTEGER,
+    output_sha256           TEXT,
+    output_parsed           TEXT,
+    output_artifact         TEXT,
+    -- post-success verification (status, timing, exit metadata, sizes and hashes only)
+    verify_status           TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error')),
+    verify_json             TEXT,
+    env_policy_warning      TEXT,
+    handoff_artifact_digest TEXT,
+    CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at)
+);
+CREATE INDEX IF NOT EXISTS runs_job_idx ON runs(job_id, created_at);
+CREATE INDEX IF NOT EXISTS runs_status_idx ON runs(status) WHERE status IN ('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked');
+CREATE INDEX IF NOT EXISTS runs_dispatch_idx ON runs(dispatch_id);
+-- A run reaches a terminal status once. Terminal rows may gain audit fields but never change status.
+CREATE TRIGGER IF NOT EXISTS runs_terminal_is_final
+BEFORE UPDATE OF status ON runs
+WHEN OLD.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped') AND NEW.status <> OLD.status
+BEGIN
+    SELECT RAISE(ABORT, 'RUN_TERMINAL: a terminal run status never changes');
+END;
+
+CREATE TABLE IF NOT EXISTS approvals (
+    id                    TEXT    PRIMARY KEY,
+    job_id                TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    run_id                TEXT    REFERENCES runs(id) ON DELETE CASCADE,
+    dispatch_id           TEXT,
+    status                TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
+    version               INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
+    risk_level            TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
+    approver_scope        TEXT,
+    contract_sha256       TEXT    NOT NULL,
+    requested_at          INTEGER NOT NULL,
+    expires_at            INTEGER,
+    decided_by            TEXT,
+    decision_reason       TEXT,
+    approved_at           INTEGER,
+    rejected_at           INTEGER,
+    cancelled_at          INTEGER,
+    timed_out_at          INTEGER,
+    dispatching_at        INTEGER,
+    dispatched_at         INTEGER,
+    proof_not_before      INTEGER,
+    proof_expires_at      INTEGER,
+    proof_clock_skew_ms   INTEGER,
+    handoff_artifact_digest TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_status_idx ON approvals(status, expires_at);
+
+-- Delivery outbox: the only durable route for external channel output.
+CREATE TABLE IF NOT EXISTS delivery_outbox (
+    id                TEXT    PRIMARY KEY,
+    run_id            TEXT    REFERENCES runs(id) ON DELETE SET NULL,
+    job_id            TEXT,
+    channel           TEXT    NOT NULL,
+    target            TEXT,
+    idempotency_key   TEXT    NOT NULL UNIQUE,
+    group_key         TEXT    NOT NULL,
+    part_index        INTEGER NOT NULL DEFAULT 1 CHECK (part_index >= 1),
+    part_count        INTEGER NOT NULL DEFAULT 1 CHECK (part_count >= 1),
+    body              TEXT    NOT NULL,
+    status            TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'delivered', 'failed', 'cancelled')),
+    attempts          INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts      INTEGER NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+    due_at            INTEGER NOT NULL,
+    claim_owner       TEXT,
+    claim_token       TEXT,
+    claim_expires_at  INTEGER,
+    last_error        TEXT,
+    delivered_at      INTEGER,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    CHECK (part_index <= part_count),
+    UNIQUE (group_key, part_index)
+);
+CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE status = 'pending';
+-- A delivered part is never sent again.
+CREATE TRIGGER IF NOT EXISTS outbox_delivered_is_final
+BEFORE UPDATE OF status ON delivery_outbox
+WHEN OLD.status = 'delivered' AND NEW.status <> 'delivered'
+BEGIN
+    SELECT RAISE(ABORT, 'OUTBOX_DELIVERED: a delivered part is never re-sent');
+END;
+
+CREATE TABLE IF NOT EXISTS delivery_attachments (
+    id           TEXT    PRIMARY KEY,
+    outbox_id    TEXT    NOT NULL REFERENCES delivery_outbox(id) ON DELETE CASCADE,
+    ordinal      INTEGER NOT NULL CHECK (ordinal >= 0),
+    name         TEXT    NOT NULL,
+    mime_type    TEXT    NOT NULL,
+    size_bytes   INTEGER NOT NULL CHECK (size_bytes >= 0),
+    sha256       TEXT    NOT NULL CHECK (length(sha256) = 64),
+    content      BLOB,
+    path         TEXT,
+    created_at   INTEGER NOT NULL,
+    UNIQUE (outbox_id, ordinal),
+    CHECK ((content IS NULL) <> (path IS NULL))
+);
+
+-- Completion delivery ownership, scoped to (task label, session, run).
+CREATE TABLE IF NOT EXISTS completion_debts (
+    id            TEXT    PRIMARY KEY,
+    task_label    TEXT    NOT NULL,
+    session_key   TEXT    NOT NULL,
+    run_id        TEXT    NOT NULL,
+    status        TEXT    NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'reconciled', 'failed')),
+    outbox_group  TEXT,
+    claim_owner   TEXT,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    UNIQUE (task_label, session_key, run_id)
+);
+
+-- Immutable handoff artifacts keyed by the SHA-256 of their canonical (json-sort-v1) payload.
+CREATE TABLE IF NOT EXISTS handoff_artifacts (
+    digest        TEXT    PRIMARY KEY CHECK (length(digest) = 64),
+    schema_name   TEXT    NOT NULL,
+    schema_version INTEGER NOT NULL,
+    payload       TEXT    NOT NULL,
+    created_at    INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS handoff_artifacts_no_update
+BEFORE UPDATE ON handoff_artifacts
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_IMMUTABLE: handoff artifacts cannot be updated');
+END;
+CREATE TRIGGER IF NOT EXISTS handoff_artifacts_no_delete
+BEFORE DELETE ON handoff_artifacts
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_IMMUTABLE: handoff artifacts cannot be deleted');
+END;
+
+-- One immutable evidence row per run.
+CREATE TABLE IF NOT EXISTS evidence_records (
+    id                  TEXT    PRIMARY KEY,
+    run_id              TEXT    NOT NULL UNIQUE,
+    job_id              TEXT,
+    provider            TEXT    NOT NULL,
+    methods             TEXT    NOT NULL,
+    payload_sha256      TEXT    NOT NULL CHECK (length(payload_sha256) = 64),
+    canonical_payload   TEXT    NOT NULL,
+    envelope            TEXT,
+    handoff_artifact_digest TEXT,
+    verification        TEXT,
+    verified            INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
+    created_at          INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS evidence_records_no_update
+BEFORE UPDATE ON evidence_records
+BEGIN
+    SELECT RAISE(ABORT, 'EVIDENCE_IMMUTABLE: evidence records cannot be updated');
+END;
+
+-- Append-only audit trail of every transition.
+CREATE TABLE IF NOT EXISTS runtime_events (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    at              INTEGER NOT NULL,
+    kind            TEXT    NOT NULL,
+    job_id          TEXT,
+    run_id          TEXT,
+    dispatch_id     TEXT,
+    actor           TEXT,
+    handoff_artifact_digest TEXT,
+    data            TEXT
+);
+CREATE INDEX IF NOT EXISTS runtime_events_run_idx ON runtime_events(run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runtime_events_job_idx ON runtime_events(job_id, at);
+CREATE TRIGGER IF NOT EXISTS runtime_events_no_update
+BEFORE UPDATE ON runtime_events
+BEGIN
+    SELECT RAISE(ABORT, 'EVENTS_APPEND_ONLY: runtime events cannot be updated');
+END;
+CREATE TRIGGER IF NOT EXISTS runtime_events_no_delete
+BEFORE DELETE ON runtime_events
+BEGIN
+    SELECT RAISE(ABORT, 'EVENTS_APPEND_ONLY: runtime events cannot be deleted');
+END;
+
+-- Resumable provider sessions scoped to an exact artifact and runtime instance.
+CREATE TABLE IF NOT EXISTS provider_sessions (
+    id                  TEXT    PRIMARY KEY,
+    provider            TEXT    NOT NULL,
+    session_key         TEXT    NOT NULL,
+    handoff_artifact_digest TEXT,
+    runtime_instance    TEXT,
+    state               TEXT,
+    expires_at          INTEGER,
+    revoked_at          INTEGER,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    UNIQUE (provider, session_key, handoff_artifact_digest)
+);
+
+-- Credential release bookkeeping. There is deliberately no column for the value.
+CREATE TABLE IF NOT EXISTS credential_presentations (
+    id                  TEXT    PRIMARY KEY,
+    run_id              TEXT,
+    binding_name        TEXT    NOT NULL,
+    provider            TEXT    NOT NULL,
+    medium              TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
+    env_key             TEXT,
+    file_name           TEXT,
+    cardinality         TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
+    required            INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
+    status              TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
+    handoff_artifact_digest TEXT,
+    materialized_at     INTEGER NOT NULL,
+    cleaned_at          INTEGER
+);
+
+-- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
+CREATE TABLE IF NOT EXISTS authorization_proof_replay (
+    proof_id            TEXT    PRIMARY KEY,
+    handoff_artifact_digest TEXT NOT NULL,
+    run_id              TEXT,
+    claimed_at          INTEGER NOT NULL,
+    expires_at          INTEGER
+);
+
+-- Agent prompt messages. `prompt_claimed` means a dispatcher owns prompt injection.
+CREATE TABLE IF NOT EXISTS messages (
+    id            TEXT    PRIMARY KEY,
+    job_id        TEXT,
+    run_id        TEXT,
+    session_key   TEXT,
+    role          TEXT    NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    body          TEXT    NOT NULL,
+    status        TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'prompt_claimed', 'consumed', 'expired')),
+    claimed_by    TEXT,
+    claimed_at    INTEGER,
+    created_at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_session_idx ON messages(session_key, status);
