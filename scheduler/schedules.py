@@ -23,7 +23,7 @@ import copy
 import functools
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -36,12 +36,17 @@ KINDS = ("cron", "every", "at", "manual", "chain")
 DST_GAP_POLICIES = ("shift", "skip")
 DST_FOLD_POLICIES = ("once", "twice")
 
-_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _MS = timedelta(milliseconds=1)
 _ALIASES = {
-    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
 }
 # croniter's R (random) and H (hash) tokens; "thu", "fri", "mar" etc. stay allowed.
 _RANDOM_OR_HASH = re.compile(r"(?<![a-z])[rh](?![a-z])")
@@ -66,8 +71,7 @@ def validate_cron(expr: str) -> str:
         hint = " (the year field is not supported)" if len(fields) == 7 else ""
         raise SchedulerError(
             "INVALID_CRON",
-            f"cron: expected 5 fields (min hour dom month dow) or 6 with seconds first, "
-            f"got {len(fields)}{hint}: {expr!r}",
+            f"cron: expected 5 fields (min hour dom month dow) or 6 with seconds first, got {len(fields)}{hint}: {expr!r}",
         )
     if any(_RANDOM_OR_HASH.search(f.lower()) for f in fields):
         raise SchedulerError("INVALID_CRON", f"cron: random/hash tokens (R, H) are not supported: {expr!r}")
@@ -176,8 +180,7 @@ def _template(expr: str) -> Any:
     """A parsed croniter for ``expr`` (parsing dominates the cost); callers copy it."""
     from croniter import croniter
 
-    return croniter(expr, _EPOCH_NAIVE, ret_type=datetime, day_or=True,
-                    second_at_beginning=len(expr.split(" ")) == 6)
+    return croniter(expr, _EPOCH_NAIVE, ret_type=datetime, day_or=True, second_at_beginning=len(expr.split(" ")) == 6)
 
 
 def _offset_ms(zone: ZoneInfo, ms: int) -> int:
@@ -194,7 +197,7 @@ def _wall_instants(wall: datetime, zone: ZoneInfo, gap: str, fold: str) -> tuple
         return [base - (off0 // _MS if off0 is not None else 0)], 0
     jump = abs(off1 - off0) // _MS
     t0, t1 = base - off0 // _MS, base - off1 // _MS
-    if first.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None) != wall:
+    if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != wall:
         return ([t0] if gap == "shift" else []), jump  # gap: fold=0 = shift forward
     return ([t0, t1] if fold == "twice" else [t0]), jump  # fold: t0 is the earlier instant
 
@@ -281,9 +284,7 @@ def next_fires(schedule: Schedule, after_ms: int, n: int, *, anchor_ms: int | No
     return out
 
 
-def missed_slots(
-    schedule: Schedule, from_ms: int, to_ms: int, *, limit: int = 1000, anchor_ms: int | None = None
-) -> list[int]:
+def missed_slots(schedule: Schedule, from_ms: int, to_ms: int, *, limit: int = 1000, anchor_ms: int | None = None) -> list[int]:
     """Fire instants t with ``from_ms < t <= to_ms``, at most ``limit`` of them.
 
     Used for misfire accounting after downtime. ``every`` slots are anchored at

@@ -36,18 +36,24 @@ class _SQLiteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
+    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.IntegrityError as exc:
+            raise SchedulerError("CONSTRAINT_VIOLATION", str(exc)) from None
+
     def execute(self, sql: str, params: Params = ()) -> int:
-        return self._conn.execute(sql, params).rowcount
+        return self._run(sql, params).rowcount
 
     def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
-        row = self._conn.execute(sql, params).fetchone()
+        row = self._run(sql, params).fetchone()
         return dict(row) if row is not None else None
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._conn.execute(sql, params).fetchall()]
+        return [dict(r) for r in self._run(sql, params).fetchall()]
 
     def scalar(self, sql: str, params: Params = ()) -> Any:
-        row = self._conn.execute(sql, params).fetchone()
+        row = self._run(sql, params).fetchone()
         return row[0] if row is not None else None
 
 

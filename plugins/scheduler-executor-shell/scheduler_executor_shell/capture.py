@@ -1,0 +1,193 @@
+"""Pumping a child's pipes: stdout and stderr read concurrently, stdin fed, no deadlock at any size.
+
+One background thread runs a ``selectors`` loop over all pipes of one process: it
+reads whatever stream has data (so a child blocked writing stderr never waits for
+stdout to finish) and writes stdin in non-blocking chunks. It stops at EOF on both
+output pipes, or when told to (``stop``), so an escaped grandchild holding a pipe
+open can never keep it alive. The pump alone reads and closes the pipes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import selectors
+import threading
+from typing import IO, Protocol
+
+from scheduler.artifacts import StreamRecorder
+from scheduler.execution import StreamCapture
+
+#: Bytes per read; pipes are enlarged to this size when the kernel allows it.
+READ_CHUNK = 1 << 20
+#: How often the loop looks at the stop flag when no pipe is ready.
+POLL_S = 0.05
+
+
+class Sink(Protocol):
+    """Where one output stream goes; ``write`` returns False once a cap is exceeded."""
+
+    def write(self, chunk: bytes) -> bool:
+        """Take one chunk."""
+
+
+class RecorderSink:
+    """A ``StreamRecorder`` plus the raw head of the stream, kept while it is small.
+
+    The recorder's excerpt is decoded text; structured-output parsing needs the raw
+    bytes. They are kept up to ``keep_bytes`` (the recorder's offload threshold):
+    a stream that fits is whole in ``head``; a larger one is in the artifact file.
+    """
+
+    def __init__(self, recorder: StreamRecorder, *, keep_bytes: int) -> None:
+        self.recorder = recorder
+        self._keep = keep_bytes
+        self._head = bytearray()
+        self._overflow = False
+
+    def write(self, chunk: bytes) -> bool:
+        """Record a chunk; False once the recorder's cap is exceeded."""
+        if not self._overflow:
+            if len(self._head) + len(chunk) <= self._keep:
+                self._head.extend(chunk)
+            else:
+                self._overflow = True
+                self._head.clear()
+        return self.recorder.write(chunk)
+
+    @property
+    def head(self) -> bytes:
+        """The raw stream if it stayed within ``keep_bytes``, else empty (read the artifact)."""
+        return bytes(self._head)
+
+    def finish(self) -> StreamCapture:
+        """Close the recorder and describe the stream."""
+        return self.recorder.finish()
+
+
+class HashSink:
+    """Counts and hashes a stream without storing any of it (verification output)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, chunk: bytes) -> bool:
+        """Hash a chunk; never refuses."""
+        self._hash.update(chunk)
+        self.bytes += len(chunk)
+        return True
+
+    @property
+    def sha256(self) -> str:
+        """Hex digest of everything written so far."""
+        return self._hash.hexdigest()
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Best effort: a bigger pipe buffer means fewer wake-ups for chatty commands."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, READ_CHUNK)
+    except (OSError, AttributeError):
+        pass
+
+
+class PipePump:
+    """Drains a process's stdout/stderr into sinks and feeds its stdin, in one thread."""
+
+    def __init__(
+        self,
+        outputs: dict[str, tuple[IO[bytes], Sink]],
+        *,
+        stdin: IO[bytes] | None = None,
+        stdin_data: bytes = b"",
+    ) -> None:
+        self._outputs = outputs
+        self._stdin = stdin
+        self._stdin_data = memoryview(stdin_data)
+        self._stop = threading.Event()
+        #: Set as soon as any sink refuses a chunk (its cap was exceeded).
+        self.limit_exceeded = threading.Event()
+        #: Names of the streams that exceeded their cap.
+        self.exceeded: list[str] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="shell-pipe-pump", daemon=True)
+
+    def start(self) -> None:
+        """Start pumping."""
+        self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        """True once every output pipe reached EOF (or the pump was stopped)."""
+        return not self._thread.is_alive()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for EOF on all outputs; True when the pump is done."""
+        self._thread.join(max(0.0, timeout_s))
+        return not self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 1.0) -> bool:
+        """Abandon the pipes (a process outside the group still holds them) and close them."""
+        self._stop.set()
+        return self.join(timeout_s)
+
+    def _run(self) -> None:
+        """The selector loop; closes every pipe when it ends, whatever the reason."""
+        sel = selectors.DefaultSelector()
+        try:
+            for name, (pipe, sink) in self._outputs.items():
+                _enlarge_pipe(pipe.fileno())
+                sel.register(pipe.fileno(), selectors.EVENT_READ, (name, pipe, sink))
+            if self._stdin is not None:
+                os.set_blocking(self._stdin.fileno(), False)
+                sel.register(self._stdin.fileno(), selectors.EVENT_WRITE, None)
+            readers = len(self._outputs)
+            while readers and not self._stop.is_set():
+                for key, _ in sel.select(POLL_S):
+                    if key.data is None:
+                        if self._feed_stdin():
+                            sel.unregister(key.fd)
+                            self._close_stdin()
+                        continue
+                    name, pipe, sink = key.data
+                    try:
+                        chunk = os.read(key.fd, READ_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        pipe.close()
+                        readers -= 1
+                    elif not sink.write(chunk) and not self.limit_exceeded.is_set():
+                        self.exceeded.append(name)
+                        self.limit_exceeded.set()
+        except BaseException as exc:  # pragma: no cover - reported to the executor, never silent
+            self.error = exc
+        finally:
+            sel.close()
+            self._close_stdin()
+            for pipe, _ in self._outputs.values():
+                pipe.close()
+
+    def _feed_stdin(self) -> bool:
+        """Write the next chunk of stdin; True when all was written or the reader went away."""
+        if not self._stdin_data:
+            return True
+        try:
+            written = os.write(self._stdin.fileno(), self._stdin_data[:READ_CHUNK])  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:  # EPIPE: the command does not read its input; that is its business
+            return True
+        self._stdin_data = self._stdin_data[written:]
+        return not self._stdin_data
+
+    def _close_stdin(self) -> None:
+        """Close stdin (EOF for the command); idempotent."""
+        if self._stdin is not None and not self._stdin.closed:
+            try:
+                self._stdin.close()
+            except OSError:
+                pass

@@ -1,0 +1,226 @@
+"""Running one shell command in its own process group, under a deadline and a cancellation token.
+
+``run_process`` is shared by the job's command and its ``verify_shell`` check. The
+order of events is what makes it safe to recover after a crash:
+
+1. spawn ``<shell> -c <gate>`` in a new session (own process group, ``pgid == pid``);
+   the gate script blocks on its first stdin line, so nothing of the payload has run;
+2. ``control.record_process(pid, pgid, identity)``; if that raises (fence lost), the
+   gate is closed, the payload never starts, and the group is killed;
+3. open the gate: the wrapper ``exec``s the shell on the payload (same PID, same
+   group, same start time) with stdin switched to ``/dev/null`` or the job's text;
+4. pump the pipes and wait for exit, deadline, cancellation or the output cap,
+   polling ``control.wait_cancelled`` in short slices (at most ``WAIT_SLICE_S``);
+5. on deadline/cancel/cap: ``kill_group`` then ``control.record_termination``;
+   after a normal exit, group members left behind (daemonised background jobs) are
+   killed too, and recorded, so nothing of the run keeps running;
+6. the pipe pump gets a bounded time to reach EOF; a pipe still held by a process
+   that left the group (``setsid``) is abandoned rather than waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+
+import attrs
+
+from scheduler.errors import SchedulerError
+from scheduler.execution import RunControl
+
+from scheduler_executor_shell.capture import PipePump, Sink
+from scheduler_executor_shell.procs import kill_group, live_group_members, process_identity
+
+#: Wrapper run by the shell: wait for the go-ahead line, pick stdin, then become the payload.
+#: ``$0`` is the shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
+GATE_SCRIPT = 'IFS= read -r _ || exit 125; if [ "$2" = null ]; then exec </dev/null; fi; exec "$0" -c "$1"'
+#: Slice of each wait on the run control (cancellation latency).
+WAIT_SLICE_S = 0.05
+#: How long to wait for the pipes after the group is gone before abandoning them.
+PIPE_DRAIN_S = 1.0
+#: After the leader exited with pipes still open: how often to look for live group members.
+GROUP_CHECK_S = 0.25
+
+
+@attrs.define(kw_only=True)
+class ProcessOutcome:
+    """How one process run ended."""
+
+    #: exited | timeout | cancelled | limit | spawn_failed | record_failed
+    reason: str
+    returncode: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    identity: str | None = None
+    #: Signal the group was terminated with, when it had to be.
+    termination: str | None = None
+    #: True when the group was killed after a normal exit because members stayed behind.
+    leftovers_killed: bool = False
+    #: True when the pipes were still held open (by a process outside the group) and were abandoned.
+    pipes_abandoned: bool = False
+    exceeded_streams: list[str] = attrs.Factory(list)
+    error: SchedulerError | None = None
+    #: Problems worth recording that did not change the outcome (e.g. record_termination failed).
+    notes: dict[str, str] = attrs.Factory(dict)
+
+
+def _error_of(exc: BaseException, default_code: str) -> SchedulerError:
+    """A ``SchedulerError`` for any exception (keeping its code when it already is one)."""
+    if isinstance(exc, SchedulerError):
+        return exc
+    return SchedulerError(default_code, f"{type(exc).__name__}: {exc}")
+
+
+def _event(control: RunControl, kind: str, data: dict) -> None:
+    """Audit event; an event sink failure never changes what happens to the process."""
+    try:
+        control.event(kind, data)
+    except Exception:  # noqa: BLE001 - audit is best effort here, the durable parts are record_*
+        pass
+
+
+def run_process(
+    *,
+    shell: str,
+    payload: str,
+    cwd: str | None,
+    env: Mapping[str, str],
+    stdin_data: bytes | None,
+    outputs: dict[str, Sink],
+    deadline: float,
+    control: RunControl,
+    grace_s: float,
+    label: str,
+) -> ProcessOutcome:
+    """Run ``payload`` through ``shell -c`` under the gate protocol above; never raises for process problems.
+
+    ``deadline`` is a ``time.monotonic()`` instant. ``outputs`` maps "stdout" and
+    "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events.
+    """
+    argv = [shell, "-c", GATE_SCRIPT, shell, payload, "null" if stdin_data is None else "pipe"]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        if cwd is not None and not os.path.isdir(cwd):
+            err = SchedulerError("WORKING_DIR_MISSING", f"working directory does not exist: {cwd}")
+        else:
+            err = SchedulerError("SHELL_SPAWN_FAILED", f"cannot start {shell}: {exc}")
+        return ProcessOutcome(reason="spawn_failed", error=err)
+
+    pid = pgid = proc.pid  # start_new_session: the child called setsid() before exec
+    identity = process_identity(pid)
+    outcome = ProcessOutcome(reason="exited", pid=pid, pgid=pgid, identity=identity)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    try:
+        control.record_process(pid, pgid, identity or "unknown")
+    except BaseException as exc:  # noqa: BLE001 - any failure means: do not let it run
+        proc.stdin.close()  # the gate never opens: the payload does not start
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            outcome.termination = kill_group(pgid, grace_s, reap=proc.poll)
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        outcome.reason = "record_failed"
+        outcome.returncode = proc.returncode
+        outcome.error = _error_of(exc, "RECORD_PROCESS_FAILED")
+        if not isinstance(exc, Exception):
+            raise
+        return outcome
+    _event(control, "shell.started", {"step": label, "pid": pid, "pgid": pgid, "identity": identity})
+
+    pump = PipePump(
+        {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
+        stdin=proc.stdin,
+        stdin_data=b"\n" + (stdin_data or b""),
+    )
+    pump.start()
+    try:
+        outcome.reason = _wait(proc, pump, deadline, control)
+    except BaseException:
+        outcome.reason = "error"
+        _terminate(outcome, control, pgid, grace_s, proc, label)
+        proc.wait()
+        pump.stop()
+        raise
+    if outcome.reason != "exited":
+        _terminate(outcome, control, pgid, grace_s, proc, label)
+    elif live_group_members(pgid):
+        # The leader is still an unreaped zombie, so its PID cannot be reused as a group id
+        # meanwhile: anything live in the group was left behind and must not outlive the run.
+        outcome.leftovers_killed = True
+        _terminate(outcome, control, pgid, grace_s, proc, label)
+    outcome.returncode = proc.wait()
+    if not pump.join(PIPE_DRAIN_S):
+        pump.stop()
+        outcome.pipes_abandoned = True
+    outcome.exceeded_streams = list(pump.exceeded)
+    if pump.error is not None:
+        outcome.notes["pump_error"] = repr(pump.error)
+    return outcome
+
+
+def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunControl) -> str:
+    """Wait for the end of the run; returns exited, timeout, cancelled or limit.
+
+    "exited" means the leader exited and either both pipes reached EOF or no live
+    member of the group is left (background children that keep writing are part of
+    the run; a pipe held only by a process that left the group cannot be waited for).
+    The leader is observed with ``waitid(WNOWAIT)`` so it stays unreaped, and its PID
+    reserved as the group id, until the group has been dealt with.
+    """
+    next_group_check = 0.0
+    slice_s = 0.002  # short commands end fast; the slice grows to WAIT_SLICE_S for long ones
+    while True:
+        if pump.limit_exceeded.is_set():
+            return "limit"
+        now = time.monotonic()
+        if _leader_exited(proc.pid):
+            if pump.finished:
+                return "exited"
+            if now >= next_group_check:
+                next_group_check = now + GROUP_CHECK_S
+                if not live_group_members(proc.pid):
+                    return "exited"
+        remaining = deadline - now
+        if remaining <= 0:
+            return "timeout"
+        if control.wait_cancelled(min(slice_s, remaining)):
+            return "cancelled"
+        slice_s = min(slice_s * 2, WAIT_SLICE_S)
+
+
+def _leader_exited(pid: int) -> bool:
+    """True when our child has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _terminate(outcome: ProcessOutcome, control: RunControl, pgid: int, grace_s: float, proc: subprocess.Popen, label: str) -> None:
+    """Kill the group, then durably record the termination before anything else happens."""
+    try:
+        outcome.termination = kill_group(pgid, grace_s, reap=proc.poll)
+    except SchedulerError as exc:
+        outcome.termination = "SIGKILL"
+        outcome.notes["kill_error"] = f"{exc.code}: {exc.message}"
+    try:
+        control.record_termination(outcome.termination)
+    except Exception as exc:  # noqa: BLE001 - the run still ends; the failure is reported
+        err = _error_of(exc, "RECORD_TERMINATION_FAILED")
+        outcome.notes["record_termination_error"] = f"{err.code}: {err.message}"
+    _event(control, "shell.terminated", {"step": label, "pgid": pgid, "signal": outcome.termination, "reason": outcome.reason})

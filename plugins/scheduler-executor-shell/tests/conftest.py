@@ -1,0 +1,118 @@
+"""Fixtures for the shell executor tests: real requests, real artifact dirs, real processes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.artifacts import run_dir
+from scheduler.execution import ExecutionRequest, ExecutionResult, LocalRunControl
+from scheduler.spec import validate_spec
+from scheduler.timeutil import now_ms
+from scheduler_executor_shell import ShellExecutor
+
+
+@pytest.fixture(autouse=True)
+def _clean_dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests define the dispatcher's shell knobs themselves; nothing leaks in from outside."""
+    for name in ("SCHEDULER_SHELL", "SCHEDULER_SHELL_MAX_OUTPUT_BYTES", "SCHEDULER_SHELL_KILL_GRACE_S"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def artifacts_root(tmp_path: Path) -> Path:
+    """Root of a fresh artifact store."""
+    return tmp_path / "artifacts"
+
+
+@pytest.fixture
+def make_request(artifacts_root: Path) -> Callable[..., ExecutionRequest]:
+    """Build an ExecutionRequest for a payload plus spec fields; the deadline follows run_timeout_ms."""
+    counter = itertools.count(1)
+
+    def make(payload: str, **fields: Any) -> ExecutionRequest:
+        spec = validate_spec({"name": "test job", "schedule_kind": "manual", "payload_message": payload, **fields})
+        run_id = f"run-{next(counter)}"
+        started = now_ms()
+        return ExecutionRequest(
+            run_id=run_id,
+            job_id="job-1",
+            job=spec,
+            started_at_ms=started,
+            deadline_ms=started + spec.run_timeout_ms,
+            artifacts_dir=run_dir(artifacts_root, run_id),
+            artifacts_root=artifacts_root,
+            extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": "job-1"},
+        )
+
+    return make
+
+
+class Ran:
+    """One execution: result, control and wall time."""
+
+    def __init__(self, result: ExecutionResult, control: LocalRunControl, request: ExecutionRequest, elapsed: float) -> None:
+        self.result = result
+        self.control = control
+        self.request = request
+        self.elapsed = elapsed
+
+
+@pytest.fixture
+def run_job(make_request: Callable[..., ExecutionRequest]) -> Callable[..., Ran]:
+    """Execute a payload with ShellExecutor and a LocalRunControl (or the one given)."""
+
+    def run(payload: str, *, control: LocalRunControl | None = None, **fields: Any) -> Ran:
+        control = control or LocalRunControl()
+        request = make_request(payload, **fields)
+        t0 = time.monotonic()
+        result = ShellExecutor().execute(request, control)
+        return Ran(result, control, request, time.monotonic() - t0)
+
+    return run
+
+
+def live_members(pgid: int) -> list[int]:
+    """Non-zombie processes of a group, read straight from /proc (independent of the code under test)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+def assert_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
+    """No live member right now, and ``os.killpg(pgid, 0)`` fails once init has reaped the zombies.
+
+    Some container inits reap orphans only every second or two, hence the wait
+    for the second half; the first half is the immediate guarantee.
+    """
+    assert live_members(pgid) == []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert live_members(pgid) == []
+        assert time.monotonic() < deadline, f"process group {pgid} still exists"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def group_gone() -> Callable[[int], None]:
+    """``assert_group_gone`` as a fixture (test modules cannot import conftest under importlib mode)."""
+    return assert_group_gone

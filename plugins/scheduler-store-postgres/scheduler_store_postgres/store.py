@@ -1,0 +1,506 @@
+"""The PostgreSQL store: several dispatchers on several hosts sharing one database.
+
+* Connections come from a small ``psycopg_pool.ConnectionPool`` (min 1, max 8 by
+  default) whose ``configure`` callback points ``search_path`` at the store's schema
+  and installs the SQLite-compatible loaders; rows are dicts.
+* ``transaction()`` is one READ COMMITTED transaction on one pooled connection;
+  nested use in the same thread joins it. Claims lock rows with ``FOR UPDATE SKIP
+  LOCKED`` (``Tx.skip_locked``), so concurrent dispatchers never get the same row
+  and never wait on each other.
+* ``read()`` is a REPEATABLE READ READ ONLY transaction: a consistent snapshot across
+  several queries, as a SQLite read transaction is.
+* Wake-ups use LISTEN/NOTIFY on ``scheduler_wakeup_<schema>`` (see ``notify``).
+* ``initialize()`` fails closed with ``DB_INIT_FAILED`` naming the phase and the
+  (password-redacted) URL, and serialises concurrent initialisers with a
+  transaction-scoped advisory lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import ConnectionPool
+
+import scheduler
+from scheduler.errors import SchedulerError
+from scheduler.store import migrations as kernel_migrations
+from scheduler.store.base import Params
+from scheduler.timeutil import now_ms
+from scheduler_store_postgres import migrations
+from scheduler_store_postgres.notify import Listener, channel_name
+from scheduler_store_postgres.sqlcompat import error_message, prepare, register_loaders, translate_error
+from scheduler_store_postgres.url import DEFAULT_CONNECT_TIMEOUT_S, ConnSpec, parse_url
+
+log = logging.getLogger(__name__)
+
+#: Seconds ``initialize`` waits for a lock held by another initialiser or by open transactions.
+INIT_LOCK_TIMEOUT = "60s"
+#: Seconds a thread waits for a free pooled connection before ``DB_UNAVAILABLE``.
+POOL_TIMEOUT_S = 30.0
+_FINGERPRINT_PREFIX = "scheduler-store-postgres schema sha256="
+_TCP_KEEPALIVES = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
+
+
+class PgTx:
+    """One open transaction on a pooled connection; kernel SQL with ``?`` placeholders."""
+
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        #: The first statement error seen: PostgreSQL aborts the whole transaction on it.
+        self.failure: SchedulerError | None = None
+
+    def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.Cursor[Any]:
+        query, args = prepare(sql_text, params)
+        cur = self._conn.cursor(row_factory=dict_row if rows else tuple_row)
+        try:
+            cur.execute(query, args)  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            cur.close()
+            translated = translate_error(exc)
+            if self.failure is None:
+                self.failure = translated or SchedulerError("DB_ERROR", error_message(exc))
+            if translated is not None:
+                raise translated from None
+            raise
+        return cur
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        """Run a statement; return the number of rows it changed (or returned)."""
+        with self._run(sql, params) as cur:
+            return cur.rowcount
+
+    def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
+        """First row of a query as a dict, or None."""
+        with self._run(sql, params) as cur:
+            row = cur.fetchone() if cur.description is not None else None
+            return dict(row) if row is not None else None
+
+    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
+        """Every row of a query as dicts."""
+        with self._run(sql, params) as cur:
+            return [dict(r) for r in cur.fetchall()] if cur.description is not None else []
+
+    def scalar(self, sql: str, params: Params = ()) -> Any:
+        """First column of the first row, or None."""
+        with self._run(sql, params, rows=False) as cur:
+            row = cur.fetchone() if cur.description is not None else None
+            return row[0] if row is not None else None
+
+
+def _fail(phase: str, location: str, exc: BaseException | str) -> SchedulerError:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return SchedulerError(
+        "DB_INIT_FAILED",
+        f"database initialisation failed during {phase} of {location}: {text}",
+        details={"phase": phase, "path": location},
+    )
+
+
+def _lock_key(schema: str) -> int:
+    """A stable signed 64-bit advisory lock key for initialising one schema."""
+    digest = hashlib.sha256(f"scheduler-store-postgres:init:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class PostgresStore:
+    """The PostgreSQL store (``scheduler.stores`` driver ``postgres``)."""
+
+    dialect = "postgresql"
+    plugin_api = scheduler.PLUGIN_API_VERSION
+    capabilities = frozenset({"skip-locked", "listen-notify", "multi-host"})
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._spec: ConnSpec = parse_url(url)
+        self.location = self._spec.location
+        #: The schema holding the scheduler's objects (resolved by ``initialize`` when the URL names none).
+        self.schema: str | None = self._spec.schema
+        self.channel: str | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._listener: Listener | None = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._initialized = False
+        #: Test hooks: the migration list and a hook called before each step (see ``migrations``).
+        self.migrations: tuple[migrations.Migration, ...] = migrations.MIGRATIONS
+        self.migration_step_hook: migrations.StepHook | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.location!r})"
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"row_factory": dict_row}
+        if "connect_timeout" not in self._spec.keys:
+            kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
+        if "application_name" not in self._spec.keys:
+            kwargs["application_name"] = "scheduler"
+        return kwargs
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Per-connection setup: ``search_path`` to the store's schema, SQLite-compatible loaders."""
+        register_loaders(conn)
+        if self._spec.schema is not None:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._spec.schema)))
+            conn.commit()
+
+    def _direct_connect(self, *, autocommit: bool = False, keepalives: bool = False) -> psycopg.Connection[Any]:
+        """A connection outside the pool (initialisation and the LISTEN connection)."""
+        kwargs = self._connect_kwargs()
+        if keepalives:
+            kwargs.update({k: v for k, v in _TCP_KEEPALIVES.items() if k not in self._spec.keys})
+        conn = psycopg.connect(self._spec.conninfo, autocommit=autocommit, **kwargs)
+        try:
+            if autocommit:
+                register_loaders(conn)
+            else:
+                self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _require_pool(self) -> ConnectionPool[Any]:
+        pool = self._pool
+        if pool is None or not self._initialized:
+            raise SchedulerError("DB_INIT_FAILED", f"store {self.location} used before initialize()")
+        return pool
+
+    # -- initialisation ------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """Connect, bring the schema up to date and open the pool, failing closed with ``DB_INIT_FAILED``.
+
+        Phases in the error details: ``open`` (cannot connect or open the pool),
+        ``schema`` (creating or checking objects failed, or the schema holds foreign
+        tables), ``migration`` (a migration failed, or the database is newer than this
+        code). Everything happens in one transaction under an advisory lock, so hosts
+        starting together neither race nor see a half-built schema.
+        """
+        if self._initialized:
+            return
+        location = self.location
+        if kernel_migrations.SCHEMA_VERSION != migrations.SCHEMA_VERSION:
+            raise _fail(
+                "schema",
+                location,
+                f"scheduler-store-postgres describes schema version {migrations.SCHEMA_VERSION} but the kernel "
+                f"expects {kernel_migrations.SCHEMA_VERSION}; install a matching scheduler-store-postgres",
+            )
+        try:
+            conn = self._direct_connect()
+        except psycopg.Error as exc:
+            raise _fail("open", location, exc) from None
+        try:
+            self._apply_schema(conn)
+        finally:
+            conn.close()
+        pool: ConnectionPool[Any] = ConnectionPool(
+            self._spec.conninfo,
+            min_size=self._spec.pool_min,
+            max_size=self._spec.pool_max,
+            kwargs=self._connect_kwargs(),
+            configure=self._configure,
+            open=False,
+            timeout=POOL_TIMEOUT_S,
+            name=f"scheduler-store-postgres {location}",
+        )
+        try:
+            pool.open(wait=self._spec.pool_min > 0, timeout=float(DEFAULT_CONNECT_TIMEOUT_S) + 5.0)
+        except Exception as exc:
+            pool.close(timeout=1.0)
+            raise _fail("open", location, f"connection pool did not open: {exc}") from None
+        assert self.schema is not None
+        self.channel = channel_name(self.schema)
+        self._pool = pool
+        self._listener = Listener(lambda: self._direct_connect(autocommit=True, keepalives=True), self.channel)
+        self._initialized = True
+
+    def _apply_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Fresh: schema in one transaction. Existing: migrations, then schema again. All or nothing."""
+        location = self.location
+        phase = "schema"
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(INIT_LOCK_TIMEOUT)))
+                key_schema = self._spec.schema or "<search_path>"
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(key_schema),))
+                if self._spec.schema is not None:
+                    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._spec.schema)))
+                schema = conn.execute("SELECT current_schema() AS s").fetchone()["s"]  # type: ignore[index]
+                if schema is None:
+                    raise _fail("schema", location, "no schema to create objects in (search_path names none that exists)")
+                self.schema = schema
+                tables = {
+                    r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))
+                }
+                now = now_ms()
+                if "schema_migrations" in tables:
+                    version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations").fetchone()["v"]  # type: ignore[index]
+                    if version > migrations.SCHEMA_VERSION:
+                        raise _fail(
+                            "migration",
+                            location,
+                            f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})",
+                        )
+                    if version == migrations.SCHEMA_VERSION and self._schema_current(conn, schema, tables):
+                        return
+                    if version < migrations.SCHEMA_VERSION:
+                        phase = "migration"
+                        migrations.migrate(conn, version, now, self.migration_step_hook, self.migrations)
+                        phase = "schema"
+                elif tables:
+                    raise _fail(
+                        "schema",
+                        location,
+                        f"schema {schema!r} has tables but is not a scheduler database (no schema_migrations); "
+                        "name an empty or new schema with ?schema=NAME",
+                    )
+                for statement in migrations.schema_statements():
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations(version, name, applied_at) VALUES (%s, %s, %s) ON CONFLICT (version) DO NOTHING",
+                    (migrations.SCHEMA_VERSION, "current schema.sql", now),
+                )
+                conn.execute(
+                    sql.SQL("COMMENT ON TABLE schema_migrations IS {}").format(
+                        sql.Literal(_FINGERPRINT_PREFIX + migrations.schema_fingerprint())
+                    )
+                )
+        except SchedulerError:
+            raise
+        except Exception as exc:
+            raise _fail(phase, location, exc) from None
+
+    def _schema_current(self, conn: psycopg.Connection[Any], schema: str, tables: set[str]) -> bool:
+        """Whether an up-to-date database can skip re-applying ``schema.sql``.
+
+        Re-applying takes table locks (``CREATE INDEX IF NOT EXISTS`` and ``CREATE OR
+        REPLACE TRIGGER`` lock the table even when nothing changes), which would make
+        every CLI start queue behind busy dispatchers. So when the recorded schema
+        fingerprint matches this package's ``schema.sql`` and every table and trigger
+        is present, the catalog check alone suffices.
+        """
+        if not migrations.expected_tables() <= tables:
+            return False
+        comment = conn.execute(
+            "SELECT obj_description(c.oid, 'pg_class') AS d FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = 'schema_migrations'",
+            (schema,),
+        ).fetchone()
+        if not comment or comment["d"] != _FINGERPRINT_PREFIX + migrations.schema_fingerprint():
+            return False
+        return not self._missing_triggers(conn, schema)
+
+    @staticmethod
+    def _missing_triggers(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+        present = {
+            (r["tgname"], r["relname"])
+            for r in conn.execute(
+                "SELECT t.tgname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal"
+                " AND t.tgenabled <> 'D'",
+                (schema,),
+            )
+        }
+        return sorted(f"{table}.{name}" for name, table in migrations.expected_triggers() - present)
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[PgTx]:
+        local = self._local
+        if getattr(local, "depth", 0):
+            local.depth += 1
+            try:
+                yield local.tx
+            finally:
+                local.depth -= 1
+            return
+        pool = self._require_pool()
+        try:
+            with pool.connection() as conn:
+                if not write:
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    conn.read_only = True
+                try:
+                    with conn.transaction():
+                        tx = PgTx(conn)
+                        local.tx, local.depth, local.write = tx, 1, write
+                        try:
+                            yield tx
+                        finally:
+                            local.tx, local.depth, local.write = None, 0, False
+                        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                            # The block swallowed a statement error; COMMIT would silently roll back.
+                            first = tx.failure or SchedulerError("DB_ERROR", "unknown statement error")
+                            raise SchedulerError(
+                                first.code,
+                                f"transaction rolled back: a statement in it failed ({first.message}); "
+                                "PostgreSQL cannot continue a transaction after an error",
+                                details=first.details,
+                            )
+                finally:
+                    if not write and not conn.closed:
+                        try:
+                            conn.isolation_level = None
+                            conn.read_only = None
+                        except psycopg.Error:  # pragma: no cover - broken connection; the pool discards it
+                            pass
+        except psycopg.Error as exc:
+            translated = translate_error(exc)
+            if translated is not None:
+                raise translated from None
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[PgTx]:
+        """A READ COMMITTED write transaction on one pooled connection; nested use joins the outer one.
+
+        Commits when the block ends, rolls back if it raises. Note that PostgreSQL
+        aborts the whole transaction on any failed statement (SQLite only undoes the
+        statement): after a ``CONSTRAINT_VIOLATION`` the transaction cannot continue.
+        """
+        with self._tx(write=True) as tx:
+            yield tx
+
+    @contextmanager
+    def read(self) -> Iterator[PgTx]:
+        """A consistent read-only snapshot (REPEATABLE READ READ ONLY); nested use joins the outer transaction."""
+        with self._tx(write=False) as tx:
+            yield tx
+
+    # -- wake-ups ------------------------------------------------------------------------------
+
+    def notify_change(self) -> None:
+        """Wake every dispatcher listening on this schema's channel.
+
+        Called after a commit: the NOTIFY runs on its own short autocommit use of a
+        pooled connection. Called inside this thread's open write transaction, it joins
+        it instead, so the notification is delivered exactly when (and only if) that
+        transaction commits. A failure is logged, never raised: the change it announces
+        is already committed, and dispatchers also wake on their own timers.
+        """
+        pool = self._require_pool()
+        local = self._local
+        if getattr(local, "depth", 0) and getattr(local, "write", False):
+            local.tx.execute("SELECT pg_notify(?, '')", (self.channel,))
+            return
+        try:
+            with pool.connection() as conn:
+                conn.autocommit = True
+                try:
+                    conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+                finally:
+                    if not conn.closed:
+                        conn.autocommit = False
+        except psycopg.Error as exc:
+            log.warning("notify_change on %s failed: %s", self.location, exc)
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """Sleep until another session NOTIFYs this schema's channel (True) or ``timeout_s`` passes (False)."""
+        self._require_pool()
+        assert self._listener is not None
+        return self._listener.wait(timeout_s)
+
+    # -- diagnostics ---------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The migration version recorded in ``schema_migrations``."""
+        with self.read() as tx:
+            return int(tx.scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
+
+    def health(self) -> list[dict[str, Any]]:
+        """Checks for ``doctor``: connection, tables, constraint validity, guard triggers, writability.
+
+        Each check is ``{"check", "ok", "detail"}``; a check that errors reports
+        ``ok: False`` with the error rather than raising.
+        """
+        pool = self._require_pool()
+        schema = self.schema or "public"
+        checks: list[dict[str, Any]] = []
+
+        def run(name: str, fn: Any) -> None:
+            try:
+                with pool.connection() as conn:
+                    ok, detail = fn(conn)
+                    conn.rollback()
+            except Exception as exc:
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            checks.append({"check": name, "ok": bool(ok), "detail": detail})
+
+        def connection(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
+            row = conn.execute("SELECT current_setting('server_version') AS v, current_database() AS d").fetchone()
+            return True, f"PostgreSQL {row['v']} database {row['d']} schema {schema}"  # type: ignore[index]
+
+        def tables(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
+            present = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
+            expected = migrations.expected_tables()
+            missing = sorted(expected - present)
+            return not missing, "missing: " + ", ".join(missing) if missing else f"{len(expected)} present"
+
+        def constraints(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
+            rows = conn.execute(
+                "SELECT c.conname FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace"
+                " WHERE n.nspname = %s AND NOT c.convalidated ORDER BY 1",
+                (schema,),
+            ).fetchall()
+            names = [r["conname"] for r in rows]
+            return not names, f"{len(names)} not validated" + (": " + ", ".join(names[:5]) if names else "")
+
+        def triggers(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
+            missing = self._missing_triggers(conn, schema)
+            expected = len(migrations.expected_triggers())
+            return not missing, "missing or disabled: " + ", ".join(missing) if missing else f"{expected} guard triggers enabled"
+
+        def writable(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
+            if conn.execute("SELECT pg_is_in_recovery() AS r").fetchone()["r"]:  # type: ignore[index]
+                return False, "server is a read-only standby"
+            conn.execute("CREATE TEMP TABLE scheduler_health_probe (x INTEGER) ON COMMIT DROP")
+            denied = conn.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relkind = 'r'"
+                " AND NOT has_table_privilege(c.oid, 'SELECT,INSERT,UPDATE,DELETE') ORDER BY 1",
+                (schema,),
+            ).fetchall()
+            if denied:
+                return False, "no write privilege on: " + ", ".join(r["relname"] for r in denied[:5])
+            user = conn.execute("SELECT current_user AS u").fetchone()["u"]  # type: ignore[index]
+            return True, f"writable as {user}"
+
+        run("connection", connection)
+        if not checks[0]["ok"]:
+            return checks
+        run("tables", tables)
+        run("constraints", constraints)
+        run("triggers", triggers)
+        run("writable", writable)
+        return checks
+
+    def close(self) -> None:
+        """Close the pool and the LISTEN connection; the store can be initialised again afterwards."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            listener, self._listener = self._listener, None
+            self._initialized = False
+        if listener is not None:
+            listener.close()
+        if pool is not None:
+            pool.close(timeout=5.0)
+        self._local = threading.local()

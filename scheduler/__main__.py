@@ -1,0 +1,5 @@
+"""``python -m scheduler`` runs the CLI."""
+
+from scheduler.cli.main import run
+
+run()

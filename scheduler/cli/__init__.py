@@ -1,0 +1,1 @@
+"""The ``scheduler`` command line (click). Sub-command modules are imported lazily."""

@@ -1,0 +1,261 @@
+"""``scheduler jobs ...``: add, validate, list, get, update, enable, disable, delete, tree, next, run, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scheduler.cli.input import read_json_input
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, kv, local_time, table
+from scheduler.errors import SchedulerError
+
+_spec_source = [
+    click.argument("spec", required=False),
+    click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the spec from a file."),
+    click.option("--stdin", "stdin", is_flag=True, help="Read the spec from standard input."),
+]
+
+
+def spec_source(fn: Any) -> Any:
+    """Decorate a command with the three ways of giving a spec."""
+    for deco in reversed(_spec_source):
+        fn = deco(fn)
+    return fn
+
+
+@click.group("jobs")
+def jobs_group() -> None:
+    """Create, inspect and change jobs."""
+
+
+def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, allow_past: bool = False) -> tuple[list[Any], bool]:
+    """Validate one spec object or an array of them (all errors reported, indexed for arrays)."""
+    from scheduler.spec import validate_spec
+    from scheduler.timeutil import now_ms, parse_duration_ms, to_iso
+
+    many = isinstance(doc, list)
+    items = doc if many else [doc]
+    if many and not items:
+        raise SchedulerError("VALIDATION_FAILED", "an empty array holds no job", details=[])
+    now = now_ms()
+    specs, details = [], []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and (at or in_):
+            item = dict(item)
+            item["schedule_kind"] = "at"
+            item["schedule_at"] = at if at else to_iso(now + parse_duration_ms(in_, field="--in"))
+        if isinstance(item, dict) and allow_past:
+            item = {**item, "allow_past_at": True}
+        try:
+            specs.append(validate_spec(item, now=now))
+        except SchedulerError as exc:
+            if not many:
+                raise
+            for d in exc.details or [{"field": "", "code": exc.code, "error": exc.message}]:
+                details.append({**d, "index": index})
+    if details:
+        raise SchedulerError("VALIDATION_FAILED", f"{len({d['index'] for d in details})} of {len(items)} job specs are invalid", details=details)
+    return specs, many
+
+
+@jobs_group.command("validate")
+@spec_source
+def jobs_validate(spec: str | None, file: str | None, stdin: bool) -> None:
+    """Validate a spec (object or array) without touching the database."""
+    specs, many = _validate_many(read_json_input(spec, file, stdin))
+    payload = {"valid": True, "jobs" if many else "job": [s.to_json() for s in specs] if many else specs[0].to_json()}
+    emit(payload, lambda: click.echo(f"valid: {len(specs)} job spec(s)"))
+
+
+@jobs_group.command("add")
+@spec_source
+@click.option("--dry-run", is_flag=True, help="Validate and show what would be stored; never opens the database.")
+@click.option("--at", "at", default=None, help="Shortcut: one-shot at this ISO-8601 instant.")
+@click.option("--in", "in_", default=None, help="Shortcut: one-shot after this duration (e.g. 90s, 5m).")
+@click.option("--allow-past", is_flag=True, help="Accept a one-shot time in the past.")
+def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at: str | None, in_: str | None, allow_past: bool) -> None:
+    """Add one job, or an array of jobs all-or-nothing."""
+    if at and in_:
+        raise SchedulerError("INVALID_ARGUMENT", "use --at or --in, not both")
+    specs, many = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
+    if dry_run:
+        from scheduler.jobs import initial_schedule
+        from scheduler.timeutil import now_ms, to_iso
+
+        views = []
+        for s in specs:
+            view = s.to_json()
+            view["next_run_at"] = to_iso(initial_schedule(s, now_ms())[0]) if s.parent_id is None else None
+            views.append(view)
+        payload = {"dry_run": True, "jobs" if many else "job": views if many else views[0]}
+        emit(payload, lambda: click.echo(f"dry run: {len(specs)} job spec(s) valid; nothing stored"))
+        return
+    from scheduler.jobs import create_jobs, job_to_json
+
+    rows = create_jobs(open_ctx_store(), specs)
+    views = [job_to_json(r) for r in rows]
+    emit(
+        {"jobs": views} if many else {"job": views[0]},
+        lambda: [click.echo(f"added {v['name']} ({v['id']}), next run {local_time(v['next_run_at'])}") for v in views],
+    )
+
+
+@jobs_group.command("list")
+@click.option("--enabled/--disabled", "enabled", default=None, help="Only enabled or only disabled jobs.")
+@click.option("--limit", type=click.IntRange(1, 100000), default=None)
+def jobs_list(enabled: bool | None, limit: int | None) -> None:
+    """List jobs with their state and next run."""
+    from scheduler.jobs import job_to_json, list_jobs
+
+    with open_ctx_store().read() as tx:
+        views = [job_to_json(r) for r in list_jobs(tx, enabled=enabled, limit=limit)]
+    emit(
+        {"jobs": views},
+        lambda: table(
+            [(v["name"], v["id"][:8], v["state"], _schedule_text(v), local_time(v["next_run_at"]), v["last_status"]) for v in views],
+            ["name", "id", "state", "schedule", "next run", "last"],
+        ),
+    )
+
+
+def _schedule_text(v: dict[str, Any]) -> str:
+    kind = v["schedule_kind"]
+    if kind == "cron":
+        return f"cron {v['schedule_cron']}" + ("" if v["schedule_tz"] == "UTC" else f" ({v['schedule_tz']})")
+    if kind == "every":
+        return f"every {v['schedule_every']}"
+    if kind == "at":
+        return f"at {local_time(v['schedule_at'])}"
+    if kind == "chain":
+        return f"after parent ({v['trigger_on']})"
+    return kind
+
+
+@jobs_group.command("get")
+@click.argument("job")
+def jobs_get(job: str) -> None:
+    """Show one job (by id or name)."""
+    from scheduler.jobs import job_to_json, resolve_job
+
+    with open_ctx_store().read() as tx:
+        view = job_to_json(resolve_job(tx, job))
+    emit({"job": view}, lambda: kv(view.items()))
+
+
+@jobs_group.command("update")
+@click.argument("job")
+@spec_source
+def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool) -> None:
+    """Change fields of a job with a partial spec; ``null`` resets a field to its default."""
+    from scheduler.jobs import job_to_json, update_job
+
+    patch = read_json_input(spec, file, stdin, what="update")
+    view = job_to_json(update_job(open_ctx_store(), job, patch))
+    emit({"job": view}, lambda: click.echo(f"updated {view['name']}, next run {local_time(view['next_run_at'])}"))
+
+
+def _toggle(job: str, enabled: bool) -> None:
+    from scheduler.jobs import job_to_json, set_enabled
+
+    view = job_to_json(set_enabled(open_ctx_store(), job, enabled))
+    emit({"job": view}, lambda: click.echo(f"{view['name']} is {view['state']}; next run {local_time(view['next_run_at'])}"))
+
+
+@jobs_group.command("enable")
+@click.argument("job")
+def jobs_enable(job: str) -> None:
+    """Enable (or resume an auto-paused) job; its next run is recomputed from now."""
+    _toggle(job, True)
+
+
+@jobs_group.command("disable")
+@click.argument("job")
+def jobs_disable(job: str) -> None:
+    """Disable a job; its pending scheduled dispatches are cancelled."""
+    _toggle(job, False)
+
+
+@jobs_group.command("delete")
+@click.argument("job")
+@click.option("--cascade", is_flag=True, help="Also delete chained child jobs.")
+def jobs_delete(job: str, cascade: bool) -> None:
+    """Delete a job with its runs."""
+    from scheduler.jobs import delete_job
+
+    row = delete_job(open_ctx_store(), job, cascade=cascade)
+    emit({"deleted": {"id": row["id"], "name": row["name"]}}, lambda: click.echo(f"deleted {row['name']} ({row['id']})"))
+
+
+@jobs_group.command("tree")
+@click.argument("job", required=False)
+def jobs_tree(job: str | None) -> None:
+    """Show job chains as a tree."""
+    from scheduler.jobs import job_tree
+
+    with open_ctx_store().read() as tx:
+        roots = job_tree(tx, job)
+
+    def human() -> None:
+        def walk(node: dict[str, Any], prefix: str, last: bool, top: bool) -> None:
+            branch = "" if top else ("└── " if last else "├── ")
+            cond = f" [{node['trigger_on']}{' ' + node['trigger_condition'] if node['trigger_condition'] else ''}]" if node["trigger_on"] else ""
+            click.echo(f"{prefix}{branch}{node['name']}{cond}{'' if node['enabled'] else ' (disabled)'}")
+            kids = node["children"]
+            for i, kid in enumerate(kids):
+                walk(kid, prefix + ("" if top else ("    " if last else "│   ")), i == len(kids) - 1, False)
+
+        for root in roots:
+            walk(root, "", True, True)
+        if not roots:
+            click.echo("(no jobs)")
+
+    emit({"tree": roots}, human)
+
+
+@jobs_group.command("next")
+@click.argument("job")
+@click.option("-n", "count", type=click.IntRange(1, 1000), default=5, help="How many fire times.")
+def jobs_next(job: str, count: int) -> None:
+    """The next N fire times of a job, with UTC offsets."""
+    from scheduler.jobs import resolve_job
+    from scheduler.schedules import describe_fire, next_fires
+    from scheduler.spec import spec_from_row
+    from scheduler.timeutil import now_ms
+
+    with open_ctx_store().read() as tx:
+        row = resolve_job(tx, job)
+    spec = spec_from_row(row)
+    start = row["next_run_at"]
+    fires: list[int] = []
+    if start is not None:
+        fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row["schedule_anchor_at"]) if count > 1 else [start]
+    elif spec.schedule_kind in ("cron", "every"):
+        fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row["schedule_anchor_at"])
+    views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
+    emit(
+        {"job_id": row["id"], "fires": views},
+        lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]),
+    )
+
+
+@jobs_group.command("run")
+@click.argument("job")
+def jobs_run(job: str) -> None:
+    """Run a job now (enqueues a manual dispatch; the dispatcher picks it up within milliseconds)."""
+    from scheduler.queue import enqueue_manual
+
+    row = enqueue_manual(open_ctx_store(), job)
+    emit({"dispatch": row}, lambda: click.echo(f"queued manual run of {job} (dispatch {row['id']})"))
+
+
+@jobs_group.command("cancel")
+@click.argument("job")
+@click.option("--reason", default=None, help="Why (recorded with your OS identity).")
+def jobs_cancel(job: str, reason: str | None) -> None:
+    """Cancel a job's pending, waiting and running work."""
+    from scheduler.cancel import cancel_job
+
+    result = cancel_job(open_ctx_store(), job, reason=reason)
+    emit(result, lambda: click.echo(f"cancel requested: {len(result['runs'])} run(s), {result['dispatches']} queued dispatch(es)"))

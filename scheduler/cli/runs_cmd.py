@@ -1,0 +1,117 @@
+"""``scheduler runs ...``: list, get, output, cancel, events."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, kv, local_time, table
+from scheduler.errors import SchedulerError
+
+
+@click.group("runs")
+def runs_group() -> None:
+    """Inspect runs and their output."""
+
+
+@runs_group.command("list")
+@click.argument("job", required=False)
+@click.option("--limit", type=click.IntRange(1, 100000), default=20, show_default=True)
+@click.option("--status", default=None, help="Only runs with this status.")
+def runs_list(job: str | None, limit: int, status: str | None) -> None:
+    """Recent runs, newest first (of one job when given)."""
+    from scheduler.jobs import resolve_job
+    from scheduler.runs import list_runs, run_to_json
+
+    with open_ctx_store().read() as tx:
+        job_id = resolve_job(tx, job)["id"] if job else None
+        rows = list_runs(tx, job_id=job_id, status=status, limit=limit)
+        names = {r["id"]: r["name"] for r in tx.all("SELECT id, name FROM jobs")} if rows else {}
+    views = [run_to_json(r) for r in rows]
+    emit(
+        {"runs": views},
+        lambda: table(
+            [(v["id"][:8], names.get(v["job_id"], v["job_id"][:8]), v["status"], v["dispatch_kind"], local_time(v["scheduled_for"]),
+              local_time(v["started_at"]), f"{v['duration_ms']} ms" if v["duration_ms"] is not None else None,
+              v["error_code"] or v["skip_reason"]) for v in views],
+            ["run", "job", "status", "kind", "scheduled", "started", "took", "note"],
+        ),
+    )
+
+
+def _resolve_run(tx, ref: str) -> dict:
+    """A run by full id or a unique prefix of at least 6 characters."""
+    from scheduler.runs import get_run
+
+    row = tx.one("SELECT * FROM runs WHERE id = ?", (ref,))
+    if row is None and len(ref) >= 6 and all(c in "0123456789abcdef-" for c in ref):
+        matches = tx.all("SELECT * FROM runs WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "g"))
+        if len(matches) == 1:
+            row = matches[0]
+        elif len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"run id prefix {ref!r} is ambiguous")
+    return row if row is not None else get_run(tx, ref)
+
+
+@runs_group.command("get")
+@click.argument("run_id")
+def runs_get(run_id: str) -> None:
+    """Everything recorded about one run."""
+    from scheduler.runs import run_to_json
+
+    with open_ctx_store().read() as tx:
+        view = run_to_json(_resolve_run(tx, run_id), full=True)
+    emit({"run": view}, lambda: kv((k, v) for k, v in view.items() if k not in ("stdout_excerpt", "stderr_excerpt")))
+
+
+@runs_group.command("output")
+@click.argument("run_id")
+@click.argument("stream", type=click.Choice(["stdout", "stderr"]), default="stdout")
+def runs_output(run_id: str, stream: str) -> None:
+    """The whole output stream of a run (stored or offloaded; a tampered artifact is refused)."""
+    from scheduler.artifacts import default_artifacts_root, read_artifact
+
+    store = open_ctx_store()
+    with store.read() as tx:
+        run = _resolve_run(tx, run_id)
+    artifact, digest = run.get(f"{stream}_artifact"), run.get(f"{stream}_sha256")
+    if artifact:
+        data = read_artifact(default_artifacts_root(store.location), artifact, digest, run.get(f"{stream}_bytes"))
+    else:
+        data = (run.get(f"{stream}_excerpt") or "").encode("utf-8")
+    text = data.decode("utf-8", errors="replace")
+    if click.get_current_context().find_root().obj.get("json"):
+        emit({"run_id": run["id"], "stream": stream, "bytes": run.get(f"{stream}_bytes"), "sha256": digest, "offloaded": bool(artifact),
+              "content": text})
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+@runs_group.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default=None, help="Why (recorded with your OS identity).")
+def runs_cancel(run_id: str, reason: str | None) -> None:
+    """Cancel one run: waiting runs end at once, a running one gets its cancellation token."""
+    from scheduler.cancel import cancel_run
+
+    store = open_ctx_store()
+    with store.read() as tx:
+        full_id = _resolve_run(tx, run_id)["id"]
+    result = cancel_run(store, full_id, reason=reason)
+    emit(result, lambda: click.echo(f"run {full_id[:8]}: {result['outcome']}"))
+
+
+@runs_group.command("events")
+@click.argument("run_id")
+def runs_events(run_id: str) -> None:
+    """The audit trail of one run."""
+    from scheduler.events import event_to_json
+
+    with open_ctx_store().read() as tx:
+        run = _resolve_run(tx, run_id)
+        events = [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (run["id"],))]
+    emit({"events": events}, lambda: table([(local_time(e["at"]), e["kind"], e["actor"], e["data"]) for e in events],
+                                           ["at", "event", "actor", "data"]))

@@ -1,0 +1,110 @@
+"""``scheduler status`` and ``scheduler doctor``: what the runtime is doing, and whether it is healthy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, json_mode, kv, local_time, table
+from scheduler.errors import SchedulerError
+from scheduler.timeutil import now_ms, to_iso
+
+
+def collect_status(store: Any) -> dict[str, Any]:
+    """Leases, queue, runs, outbox, approvals and recent skips, as one JSON-able dict."""
+    from scheduler.lease import list_leases
+
+    now = now_ms()
+    with store.read() as tx:
+        leases = [
+            {**l, "live": bool(l["owner"]) and (l["expires_at"] or 0) > now,
+             **{k: to_iso(l[k]) for k in ("acquired_at", "renewed_at", "expires_at")}}
+            for l in list_leases(tx)
+        ]
+        queue = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM job_dispatch_queue GROUP BY status")}
+        expired = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'claimed' AND claim_expires_at <= ?", (now,))
+        runs = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")}
+        blocked = tx.all("SELECT id, job_id, error_message FROM runs WHERE status = 'recovery_blocked'")
+        outbox = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM delivery_outbox GROUP BY status")}
+        approvals = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM approvals GROUP BY status")}
+        jobs = {r["state"]: r["n"] for r in tx.all(
+            "SELECT CASE WHEN enabled = 1 THEN 'enabled' WHEN paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS state,"
+            " COUNT(*) AS n FROM jobs GROUP BY 1")}
+        skipped = tx.all("SELECT id, job_id, skip_reason, created_at FROM runs WHERE status = 'skipped' ORDER BY created_at DESC LIMIT 5")
+        cancels = tx.scalar("SELECT COUNT(*) FROM runs WHERE cancel_requested_at IS NOT NULL AND status = 'running'")
+        nxt = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")
+    return {
+        "database": store.location,
+        "schema_version": store.schema_version(),
+        "leases": leases,
+        "jobs": jobs,
+        "queue": {**queue, "expired_claims": expired},
+        "runs": runs,
+        "recovery_blocked": blocked,
+        "cancel_requests_pending": cancels,
+        "outbox": outbox,
+        "approvals": approvals,
+        "recent_skips": [{**s, "created_at": to_iso(s["created_at"])} for s in skipped],
+        "next_run_at": to_iso(nxt),
+    }
+
+
+@click.command("status")
+def status_cmd() -> None:
+    """Lease, queue, runs and recovery state at a glance."""
+    status = collect_status(open_ctx_store())
+
+    def human() -> None:
+        live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
+        kv([
+            ("database", status["database"]),
+            ("dispatcher", ", ".join(f"{l['owner']} (token {l['token']}, until {local_time(l['expires_at'])})" for l in live) or "not running"),
+            ("jobs", ", ".join(f"{n} {k}" for k, n in status["jobs"].items()) or "none"),
+            ("next run", local_time(status["next_run_at"])),
+            ("queue", ", ".join(f"{n} {k}" for k, n in status["queue"].items()) or "empty"),
+            ("runs", ", ".join(f"{n} {k}" for k, n in status["runs"].items()) or "none"),
+            ("recovery blocked", len(status["recovery_blocked"])),
+            ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
+        ])
+        if status["recent_skips"]:
+            click.echo("recent skipped slots:")
+            for s in status["recent_skips"]:
+                click.echo(f"  {local_time(s['created_at'])}  {s['skip_reason']}")
+
+    emit({"status": status}, human)
+
+
+@click.command("doctor")
+def doctor_cmd() -> None:
+    """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
+    from scheduler.plugins.loader import inventory
+
+    checks: list[dict[str, Any]] = []
+    try:
+        store = open_ctx_store()
+        checks.append({"check": "open", "ok": True, "detail": f"{store.location} (schema {store.schema_version()})"})
+        checks.extend(store.health())
+        status = collect_status(store)
+        checks.append({"check": "expired_claims", "ok": status["queue"]["expired_claims"] == 0,
+                       "detail": f"{status['queue']['expired_claims']} expired claim(s)"})
+        checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
+                       "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
+    except SchedulerError as exc:
+        checks.append({"check": "open", "ok": False, "detail": f"{exc.code}: {exc.message}"})
+    try:
+        plugins = inventory(load=True)
+        bad = [p for p in plugins if p["status"] in ("failed", "invalid")]
+        checks.append({"check": "plugins", "ok": not bad,
+                       "detail": "; ".join(f"{p['name']} from {p['distribution']}: {p['error']}" for p in bad) or f"{len(plugins)} loaded"})
+    except SchedulerError as exc:
+        checks.append({"check": "plugins", "ok": False, "detail": exc.message})
+    healthy = all(c["ok"] for c in checks)
+    if not healthy:
+        if not json_mode():
+            table([("ok" if c["ok"] else "FAIL", c["check"], c["detail"]) for c in checks], ["", "check", "detail"])
+        failing = [c for c in checks if not c["ok"]]
+        raise SchedulerError("UNHEALTHY", "doctor found problems: " + ", ".join(c["check"] for c in failing), details=checks)
+    emit({"healthy": True, "checks": checks},
+         lambda: table([("ok" if c["ok"] else "FAIL", c["check"], c["detail"]) for c in checks], ["", "check", "detail"]))

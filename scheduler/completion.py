@@ -1,0 +1,207 @@
+"""The completion transaction: one commit that finishes a run and creates every consequence.
+
+Inside one transaction, under the run owner's live fence: the terminal status
+(``cancelled`` if a cancel request won the race), output and audit fields, the
+dispatch row, job counters and auto-pause, a retry with exponential backoff,
+chained children, and delivery outbox rows. If the fence is gone, nothing is
+written at all.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler.conditions import condition_matches
+from scheduler.events import append_event
+from scheduler.execution import ExecutionResult
+from scheduler.lease import Lease, assert_live
+from scheduler.queue import insert_dispatch
+from scheduler.runs import FAILURES, fenced_update
+from scheduler.store.base import Store, Tx
+from scheduler.timeutil import now_ms
+
+#: Longest backoff between retries, whatever the attempt number.
+MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
+
+
+def _stream_columns(prefix: str, capture: Any) -> dict[str, Any]:
+    if capture is None:
+        return {}
+    return {
+        f"{prefix}_excerpt": capture.excerpt,
+        f"{prefix}_bytes": capture.bytes,
+        f"{prefix}_sha256": capture.sha256,
+        f"{prefix}_artifact": capture.artifact,
+        f"{prefix}_truncated": int(bool(capture.truncated)),
+    }
+
+
+def result_columns(result: ExecutionResult) -> dict[str, Any]:
+    """Run columns describing an execution result (no credential or environment values)."""
+    cols: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "error_code": result.error_code,
+        "error_message": result.error_message,
+        "summary": (result.summary or "")[:4096] or None,
+        "env_policy_warning": result.env_warning,
+    }
+    cols.update(_stream_columns("stdout", result.stdout))
+    cols.update(_stream_columns("stderr", result.stderr))
+    s = result.structured
+    if s:
+        cols.update(
+            output_format=s.get("format"),
+            output_valid=int(bool(s.get("valid"))),
+            output_warning=s.get("warning"),
+            output_bytes=s.get("bytes"),
+            output_sha256=s.get("sha256"),
+            output_parsed=json.dumps(s["parsed"]) if s.get("parsed") is not None else None,
+            output_artifact=s.get("artifact"),
+        )
+    v = result.verification
+    if v:
+        cols.update(verify_status=v.get("status"), verify_json=json.dumps(v, sort_keys=True))
+    return cols
+
+
+def complete_run(store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None) -> dict[str, Any]:
+    """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        assert_live(tx, lease, now=now)
+        run = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
+        status = result.status
+        cancelled = run is not None and run["cancel_requested_at"] is not None
+        if cancelled:
+            status = "cancelled"
+        values = result_columns(result)
+        values.update(
+            status=status,
+            finished_at=now,
+            terminal_at=now,
+            duration_ms=max(0, now - (run["started_at"] if run and run["started_at"] else now)),
+        )
+        if cancelled and result.status != "cancelled":
+            values["error_message"] = (values.get("error_message") or "") + " (cancellation won)"
+        fenced_update(tx, run_id, lease.owner, lease.token, "running", values)
+        run = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
+        assert run is not None
+        apply_consequences(tx, run, details=result.details, now=now)
+    return run
+
+
+def apply_consequences(
+    tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True
+) -> None:
+    """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery)."""
+    status = run["status"]
+    tx.execute(
+        "UPDATE job_dispatch_queue SET status = 'done', updated_at = ?, last_error = ? WHERE id = ?",
+        (now, run["error_code"] if status != "ok" else None, run["dispatch_id"]),
+    )
+    append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
+                 actor=run["dispatcher_owner"], at=now,
+                 data={"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]})
+    job = tx.one("SELECT * FROM jobs WHERE id = ?", (run["job_id"],))
+    if job is None:
+        return
+    _update_job_counters(tx, job, run, now)
+    if status == "cancelled":
+        return  # cancellation won: no retry, no child, no delivery
+    retrying = allow_retry and status in FAILURES and run["attempt"] <= job["max_retries"]
+    if retrying:
+        backoff = min(MAX_RETRY_BACKOFF_MS, job["retry_backoff_ms"] * (2 ** (run["attempt"] - 1)))
+        insert_dispatch(tx, id=f"{run['id']}:retry", job_id=job["id"], kind="retry", due_at=now + backoff, now=now,
+                        source_run_id=run["id"])
+        append_event(tx, "run.retry_scheduled", job_id=job["id"], run_id=run["id"], at=now,
+                     data={"attempt": run["attempt"] + 1, "due_in_ms": backoff})
+    else:
+        _trigger_children(tx, job, run, now)
+    _enqueue_delivery(tx, job, run, now)
+    _watchdog(tx, job, run, details or {}, now)
+
+
+def _update_job_counters(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    status = run["status"]
+    failures = job["consecutive_failures"]
+    if status == "ok":
+        failures = 0
+    elif status in FAILURES:
+        failures += 1
+    tx.execute(
+        "UPDATE jobs SET run_count = run_count + 1, last_run_at = ?, last_status = ?, last_error = ?, last_duration_ms = ?,"
+        " consecutive_failures = ?, updated_at = ? WHERE id = ?",
+        (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], failures, now, job["id"]),
+    )
+    limit = job["max_consecutive_failures"]
+    if status in FAILURES and limit and failures >= limit and job["enabled"]:
+        reason = f"auto-paused after {failures} consecutive failures"
+        tx.execute(
+            "UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ? WHERE id = ?",
+            (now, reason, job["id"]),
+        )
+        tx.execute(
+            "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ?"
+            " WHERE job_id = ? AND status = 'pending' AND kind <> 'manual'",
+            (reason, now, job["id"]),
+        )
+        append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], at=now, data={"failures": failures})
+
+
+def _outcome_matches(trigger_on: str | None, status: str) -> bool:
+    if trigger_on == "failure":
+        return status in FAILURES
+    if trigger_on == "complete":
+        return status == "ok" or status in FAILURES
+    return status == "ok"
+
+
+def _trigger_children(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    children = tx.all("SELECT id, trigger_on, trigger_delay_s, trigger_condition, enabled FROM jobs WHERE parent_id = ?", (job["id"],))
+    text = run.get("summary") or run.get("stdout_excerpt") or ""
+    for child in children:
+        if not child["enabled"] or not _outcome_matches(child["trigger_on"], run["status"]):
+            continue
+        if not condition_matches(child["trigger_condition"], text):
+            append_event(tx, "chain.condition_not_met", job_id=child["id"], run_id=run["id"], at=now,
+                         data={"condition": child["trigger_condition"]})
+            continue
+        insert_dispatch(tx, id=f"{run['id']}:chain:{child['id']}", job_id=child["id"], kind="chain",
+                        due_at=now + child["trigger_delay_s"] * 1000, now=now, source_run_id=run["id"])
+
+
+def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    mode = job["delivery_mode"]
+    ok = run["status"] == "ok"
+    if mode == "none" or (mode == "on_success" and not ok) or (mode == "on_failure" and ok):
+        return
+    head = "completed" if ok else "failed"
+    body = f"[Job {head}] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
+    if not ok and run["error_message"]:
+        body += f"\nError: {run['error_message']}"
+    if run.get("summary"):
+        body += f"\n\n{run['summary']}"
+    _outbox(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now)
+
+
+def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], details: dict[str, Any], now: int) -> None:
+    if job["job_type"] != "watchdog":
+        return
+    if run["status"] != "ok" and job["watchdog_alert_channel"]:
+        body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
+        _outbox(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
+    if run["status"] == "ok" and job["watchdog_self_destruct"]:
+        tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
+                   ("watchdog self-destructed after a passing check", now, job["id"]))
+        append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], at=now)
+
+
+def _outbox(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int) -> None:
+    key = f"{group}:part:1/1"
+    tx.execute(
+        "INSERT INTO delivery_outbox(id, run_id, job_id, channel, target, idempotency_key, group_key, part_index, part_count, body,"
+        " status, due_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, ?, 'pending', ?, ?, ?)"
+        " ON CONFLICT (idempotency_key) DO NOTHING",
+        (key, run["id"], run["job_id"], channel, target, key, group, body, now, now, now),
+    )

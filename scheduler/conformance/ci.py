@@ -1,0 +1,70 @@
+"""``python -m scheduler.conformance.ci``: run the fixtures against every first-party provider, as CI does.
+
+Each provider in ``FIRST_PARTY`` must be installed (``make test`` installs every
+distribution under ``plugins/`` and ``providers/``); one that is not is reported as
+failed, unless ``SCHEDULER_CONFORMANCE_ALLOW_MISSING=1`` turns it into a skip.
+``SCHEDULER_CONFORMANCE_PROVIDERS="executor:shell,channel:webhook"`` replaces the
+list (to run a subset locally). Prints each report and a final combined line
+``N passed, N failed, N skipped``; exits 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+from scheduler.conformance.cli import result_line
+from scheduler.conformance.engine import Report, run_kind
+
+#: (kind, driver name) of every first-party provider the fixtures apply to. Add a pair when a
+#: distribution under plugins/ or providers/ gains fixtures for its kind.
+FIRST_PARTY: tuple[tuple[str, str], ...] = (("executor", "shell"),)
+
+ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"
+PROVIDERS_ENV = "SCHEDULER_CONFORMANCE_PROVIDERS"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def providers_to_run() -> list[tuple[str, str]]:
+    """``FIRST_PARTY``, or the ``kind:name`` list in ``$SCHEDULER_CONFORMANCE_PROVIDERS``."""
+    raw = os.environ.get(PROVIDERS_ENV, "").strip()
+    if not raw:
+        return list(FIRST_PARTY)
+    out: list[tuple[str, str]] = []
+    for item in (p.strip() for p in raw.split(",")):
+        if item:
+            kind, _, name = item.partition(":")
+            out.append((kind.strip(), name.strip()))
+    return out
+
+
+def main(out: TextIO | None = None) -> int:
+    """Run every listed provider, print the reports and the combined summary; return the exit code."""
+    stream = out or sys.stdout
+    allow_missing = os.environ.get(ALLOW_MISSING_ENV, "").strip().lower() in _TRUE
+    passed = failed = skipped = 0
+    for kind, name in providers_to_run():
+        print(f"== conformance {kind} {name}", file=stream, flush=True)
+        report: Report = run_kind(kind, name, on_result=lambda r: print(result_line(r), file=stream, flush=True))
+        if report.error is not None:
+            missing = report.error["code"] == "PLUGIN_NOT_FOUND"
+            if missing and allow_missing:
+                print(f"SKIP {kind} {name}: not installed ({ALLOW_MISSING_ENV}=1)", file=stream)
+                skipped += max(1, len(report.results))
+                continue
+            print(f"FAIL {kind} {name}: {report.error['code']}: {report.error['message']}", file=stream)
+            if missing:
+                print(f"     CI must install the distribution providing the {kind} driver {name!r}", file=stream)
+            failed += max(1, report.failed)
+            passed += report.passed
+            skipped += report.skipped
+        else:
+            passed, failed, skipped = passed + report.passed, failed + report.failed, skipped + report.skipped
+        print(report.summary_line(), file=stream, flush=True)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped", file=stream, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

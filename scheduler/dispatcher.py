@@ -1,0 +1,416 @@
+"""The dispatcher: holds a fenced lease, turns due slots into runs, executes them in a bounded pool.
+
+It sleeps until the earliest due time (an indexed query) or until another process
+changes the database (a CLI ``jobs add``/``run``/``cancel``), so a due job starts
+within milliseconds and CLI changes take effect without a restart or a tick.
+Workers commit only while the lease is live and the run is still theirs; if the
+lease is lost the dispatcher aborts its runs and exits without committing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from scheduler import lease as leases
+from scheduler.artifacts import default_artifacts_root, run_dir
+from scheduler.completion import complete_run
+from scheduler.errors import SchedulerError
+from scheduler.events import append_event
+from scheduler.execution import EXECUTION_STATUSES, ExecutionRequest, ExecutionResult
+from scheduler.plugins.hooks import Hooks
+from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
+from scheduler.recovery import recover
+from scheduler.runs import StaleFence, fenced_update, run_to_json
+from scheduler.spec import spec_from_row
+from scheduler.store.base import Store
+from scheduler.timeutil import now_ms, to_iso
+
+log = logging.getLogger(__name__)
+
+#: Longest the loop sleeps without looking at the database.
+MAX_SLEEP_S = 1.0
+
+
+@attrs.define
+class DispatcherConfig:
+    """Tunables of one dispatcher process."""
+
+    concurrency: int = 4
+    lease_ttl_ms: int = 15_000
+    #: One dispatcher per database (SQLite default) or several sharing the work (PostgreSQL).
+    exclusive: bool | None = None
+    grace_s: float = 10.0
+    kill_grace_s: float = 2.0
+    recovery_interval_ms: int | None = None
+    artifacts_root: Path | None = None
+    owner: str | None = None
+
+
+class DbRunControl:
+    """The dispatcher's ``RunControl``: cancellation token plus fenced bookkeeping writes."""
+
+    def __init__(self, dispatcher: Dispatcher, run_id: str, job_id: str) -> None:
+        self._d = dispatcher
+        self.run_id = run_id
+        self.job_id = job_id
+        self._event = threading.Event()
+        self._reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Request cancellation (first reason wins)."""
+        if self._reason is None:
+            self._reason = reason
+        self._event.set()
+
+    def is_cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait_cancelled(self, timeout_s: float) -> bool:
+        return self._event.wait(max(0.0, timeout_s))
+
+    def cancel_reason(self) -> str | None:
+        return self._reason
+
+    def _fenced(self, values: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
+        lease = self._d.lease
+        assert lease is not None
+        with self._d.store.transaction() as tx:
+            leases.assert_live(tx, lease)
+            fenced_update(tx, self.run_id, lease.owner, lease.token, "running", values)
+            append_event(tx, kind, job_id=self.job_id, run_id=self.run_id, actor=lease.owner, data=data)
+
+    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
+        self._fenced({"pid": pid, "pgid": pgid, "process_start_time": start_time, "process_state": "running"},
+                     "run.process_started", {"pid": pid, "pgid": pgid})
+
+    def record_termination(self, signal_name: str) -> None:
+        try:
+            self._fenced({"process_state": "terminated", "process_signal": signal_name, "process_terminated_at": now_ms()},
+                         "run.process_terminated", {"signal": signal_name, "reason": self._reason})
+        except SchedulerError as exc:  # lease lost: the recovering dispatcher records the end instead
+            log.warning("could not record termination of run %s: %s", self.run_id, exc.message)
+
+    def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        with self._d.store.transaction() as tx:
+            append_event(tx, kind, job_id=self.job_id, run_id=self.run_id, actor=self._d.owner, data=data)
+
+
+class Dispatcher:
+    """One ``scheduler run`` process."""
+
+    def __init__(self, store: Store, config: DispatcherConfig | None = None, *, hooks: Hooks | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self.config = config or DispatcherConfig()
+        self.owner = self.config.owner or leases.new_owner_id()
+        exclusive = self.config.exclusive if self.config.exclusive is not None else store.dialect == "sqlite"
+        self.exclusive = exclusive
+        self.lease_name = "dispatcher" if exclusive else f"dispatcher:{self.owner}"
+        self.lease: leases.Lease | None = None
+        self.hooks = hooks
+        self.say = say or (lambda _msg: None)
+        self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.location)
+        self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency, thread_name_prefix="run")
+        self._active: dict[str, tuple[Future[None], DbRunControl, StartedRun]] = {}
+        self._active_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lost: str | None = None
+        self._executors: dict[str, Any] = {}
+        self._pidfile: Any = None
+        self._released = False
+        self.stats = {"started": 0, "finished": 0, "skipped_commits": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def request_stop(self, *_args: Any) -> None:
+        """Stop claiming new work (SIGTERM/SIGINT); running work gets the grace period."""
+        self._stop.set()
+        self._wake.set()
+
+    def _lock_pidfile(self) -> None:
+        """Single instance per SQLite file: an flock'd pid file beside the database."""
+        if "://" in self.store.location or not self.exclusive:
+            return
+        path = Path(self.store.location + ".dispatcher.pid")
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            other = fh.read().strip() or "?"
+            fh.close()
+            raise SchedulerError("DISPATCHER_ALREADY_RUNNING", f"another dispatcher (pid {other}) is running on {self.store.location}") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        self._pidfile = fh
+
+    def start(self) -> None:
+        """Take the lease (or fail with ``DISPATCHER_ALREADY_RUNNING``), start renewal, recover orphans."""
+        self._lock_pidfile()
+        lease = leases.acquire(self.store, self.lease_name, self.owner, self.config.lease_ttl_ms)
+        if lease is None:
+            with self.store.read() as tx:
+                row = tx.one("SELECT owner, expires_at FROM dispatcher_leases WHERE name = ?", (self.lease_name,))
+            raise SchedulerError(
+                "DISPATCHER_ALREADY_RUNNING",
+                f"dispatcher lease is held by {row['owner'] if row else '?'} until {to_iso(row['expires_at']) if row else '?'}",
+            )
+        self.lease = lease
+        if self.hooks is None:
+            self.hooks = Hooks()
+        self.say(f"dispatcher {self.owner} holds lease {lease.name!r} with fencing token {lease.token}")
+        threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True).start()
+        self._recover()
+
+    def _renew_loop(self) -> None:
+        assert self.lease is not None
+        interval = self.lease.ttl_ms / 3000
+        while not self._stop.is_set() or self._active:
+            time.sleep(interval)
+            if self._lost is not None or self._released:
+                return
+            try:
+                leases.renew(self.store, self.lease)
+            except leases.LeaseLost as exc:
+                self._on_lease_lost(exc.message)
+                return
+            except Exception as exc:  # database unavailable: keep trying until the lease runs out
+                log.warning("lease renewal failed: %s", exc)
+                if now_ms() >= self.lease.expires_at:
+                    self._on_lease_lost(f"lease expired while renewal failed: {exc}")
+                    return
+
+    def _on_lease_lost(self, why: str) -> None:
+        if self._released:
+            return  # we gave it up ourselves during shutdown
+        self._lost = why
+        self.say(f"LEASE LOST: {why}; aborting runs, committing nothing")
+        with self._active_lock:
+            for _future, control, _s in self._active.values():
+                control.cancel("lease_lost")
+        self._stop.set()
+        self._wake.set()
+
+    def _recover(self) -> None:
+        assert self.lease is not None
+        lease = self.lease
+        if not self.exclusive:
+            lease = self._maintenance_lease()
+            if lease is None:
+                return
+        try:
+            for item in recover(self.store, lease, kill_grace_s=self.config.kill_grace_s):
+                self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
+        except leases.LeaseLost:
+            pass
+
+    def _maintenance_lease(self) -> leases.Lease | None:
+        """Singleton duties (recovery) run under one named lease, taken over when it expires."""
+        current = getattr(self, "_maint", None)
+        if current is not None:
+            try:
+                leases.renew(self.store, current)
+                return current
+            except leases.LeaseLost:
+                self._maint = None
+        self._maint = leases.acquire(self.store, "maintenance", self.owner, self.config.lease_ttl_ms)
+        return self._maint
+
+    # -- main loop -------------------------------------------------------------------------------
+
+    def run(self, *, duration_s: float | None = None) -> int:
+        """Dispatch until stopped; returns the process exit code."""
+        self.start()
+        deadline = time.monotonic() + duration_s if duration_s else None
+        recovery_every = (self.config.recovery_interval_ms or self.config.lease_ttl_ms) / 1000
+        next_recovery = time.monotonic() + recovery_every
+        try:
+            while not self._stop.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if time.monotonic() >= next_recovery:
+                    self._recover()
+                    next_recovery = time.monotonic() + recovery_every
+                timeout = self._tick()
+                if deadline is not None:
+                    timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+                self._wait(timeout)
+        except leases.LeaseLost as exc:
+            self._on_lease_lost(exc.message)
+        finally:
+            self._shutdown()
+        if self._lost is not None:
+            raise SchedulerError("LEASE_LOST", f"dispatcher stopped: {self._lost}")
+        return 0
+
+    def _tick(self) -> float:
+        """One pass: propagate cancels, materialise due slots, claim and start work; returns the sleep."""
+        assert self.lease is not None
+        self._propagate_cancels()
+        materialize_due(self.store)
+        with self._active_lock:
+            free = self.config.concurrency - len(self._active)
+        started = claim_and_start(self.store, self.lease, limit=free, veto=self.hooks.dispatch_veto if self.hooks else None) if free > 0 else []
+        for s in started:
+            self._submit(s)
+        if started:
+            return 0.0
+        with self.store.read() as tx:
+            due = next_due(tx)
+        if due is None:
+            return MAX_SLEEP_S
+        wait = (due - now_ms()) / 1000
+        # Due work we could not start (pool full, or waiting behind a running job): sleep until something changes.
+        return MAX_SLEEP_S / 2 if wait <= 0 else min(wait, MAX_SLEEP_S)
+
+    def _wait(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while not self._wake.is_set():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
+            if self.store.wait_for_change(min(0.05, remaining)):
+                break
+        self._wake.clear()
+
+    def _propagate_cancels(self) -> None:
+        with self._active_lock:
+            if not self._active:
+                return
+            ids = list(self._active)
+        with self.store.read() as tx:
+            marks = ", ".join("?" for _ in ids)
+            rows = tx.all(f"SELECT id FROM runs WHERE id IN ({marks}) AND cancel_requested_at IS NOT NULL", ids)
+        with self._active_lock:
+            for r in rows:
+                entry = self._active.get(r["id"])
+                if entry and not entry[1].is_cancelled():
+                    entry[1].cancel("user")
+
+    # -- execution -------------------------------------------------------------------------------
+
+    def _submit(self, s: StartedRun) -> None:
+        control = DbRunControl(self, s.run_id, s.job["id"])
+        self.stats["started"] += 1
+        self.say(f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})")
+        if self.hooks:
+            self.hooks.run_state_changed(s.run_id, s.job["id"], None, "running", s.started_at)
+        with self._active_lock:
+            future = self._pool.submit(self._execute, s, control)
+            self._active[s.run_id] = (future, control, s)
+
+    def _executor(self, name: str) -> Any:
+        if name not in self._executors:
+            from scheduler.plugins.loader import load_provider
+
+            try:
+                self._executors[name] = load_provider("executor", name)
+            except SchedulerError as exc:
+                self._executors[name] = SchedulerError(
+                    "EXECUTOR_NOT_AVAILABLE", f"executor {name!r} is not available: {exc.message}", details={"cause": exc.code}
+                )
+        found = self._executors[name]
+        if isinstance(found, SchedulerError):
+            raise found
+        return found
+
+    def _execute(self, s: StartedRun, control: DbRunControl) -> None:
+        spec = spec_from_row(s.job)
+        try:
+            executor = self._executor(spec.executor_name())
+            root = self.artifacts_root
+            request = ExecutionRequest(
+                run_id=s.run_id, job_id=s.job["id"], job=spec, attempt=s.attempt, scheduled_for_ms=s.scheduled_for,
+                started_at_ms=s.started_at, deadline_ms=s.started_at + spec.run_timeout_ms,
+                artifacts_dir=run_dir(root, s.run_id), artifacts_root=root,
+                extra_env={"SCHEDULER_RUN_ID": s.run_id, "SCHEDULER_JOB_ID": s.job["id"], "SCHEDULER_JOB_NAME": spec.name,
+                           "SCHEDULER_ATTEMPT": str(s.attempt)},
+            )
+            result = executor.execute(request, control)
+            if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
+                result = ExecutionResult(status="error", error_code="EXECUTOR_INVALID_RESULT",
+                                         error_message=f"executor {spec.executor_name()!r} returned {type(result).__name__}")
+        except SchedulerError as exc:
+            result = ExecutionResult(status="error", error_code=exc.code, error_message=exc.message)
+        except Exception as exc:
+            log.exception("executor crashed")
+            result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
+        try:
+            if self._lost is not None:
+                raise leases.LeaseLost(self._lost)
+            assert self.lease is not None
+            run = complete_run(self.store, self.lease, s.run_id, result)
+        except (leases.LeaseLost, StaleFence) as exc:
+            self.stats["skipped_commits"] += 1
+            self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
+            return
+        except Exception:
+            log.exception("completion of run %s failed", s.run_id)
+            return
+        finally:
+            with self._active_lock:
+                self._active.pop(s.run_id, None)
+            self._wake.set()
+        self.stats["finished"] += 1
+        self.store.notify_change()
+        took = run["duration_ms"] or 0
+        detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
+        self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
+        if self.hooks:
+            self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
+            self.hooks.run_completed(run_to_json(run, full=True))
+
+    def _shutdown(self) -> None:
+        """Stop: let runs finish within the grace period, cancel the rest, release the lease."""
+        self._stop.set()
+        with self._active_lock:
+            pending = [f for f, _c, _s in self._active.values()]
+        if pending and self._lost is None:
+            self.say(f"stopping: waiting up to {self.config.grace_s:.0f}s for {len(pending)} run(s)")
+            end = time.monotonic() + self.config.grace_s
+            for f in pending:
+                try:
+                    f.result(timeout=max(0.0, end - time.monotonic()))
+                except Exception:
+                    pass
+        with self._active_lock:
+            for _f, control, _s in self._active.values():
+                control.cancel("shutdown")
+            pending = [f for f, _c, _s in self._active.values()]
+        for f in pending:
+            try:
+                f.result(timeout=self.config.kill_grace_s + 10)
+            except Exception:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.lease is not None and self._lost is None:
+            self._released = True
+            leases.release(self.store, self.lease)
+            maint = getattr(self, "_maint", None)
+            if maint is not None:
+                leases.release(self.store, maint)
+        if self._pidfile is not None:
+            self._pidfile.close()
+
+
+def _clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+def install_signal_handlers(dispatcher: Dispatcher) -> None:
+    """SIGTERM and SIGINT stop claiming and start the graceful shutdown."""
+    signal.signal(signal.SIGTERM, dispatcher.request_stop)
+    signal.signal(signal.SIGINT, dispatcher.request_stop)

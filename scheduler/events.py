@@ -1,0 +1,59 @@
+"""Append-only runtime events: the audit trail of every transition (the table refuses update/delete)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from functools import lru_cache
+from typing import Any
+
+from scheduler.store.base import Tx
+from scheduler.timeutil import now_ms, to_iso
+
+
+@lru_cache(maxsize=1)
+def os_identity() -> str:
+    """The invoking operating-system account as ``name(uid)``; recorded as the actor of CLI actions."""
+    try:
+        name = getpass.getuser()
+    except Exception:  # no passwd entry
+        name = "unknown"
+    return f"{name}(uid:{os.getuid()})"
+
+
+def append_event(
+    tx: Tx,
+    kind: str,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    dispatch_id: str | None = None,
+    actor: str | None = None,
+    data: dict[str, Any] | None = None,
+    at: int | None = None,
+    artifact_digest: str | None = None,
+) -> None:
+    """Record one event inside the caller's transaction, so the event exists iff the change does."""
+    tx.execute(
+        "INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, handoff_artifact_digest, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            now_ms() if at is None else at,
+            kind,
+            job_id,
+            run_id,
+            dispatch_id,
+            actor,
+            artifact_digest,
+            json.dumps(data, sort_keys=True, default=str) if data else None,
+        ),
+    )
+
+
+def event_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON view of an event row."""
+    out = dict(row)
+    out["at"] = to_iso(row["at"])
+    out["data"] = json.loads(row["data"]) if row.get("data") else None
+    return out

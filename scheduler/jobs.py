@@ -1,0 +1,262 @@
+"""Job storage: create (one or all-or-nothing many), read, update, enable/disable, delete, chain tree.
+
+Every write happens in one store transaction with its runtime event, and every
+job leaves here with a stored ``next_run_at`` computed from its schedule: a
+missing next run never means "fire now".
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from scheduler.errors import SchedulerError
+from scheduler.events import append_event, os_identity
+from scheduler.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
+from scheduler.store.base import Store, Tx
+from scheduler.timeutil import now_ms, to_iso
+
+#: Longest chain from a root job to a descendant.
+MAX_CHAIN_DEPTH = 10
+#: Most direct children a job may trigger.
+MAX_CHAIN_FANOUT = 20
+
+_SCHEDULE_FIELDS = frozenset(
+    {"schedule_kind", "schedule_cron", "schedule_every", "schedule_at", "schedule_tz", "dst_gap_policy", "dst_fold_policy"}
+)
+_TIME_COLUMNS = ("schedule_at", "created_at", "updated_at", "next_run_at", "schedule_anchor_at", "last_run_at", "paused_at")
+
+
+def initial_schedule(spec: JobSpec, now: int) -> tuple[int | None, int | None]:
+    """``(next_run_at, schedule_anchor_at)`` for a job (re)starting its schedule at ``now``."""
+    kind = spec.schedule_kind
+    if kind == "at":
+        return spec.schedule_at, None
+    if kind in ("manual", "chain"):
+        return None, None
+    from scheduler.schedules import next_fire
+
+    schedule = spec.schedule()
+    if kind == "every":
+        return next_fire(schedule, now, anchor_ms=now + schedule.every_ms), now
+    return next_fire(schedule, now), None
+
+
+def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
+    """A job row by id or by name; ``NOT_FOUND`` otherwise."""
+    row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))
+    if row is None:
+        raise SchedulerError("NOT_FOUND", f"Job not found: {ref}")
+    return row
+
+
+def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None) -> dict[str, Any]:
+    if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
+        raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
+    row = spec_to_row(spec)
+    row["parent_id"] = parent_id
+    next_run, anchor = initial_schedule(spec, now)
+    row.update(id=str(uuid.uuid4()), created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
+    cols = list(row)
+    tx.execute(f"INSERT INTO jobs({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+    append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
+    return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
+
+
+def _check_chain(tx: Tx, job_id: str | None, parent_id: str) -> None:
+    """Refuse cycles, chains deeper than ``MAX_CHAIN_DEPTH`` and fan-out above ``MAX_CHAIN_FANOUT``."""
+    depth, cursor, seen = 1, parent_id, set()
+    while cursor is not None:
+        if cursor == job_id or cursor in seen:
+            raise SchedulerError("CHAIN_CYCLE", "parent_id would create a cycle in the job chain")
+        seen.add(cursor)
+        row = tx.one("SELECT parent_id FROM jobs WHERE id = ?", (cursor,))
+        cursor = row["parent_id"] if row else None
+        depth += 1
+    if job_id is not None:
+        depth += _subtree_depth(tx, job_id)
+    if depth - 1 > MAX_CHAIN_DEPTH:
+        raise SchedulerError("CHAIN_TOO_DEEP", f"chains are limited to depth {MAX_CHAIN_DEPTH}")
+    children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ? AND id <> ?", (parent_id, job_id or ""))
+    if children >= MAX_CHAIN_FANOUT:
+        raise SchedulerError("CHAIN_FANOUT_EXCEEDED", f"a job may trigger at most {MAX_CHAIN_FANOUT} children")
+
+
+def _subtree_depth(tx: Tx, job_id: str) -> int:
+    level, frontier = 0, [job_id]
+    while frontier and level <= MAX_CHAIN_DEPTH + 1:
+        marks = ", ".join("?" for _ in frontier)
+        frontier = [r["id"] for r in tx.all(f"SELECT id FROM jobs WHERE parent_id IN ({marks})", frontier)]
+        if frontier:
+            level += 1
+    return level
+
+
+def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None) -> list[dict[str, Any]]:
+    """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch."""
+    now = now_ms() if now is None else now
+    created: list[dict[str, Any]] = []
+    with store.transaction() as tx:
+        for spec in specs:
+            parent_id = None
+            if spec.parent_id is not None:
+                parent_id = resolve_job(tx, spec.parent_id)["id"]
+                _check_chain(tx, None, parent_id)
+            created.append(_insert(tx, spec, now, parent_id))
+    store.notify_change()
+    return created
+
+
+def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Jobs ordered by name."""
+    sql, params = "SELECT * FROM jobs", []
+    if enabled is not None:
+        sql += " WHERE enabled = ?"
+        params.append(int(enabled))
+    sql += " ORDER BY name"
+    if limit:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return tx.all(sql, params)
+
+
+def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None) -> dict[str, Any]:
+    """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule."""
+    if not isinstance(patch, dict):
+        raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields")
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        row = resolve_job(tx, ref)
+        old = spec_from_row(row)
+        merged = spec_to_input(old)
+        merged["parent_id"] = row["parent_id"]
+        for key, value in patch.items():
+            if value is None and key in merged and key in SPEC_FIELD_NAMES:
+                del merged[key]
+            else:
+                merged[key] = value
+        spec = validate_spec(merged, now=now, check_past="schedule_at" in patch)
+        parent_id = None
+        if spec.parent_id is not None:
+            parent_id = resolve_job(tx, spec.parent_id)["id"]
+            if parent_id != row["parent_id"]:
+                _check_chain(tx, row["id"], parent_id)
+        if spec.name != old.name and tx.one("SELECT id FROM jobs WHERE name = ? AND id <> ?", (spec.name, row["id"])):
+            raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
+        values = spec_to_row(spec)
+        values["parent_id"] = parent_id
+        values["updated_at"] = now
+        changed = sorted(k for k in SPEC_FIELD_NAMES if getattr(old, k) != getattr(spec, k))
+        if _SCHEDULE_FIELDS & set(changed):
+            values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
+        assignments = ", ".join(f"{c} = ?" for c in values)
+        tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
+        if changed:
+            _cancel_pending(tx, row["id"], now, reason="job updated", include_manual=False)
+        append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
+        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+    store.notify_change()
+    return out  # type: ignore[return-value]
+
+
+def _cancel_pending(tx: Tx, job_id: str, now: int, *, reason: str, include_manual: bool) -> int:
+    """Cancel a job's pending dispatches (non-manual unless asked) and its pending approvals."""
+    kinds = "" if include_manual else " AND kind <> 'manual'"
+    count = tx.execute(
+        f"UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE job_id = ? AND status = 'pending'{kinds}",
+        (reason, now, job_id),
+    )
+    tx.execute(
+        "UPDATE approvals SET status = 'cancelled', cancelled_at = ?, decision_reason = ?, version = version + 1"
+        " WHERE job_id = ? AND status = 'pending'",
+        (now, reason, job_id),
+    )
+    return count
+
+
+def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None) -> dict[str, Any]:
+    """Enable (clears an auto-pause, recomputes the next run from now) or disable (cancels pending work)."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        row = resolve_job(tx, ref)
+        if enabled:
+            next_run, anchor = initial_schedule(spec_from_row(row), now)
+            if row["schedule_kind"] == "at" and row["last_run_at"] is not None:
+                next_run = None  # a one-shot that already ran stays done
+            tx.execute(
+                "UPDATE jobs SET enabled = 1, consecutive_failures = 0, paused_at = NULL, paused_reason = NULL,"
+                " next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ?",
+                (next_run, anchor, now, row["id"]),
+            )
+        else:
+            tx.execute("UPDATE jobs SET enabled = 0, updated_at = ? WHERE id = ?", (now, row["id"]))
+            _cancel_pending(tx, row["id"], now, reason="job disabled", include_manual=False)
+        append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row["id"], actor=os_identity(), at=now)
+        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+    store.notify_change()
+    return out  # type: ignore[return-value]
+
+
+def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None) -> dict[str, Any]:
+    """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        row = resolve_job(tx, ref)
+        children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row["id"],))
+        if children and not cascade:
+            raise SchedulerError("JOB_HAS_CHILDREN", f"job {row['name']!r} has {children} chained child job(s); use --cascade")
+        active = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (row["id"],))
+        if active:
+            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row['name']!r} is running; cancel it first")
+        _cancel_pending(tx, row["id"], now, reason="job deleted", include_manual=True)
+        tx.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
+        append_event(tx, "job.deleted", job_id=row["id"], actor=os_identity(), data={"name": row["name"]}, at=now)
+    store.notify_change()
+    return row
+
+
+def job_tree(tx: Tx, ref: str | None = None) -> list[dict[str, Any]]:
+    """Chains as nested ``{"id", "name", "trigger_on", "children": [...]}``, from one job or from every root."""
+    rows = tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled FROM jobs ORDER BY name")
+    by_parent: dict[str | None, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_parent.setdefault(r["parent_id"], []).append(r)
+
+    def build(r: dict[str, Any], depth: int) -> dict[str, Any]:
+        kids = by_parent.get(r["id"], []) if depth <= MAX_CHAIN_DEPTH else []
+        return {
+            "id": r["id"],
+            "name": r["name"],
+            "trigger_on": r["trigger_on"],
+            "trigger_condition": r["trigger_condition"],
+            "enabled": bool(r["enabled"]),
+            "children": [build(k, depth + 1) for k in kids],
+        }
+
+    if ref is not None:
+        return [build(resolve_job(tx, ref), 0)]
+    return [build(r, 0) for r in by_parent.get(None, [])]
+
+
+def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON view of a job row: spec fields, runtime state, instants as ISO-8601 ``Z``."""
+    out: dict[str, Any] = {"id": row["id"]}
+    for f in SPEC_FIELDS:
+        val = row.get(f.name)
+        if f.metadata["kind"] == "bool" and val is not None:
+            val = bool(val)
+        out[f.name] = val
+    for key in ("next_run_at", "last_run_at", "last_status", "last_error", "last_duration_ms", "run_count",
+                "consecutive_failures", "paused_at", "paused_reason", "created_at", "updated_at", "schedule_anchor_at"):
+        out[key] = row.get(key)
+    for key in _TIME_COLUMNS:
+        out[key] = to_iso(out.get(key))
+    out["state"] = job_state(row)
+    return out
+
+
+def job_state(row: dict[str, Any]) -> str:
+    """``enabled``, ``paused`` (auto-paused after failures) or ``disabled``."""
+    if row.get("enabled"):
+        return "enabled"
+    return "paused" if row.get("paused_at") else "disabled"

@@ -1,0 +1,114 @@
+"""Named leases with fencing tokens: acquire, renew, assert, release.
+
+Tokens come from one global counter row, so every acquisition anywhere gets a
+token larger than any token handed out before; a takeover therefore always
+fences out the previous holder. Release keeps the row (and its token): tokens
+never go back, and the schema refuses a decrease or a delete.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+import attrs
+
+from scheduler.errors import SchedulerError
+from scheduler.store.base import Store, Tx
+from scheduler.timeutil import now_ms
+
+#: The row whose token is the global fencing counter.
+FENCE_COUNTER = "__fence_counter__"
+
+
+def new_owner_id() -> str:
+    """``host:pid:random``: unique per dispatcher process, readable in ``status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def owner_host(owner: str | None) -> str | None:
+    """The host part of an owner id."""
+    return owner.split(":", 1)[0] if owner else None
+
+
+@attrs.define
+class Lease:
+    """A lease this process holds."""
+
+    name: str
+    owner: str
+    token: int
+    expires_at: int
+    ttl_ms: int
+
+
+class LeaseLost(SchedulerError):
+    """The lease expired or was taken over: the holder must stop committing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("LEASE_LOST", message)
+
+
+def _next_token(tx: Tx) -> int:
+    tx.execute("INSERT INTO dispatcher_leases(name, token) VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (FENCE_COUNTER,))
+    return int(tx.scalar("UPDATE dispatcher_leases SET token = token + 1 WHERE name = ? RETURNING token", (FENCE_COUNTER,)))
+
+
+def acquire(store: Store, name: str, owner: str, ttl_ms: int, *, now: int | None = None) -> Lease | None:
+    """Take the lease if it is free or expired (new, higher token); None while another live owner holds it."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO dispatcher_leases(name, token) VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (name,))
+        row = tx.one("SELECT owner, expires_at FROM dispatcher_leases WHERE name = ?", (name,))
+        assert row is not None
+        if row["owner"] is not None and row["owner"] != owner and (row["expires_at"] or 0) > now:
+            return None
+        token = _next_token(tx)
+        changed = tx.execute(
+            "UPDATE dispatcher_leases SET owner = ?, token = ?, acquired_at = ?, renewed_at = ?, expires_at = ?"
+            " WHERE name = ? AND (owner IS NULL OR owner = ? OR expires_at <= ?)",
+            (owner, token, now, now, now + ttl_ms, name, owner, now),
+        )
+        if changed != 1:
+            return None
+    return Lease(name=name, owner=owner, token=token, expires_at=now + ttl_ms, ttl_ms=ttl_ms)
+
+
+def renew(store: Store, lease: Lease, *, now: int | None = None) -> None:
+    """Extend the lease, keeping its token; ``LeaseLost`` if it was taken over."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        changed = tx.execute(
+            "UPDATE dispatcher_leases SET renewed_at = ?, expires_at = ? WHERE name = ? AND owner = ? AND token = ?",
+            (now, now + lease.ttl_ms, lease.name, lease.owner, lease.token),
+        )
+    if changed != 1:
+        raise LeaseLost(f"lease {lease.name!r} (token {lease.token}) was taken over")
+    lease.expires_at = now + lease.ttl_ms
+
+
+def assert_live(tx: Tx, lease: Lease, *, now: int | None = None) -> None:
+    """Inside a transaction: fail with ``LeaseLost`` unless this lease is still ours and unexpired."""
+    now = now_ms() if now is None else now
+    row = tx.one("SELECT owner, token, expires_at FROM dispatcher_leases WHERE name = ?", (lease.name,))
+    if row is None or row["owner"] != lease.owner or row["token"] != lease.token:
+        raise LeaseLost(f"lease {lease.name!r} (token {lease.token}) is no longer held")
+    if (row["expires_at"] or 0) <= now:
+        raise LeaseLost(f"lease {lease.name!r} (token {lease.token}) expired")
+
+
+def release(store: Store, lease: Lease, *, now: int | None = None) -> bool:
+    """Give the lease up (the row and its token stay); False if it was no longer ours."""
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        changed = tx.execute(
+            "UPDATE dispatcher_leases SET owner = NULL, expires_at = ? WHERE name = ? AND owner = ? AND token = ?",
+            (now, lease.name, lease.owner, lease.token),
+        )
+    return changed == 1
+
+
+def list_leases(tx: Tx) -> list[dict]:
+    """Every lease row except the fence counter."""
+    return tx.all("SELECT * FROM dispatcher_leases WHERE name <> ? ORDER BY name", (FENCE_COUNTER,))

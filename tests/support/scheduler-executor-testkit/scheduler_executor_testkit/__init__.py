@@ -1,0 +1,75 @@
+"""Test-only executor driven by a tiny step script in the job payload (see README)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from scheduler import PLUGIN_API_VERSION
+from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl, StreamCapture
+from scheduler.processes import kill_group, process_identity
+
+
+def _capture(text: str) -> StreamCapture:
+    import hashlib
+
+    data = text.encode()
+    return StreamCapture(bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), excerpt=text)
+
+
+class TestkitExecutor:
+    """Runs the step script in ``payload_message``."""
+
+    plugin_api = PLUGIN_API_VERSION
+    capabilities = frozenset({"cancel", "timeout", "process-group"})
+
+    def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
+        out: list[str] = []
+
+        def result(status: str, **kw: object) -> ExecutionResult:
+            text = "\n".join(out)
+            return ExecutionResult(status=status, stdout=_capture(text), summary=text, **kw)  # type: ignore[arg-type]
+
+        for step in (s.strip() for s in request.job.payload_message.split(";")):
+            name, _, arg = step.partition(":")
+            if name == "ok" or not name:
+                continue
+            if name == "echo":
+                out.append(arg)
+            elif name == "fail":
+                return result("error", error_code=arg or "TESTKIT_FAIL", error_message="testkit failure", exit_code=1)
+            elif name == "flaky":
+                if request.attempt < int(arg):
+                    return result("error", error_code="TESTKIT_FLAKY", error_message=f"attempt {request.attempt} < {arg}")
+            elif name == "crash":
+                raise RuntimeError("testkit crash")
+            elif name == "touch":
+                with open(arg, "a") as fh:
+                    fh.write(f"{request.run_id} {request.attempt}\n")
+            elif name == "ignore-cancel":
+                time.sleep(float(arg))
+            elif name == "sleep":
+                end = time.monotonic() + float(arg)
+                while (remaining := end - time.monotonic()) > 0:
+                    if time.time() * 1000 >= request.deadline_ms:
+                        return result("timeout", error_code="RUN_TIMEOUT", error_message="deadline passed")
+                    if control.wait_cancelled(min(remaining, 0.02)):
+                        return result("cancelled", error_code="CANCELLED", error_message=control.cancel_reason())
+            elif name == "spawn":
+                proc = subprocess.Popen(["sleep", arg], start_new_session=True)
+                control.record_process(proc.pid, os.getpgid(proc.pid), process_identity(proc.pid) or "")
+                while proc.poll() is None:
+                    if control.wait_cancelled(0.02):
+                        control.record_termination(kill_group(proc.pid, 1.0))
+                        proc.wait()
+                        return result("cancelled", error_code="CANCELLED", error_message=control.cancel_reason())
+                if proc.returncode != 0:
+                    return result("error", exit_code=proc.returncode, error_code="EXIT_NONZERO")
+            else:
+                return result("error", error_code="TESTKIT_BAD_STEP", error_message=f"unknown step {step!r}")
+        return result("ok", exit_code=0)
+
+
+__all__ = ["TestkitExecutor", "signal"]
