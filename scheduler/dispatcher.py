@@ -138,10 +138,15 @@ class Dispatcher:
         self._stop.set()
         self._wake.set()
 
-    def _lock_pidfile(self) -> None:
-        """Single instance per SQLite file: an flock'd pid file beside the database."""
+    def _lock_pidfile(self) -> str | None:
+        """Single instance per SQLite file: an flock'd pid file beside the database.
+
+        Returns None when locked, or the pid of the process holding it. A holder that
+        lets its lease expire (stopped, hung) does not block a takeover: the lease, not
+        the pid file, decides who owns the database.
+        """
         if "://" in self.store.location or not self.exclusive:
-            return
+            return None
         path = Path(self.store.location + ".dispatcher.pid")
         fh = open(path, "a+")
         try:
@@ -150,24 +155,30 @@ class Dispatcher:
             fh.seek(0)
             other = fh.read().strip() or "?"
             fh.close()
-            raise SchedulerError("DISPATCHER_ALREADY_RUNNING", f"another dispatcher (pid {other}) is running on {self.store.location}") from None
+            return other
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()}\n")
         fh.flush()
         self._pidfile = fh
+        return None
 
     def start(self) -> None:
         """Take the lease (or fail with ``DISPATCHER_ALREADY_RUNNING``), start renewal, recover orphans."""
-        self._lock_pidfile()
+        holder = self._lock_pidfile()
         lease = leases.acquire(self.store, self.lease_name, self.owner, self.config.lease_ttl_ms)
         if lease is None:
             with self.store.read() as tx:
                 row = tx.one("SELECT owner, expires_at FROM dispatcher_leases WHERE name = ?", (self.lease_name,))
+            if self._pidfile is not None:
+                self._pidfile.close()
             raise SchedulerError(
                 "DISPATCHER_ALREADY_RUNNING",
-                f"dispatcher lease is held by {row['owner'] if row else '?'} until {to_iso(row['expires_at']) if row else '?'}",
+                f"dispatcher lease on {self.store.location} is held by {row['owner'] if row else '?'}"
+                f" until {to_iso(row['expires_at']) if row else '?'}",
             )
+        if holder is not None:
+            self.say(f"pid file held by stalled process {holder} whose lease expired: taking over")
         self.lease = lease
         if self.hooks is None:
             self.hooks = Hooks()

@@ -322,6 +322,12 @@ def test_a_mutated_fixture_fails_the_run_and_the_cli_cleanly(tmp_path: Path, mon
     assert json.loads(result.stdout)["code"] == "CONFORMANCE_FIXTURE_INVALID"
 
 
+def test_packaged_fixtures_are_the_repo_fixtures() -> None:
+    """``scheduler/conformance/fixtures`` is a symlink to the one corpus (what a wheel ships), never a copy."""
+    packaged = REPO / "scheduler" / "conformance" / "fixtures"
+    assert packaged.is_symlink() and packaged.resolve() == FIXTURES
+
+
 def test_fixture_root_from_env_and_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FIXTURES_ENV, raising=False)
     assert fixtures_root() == FIXTURES
@@ -417,6 +423,10 @@ def test_case_filter_by_glob_list_and_predicate() -> None:
     ]
     assert len(run_kind("executor", "ref", provider, filter=["executor.stdin-*", "executor.binary-*"]).results) == 2
     assert run_kind("executor", "ref", provider, filter=lambda c: c.polarity == "negative" and not c.requires).passed == 1
+    nothing = run_kind("executor", "ref", provider, filter="executor.no-such-case*")
+    assert not nothing.ok and nothing.error["code"] == "CONFORMANCE_NO_CASES"
+    result = CliRunner().invoke(conformance_group, ["run", "executor", "ref", "--case", "executor.no-such-case*"])
+    assert result.exit_code == 1 and "CONFORMANCE_NO_CASES" in result.stderr
 
 
 def _one_case(**expect: Any) -> Case:
@@ -687,3 +697,12 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped)", summary)}
     # Broken: 3 failed; BrokenApi: 1 failed; Honest: 3 passed + 1 skipped; the ids fixture test passes.
     assert counts == {"failed": 4, "passed": 4, "skipped": 1}, summary
+
+
+def test_engine_cli_and_ci_do_not_import_pytest() -> None:
+    code = (
+        "import sys, scheduler.conformance, scheduler.conformance.cli, scheduler.conformance.ci; "
+        "sys.exit('pytest' in sys.modules or '_pytest' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_child_env(), check=False, timeout=60)
+    assert proc.returncode == 0

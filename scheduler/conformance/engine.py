@@ -177,11 +177,13 @@ def register_adapter(adapter: KindAdapter) -> None:
 def fixtures_root(root: str | Path | None = None) -> Path:
     """The ``conformance-fixtures/`` directory to read.
 
-    Order: the explicit ``root``; ``$SCHEDULER_CONFORMANCE_FIXTURES``; the first
-    ``conformance-fixtures/`` found walking up from the ``scheduler`` package (a
-    source checkout or editable install); a copy packaged as
-    ``scheduler/conformance/fixtures/`` (wheel installs). Raises
-    ``CONFORMANCE_FIXTURES_NOT_FOUND`` when none exists.
+    Order: the explicit ``root``; ``$SCHEDULER_CONFORMANCE_FIXTURES``; the copy
+    shipped as ``scheduler/conformance/fixtures/`` (in a checkout that is a
+    symlink to the repo's ``conformance-fixtures/``, in a wheel the packaged
+    files); else the first ``conformance-fixtures/`` found walking up from the
+    ``scheduler`` package (a checkout where the symlink is missing). The shipped
+    copy comes before the walk so an unrelated directory above a virtualenv is
+    never picked up. Raises ``CONFORMANCE_FIXTURES_NOT_FOUND`` when none exists.
     """
     explicit = root if root is not None else os.environ.get(FIXTURES_ENV) or None
     if explicit is not None:
@@ -189,6 +191,9 @@ def fixtures_root(root: str | Path | None = None) -> Path:
         if not path.is_dir():
             raise SchedulerError("CONFORMANCE_FIXTURES_NOT_FOUND", f"conformance fixtures directory does not exist: {path}")
         return path
+    packaged = Path(__file__).resolve().parent / "fixtures"
+    if (packaged / FIXTURE_VERSION / SCHEMA_FILE).is_file():
+        return packaged.resolve()
     import scheduler
 
     start = Path(scheduler.__file__).resolve().parent
@@ -196,12 +201,9 @@ def fixtures_root(root: str | Path | None = None) -> Path:
         candidate = directory / "conformance-fixtures"
         if (candidate / FIXTURE_VERSION / SCHEMA_FILE).is_file():
             return candidate
-    packaged = Path(__file__).resolve().parent / "fixtures"
-    if (packaged / FIXTURE_VERSION / SCHEMA_FILE).is_file():
-        return packaged
     raise SchedulerError(
         "CONFORMANCE_FIXTURES_NOT_FOUND",
-        f"no conformance-fixtures/{FIXTURE_VERSION} found above {start} and none packaged; set {FIXTURES_ENV}",
+        f"no conformance fixtures packaged in {packaged} nor found above {start}; set {FIXTURES_ENV}",
     )
 
 
@@ -385,13 +387,18 @@ def run_kind(
 
     The provider is loaded through its entry point (``load_provider``) unless one
     is given. A load failure, invalid fixtures or an unsupported kind produce a
-    report with ``error`` set (and every selected case failed), never a traceback.
+    report with ``error`` set (and every selected case failed), never a traceback;
+    so does a ``filter`` that selects nothing (``CONFORMANCE_NO_CASES``).
     ``on_result`` is called after each case (the CLI streams its lines through it).
     """
     try:
         cases = select_cases(load_cases(kind, root), filter)
     except SchedulerError as exc:
         return Report(kind=kind, name=name, error={"code": exc.code, "message": exc.message})
+    if filter is not None and not cases:  # a mistyped --case glob must not look like a clean run
+        return Report(
+            kind=kind, name=name, error={"code": "CONFORMANCE_NO_CASES", "message": f"no {kind} case matches the filter"}
+        )
     if cases and kind not in ADAPTERS:
         message = f"no adapter for kind {kind}"
         return Report(

@@ -111,7 +111,7 @@ def load_driver(group: str, name: str) -> Any:
             name=name,
             invoke_on_load=False,
             on_load_failure_callback=on_failure,
-            warn_on_missing_entrypoint=False,
+            on_missing_entrypoints_callback=lambda _names: None,
         )
         obj = manager.driver
     except Exception as exc:  # stevedore raises NoMatches/NoUniqueMatch/RuntimeError

@@ -94,13 +94,17 @@ def live_members(pgid: int) -> list[int]:
     return found
 
 
-def assert_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
-    """No live member right now, and ``os.killpg(pgid, 0)`` fails once init has reaped the zombies.
+def assert_group_gone(pgid: int, *, reaped: bool = False, timeout_s: float = 15.0) -> None:
+    """No live member of the group is left; with ``reaped``, also wait for ``os.killpg(pgid, 0)`` to fail.
 
-    Some container inits reap orphans only every second or two, hence the wait
-    for the second half; the first half is the immediate guarantee.
+    Killed grandchildren are orphans that init must reap; some container inits do
+    that only every second or two, so ``killpg`` may still find their zombies for a
+    moment. Zombies cannot run: the immediate guarantee is "no live member", and
+    ``reaped=True`` additionally waits until the group id is entirely gone.
     """
     assert live_members(pgid) == []
+    if not reaped:
+        return
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -113,6 +117,6 @@ def assert_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
 
 
 @pytest.fixture
-def group_gone() -> Callable[[int], None]:
+def group_gone() -> Callable[..., None]:
     """``assert_group_gone`` as a fixture (test modules cannot import conftest under importlib mode)."""
     return assert_group_gone

@@ -58,9 +58,11 @@ class PgTx:
         #: The first statement error seen: PostgreSQL aborts the whole transaction on it.
         self.failure: SchedulerError | None = None
 
-    def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.Cursor[Any]:
+    def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.ClientCursor[Any]:
         query, args = prepare(sql_text, params)
-        cur = self._conn.cursor(row_factory=dict_row if rows else tuple_row)
+        # Client-side binding: values are merged as literals, so untyped uses such as
+        # ``? IS NULL`` work as on SQLite (server-side binding cannot type a bare NULL).
+        cur: psycopg.ClientCursor[Any] = psycopg.ClientCursor(self._conn, row_factory=dict_row if rows else tuple_row)
         try:
             cur.execute(query, args)  # type: ignore[arg-type]
         except psycopg.Error as exc:

@@ -1,0 +1,81 @@
+"""shell_env_policy: what a job sees of the dispatcher's environment (real processes print their env)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_executor_shell.envpolicy import INHERIT_WARNING, build_environment, is_secret_name
+
+
+def _env_names(stdout: str) -> dict[str, str]:
+    """Parse ``env -0`` output."""
+    return dict(item.split("=", 1) for item in stdout.split("\0") if item)
+
+
+@pytest.fixture
+def dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Variables of the dispatcher's environment (monkeypatch restores os.environ afterwards)."""
+    monkeypatch.setenv("MY_API_TOKEN", "s3cret")
+    monkeypatch.setenv("SCHEDULER_X", "1")
+    monkeypatch.setenv("HARMLESS", "1")
+    monkeypatch.setenv("LC_TIME", "C")
+
+
+def test_minimal_policy(run_job, dispatcher_env) -> None:
+    r = run_job("env -0").result
+    env = _env_names(r.stdout.excerpt)
+    assert "MY_API_TOKEN" not in env and "SCHEDULER_X" not in env and "HARMLESS" not in env
+    assert "s3cret" not in r.stdout.excerpt
+    assert env["LC_TIME"] == "C" and "PATH" in env
+    assert env["SCHEDULER_RUN_ID"] == "run-1" and env["SCHEDULER_JOB_ID"] == "job-1"  # kernel-provided
+    assert r.env_warning is None
+
+
+def test_inherit_policy(run_job, dispatcher_env) -> None:
+    r = run_job("env -0", shell_env_policy="inherit").result
+    env = _env_names(r.stdout.excerpt)
+    assert env["HARMLESS"] == "1"
+    assert "MY_API_TOKEN" not in env and "SCHEDULER_X" not in env
+    assert "s3cret" not in r.stdout.excerpt
+    assert env["SCHEDULER_RUN_ID"] == "run-1"
+    assert r.env_warning == INHERIT_WARNING == "shell_env_policy=inherit exposes the dispatcher's full environment"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "DATABASE_URL",
+        "PGPASSWORD",
+        "my_api_token",
+        "DB_PASSWORD",
+        "SMTP_PASSWD",
+        "STRIPE_APIKEY",
+        "DEPLOY_PRIVATE_KEY",
+        "APP_SECRET",
+        "TOKEN",
+    ],
+)
+def test_secret_names_are_stripped(name: str) -> None:
+    assert is_secret_name(name)
+    env, _ = build_environment("inherit", {name: "x", "KEEP": "1"})
+    assert env == {"KEEP": "1"}
+
+
+@pytest.mark.parametrize("name", ["PATH", "HOME", "PWD", "TOKENIZERS_PARALLELISM", "SECRETS_DIR_HINT", "KEYBOARD"])
+def test_ordinary_names_are_not_secrets(name: str) -> None:
+    assert not is_secret_name(name)
+
+
+def test_minimal_allowlist() -> None:
+    base = {"HOME": "/h", "PATH": "/bin", "LC_ALL": "C", "LANG": "C.UTF-8", "EDITOR": "vi", "SCHEDULER_DB": "x", "TERM": "xterm"}
+    env, warning = build_environment("minimal", base)
+    assert env == {"HOME": "/h", "PATH": "/bin", "LC_ALL": "C", "LANG": "C.UTF-8", "TERM": "xterm"}
+    assert warning is None
+    with pytest.raises(ValueError):
+        build_environment("everything", base)

@@ -1,0 +1,206 @@
+"""ShellExecutor lifecycle: exit codes, timeout, cancellation, process groups, identity, cwd and stdin.
+
+Every test runs real processes through /bin/bash; group cleanup is checked in /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from scheduler import PLUGIN_API_VERSION
+from scheduler.errors import SchedulerError
+from scheduler.execution import LocalRunControl
+from scheduler.plugins.protocols import Executor
+from scheduler_executor_shell import ShellExecutor
+from scheduler_executor_shell.procs import same_process
+
+
+def test_protocol_and_capabilities() -> None:
+    ex = ShellExecutor()
+    assert isinstance(ex, Executor)
+    assert ex.plugin_api == PLUGIN_API_VERSION
+    assert {"process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy"} <= ex.capabilities
+    assert not {c for c in ex.capabilities if any(w in c for w in ("sandbox", "network", "filesystem", "isolation"))}
+
+
+def test_success(run_job) -> None:
+    ran = run_job("echo hello; echo oops >&2")
+    r = ran.result
+    assert (r.status, r.exit_code, r.error_code) == ("ok", 0, None)
+    assert r.stdout.excerpt == "hello\n" and r.stdout.bytes == 6 and not r.stdout.truncated
+    assert r.stderr.excerpt == "oops\n"
+    assert r.summary == "hello\n"
+    assert r.structured["format"] == "text" and r.structured["parsed"] == "hello"
+    assert r.env_warning is None
+    assert ran.control.terminations == []
+
+
+def test_nonzero_exit(run_job) -> None:
+    r = run_job("echo partial; exit 3").result
+    assert (r.status, r.exit_code, r.error_code) == ("error", 3, "EXIT_NONZERO")
+    assert r.stdout.excerpt == "partial\n"
+
+
+def test_killed_by_signal_reports_negative_signum(run_job) -> None:
+    r = run_job("kill -KILL $$").result
+    assert (r.status, r.exit_code, r.error_code) == ("error", -9, "EXIT_NONZERO")
+    assert "SIGKILL" in r.error_message
+
+
+def test_timeout_terminates_and_records(run_job, group_gone) -> None:
+    ran = run_job("sleep 30", run_timeout_ms=300)
+    r = ran.result
+    assert (r.status, r.error_code) == ("timeout", "RUN_TIMEOUT")
+    assert ran.elapsed < 5
+    assert ran.control.terminations == ["SIGTERM"]
+    assert r.exit_code == -15
+    group_gone(ran.control.processes[0][1])
+
+
+def test_timeout_escalates_to_sigkill(run_job, monkeypatch, group_gone) -> None:
+    monkeypatch.setenv("SCHEDULER_SHELL_KILL_GRACE_S", "0.2")
+    ran = run_job("trap '' TERM; exec sleep 30", run_timeout_ms=300)
+    assert ran.result.status == "timeout"
+    assert ran.control.terminations == ["SIGKILL"]
+    assert ran.result.exit_code == -9
+    group_gone(ran.control.processes[0][1])
+
+
+def test_timeout_kills_grandchildren(run_job, group_gone) -> None:
+    ran = run_job("sh -c 'sleep 100 & sleep 100'", run_timeout_ms=300)
+    assert ran.result.status == "timeout"
+    assert ran.control.terminations == ["SIGTERM"]
+    pid, pgid, _ = ran.control.processes[0]
+    assert pid == pgid
+    group_gone(pgid, reaped=True)
+
+
+def test_cancel_from_another_thread_kills_grandchildren(run_job, group_gone) -> None:
+    control = LocalRunControl()
+    timer = threading.Timer(0.3, control.cancel, kwargs={"reason": "user"})
+    timer.start()
+    try:
+        ran = run_job("sh -c 'sleep 100 & sleep 100'", control=control)
+    finally:
+        timer.cancel()
+    r = ran.result
+    assert (r.status, r.error_code) == ("cancelled", "RUN_CANCELLED")
+    assert r.details["cancel_reason"] == "user"
+    assert ran.elapsed < 5
+    assert control.terminations == ["SIGTERM"]
+    group_gone(control.processes[0][1], reaped=True)
+
+
+def test_cancelled_before_start_spawns_nothing(run_job) -> None:
+    control = LocalRunControl()
+    control.cancel("shutdown")
+    ran = run_job("echo should-not-run", control=control)
+    assert ran.result.status == "cancelled"
+    assert control.processes == [] and control.terminations == []
+
+
+def test_background_leftovers_are_killed_after_success(run_job, group_gone) -> None:
+    ran = run_job("sleep 100 >/dev/null 2>&1 </dev/null & echo started")
+    r = ran.result
+    assert r.status == "ok" and r.summary == "started\n"
+    assert r.details["leftover_processes_killed"] is True
+    assert ran.control.terminations == ["SIGTERM"]
+    group_gone(ran.control.processes[0][1])
+
+
+def test_background_writer_in_group_is_waited_for(run_job) -> None:
+    r = run_job("(sleep 0.3; echo late) & echo early").result
+    assert r.status == "ok"
+    assert r.stdout.excerpt == "early\nlate\n"
+
+
+def test_escaped_process_holding_pipes_does_not_hang_the_run(run_job) -> None:
+    ran = run_job("setsid sleep 20 & echo $!", run_timeout_ms=10_000)
+    escaped = int(ran.result.stdout.excerpt.split()[0])
+    try:
+        assert ran.result.status == "ok"
+        assert ran.result.details["output_pipes_abandoned"] is True
+        assert ran.elapsed < 5
+        assert threading.active_count() < 50  # pump threads end, they are not leaked per run
+        assert [t for t in threading.enumerate() if t.name == "shell-pipe-pump"] == []
+    finally:
+        os.kill(escaped, 9)
+
+
+def test_record_process_before_payload_runs(run_job, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    seen: list[tuple[bool, bool]] = []
+
+    class Checking(LocalRunControl):
+        def record_process(self, pid: int, pgid: int, start_time: str) -> None:
+            seen.append((marker.exists(), same_process(pid, start_time)))
+            super().record_process(pid, pgid, start_time)
+
+    control = Checking()
+    ran = run_job(f"touch {marker}; echo $$; sleep 0.2", control=control)
+    assert ran.result.status == "ok"
+    pid, pgid, identity = control.processes[0]
+    assert pid == int(ran.result.stdout.excerpt) == pgid
+    assert identity.startswith("ticks:")
+    assert seen == [(False, True)]  # recorded while alive, before the payload did anything
+    assert not same_process(pid, identity)  # it has exited now
+    assert not same_process(pid, "ticks:1")
+
+
+def test_record_process_failure_never_starts_payload(run_job, tmp_path: Path, group_gone) -> None:
+    marker = tmp_path / "side-effect"
+
+    class Fenced(LocalRunControl):
+        def record_process(self, pid: int, pgid: int, start_time: str) -> None:
+            super().record_process(pid, pgid, start_time)
+            raise SchedulerError("LEASE_LOST", "fence lost")
+
+    control = Fenced()
+    r = run_job(f"touch {marker}; sleep 30", control=control).result
+    assert (r.status, r.error_code) == ("error", "LEASE_LOST")
+    assert not marker.exists()
+    group_gone(control.processes[0][1])
+
+
+def test_working_dir_and_stdin(run_job, tmp_path: Path) -> None:
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    r = run_job("pwd; cat", working_dir=str(wd), stdin_text="hello\nworld").result
+    assert r.status == "ok"
+    assert r.stdout.excerpt == f"{os.path.realpath(wd)}\nhello\nworld"
+
+
+def test_large_stdin_is_fed_without_blocking(run_job) -> None:
+    r = run_job("wc -c", stdin_text="x" * 3_000_000).result
+    assert r.status == "ok" and r.stdout.excerpt.strip() == "3000000"
+
+
+def test_no_stdin_reads_dev_null(run_job) -> None:
+    ran = run_job("cat; readlink /proc/self/fd/0; echo done", run_timeout_ms=5000)
+    assert ran.result.status == "ok"
+    assert ran.result.stdout.excerpt == "/dev/null\ndone\n"
+
+
+def test_missing_working_dir(run_job, tmp_path: Path) -> None:
+    ran = run_job("echo hi", working_dir=str(tmp_path / "nope"))
+    assert (ran.result.status, ran.result.error_code) == ("error", "WORKING_DIR_MISSING")
+    assert ran.control.processes == []
+
+
+def test_scheduler_shell_override_and_bad_value(run_job, monkeypatch) -> None:
+    monkeypatch.setenv("SCHEDULER_SHELL", "/bin/sh")
+    r = run_job("echo $0").result
+    assert r.status == "ok" and r.stdout.excerpt == "/bin/sh\n" and r.details["shell"] == "/bin/sh"
+    monkeypatch.setenv("SCHEDULER_SHELL", "/no/such/shell")
+    r = run_job("echo hi").result
+    assert (r.status, r.error_code) == ("error", "SHELL_CONFIG_INVALID")
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_bad_output_limit_setting(run_job, monkeypatch, value: str) -> None:
+    monkeypatch.setenv("SCHEDULER_SHELL_MAX_OUTPUT_BYTES", value)
+    assert run_job("echo hi").result.error_code == "SHELL_CONFIG_INVALID"

@@ -1,0 +1,65 @@
+"""procs: process identity from /proc and whole-group termination, on real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from scheduler_executor_shell.procs import group_alive, kill_group, process_identity, same_process
+
+
+def test_identity_of_this_process() -> None:
+    ident = process_identity(os.getpid())
+    assert ident is not None and ident.startswith("ticks:") and ident[6:].isdigit()
+    assert same_process(os.getpid(), ident)
+    assert not same_process(os.getpid(), "ticks:1")
+    assert not same_process(os.getpid(), None)
+
+
+def test_identity_of_missing_process() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert process_identity(proc.pid) is None
+    assert not same_process(proc.pid, "ticks:0")
+
+
+def test_identity_survives_exec_and_tells_processes_apart() -> None:
+    a = subprocess.Popen(["sh", "-c", "sleep 0.1; exec sleep 5"])
+    ident = process_identity(a.pid)
+    time.sleep(0.02)
+    b = subprocess.Popen(["sleep", "5"])
+    try:
+        time.sleep(0.3)  # a has exec'd meanwhile: same process, same identity
+        assert same_process(a.pid, ident)
+        assert not same_process(b.pid, ident)
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+    assert not same_process(a.pid, ident)
+
+
+def test_kill_group_sigterm_with_grandchildren(group_gone) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 100 & sleep 100"], start_new_session=True)
+    time.sleep(0.1)
+    assert group_alive(proc.pid)
+    assert kill_group(proc.pid, 2.0, reap=proc.poll) == "SIGTERM"
+    assert not group_alive(proc.pid)
+    group_gone(proc.pid)
+
+
+def test_kill_group_escalates(group_gone) -> None:
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 100 & sleep 100"], start_new_session=True)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    assert kill_group(proc.pid, 0.2, reap=proc.poll) == "SIGKILL"
+    assert time.monotonic() - t0 < 3
+    assert proc.wait() == -9
+    group_gone(proc.pid)
+
+
+def test_kill_group_of_missing_group() -> None:
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    assert kill_group(proc.pid, 0.1) == "SIGTERM"

@@ -1,0 +1,278 @@
+"""Kernel SQL on PostgreSQL: placeholders, nesting, rollback, ON CONFLICT/RETURNING, SKIP LOCKED claims."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+import pytest
+
+from scheduler.errors import SchedulerError
+from scheduler_store_postgres import PostgresStore
+from scheduler_store_postgres.migrations import split_statements
+from scheduler_store_postgres.sqlcompat import prepare, translate_placeholders
+from scheduler_store_postgres.url import parse_url
+
+MakeStore = Callable[..., PostgresStore]
+
+
+# -- pure functions (no server needed) ------------------------------------------------------
+
+
+def test_placeholders_outside_quotes_and_comments_only() -> None:
+    query, count = translate_placeholders(
+        "SELECT '?', \"odd?name\", ? -- what?\n, $$ ? $$, $tag$ ? $tag$ /* ? */ FROM t WHERE a LIKE '50%' AND b = ?"
+    )
+    assert count == 2
+    assert query == (
+        "SELECT '?', \"odd?name\", %s -- what?\n, $$ ? $$, $tag$ ? $tag$ /* ? */ FROM t WHERE a LIKE '50%%' AND b = %s"
+    )
+    assert translate_placeholders("SELECT 'it''s ?', ?") == ("SELECT 'it''s ?', %s", 1)
+    assert translate_placeholders("SELECT $1, ? % 2") == ("SELECT $1, %s %% 2", 1)
+
+
+def test_prepare_leaves_parameterless_sql_alone_and_adapts_bools() -> None:
+    assert prepare("SELECT '100%'", ()) == ("SELECT '100%'", None)
+    assert prepare("UPDATE jobs SET enabled = ? WHERE id = ?", (True, "x")) == ("UPDATE jobs SET enabled = %s WHERE id = %s", [1, "x"])
+
+
+def test_parse_url_strips_store_parameters_and_redacts() -> None:
+    spec = parse_url("postgresql://u:pw@db1:5432,db2:5432/sched?schema=team_a&pool_max=4&sslmode=prefer&password=x")
+    assert spec.schema == "team_a" and spec.pool_max == 4 and spec.pool_min == 1
+    assert "schema=" not in spec.conninfo and "pool_max" not in spec.conninfo and "sslmode=prefer" in spec.conninfo
+    assert "pw" not in spec.location and "password=x" not in spec.location and "schema=team_a" in spec.location
+    assert parse_url("postgres://localhost/db").schema is None
+    for bad in ("postgresql://h/db?schema=", "postgresql://h/db?pool_max=zero", "postgresql://h/db?pool_min=5&pool_max=2"):
+        with pytest.raises(SchedulerError) as err:
+            parse_url(bad)
+        assert err.value.code == "DB_INIT_FAILED" and err.value.details["phase"] == "open"
+
+
+def test_split_statements_keeps_dollar_bodies() -> None:
+    text = "-- c\nCREATE TABLE a (x int);\n\nCREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;\n"
+    assert split_statements(text) == ("CREATE TABLE a (x int);", "CREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;")
+    with pytest.raises(ValueError):
+        split_statements("CREATE TABLE a (x int)")
+
+
+# -- against the server ---------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_placeholders_with_params(store: PostgresStore, job: str) -> None:
+    with store.transaction() as tx:
+        assert tx.execute("UPDATE jobs SET description = ?, enabled = ? WHERE id = ? AND name LIKE '%one'", ("50% done?", False, job)) == 1
+        row = tx.one("SELECT description, enabled, next_run_at FROM jobs WHERE id = ? AND (? IS NULL OR name = ?)", (job, None, None))
+    assert row == {"description": "50% done?", "enabled": 0, "next_run_at": None}
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM jobs WHERE name IN (?, ?)", ("job one", "nope")) == 1
+        assert tx.scalar("SELECT SUM(run_count + ?) FROM jobs", (2,)) == 2
+        assert tx.scalar("SELECT AVG(x) FROM (VALUES (1), (2)) v(x)") == 1.5
+        assert tx.all("SELECT id FROM jobs WHERE id = ?", ("missing",)) == []
+        assert tx.one("SELECT id FROM jobs WHERE id = ?", ("missing",)) is None
+        assert tx.scalar("SELECT id FROM jobs WHERE id = ?", ("missing",)) is None
+
+
+@pytest.mark.postgres
+def test_bytea_round_trip(store: PostgresStore) -> None:
+    blob = bytes(range(256))
+    with store.transaction() as tx:
+        tx.execute(
+            "INSERT INTO delivery_outbox(id, channel, idempotency_key, group_key, body, due_at, created_at, updated_at)"
+            " VALUES ('o', 'file', 'k', 'g', 'b', 1, 1, 1)"
+        )
+        tx.execute(
+            "INSERT INTO delivery_attachments(id, outbox_id, ordinal, name, mime_type, size_bytes, sha256, content, created_at)"
+            " VALUES ('a', 'o', 0, 'x.bin', 'application/octet-stream', ?, ?, ?, 1)",
+            (len(blob), "f" * 64, blob),
+        )
+    with store.read() as tx:
+        assert tx.scalar("SELECT content FROM delivery_attachments WHERE id = 'a'") == blob
+
+
+@pytest.mark.postgres
+def test_on_conflict_do_nothing_and_returning(store: PostgresStore, job: str) -> None:
+    insert = (
+        "INSERT INTO job_dispatch_queue(id, job_id, kind, due_at, created_at, updated_at) VALUES (?, ?, 'schedule', ?, ?, ?)"
+        " ON CONFLICT(id) DO NOTHING RETURNING id, status, attempts"
+    )
+    with store.transaction() as tx:
+        assert tx.one(insert, ("slot-1", job, 10, 1, 1)) == {"id": "slot-1", "status": "pending", "attempts": 0}
+        assert tx.one(insert, ("slot-1", job, 10, 1, 1)) is None  # same slot materialised twice: a no-op
+        assert tx.execute(insert, ("slot-1", job, 10, 1, 1)) == 0
+        updated = tx.all("UPDATE job_dispatch_queue SET attempts = attempts + 1 WHERE job_id = ? RETURNING id, attempts", (job,))
+    assert updated == [{"id": "slot-1", "attempts": 1}]
+
+
+@pytest.mark.postgres
+def test_nested_transactions_join_the_outer_one(store: PostgresStore, job: str) -> None:
+    with pytest.raises(RuntimeError):
+        with store.transaction() as outer:
+            outer.execute("UPDATE jobs SET run_count = 1 WHERE id = ?", (job,))
+            with store.transaction() as inner:
+                assert inner is outer
+                inner.execute("UPDATE jobs SET run_count = run_count + 1 WHERE id = ?", (job,))
+                with store.read() as nested_read:
+                    assert nested_read.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 2
+            raise RuntimeError("abort after the inner block committed nothing on its own")
+    with store.read() as tx:
+        assert tx.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 0
+    with store.transaction() as outer:
+        with store.transaction() as inner:
+            inner.execute("UPDATE jobs SET run_count = 7 WHERE id = ?", (job,))
+    with store.read() as tx:
+        assert tx.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 7
+
+
+@pytest.mark.postgres
+def test_rollback_on_exception(store: PostgresStore, job: str) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with store.transaction() as tx:
+            tx.execute("UPDATE jobs SET description = 'changed' WHERE id = ?", (job,))
+            1 / 0  # noqa: B018
+    with store.read() as tx:
+        assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) is None
+    # the connection went back to the pool clean and is reusable
+    with store.transaction() as tx:
+        assert tx.execute("UPDATE jobs SET description = 'ok' WHERE id = ?", (job,)) == 1
+
+
+@pytest.mark.postgres
+def test_swallowed_statement_error_cannot_commit_silently(store: PostgresStore, job: str) -> None:
+    """PostgreSQL aborts the whole transaction on an error; committing it would silently roll back."""
+    with pytest.raises(SchedulerError) as err:
+        with store.transaction() as tx:
+            tx.execute("UPDATE jobs SET description = 'lost' WHERE id = ?", (job,))
+            try:
+                tx.execute("UPDATE jobs SET enabled = 5 WHERE id = ?", (job,))
+            except SchedulerError:
+                pass
+    assert err.value.code == "CONSTRAINT_VIOLATION" and "rolled back" in err.value.message
+    with store.read() as tx:
+        assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) is None
+
+
+@pytest.mark.postgres
+def test_read_is_a_read_only_snapshot(store: PostgresStore, make_store: MakeStore, job: str) -> None:
+    other = make_store()
+    with store.read() as tx:
+        assert tx.scalar("SELECT run_count FROM jobs") == 0
+        with other.transaction() as w:
+            w.execute("UPDATE jobs SET run_count = 3")
+        assert tx.scalar("SELECT run_count FROM jobs") == 0  # same snapshot for the whole read
+    with store.read() as tx:
+        assert tx.scalar("SELECT run_count FROM jobs") == 3
+    with pytest.raises(Exception, match="read-only"):
+        with store.read() as tx:
+            tx.execute("UPDATE jobs SET run_count = 4")
+    with store.transaction() as tx:  # the pooled connection is back to read-write
+        assert tx.execute("UPDATE jobs SET run_count = 4") == 1
+
+
+@pytest.mark.postgres
+def test_threads_get_separate_transactions(store: PostgresStore, job: str) -> None:
+    seen: list[Any] = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def writer() -> None:
+        with store.transaction() as tx:
+            tx.execute("UPDATE jobs SET description = 'uncommitted' WHERE id = ?", (job,))
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    entered.wait(5)
+    with store.read() as tx:  # not joined to the writer's transaction: its change is invisible
+        seen.append(tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)))
+    release.set()
+    t.join(5)
+    assert seen == [None]
+
+
+def _fill_queue(store: PostgresStore, job: str, n: int) -> None:
+    with store.transaction() as tx:
+        for i in range(n):
+            tx.execute(
+                "INSERT INTO job_dispatch_queue(id, job_id, kind, due_at, created_at, updated_at) VALUES (?, ?, 'manual', ?, 1, 1)",
+                (f"d{i:03d}", job, i),
+            )
+
+
+def _claim_one(tx: Any, owner: str) -> str | None:
+    row = tx.one(
+        "SELECT id FROM job_dispatch_queue WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1" + tx.skip_locked,
+        (10**12,),
+    )
+    if row is None:
+        return None
+    changed = tx.execute(
+        "UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_expires_at = ?"
+        " WHERE id = ? AND status = 'pending'",
+        (owner, uuid.uuid4().hex, 10**12, row["id"]),
+    )
+    assert changed == 1
+    return str(row["id"])
+
+
+@pytest.mark.postgres
+def test_skip_locked_claims_never_overlap(make_store: MakeStore, job: str, store: PostgresStore) -> None:
+    _fill_queue(store, job, 100)
+    claims: dict[str, list[str]] = {"a": [], "b": []}
+    start = threading.Barrier(2)
+
+    def worker(owner: str) -> None:
+        mine = make_store()  # its own pool, as a second dispatcher process would have
+        start.wait()
+        while True:
+            with mine.transaction() as tx:
+                got = _claim_one(tx, owner)
+                if got is not None:
+                    time.sleep(0.001)  # hold the row lock a moment so the claimers really interleave
+            if got is None:
+                return
+            claims[owner].append(got)
+
+    threads = [threading.Thread(target=worker, args=(o,)) for o in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    a, b = set(claims["a"]), set(claims["b"])
+    assert len(claims["a"]) == len(a) and len(claims["b"]) == len(b)
+    assert not a & b
+    assert a | b == {f"d{i:03d}" for i in range(100)}
+    assert a and b, "both claimers should have won rows"
+    with store.read() as tx:
+        owners = {r["id"]: r["claim_owner"] for r in tx.all("SELECT id, claim_owner FROM job_dispatch_queue")}
+    assert all(owners[i] == "a" for i in a) and all(owners[i] == "b" for i in b)
+
+
+@pytest.mark.postgres
+def test_skip_locked_skips_instead_of_waiting(store: PostgresStore, make_store: MakeStore, job: str) -> None:
+    _fill_queue(store, job, 2)
+    other = make_store()
+    holding = threading.Event()
+    release = threading.Event()
+    first: list[str | None] = []
+
+    def hold() -> None:
+        with other.transaction() as tx:
+            first.append(_claim_one(tx, "slow"))
+            holding.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert holding.wait(5)
+    started = time.monotonic()
+    with store.transaction() as tx:
+        second = _claim_one(tx, "fast")
+    elapsed = time.monotonic() - started
+    release.set()
+    t.join(5)
+    assert first == ["d000"] and second == "d001"
+    assert elapsed < 1.0

@@ -1,0 +1,137 @@
+"""Shared fixtures for the kernel tests: a real SQLite file per test, PostgreSQL where it runs, the CLI.
+
+``store`` is parametrised over both stores: every test that takes it runs on a
+fresh SQLite file and on a fresh PostgreSQL schema (skipped with the reason when
+the server or the store plugin is absent).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import uuid
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from kernel_testing import RunningDispatcher, scheduler_cmd  # noqa: F401  (re-exported for tests)
+
+PG_BASE_URL = os.environ.get("SCHEDULER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pg_unavailable_reason() -> str | None:
+    try:
+        from importlib.metadata import entry_points
+
+        if not any(ep.name == "postgres" for ep in entry_points(group="scheduler.stores")):
+            return "scheduler-store-postgres is not installed"
+        import psycopg
+
+        with psycopg.connect(PG_BASE_URL, connect_timeout=2):
+            pass
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
+        return f"PostgreSQL not reachable at {PG_BASE_URL}: {type(exc).__name__}: {exc}"
+    return None
+
+
+_PG_REASON: list[str | None] = []
+
+
+def pg_reason() -> str | None:
+    """Why PostgreSQL tests must skip here (cached), or None when they can run."""
+    if not _PG_REASON:
+        _PG_REASON.append(_pg_unavailable_reason())
+    return _PG_REASON[0]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """A fresh SQLite database path for this test."""
+    return tmp_path / "scheduler.db"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL in a fresh schema of its own (dropped afterwards); skips when unavailable."""
+    reason = pg_reason()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_BASE_URL}?schema={schema}"
+    with psycopg.connect(PG_BASE_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database target for this test: a SQLite file, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        return str(tmp_path / "scheduler.db")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Any]:
+    """An initialised store on ``store_url``."""
+    from scheduler.store import open_store
+
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+class CliResult:
+    """What one in-process CLI invocation produced."""
+
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def json(self) -> Any:
+        lines = [ln for ln in self.out.strip().splitlines() if ln.strip()]
+        assert lines, f"no output (stderr: {self.err!r})"
+        return json.loads(lines[-1])
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, out={self.out[:400]!r}, err={self.err[:400]!r})"
+
+
+@pytest.fixture
+def cli(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run ``scheduler --db <store_url> ARGS...`` in-process; returns a ``CliResult``."""
+    from scheduler.cli.main import main
+
+    def invoke(*args: str, stdin: str | None = None, db: str | None = store_url) -> CliResult:
+        out, err = io.StringIO(), io.StringIO()
+        argv = (["--db", db] if db else []) + list(args)
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(argv)
+        return CliResult(code, out.getvalue(), err.getvalue())
+
+    return invoke
+
+
+@pytest.fixture
+def dispatcher(store: Any) -> Iterator[Any]:
+    """Start an in-process dispatcher on ``store``: ``dispatcher(**config) -> RunningDispatcher``."""
+    started: list[RunningDispatcher] = []
+
+    def start(**config: Any) -> RunningDispatcher:
+        d = RunningDispatcher(store, **config)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.thread.is_alive():
+            d.stop()
+
