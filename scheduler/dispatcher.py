@@ -170,6 +170,12 @@ class Dispatcher:
         if lease is None:
             with self.store.read() as tx:
                 row = tx.one("SELECT owner, expires_at FROM dispatcher_leases WHERE name = ?", (self.lease_name,))
+            if row and leases.owner_is_dead_local_process(row["owner"]):
+                # The holder crashed on this host (kill -9): no need to wait for its lease to run out.
+                lease = leases.acquire(self.store, self.lease_name, self.owner, self.config.lease_ttl_ms, steal_from=row["owner"])
+                if lease is not None:
+                    self.say(f"previous dispatcher {row['owner']} is gone: took over its lease")
+        if lease is None:
             if self._pidfile is not None:
                 self._pidfile.close()
             raise SchedulerError(

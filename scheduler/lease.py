@@ -32,6 +32,23 @@ def owner_host(owner: str | None) -> str | None:
     return owner.split(":", 1)[0] if owner else None
 
 
+def owner_is_dead_local_process(owner: str | None) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists."""
+    if not owner or owner_host(owner) != socket.gethostname():
+        return False
+    try:
+        pid = int(owner.split(":")[1])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 @attrs.define
 class Lease:
     """A lease this process holds."""
@@ -55,20 +72,25 @@ def _next_token(tx: Tx) -> int:
     return int(tx.scalar("UPDATE dispatcher_leases SET token = token + 1 WHERE name = ? RETURNING token", (FENCE_COUNTER,)))
 
 
-def acquire(store: Store, name: str, owner: str, ttl_ms: int, *, now: int | None = None) -> Lease | None:
-    """Take the lease if it is free or expired (new, higher token); None while another live owner holds it."""
+def acquire(store: Store, name: str, owner: str, ttl_ms: int, *, now: int | None = None, steal_from: str | None = None) -> Lease | None:
+    """Take the lease if it is free or expired (new, higher token); None while another live owner holds it.
+
+    ``steal_from`` names a holder the caller has proven dead (same host, process gone):
+    its unexpired lease is taken over too, still with a higher token.
+    """
     now = now_ms() if now is None else now
     with store.transaction() as tx:
         tx.execute("INSERT INTO dispatcher_leases(name, token) VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (name,))
         row = tx.one("SELECT owner, expires_at FROM dispatcher_leases WHERE name = ?", (name,))
         assert row is not None
-        if row["owner"] is not None and row["owner"] != owner and (row["expires_at"] or 0) > now:
+        stealing = steal_from is not None and row["owner"] == steal_from
+        if row["owner"] is not None and row["owner"] != owner and (row["expires_at"] or 0) > now and not stealing:
             return None
         token = _next_token(tx)
         changed = tx.execute(
             "UPDATE dispatcher_leases SET owner = ?, token = ?, acquired_at = ?, renewed_at = ?, expires_at = ?"
-            " WHERE name = ? AND (owner IS NULL OR owner = ? OR expires_at <= ?)",
-            (owner, token, now, now, now + ttl_ms, name, owner, now),
+            " WHERE name = ? AND (owner IS NULL OR owner = ? OR owner = ? OR expires_at <= ?)",
+            (owner, token, now, now, now + ttl_ms, name, owner, steal_from if stealing else owner, now),
         )
         if changed != 1:
             return None
