@@ -179,7 +179,7 @@ class ShellExecutor:
             return ExecutionResult(status="error", error_code=outcome.error.code, error_message=outcome.error.message, details=details)
 
         stdout, stderr = sinks["stdout"].finish(), sinks["stderr"].finish()
-        if "stdout" in outcome.exceeded_streams:
+        if stdout.limit_exceeded:
             structured = unparsed_record(
                 job.output_format,
                 total_bytes=stdout.bytes,
@@ -326,6 +326,13 @@ def _classify(base: ExecutionResult, outcome: ProcessOutcome, control: RunContro
             status="error",
             error_code="OUTPUT_LIMIT_EXCEEDED",
             error_message=f"{streams} exceeded the {settings.max_output_bytes}-byte limit; the command was terminated",
+        )
+    if outcome.reason == "capture_failed":
+        return attrs.evolve(
+            base,
+            status="error",
+            error_code="OUTPUT_CAPTURE_FAILED",
+            error_message=f"recording the output failed ({outcome.notes.get('pump_error', 'unknown error')}); the command was terminated",
         )
     return attrs.evolve(base, status="error", error_code="SHELL_EXECUTION_FAILED", error_message=f"unexpected end: {outcome.reason}")
 

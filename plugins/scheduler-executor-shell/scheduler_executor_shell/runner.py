@@ -48,7 +48,7 @@ GROUP_CHECK_S = 0.25
 class ProcessOutcome:
     """How one process run ended."""
 
-    #: exited | timeout | cancelled | limit | spawn_failed | record_failed
+    #: exited | timeout | cancelled | limit | capture_failed | spawn_failed | record_failed
     reason: str
     returncode: int | None = None
     pid: int | None = None
@@ -130,7 +130,7 @@ def run_process(
         try:
             proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
-            outcome.termination = kill_group(pgid, grace_s, reap=proc.poll)
+            _terminate(outcome, control, pgid, grace_s, proc, label)
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
@@ -150,6 +150,8 @@ def run_process(
     pump.start()
     try:
         outcome.reason = _wait(proc, pump, deadline, control)
+        if outcome.reason == "exited" and pump.error is not None:
+            outcome.reason = "capture_failed"  # the pump failed just as the command ended
     except BaseException:
         outcome.reason = "error"
         _terminate(outcome, control, pgid, grace_s, proc, label)
@@ -163,7 +165,10 @@ def run_process(
         # meanwhile: anything live in the group was left behind and must not outlive the run.
         outcome.leftovers_killed = True
         _terminate(outcome, control, pgid, grace_s, proc, label)
-    outcome.returncode = proc.wait()
+    try:  # bounded only when SIGKILL did not work (a member stuck in the kernel)
+        outcome.returncode = proc.wait(timeout=5.0 if "kill_error" in outcome.notes else None)
+    except subprocess.TimeoutExpired:
+        outcome.returncode = None
     if not pump.join(PIPE_DRAIN_S):
         pump.stop()
         outcome.pipes_abandoned = True
@@ -174,7 +179,7 @@ def run_process(
 
 
 def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunControl) -> str:
-    """Wait for the end of the run; returns exited, timeout, cancelled or limit.
+    """Wait for the end of the run; returns exited, timeout, cancelled, limit or capture_failed.
 
     "exited" means the leader exited and either both pipes reached EOF or no live
     member of the group is left (background children that keep writing are part of
@@ -187,6 +192,8 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
     while True:
         if pump.limit_exceeded.is_set():
             return "limit"
+        if pump.error is not None:
+            return "capture_failed"
         now = time.monotonic()
         if _leader_exited(proc.pid):
             if pump.finished:

@@ -114,3 +114,19 @@ def test_large_json_is_parsed_from_the_artifact(run_job) -> None:
     assert r.structured["valid"] is True
     assert len(r.structured["parsed"]) == 2000 and r.structured["parsed"][1999]["i"] == 1999
     assert r.structured["artifact"] is None
+
+
+def test_capture_failure_is_an_error_not_a_silent_truncation(make_request, group_gone) -> None:
+    import shutil
+
+    from scheduler.execution import LocalRunControl
+    from scheduler_executor_shell import ShellExecutor
+
+    request = make_request("head -c 300000 /dev/zero; sleep 30", run_timeout_ms=20_000)
+    shutil.rmtree(request.artifacts_dir)  # offloading the stream will fail
+    control = LocalRunControl()
+    r = ShellExecutor().execute(request, control)
+    assert (r.status, r.error_code) == ("error", "OUTPUT_CAPTURE_FAILED")
+    assert "FileNotFoundError" in r.error_message
+    assert control.terminations == ["SIGTERM"]
+    group_gone(control.processes[0][1])

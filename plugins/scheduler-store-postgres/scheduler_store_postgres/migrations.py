@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -154,7 +155,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         2,
         "per-job schedule policies: misfire, DST gap and fold, auto-pause threshold",
         (
-            AddColumn("jobs", "misfire_policy", "TEXT NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy IN ('coalesce', 'skip'))"),
+            AddColumn(
+                "jobs", "misfire_policy", "TEXT NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy IN ('coalesce', 'skip'))"
+            ),
             AddColumn("jobs", "dst_gap_policy", "TEXT NOT NULL DEFAULT 'shift' CHECK (dst_gap_policy IN ('shift', 'skip'))"),
             AddColumn("jobs", "dst_fold_policy", "TEXT NOT NULL DEFAULT 'once' CHECK (dst_fold_policy IN ('once', 'twice'))"),
             AddColumn(

@@ -20,7 +20,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql

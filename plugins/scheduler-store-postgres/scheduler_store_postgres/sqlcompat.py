@@ -15,8 +15,9 @@ Kernel SQL is written once with ``?`` placeholders and tested on SQLite. Here:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -135,5 +136,7 @@ def translate_error(exc: BaseException) -> SchedulerError | None:
     if isinstance(exc, (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)):
         return SchedulerError("DB_CONFLICT", error_message(exc), details={"sqlstate": exc.sqlstate})
     if isinstance(exc, psycopg.OperationalError):
-        return SchedulerError("DB_UNAVAILABLE", f"PostgreSQL unavailable: {error_message(exc)}", details={"sqlstate": exc.sqlstate})
+        return SchedulerError(
+            "DB_UNAVAILABLE", f"PostgreSQL unavailable: {error_message(exc)}", details={"sqlstate": exc.sqlstate}
+        )
     return None

@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 from psycopg import pq, sql

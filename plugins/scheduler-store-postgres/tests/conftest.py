@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,7 +21,7 @@ PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 if str(PLUGIN_ROOT) not in sys.path:  # running from a source tree without `pip install -e`
     sys.path.insert(0, str(PLUGIN_ROOT))
 
-from scheduler_store_postgres import PostgresStore  # noqa: E402
+from scheduler_store_postgres import PostgresStore
 
 HOST, PORT, DATABASE = "127.0.0.1", 5432, "test"
 

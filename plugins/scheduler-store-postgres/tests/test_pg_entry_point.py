@@ -5,11 +5,11 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 import pytest
+from scheduler_store_postgres import PostgresStore
 
 import scheduler
 from scheduler.plugins.loader import check_api
 from scheduler.store import Store, open_store
-from scheduler_store_postgres import PostgresStore
 
 
 def test_declares_plugin_api_and_capabilities() -> None:

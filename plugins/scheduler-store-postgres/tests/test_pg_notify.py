@@ -7,14 +7,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
-import scheduler
 from scheduler_store_postgres import PostgresStore
 from scheduler_store_postgres.notify import channel_name
+
+import scheduler
 
 pytestmark = pytest.mark.postgres
 
@@ -97,10 +97,9 @@ def test_times_out_without_notify(store: PostgresStore) -> None:
 def test_notify_inside_transaction_is_delivered_at_commit_only(store: PostgresStore, make_store: MakeStore) -> None:
     listener = make_store()
     listener.wait_for_change(0)
-    with pytest.raises(RuntimeError):
-        with store.transaction():
-            store.notify_change()
-            raise RuntimeError("rolled back")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.notify_change()
+        raise RuntimeError("rolled back")
     assert listener.wait_for_change(0.2) is False
     with store.transaction():
         store.notify_change()
@@ -144,3 +143,17 @@ def test_channel_names_fit_identifier_limit() -> None:
     long = channel_name("x" * 63)
     assert len(long) <= 63 and long.startswith("scheduler_wakeup_")
     assert long != channel_name("x" * 62 + "y")
+
+
+def test_listener_survives_a_terminated_connection(store: PostgresStore, make_store: MakeStore, admin: object) -> None:
+    other = make_store()
+    store.wait_for_change(0)
+    pid = store._listener._conn.info.backend_pid  # type: ignore[union-attr]
+    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # type: ignore[attr-defined]
+    time.sleep(0.1)
+    started = time.monotonic()
+    assert store.wait_for_change(2) is True  # reconnected: a change may have been missed meanwhile
+    assert time.monotonic() - started < 1.5
+    waiter = Waiter(store, 5)
+    other.notify_change()
+    assert waiter.join() is True

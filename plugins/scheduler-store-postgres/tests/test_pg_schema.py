@@ -7,19 +7,19 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from scheduler_store_postgres import PostgresStore, migrations
+from scheduler_store_postgres import store as store_module
 
 from scheduler.errors import SchedulerError
 from scheduler.store import migrations as kernel_migrations
 from scheduler.store.sqlite import SQLiteStore
-from scheduler_store_postgres import PostgresStore
-from scheduler_store_postgres import migrations
-from scheduler_store_postgres import store as store_module
 
 pytestmark = pytest.mark.postgres
 
@@ -78,7 +78,9 @@ def test_schema_file_table_set_matches_kernel_schema() -> None:
     assert migrations.expected_tables() == kernel
 
 
-def test_tables_columns_and_defaults_match_sqlite(store: PostgresStore, admin: psycopg.Connection[Any], sqlite_db: sqlite3.Connection) -> None:
+def test_tables_columns_and_defaults_match_sqlite(
+    store: PostgresStore, admin: psycopg.Connection[Any], sqlite_db: sqlite3.Connection
+) -> None:
     schema = store.schema
     assert schema is not None
     assert _pg_tables(admin, schema) == _sqlite_tables(sqlite_db)
@@ -92,7 +94,9 @@ def test_tables_columns_and_defaults_match_sqlite(store: PostgresStore, admin: p
         assert pg == lite, f"NOT NULL or DEFAULT differs in {table}"
 
 
-def test_triggers_and_indexes_cover_sqlite(store: PostgresStore, admin: psycopg.Connection[Any], sqlite_db: sqlite3.Connection) -> None:
+def test_triggers_and_indexes_cover_sqlite(
+    store: PostgresStore, admin: psycopg.Connection[Any], sqlite_db: sqlite3.Connection
+) -> None:
     lite_triggers = {(r[0], r[1]) for r in sqlite_db.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger'")}
     pg_triggers = {
         (r[0], r[1])
@@ -185,7 +189,9 @@ def test_reinitialize_takes_no_table_locks(
     monkeypatch.setattr(store_module, "INIT_LOCK_TIMEOUT", "1s")
     busy = psycopg.connect(f"{pg_base_url}", options=f"-csearch_path={store.schema}")
     try:
-        busy.execute("INSERT INTO jobs(id, name, schedule_kind, payload_message, created_at, updated_at) VALUES ('b', 'b', 'manual', 'x', 1, 1)")
+        busy.execute(
+            "INSERT INTO jobs(id, name, schedule_kind, payload_message, created_at, updated_at) VALUES ('b', 'b', 'manual', 'x', 1, 1)"
+        )
         busy.execute("SELECT 1 FROM runs FOR UPDATE")  # RowExclusive/RowShare locks held, transaction open
         start = time.monotonic()
         make_store()
@@ -195,7 +201,9 @@ def test_reinitialize_takes_no_table_locks(
         busy.close()
 
 
-def test_reinitialize_restores_a_dropped_trigger(store: PostgresStore, make_store: MakeStore, admin: psycopg.Connection[Any]) -> None:
+def test_reinitialize_restores_a_dropped_trigger(
+    store: PostgresStore, make_store: MakeStore, admin: psycopg.Connection[Any]
+) -> None:
     ident = sql.Identifier(store.schema or "")
     admin.execute(sql.SQL("DROP TRIGGER runs_terminal_is_final ON {}.runs").format(ident))
     bad = {c["check"]: c for c in store.health()}
@@ -221,7 +229,12 @@ def test_migration_v1_to_v2(store: PostgresStore, make_store: MakeStore, admin: 
     columns = _pg_columns(admin, schema, "jobs")
     assert columns["misfire_policy"] == (True, "'coalesce'::text")
     assert columns["max_consecutive_failures"] == (True, "3")
-    versions = [r[0] for r in _q(admin, sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY 1").format(sql.Identifier(schema)).as_string(admin))]
+    versions = [
+        r[0]
+        for r in _q(
+            admin, sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY 1").format(sql.Identifier(schema)).as_string(admin)
+        )
+    ]
     assert versions == [1, 2]
     with pytest.raises(SchedulerError) as err:  # the migrated column carries its CHECK
         with upgraded.transaction() as tx:
@@ -232,7 +245,9 @@ def test_migration_v1_to_v2(store: PostgresStore, make_store: MakeStore, admin: 
     assert err.value.code == "CONSTRAINT_VIOLATION"
 
 
-def test_failed_migration_rolls_back_everything(store: PostgresStore, make_store: MakeStore, admin: psycopg.Connection[Any]) -> None:
+def test_failed_migration_rolls_back_everything(
+    store: PostgresStore, make_store: MakeStore, admin: psycopg.Connection[Any]
+) -> None:
     schema = store.schema or ""
     _make_v1(admin, schema)
     broken = make_store(initialize=False)
@@ -249,11 +264,16 @@ def test_failed_migration_rolls_back_everything(store: PostgresStore, make_store
     assert "disk on fire" in err.value.message
     columns = _pg_columns(admin, schema, "jobs")
     assert "misfire_policy" not in columns and "dst_gap_policy" not in columns  # steps 0 and 1 undone
-    assert [r[0] for r in _q(admin, sql.SQL("SELECT version FROM {}.schema_migrations").format(sql.Identifier(schema)).as_string(admin))] == [1]
+    assert [
+        r[0]
+        for r in _q(admin, sql.SQL("SELECT version FROM {}.schema_migrations").format(sql.Identifier(schema)).as_string(admin))
+    ] == [1]
 
 
 def test_newer_schema_version_fails_closed(store: PostgresStore, make_store: MakeStore, admin: psycopg.Connection[Any]) -> None:
-    admin.execute(sql.SQL("INSERT INTO {}.schema_migrations VALUES (99, 'from the future', 0)").format(sql.Identifier(store.schema or "")))
+    admin.execute(
+        sql.SQL("INSERT INTO {}.schema_migrations VALUES (99, 'from the future', 0)").format(sql.Identifier(store.schema or ""))
+    )
     with pytest.raises(SchedulerError) as err:
         make_store()
     assert err.value.code == "DB_INIT_FAILED"
@@ -289,9 +309,8 @@ def test_kernel_schema_version_mismatch_fails_closed(make_store: MakeStore, monk
 
 def test_use_before_initialize_fails_closed(make_store: MakeStore) -> None:
     store = make_store(initialize=False)
-    with pytest.raises(SchedulerError) as err:
-        with store.transaction():
-            pass
+    with pytest.raises(SchedulerError) as err, store.transaction():
+        pass
     assert err.value.code == "DB_INIT_FAILED"
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-
-from scheduler.errors import SchedulerError
 from scheduler_store_postgres import PostgresStore
 from scheduler_store_postgres.migrations import split_statements
 from scheduler_store_postgres.sqlcompat import prepare, translate_placeholders
 from scheduler_store_postgres.url import parse_url
+
+from scheduler.errors import SchedulerError
 
 MakeStore = Callable[..., PostgresStore]
 
@@ -35,7 +36,10 @@ def test_placeholders_outside_quotes_and_comments_only() -> None:
 
 def test_prepare_leaves_parameterless_sql_alone_and_adapts_bools() -> None:
     assert prepare("SELECT '100%'", ()) == ("SELECT '100%'", None)
-    assert prepare("UPDATE jobs SET enabled = ? WHERE id = ?", (True, "x")) == ("UPDATE jobs SET enabled = %s WHERE id = %s", [1, "x"])
+    assert prepare("UPDATE jobs SET enabled = ? WHERE id = ?", (True, "x")) == (
+        "UPDATE jobs SET enabled = %s WHERE id = %s",
+        [1, "x"],
+    )
 
 
 def test_parse_url_strips_store_parameters_and_redacts() -> None:
@@ -52,7 +56,10 @@ def test_parse_url_strips_store_parameters_and_redacts() -> None:
 
 def test_split_statements_keeps_dollar_bodies() -> None:
     text = "-- c\nCREATE TABLE a (x int);\n\nCREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;\n"
-    assert split_statements(text) == ("CREATE TABLE a (x int);", "CREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;")
+    assert split_statements(text) == (
+        "CREATE TABLE a (x int);",
+        "CREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;",
+    )
     with pytest.raises(ValueError):
         split_statements("CREATE TABLE a (x int)")
 
@@ -63,8 +70,15 @@ def test_split_statements_keeps_dollar_bodies() -> None:
 @pytest.mark.postgres
 def test_placeholders_with_params(store: PostgresStore, job: str) -> None:
     with store.transaction() as tx:
-        assert tx.execute("UPDATE jobs SET description = ?, enabled = ? WHERE id = ? AND name LIKE '%one'", ("50% done?", False, job)) == 1
-        row = tx.one("SELECT description, enabled, next_run_at FROM jobs WHERE id = ? AND (? IS NULL OR name = ?)", (job, None, None))
+        assert (
+            tx.execute(
+                "UPDATE jobs SET description = ?, enabled = ? WHERE id = ? AND name LIKE '%one'", ("50% done?", False, job)
+            )
+            == 1
+        )
+        row = tx.one(
+            "SELECT description, enabled, next_run_at FROM jobs WHERE id = ? AND (? IS NULL OR name = ?)", (job, None, None)
+        )
     assert row == {"description": "50% done?", "enabled": 0, "next_run_at": None}
     with store.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM jobs WHERE name IN (?, ?)", ("job one", "nope")) == 1
@@ -108,30 +122,27 @@ def test_on_conflict_do_nothing_and_returning(store: PostgresStore, job: str) ->
 
 @pytest.mark.postgres
 def test_nested_transactions_join_the_outer_one(store: PostgresStore, job: str) -> None:
-    with pytest.raises(RuntimeError):
-        with store.transaction() as outer:
-            outer.execute("UPDATE jobs SET run_count = 1 WHERE id = ?", (job,))
-            with store.transaction() as inner:
-                assert inner is outer
-                inner.execute("UPDATE jobs SET run_count = run_count + 1 WHERE id = ?", (job,))
-                with store.read() as nested_read:
-                    assert nested_read.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 2
-            raise RuntimeError("abort after the inner block committed nothing on its own")
+    with pytest.raises(RuntimeError), store.transaction() as outer:
+        outer.execute("UPDATE jobs SET run_count = 1 WHERE id = ?", (job,))
+        with store.transaction() as inner:
+            assert inner is outer
+            inner.execute("UPDATE jobs SET run_count = run_count + 1 WHERE id = ?", (job,))
+            with store.read() as nested_read:
+                assert nested_read.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 2
+        raise RuntimeError("abort after the inner block committed nothing on its own")
     with store.read() as tx:
         assert tx.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 0
-    with store.transaction() as outer:
-        with store.transaction() as inner:
-            inner.execute("UPDATE jobs SET run_count = 7 WHERE id = ?", (job,))
+    with store.transaction() as outer, store.transaction() as inner:
+        inner.execute("UPDATE jobs SET run_count = 7 WHERE id = ?", (job,))
     with store.read() as tx:
         assert tx.scalar("SELECT run_count FROM jobs WHERE id = ?", (job,)) == 7
 
 
 @pytest.mark.postgres
 def test_rollback_on_exception(store: PostgresStore, job: str) -> None:
-    with pytest.raises(ZeroDivisionError):
-        with store.transaction() as tx:
-            tx.execute("UPDATE jobs SET description = 'changed' WHERE id = ?", (job,))
-            1 / 0  # noqa: B018
+    with pytest.raises(ZeroDivisionError), store.transaction() as tx:
+        tx.execute("UPDATE jobs SET description = 'changed' WHERE id = ?", (job,))
+        1 / 0  # noqa: B018
     with store.read() as tx:
         assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) is None
     # the connection went back to the pool clean and is reusable
@@ -142,13 +153,12 @@ def test_rollback_on_exception(store: PostgresStore, job: str) -> None:
 @pytest.mark.postgres
 def test_swallowed_statement_error_cannot_commit_silently(store: PostgresStore, job: str) -> None:
     """PostgreSQL aborts the whole transaction on an error; committing it would silently roll back."""
-    with pytest.raises(SchedulerError) as err:
-        with store.transaction() as tx:
-            tx.execute("UPDATE jobs SET description = 'lost' WHERE id = ?", (job,))
-            try:
-                tx.execute("UPDATE jobs SET enabled = 5 WHERE id = ?", (job,))
-            except SchedulerError:
-                pass
+    with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+        tx.execute("UPDATE jobs SET description = 'lost' WHERE id = ?", (job,))
+        try:
+            tx.execute("UPDATE jobs SET enabled = 5 WHERE id = ?", (job,))
+        except SchedulerError:
+            pass
     assert err.value.code == "CONSTRAINT_VIOLATION" and "rolled back" in err.value.message
     with store.read() as tx:
         assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) is None
@@ -164,9 +174,8 @@ def test_read_is_a_read_only_snapshot(store: PostgresStore, make_store: MakeStor
         assert tx.scalar("SELECT run_count FROM jobs") == 0  # same snapshot for the whole read
     with store.read() as tx:
         assert tx.scalar("SELECT run_count FROM jobs") == 3
-    with pytest.raises(Exception, match="read-only"):
-        with store.read() as tx:
-            tx.execute("UPDATE jobs SET run_count = 4")
+    with pytest.raises(Exception, match="read-only"), store.read() as tx:
+        tx.execute("UPDATE jobs SET run_count = 4")
     with store.transaction() as tx:  # the pooled connection is back to read-write
         assert tx.execute("UPDATE jobs SET run_count = 4") == 1
 
@@ -276,3 +285,17 @@ def test_skip_locked_skips_instead_of_waiting(store: PostgresStore, make_store: 
     t.join(5)
     assert first == ["d000"] and second == "d001"
     assert elapsed < 1.0
+
+
+@pytest.mark.postgres
+def test_lost_pooled_connection_is_db_unavailable_then_recovers(make_store: MakeStore, pg_url: str, admin: Any) -> None:
+    store = make_store(pg_url + "&pool_max=1")  # one connection: the killed one is handed out again
+    with store.read() as tx:
+        pid = tx.scalar("SELECT pg_backend_pid()")
+    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    time.sleep(0.1)
+    with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+        tx.scalar("SELECT 1")
+    assert err.value.code == "DB_UNAVAILABLE"
+    with store.transaction() as tx:  # the pool discarded the broken connection and opened a new one
+        assert tx.scalar("SELECT pg_backend_pid()") != pid

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from scheduler_store_postgres import PostgresStore
 
 from scheduler.errors import SchedulerError
-from scheduler_store_postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
 
@@ -15,9 +15,8 @@ DIGEST = "a" * 64
 
 
 def _refused(store: PostgresStore, statement: str, params: tuple[Any, ...] = ()) -> SchedulerError:
-    with pytest.raises(SchedulerError) as err:
-        with store.transaction() as tx:
-            tx.execute(statement, params)
+    with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+        tx.execute(statement, params)
     assert err.value.code == "CONSTRAINT_VIOLATION"
     return err.value
 
@@ -83,7 +82,9 @@ def test_delivered_outbox_part_is_final(store: PostgresStore) -> None:
     )
     assert _write(store, "UPDATE delivery_outbox SET status = 'delivered', delivered_at = 2 WHERE id = 'o1'") == 1
     assert _write(store, "UPDATE delivery_outbox SET last_error = NULL WHERE id = 'o1'") == 1
-    assert _refused(store, "UPDATE delivery_outbox SET status = 'pending' WHERE id = 'o1'").message.startswith("OUTBOX_DELIVERED:")
+    assert _refused(store, "UPDATE delivery_outbox SET status = 'pending' WHERE id = 'o1'").message.startswith(
+        "OUTBOX_DELIVERED:"
+    )
 
 
 def test_unique_check_and_foreign_key_violations(store: PostgresStore, job: str) -> None:

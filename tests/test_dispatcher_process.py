@@ -1,0 +1,223 @@
+"""Real dispatcher processes on one SQLite file: kill -9 and restart, two dispatchers, SIGSTOP takeover,
+graceful SIGTERM, wake-up from another process's CLI command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
+
+from scheduler.processes import group_alive
+from scheduler.queue import enqueue_manual
+from scheduler.store import open_store
+
+TTL = "1500ms"
+
+
+class Proc:
+    """A ``scheduler run`` subprocess with its output in a file."""
+
+    def __init__(self, db: Path, *extra: str, log: Path) -> None:
+        self.log = log
+        self.fh = open(log, "wb")
+        self.p = subprocess.Popen([*scheduler_cmd(), "--db", str(db), *extra, "run", "--lease-ttl", TTL, "--grace", "1s"],
+                                  stdout=self.fh, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: "holds lease" in self.output() or self.p.poll() is not None, timeout=20, what="dispatcher ready")
+        assert self.p.poll() is None, self.output()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
+        self.fh.close()
+
+
+@pytest.fixture
+def procs():
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        if p.p.poll() is None:
+            os.kill(p.p.pid, signal.SIGCONT)
+        p.close()
+
+
+@pytest.fixture
+def sqlite_store(db_path):
+    s = open_store(db_path)
+    yield s
+    s.close()
+
+
+def start(db_path, procs, tmp_path, *extra: str) -> Proc:
+    p = Proc(db_path, *extra, log=tmp_path / f"dispatcher{len(procs)}.log")
+    procs.append(p)
+    return p
+
+
+def running_with_process(store, job_id):
+    rows = [r for r in run_rows(store, job_id) if r["status"] == "running" and r["pgid"]]
+    return rows[0] if rows else None
+
+
+def test_kill9_mid_run_then_restart_ends_runs_and_replays_per_guarantee(sqlite_store, db_path, tmp_path, procs):
+    once, twice = tmp_path / "once.log", tmp_path / "twice.log"
+    most = add_job(sqlite_store, name="at-most-once", payload_message=f"touch:{once};spawn:30")
+    least = add_job(sqlite_store, name="at-least-once", payload_message=f"touch:{twice};spawn:30", delivery_guarantee="at-least-once")
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    enqueue_manual(sqlite_store, most["id"])
+    enqueue_manual(sqlite_store, least["id"])
+    run_most = wait_for(lambda: running_with_process(sqlite_store, most["id"]), what="process recorded")
+    run_least = wait_for(lambda: running_with_process(sqlite_store, least["id"]), what="process recorded")
+    a.kill(signal.SIGKILL)
+    a.p.wait(10)
+    assert group_alive(run_most["pgid"])  # the orphaned `sleep 30` outlives its dispatcher
+    b = start(db_path, procs, tmp_path)
+    b.wait_ready()
+    crashed = wait_for(lambda: [r for r in run_rows(sqlite_store, most["id"]) if r["status"] == "crashed"], what="crashed")[0]
+    assert crashed["id"] == run_most["id"] and crashed["error_code"] == "DISPATCHER_LOST"
+    assert crashed["process_state"] == "terminated" and crashed["terminal_at"]
+    wait_for(lambda: [r for r in run_rows(sqlite_store, least["id"]) if r["id"] == run_least["id"] and r["status"] == "crashed"],
+             what="second orphan crashed")
+    assert not group_alive(run_most["pgid"]) and not group_alive(run_least["pgid"])  # confirmed gone
+    # at-least-once: replayed by the new dispatcher; at-most-once: never run again
+    replay = wait_for(lambda: [r for r in run_rows(sqlite_store, least["id"]) if r["replay_of_run_id"] == run_least["id"]],
+                      what="replay")[0]
+    assert replay["dispatcher_owner"] != run_least["dispatcher_owner"]
+    wait_for(lambda: len(twice.read_text().splitlines()) == 2, what="second execution")
+    time.sleep(0.5)
+    assert len(once.read_text().splitlines()) == 1
+    assert "took over its lease" in b.output()
+    with sqlite_store.read() as tx:
+        stuck = tx.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running' AND dispatcher_owner = ?", (run_most["dispatcher_owner"],))
+    assert stuck == 0
+
+
+def test_recovery_never_kills_a_reused_pid(sqlite_store, db_path, tmp_path, procs):
+    job = add_job(sqlite_store, payload_message="ok")
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with sqlite_store.transaction() as tx:  # a run of a dead dispatcher whose recorded PID now belongs to someone else
+            tx.execute(
+                "INSERT INTO runs(id, job_id, status, created_at, started_at, dispatcher_owner, dispatcher_token, pid, pgid,"
+                " process_start_time, process_state) VALUES ('orphan', ?, 'running', 1, 1, ?, 1, ?, ?, 'ticks:1', 'running')",
+                (job["id"], f"{os.uname().nodename}:999999:dead", bystander.pid, bystander.pid),
+            )
+        start(db_path, procs, tmp_path).wait_ready()
+        wait_for(lambda: run_rows(sqlite_store, job["id"])[0]["status"] == "crashed", what="orphan ended")
+        assert bystander.poll() is None  # identity mismatch: left alone
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_second_dispatcher_refused_and_each_slot_runs_once(sqlite_store, db_path, tmp_path, procs):
+    marks = tmp_path / "marks.log"
+    job = add_job(sqlite_store, schedule_kind="every", schedule_every="1s", payload_message=f"touch:{marks}", overlap_policy="allow")
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    b = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "run", "--lease-ttl", TTL], capture_output=True,
+                       text=True, timeout=30)
+    assert b.returncode != 0
+    err = json.loads(b.stdout.strip().splitlines()[-1])
+    assert err["ok"] is False and err["code"] == "DISPATCHER_ALREADY_RUNNING"
+    wait_for(lambda: marks.exists() and len(marks.read_text().splitlines()) >= 3, timeout=10, what="three slots")
+    runs = [r for r in run_rows(sqlite_store, job["id"]) if r["status"] != "skipped"]
+    slots = [r["scheduled_for"] for r in runs]
+    assert len(slots) == len(set(slots))
+    with sqlite_store.read() as tx:
+        dispatches = tx.all("SELECT id FROM job_dispatch_queue WHERE job_id = ?", (job["id"],))
+    assert len(dispatches) == len({d["id"] for d in dispatches})
+
+
+def test_sigstop_past_lease_then_resume_commits_nothing(sqlite_store, db_path, tmp_path, procs):
+    job = add_job(sqlite_store, payload_message="spawn:30", max_retries=2, retry_backoff_ms=0)
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    enqueue_manual(sqlite_store, job["id"])
+    run = wait_for(lambda: running_with_process(sqlite_store, job["id"]), what="process recorded")
+    os.kill(a.p.pid, signal.SIGSTOP)
+    time.sleep(2.0)  # past the 1.5 s lease
+    b = start(db_path, procs, tmp_path)
+    b.wait_ready()
+    assert "stalled process" in b.output()
+    crashed = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["id"] == run["id"] and r["status"] == "crashed"],
+                       what="run crashed by the new owner")[0]
+    with sqlite_store.read() as tx:
+        lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
+    assert lease["token"] > run["dispatcher_token"] and lease["owner"] != run["dispatcher_owner"]
+    with sqlite_store.read() as tx:
+        events_before = tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE actor = ?", (run["dispatcher_owner"],))
+    b.kill(signal.SIGSTOP)  # freeze the new owner too, so only the stale one could write now
+    os.kill(a.p.pid, signal.SIGCONT)
+    a.p.wait(20)
+    assert a.p.returncode != 0 and "LEASE_LOST" in a.output() + "LEASE LOST"
+    after = run_rows(sqlite_store, job["id"])
+    same = [r for r in after if r["id"] == run["id"]][0]
+    assert same["status"] == "crashed" and same["finished_at"] == crashed["finished_at"]
+    with sqlite_store.read() as tx:
+        events_after = tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE actor = ?", (run["dispatcher_owner"],))
+        retries_by_a = tx.scalar("SELECT COUNT(*) FROM runs WHERE dispatcher_owner = ? AND id <> ?", (run["dispatcher_owner"], run["id"]))
+    assert events_after == events_before and retries_by_a == 0
+    os.kill(b.p.pid, signal.SIGCONT)
+
+
+def test_sigterm_lets_runs_finish_then_releases_lease(sqlite_store, db_path, tmp_path, procs):
+    quick = add_job(sqlite_store, name="quick", payload_message="sleep:0.4")
+    slow = add_job(sqlite_store, name="slow", payload_message="sleep:30")
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    enqueue_manual(sqlite_store, quick["id"])
+    enqueue_manual(sqlite_store, slow["id"])
+    wait_for(lambda: len([r for j in (quick, slow) for r in run_rows(sqlite_store, j["id"]) if r["status"] == "running"]) == 2,
+             what="both running")
+    a.kill(signal.SIGTERM)
+    assert a.p.wait(20) == 0, a.output()
+    assert run_rows(sqlite_store, quick["id"])[0]["status"] == "ok"  # finished within the grace period
+    assert run_rows(sqlite_store, slow["id"])[0]["status"] == "cancelled"  # past grace: cancelled, not left running
+    with sqlite_store.read() as tx:
+        lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
+    assert lease["owner"] is None and lease["token"] >= 1
+
+
+def test_cli_run_reaches_idle_dispatcher_within_250ms(sqlite_store, db_path, tmp_path, procs):
+    job = add_job(sqlite_store, payload_message="ok")
+    start(db_path, procs, tmp_path).wait_ready()
+    time.sleep(0.5)
+    out = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "jobs", "run", job["id"]], capture_output=True,
+                         text=True, timeout=30)
+    done = int(time.time() * 1000)
+    assert out.returncode == 0, out
+    run = wait_for(lambda: run_rows(sqlite_store, job["id"]), what="run")[0]
+    assert run["started_at"] - done < 250
+    with sqlite_store.read() as tx:
+        created = tx.scalar("SELECT created_at FROM job_dispatch_queue WHERE job_id = ?", (job["id"],))
+    assert run["started_at"] - created < 250
+
+
+def test_duration_flag_stops_cleanly(db_path):
+    out = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "run", "--duration", "500ms"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out
+    assert json.loads(out.stdout.strip().splitlines()[-1])["ok"] is True
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytestmark = pytest.mark.skip("process identity uses /proc")
