@@ -98,7 +98,8 @@ def unparsed_record(
 def _check_format(fmt: str) -> None:
     """Refuse an unknown format (the spec validator normally prevents it)."""
     if fmt not in OUTPUT_FORMATS:
-        raise SchedulerError("OUTPUT_FORMAT_UNKNOWN", f"unknown output_format {fmt!r} (expected one of {', '.join(OUTPUT_FORMATS)})")
+        expected = ", ".join(OUTPUT_FORMATS)
+        raise SchedulerError("OUTPUT_FORMAT_UNKNOWN", f"unknown output_format {fmt!r} (expected one of {expected})")
 
 
 def _serialised_size(value: Any) -> int:
@@ -138,8 +139,7 @@ def _parse_ndjson(text: str) -> tuple[Any, str | None]:
     first_error: str | None = None
     bad = nonblank = 0
     for lineno, line in enumerate(text.split("\n"), start=1):
-        if line.endswith("\r"):
-            line = line[:-1]
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         nonblank += 1

@@ -163,7 +163,7 @@ class PipePump:
                     elif not sink.write(chunk) and not self.limit_exceeded.is_set():
                         self.exceeded.append(name)
                         self.limit_exceeded.set()
-        except BaseException as exc:  # e.g. the artifact disk is full: reported, never silent
+        except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
             self.error = exc
         finally:
             sel.close()

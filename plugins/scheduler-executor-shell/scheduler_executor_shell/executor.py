@@ -30,7 +30,6 @@ from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl
 from scheduler.spec import JobSpec
 from scheduler.structured import structured_from_capture, unparsed_record
 from scheduler.timeutil import now_ms
-
 from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.runner import ProcessOutcome, run_process
@@ -68,9 +67,7 @@ def resolve_settings(environ: Mapping[str, str]) -> ShellSettings:
     Done per execution so that an operator's change applies to the next run and a
     typo fails that run with a clear code instead of silently using a default.
     """
-    shell = environ.get("SCHEDULER_SHELL") or next(
-        (s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1]
-    )
+    shell = environ.get("SCHEDULER_SHELL") or next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1])
     if not os.path.isabs(shell) or not os.access(shell, os.X_OK):
         raise SchedulerError("SHELL_CONFIG_INVALID", f"SCHEDULER_SHELL must be an executable absolute path, got {shell!r}")
     try:
@@ -135,12 +132,18 @@ class ShellExecutor:
         cwd = os.path.expanduser(job.working_dir) if job.working_dir else None
         if cwd is not None and not os.path.isdir(cwd):
             return ExecutionResult(
-                status="error", error_code="WORKING_DIR_MISSING", error_message=f"working directory does not exist: {cwd}", details=details
+                status="error",
+                error_code="WORKING_DIR_MISSING",
+                error_message=f"working directory does not exist: {cwd}",
+                details=details,
             )
         remaining_s = (request.deadline_ms - now_ms()) / 1000.0
         if remaining_s <= 0:
             return ExecutionResult(
-                status="timeout", error_code="RUN_TIMEOUT", error_message="the run deadline passed before the command started", details=details
+                status="timeout",
+                error_code="RUN_TIMEOUT",
+                error_message="the run deadline passed before the command started",
+                details=details,
             )
 
         sinks = {
@@ -176,7 +179,9 @@ class ShellExecutor:
             assert outcome.error is not None
             if outcome.reason == "record_failed":
                 details["fenced"] = True
-            return ExecutionResult(status="error", error_code=outcome.error.code, error_message=outcome.error.message, details=details)
+            return ExecutionResult(
+                status="error", error_code=outcome.error.code, error_message=outcome.error.message, details=details
+            )
 
         stdout, stderr = sinks["stdout"].finish(), sinks["stderr"].finish()
         if stdout.limit_exceeded:
@@ -188,7 +193,9 @@ class ShellExecutor:
                 warning=f"stdout exceeded the {settings.max_output_bytes}-byte output limit; not parsed",
             )
         else:
-            structured = structured_from_capture(job.output_format, stdout, root=request.artifacts_root, head=sinks["stdout"].head)
+            structured = structured_from_capture(
+                job.output_format, stdout, root=request.artifacts_root, head=sinks["stdout"].head
+            )
         base = ExecutionResult(
             status="ok",
             exit_code=outcome.returncode,
@@ -304,7 +311,9 @@ def _cancelled(control: RunControl, details: dict[str, Any], when: str) -> Execu
     """A ``cancelled`` result naming the reason the dispatcher gave."""
     reason = control.cancel_reason() or "unspecified"
     details = {**details, "cancel_reason": reason}
-    return ExecutionResult(status="cancelled", error_code="RUN_CANCELLED", error_message=f"cancelled {when} ({reason})", details=details)
+    return ExecutionResult(
+        status="cancelled", error_code="RUN_CANCELLED", error_message=f"cancelled {when} ({reason})", details=details
+    )
 
 
 def _classify(base: ExecutionResult, outcome: ProcessOutcome, control: RunControl, settings: ShellSettings) -> ExecutionResult:
@@ -316,7 +325,9 @@ def _classify(base: ExecutionResult, outcome: ProcessOutcome, control: RunContro
         message = f"command was killed by {_signal_name(rc)}" if rc is not None and rc < 0 else f"command exited with status {rc}"
         return attrs.evolve(base, status="error", error_code="EXIT_NONZERO", error_message=message)
     if outcome.reason == "timeout":
-        return attrs.evolve(base, status="timeout", error_code="RUN_TIMEOUT", error_message="the command exceeded its deadline and was terminated")
+        return attrs.evolve(
+            base, status="timeout", error_code="RUN_TIMEOUT", error_message="the command exceeded its deadline and was terminated"
+        )
     if outcome.reason == "cancelled":
         return attrs.evolve(_cancelled(control, base.details, "while the command ran"), **_keep_outputs(base))
     if outcome.reason == "limit":
@@ -334,7 +345,9 @@ def _classify(base: ExecutionResult, outcome: ProcessOutcome, control: RunContro
             error_code="OUTPUT_CAPTURE_FAILED",
             error_message=f"recording the output failed ({outcome.notes.get('pump_error', 'unknown error')}); the command was terminated",
         )
-    return attrs.evolve(base, status="error", error_code="SHELL_EXECUTION_FAILED", error_message=f"unexpected end: {outcome.reason}")
+    return attrs.evolve(
+        base, status="error", error_code="SHELL_EXECUTION_FAILED", error_message=f"unexpected end: {outcome.reason}"
+    )
 
 
 def _watchdog_result(job: JobSpec, result: ExecutionResult) -> ExecutionResult:

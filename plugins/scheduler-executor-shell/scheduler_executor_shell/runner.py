@@ -29,7 +29,6 @@ import attrs
 
 from scheduler.errors import SchedulerError
 from scheduler.execution import RunControl
-
 from scheduler_executor_shell.capture import PipePump, Sink
 from scheduler_executor_shell.procs import kill_group, live_group_members, process_identity
 
@@ -77,7 +76,7 @@ def _event(control: RunControl, kind: str, data: dict) -> None:
     """Audit event; an event sink failure never changes what happens to the process."""
     try:
         control.event(kind, data)
-    except Exception:  # noqa: BLE001 - audit is best effort here, the durable parts are record_*
+    except Exception:  # noqa: BLE001, S110 - audit is best effort; the durable parts are record_*
         pass
 
 
@@ -125,7 +124,7 @@ def run_process(
 
     try:
         control.record_process(pid, pgid, identity or "unknown")
-    except BaseException as exc:  # noqa: BLE001 - any failure means: do not let it run
+    except BaseException as exc:  # any failure, even an interrupt: the payload must not start
         proc.stdin.close()  # the gate never opens: the payload does not start
         try:
             proc.wait(timeout=2.0)
@@ -218,7 +217,9 @@ def _leader_exited(pid: int) -> bool:
         return True
 
 
-def _terminate(outcome: ProcessOutcome, control: RunControl, pgid: int, grace_s: float, proc: subprocess.Popen, label: str) -> None:
+def _terminate(
+    outcome: ProcessOutcome, control: RunControl, pgid: int, grace_s: float, proc: subprocess.Popen, label: str
+) -> None:
     """Kill the group, then durably record the termination before anything else happens."""
     try:
         outcome.termination = kill_group(pgid, grace_s, reap=proc.poll)

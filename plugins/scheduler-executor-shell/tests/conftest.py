@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scheduler_executor_shell import ShellExecutor
 
 from scheduler.artifacts import run_dir
 from scheduler.execution import ExecutionRequest, ExecutionResult, LocalRunControl
 from scheduler.spec import validate_spec
 from scheduler.timeutil import now_ms
-from scheduler_executor_shell import ShellExecutor
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from scheduler_executor_shell.envpolicy import INHERIT_WARNING, build_environment, is_secret_name
 
 

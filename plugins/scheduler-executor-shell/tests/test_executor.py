@@ -10,20 +10,28 @@ import threading
 from pathlib import Path
 
 import pytest
+from scheduler_executor_shell import ShellExecutor
+from scheduler_executor_shell.procs import same_process
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.errors import SchedulerError
 from scheduler.execution import LocalRunControl
 from scheduler.plugins.protocols import Executor
-from scheduler_executor_shell import ShellExecutor
-from scheduler_executor_shell.procs import same_process
 
 
 def test_protocol_and_capabilities() -> None:
     ex = ShellExecutor()
     assert isinstance(ex, Executor)
     assert ex.plugin_api == PLUGIN_API_VERSION
-    assert {"process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy"} <= ex.capabilities
+    assert {
+        "process-group",
+        "timeout",
+        "cancel",
+        "output-capture",
+        "structured-output",
+        "verify",
+        "env-policy",
+    } <= ex.capabilities
     assert not {c for c in ex.capabilities if any(w in c for w in ("sandbox", "network", "filesystem", "isolation"))}
 
 

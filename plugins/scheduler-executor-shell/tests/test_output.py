@@ -108,7 +108,7 @@ def test_ndjson_invalid_line(run_job) -> None:
 
 def test_large_json_is_parsed_from_the_artifact(run_job) -> None:
     # 100 KB of NDJSON: offloaded (> 64 KiB) but small enough to keep parsed inline (< 256 KiB)
-    payload = f"\"{sys.executable}\" -c 'import json\nfor i in range(2000): print(json.dumps({{\"i\": i, \"pad\": \"x\" * 30}}))'"
+    payload = f'"{sys.executable}" -c \'import json\nfor i in range(2000): print(json.dumps({{"i": i, "pad": "x" * 30}}))\''
     r = run_job(payload, output_format="ndjson").result
     assert r.stdout.artifact is not None
     assert r.structured["valid"] is True
@@ -119,8 +119,9 @@ def test_large_json_is_parsed_from_the_artifact(run_job) -> None:
 def test_capture_failure_is_an_error_not_a_silent_truncation(make_request, group_gone) -> None:
     import shutil
 
-    from scheduler.execution import LocalRunControl
     from scheduler_executor_shell import ShellExecutor
+
+    from scheduler.execution import LocalRunControl
 
     request = make_request("head -c 300000 /dev/zero; sleep 30", run_timeout_ms=20_000)
     shutil.rmtree(request.artifacts_dir)  # offloading the stream will fail

@@ -75,8 +75,8 @@ class Listener:
         if conn is not None:
             try:
                 conn.close()
-            except Exception:  # pragma: no cover - closing a broken connection
-                pass
+            except psycopg.Error as exc:  # pragma: no cover - closing a broken connection
+                log.debug("closing LISTEN connection: %s", exc)
 
     def _drain(self, conn: psycopg.Connection[Any]) -> int:
         """Read whatever arrived on the socket; count the queued notifications (consuming them all)."""

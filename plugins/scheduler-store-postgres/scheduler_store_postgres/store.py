@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import pq, sql
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds ``initialize`` waits for a lock held by another initialiser or by open transactions.
 INIT_LOCK_TIMEOUT = "60s"
+#: ``CREATE OR REPLACE TRIGGER`` needs PostgreSQL 14.
+MIN_SERVER_VERSION = 140000
 #: Seconds a thread waits for a free pooled connection before ``DB_UNAVAILABLE``.
 POOL_TIMEOUT_S = 30.0
 _FINGERPRINT_PREFIX = "scheduler-store-postgres schema sha256="
@@ -140,7 +142,7 @@ class PostgresStore:
     def __repr__(self) -> str:
         return f"PostgresStore({self.location!r})"
 
-    def __enter__(self) -> PostgresStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -210,6 +212,10 @@ class PostgresStore:
             conn = self._direct_connect()
         except psycopg.Error as exc:
             raise _fail("open", location, exc) from None
+        if conn.info.server_version < MIN_SERVER_VERSION:
+            version = conn.info.server_version
+            conn.close()
+            raise _fail("open", location, f"PostgreSQL {version // 10000} is too old; the store needs 14 or later")
         try:
             self._apply_schema(conn)
         finally:
@@ -226,7 +232,7 @@ class PostgresStore:
         )
         try:
             pool.open(wait=self._spec.pool_min > 0, timeout=float(DEFAULT_CONNECT_TIMEOUT_S) + 5.0)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fail closed: any pool failure is DB_INIT_FAILED
             pool.close(timeout=1.0)
             raise _fail("open", location, f"connection pool did not open: {exc}") from None
         assert self.schema is not None
@@ -288,7 +294,7 @@ class PostgresStore:
                 )
         except SchedulerError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fail closed: any schema failure is DB_INIT_FAILED
             raise _fail(phase, location, exc) from None
 
     def _schema_current(self, conn: psycopg.Connection[Any], schema: str, tables: set[str]) -> bool:
@@ -444,7 +450,7 @@ class PostgresStore:
                 with pool.connection() as conn:
                     ok, detail = fn(conn)
                     conn.rollback()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failing check is reported, never raised
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
             checks.append({"check": name, "ok": bool(ok), "detail": detail})
 

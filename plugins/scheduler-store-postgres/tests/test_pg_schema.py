@@ -236,12 +236,12 @@ def test_migration_v1_to_v2(store: PostgresStore, make_store: MakeStore, admin: 
         )
     ]
     assert versions == [1, 2]
-    with pytest.raises(SchedulerError) as err:  # the migrated column carries its CHECK
-        with upgraded.transaction() as tx:
-            tx.execute(
-                "INSERT INTO jobs(id, name, schedule_kind, payload_message, created_at, updated_at, misfire_policy)"
-                " VALUES ('x', 'x', 'manual', 'm', 1, 1, 'bogus')"
-            )
+    # the migrated column carries its CHECK
+    with pytest.raises(SchedulerError) as err, upgraded.transaction() as tx:
+        tx.execute(
+            "INSERT INTO jobs(id, name, schedule_kind, payload_message, created_at, updated_at, misfire_policy)"
+            " VALUES ('x', 'x', 'manual', 'm', 1, 1, 'bogus')"
+        )
     assert err.value.code == "CONSTRAINT_VIOLATION"
 
 

@@ -1,0 +1,593 @@
+"""Storage: fail-closed initialisation, the packaged schema, migrations, and the guard triggers.
+
+Real SQLite files in ``tmp_path`` throughout; the trigger tests take the ``store``
+fixture so they also run on PostgreSQL where that store is installed and reachable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.errors import SchedulerError
+from scheduler.store import migrations, open_store
+from scheduler.store.sqlite import BUSY_TIMEOUT_MS, SQLiteStore
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+V1_FIXTURE = FIXTURES / "scheduler_v1.db"
+
+#: Every table the runtime contract names (issue 2, "Storage").
+CONTRACT_TABLES = {
+    "jobs", "runs", "job_dispatch_queue", "dispatcher_leases", "approvals", "delivery_outbox",
+    "delivery_attachments", "completion_debts", "evidence_records", "handoff_artifacts", "runtime_events",
+    "provider_sessions", "credential_presentations", "authorization_proof_replay", "messages", "schema_migrations",
+}
+#: What migration 2 adds to a version-1 database.
+V2_COLUMNS = {s.column: s for m in migrations.MIGRATIONS if m.version == 2 for s in m.steps}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def sidecars(path: Path) -> list[str]:
+    """``-wal``/``-shm``/``-journal`` files that exist beside ``path``."""
+    return [s for s in ("-wal", "-shm", "-journal") if Path(str(path) + s).exists()]
+
+
+def init_error(path: Path | str) -> SchedulerError:
+    """Initialise a SQLite store at ``path`` and return the ``SchedulerError`` it must raise."""
+    store = SQLiteStore(path)
+    with pytest.raises(SchedulerError) as info:
+        store.initialize()
+    assert info.value.code == "DB_INIT_FAILED", info.value
+    return info.value
+
+
+def assert_names(err: SchedulerError, phase: str, path: Path | str) -> None:
+    """A DB_INIT_FAILED error names its phase and the database path, in details and message."""
+    assert err.details == {"phase": phase, "path": str(path)}
+    assert str(path) in err.message and phase in err.message
+
+
+def logical_dump(path: Path) -> list[str]:
+    """The database's schema and rows as SQL text (what "unchanged" means for a live WAL file)."""
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+def version_of(path: Path) -> list[tuple[int, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
+    finally:
+        conn.close()
+
+
+def columns(path: Path, table: str) -> dict[str, tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        return {r[1]: tuple(r[2:]) for r in conn.execute(f"PRAGMA table_info({table})")}
+    finally:
+        conn.close()
+
+
+def shape(path: Path) -> dict[str, Any]:
+    """Tables with their columns (name, type, notnull, default, pk), index and trigger names."""
+    conn = sqlite3.connect(path)
+    try:
+        out: dict[str, Any] = {}
+        for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
+            out[name] = sorted(tuple(r[1:]) for r in conn.execute(f"PRAGMA table_info({name})"))
+        out["#indexes"] = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+        out["#triggers"] = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+        return out
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def v1_db(tmp_path: Path) -> Path:
+    """A private copy of the committed version-1 fixture database."""
+    target = tmp_path / "v1.db"
+    shutil.copyfile(V1_FIXTURE, target)
+    return target
+
+
+# --- fresh initialisation --------------------------------------------------------------------
+
+
+def test_fresh_init_creates_every_contract_table(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    store.initialize()
+    store.close()
+    conn = sqlite3.connect(db_path)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert CONTRACT_TABLES <= tables, CONTRACT_TABLES - tables
+    assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [(migrations.SCHEMA_VERSION,)]
+    conn.close()
+
+
+def test_fresh_init_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "scheduler.db"
+    store = open_store(path)
+    assert store.schema_version() == migrations.SCHEMA_VERSION
+    store.close()
+    assert path.is_file()
+
+
+def test_connections_have_wal_foreign_keys_and_busy_timeout(db_path: Path) -> None:
+    store = open_store(db_path)
+    seen: dict[str, Any] = {}
+
+    def pragmas(label: str) -> None:
+        with store.read() as tx:
+            seen[label] = (tx.scalar("PRAGMA journal_mode"), tx.scalar("PRAGMA foreign_keys"), tx.scalar("PRAGMA busy_timeout"))
+
+    pragmas("main")
+    worker = threading.Thread(target=pragmas, args=("worker",))  # each thread gets its own connection
+    worker.start()
+    worker.join()
+    store.close()
+    assert BUSY_TIMEOUT_MS >= 1000
+    assert seen == {"main": ("wal", 1, BUSY_TIMEOUT_MS), "worker": ("wal", 1, BUSY_TIMEOUT_MS)}
+    # WAL is persistent in the file itself, not a per-connection setting.
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_foreign_keys_are_enforced_through_the_store(db_path: Path) -> None:
+    store = open_store(db_path)
+    with pytest.raises(SchedulerError) as info:
+        with store.transaction() as tx:
+            tx.execute("INSERT INTO runs(id, job_id, status, created_at) VALUES ('r1', 'no-such-job', 'pending', 1)")
+    assert info.value.code == "CONSTRAINT_VIOLATION"
+    store.close()
+
+
+def test_concurrent_fresh_initialisation_is_safe(db_path: Path) -> None:
+    """Several processes starting at once on a new file: every one ends up with the full schema."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def start() -> None:
+        try:
+            store = SQLiteStore(db_path)
+            barrier.wait()
+            store.initialize()
+            assert store.schema_version() == migrations.SCHEMA_VERSION
+            store.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert version_of(db_path) == [(migrations.SCHEMA_VERSION, "current schema.sql")]
+
+
+def test_reopening_a_current_database_changes_nothing(db_path: Path) -> None:
+    open_store(db_path).close()
+    before = logical_dump(db_path)
+    for _ in range(2):
+        open_store(db_path).close()
+    assert logical_dump(db_path) == before
+
+
+# --- the packaged schema ----------------------------------------------------------------------
+
+
+def test_packaged_schema_is_byte_identical_to_top_level_schema(tmp_path: Path) -> None:
+    """Build the kernel wheel and compare ``scheduler/schema.sql`` inside it with ``schema.sql``.
+
+    The source tree is copied first (symlinks kept as symlinks, exactly as in git) so the
+    build does not write ``build/`` or egg-info into the checkout other tests run from.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("wheel") is None and importlib.util.find_spec("setuptools.command.bdist_wheel") is None:
+        pytest.skip("the build backend cannot make wheels here: pip install 'setuptools>=70.1' into the test environment")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "schema.sql", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "scheduler", src / "scheduler", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path / "wheel"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = out.glob("scheduler_kernel-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith("schema.sql")]
+        assert names == ["scheduler/schema.sql"], names  # one copy, never duplicated
+        packaged = zf.read("scheduler/schema.sql")
+    assert packaged == (ROOT / "schema.sql").read_bytes()
+
+
+def test_schema_module_reads_the_same_text_as_the_file() -> None:
+    assert migrations.schema_text().encode("utf-8") == (ROOT / "schema.sql").read_bytes()
+    declared = re.search(r"Schema version .*?: (\d+)", migrations.schema_text())
+    assert declared and int(declared.group(1)) == migrations.SCHEMA_VERSION
+
+
+# --- fail-closed initialisation ---------------------------------------------------------------
+
+
+def test_random_bytes_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "random.db"
+    content = os.urandom(8192)
+    path.write_bytes(content)
+    err = init_error(path)
+    assert_names(err, "open", path)
+    assert path.read_bytes() == content
+    assert sidecars(path) == []
+
+
+def test_corrupt_file_with_sqlite_header_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    content = b"SQLite format 3\x00" + os.urandom(8192 - 16)
+    path.write_bytes(content)
+    err = init_error(path)
+    assert err.details["path"] == str(path)
+    assert path.read_bytes() == content
+
+
+def test_path_whose_parent_is_a_file(tmp_path: Path) -> None:
+    parent = tmp_path / "not-a-dir"
+    parent.write_text("hello")
+    for path in (parent / "scheduler.db", parent / "deeper" / "scheduler.db"):
+        err = init_error(path)
+        assert_names(err, "open", path)
+    assert parent.read_text() == "hello"
+
+
+def test_directory_path(tmp_path: Path) -> None:
+    path = tmp_path / "adir"
+    path.mkdir()
+    err = init_error(path)
+    assert_names(err, "open", path)
+    assert list(path.iterdir()) == []
+
+
+def test_foreign_database_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    """A SQLite file of some other program (tables, no schema_migrations): refused, not converted to WAL."""
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.execute("INSERT INTO notes(body) VALUES ('keep me')")
+    conn.commit()
+    conn.close()
+    content = path.read_bytes()
+    err = init_error(path)
+    assert_names(err, "schema", path)
+    assert "schema_migrations" in err.message
+    assert path.read_bytes() == content
+    assert sidecars(path) == []
+
+
+def test_newer_schema_version_is_refused_and_left_untouched(db_path: Path) -> None:
+    open_store(db_path).close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, 'from the future', 1)",
+                 (migrations.SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    content = db_path.read_bytes()
+    err = init_error(db_path)
+    assert_names(err, "migration", db_path)
+    assert str(migrations.SCHEMA_VERSION + 1) in err.message
+    assert db_path.read_bytes() == content
+
+
+def test_nothing_runs_against_a_store_whose_init_failed(tmp_path: Path) -> None:
+    path = tmp_path / "random.db"
+    path.write_bytes(os.urandom(4096))
+    store = SQLiteStore(path)
+    with pytest.raises(SchedulerError):
+        store.initialize()
+    for use in (store.transaction, store.read):
+        with pytest.raises(SchedulerError) as info:
+            with use() as tx:
+                tx.scalar("SELECT 1")
+        assert info.value.code == "DB_INIT_FAILED"
+
+
+# --- migrations -------------------------------------------------------------------------------
+
+
+def test_v1_fixture_is_what_the_generator_describes() -> None:
+    """The committed fixture really is version 1: no migration-2 columns, version 1 recorded."""
+    assert version_of(V1_FIXTURE) == [(1, "current schema.sql")]
+    assert not set(V2_COLUMNS) & set(columns(V1_FIXTURE, "jobs"))
+    assert sidecars(V1_FIXTURE) == []
+
+
+def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_path: Path) -> None:
+    conn = sqlite3.connect(v1_db)
+    jobs_before = conn.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+    runs_before = conn.execute("SELECT * FROM runs").fetchall()
+    events_before = conn.execute("SELECT COUNT(*) FROM runtime_events").fetchone()[0]
+    conn.close()
+    assert len(jobs_before) == 2
+
+    for attempt in range(2):
+        store = open_store(v1_db)
+        assert store.schema_version() == migrations.SCHEMA_VERSION
+        with store.read() as tx:
+            rows = tx.all("SELECT * FROM jobs ORDER BY id")
+            assert tx.all("SELECT version FROM schema_migrations ORDER BY version") == [{"version": 1}, {"version": 2}]
+            assert tx.all("SELECT * FROM runs") and tx.scalar("SELECT COUNT(*) FROM runtime_events") == events_before
+        store.close()
+        assert len(rows) == 2
+        for row, old in zip(rows, jobs_before):
+            # every old value preserved, new columns at their declared defaults
+            assert [v for k, v in row.items() if k not in V2_COLUMNS] == list(old)
+            assert {k: row[k] for k in V2_COLUMNS} == {
+                "misfire_policy": "coalesce", "dst_gap_policy": "shift", "dst_fold_policy": "once", "max_consecutive_failures": 3,
+            }
+        if attempt == 0:
+            after_first = logical_dump(v1_db)
+    assert logical_dump(v1_db) == after_first  # the second open changed nothing
+    conn = sqlite3.connect(v1_db)
+    assert conn.execute("SELECT COUNT(*) FROM schema_migrations WHERE version = 2").fetchone()[0] == 1
+    assert conn.execute("SELECT * FROM runs").fetchall() == runs_before
+    conn.close()
+
+    # The migrated file has exactly the shape of a freshly created one.
+    fresh = tmp_path / "fresh.db"
+    open_store(fresh).close()
+    assert shape(v1_db) == shape(fresh)
+
+
+def test_migration_steps_are_idempotent(v1_db: Path) -> None:
+    """Running migration 2 over a database that already has its columns is a no-op."""
+    open_store(v1_db).close()
+    before = logical_dump(v1_db)
+    conn = sqlite3.connect(v1_db, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    assert migrations.migrate(conn, 1, 123) == [2]
+    conn.execute("COMMIT")
+    conn.close()
+    assert logical_dump(v1_db) == before
+
+
+def test_migrated_jobs_are_usable_through_the_cli(v1_db: Path) -> None:
+    from scheduler.jobs import job_to_json, list_jobs, update_job
+
+    store = open_store(v1_db)
+    updated = update_job(store, "nightly-backup", {"dst_gap_policy": "skip"})
+    assert updated["dst_gap_policy"] == "skip" and updated["schedule_cron"] == "30 2 * * *"
+    with store.read() as tx:
+        views = {v["name"]: v for v in map(job_to_json, list_jobs(tx))}
+    store.close()
+    assert views["poll-inbox"]["state"] == "disabled" and views["poll-inbox"]["schedule_every"] == "15m"
+
+
+def test_interrupted_migration_leaves_the_database_unchanged(v1_db: Path) -> None:
+    before = logical_dump(v1_db)
+    calls: list[tuple[int, int]] = []
+
+    def hook(version: int, step: int) -> None:
+        calls.append((version, step))
+        if step == 2:  # two of the four ALTERs already ran inside the transaction
+            raise RuntimeError("power cut")
+
+    store = SQLiteStore(v1_db)
+    store.migration_step_hook = hook
+    with pytest.raises(SchedulerError) as info:
+        store.initialize()
+    assert calls == [(2, 0), (2, 1), (2, 2)]
+    assert info.value.code == "DB_INIT_FAILED"
+    assert_names(info.value, "migration", v1_db)
+    assert "power cut" in info.value.message
+    assert logical_dump(v1_db) == before
+    assert version_of(v1_db) == [(1, "current schema.sql")]
+    assert not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
+
+    later = open_store(v1_db)
+    assert later.schema_version() == 2
+    later.close()
+    assert set(V2_COLUMNS) <= set(columns(v1_db, "jobs"))
+
+
+_KILL_SCRIPT = """
+import pathlib, sys, time
+from scheduler.store.sqlite import SQLiteStore
+store = SQLiteStore(sys.argv[1])
+marker = pathlib.Path(sys.argv[2])
+def hook(version, step):
+    if step == 1:
+        marker.write_text("in migration")
+        time.sleep(30)
+store.migration_step_hook = hook
+store.initialize()
+print("finished")  # never reached: killed while sleeping
+"""
+
+
+def test_migration_killed_with_sigkill_is_redone_by_a_later_open(v1_db: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(v1_db), str(marker)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the migration never reached step 1"
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out, _err = proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGKILL and b"finished" not in out
+    # The half-done migration was never committed ...
+    assert version_of(v1_db) == [(1, "current schema.sql")]
+    assert not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
+    # ... and the next open migrates cleanly.
+    store = open_store(v1_db)
+    assert store.schema_version() == 2
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM jobs") == 2
+        assert tx.scalar("PRAGMA integrity_check") == "ok"
+    store.close()
+
+
+# --- guard triggers (both stores) ---------------------------------------------------------------
+
+
+def refused(store: Any, sql: str, params: tuple = (), tag: str = "") -> None:
+    """The statement fails with CONSTRAINT_VIOLATION (naming the guard) and its transaction rolls back."""
+    with pytest.raises(SchedulerError) as info:
+        with store.transaction() as tx:
+            tx.execute(sql, params)
+    assert info.value.code == "CONSTRAINT_VIOLATION", info.value
+    assert tag in info.value.message
+
+
+def make_job(store: Any, name: str = "guarded") -> str:
+    from scheduler.jobs import create_jobs
+    from scheduler.spec import validate_spec
+
+    return create_jobs(store, [validate_spec({"name": name, "schedule_kind": "manual", "payload_message": "true"})])[0]["id"]
+
+
+def test_handoff_artifacts_are_immutable(store: Any) -> None:
+    digest = "ab" * 32
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO handoff_artifacts(digest, schema_name, schema_version, payload, created_at) VALUES (?, 'handoff', 4, '{}', 1)",
+                   (digest,))
+    refused(store, "UPDATE handoff_artifacts SET payload = '{\"x\":1}' WHERE digest = ?", (digest,), "ARTIFACT_IMMUTABLE")
+    refused(store, "DELETE FROM handoff_artifacts WHERE digest = ?", (digest,), "ARTIFACT_IMMUTABLE")
+    with store.read() as tx:
+        assert tx.one("SELECT payload FROM handoff_artifacts WHERE digest = ?", (digest,)) == {"payload": "{}"}
+
+
+def test_runtime_events_are_append_only(store: Any) -> None:
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO runtime_events(at, kind, actor) VALUES (1, 'test.event', 'me')")
+        event_id = tx.scalar("SELECT MAX(id) FROM runtime_events")
+    refused(store, "UPDATE runtime_events SET kind = 'forged' WHERE id = ?", (event_id,), "EVENTS_APPEND_ONLY")
+    refused(store, "DELETE FROM runtime_events WHERE id = ?", (event_id,), "EVENTS_APPEND_ONLY")
+    with store.read() as tx:
+        assert tx.scalar("SELECT kind FROM runtime_events WHERE id = ?", (event_id,)) == "test.event"
+
+
+def test_evidence_records_cannot_be_updated(store: Any) -> None:
+    with store.transaction() as tx:
+        tx.execute(
+            "INSERT INTO evidence_records(id, run_id, provider, methods, payload_sha256, canonical_payload, created_at)"
+            " VALUES ('ev1', 'run1', 'checksum', '[\"sha256\"]', ?, '{}', 1)", ("cd" * 32,))
+    refused(store, "UPDATE evidence_records SET verified = 1 WHERE id = 'ev1'", (), "EVIDENCE_IMMUTABLE")
+    with store.read() as tx:
+        assert tx.scalar("SELECT verified FROM evidence_records WHERE id = 'ev1'") == 0
+
+
+def test_lease_tokens_never_decrease_and_rows_are_never_deleted(store: Any) -> None:
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO dispatcher_leases(name, owner, token, expires_at) VALUES ('dispatcher', 'a', 5, 10)")
+    refused(store, "UPDATE dispatcher_leases SET token = 4 WHERE name = 'dispatcher'", (), "LEASE_TOKEN_REGRESSION")
+    refused(store, "DELETE FROM dispatcher_leases WHERE name = 'dispatcher'", (), "LEASE_IMMUTABLE")
+    with store.transaction() as tx:  # moving forward (or keeping the token) is fine
+        assert tx.execute("UPDATE dispatcher_leases SET token = 6, owner = 'b' WHERE name = 'dispatcher'") == 1
+        assert tx.execute("UPDATE dispatcher_leases SET owner = NULL WHERE name = 'dispatcher'") == 1
+    with store.read() as tx:
+        assert tx.scalar("SELECT token FROM dispatcher_leases WHERE name = 'dispatcher'") == 6
+
+
+@pytest.mark.parametrize("terminal", ["ok", "error", "timeout", "cancelled", "crashed", "skipped"])
+def test_terminal_run_status_never_changes(store: Any, terminal: str) -> None:
+    job_id = make_job(store)
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO runs(id, job_id, status, created_at) VALUES ('r1', ?, ?, 1)", (job_id, terminal))
+    for other in ("running", "pending", "ok" if terminal != "ok" else "error"):
+        refused(store, "UPDATE runs SET status = ? WHERE id = 'r1'", (other,), "RUN_TERMINAL")
+    with store.transaction() as tx:  # audit fields may still be added
+        assert tx.execute("UPDATE runs SET summary = 'audited' WHERE id = 'r1'") == 1
+    with store.read() as tx:
+        assert tx.one("SELECT status, summary FROM runs WHERE id = 'r1'") == {"status": terminal, "summary": "audited"}
+
+
+def test_non_terminal_run_status_may_change(store: Any) -> None:
+    job_id = make_job(store)
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO runs(id, job_id, status, created_at) VALUES ('r1', ?, 'pending', 1)", (job_id,))
+        assert tx.execute("UPDATE runs SET status = 'running' WHERE id = 'r1'") == 1
+        assert tx.execute("UPDATE runs SET status = 'ok' WHERE id = 'r1'") == 1
+
+
+def test_delivered_outbox_part_is_never_resent(store: Any) -> None:
+    with store.transaction() as tx:
+        tx.execute(
+            "INSERT INTO delivery_outbox(id, channel, idempotency_key, group_key, body, status, due_at, delivered_at, created_at, updated_at)"
+            " VALUES ('o1', 'webhook', 'k1', 'g1', 'hello', 'delivered', 1, 2, 1, 2)")
+    for other in ("pending", "claimed", "failed", "cancelled"):
+        refused(store, "UPDATE delivery_outbox SET status = ? WHERE id = 'o1'", (other,), "OUTBOX_DELIVERED")
+    with store.read() as tx:
+        assert tx.scalar("SELECT status FROM delivery_outbox WHERE id = 'o1'") == "delivered"
+
+
+# --- column conventions -----------------------------------------------------------------------
+
+
+def test_credential_presentations_has_no_column_for_a_value(db_path: Path) -> None:
+    open_store(db_path).close()
+    names = set(columns(db_path, "credential_presentations"))
+    assert {"binding_name", "provider", "medium"} <= names
+    forbidden = re.compile(r"value|secret|token|password|passwd|credential|plaintext|content|data|payload", re.I)
+    assert [n for n in names if forbidden.search(n)] == []
+
+
+def test_time_columns_are_declared_integer(db_path: Path) -> None:
+    open_store(db_path).close()
+    conn = sqlite3.connect(db_path)
+    offenders = []
+    for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
+        for row in conn.execute(f"PRAGMA table_info({table})"):
+            name, decl = row[1], row[2]
+            if name == "at" or name.endswith(("_at", "_ms", "_for")):
+                if decl.upper() != "INTEGER":
+                    offenders.append(f"{table}.{name} {decl}")
+    conn.close()
+    assert offenders == []
+
+
+def test_times_are_stored_as_integer_epoch_milliseconds(db_path: Path) -> None:
+    from scheduler.jobs import create_jobs
+    from scheduler.spec import validate_spec
+
+    store = open_store(db_path)
+    before = int(time.time() * 1000)
+    create_jobs(store, [validate_spec({"name": "t", "schedule_kind": "every", "schedule_every": "1h", "payload_message": "true"})])
+    after = int(time.time() * 1000)
+    store.close()
+    conn = sqlite3.connect(db_path)
+    row = conn.execute("SELECT typeof(created_at), typeof(updated_at), typeof(next_run_at), typeof(schedule_anchor_at),"
+                       " created_at, next_run_at FROM jobs").fetchone()
+    assert row[:4] == ("integer",) * 4
+    assert before <= row[4] <= after  # milliseconds, not seconds
+    assert row[5] - row[4] == 3_600_000
+    event_at = conn.execute("SELECT typeof(at), at FROM runtime_events").fetchone()
+    assert event_at[0] == "integer" and before <= event_at[1] <= after
+    conn.close()
