@@ -277,7 +277,8 @@ class Dispatcher:
         """One pass: propagate cancels, materialise due slots, claim and start work; returns the sleep."""
         assert self.lease is not None
         self._propagate_cancels()
-        materialize_due(self.store)
+        if materialize_due(self.store):
+            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim them too
         with self._active_lock:
             free = self.config.concurrency - len(self._active)
         started = claim_and_start(self.store, self.lease, limit=free, veto=self.hooks.dispatch_veto if self.hooks else None) if free > 0 else []

@@ -176,7 +176,7 @@ def claim_and_start(store: Store, lease: Lease, *, limit: int, now: int | None =
         for d in candidates:
             if len(started) >= limit:
                 break
-            job = tx.one("SELECT * FROM jobs WHERE id = ?", (d["job_id"],))
+            job = tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d["job_id"],))
             if job is None:
                 continue
             if not job["enabled"] and d["kind"] != "manual":

@@ -22,6 +22,9 @@ class Tx(Protocol):
     #: ``" FOR UPDATE SKIP LOCKED"`` where the dialect has row locks; ``""`` where
     #: the whole write transaction is already exclusive (SQLite ``BEGIN IMMEDIATE``).
     skip_locked: str
+    #: ``" FOR UPDATE"`` where the dialect has row locks (serialises per-job decisions across
+    #: dispatchers); ``""`` on SQLite, where the write transaction is already exclusive.
+    for_update: str
 
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run a statement; return the number of rows it changed."""

@@ -32,6 +32,7 @@ class _SQLiteTx:
     """A transaction on one SQLite connection."""
 
     skip_locked = ""
+    for_update = ""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -126,12 +127,20 @@ class SQLiteStore:
             raise _fail("open", path, exc) from None
         try:
             conn = self._connect()
+        except sqlite3.Error as exc:
+            raise _fail("open", path, exc) from None
+        try:
+            # Read-only look first: a foreign or newer database is refused before anything
+            # (not even the journal mode) is written to it.
+            self._check_existing(conn)
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise _fail("open", path, f"cannot enable WAL (journal_mode={mode})")
         except SchedulerError:
+            conn.close()
             raise
         except sqlite3.Error as exc:
+            conn.close()
             raise _fail("open", path, exc) from None
         try:
             self._apply_schema(conn)
@@ -147,24 +156,31 @@ class SQLiteStore:
             self._all_conns.append(conn)
         self._initialized = True
 
+    def _check_existing(self, conn: sqlite3.Connection) -> int | None:
+        """The recorded schema version (None for an empty file); refuse foreign and newer databases."""
+        path = self.location
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_migrations" in tables:
+            version = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
+            if version > migrations.SCHEMA_VERSION:
+                raise _fail("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
+            return int(version)
+        if tables - {"sqlite_sequence"}:
+            raise _fail("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
+        return None
+
     def _apply_schema(self, conn: sqlite3.Connection) -> None:
         """Fresh: schema in one transaction. Existing: migrations, then schema again. All or nothing."""
-        path = self.location
         conn.execute("BEGIN IMMEDIATE")
         phase = "schema"
         try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            # Checked again under the write lock: another process may have initialised meanwhile.
+            version = self._check_existing(conn)
             now = now_ms()
-            if "schema_migrations" in tables:
-                version = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
-                if version > migrations.SCHEMA_VERSION:
-                    raise _fail("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
-                if version < migrations.SCHEMA_VERSION:
-                    phase = "migration"
-                    migrations.migrate(conn, version, now, self.migration_step_hook)
-                    phase = "schema"
-            elif tables - {"sqlite_sequence"}:
-                raise _fail("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
+            if version is not None and version < migrations.SCHEMA_VERSION:
+                phase = "migration"
+                migrations.migrate(conn, version, now, self.migration_step_hook)
+                phase = "schema"
             for statement in migrations.schema_statements():
                 conn.execute(statement)
             conn.execute(
@@ -178,7 +194,7 @@ class SQLiteStore:
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise _fail(phase, path, exc) from None
+            raise _fail(phase, self.location, exc) from None
 
     # -- transactions --------------------------------------------------------------------------
 
