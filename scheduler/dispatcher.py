@@ -252,7 +252,7 @@ class Dispatcher:
         """Dispatch until stopped; returns the process exit code."""
         self.start()
         deadline = time.monotonic() + duration_s if duration_s else None
-        recovery_every = (self.config.recovery_interval_ms or self.config.lease_ttl_ms) / 1000
+        recovery_every = (self.config.recovery_interval_ms or self.config.lease_ttl_ms / 3) / 1000
         next_recovery = time.monotonic() + recovery_every
         try:
             while not self._stop.is_set():

@@ -123,7 +123,9 @@ def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) 
 def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None) -> dict[str, Any]:
     """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule."""
     if not isinstance(patch, dict):
-        raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields")
+        raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields", details=[
+            {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
+        ])
     now = now_ms() if now is None else now
     with store.transaction() as tx:
         row = resolve_job(tx, ref)

@@ -67,7 +67,8 @@ class LeaseLost(SchedulerError):
         super().__init__("LEASE_LOST", message)
 
 
-def _next_token(tx: Tx) -> int:
+def next_token(tx: Tx) -> int:
+    """Draw the next fencing token from the global counter (inside the caller's transaction)."""
     tx.execute("INSERT INTO dispatcher_leases(name, token) VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (FENCE_COUNTER,))
     return int(tx.scalar("UPDATE dispatcher_leases SET token = token + 1 WHERE name = ? RETURNING token", (FENCE_COUNTER,)))
 
@@ -86,7 +87,7 @@ def acquire(store: Store, name: str, owner: str, ttl_ms: int, *, now: int | None
         stealing = steal_from is not None and row["owner"] == steal_from
         if row["owner"] is not None and row["owner"] != owner and (row["expires_at"] or 0) > now and not stealing:
             return None
-        token = _next_token(tx)
+        token = next_token(tx)
         changed = tx.execute(
             "UPDATE dispatcher_leases SET owner = ?, token = ?, acquired_at = ?, renewed_at = ?, expires_at = ?"
             " WHERE name = ? AND (owner IS NULL OR owner = ? OR owner = ? OR expires_at <= ?)",

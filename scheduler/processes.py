@@ -1,8 +1,13 @@
-"""Process identity and process-group termination, used by executors and by crash recovery.
+"""Process identity and process-group termination (Linux ``/proc``), for executors and crash recovery.
 
-A PID alone is not an identity: after a crash the number may belong to an
-unrelated process. We pair it with the process start time from ``/proc`` so
-recovery never signals a reused PID.
+A PID alone does not identify a process: after it exits the number can be reused.
+``process_identity`` adds the process start time (field 22 of ``/proc/<pid>/stat``,
+clock ticks since boot), which never changes for the life of a process, even across
+``exec``. Recovery compares it with ``same_process`` before it signals anything.
+
+``kill_group`` ends a whole process group (the command and every descendant that
+stayed in it): SIGTERM (plus SIGCONT so stopped members can act on it), a grace
+period, then SIGKILL, and it only returns once the group is confirmed gone.
 """
 
 from __future__ import annotations
@@ -10,62 +15,128 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
+
+from scheduler.errors import SchedulerError
+
+#: How long ``kill_group`` waits after SIGKILL before it gives up (the kernel needs only milliseconds).
+KILL_CONFIRM_TIMEOUT_S = 5.0
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/<pid>/stat`` (after the ``(comm)``, which may contain spaces), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    end = raw.rfind(b")")
+    if end < 0:
+        return None
+    return raw[end + 2 :].decode("ascii", errors="replace").split()
 
 
 def process_identity(pid: int) -> str | None:
-    """A stable identity for a live process (``ticks:<starttime>`` from /proc), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read().decode("ascii", errors="replace")
-    except OSError:
+    """``"ticks:<starttime>"`` of a running (or zombie) process, None if it does not exist.
+
+    The start time is field 22 of ``/proc/<pid>/stat``; together with the PID it tells
+    a process apart from a later one that reuses the number.
+    """
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
         return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(")") + 2 :].split()
-    try:
-        return f"ticks:{int(fields[19])}"
-    except (IndexError, ValueError):
-        return None
+    return f"ticks:{fields[19]}"  # field 22 is index 19 once fields 1-2 are cut off
 
 
 def same_process(pid: int, identity: str | None) -> bool:
-    """True only if ``pid`` is alive and still the process recorded with ``identity``."""
-    return identity is not None and process_identity(pid) == identity
+    """True when ``pid`` still is the process recorded as ``identity`` (not a reused PID)."""
+    if not identity:
+        return False
+    return process_identity(pid) == identity
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid`` that are not zombies (they can still act)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is None or len(fields) < 3:
+            continue
+        state, group = fields[0], fields[2]
+        if group == str(pgid) and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process is left in the process group."""
+    """Whether any process of group ``pgid`` can still run.
+
+    ``os.killpg(pgid, 0)`` raising ``ProcessLookupError`` is the definitive answer.
+    When it does not, the group may consist only of zombies waiting for init to reap
+    them (some container inits reap only every second or so); those are dead, so
+    the group counts as gone when ``/proc`` shows no live member.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # a member exists but belongs to someone else
+    return bool(live_group_members(pgid))
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to the group; False if the group no longer exists."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
     return True
 
 
-def kill_group(pgid: int, grace_s: float = 2.0) -> str:
-    """SIGTERM the group, wait up to ``grace_s``, SIGKILL what is left, and confirm it is gone.
-
-    Returns the strongest signal used (``SIGTERM`` or ``SIGKILL``, ``none`` if the group
-    was already gone). Raises ``PermissionError`` if the group cannot be signalled.
-    """
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return "none"
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+def _wait_gone(pgid: int, timeout_s: float, reap: Callable[[], object] | None) -> bool:
+    """Poll until the group is gone or ``timeout_s`` passes; ``reap`` collects our own child meanwhile."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    pause = 0.005
+    while True:
+        if reap is not None:
+            reap()
         if not group_alive(pgid):
-            return "SIGTERM"
-        time.sleep(0.02)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def kill_group(pgid: int, grace_s: float, *, reap: Callable[[], object] | None = None) -> str:
+    """Terminate process group ``pgid``; return the strongest signal used (``"SIGTERM"`` or ``"SIGKILL"``).
+
+    SIGTERM (and SIGCONT, so a stopped member can handle it) goes to the whole group;
+    after ``grace_s`` seconds survivors get SIGKILL. The function returns only when
+    the group is confirmed gone (see ``group_alive``). ``reap`` (e.g. ``Popen.poll``)
+    is called while waiting so that our own child, the group leader, does not linger
+    as a zombie. Raises ``PROCESS_GROUP_SURVIVED`` if members remain even after SIGKILL
+    (e.g. stuck in uninterruptible I/O).
+    """
+    if not _signal_group(pgid, signal.SIGTERM):
         return "SIGTERM"
-    deadline = time.monotonic() + 5.0
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return "SIGKILL"
+    _signal_group(pgid, signal.SIGCONT)
+    if _wait_gone(pgid, grace_s, reap):
+        return "SIGTERM"
+    _signal_group(pgid, signal.SIGKILL)
+    if _wait_gone(pgid, KILL_CONFIRM_TIMEOUT_S, reap):
+        return "SIGKILL"
+    raise SchedulerError(
+        "PROCESS_GROUP_SURVIVED",
+        f"process group {pgid} still has live members {live_group_members(pgid)} after SIGKILL",
+    )
 
 
 def orphan_group_safe_to_kill(pid: int, pgid: int, identity: str | None) -> bool | None:

@@ -14,8 +14,9 @@ import socket
 from typing import Any
 
 from scheduler.completion import apply_consequences
+from scheduler.errors import SchedulerError
 from scheduler.events import append_event
-from scheduler.lease import Lease, assert_live, owner_host
+from scheduler.lease import FENCE_COUNTER, Lease, assert_live, next_token, owner_host
 from scheduler.processes import kill_group, orphan_group_safe_to_kill
 from scheduler.queue import insert_dispatch, release_expired_claims
 from scheduler.store.base import Store
@@ -36,6 +37,8 @@ def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | Non
         return "terminated", kill_group(pgid, grace_s)
     except PermissionError:
         return "blocked", None
+    except SchedulerError:  # PROCESS_GROUP_SURVIVED: members stuck even after SIGKILL
+        return "blocked", None
 
 
 def find_orphans(store: Store, *, now: int | None = None) -> list[dict[str, Any]]:
@@ -50,10 +53,29 @@ def find_orphans(store: Store, *, now: int | None = None) -> list[dict[str, Any]
         )
 
 
+def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
+    """Take the expired leases of a dead or stalled owner away from it (new token, no owner).
+
+    After this, the stalled process's next renewal or commit fails even if it wakes up:
+    it learns it lost its lease instead of carrying on with a token nobody revoked.
+    """
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        names = [r["name"] for r in tx.all(
+            "SELECT name FROM dispatcher_leases WHERE owner = ? AND expires_at <= ? AND name <> ?", (owner, now, FENCE_COUNTER))]
+        for name in names:
+            tx.execute("UPDATE dispatcher_leases SET owner = NULL, token = ? WHERE name = ? AND owner = ?", (next_token(tx), name, owner))
+            append_event(tx, "lease.fenced_out", actor=owner, at=now, data={"lease": name})
+    return len(names)
+
+
 def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0) -> list[dict[str, Any]]:
     """One recovery pass under our live lease; returns what was done to each orphan."""
     report = []
-    for run in find_orphans(store):
+    orphans = find_orphans(store)
+    for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
+        fence_out(store, owner)
+    for run in orphans:
         state, sig = _settle_process(run, kill_grace_s)
         now = now_ms()
         with store.transaction() as tx:

@@ -13,13 +13,16 @@ from typing import Any
 import attrs
 
 from scheduler.errors import SchedulerError
-from scheduler.timeutil import format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
+from scheduler.timeutil import check_instant_ms, format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
 _DRIVER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _IDENTIFIER_LIKE = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,256}$")
+
+#: Text fields handed to exec() or used as paths, where a NUL byte can never work.
+_NO_NUL_FIELDS = frozenset({"payload_message", "working_dir", "verify_shell", "delivery_to", "watchdog_alert_to"})
 
 #: Which executor driver a session target uses when the spec names none.
 DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-session"}
@@ -214,15 +217,23 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             errors.add(name, "must be an ISO-8601 instant with a zone", "INVALID_TYPE")
             return None
-        if isinstance(value, int):
-            return value
         try:
+            if isinstance(value, int):
+                return check_instant_ms(value, field=name)
             return parse_iso(value, field=name)
         except SchedulerError as exc:
             errors.add(name, exc.message, exc.code)
             return None
     if not isinstance(value, str):
         errors.add(name, "must be a string", "INVALID_TYPE")
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800") from JSON: cannot be stored or printed
+        errors.add(name, "must be valid Unicode text (it contains a lone surrogate)", "INVALID_VALUE")
+        return None
+    if "\x00" in value and name in _NO_NUL_FIELDS:
+        errors.add(name, "must not contain NUL characters (they can never be passed to a process)", "INVALID_VALUE")
         return None
     if kind == "choice":
         if value not in m["choices"]:

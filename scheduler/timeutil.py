@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from scheduler.errors import SchedulerError
 
@@ -22,6 +22,19 @@ def to_iso(ms: int | None) -> str | None:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
+#: The instants the kernel accepts: 1970-01-01T00:00:00.000Z .. 9999-12-31T23:59:59.999Z. Anything
+#: outside cannot be rendered as ISO-8601 (or overflows date arithmetic), so it is refused on input.
+MIN_INSTANT_MS = 0
+MAX_INSTANT_MS = 253_402_300_799_999
+
+
+def check_instant_ms(ms: int, *, field: str = "time") -> int:
+    """``ms`` if it lies in the representable range, else ``INVALID_TIME``."""
+    if not MIN_INSTANT_MS <= ms <= MAX_INSTANT_MS:
+        raise SchedulerError("INVALID_TIME", f"{field}: instant out of range (1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z)")
+    return ms
+
+
 def parse_iso(text: str, *, field: str = "time") -> int:
     """Parse an ISO-8601 instant into epoch ms. A time without an explicit zone is rejected.
 
@@ -32,6 +45,8 @@ def parse_iso(text: str, *, field: str = "time") -> int:
         raise SchedulerError("INVALID_TIME", f"{field}: expected an ISO-8601 instant with a zone")
     raw = text.strip()
     candidate = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    if len(raw) > 64:
+        raise SchedulerError("INVALID_TIME", f"{field}: not an ISO-8601 instant: {raw[:40]!r}...")
     try:
         dt = datetime.fromisoformat(candidate)
     except ValueError:
@@ -41,18 +56,34 @@ def parse_iso(text: str, *, field: str = "time") -> int:
             "INVALID_TIME",
             f"{field}: {raw!r} has no zone; add 'Z' or an offset such as '+02:00'",
         )
-    return int(dt.timestamp() * 1000)
+    try:
+        # Exact integer arithmetic (a float timestamp can be off by one millisecond).
+        ms = (dt - _EPOCH) // _ONE_MS
+    except (OverflowError, ValueError):
+        raise SchedulerError("INVALID_TIME", f"{field}: instant out of range: {raw!r}") from None
+    return check_instant_ms(ms, field=field)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_MS = timedelta(milliseconds=1)
 
 
 _DURATION_RE = re.compile(r"(\d+)(ms|d|h|m|s)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
+#: Longest duration accepted anywhere (about ten years): keeps ``now + duration`` a valid instant.
+MAX_DURATION_MS = 3660 * 86_400_000
+_MAX_DURATION_CHARS = 32
+
+
 def parse_duration_ms(text: str, *, field: str = "duration") -> int:
-    """Parse a duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms`` into milliseconds (> 0)."""
+    """Parse a duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms`` into milliseconds (> 0, <= ``MAX_DURATION_MS``)."""
     if not isinstance(text, str):
         raise SchedulerError("INVALID_DURATION", f"{field}: expected a string such as '30s' or '1h30m'")
     raw = text.strip().lower()
+    if len(raw) > _MAX_DURATION_CHARS:
+        raise SchedulerError("INVALID_DURATION", f"{field}: cannot parse duration {text[:40]!r} (use e.g. 30s, 5m, 1h30m)")
     pos, total = 0, 0
     for match in _DURATION_RE.finditer(raw):
         if match.start() != pos:
@@ -63,6 +94,8 @@ def parse_duration_ms(text: str, *, field: str = "duration") -> int:
         raise SchedulerError("INVALID_DURATION", f"{field}: cannot parse duration {text!r} (use e.g. 30s, 5m, 1h30m)")
     if total <= 0:
         raise SchedulerError("INVALID_DURATION", f"{field}: duration must be positive")
+    if total > MAX_DURATION_MS:
+        raise SchedulerError("INVALID_DURATION", f"{field}: duration must be at most {MAX_DURATION_MS // 86_400_000}d")
     return total
 
 

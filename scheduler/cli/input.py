@@ -35,9 +35,19 @@ def read_json_input(inline: str | None, file: str | None, stdin: bool, *, what: 
     if len(text.encode("utf-8", errors="replace")) > MAX_INPUT_BYTES:
         raise SchedulerError("PAYLOAD_TOO_LARGE", f"{what} is larger than {MAX_INPUT_BYTES} bytes")
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: nested too deeply") from None
+    try:
+        # JSON may spell lone UTF-16 surrogates ("\ud800"); they are not text, cannot be stored or printed.
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON text: it contains a lone UTF-16 surrogate escape") from None
+    except (RecursionError, ValueError):
+        raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: nested too deeply") from None
+    return doc
 
 
 def _decode(raw: bytes, where: str) -> str:

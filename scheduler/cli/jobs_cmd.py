@@ -229,11 +229,14 @@ def jobs_next(job: str, count: int) -> None:
     spec = spec_from_row(row)
     start = row["next_run_at"]
     fires: list[int] = []
-    if start is not None:
-        fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row["schedule_anchor_at"]) if count > 1 else [start]
-    elif spec.schedule_kind in ("cron", "every"):
-        fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row["schedule_anchor_at"])
-    views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
+    try:
+        if start is not None:
+            fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row["schedule_anchor_at"]) if count > 1 else [start]
+        elif spec.schedule_kind in ("cron", "every"):
+            fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row["schedule_anchor_at"])
+        views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
+    except (OverflowError, ValueError) as exc:  # fire times past year 9999
+        raise SchedulerError("OUT_OF_RANGE", f"the next {count} fire times run past 9999-12-31T23:59:59Z ({exc})") from None
     emit(
         {"job_id": row["id"], "fires": views},
         lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]),

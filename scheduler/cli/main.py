@@ -91,7 +91,10 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
             raise SchedulerError("INVALID_ARGUMENT", f"no such command: {' '.join(command)}")
         sub_ctx = click.Context(nxt, info_name=name, parent=sub_ctx)
         target = nxt
-    click.echo(target.get_help(sub_ctx))
+    from scheduler.cli.output import emit
+
+    text = target.get_help(sub_ctx)
+    emit({"command": " ".join(command), "help": text}, lambda: click.echo(text))
 
 
 def open_ctx_store(ctx: click.Context | None = None) -> Any:

@@ -23,9 +23,19 @@ def json_mode() -> bool:
 def emit(payload: dict[str, Any], human: Callable[[], None] | None = None) -> None:
     """Print a success: ``{"ok": true, ...}`` in JSON mode, else the human rendering."""
     if json_mode() or human is None:
-        click.echo(json.dumps({"ok": True, **payload}, indent=None if json_mode() else 2, default=str, ensure_ascii=False))
+        _echo_json({"ok": True, **payload}, indent=None if json_mode() else 2)
     else:
         human()
+
+
+def _echo_json(obj: dict[str, Any], *, indent: int | None = None) -> None:
+    """Print one JSON object; text the stream cannot encode (a lone surrogate) is escaped, never fatal."""
+    text = json.dumps(obj, indent=indent, default=str, ensure_ascii=False)
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        text = json.dumps(obj, indent=indent, default=str, ensure_ascii=True)
+    click.echo(text)
 
 
 def local_time(iso: str | None) -> str:
@@ -65,7 +75,7 @@ def error_out(code: str, message: str, details: Any = None) -> None:
         obj: dict[str, Any] = {"ok": False, "error": message, "code": code}
         if details is not None:
             obj["details"] = details
-        click.echo(json.dumps(obj, default=str, ensure_ascii=False))
+        _echo_json(obj)
     else:
         click.echo(f"error [{code}]: {message}", err=True)
         if isinstance(details, list):

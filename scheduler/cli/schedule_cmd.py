@@ -29,13 +29,16 @@ def schedule_preview(expr: str, tz: str, count: int, dst_gap: str, dst_fold: str
 
     after = parse_iso(start, field="--from") if start else now_ms()
     text = expr.strip()
-    if text.startswith("every "):
-        schedule = Schedule(kind="every", every_ms=text[len("every "):].strip(), tz=tz)
-        fires = next_fires(schedule, after, count, anchor_ms=after)
-    else:
-        schedule = Schedule(kind="cron", cron=text, tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
-        fires = next_fires(schedule, after, count)
-    views = [describe_fire(ms, tz) for ms in fires]
+    try:
+        if text.startswith("every "):
+            schedule = Schedule(kind="every", every_ms=text[len("every "):].strip(), tz=tz)
+            fires = next_fires(schedule, after, count, anchor_ms=after)
+        else:
+            schedule = Schedule(kind="cron", cron=text, tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
+            fires = next_fires(schedule, after, count)
+        views = [describe_fire(ms, tz) for ms in fires]
+    except (OverflowError, ValueError) as exc:  # fire times past year 9999
+        raise SchedulerError("OUT_OF_RANGE", f"the next {count} fire times run past 9999-12-31T23:59:59Z ({exc})") from None
     emit({"expression": text, "tz": tz, "fires": views},
          lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]))
 

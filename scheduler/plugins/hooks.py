@@ -82,7 +82,9 @@ class Hooks:
     def config_defaults(self) -> dict[str, Any]:
         """Merged configuration defaults contributed by plugins (earlier registrations win)."""
         merged: dict[str, Any] = {}
-        for part in reversed(self.pm.hook.scheduler_config_defaults()):
+        # pluggy returns results last-registered first; applying them in that order lets the
+        # earliest registration's value be written last, so it wins.
+        for part in self.pm.hook.scheduler_config_defaults():
             if isinstance(part, dict):
                 merged.update(part)
         return merged

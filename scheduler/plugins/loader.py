@@ -98,22 +98,34 @@ def load_driver(group: str, name: str) -> Any:
     if not matches:
         raise SchedulerError("PLUGIN_NOT_FOUND", f"no {_short_group(group)} driver named {name!r} is installed")
     from stevedore import DriverManager
+    from stevedore.exception import NoMatches
 
     failure: list[BaseException] = []
 
     def on_failure(_manager: Any, ep: Any, exc: BaseException) -> None:
         failure.append(exc)
 
-    dist = _dist_name(matches[0])
-    try:
-        manager = DriverManager(
+    def manager() -> Any:
+        return DriverManager(
             namespace=group,
             name=name,
             invoke_on_load=False,
             on_load_failure_callback=on_failure,
             on_missing_entrypoints_callback=lambda _names: None,
         )
-        obj = manager.driver
+
+    dist = _dist_name(matches[0])
+    try:
+        try:
+            driver_manager = manager()
+        except NoMatches:
+            if failure:
+                raise
+            # stevedore keeps a group's entry points for the life of the process; this driver was
+            # installed after the group was first read (a long-running dispatcher): read it again.
+            DriverManager.ENTRY_POINT_CACHE.pop(group, None)
+            driver_manager = manager()
+        obj = driver_manager.driver
     except Exception as exc:  # stevedore raises NoMatches/NoUniqueMatch/RuntimeError
         cause = failure[0] if failure else exc
         raise SchedulerError(

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from scheduler import PLUGIN_API_VERSION
 from scheduler.errors import SchedulerError
 from scheduler.store import migrations
 from scheduler.store.base import Params
@@ -69,6 +70,9 @@ def _fail(phase: str, path: str, exc: BaseException | str) -> SchedulerError:
 class SQLiteStore:
     """The embedded SQLite store (``scheduler.stores`` driver ``sqlite``)."""
 
+    #: Declared like any store plugin, so ``plugins list`` / ``doctor`` check it the same way.
+    plugin_api = PLUGIN_API_VERSION
+    capabilities = frozenset({"wal", "data-version-wakeup", "single-host"})
     dialect = "sqlite"
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None) -> None:

@@ -30,7 +30,7 @@ import attrs
 from scheduler.errors import SchedulerError
 from scheduler.execution import RunControl
 from scheduler_executor_shell.capture import PipePump, Sink
-from scheduler_executor_shell.procs import kill_group, live_group_members, process_identity
+from scheduler.processes import kill_group, live_group_members, process_identity
 
 #: Wrapper run by the shell: wait for the go-ahead line, pick stdin, then become the payload.
 #: ``$0`` is the shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
@@ -125,6 +125,7 @@ def run_process(
     try:
         control.record_process(pid, pgid, identity or "unknown")
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
+        outcome.reason = "record_failed"
         proc.stdin.close()  # the gate never opens: the payload does not start
         try:
             proc.wait(timeout=2.0)
@@ -133,7 +134,6 @@ def run_process(
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        outcome.reason = "record_failed"
         outcome.returncode = proc.returncode
         outcome.error = _error_of(exc, "RECORD_PROCESS_FAILED")
         if not isinstance(exc, Exception):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
-from scheduler_executor_shell.procs import same_process
+from scheduler.processes import same_process
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.errors import SchedulerError

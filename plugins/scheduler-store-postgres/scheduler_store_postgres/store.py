@@ -54,7 +54,10 @@ _TCP_KEEPALIVES = {"keepalives": "1", "keepalives_idle": "30", "keepalives_inter
 class PgTx:
     """One open transaction on a pooled connection; kernel SQL with ``?`` placeholders."""
 
+    #: Claims: lock the rows taken, skip rows another dispatcher holds.
     skip_locked = " FOR UPDATE SKIP LOCKED"
+    #: Per-row decisions (a job's overlap policy): lock and wait, serialising dispatchers on that row.
+    for_update = " FOR UPDATE"
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn

@@ -260,6 +260,22 @@ def test_skip_locked_claims_never_overlap(make_store: MakeStore, job: str, store
     assert all(owners[i] == "a" for i in a) and all(owners[i] == "b" for i in b)
 
 
+def _protocol_members(proto: type) -> set[str]:
+    return {n for n in vars(proto) if not n.startswith("_")} | set(getattr(proto, "__annotations__", {}))
+
+
+def test_implements_every_member_of_the_kernel_protocols() -> None:
+    """Fails when the kernel adds a Tx/Store member this store does not provide yet."""
+    from scheduler_store_postgres import PgTx
+
+    from scheduler.store.base import Store, Tx
+
+    assert PgTx.skip_locked == " FOR UPDATE SKIP LOCKED" and PgTx.for_update == " FOR UPDATE"
+    assert _protocol_members(Tx) - set(dir(PgTx)) == set()
+    store = PostgresStore("postgresql://127.0.0.1:1/none")
+    assert _protocol_members(Store) - set(dir(store)) == set()
+
+
 @pytest.mark.postgres
 def test_skip_locked_skips_instead_of_waiting(store: PostgresStore, make_store: MakeStore, job: str) -> None:
     _fill_queue(store, job, 2)

@@ -1,4 +1,4 @@
-"""procs: process identity from /proc and whole-group termination, on real processes."""
+"""scheduler.processes: process identity from /proc and whole-group termination, on real processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,20 @@ import os
 import subprocess
 import time
 
-from scheduler_executor_shell.procs import group_alive, kill_group, process_identity, same_process
+import pytest
+
+from scheduler.processes import group_alive, kill_group, live_group_members, process_identity, same_process
+
+
+@pytest.fixture
+def group_gone():
+    """Assert no live member of a group is left (zombies awaiting a slow init reaper do not count)."""
+
+    def check(pgid: int, **_kw: object) -> None:
+        assert live_group_members(pgid) == []
+        assert not group_alive(pgid)
+
+    return check
 
 
 def test_identity_of_this_process() -> None:

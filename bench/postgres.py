@@ -1,0 +1,248 @@
+"""Figure 6: throughput of 1, 2 and 3 dispatcher processes sharing one PostgreSQL database.
+
+Runs only when a server answers at 127.0.0.1:5432 (database ``test``) and the
+``scheduler-store-postgres`` plugin is installed; otherwise the report says
+"skipped: <reason>". For each dispatcher count k, in a fresh schema:
+
+1. k real ``scheduler --db postgresql://...?schema=... run --shared --concurrency 4``
+   processes are started and given time to take their leases (so process start-up
+   is not part of the figure);
+2. N one-shot jobs due now (testkit ``sleep:0.05``, 50 ms each) are created in one
+   transaction; the clock starts at that commit (the dispatchers are woken by
+   LISTEN/NOTIFY);
+3. it stops at the last run's ``finished_at``; every job must have exactly one run,
+   all ``ok``. The share of runs each dispatcher executed is reported.
+
+Goal: 3 dispatchers >= 2.5x the throughput of one. The ideal for k dispatchers of 4
+workers each is 80k jobs/s (4 / 0.05 s per dispatcher), shown for reference.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Any
+
+from bench.common import (
+    TERMINAL_SQL, Context, at_job_specs, bench_env, fmt, md_table, pyplot, ratio, save_plot, scheduler_cmd, verdict,
+)
+
+NAME = "postgres"
+TITLE = "6. PostgreSQL: 1, 2 and 3 dispatchers sharing one database"
+GOAL_RATIO = 2.5
+HOST, PORT, DATABASE = "127.0.0.1", 5432, "test"
+SLEEP_S = 0.05
+CONCURRENCY = 4
+
+
+def params(ctx: Context) -> dict[str, Any]:
+    return {"jobs": 160 if ctx.quick else 600, "dispatchers": [1, 2, 3], "concurrency": CONCURRENCY, "sleep_s": SLEEP_S}
+
+
+def _candidates() -> list[str]:
+    override = os.environ.get("SCHEDULER_BENCH_POSTGRES_URL")
+    if override:
+        return [override]
+    return [f"postgresql://postgres@{HOST}:{PORT}/{DATABASE}", f"postgresql://{HOST}:{PORT}/{DATABASE}"]
+
+
+def _why_not() -> tuple[str | None, str | None]:
+    """(reason to skip, base URL)."""
+    stores = {ep.name for ep in importlib.metadata.entry_points(group="scheduler.stores")}
+    if "postgres" not in stores:
+        return "the scheduler-store-postgres plugin is not installed (no `postgres` driver in `scheduler.stores`)", None
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed", None
+    if "SCHEDULER_BENCH_POSTGRES_URL" not in os.environ:
+        try:
+            socket.create_connection((HOST, PORT), timeout=2).close()
+        except OSError as exc:
+            return f"no PostgreSQL server answers at {HOST}:{PORT} ({exc.strerror or exc})", None
+    error: Exception | None = None
+    for url in _candidates():
+        try:
+            with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return None, url
+        except psycopg.Error as exc:
+            error = exc
+    return f"cannot connect to PostgreSQL database {DATABASE!r} at {HOST}:{PORT}: {' '.join(str(error).split())[:200]}", None
+
+
+def _drop_schema(base_url: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with psycopg.connect(base_url, connect_timeout=5, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    except psycopg.Error:
+        pass
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    """SIGTERM every dispatcher, wait for the graceful exit, kill stragglers; returns their stderr tails."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    tails = []
+    for p in procs:
+        try:
+            _out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _out, err = p.communicate()
+        tails.append((err or b"").decode(errors="replace").strip()[-300:])
+    return tails
+
+
+def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str, Any]:
+    from scheduler.jobs import create_jobs
+    from scheduler.store import open_store
+    from scheduler.timeutil import now_ms
+
+    schema = f"bench_x_{os.getpid()}_{k}"
+    _drop_schema(base_url, schema)
+    sep = "&" if "?" in base_url else "?"
+    url = f"{base_url}{sep}schema={schema}"
+    store = open_store(url)
+    procs: list[subprocess.Popen[bytes]] = []
+    budget_s = jobs * SLEEP_S / CONCURRENCY / k + 60
+    try:
+        cmd = scheduler_cmd() + ["--db", url, "--json", "run", "--shared", "--concurrency", str(CONCURRENCY),
+                                 "--duration", f"{int(budget_s) + 30}s"]
+        for _ in range(k):
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=bench_env()))
+        deadline = time.monotonic() + 60
+        live = 0
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a dispatcher exited early: {_stop(procs)}")
+            with store.read() as tx:
+                live = int(tx.scalar(
+                    "SELECT COUNT(*) FROM dispatcher_leases WHERE name LIKE 'dispatcher:%' AND owner IS NOT NULL AND expires_at > ?",
+                    (now_ms(),)) or 0)
+            if live >= k:
+                break
+            time.sleep(0.05)
+        if live < k:
+            raise RuntimeError(f"only {live} of {k} dispatchers took a lease within 60 s")
+        time.sleep(0.3)  # let each finish its start-up recovery pass and go idle
+        start_ms = now_ms()
+        create_jobs(store, at_job_specs(jobs, at_ms=start_ms, payload=f"sleep:{SLEEP_S}", prefix="pg"), now=start_ms)
+        end = time.monotonic() + budget_s
+        done = 0
+        while time.monotonic() < end:
+            with store.read() as tx:
+                done = int(tx.scalar(f"SELECT COUNT(*) FROM runs WHERE status IN {TERMINAL_SQL}") or 0)
+            if done >= jobs:
+                break
+            if all(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.05)
+        with store.read() as tx:
+            summary_row = tx.one("SELECT COUNT(*) AS runs, COUNT(DISTINCT job_id) AS jobs_run,"
+                                 " SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS ok, MAX(finished_at) AS last FROM runs")
+            shares = tx.all("SELECT dispatcher_owner AS owner, COUNT(*) AS runs FROM runs GROUP BY dispatcher_owner ORDER BY 2 DESC")
+    finally:
+        tails = _stop(procs)
+        store.close()
+        _drop_schema(base_url, schema)
+    assert summary_row is not None
+    if summary_row["ok"] != jobs or summary_row["runs"] != jobs or summary_row["jobs_run"] != jobs:
+        raise RuntimeError(f"{k} dispatcher(s): {summary_row} for {jobs} jobs (each must run exactly once); stderr: {tails}")
+    elapsed = max(0.001, (summary_row["last"] - start_ms) / 1000)
+    return {"dispatchers": k, "jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed,
+            "ideal_jobs_per_s": k * CONCURRENCY / SLEEP_S, "shares": [int(s["runs"]) for s in shares]}
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    why, base_url = _why_not()
+    if why:
+        return {"skipped": why}
+    assert base_url is not None
+    p = params(ctx)
+    rows = []
+    for k in p["dispatchers"]:
+        ctx.say(f"postgres: {k} dispatcher(s), {p['jobs']} jobs of {SLEEP_S * 1000:.0f} ms")
+        rows.append(run_dispatchers(ctx, base_url, k, p["jobs"]))
+        ctx.say(f"  {rows[-1]['jobs_per_s']:.1f} jobs/s (runs per dispatcher: {rows[-1]['shares']})")
+    one = rows[0]["jobs_per_s"]
+    for r in rows:
+        r["speedup"] = r["jobs_per_s"] / one
+        r["efficiency"] = r["jobs_per_s"] / r["ideal_jobs_per_s"]
+    import psycopg
+
+    res: dict[str, Any] = {
+        "params": p,
+        "server": _server_version(base_url, psycopg),
+        "rows": rows,
+        "ratio": ratio(rows[-1]["jobs_per_s"], one),
+        "goal": GOAL_RATIO,
+    }
+    res["met"] = res["ratio"] is not None and res["ratio"] >= GOAL_RATIO
+    res["plot"] = _plot(ctx, res)
+    return res
+
+
+def _server_version(url: str, psycopg: Any) -> str:
+    try:
+        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+            return str(conn.execute("SHOW server_version").fetchone()[0])
+    except psycopg.Error:
+        return "?"
+
+
+def _plot(ctx: Context, res: dict[str, Any]) -> str | None:
+    plt = pyplot()
+    if plt is None:
+        return None
+    ks = [r["dispatchers"] for r in res["rows"]]
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    ax.plot(ks, [r["jobs_per_s"] for r in res["rows"]], "o-", label="measured")
+    ax.plot(ks, [res["rows"][0]["jobs_per_s"] * k for k in ks], ":", color="#7f7f7f", label="linear from 1 dispatcher")
+    ax.plot(ks, [r["ideal_jobs_per_s"] for r in res["rows"]], "--", color="#bbbbbb", label="ideal (4 workers x 20 jobs/s)")
+    ax.scatter([ks[-1]], [res["rows"][0]["jobs_per_s"] * GOAL_RATIO], marker="_", s=400, color="#d62728",
+               label=f"goal: {GOAL_RATIO:g}x one at {ks[-1]}")
+    ax.set_xticks(ks)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("dispatcher processes")
+    ax.set_ylabel("jobs per second")
+    ax.set_title(f"PostgreSQL, {res['params']['jobs']} jobs of {SLEEP_S * 1000:.0f} ms")
+    ax.legend(fontsize=7)
+    return save_plot(ctx, fig, "postgres")
+
+
+def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    rows = res["rows"]
+    return [(
+        "6. PostgreSQL: 3 dispatchers vs 1",
+        f"{rows[-1]['jobs_per_s']:,.1f} vs {rows[0]['jobs_per_s']:,.1f} jobs/s = {res['ratio']:.2f}x",
+        f">= {GOAL_RATIO:g}x",
+        res["met"],
+    )]
+
+
+def render(res: dict[str, Any]) -> str:
+    p = res["params"]
+    rows = [(fmt(r["dispatchers"]), fmt(r["elapsed_s"], 2), fmt(r["jobs_per_s"], 1), f"{r['speedup']:.2f}x",
+             fmt(r["ideal_jobs_per_s"], 0), f"{r['efficiency']:.0%}", " / ".join(str(s) for s in r["shares"]))
+            for r in res["rows"]]
+    out = [
+        f"PostgreSQL {res['server']} at {HOST}:{PORT}/{DATABASE}, a fresh schema per row. {p['jobs']} one-shot jobs due now, "
+        f"testkit `sleep:{SLEEP_S}`, created in one transaction while k `scheduler run --shared --concurrency {p['concurrency']}` "
+        "processes were idle; timed from that commit to the last run's `finished_at`. Every job ran exactly once (checked).",
+        "",
+        md_table(["dispatchers", "seconds", "jobs/s", "vs one", "ideal jobs/s", "of ideal", "runs per dispatcher"], rows),
+        "",
+        f"3 dispatchers / 1 dispatcher: **{res['ratio']:.2f}x**, goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}.",
+    ]
+    if res.get("plot"):
+        out += ["", f"![postgres]({res['plot']})"]
+    return "\n".join(out)

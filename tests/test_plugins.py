@@ -1,0 +1,449 @@
+"""Plugin loading and hooks: discovery, failure policy, switches, API checks, the hook facade,
+CLI commands from hook plugins, and hooks called by a real dispatcher.
+
+Fake plugins are real distributions: a ``*.dist-info`` directory with ``entry_points.txt``
+and a module beside it, put on ``sys.path`` (in-process) or ``PYTHONPATH`` (subprocess).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel_testing import scheduler_cmd
+from scheduler import PLUGIN_API_VERSION
+from scheduler.errors import SchedulerError
+from scheduler.plugins.hooks import Hooks, make_plugin_manager
+from scheduler.plugins.hookspecs import hookimpl
+from scheduler.plugins.loader import inventory, load_driver, load_provider
+
+
+def make_dist(site: Path, dist: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str], version: str = "0.1") -> Path:
+    """Write an installed-looking distribution into ``site``."""
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(
+        "".join(f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in eps.items()) for group, eps in entry_points.items())
+    )
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+    return site
+
+
+FAKE_MODULE = """
+    from scheduler import PLUGIN_API_VERSION
+    from scheduler.execution import ExecutionResult
+
+
+    class Executor:
+        plugin_api = PLUGIN_API_VERSION
+        capabilities = frozenset({"cancel"})
+
+        def execute(self, request, control):
+            return ExecutionResult(status="ok", exit_code=0)
+
+
+    class FutureExecutor(Executor):
+        plugin_api = PLUGIN_API_VERSION + 1
+
+
+    class NoExecute:
+        plugin_api = PLUGIN_API_VERSION
+        capabilities = frozenset()
+
+
+    class BadCaps(Executor):
+        capabilities = ["cancel"]
+
+
+    class InitFails(Executor):
+        def __init__(self):
+            raise RuntimeError("needs a licence key")
+"""
+
+
+@pytest.fixture
+def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Fake executor and channel distributions on ``sys.path`` for this test; returns their driver names."""
+    tag = uuid.uuid4().hex[:8]
+    site = tmp_path / "site"
+    site.mkdir()
+    mod = f"fakeplug_{tag}"
+    names = {k: f"{k}-{tag}" for k in ("good", "future", "noexec", "badcaps", "initfails", "importfails", "nochannel")}
+    make_dist(site, f"scheduler-executor-fake{tag}", {
+        "scheduler.executors": {
+            names["good"]: f"{mod}:Executor",
+            names["future"]: f"{mod}:FutureExecutor",
+            names["noexec"]: f"{mod}:NoExecute",
+            names["badcaps"]: f"{mod}:BadCaps",
+            names["initfails"]: f"{mod}:InitFails",
+            names["importfails"]: f"{mod}_broken:Executor",
+        },
+        "scheduler.channels": {names["nochannel"]: f"{mod}:Executor"},
+    }, {
+        mod: FAKE_MODULE,
+        f"{mod}_broken": "import no_such_dependency_for_the_test\n",
+    })
+    monkeypatch.syspath_prepend(str(site))
+    names["dist"] = f"scheduler-executor-fake{tag}"
+    return names
+
+
+def plugin_code(fn: Any, *args: Any) -> SchedulerError:
+    with pytest.raises(SchedulerError) as info:
+        fn(*args)
+    return info.value
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    from scheduler.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def sub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([*scheduler_cmd(), *args], capture_output=True, text=True, env=full, timeout=60)
+
+
+# --- discovery and listing ------------------------------------------------------------------------
+
+
+def test_plugins_list_shows_the_installed_testkit_executor() -> None:
+    code, out, _ = run_cli("--json", "plugins", "list")
+    assert code == 0
+    rows = json.loads(out)["plugins"]
+    testkit = next(r for r in rows if r["group"] == "scheduler.executors" and r["name"] == "testkit")
+    assert testkit["distribution"] == "scheduler-executor-testkit" and testkit["status"] == "ok"
+    assert testkit["plugin_api"] == PLUGIN_API_VERSION and "cancel" in testkit["capabilities"]
+    sqlite = next(r for r in rows if r["group"] == "scheduler.stores" and r["name"] == "sqlite")
+    assert sqlite["distribution"] == "scheduler-kernel" and sqlite["status"] == "ok"
+    code, out, _ = run_cli("--json", "plugins", "list", "--no-load")
+    assert {r["status"] for r in json.loads(out)["plugins"]} <= {"not loaded", "disabled"}
+
+
+def test_failures_are_reported_per_plugin_not_raised(fake_site: dict[str, str]) -> None:
+    rows = {r["name"]: r for r in inventory(load=True)}
+    assert rows[fake_site["good"]]["status"] == "ok" and rows[fake_site["good"]]["distribution"] == fake_site["dist"]
+    broken = rows[fake_site["importfails"]]
+    assert broken["status"] == "failed" and broken["distribution"] == fake_site["dist"]
+    assert "ModuleNotFoundError" in broken["error"] and "no_such_dependency_for_the_test" in broken["error"]
+    future = rows[fake_site["future"]]
+    assert future["status"] == "invalid" and "PLUGIN_API_MISMATCH" in future["error"]
+    assert rows[fake_site["badcaps"]]["status"] == "invalid" and "PLUGIN_INVALID" in rows[fake_site["badcaps"]]["error"]
+
+
+def test_strict_mode_turns_a_load_failure_into_an_error(fake_site: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_STRICT_PLUGINS", "1")
+    err = plugin_code(inventory, True)
+    assert err.code == "PLUGIN_LOAD_FAILED"
+    assert any(d["name"] == fake_site["importfails"] for d in err.details)
+    code, out, _ = run_cli("--json", "plugins", "list")
+    assert code == 1 and json.loads(out)["code"] == "PLUGIN_LOAD_FAILED"
+
+
+def test_disable_switch_hides_drivers(fake_site: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    good = fake_site["good"]
+    assert load_driver("scheduler.executors", good)
+    monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", f"executors:{good}")
+    assert plugin_code(load_driver, "scheduler.executors", good).code == "PLUGIN_NOT_FOUND"
+    rows = {r["name"]: r for r in inventory(load=True)}
+    assert rows[good]["status"] == "disabled" and rows[fake_site["future"]]["status"] == "invalid"
+    monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "executors:*")
+    assert {r["status"] for r in inventory(load=True) if r["group"] == "scheduler.executors"} == {"disabled"}
+    assert plugin_code(load_provider, "executor", "testkit").code == "PLUGIN_NOT_FOUND"
+    monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "all")
+    assert {r["status"] for r in inventory(load=True)} == {"disabled"}
+    # disabled failures are not failures: strict mode has nothing to complain about
+    monkeypatch.setenv("SCHEDULER_STRICT_PLUGINS", "1")
+    inventory(load=True)
+
+
+def test_broken_plugin_is_reported_by_a_real_process_and_never_breaks_jobs_list(tmp_path: Path) -> None:
+    site = make_dist(tmp_path / "site", "scheduler-channel-kaputt", {"scheduler.channels": {"kaputt": "kaputt_channel:Channel"}},
+                     {"kaputt_channel": "raise ImportError('libkaputt.so: cannot open shared object file')\n"})
+    env = {"PYTHONPATH": str(site), "SCHEDULER_DISABLE_PLUGINS": "", "SCHEDULER_STRICT_PLUGINS": ""}
+    res = sub("--json", "plugins", "list", env=env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr
+    row = next(r for r in json.loads(res.stdout)["plugins"] if r["name"] == "kaputt")
+    assert (row["group"], row["distribution"], row["status"]) == ("scheduler.channels", "scheduler-channel-kaputt", "failed")
+    assert "libkaputt.so" in row["error"]
+    human = sub("plugins", "list", env=env)
+    assert human.returncode == 0 and "kaputt" in human.stdout and "scheduler-channel-kaputt" in human.stdout
+    db = str(tmp_path / "s.db")
+    res = sub("--db", db, "--json", "jobs", "list", env=env)
+    assert res.returncode == 0 and json.loads(res.stdout) == {"ok": True, "jobs": []}
+    res = sub("--db", db, "--json", "plugins", "list", env={**env, "SCHEDULER_STRICT_PLUGINS": "1"})
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["code"] == "PLUGIN_LOAD_FAILED"
+    assert [(d["name"], d["distribution"]) for d in doc["details"] if d["name"] == "kaputt"] == [("kaputt", "scheduler-channel-kaputt")]
+
+
+# --- loading a configured driver ---------------------------------------------------------------------
+
+
+def test_load_provider_returns_a_checked_instance(fake_site: dict[str, str]) -> None:
+    from scheduler.plugins.protocols import Executor
+
+    provider = load_provider("executor", fake_site["good"])
+    assert isinstance(provider, Executor) and provider.plugin_api == PLUGIN_API_VERSION
+    testkit = load_provider("executor", "testkit")
+    assert type(testkit).__name__ == "TestkitExecutor"
+
+
+def test_load_provider_refuses_another_api_major(fake_site: dict[str, str]) -> None:
+    err = plugin_code(load_provider, "executor", fake_site["future"])
+    assert err.code == "PLUGIN_API_MISMATCH"
+    assert fake_site["dist"] in err.message and str(PLUGIN_API_VERSION + 1) in err.message
+
+
+def test_load_provider_refuses_missing_protocol_methods(fake_site: dict[str, str]) -> None:
+    err = plugin_code(load_provider, "executor", fake_site["noexec"])
+    assert err.code == "PLUGIN_INVALID" and "execute" in err.message and fake_site["dist"] in err.message
+    err = plugin_code(load_provider, "channel", fake_site["nochannel"])  # an executor registered as a channel
+    assert err.code == "PLUGIN_INVALID" and "deliver" in err.message
+
+
+def test_load_provider_refuses_bad_capabilities(fake_site: dict[str, str]) -> None:
+    assert plugin_code(load_provider, "executor", fake_site["badcaps"]).code == "PLUGIN_INVALID"
+
+
+def test_configured_driver_failures_name_the_distribution(fake_site: dict[str, str]) -> None:
+    err = plugin_code(load_provider, "executor", fake_site["importfails"])
+    assert err.code == "PLUGIN_LOAD_FAILED" and fake_site["dist"] in err.message and "no_such_dependency_for_the_test" in err.message
+    err = plugin_code(load_provider, "executor", fake_site["initfails"])
+    assert err.code == "PLUGIN_LOAD_FAILED" and fake_site["dist"] in err.message and "licence key" in err.message
+    assert plugin_code(load_provider, "executor", "no-such-driver").code == "PLUGIN_NOT_FOUND"
+
+
+def test_driver_installed_after_the_group_was_first_read_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: stevedore caches a group's entry points per process, so a driver installed while a
+    dispatcher ran was listed by importlib.metadata yet failed PLUGIN_LOAD_FAILED "NoMatches"."""
+    load_driver("scheduler.executors", "testkit")  # the group is now cached in this process
+    tag = uuid.uuid4().hex[:8]
+    site = make_dist(tmp_path / "site", f"scheduler-executor-late{tag}", {"scheduler.executors": {f"late-{tag}": f"late_{tag}:Executor"}},
+                     {f"late_{tag}": FAKE_MODULE})
+    monkeypatch.syspath_prepend(str(site))
+    assert load_driver("scheduler.executors", f"late-{tag}").__name__ == "Executor"
+    assert load_provider("executor", "testkit")
+
+
+def test_only_the_named_driver_is_imported(fake_site: dict[str, str]) -> None:
+    mod = f"fakeplug_{fake_site['good'].split('-')[1]}"
+    assert mod not in sys.modules
+    load_driver("scheduler.executors", "testkit")
+    assert mod not in sys.modules
+    load_driver("scheduler.executors", fake_site["good"])
+    assert mod in sys.modules and f"{mod}_broken" not in sys.modules
+
+
+# --- hooks ----------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    @hookimpl
+    def scheduler_run_state_changed(self, run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
+        self.calls.append(("state", (run_id, job_id, old_status, new_status, at_ms)))
+
+    @hookimpl
+    def scheduler_run_completed(self, run: dict[str, Any]) -> None:
+        self.calls.append(("completed", run))
+
+
+def test_make_plugin_manager_registers_entry_point_hook_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = uuid.uuid4().hex[:8]
+    site = make_dist(tmp_path / "site", f"scheduler-hooks-audit{tag}", {"scheduler.hooks": {f"audit{tag}": f"audit_hooks_{tag}"}}, {
+        f"audit_hooks_{tag}": """
+            from scheduler.plugins.hookspecs import hookimpl
+            SEEN = []
+
+            @hookimpl
+            def scheduler_run_state_changed(run_id, job_id, old_status, new_status, at_ms):
+                SEEN.append((run_id, new_status))
+
+            @hookimpl
+            def scheduler_config_defaults():
+                return {"audit.enabled": True}
+        """})
+    monkeypatch.syspath_prepend(str(site))
+    pm = make_plugin_manager()
+    module = pm.get_plugin(f"entrypoint:audit{tag}")
+    assert module is not None and module.__name__ == f"audit_hooks_{tag}"
+    hooks = Hooks(pm)
+    hooks.run_state_changed("r1", "j1", "running", "ok", 5)
+    assert module.SEEN == [("r1", "ok")]
+    assert hooks.config_defaults()["audit.enabled"] is True
+    monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", f"hooks:audit{tag}")
+    assert make_plugin_manager().get_plugin(f"entrypoint:audit{tag}") is None
+
+
+def test_failing_hook_module_is_recorded_unless_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = uuid.uuid4().hex[:8]
+    site = make_dist(tmp_path / "site", f"scheduler-hooks-bad{tag}", {"scheduler.hooks": {f"bad{tag}": f"bad_hooks_{tag}"}},
+                     {f"bad_hooks_{tag}": "raise RuntimeError('hook module exploded')\n"})
+    monkeypatch.syspath_prepend(str(site))
+    pm = make_plugin_manager()
+    assert pm.get_plugin(f"entrypoint:bad{tag}") is None
+    monkeypatch.setenv("SCHEDULER_STRICT_PLUGINS", "1")
+    err = plugin_code(make_plugin_manager)
+    assert err.code == "PLUGIN_LOAD_FAILED" and f"scheduler-hooks-bad{tag}" in err.message
+
+
+def test_hook_manager_is_not_built_at_import_time() -> None:
+    code = ("import sys, scheduler.plugins.hooks, scheduler.cli.main, scheduler.dispatcher;"
+            "print(sorted(m for m in sys.modules if m.startswith('scheduler_')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"  # no plugin module imported just by importing the kernel
+
+
+def test_dispatch_veto_is_firstresult() -> None:
+    calls: list[str] = []
+
+    class Allow:
+        @hookimpl
+        def scheduler_dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
+            calls.append("allow")
+            return None
+
+    class Deny:
+        @hookimpl
+        def scheduler_dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
+            calls.append("deny")
+            return f"maintenance window ({dispatch_kind})"
+
+    class Later:
+        @hookimpl(trylast=True)
+        def scheduler_dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
+            calls.append("later")
+            return "never asked"
+
+    assert Hooks(make_plugin_manager(load_entry_points=False)).dispatch_veto({"id": "j"}, "schedule") is None
+    hooks = Hooks(make_plugin_manager([Later(), Allow(), Deny()], load_entry_points=False))
+    assert hooks.dispatch_veto({"id": "j"}, "manual") == "maintenance window (manual)"
+    assert "later" not in calls  # the first answer ends the call
+    calls.clear()
+    hooks = Hooks(make_plugin_manager([Deny(), Allow()], load_entry_points=False))
+    assert hooks.dispatch_veto({"id": "j"}, "schedule") == "maintenance window (schedule)"
+    assert calls == ["allow", "deny"]
+
+
+def test_dispatch_veto_fails_closed() -> None:
+    class Broken:
+        @hookimpl
+        def scheduler_dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
+            raise KeyError("policy store offline")
+
+    reason = Hooks(make_plugin_manager([Broken()], load_entry_points=False)).dispatch_veto({"id": "j"}, "schedule")
+    assert reason and "KeyError" in reason
+
+
+def test_observer_hooks_never_raise() -> None:
+    class Broken:
+        @hookimpl
+        def scheduler_run_state_changed(self, **kw: Any) -> None:
+            raise RuntimeError("metrics down")
+
+        @hookimpl
+        def scheduler_run_completed(self, run: dict[str, Any]) -> None:
+            raise RuntimeError("metrics down")
+
+    hooks = Hooks(make_plugin_manager([Broken()], load_entry_points=False))
+    hooks.run_state_changed("r", "j", "running", "ok", 1)
+    hooks.run_completed({"id": "r"})
+
+
+def test_config_defaults_merge_earlier_registrations_win() -> None:
+    class First:
+        @hookimpl
+        def scheduler_config_defaults(self) -> dict[str, Any]:
+            return {"shared": "first", "a": 1}
+
+    class Second:
+        @hookimpl
+        def scheduler_config_defaults(self) -> dict[str, Any]:
+            return {"shared": "second", "b": 2}
+
+    class Nothing:
+        @hookimpl
+        def scheduler_config_defaults(self) -> Any:
+            return None
+
+    merged = Hooks(make_plugin_manager([First(), Second(), Nothing()], load_entry_points=False)).config_defaults()
+    assert merged == {"shared": "first", "a": 1, "b": 2}
+
+
+def test_register_commands_hook_adds_a_cli_command(tmp_path: Path) -> None:
+    site = make_dist(tmp_path / "site", "scheduler-hooks-hello", {"scheduler.hooks": {"hello": "hello_hooks"}}, {
+        "hello_hooks": """
+            import click
+            from scheduler.plugins.hookspecs import hookimpl
+
+            @hookimpl
+            def scheduler_register_commands(cli):
+                @cli.command("hello")
+                @click.argument("who", default="world")
+                def hello(who):
+                    \"\"\"Say hello.\"\"\"
+                    from scheduler.cli.output import emit
+                    emit({"greeting": f"hello {who}"}, lambda: click.echo(f"hello {who}"))
+        """})
+    env = {"PYTHONPATH": str(site), "SCHEDULER_DISABLE_PLUGINS": ""}
+    res = sub("hello", "plugins", env=env)
+    assert res.returncode == 0 and res.stdout == "hello plugins\n", res.stderr
+    res = sub("--json", "hello", env=env)
+    assert json.loads(res.stdout) == {"ok": True, "greeting": "hello world"}
+    res = sub("--json", "hello", env={**env, "SCHEDULER_DISABLE_PLUGINS": "hooks:hello"})
+    assert res.returncode == 2 and json.loads(res.stdout)["code"] == "INVALID_ARGUMENT"
+    # ... and the hook module costs nothing on the common paths.
+    res = subprocess.run([*scheduler_cmd()[:1], "-X", "importtime", *scheduler_cmd()[1:], "version"], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=60)
+    assert res.returncode == 0
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in res.stderr.splitlines() if ln.startswith("import time:")}
+    assert "scheduler.cli.main" in imported and "hello_hooks" not in imported and "pluggy" not in imported
+
+
+def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
+    from scheduler.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.jobs import create_jobs
+    from scheduler.queue import enqueue_manual
+    from scheduler.spec import validate_spec
+    from scheduler.store import open_store
+
+    store = open_store(db_path)
+    job = create_jobs(store, [validate_spec({"name": "hooked", "schedule_kind": "manual", "executor": "testkit",
+                                             "payload_message": "echo:hi"})])[0]
+    enqueue_manual(store, "hooked")
+    recorder = Recorder()
+    dispatcher = Dispatcher(store, DispatcherConfig(lease_ttl_ms=2000), hooks=Hooks(make_plugin_manager(extra=[recorder])))
+    assert dispatcher.run(duration_s=1.5) == 0
+    with store.read() as tx:
+        run = tx.one("SELECT * FROM runs WHERE job_id = ?", (job["id"],))
+    store.close()
+    assert run is not None and run["status"] == "ok"
+    states = [args for kind, args in recorder.calls if kind == "state"]
+    assert [(s[0], s[1], s[2], s[3]) for s in states] == [(run["id"], job["id"], None, "running"),
+                                                          (run["id"], job["id"], "running", "ok")]
+    assert states[0][4] == run["started_at"] and states[1][4] == run["finished_at"]
+    completed = [args for kind, args in recorder.calls if kind == "completed"]
+    assert len(completed) == 1
+    assert completed[0]["id"] == run["id"] and completed[0]["status"] == "ok" and completed[0]["job_id"] == job["id"]
+    assert "hi" in (completed[0]["stdout_excerpt"] or completed[0]["summary"] or "")
+    assert [k for k, _ in recorder.calls] == ["state", "state", "completed"]
