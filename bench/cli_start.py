@@ -26,7 +26,7 @@ TITLE = "5. CLI cold start"
 
 
 def params(ctx: Context) -> dict[str, Any]:
-    return {"runs": 5 if ctx.quick else 20}
+    return {"runs": 3 if ctx.quick else 20}
 
 
 def _spec(i: int) -> str:

@@ -52,7 +52,7 @@ class StampExecutor:
 
 
 def params(ctx: Context) -> dict[str, Any]:
-    return {"runs": 300 if ctx.quick else 1000, "gap_ms": [5, 20], "lead_ms": 1500, "concurrency": 4}
+    return {"runs": 200 if ctx.quick else 1000, "gap_ms": [5, 20], "lead_ms": 1000 if ctx.quick else 1500, "concurrency": 4}
 
 
 def _instants(count: int, first: int, gaps: list[int], seed: int = 20260101) -> list[int]:

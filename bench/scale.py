@@ -45,7 +45,7 @@ def params(ctx: Context) -> dict[str, Any]:
         "sizes": [10_000, 100_000] if ctx.quick else [10_000, 100_000, 1_000_000],
         "calls": 300 if ctx.quick else 1000,
         "warmup": 10,
-        "rss_duration_s": 2 if ctx.quick else 3,
+        "rss_duration_s": 1 if ctx.quick else 3,
     }
 
 

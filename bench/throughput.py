@@ -196,6 +196,7 @@ def run(ctx: Context) -> dict[str, Any]:
     p = params(ctx)
     directory = ctx.scratch(NAME)
     kernel, shaped, three = [], [], []
+    run_raw(directory, 200, batch=MATERIALISE_BATCH, tag="warm-up")  # first-use costs (imports, page cache), discarded
     for rep in range(p["reps"]):
         ctx.say(f"throughput rep {rep + 1}/{p['reps']}: raw loops")
         shaped.append(run_raw(directory, p["jobs"], batch=MATERIALISE_BATCH, tag=f"shaped-{rep}"))
