@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(BENCHMARKS[name])
             ctx.say(f"== {name}: {module.TITLE}")
             t0 = time.monotonic()
-            entry: dict[str, Any] = {"quick": args.quick, "machine": facts, "measured_at": facts["date_utc"]}
+            entry: dict[str, Any] = {"quick": args.quick, "machine": facts, "run": facts["date_utc"],
+                                     "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
             try:
                 entry["result"] = module.run(ctx)
             except Exception as exc:  # one broken benchmark must not hide the others

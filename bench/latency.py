@@ -64,7 +64,7 @@ def _instants(count: int, first: int, gaps: list[int], seed: int = 20260101) -> 
     return out
 
 
-def run_kernel(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+def run_kernel(ctx: Context, p: dict[str, Any], *, prepare: Any = None) -> dict[str, Any]:
     from scheduler.dispatcher import Dispatcher, DispatcherConfig
     from scheduler.jobs import create_jobs
     from scheduler.store import open_store
@@ -73,6 +73,8 @@ def run_kernel(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     directory = ctx.scratch(NAME)
     path = fresh_db(directory, "latency.db")
     store = open_store(str(path))
+    if prepare is not None:  # what-if experiments (bench/hotspots.py) only
+        prepare(store)
     instants = _instants(p["runs"], now_ms() + p["lead_ms"], p["gap_ms"])
     create_jobs(store, at_job_specs(p["runs"], at_ms=lambda i: instants[i], executor=EXECUTOR, prefix="late"))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=p["concurrency"], artifacts_root=directory / "artifacts"), say=None)

@@ -155,6 +155,7 @@ def _plot(ctx: Context, res: dict[str, Any]) -> str | None:
     ax.axhline(res["theirs"]["jobs_per_s"] * GOAL_RATIO, color="#d62728", ls="--", lw=1, label=f"goal: {GOAL_RATIO:g}x APScheduler")
     for bar, v in zip(bars, values):
         ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
+    ax.set_ylim(0, max(values + [res["theirs"]["jobs_per_s"] * GOAL_RATIO]) * 1.12)
     ax.set_ylabel("jobs per second (median)")
     ax.set_title(f"{res['params']['jobs']:,} no-op jobs due now, 4 workers, SQLite file")
     ax.legend(loc="upper right")

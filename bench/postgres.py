@@ -76,6 +76,28 @@ def _why_not() -> tuple[str | None, str | None]:
     return f"cannot connect to PostgreSQL database {DATABASE!r} at {HOST}:{PORT}: {' '.join(str(error).split())[:200]}", None
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used, from ``/proc/<pid>/stat``; 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine from ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    return float(total - idle), float(total)
+
+
 def _drop_schema(base_url: str, schema: str) -> None:
     import psycopg
     from psycopg import sql
@@ -136,6 +158,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str,
             raise RuntimeError(f"only {live} of {k} dispatchers took a lease within 60 s")
         ctx.say(f"  {k} dispatcher(s) holding leases after {time.monotonic() - deadline + 60:.1f} s")
         time.sleep(0.3)  # let each finish its start-up recovery pass and go idle
+        cpu_before = sum(_proc_cpu_s(p.pid) for p in procs)
+        busy_before, total_before = _machine_cpu()
         start_ms = now_ms()
         create_jobs(store, at_job_specs(jobs, at_ms=start_ms, payload=f"sleep:{SLEEP_S}", prefix="pg"), now=start_ms)
         end = time.monotonic() + budget_s
@@ -148,6 +172,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str,
             if all(p.poll() is not None for p in procs):
                 break
             time.sleep(0.05)
+        cpu_used = sum(_proc_cpu_s(p.pid) for p in procs) - cpu_before
+        busy_after, total_after = _machine_cpu()
         with store.read() as tx:
             summary_row = tx.one("SELECT COUNT(*) AS runs, COUNT(DISTINCT job_id) AS jobs_run,"
                                  " SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS ok, MAX(finished_at) AS last FROM runs")
@@ -163,7 +189,9 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str,
         raise RuntimeError(f"{k} dispatcher(s): {summary_row} for {jobs} jobs (each must run exactly once); stderr: {tails}")
     elapsed = max(0.001, (summary_row["last"] - start_ms) / 1000)
     return {"dispatchers": k, "jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed,
-            "ideal_jobs_per_s": k * CONCURRENCY / SLEEP_S, "shares": [int(s["runs"]) for s in shares]}
+            "ideal_jobs_per_s": k * CONCURRENCY / SLEEP_S, "shares": [int(s["runs"]) for s in shares],
+            "dispatcher_cpu_ms_per_job": cpu_used * 1000 / jobs,
+            "machine_busy": (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None}
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -186,6 +214,7 @@ def run(ctx: Context) -> dict[str, Any]:
     res: dict[str, Any] = {
         "params": p,
         "server": _server_version(base_url, psycopg),
+        "cores": os.cpu_count(),
         "rows": rows,
         "ratio": ratio(rows[-1]["jobs_per_s"], one),
         "goal": GOAL_RATIO,
@@ -236,14 +265,22 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
 def render(res: dict[str, Any]) -> str:
     p = res["params"]
     rows = [(fmt(r["dispatchers"]), fmt(r["elapsed_s"], 2), fmt(r["jobs_per_s"], 1), f"{r['speedup']:.2f}x",
-             fmt(r["ideal_jobs_per_s"], 0), f"{r['efficiency']:.0%}", " / ".join(str(s) for s in r["shares"]))
+             fmt(r["ideal_jobs_per_s"], 0), f"{r['efficiency']:.0%}", " / ".join(str(s) for s in r["shares"]),
+             fmt(r.get("dispatcher_cpu_ms_per_job"), 1),
+             f"{r['machine_busy']:.0%}" if r.get("machine_busy") is not None else "—")
             for r in res["rows"]]
     out = [
         f"PostgreSQL {res['server']} at {HOST}:{PORT}/{DATABASE}, a fresh schema per row. {p['jobs']} one-shot jobs due now, "
         f"testkit `sleep:{SLEEP_S}`, created in one transaction while k `scheduler run --shared --concurrency {p['concurrency']}` "
         "processes were idle; timed from that commit to the last run's `finished_at`. Every job ran exactly once (checked).",
         "",
-        md_table(["dispatchers", "seconds", "jobs/s", "vs one", "ideal jobs/s", "of ideal", "runs per dispatcher"], rows),
+        md_table(["dispatchers", "seconds", "jobs/s", "vs one", "ideal jobs/s", "of ideal", "runs per dispatcher",
+                  "dispatcher CPU ms/job", "machine CPU busy"], rows),
+        "",
+        "Dispatcher CPU is the user+system time the dispatcher processes used while the jobs ran (`/proc/<pid>/stat`); "
+        "machine CPU busy is the share of all cores busy meanwhile (`/proc/stat`: PostgreSQL, the dispatchers, this bench "
+        "and anything else running). Near 100% the figure is limited by this machine's cores, not by the dispatchers' "
+        f"coordination ({res.get('cores', '?')} cores here).",
         "",
         f"3 dispatchers / 1 dispatcher: **{res['ratio']:.2f}x**, goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}.",
     ]

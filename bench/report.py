@@ -102,7 +102,7 @@ def render(results: dict[str, Any], *, facts: dict[str, Any], order: list[str], 
         out += ["", f"## {module.TITLE}", ""]
         when = f"Measured {entry.get('measured_at', '?')} ({'quick' if entry.get('quick') else 'full'} form"
         when += f", {entry['seconds']} s)." if "seconds" in entry else ")."
-        if entry.get("machine", {}).get("date_utc") != facts["date_utc"]:
+        if entry.get("run") != facts["date_utc"]:
             when += " (kept from an earlier run)"
         out += [f"_{when}_", ""]
         if "error" in entry:

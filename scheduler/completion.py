@@ -100,9 +100,11 @@ def apply_consequences(
         "UPDATE job_dispatch_queue SET status = 'done', updated_at = ?, last_error = ? WHERE id = ?",
         (now, run["error_code"] if status != "ok" else None, run["dispatch_id"]),
     )
+    data: dict[str, Any] = {"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]}
+    if details:
+        data["details"] = details  # executor-reported metadata (never output text or secrets)
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
-                 actor=run["dispatcher_owner"], at=now,
-                 data={"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]})
+                 actor=run["dispatcher_owner"], at=now, data=data)
     job = tx.one("SELECT * FROM jobs WHERE id = ?", (run["job_id"],))
     if job is None:
         return

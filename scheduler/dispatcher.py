@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Longest the loop sleeps without looking at the database.
 MAX_SLEEP_S = 1.0
+#: How long a failed executor load is remembered before the dispatcher tries again.
+EXECUTOR_RETRY_S = 30.0
 
 
 @attrs.define
@@ -331,19 +333,22 @@ class Dispatcher:
             self._active[s.run_id] = (future, control, s)
 
     def _executor(self, name: str) -> Any:
-        if name not in self._executors:
+        """The loaded executor; a load failure is remembered for a short while, then retried (a fix may be installed)."""
+        cached = self._executors.get(name)
+        if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
             from scheduler.plugins.loader import load_provider
 
             try:
-                self._executors[name] = load_provider("executor", name)
+                cached = load_provider("executor", name)
             except SchedulerError as exc:
-                self._executors[name] = SchedulerError(
+                err = SchedulerError(
                     "EXECUTOR_NOT_AVAILABLE", f"executor {name!r} is not available: {exc.message}", details={"cause": exc.code}
                 )
-        found = self._executors[name]
-        if isinstance(found, SchedulerError):
-            raise found
-        return found
+                cached = (err, time.monotonic() + EXECUTOR_RETRY_S)
+            self._executors[name] = cached
+        if isinstance(cached, tuple):
+            raise cached[0]
+        return cached
 
     def _execute(self, s: StartedRun, control: DbRunControl) -> None:
         spec = spec_from_row(s.job)
@@ -362,7 +367,8 @@ class Dispatcher:
                 result = ExecutionResult(status="error", error_code="EXECUTOR_INVALID_RESULT",
                                          error_message=f"executor {spec.executor_name()!r} returned {type(result).__name__}")
         except SchedulerError as exc:
-            result = ExecutionResult(status="error", error_code=exc.code, error_message=exc.message)
+            details = exc.details if isinstance(exc.details, dict) else {}
+            result = ExecutionResult(status="error", error_code=exc.code, error_message=exc.message, details=details)
         except Exception as exc:
             log.exception("executor crashed")
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")

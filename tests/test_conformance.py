@@ -1,7 +1,7 @@
 """Tests for the conformance engine, its fixtures, CLI, CI runner and pytest adapter.
 
 Real parts throughout: the fixtures on disk, entry-point loading of the test-only
-``scheduler-executor-broken`` distribution (installed by the Makefile from
+``scheduler-executor-broken`` distribution (side-loaded from
 ``tests/support/``), real subprocesses and process groups in the honest reference
 executor below, and real ``python -m`` / ``pytest`` child processes.
 """
@@ -53,21 +53,32 @@ def _fixture_files() -> list[Path]:
     return sorted((FIXTURES / "v1").glob("*/*.json"))
 
 
+_SIDELOADED: list[str] = []
+
+
 @pytest.fixture(scope="module")
-def broken_installed() -> None:
-    """The broken test distribution must be installed (the Makefile installs tests/support/*)."""
-    names = {ep.name for ep in entry_points(group="scheduler.executors")}
-    missing = {"broken", "broken-import", "broken-api"} - names
-    if missing:
-        pytest.fail(
-            f"executors {sorted(missing)} not installed: pip install --no-deps -e tests/support/scheduler-executor-broken",
-            pytrace=False,
-        )
+def broken_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The broken test distribution, visible to entry-point discovery for this module only.
+
+    It is side-loaded (a dist-info on sys.path), never installed, so a user's
+    environment never carries deliberately broken plugins.
+    """
+    from kernel_testing import sideload_distribution
+
+    paths = sideload_distribution(REPO / "tests" / "support" / "scheduler-executor-broken", tmp_path_factory.mktemp("sideload"))
+    with pytest.MonkeyPatch.context() as mp:
+        for entry in reversed(paths):
+            mp.syspath_prepend(entry)
+        _SIDELOADED[:] = paths
+        names = {ep.name for ep in entry_points(group="scheduler.executors")}
+        assert {"broken", "broken-import", "broken-api"} <= names
+        yield
+        _SIDELOADED.clear()
 
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([*_SIDELOADED, str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env.pop(FIXTURES_ENV, None)
     return env
 

@@ -160,7 +160,8 @@ def _toggle(job: str, enabled: bool) -> None:
     from scheduler.jobs import job_to_json, set_enabled
 
     view = job_to_json(set_enabled(open_ctx_store(), job, enabled))
-    emit({"job": view}, lambda: click.echo(f"{view['name']} is {view['state']}; next run {local_time(view['next_run_at'])}"))
+    nxt = f"; next run {local_time(view['next_run_at'])}" if view["state"] == "enabled" else ""
+    emit({"job": view}, lambda: click.echo(f"{view['name']} is {view['state']}{nxt}"))
 
 
 @jobs_group.command("enable")

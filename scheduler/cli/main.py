@@ -134,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     args, as_json = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     obj: dict[str, Any] = {"json": as_json}
     try:
-        cli.main(args=args, prog_name="scheduler", standalone_mode=False, obj=obj)
-        return 0
+        rv = cli.main(args=args, prog_name="scheduler", standalone_mode=False, obj=obj)
+        # standalone_mode=False returns ctx.exit(code) instead of raising it
+        return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SchedulerError as exc:
         _with_json(as_json, lambda: error_out(exc.code, exc.message, exc.details))
         return exc.exit_code or 1

@@ -144,6 +144,9 @@ class Report:
         if self.error is not None:
             out["error"] = self.error["message"]
             out["code"] = self.error["code"]
+        elif self.failed:
+            out["error"] = f"{self.failed} conformance case(s) failed"
+            out["code"] = "CONFORMANCE_FAILED"
         return out
 
 

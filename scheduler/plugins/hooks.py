@@ -29,9 +29,14 @@ def make_plugin_manager(extra: Iterable[object] = (), *, load_entry_points: bool
         for ep in _entry_points("scheduler.hooks"):
             if is_disabled("scheduler.hooks", ep.name):
                 continue
+            plugin = None
             try:
-                pm.register(ep.load(), name=f"entrypoint:{ep.name}")
+                plugin = ep.load()
+                pm.register(plugin, name=f"entrypoint:{ep.name}")
+                pm.check_pending()  # an @hookimpl naming no hookspec is this plugin's failure, not everyone's
             except Exception as exc:
+                if plugin is not None and pm.is_registered(plugin):
+                    pm.unregister(plugin)
                 failures.append({"name": ep.name, "distribution": _dist_name(ep), "error": f"{type(exc).__name__}: {exc}"})
                 log.warning("hook plugin %s from %s failed to load: %s", ep.name, _dist_name(ep), exc)
     if failures and strict_loading():
@@ -51,21 +56,23 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager | None = None) -> None:
         self.pm = pm if pm is not None else make_plugin_manager()
 
+    def _notify_each(self, name: str, **kwargs: Any) -> None:
+        """Call every implementation of an observer hook; one failing observer never silences the others."""
+        for impl in getattr(self.pm.hook, name).get_hookimpls():
+            try:
+                impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception:
+                log.exception("%s hook of %s failed", name, impl.plugin_name)
+
     def run_state_changed(self, run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
         """Notify observers of a committed transition; observer errors are logged, never raised."""
-        try:
-            self.pm.hook.scheduler_run_state_changed(
-                run_id=run_id, job_id=job_id, old_status=old_status, new_status=new_status, at_ms=at_ms
-            )
-        except Exception:
-            log.exception("scheduler_run_state_changed hook failed")
+        self._notify_each(
+            "scheduler_run_state_changed", run_id=run_id, job_id=job_id, old_status=old_status, new_status=new_status, at_ms=at_ms
+        )
 
     def run_completed(self, run: dict[str, Any]) -> None:
         """Notify observers that a run's completion committed."""
-        try:
-            self.pm.hook.scheduler_run_completed(run=run)
-        except Exception:
-            log.exception("scheduler_run_completed hook failed")
+        self._notify_each("scheduler_run_completed", run=run)
 
     def dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
         """First veto reason from any plugin, or None. A failing hook vetoes (fail closed)."""

@@ -22,9 +22,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def scheduler_run_state_changed(run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
     """A run moved from ``old_status`` to ``new_status`` (after the transition committed).
 
-    Called in the dispatcher process for every transition it commits. Must be quick
-    and must not raise; exceptions are logged and swallowed so an observer can never
-    block a run. Use it for metrics, logs and notifications.
+    Called in the dispatcher process when it starts a run (``None`` -> ``running``),
+    finishes one (``running`` -> terminal) or ends an orphan during crash recovery
+    (``running`` -> ``crashed``). Must be quick; an exception is logged and swallowed,
+    and the other observers are still called, so an observer can never block a run.
     """
 
 
@@ -39,9 +40,10 @@ def scheduler_register_commands(cli: Any) -> None:
 
 @hookspec
 def scheduler_config_defaults() -> dict[str, Any]:
-    """Return configuration defaults a plugin contributes (merged, kernel keys win).
+    """Return configuration defaults a plugin contributes, as ``{"key": value}``.
 
-    Values appear in ``scheduler config`` output under the plugin's keys.
+    ``scheduler config`` shows them beside the kernel's settings; a plugin cannot
+    override a kernel key (kernel keys win), and among plugins the first registered wins.
     """
 
 

@@ -133,7 +133,8 @@ def load_driver(group: str, name: str) -> Any:
             f"{_short_group(group)} driver {name!r} from {dist} failed to load: {type(cause).__name__}: {cause}",
             details={"group": group, "name": name, "distribution": dist},
         ) from None
-    check_api(obj, group=group, name=name, dist=dist)
+    if isinstance(obj, type) or hasattr(obj, "plugin_api"):
+        check_api(obj, group=group, name=name, dist=dist)  # a factory function is checked on what it returns
     return obj
 
 
@@ -145,7 +146,7 @@ def load_provider(kind: str, name: str) -> Any:
     target = load_driver(group, name)
     dist = next((_dist_name(ep) for ep in _entry_points(group) if ep.name == name), "unknown distribution")
     try:
-        provider = target() if isinstance(target, type) or (callable(target) and not hasattr(target, "plugin_api")) else target
+        provider = target() if isinstance(target, type) or not hasattr(target, "plugin_api") else target
     except Exception as exc:
         raise SchedulerError(
             "PLUGIN_LOAD_FAILED", f"{kind} driver {name!r} from {dist} failed to initialise: {type(exc).__name__}: {exc}"
@@ -186,7 +187,8 @@ def inventory(load: bool = True) -> list[dict[str, Any]]:
             elif load:
                 try:
                     obj = ep.load()
-                    check_api(obj, group=group, name=ep.name, dist=row["distribution"])
+                    if isinstance(obj, type) or hasattr(obj, "plugin_api"):
+                        check_api(obj, group=group, name=ep.name, dist=row["distribution"])
                     row["status"] = "ok"
                     row["plugin_api"] = getattr(obj, "plugin_api", None)
                     row["capabilities"] = sorted(getattr(obj, "capabilities", ()) or ())

@@ -409,7 +409,9 @@ class PostgresStore:
         transaction commits. A failure is logged, never raised: the change it announces
         is already committed, and dispatchers also wake on their own timers.
         """
-        pool = self._require_pool()
+        pool = self._pool
+        if pool is None:  # closed or never initialised: nothing to announce through
+            return
         local = self._local
         if getattr(local, "depth", 0) and getattr(local, "write", False):
             local.tx.execute("SELECT pg_notify(?, '')", (self.channel,))

@@ -56,7 +56,7 @@ class TestkitExecutor:
                     if time.time() * 1000 >= request.deadline_ms:
                         return result("timeout", error_code="RUN_TIMEOUT", error_message="deadline passed")
                     if control.wait_cancelled(min(remaining, 0.02)):
-                        return result("cancelled", error_code="CANCELLED", error_message=control.cancel_reason())
+                        return result("cancelled", error_code="RUN_CANCELLED", error_message=control.cancel_reason())
             elif name == "spawn":
                 proc = subprocess.Popen(["sleep", arg], start_new_session=True)
                 control.record_process(proc.pid, os.getpgid(proc.pid), process_identity(proc.pid) or "")
@@ -64,7 +64,7 @@ class TestkitExecutor:
                     if control.wait_cancelled(0.02):
                         control.record_termination(kill_group(proc.pid, 1.0))
                         proc.wait()
-                        return result("cancelled", error_code="CANCELLED", error_message=control.cancel_reason())
+                        return result("cancelled", error_code="RUN_CANCELLED", error_message=control.cancel_reason())
                 if proc.returncode != 0:
                     return result("error", exit_code=proc.returncode, error_code="EXIT_NONZERO")
             else:
