@@ -273,12 +273,14 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
     UNIQUE (group_key, part_index)
 );
 CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE status = 'pending';
--- A delivered part is never sent again.
-CREATE TRIGGER IF NOT EXISTS outbox_delivered_is_final
-BEFORE UPDATE OF status ON delivery_outbox
-WHEN OLD.status = 'delivered' AND NEW.status <> 'delivered'
+-- A delivered part is final: never sent again, never rewritten.
+-- (Replaces the narrower status-only trigger of early v2 databases.)
+DROP TRIGGER IF EXISTS outbox_delivered_is_final;
+CREATE TRIGGER IF NOT EXISTS outbox_delivered_immutable
+BEFORE UPDATE ON delivery_outbox
+WHEN OLD.status = 'delivered'
 BEGIN
-    SELECT RAISE(ABORT, 'OUTBOX_DELIVERED: a delivered part is never re-sent');
+    SELECT RAISE(ABORT, 'OUTBOX_DELIVERED: a delivered part is final and never re-sent');
 END;
 
 CREATE TABLE IF NOT EXISTS delivery_attachments (

@@ -555,8 +555,12 @@ def test_delivered_outbox_part_is_never_resent(store: Any) -> None:
             " VALUES ('o1', 'webhook', 'k1', 'g1', 'hello', 'delivered', 1, 2, 1, 2)")
     for other in ("pending", "claimed", "failed", "cancelled"):
         refused(store, "UPDATE delivery_outbox SET status = ? WHERE id = 'o1'", (other,), "OUTBOX_DELIVERED")
+    # final means final: the body, target and attempts of a delivered part cannot be rewritten either
+    refused(store, "UPDATE delivery_outbox SET body = 'changed' WHERE id = 'o1'", (), "OUTBOX_DELIVERED")
+    refused(store, "UPDATE delivery_outbox SET attempts = attempts + 1 WHERE id = 'o1'", (), "OUTBOX_DELIVERED")
     with store.read() as tx:
-        assert tx.scalar("SELECT status FROM delivery_outbox WHERE id = 'o1'") == "delivered"
+        row = tx.one("SELECT status, body, attempts FROM delivery_outbox WHERE id = 'o1'")
+    assert row == {"status": "delivered", "body": "hello", "attempts": 0}
 
 
 # --- column conventions -----------------------------------------------------------------------

@@ -293,10 +293,12 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE status = 'pending';
 -- A delivered part is never sent again.
-CREATE OR REPLACE TRIGGER outbox_delivered_is_final
-BEFORE UPDATE OF status ON delivery_outbox
-FOR EACH ROW WHEN (OLD.status = 'delivered' AND NEW.status <> 'delivered')
-EXECUTE FUNCTION scheduler_refuse('OUTBOX_DELIVERED: a delivered part is never re-sent');
+-- Replaces the narrower status-only trigger of early v2 schemas.
+DROP TRIGGER IF EXISTS outbox_delivered_is_final ON delivery_outbox;
+CREATE OR REPLACE TRIGGER outbox_delivered_immutable
+BEFORE UPDATE ON delivery_outbox
+FOR EACH ROW WHEN (OLD.status = 'delivered')
+EXECUTE FUNCTION scheduler_refuse('OUTBOX_DELIVERED: a delivered part is final and never re-sent');
 
 CREATE TABLE IF NOT EXISTS delivery_attachments (
     id           TEXT    PRIMARY KEY,
