@@ -447,3 +447,56 @@ def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
     assert completed[0]["id"] == run["id"] and completed[0]["status"] == "ok" and completed[0]["job_id"] == job["id"]
     assert "hi" in (completed[0]["stdout_excerpt"] or completed[0]["summary"] or "")
     assert [k for k, _ in recorder.calls] == ["state", "state", "completed"]
+
+
+def test_one_failing_observer_does_not_silence_the_others() -> None:
+    seen: list[str] = []
+
+    class Broken:
+        @hookimpl
+        def scheduler_run_completed(self, run: dict[str, Any]) -> None:
+            raise RuntimeError("metrics down")
+
+    class Listener:
+        @hookimpl
+        def scheduler_run_completed(self, run: dict[str, Any]) -> None:
+            seen.append(run["id"])
+
+    # registration order decides call order (last registered first): put the broken one first in line
+    hooks = Hooks(make_plugin_manager([Listener(), Broken()], load_entry_points=False))
+    hooks.run_completed({"id": "r1"})
+    assert seen == ["r1"]
+
+
+def test_hook_module_with_an_unknown_hook_is_rejected_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = make_dist(tmp_path / "site", "scheduler-hooks-typo", {"scheduler.hooks": {"typo": "typo_hooks", "fine": "fine_hooks"}}, {
+        "typo_hooks": """
+            from scheduler.plugins.hookspecs import hookimpl
+
+            @hookimpl
+            def scheduler_run_state_chnaged(run_id, job_id, old_status, new_status, at_ms):
+                pass
+        """,
+        "fine_hooks": """
+            from scheduler.plugins.hookspecs import hookimpl
+
+            @hookimpl
+            def scheduler_config_defaults():
+                return {"fine.greeting": "hi", "db": "/tmp/hijacked.db"}
+        """})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv("SCHEDULER_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("SCHEDULER_STRICT_PLUGINS", raising=False)
+    pm = make_plugin_manager()
+    names = {pm.get_name(p) for p in pm.get_plugins()}
+    assert "entrypoint:fine" in names and "entrypoint:typo" not in names
+    # the good module still contributes configuration, and cannot override a kernel key
+    res = sub("--json", "--db", str(tmp_path / "x.db"), "config", env={"PYTHONPATH": str(site), "SCHEDULER_DISABLE_PLUGINS": ""})
+    out = json.loads(res.stdout)
+    assert res.returncode == 0 and out["config"]["fine.greeting"] == "hi" and out["sources"]["fine.greeting"] == "plugin"
+    assert out["config"]["db"] == str(tmp_path / "x.db") and out["sources"]["db"] == "kernel"
+    assert not (tmp_path / "x.db").exists()  # config never opens the database
+    monkeypatch.setenv("SCHEDULER_STRICT_PLUGINS", "1")
+    with pytest.raises(SchedulerError) as info:
+        make_plugin_manager()
+    assert info.value.code == "PLUGIN_LOAD_FAILED" and "typo" in info.value.message

@@ -21,6 +21,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "version": ("scheduler.cli.info_cmd", "version_cmd", "Print the scheduler version."),
     "schema": ("scheduler.cli.info_cmd", "schema_cmd", "Print the job-spec field catalogue or the SQL schema."),
     "capabilities": ("scheduler.cli.info_cmd", "capabilities_cmd", "Print what this scheduler supports."),
+    "config": ("scheduler.cli.config_cmd", "config_cmd", "Show effective settings (kernel and plugin defaults)."),
     "plugins": ("scheduler.cli.info_cmd", "plugins_group", "Inspect installed plugins."),
     "status": ("scheduler.cli.status_cmd", "status_cmd", "Lease, queue, runs and recovery state at a glance."),
     "doctor": ("scheduler.cli.status_cmd", "doctor_cmd", "Check database health and plugins; exit 1 when unhealthy."),

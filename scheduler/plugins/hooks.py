@@ -58,7 +58,7 @@ class Hooks:
 
     def _notify_each(self, name: str, **kwargs: Any) -> None:
         """Call every implementation of an observer hook; one failing observer never silences the others."""
-        for impl in getattr(self.pm.hook, name).get_hookimpls():
+        for impl in reversed(getattr(self.pm.hook, name).get_hookimpls()):  # pluggy order: last registered first
             try:
                 impl.function(*[kwargs[arg] for arg in impl.argnames])
             except Exception:

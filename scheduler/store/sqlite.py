@@ -232,6 +232,7 @@ class SQLiteStore:
         if self._local.depth:
             yield _SQLiteTx(conn)
             return
+        conn.execute("PRAGMA query_only = ON")  # a write inside read() fails here as it does on PostgreSQL
         conn.execute("BEGIN")
         self._local.depth = 1
         try:
@@ -240,6 +241,7 @@ class SQLiteStore:
             self._local.depth = 0
             if conn.in_transaction:
                 conn.execute("COMMIT")
+            conn.execute("PRAGMA query_only = OFF")
 
     # -- wake-ups ------------------------------------------------------------------------------
 
