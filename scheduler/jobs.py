@@ -42,6 +42,27 @@ def initial_schedule(spec: JobSpec, now: int) -> tuple[int | None, int | None]:
     return next_fire(schedule, now), None
 
 
+def repair_missing_next_runs(store: Store, *, now: int | None = None, limit: int = 500) -> int:
+    """Recompute and store the next run of recurring jobs that have none.
+
+    A missing next run never means "fire now": it is computed from the schedule
+    (from now, so nothing fires for the gap) and stored, with an event.
+    """
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        rows = tx.all(
+            "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every') LIMIT ?", (limit,)
+        )
+        for row in rows:
+            next_run, anchor = initial_schedule(spec_from_row(row), now)
+            tx.execute(
+                "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at IS NULL",
+                (next_run, anchor, now, row["id"]),
+            )
+            append_event(tx, "job.next_run_repaired", job_id=row["id"], at=now, data={"next_run_at": next_run})
+    return len(rows)
+
+
 def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
     """A job row by id or by name; ``NOT_FOUND`` otherwise."""
     row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))

@@ -16,6 +16,7 @@ from typing import Any
 from scheduler.completion import apply_consequences
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
+from scheduler.jobs import repair_missing_next_runs
 from scheduler.lease import FENCE_COUNTER, Lease, assert_live, next_token, owner_host
 from scheduler.processes import kill_group, orphan_group_safe_to_kill
 from scheduler.queue import insert_dispatch, release_expired_claims
@@ -114,4 +115,5 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0) -> list[di
             apply_consequences(tx, fresh, now=now, allow_retry=not replay)
             report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
     release_expired_claims(store)
+    repair_missing_next_runs(store)
     return report

@@ -397,3 +397,45 @@ def test_due_job_starts_within_milliseconds(store, dispatcher):
     run = wait_for(lambda: run_rows(store, job["id"]), what="run")[0]
     assert run["scheduled_for"] == at
     assert 0 <= run["started_at"] - at < 100
+
+
+def test_missing_next_run_is_recomputed_and_stored_never_fired_now(store, dispatcher):
+    from scheduler.jobs import repair_missing_next_runs
+
+    job = add_job(store, schedule_kind="cron", schedule_cron="0 0 1 1 *", payload_message="ok")
+    with store.transaction() as tx:  # lost, e.g. by direct SQL
+        tx.execute("UPDATE jobs SET next_run_at = NULL WHERE id = ?", (job["id"],))
+    before = now_ms()
+    assert repair_missing_next_runs(store) == 1
+    with store.read() as tx:
+        nxt = tx.scalar("SELECT next_run_at FROM jobs WHERE id = ?", (job["id"],))
+        events = tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE job_id = ? AND kind = 'job.next_run_repaired'", (job["id"],))
+    assert nxt == job["next_run_at"] and nxt > before and events == 1
+    # and a dispatcher does the same on its own, without running the job
+    with store.transaction() as tx:
+        tx.execute("UPDATE jobs SET next_run_at = NULL WHERE id = ?", (job["id"],))
+    dispatcher(lease_ttl_ms=600)
+    wait_for(lambda: store_value(store, "SELECT next_run_at FROM jobs WHERE id = ?", job["id"]) == nxt, what="repaired")
+    assert run_rows(store, job["id"]) == []
+
+
+def store_value(store, sql, *params):
+    with store.read() as tx:
+        return tx.scalar(sql, params)
+
+
+def test_fenced_bookkeeping_after_takeover_raises(store):
+    from scheduler.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
+
+    job = add_job(store, payload_message="ok")
+    d = Dispatcher(store, DispatcherConfig(lease_ttl_ms=1000))
+    d.lease = leases.acquire(store, d.lease_name, d.owner, 1000)
+    enqueue_manual(store, job["id"])
+    started = claim_and_start(store, d.lease, limit=1)
+    control = DbRunControl(d, started[0].run_id, job["id"])
+    control.record_process(12345, 12345, "ticks:1")
+    assert run_rows(store, job["id"])[0]["pid"] == 12345
+    leases.acquire(store, d.lease_name, "someone-else", 1000, now=now_ms() + 5000)  # takeover after expiry
+    with pytest.raises(leases.LeaseLost):
+        control.record_process(999, 999, "ticks:2")
+    assert run_rows(store, job["id"])[0]["pid"] == 12345  # nothing written by the stale owner

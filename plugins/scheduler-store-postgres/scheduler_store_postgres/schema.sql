@@ -112,6 +112,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 -- The dispatcher's wake-up query: earliest due enabled job. Partial index keeps it O(log n).
 CREATE INDEX IF NOT EXISTS jobs_due_idx ON jobs(next_run_at) WHERE enabled = 1 AND next_run_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_parent_idx ON jobs(parent_id) WHERE parent_id IS NOT NULL;
+-- Recurring jobs that lost their next run (direct SQL, an old import): found without a scan, repaired by recovery.
+CREATE INDEX IF NOT EXISTS jobs_missing_next_idx ON jobs(id)
+    WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every');
 
 -- Named leases with fencing tokens. Rows are never deleted so tokens never go back.
 CREATE TABLE IF NOT EXISTS dispatcher_leases (
