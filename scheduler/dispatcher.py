@@ -276,25 +276,39 @@ class Dispatcher:
         return 0
 
     def _tick(self) -> float:
-        """One pass: propagate cancels, materialise due slots, claim and start work; returns the sleep."""
+        """One pass: propagate cancels, materialise due slots, claim and start work; returns the sleep.
+
+        An idle pass costs one indexed read. A busy pass materialises and claims in one
+        write transaction (one commit), so a due run starts within a few milliseconds.
+        """
         assert self.lease is not None
+        tick_now = now_ms()
         self._propagate_cancels()
-        if materialize_due(self.store):
-            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim them too
-        with self._active_lock:
-            free = self.config.concurrency - len(self._active)
-        started = claim_and_start(self.store, self.lease, limit=free, veto=self.hooks.dispatch_veto if self.hooks else None) if free > 0 else []
-        for s in started:
-            self._submit(s)
-        if started:
-            return 0.0
         with self.store.read() as tx:
             due = next_due(tx)
+        if due is not None and due <= tick_now:
+            with self._active_lock:
+                free = self.config.concurrency - len(self._active)
+            veto = self.hooks.dispatch_veto if self.hooks else None
+            with self.store.transaction():
+                created = materialize_due(self.store, now=tick_now)
+                started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto) if free > 0 else []
+            if created:
+                self.store.notify_change()  # other dispatchers (PostgreSQL) may claim them too
+            for s in started:
+                self._submit(s)
+            if started:
+                return 0.0
+            with self.store.read() as tx:
+                due = next_due(tx)
         if due is None:
             return MAX_SLEEP_S
-        wait = (due - now_ms()) / 1000
-        # Due work we could not start (pool full, or waiting behind a running job): sleep until something changes.
-        return MAX_SLEEP_S / 2 if wait <= 0 else min(wait, MAX_SLEEP_S)
+        if due <= tick_now:
+            # Due work this pass could not start (pool full, or waiting behind a running run of
+            # the same job): sleep until something changes (a run finishing wakes us).
+            return MAX_SLEEP_S / 2
+        # Not due at the start of this pass (maybe due by now: then the loop comes straight back).
+        return min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
 
     def _wait(self, timeout: float) -> None:
         end = time.monotonic() + timeout

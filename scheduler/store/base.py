@@ -6,7 +6,7 @@ Kernel logic (jobs, queue, lease, run state, completion) writes portable SQL wit
 (``INSERT OR IGNORE``, ``IFNULL``, two-argument ``MAX``/``MIN``, ``json_*``, ``GLOB``);
 no TEXT column compared with an integer parameter; never continue a transaction
 after catching ``CONSTRAINT_VIOLATION`` (PostgreSQL aborts the whole transaction:
-use ``ON CONFLICT`` instead); never write inside ``read()`` (both stores refuse it). Everything that differs between dialects
+use ``ON CONFLICT`` instead); never write inside ``read()`` (PostgreSQL refuses it). Everything that differs between dialects
 lives behind this interface: connection handling, transaction start, row locking
 for claims, wake-up signalling, schema initialisation and health checks.
 """

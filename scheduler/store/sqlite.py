@@ -9,6 +9,7 @@ idle dispatcher wakes within milliseconds of a CLI ``jobs add`` without a socket
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -23,9 +24,13 @@ from scheduler.store import migrations
 from scheduler.store.base import Params
 from scheduler.timeutil import now_ms
 
+log = logging.getLogger(__name__)
+
 BUSY_TIMEOUT_MS = 10_000
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
+#: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
+CHECKPOINT_INTERVAL_S = 1.0
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -82,6 +87,13 @@ class SQLiteStore:
         self._local = threading.local()
         self._all_conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        #: Serialises this process's write transactions. Threads then queue on a Python lock
+        #: (woken the moment the writer commits) instead of SQLite's busy handler, which
+        #: sleeps in growing steps and made a busy dispatcher's runs start hundreds of ms late.
+        self._write_lock = threading.Lock()
+        self._wrote = False
+        self._checkpoint_thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self._initialized = False
         #: Test hook passed to migrations (see ``migrations.StepHook``).
         self.migration_step_hook: migrations.StepHook | None = None
@@ -94,6 +106,9 @@ class SQLiteStore:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        # Checkpoints run on a background thread (see _checkpointer), never inside a commit that
+        # other threads of this process are queued behind.
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -213,17 +228,21 @@ class SQLiteStore:
             finally:
                 self._local.depth -= 1
             return
-        conn.execute("BEGIN IMMEDIATE")
-        self._local.depth = 1
-        try:
-            yield _SQLiteTx(conn)
-        except BaseException:
+        with self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            self._local.depth = 1
+            try:
+                yield _SQLiteTx(conn)
+            except BaseException:
+                self._local.depth = 0
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             self._local.depth = 0
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        self._local.depth = 0
-        conn.execute("COMMIT")
+            conn.execute("COMMIT")
+        self._wrote = True
+        if self._checkpoint_thread is None:
+            self._start_checkpointer()
 
     @contextmanager
     def read(self) -> Iterator[_SQLiteTx]:
@@ -232,7 +251,6 @@ class SQLiteStore:
         if self._local.depth:
             yield _SQLiteTx(conn)
             return
-        conn.execute("PRAGMA query_only = ON")  # a write inside read() fails here as it does on PostgreSQL
         conn.execute("BEGIN")
         self._local.depth = 1
         try:
@@ -241,7 +259,6 @@ class SQLiteStore:
             self._local.depth = 0
             if conn.in_transaction:
                 conn.execute("COMMIT")
-            conn.execute("PRAGMA query_only = OFF")
 
     # -- wake-ups ------------------------------------------------------------------------------
 
@@ -285,7 +302,42 @@ class SQLiteStore:
         checks.append({"check": "writable", "ok": writable, "detail": str(self.path.parent)})
         return checks
 
+    def _start_checkpointer(self) -> None:
+        with self._lock:
+            if self._checkpoint_thread is not None:
+                return
+            self._checkpoint_thread = threading.Thread(target=self._checkpointer, name="sqlite-checkpoint", daemon=True)
+        self._checkpoint_thread.start()
+
+    def _checkpointer(self) -> None:
+        """Fold the WAL into the database every second after writes, off every commit path."""
+        conn = self._connect()
+        try:
+            while not self._closing.wait(CHECKPOINT_INTERVAL_S):
+                if self._wrote:
+                    self._wrote = False
+                    try:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.Error as exc:  # busy or closed: the next round tries again
+                        log.debug("checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the database now (PASSIVE: readers and writers are not blocked)."""
+        self._conn().execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def close(self) -> None:
+        if self._initialized and self._wrote:
+            try:
+                self.checkpoint()
+            except (sqlite3.Error, SchedulerError):
+                pass
+        self._closing.set()
+        if self._checkpoint_thread is not None:
+            self._checkpoint_thread.join(timeout=5)
+        self._checkpoint_thread = None
+        self._closing = threading.Event()
         with self._lock:
             conns, self._all_conns = self._all_conns, []
         for conn in conns:
