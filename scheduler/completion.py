@@ -65,11 +65,19 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
     return cols
 
 
-def complete_run(store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None) -> dict[str, Any]:
-    """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner."""
+def complete_run(
+    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None, check_lease: bool = True
+) -> dict[str, Any]:
+    """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
+
+    ``check_lease=False`` is for a caller that already asserted the lease in the same
+    transaction (the dispatcher's group commit); the run's owner/token compare-and-swap
+    is always done.
+    """
     now = now_ms() if now is None else now
     with store.transaction() as tx:
-        assert_live(tx, lease, now=now)
+        if check_lease:
+            assert_live(tx, lease, now=now)
         run = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
         status = result.status
         cancelled = run is not None and run["cancel_requested_at"] is not None

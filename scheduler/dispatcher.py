@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Longest the loop sleeps without looking at the database.
 MAX_SLEEP_S = 1.0
+#: How often a sleeping loop looks for other processes' changes (well inside the 250 ms promise).
+WAIT_SLICE_S = 0.02
 #: How long a failed executor load is remembered before the dispatcher tries again.
 EXECUTOR_RETRY_S = 30.0
 
@@ -126,9 +129,12 @@ class Dispatcher:
         self._active: dict[str, tuple[Future[None], DbRunControl, StartedRun]] = {}
         self._active_lock = threading.Lock()
         self._wake = threading.Event()
+        #: Results handed from workers to the loop, which commits them in groups.
+        self._finished: queue.SimpleQueue[tuple[StartedRun, ExecutionResult]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._lost: str | None = None
         self._executors: dict[str, Any] = {}
+        self._executors_lock = threading.Lock()
         self._pidfile: Any = None
         self._released = False
         self.stats = {"started": 0, "finished": 0, "skipped_commits": 0}
@@ -276,31 +282,56 @@ class Dispatcher:
         return 0
 
     def _tick(self) -> float:
-        """One pass: propagate cancels, materialise due slots, claim and start work; returns the sleep.
+        """One pass; returns how long to sleep.
 
-        An idle pass costs one indexed read. A busy pass materialises and claims in one
-        write transaction (one commit), so a due run starts within a few milliseconds.
+        Finished runs are completed, due slots materialised and free workers given new
+        runs in ONE write transaction (group commit: one commit for many runs). An idle
+        pass costs one indexed read.
         """
         assert self.lease is not None
+        self.store.wait_for_change(0)  # arm: changes after this point (not before our reads) wake the next wait
         tick_now = now_ms()
         self._propagate_cancels()
+        finished = self._take_finished()
         with self.store.read() as tx:
             due = next_due(tx)
-        if due is not None and due <= tick_now:
-            with self._active_lock:
-                free = self.config.concurrency - len(self._active)
-            veto = self.hooks.dispatch_veto if self.hooks else None
-            with self.store.transaction():
-                created = materialize_due(self.store, now=tick_now)
-                started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto) if free > 0 else []
-            if created:
-                self.store.notify_change()  # other dispatchers (PostgreSQL) may claim them too
-            for s in started:
-                self._submit(s)
-            if started:
-                return 0.0
-            with self.store.read() as tx:
-                due = next_due(tx)
+        due_now = due is not None and due <= tick_now
+        if not finished and not due_now:
+            return MAX_SLEEP_S if due is None else min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
+        with self._active_lock:
+            free = self.config.concurrency - len(self._active) + len(finished)
+        veto = self.hooks.dispatch_veto if self.hooks else None
+        committed: list[tuple[StartedRun, dict[str, Any]]] = []
+        started: list[StartedRun] = []
+        created = 0
+        try:
+            with self.store.transaction() as tx:
+                leases.assert_live(tx, self.lease, now=tick_now)
+                committed = self._complete(finished)
+                if due_now:
+                    created = materialize_due(self.store, now=tick_now)
+                    if free > 0:
+                        started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto)
+        except leases.LeaseLost:
+            self._forget(finished)
+            raise
+        except SchedulerError as exc:
+            if not finished:
+                raise
+            # One bad completion must not take the others (or new claims) down: commit them one by one.
+            log.warning("group commit failed (%s); completing runs one at a time", exc.message)
+            committed, started, created = self._complete_each(finished), [], 0
+        self._forget(finished)
+        if created or committed:
+            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim new rows; CLI waiters see results
+        for s, run in committed:
+            self._report(s, run)
+        for s in started:
+            self._submit(s)
+        if started or committed:
+            return 0.0
+        with self.store.read() as tx:
+            due = next_due(tx)
         if due is None:
             return MAX_SLEEP_S
         if due <= tick_now:
@@ -310,13 +341,64 @@ class Dispatcher:
         # Not due at the start of this pass (maybe due by now: then the loop comes straight back).
         return min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
 
+    def _take_finished(self) -> list[tuple[StartedRun, ExecutionResult]]:
+        items = []
+        while True:
+            try:
+                items.append(self._finished.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _complete(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
+        """Complete runs inside the caller's transaction; a run we no longer own is skipped, not fatal."""
+        assert self.lease is not None
+        done = []
+        for s, result in finished:
+            try:
+                done.append((s, complete_run(self.store, self.lease, s.run_id, result, check_lease=False)))
+            except StaleFence as exc:
+                self.stats["skipped_commits"] += 1
+                self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
+        return done
+
+    def _complete_each(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
+        done = []
+        for item in finished:
+            try:
+                with self.store.transaction() as tx:
+                    assert self.lease is not None
+                    leases.assert_live(tx, self.lease)
+                    done += self._complete([item])
+            except leases.LeaseLost:
+                raise
+            except Exception:
+                log.exception("completion of run %s failed", item[0].run_id)
+        return done
+
+    def _forget(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> None:
+        with self._active_lock:
+            for s, _result in finished:
+                self._active.pop(s.run_id, None)
+
+    def _report(self, s: StartedRun, run: dict[str, Any]) -> None:
+        """After a completion committed: count it, print it, tell the hooks."""
+        self.stats["finished"] += 1
+        took = run["duration_ms"] or 0
+        detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
+        self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
+        if self.hooks:
+            self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
+            if self.hooks.wants("scheduler_run_completed"):
+                self.hooks.run_completed(run_to_json(run, full=True))
+
     def _wait(self, timeout: float) -> None:
+        """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""
         end = time.monotonic() + timeout
-        while not self._wake.is_set():
+        while True:
             remaining = end - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self._wake.wait(min(WAIT_SLICE_S, remaining)):
                 break
-            if self.store.wait_for_change(min(0.05, remaining)):
+            if self.store.wait_for_change(0):
                 break
         self._wake.clear()
 
@@ -348,6 +430,15 @@ class Dispatcher:
 
     def _executor(self, name: str) -> Any:
         """The loaded executor; a load failure is remembered for a short while, then retried (a fix may be installed)."""
+        cached = self._executors.get(name)
+        if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
+            with self._executors_lock:  # workers starting together load a driver once
+                return self._load_executor(name)
+        if isinstance(cached, tuple):
+            raise cached[0]
+        return cached
+
+    def _load_executor(self, name: str) -> Any:
         cached = self._executors.get(name)
         if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
             from scheduler.plugins.loader import load_provider
@@ -386,30 +477,8 @@ class Dispatcher:
         except Exception as exc:
             log.exception("executor crashed")
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
-        try:
-            if self._lost is not None:
-                raise leases.LeaseLost(self._lost)
-            assert self.lease is not None
-            run = complete_run(self.store, self.lease, s.run_id, result)
-        except (leases.LeaseLost, StaleFence) as exc:
-            self.stats["skipped_commits"] += 1
-            self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
-            return
-        except Exception:
-            log.exception("completion of run %s failed", s.run_id)
-            return
-        finally:
-            with self._active_lock:
-                self._active.pop(s.run_id, None)
-            self._wake.set()
-        self.stats["finished"] += 1
-        self.store.notify_change()
-        took = run["duration_ms"] or 0
-        detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
-        self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
-        if self.hooks:
-            self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
-            self.hooks.run_completed(run_to_json(run, full=True))
+        self._finished.put((s, result))  # the loop commits it (group commit), under its fence
+        self._wake.set()
 
     def _shutdown(self) -> None:
         """Stop: let runs finish within the grace period, cancel the rest, release the lease."""
@@ -434,6 +503,19 @@ class Dispatcher:
             except Exception:
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._lost is None and self.lease is not None:
+            try:
+                finished = self._take_finished()
+                if finished:
+                    with self.store.transaction() as tx:
+                        leases.assert_live(tx, self.lease)
+                        committed = self._complete(finished)
+                    self._forget(finished)
+                    self.store.notify_change()
+                    for s, run in committed:
+                        self._report(s, run)
+            except leases.LeaseLost as exc:
+                self._on_lease_lost(exc.message)
         if self.lease is not None and self._lost is None:
             self._released = True
             leases.release(self.store, self.lease)

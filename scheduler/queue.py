@@ -19,7 +19,7 @@ from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
 from scheduler.jobs import resolve_job
 from scheduler.lease import Lease, assert_live
-from scheduler.spec import spec_from_row
+from scheduler.spec import executor_name_of, spec_from_row
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
 
@@ -71,11 +71,11 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
         )
         for job in rows:
             slot = job["next_run_at"]
-            spec = spec_from_row(job)
-            kind = "at" if spec.schedule_kind == "at" else "schedule"
+            kind = "at" if job["schedule_kind"] == "at" else "schedule"
             next_run, anchor = None, job["schedule_anchor_at"]
             missed: list[int] = []
-            if spec.schedule_kind in ("cron", "every"):
+            if job["schedule_kind"] in ("cron", "every"):
+                spec = spec_from_row(job)
                 schedule = spec.schedule()
                 anchor_ms = slot if spec.schedule_kind == "every" else None
                 next_run = next_fire(schedule, now, anchor_ms=anchor_ms)
@@ -84,7 +84,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                 if now - slot > MISFIRE_GRACE_MS:
                     missed = [slot] + missed_slots(schedule, slot, now, limit=10_000, anchor_ms=anchor_ms)
             elif now - slot > MISFIRE_GRACE_MS:
-                missed = [slot]
+                missed = [slot]  # a one-shot reached late
             changed = tx.execute(
                 "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at = ?",
                 (next_run, anchor, now, job["id"], slot),
@@ -93,7 +93,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                 continue  # another dispatcher advanced it first
             if missed:
                 latest = missed[-1]
-                if spec.misfire_policy == "skip":
+                if job["misfire_policy"] == "skip":
                     _record_skip(tx, job, slot_ms=latest, reason=f"misfire: {len(missed)} slot(s) missed while down", now=now,
                                  dispatch_kind=kind)
                     continue
@@ -229,13 +229,12 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
         " attempts = attempts + 1, run_id = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
         (lease.owner, secrets.token_hex(8), lease.token, now + CLAIM_TTL_MS, run_id, now, d["id"]),
     )
-    spec = spec_from_row(job)
     tx.execute(
         "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
         " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format)"
         " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (run_id, job["id"], d["id"], d["kind"], attempt, d["due_at"], now, now, lease.owner, lease.token, parent_run_id, retry_of,
-         replay_of, job["delivery_guarantee"], spec.executor_name(), job["output_format"]),
+         replay_of, job["delivery_guarantee"], executor_name_of(job), job["output_format"]),
     )
     append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=d["id"], actor=lease.owner, at=now,
                  data={"kind": d["kind"], "attempt": attempt, "token": lease.token})

@@ -388,17 +388,27 @@ def spec_to_row(spec: JobSpec) -> dict[str, Any]:
     return row
 
 
+#: (name, is_bool, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
+_ROW_PLAN = tuple((f.name, f.metadata["kind"] == "bool", f.default) for f in SPEC_FIELDS)
+
+
 def spec_from_row(row: dict[str, Any]) -> JobSpec:
     """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
     values = {}
-    for f in SPEC_FIELDS:
-        val = row.get(f.name)
-        if f.metadata["kind"] == "bool" and val is not None:
+    for name, is_bool, default in _ROW_PLAN:
+        val = row.get(name)
+        if val is None:
+            if default is not attrs.NOTHING:
+                val = default
+        elif is_bool:
             val = bool(val)
-        if val is None and f.default is not attrs.NOTHING:
-            val = f.default
-        values[f.name] = val
+        values[name] = val
     return JobSpec(**values)
+
+
+def executor_name_of(row: dict[str, Any]) -> str:
+    """The executor driver of a stored job, without rebuilding its whole spec."""
+    return row.get("executor") or DEFAULT_EXECUTORS[row.get("session_target") or "shell"]
 
 
 def spec_to_input(spec: JobSpec) -> dict[str, Any]:

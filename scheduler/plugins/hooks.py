@@ -64,6 +64,10 @@ class Hooks:
             except Exception:
                 log.exception("%s hook of %s failed", name, impl.plugin_name)
 
+    def wants(self, name: str) -> bool:
+        """Whether any plugin implements the hook ``name`` (skip building arguments nobody reads)."""
+        return bool(getattr(self.pm.hook, name).get_hookimpls())
+
     def run_state_changed(self, run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
         """Notify observers of a committed transition; observer errors are logged, never raised."""
         self._notify_each(

@@ -65,7 +65,10 @@ class Store(Protocol):
         """Tell sleeping dispatchers that jobs or the queue changed (after a commit)."""
 
     def wait_for_change(self, timeout_s: float) -> bool:
-        """Sleep until another process changed the database or ``timeout_s`` passed; True if changed."""
+        """True once another process changed the database since this thread's previous call.
+
+        Blocks up to ``timeout_s`` waiting for such a change; ``0`` is a non-blocking check.
+        """
 
     def health(self) -> list[dict[str, Any]]:
         """Checks for ``doctor``: each ``{"check", "ok", "detail"}``."""

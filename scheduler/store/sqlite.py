@@ -53,11 +53,17 @@ class _SQLiteTx:
         return self._run(sql, params).rowcount
 
     def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
-        row = self._run(sql, params).fetchone()
-        return dict(row) if row is not None else None
+        cur = self._run(sql, params)
+        row = cur.fetchone()
+        return dict(zip([d[0] for d in cur.description], row)) if row is not None else None
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._run(sql, params).fetchall()]
+        cur = self._run(sql, params)
+        rows = cur.fetchall()
+        if not rows:
+            return []
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in rows]
 
     def scalar(self, sql: str, params: Params = ()) -> Any:
         row = self._run(sql, params).fetchone()
@@ -102,7 +108,6 @@ class SQLiteStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.location, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
@@ -266,16 +271,26 @@ class SQLiteStore:
         """Nothing to do: other connections see the commit through ``data_version``."""
 
     def wait_for_change(self, timeout_s: float) -> bool:
-        """Poll ``PRAGMA data_version`` until another connection commits or the timeout passes."""
+        """True as soon as another connection has committed since this thread last asked.
+
+        Polls ``PRAGMA data_version`` (it changes when any other connection commits);
+        with ``timeout_s=0`` it is a single non-blocking check.
+        """
         conn = self._conn()
-        start = conn.execute("PRAGMA data_version").fetchone()[0]
+        seen = getattr(self._local, "seen_version", None)
+        current = conn.execute("PRAGMA data_version").fetchone()[0]
+        self._local.seen_version = current
+        if seen is not None and current != seen:
+            return True
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             time.sleep(min(CHANGE_POLL_S, remaining))
-            if conn.execute("PRAGMA data_version").fetchone()[0] != start:
+            current = conn.execute("PRAGMA data_version").fetchone()[0]
+            if current != self._local.seen_version:
+                self._local.seen_version = current
                 return True
 
     # -- diagnostics ---------------------------------------------------------------------------
