@@ -34,12 +34,13 @@ def default_artifacts_root(db_location: str) -> Path:
     return Path(base) / "scheduler" / "artifacts"
 
 
-def run_dir(root: Path, run_id: str) -> Path:
-    """The per-run artifact directory (created)."""
+def run_dir(root: Path, run_id: str, *, create: bool = True) -> Path:
+    """The per-run artifact directory (created unless ``create=False``: then on first offload)."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise SchedulerError("ARTIFACT_PATH_INVALID", f"bad run id for an artifact path: {run_id!r}")
     path = root / "runs" / run_id
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -81,6 +82,7 @@ class StreamRecorder:
         else:
             self._buffer.extend(chunk)
             if len(self._buffer) > self._offload_bytes:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self._path, "wb")
                 self._file.write(self._buffer)
                 del self._buffer[self._excerpt_limit :]

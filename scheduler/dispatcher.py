@@ -463,7 +463,7 @@ class Dispatcher:
             request = ExecutionRequest(
                 run_id=s.run_id, job_id=s.job["id"], job=spec, attempt=s.attempt, scheduled_for_ms=s.scheduled_for,
                 started_at_ms=s.started_at, deadline_ms=s.started_at + spec.run_timeout_ms,
-                artifacts_dir=run_dir(root, s.run_id), artifacts_root=root,
+                artifacts_dir=run_dir(root, s.run_id, create=False), artifacts_root=root,
                 extra_env={"SCHEDULER_RUN_ID": s.run_id, "SCHEDULER_JOB_ID": s.job["id"], "SCHEDULER_JOB_NAME": spec.name,
                            "SCHEDULER_ATTEMPT": str(s.attempt)},
             )

@@ -43,7 +43,8 @@ class ExecutionRequest:
     scheduled_for_ms: int | None = None
     started_at_ms: int
     deadline_ms: int
-    #: Per-run directory the executor may write offloaded output into (already created).
+    #: Per-run directory for offloaded output. It may not exist yet: ``StreamRecorder``
+    #: creates it on first offload (an executor writing files itself must ``mkdir`` it).
     artifacts_dir: Path
     #: Root of the artifact store; ``StreamCapture.artifact`` paths are relative to it.
     artifacts_root: Path

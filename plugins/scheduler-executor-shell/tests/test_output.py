@@ -124,10 +124,11 @@ def test_capture_failure_is_an_error_not_a_silent_truncation(make_request, group
     from scheduler.execution import LocalRunControl
 
     request = make_request("head -c 300000 /dev/zero; sleep 30", run_timeout_ms=20_000)
-    shutil.rmtree(request.artifacts_dir)  # offloading the stream will fail
+    shutil.rmtree(request.artifacts_dir)
+    request.artifacts_dir.write_text("a file where the run directory should be")  # offloading the stream will fail
     control = LocalRunControl()
     r = ShellExecutor().execute(request, control)
     assert (r.status, r.error_code) == ("error", "OUTPUT_CAPTURE_FAILED")
-    assert "FileNotFoundError" in r.error_message
+    assert "FileExistsError" in r.error_message or "NotADirectoryError" in r.error_message
     assert control.terminations == ["SIGTERM"]
     group_gone(control.processes[0][1])
