@@ -27,7 +27,7 @@ from scheduler.artifacts import default_artifacts_root, run_dir
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
-from scheduler.execution import EXECUTION_STATUSES, ExecutionRequest, ExecutionResult
+from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionRequest, ExecutionResult
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
@@ -61,30 +61,14 @@ class DispatcherConfig:
     owner: str | None = None
 
 
-class DbRunControl:
+class DbRunControl(CancellationToken):
     """The dispatcher's ``RunControl``: cancellation token plus fenced bookkeeping writes."""
 
     def __init__(self, dispatcher: Dispatcher, run_id: str, job_id: str) -> None:
+        super().__init__()
         self._d = dispatcher
         self.run_id = run_id
         self.job_id = job_id
-        self._event = threading.Event()
-        self._reason: str | None = None
-
-    def cancel(self, reason: str) -> None:
-        """Request cancellation (first reason wins)."""
-        if self._reason is None:
-            self._reason = reason
-        self._event.set()
-
-    def is_cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def wait_cancelled(self, timeout_s: float) -> bool:
-        return self._event.wait(max(0.0, timeout_s))
-
-    def cancel_reason(self) -> str | None:
-        return self._reason
 
     def _fenced(self, values: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
         lease = self._d.lease

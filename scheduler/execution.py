@@ -95,26 +95,19 @@ class RunControl(Protocol):
         """Append a runtime event for this run (audit trail)."""
 
 
-class LocalRunControl:
-    """An in-memory ``RunControl`` for running an executor outside the dispatcher.
-
-    Used by the conformance engine and by plugin tests; it records what the
-    executor reported so assertions can look at it. ``cancel()`` requests
-    cancellation the same way the dispatcher does.
-    """
+class CancellationToken:
+    """The cancellation half of a ``RunControl``: set once, first reason wins, waitable."""
 
     def __init__(self) -> None:
         import threading
 
         self._event = threading.Event()
         self._reason: str | None = None
-        self.processes: list[tuple[int, int, str]] = []
-        self.terminations: list[str] = []
-        self.events: list[tuple[str, dict[str, Any]]] = []
 
     def cancel(self, reason: str = "user") -> None:
-        """Request cancellation."""
-        self._reason = reason
+        """Request cancellation; a later request does not change the recorded reason."""
+        if self._reason is None:
+            self._reason = reason
         self._event.set()
 
     def is_cancelled(self) -> bool:
@@ -125,6 +118,21 @@ class LocalRunControl:
 
     def cancel_reason(self) -> str | None:
         return self._reason
+
+
+class LocalRunControl(CancellationToken):
+    """An in-memory ``RunControl`` for running an executor outside the dispatcher.
+
+    Used by the conformance engine and by plugin tests; it records what the
+    executor reported so assertions can look at it. ``cancel()`` requests
+    cancellation the same way the dispatcher does.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: list[tuple[int, int, str]] = []
+        self.terminations: list[str] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
 
     def record_process(self, pid: int, pgid: int, start_time: str) -> None:
         self.processes.append((pid, pgid, start_time))
