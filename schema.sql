@@ -142,7 +142,9 @@ CREATE TABLE IF NOT EXISTS job_dispatch_queue (
     handoff_artifact_digest TEXT,
     CHECK (status <> 'claimed' OR (claim_owner IS NOT NULL AND claim_token IS NOT NULL AND claim_expires_at IS NOT NULL))
 );
-CREATE INDEX IF NOT EXISTS dispatch_pending_idx ON job_dispatch_queue(due_at) WHERE status = 'pending';
+-- The claim query orders by (due_at, id): the index covers both, so a backlog is never sorted.
+DROP INDEX IF EXISTS dispatch_pending_idx;
+CREATE INDEX IF NOT EXISTS dispatch_pending_due_idx ON job_dispatch_queue(due_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
 

@@ -17,7 +17,7 @@ from scheduler.events import append_event
 from scheduler.execution import ExecutionResult
 from scheduler.lease import Lease, assert_live
 from scheduler.queue import insert_dispatch
-from scheduler.runs import FAILURES, fenced_update
+from scheduler.runs import FAILURES, StaleFence
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
 
@@ -75,26 +75,26 @@ def complete_run(
     is always done.
     """
     now = now_ms() if now is None else now
+    values = result_columns(result)
+    values.update(finished_at=now, terminal_at=now)
+    message = values.pop("error_message")
+    sets = ", ".join(f"{k} = ?" for k in values)
     with store.transaction() as tx:
         if check_lease:
             assert_live(tx, lease, now=now)
-        run = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
-        status = result.status
-        cancelled = run is not None and run["cancel_requested_at"] is not None
-        if cancelled:
-            status = "cancelled"
-        values = result_columns(result)
-        values.update(
-            status=status,
-            finished_at=now,
-            terminal_at=now,
-            duration_ms=max(0, now - (run["started_at"] if run and run["started_at"] else now)),
+        # One compare-and-swap decides everything: if a cancel request was recorded first,
+        # cancellation wins; RETURNING hands back the final row without another read.
+        run = tx.one(
+            f"UPDATE runs SET {sets},"
+            " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
+            " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
+            "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
+            " duration_ms = ? - COALESCE(started_at, ?)"
+            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ? RETURNING *",
+            [*values.values(), result.status, result.status, message, message, now, now, run_id, lease.owner, lease.token],
         )
-        if cancelled and result.status != "cancelled":
-            values["error_message"] = (values.get("error_message") or "") + " (cancellation won)"
-        fenced_update(tx, run_id, lease.owner, lease.token, "running", values)
-        run = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
-        assert run is not None
+        if run is None:
+            raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
         apply_consequences(tx, run, details=result.details, now=now)
     return run
 
@@ -113,7 +113,12 @@ def apply_consequences(
         data["details"] = details  # executor-reported metadata (never output text or secrets)
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
                  actor=run["dispatcher_owner"], at=now, data=data)
-    job = tx.one("SELECT * FROM jobs WHERE id = ?", (run["job_id"],))
+    job = tx.one(
+        "SELECT id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries, retry_backoff_ms,"
+        " delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to, watchdog_self_destruct"
+        " FROM jobs WHERE id = ?",
+        (run["job_id"],),
+    )
     if job is None:
         return
     _update_job_counters(tx, job, run, now)

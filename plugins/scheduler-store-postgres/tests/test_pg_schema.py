@@ -117,7 +117,7 @@ def test_triggers_and_indexes_cover_sqlite(
     assert lite_indexes <= pg_indexes
     assert lite_indexes == migrations.expected_indexes()
     partial = dict(_q(admin, "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s", (store.schema,)))
-    assert "WHERE" in partial["jobs_due_idx"] and "WHERE" in partial["dispatch_pending_idx"]
+    assert "WHERE" in partial["jobs_due_idx"] and "WHERE" in partial["dispatch_pending_due_idx"]
 
 
 def test_trigger_messages_match_sqlite() -> None:
