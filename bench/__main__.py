@@ -44,8 +44,29 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
     ap.add_argument("--list", action="store_true", help="list benchmark names and exit")
+    ap.add_argument("--render-only", action="store_true",
+                    help="run nothing: re-render the report from the results stored in it (after editing bench/*.py)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return ap.parse_args(argv)
+
+
+def _render_only(out: Path) -> int:
+    """Re-render ``out`` from its stored results (plots are left as they are)."""
+    results = {k: v for k, v in report.load_results(out).items() if k in BENCHMARKS}
+    if not results:
+        print(f"no stored results in {out}", file=sys.stderr)
+        return 1
+    first = next(iter(results.values()))
+    facts = first.get("machine") or machine_facts()
+    run_ids = {e.get("run") for e in results.values()}
+    quick = all(e.get("quick") for e in results.values())
+    total = sum(e.get("seconds", 0) for e in results.values() if e.get("run") == first.get("run"))
+    order = [n for n in BENCHMARKS if n in results]
+    text = report.render(results, facts=facts, order=list(BENCHMARKS), modules=BENCHMARKS, quick=quick, total_s=total,
+                         selected=order if len(run_ids) == 1 else [n for n in order if results[n].get("run") == first.get("run")])
+    out.write_text(text)
+    print(f"re-rendered {out} from stored results")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
             return 2
     out: Path = args.out.resolve()
+    if args.render_only:
+        return _render_only(out)
     plot_dir = out.parent / "bench"
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scheduler-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

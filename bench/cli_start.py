@@ -76,7 +76,7 @@ def run(ctx: Context) -> dict[str, Any]:
     }
     samples: dict[str, list[float]] = {k: [] for k in commands}
     ctx.say(f"cli: {p['runs']} cold starts of each of {len(commands)} commands")
-    for k, make in commands.items():  # warm-up round (not counted)
+    for make in commands.values():  # warm-up round (not counted)
         _time(make())
     for _ in range(p["runs"]):
         for k, make in commands.items():
@@ -127,7 +127,9 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
 
 def render(res: dict[str, Any]) -> str:
     rows = []
-    for name, s in res["stats"].items():
+    order = ["python -c pass", "scheduler version", "scheduler jobs add"]
+    for name in sorted(res["stats"], key=lambda n: order.index(n) if n in order else len(order)):
+        s = res["stats"][name]
         rows.append((f"`{name}`", fmt(s["p50"], 1), fmt(s["min"], 1), fmt(s["p90"], 1),
                      fmt(res["overhead_ms"][name], 1), f"{res['ratio'][name]:.2f}x"))
     imports = res["imports_jobs_add"]

@@ -52,7 +52,8 @@ class StampExecutor:
 
 
 def params(ctx: Context) -> dict[str, Any]:
-    return {"runs": 200 if ctx.quick else 1000, "gap_ms": [5, 20], "lead_ms": 1000 if ctx.quick else 1500, "concurrency": 4}
+    return {"runs": 200 if ctx.quick else 500, "reps": 1 if ctx.quick else 3, "gap_ms": [5, 20],
+            "lead_ms": 1000 if ctx.quick else 1500, "concurrency": 4}
 
 
 def _instants(count: int, first: int, gaps: list[int], seed: int = 20260101) -> list[int]:
@@ -64,7 +65,7 @@ def _instants(count: int, first: int, gaps: list[int], seed: int = 20260101) -> 
     return out
 
 
-def run_kernel(ctx: Context, p: dict[str, Any], *, prepare: Any = None) -> dict[str, Any]:
+def run_kernel(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     from scheduler.dispatcher import Dispatcher, DispatcherConfig
     from scheduler.jobs import create_jobs
     from scheduler.store import open_store
@@ -73,8 +74,6 @@ def run_kernel(ctx: Context, p: dict[str, Any], *, prepare: Any = None) -> dict[
     directory = ctx.scratch(NAME)
     path = fresh_db(directory, "latency.db")
     store = open_store(str(path))
-    if prepare is not None:  # what-if experiments (bench/hotspots.py) only
-        prepare(store)
     instants = _instants(p["runs"], now_ms() + p["lead_ms"], p["gap_ms"])
     create_jobs(store, at_job_specs(p["runs"], at_ms=lambda i: instants[i], executor=EXECUTOR, prefix="late"))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=p["concurrency"], artifacts_root=directory / "artifacts"), say=None)
@@ -127,21 +126,31 @@ def run_sleep_baseline(p: dict[str, Any]) -> list[float]:
 
 def run(ctx: Context) -> dict[str, Any]:
     p = params(ctx)
-    ctx.say(f"latency: {p['runs']} at-jobs {p['gap_ms'][0]}-{p['gap_ms'][1]} ms apart through the dispatcher")
-    kernel = run_kernel(ctx, p)
+    stamps: list[float] = []
+    recorded: list[float] = []
+    per_rep: list[dict[str, float]] = []
+    for rep in range(p.get("reps", 1)):
+        ctx.say(f"latency rep {rep + 1}/{p.get('reps', 1)}: {p['runs']} at-jobs {p['gap_ms'][0]}-{p['gap_ms'][1]} ms apart")
+        kernel = run_kernel(ctx, p)
+        stamps += kernel["executor_start"]
+        recorded += kernel["db_started_at"]
+        per_rep.append(summary(kernel["executor_start"]))
+        ctx.say(f"  p50 {per_rep[-1]['p50']:.1f} p99 {per_rep[-1]['p99']:.1f} max {per_rep[-1]['max']:.1f} ms")
     ctx.say("latency: bare time.sleep baseline on the same gaps")
     base = run_sleep_baseline(p)
     res: dict[str, Any] = {
         "params": p,
-        "kernel": summary(kernel["executor_start"]),
-        "kernel_db": summary(kernel["db_started_at"]),
+        "kernel": summary(stamps),
+        "kernel_db": summary(recorded),
+        "per_rep": per_rep,
         "baseline": summary(base),
         "goal_p99_ms": GOAL_P99_MS,
     }
-    res["enough_runs"] = p["runs"] >= 500
+    res["enough_runs"] = len(stamps) >= 500
     # The goal is stated over >= 500 runs: the quick form reports the numbers but gives no verdict.
     res["met"] = res["kernel"]["p99"] <= GOAL_P99_MS if res["enough_runs"] else None
-    res["plot"] = _plot(ctx, res, kernel["executor_start"], base)
+    res["slow_runs"] = sum(1 for v in stamps if v > 100)
+    res["plot"] = _plot(ctx, res, stamps, base)
     return res
 
 
@@ -149,12 +158,18 @@ def _plot(ctx: Context, res: dict[str, Any], kernel: list[float], base: list[flo
     plt = pyplot()
     if plt is None:
         return None
-    top = max(max(kernel), max(base), GOAL_P99_MS * 1.2)
+    # Linear bins up to 2.5x the goal; anything later is counted in the last bin (and said so in the legend).
+    top = max(GOAL_P99_MS * 2.5, min(max(kernel), res["kernel"]["p99"] * 1.5))
+    over = sum(1 for v in kernel if v > top)
+    kernel = [min(v, top) for v in kernel]
+    base = [min(v, top) for v in base]
     bins = [i * top / 60 for i in range(61)]
     lo = min(0.0, min(kernel), min(base))
     if lo < 0:
         bins = [lo] + bins
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if over:
+        ax.plot([], [], " ", label=f"{over} run(s) > {top:.0f} ms (max {res['kernel']['max']:.0f} ms) in the last bin")
     ax.hist(kernel, bins=bins, alpha=0.75, label=f"scheduler: executor start (p99 {res['kernel']['p99']:.1f} ms)", color="#1f77b4")
     ax.hist(base, bins=bins, alpha=0.6, label=f"bare time.sleep thread (p99 {res['baseline']['p99']:.1f} ms)", color="#7f7f7f")
     ax.axvline(GOAL_P99_MS, color="#d62728", ls="--", lw=1, label=f"goal: p99 <= {GOAL_P99_MS:g} ms")
@@ -162,14 +177,14 @@ def _plot(ctx: Context, res: dict[str, Any], kernel: list[float], base: list[flo
     ax.set_yscale("log")
     ax.set_xlabel("lateness after the due instant (ms)")
     ax.set_ylabel("runs")
-    ax.set_title(f"Lateness over {res['params']['runs']:,} runs due {res['params']['gap_ms'][0]}-{res['params']['gap_ms'][1]} ms apart")
+    ax.set_title(f"Lateness over {res['kernel']['n']:,} runs due {res['params']['gap_ms'][0]}-{res['params']['gap_ms'][1]} ms apart")
     ax.legend(loc="upper right")
     return save_plot(ctx, fig, "latency")
 
 
 def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     k = res["kernel"]
-    extra = "" if res["enough_runs"] else f" (only {res['params']['runs']} runs: quick form)"
+    extra = "" if res["enough_runs"] else f" (only {k['n']} runs: quick form)"
     return [(
         "3. lateness due -> executor start",
         f"p50 {k['p50']:.1f} / p99 {k['p99']:.1f} / max {k['max']:.1f} ms over {k['n']:,} runs{extra}",
@@ -182,16 +197,28 @@ def render(res: dict[str, Any]) -> str:
     p = res["params"]
     rows = []
     for label, key in (("scheduler: executor entered (stamped in the executor)", "kernel"),
-                       ("scheduler: `runs.started_at` (claim committed, ms resolution)", "kernel_db"),
+                       ("scheduler: `runs.started_at` as the kernel records it (ms resolution)", "kernel_db"),
                        ("baseline: bare thread `time.sleep` until the instant", "baseline")):
         s = res[key]
         rows.append((label, fmt(s["n"]), fmt(s["p50"], 2), fmt(s["p90"], 2), fmt(s["p99"], 2), fmt(s["max"], 2)))
+    reps = res.get("per_rep") or []
     out = [
-        f"{p['runs']:,} one-shot jobs due {p['gap_ms'][0]}–{p['gap_ms'][1]} ms apart (seeded random gaps), the first "
-        f"{p['lead_ms'] / 1000:g} s after creation; one dispatcher, concurrency {p['concurrency']}, an in-bench executor "
-        "that stamps its entry (bench-only registration through `Dispatcher._executors`). Lateness = stamp − `scheduled_for`.",
+        f"{len(reps) or 1} repetition(s) of {p['runs']:,} one-shot jobs due {p['gap_ms'][0]}–{p['gap_ms'][1]} ms apart "
+        f"(seeded random gaps), the first {p['lead_ms'] / 1000:g} s after creation, pooled; one dispatcher, concurrency "
+        f"{p['concurrency']}, an in-bench executor that stamps its entry (bench-only registration through "
+        "`Dispatcher._executors`). Lateness = stamp − `scheduled_for`. The baseline is one repetition.",
         "",
         md_table(["measured", "runs", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows),
+        "",
+    ]
+    if len(reps) > 1:
+        out += ["Each repetition (executor entered): " + "; ".join(
+            f"p50 {r['p50']:.1f} / p99 {r['p99']:.1f} / max {r['max']:.1f} ms" for r in reps) + ".", ""]
+    if res.get("slow_runs"):
+        out += [f"{res['slow_runs']} run(s) started more than 100 ms late.", ""]
+    out += [
+        "The bare-sleep baseline shows how late this machine wakes any sleeping thread during the run: well above a "
+        "fraction of a millisecond at p99, the machine was busy with other work and the scheduler's tail is inflated too.",
         "",
         f"Goal p99 <= {GOAL_P99_MS:g} ms over >= 500 runs: {verdict(res['met'])}"
         + ("" if res["enough_runs"] else f" (no verdict: the quick form has {p['runs']} runs, fewer than the goal asks)") + ".",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def noop() -> None:
 
 
 def params(ctx: Context) -> dict[str, Any]:
-    return {"jobs": 500 if ctx.quick else 2000, "reps": 1 if ctx.quick else 3, "concurrency": CONCURRENCY}
+    return {"jobs": 400 if ctx.quick else 2000, "reps": 1 if ctx.quick else 3, "concurrency": CONCURRENCY}
 
 
 def _available() -> str | None:
@@ -52,7 +53,7 @@ def _available() -> str | None:
 
 
 def run_apscheduler(directory: Path, jobs: int, *, tag: str, timeout_s: float = 300.0) -> dict[str, Any]:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED
     from apscheduler.executors.pool import ThreadPoolExecutor
@@ -75,7 +76,7 @@ def run_apscheduler(directory: Path, jobs: int, *, tag: str, timeout_s: float = 
         jobstores={"default": SQLAlchemyJobStore(engine=engine)},
         executors={"default": ThreadPoolExecutor(CONCURRENCY)},
         job_defaults={"misfire_grace_time": None, "coalesce": False, "max_instances": 1},
-        timezone=timezone.utc,
+        timezone=UTC,
     )
     done = threading.Event()
     lock = threading.Lock()
@@ -95,7 +96,7 @@ def run_apscheduler(directory: Path, jobs: int, *, tag: str, timeout_s: float = 
 
     scheduler.add_listener(listener, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
     scheduler.start(paused=True)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for i in range(jobs):
         scheduler.add_job(noop, "date", run_date=now, id=f"aps-{i}")
     start = time.perf_counter()
@@ -148,12 +149,13 @@ def _plot(ctx: Context, res: dict[str, Any]) -> str | None:
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(5.6, 3.4))
-    labels = ["scheduler", f"APScheduler {res['apscheduler_version']}\n(SQLAlchemyJobStore)"]
-    values = [res["ours"]["jobs_per_s"], res["theirs"]["jobs_per_s"]]
-    bars = ax.bar(labels, values, color=["#1f77b4", "#ff7f0e"])
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    labels = ["scheduler", f"APScheduler {res['apscheduler_version']}\n(SQLAlchemyJobStore)",
+              "raw SQLite loop of the\nscheduler's row writes"]
+    values = [res["ours"]["jobs_per_s"], res["theirs"]["jobs_per_s"], res["ceiling"]["jobs_per_s"]]
+    bars = ax.bar(labels, values, color=["#1f77b4", "#ff7f0e", "#bbbbbb"])
     ax.axhline(res["theirs"]["jobs_per_s"] * GOAL_RATIO, color="#d62728", ls="--", lw=1, label=f"goal: {GOAL_RATIO:g}x APScheduler")
-    for bar, v in zip(bars, values):
+    for bar, v in zip(bars, values, strict=True):
         ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
     ax.set_ylim(0, max(values + [res["theirs"]["jobs_per_s"] * GOAL_RATIO]) * 1.12)
     ax.set_ylabel("jobs per second (median)")

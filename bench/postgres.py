@@ -28,7 +28,17 @@ import time
 from typing import Any
 
 from bench.common import (
-    TERMINAL_SQL, Context, at_job_specs, bench_env, fmt, md_table, pyplot, ratio, save_plot, scheduler_cmd, verdict,
+    TERMINAL_SQL,
+    Context,
+    at_job_specs,
+    bench_env,
+    fmt,
+    md_table,
+    pyplot,
+    ratio,
+    save_plot,
+    scheduler_cmd,
+    verdict,
 )
 
 NAME = "postgres"

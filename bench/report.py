@@ -16,7 +16,7 @@ from typing import Any
 from bench.common import md_table, verdict
 
 _MARK = "bench-results-v1"
-_BLOCK = re.compile(r"<!-- " + _MARK + r"\n(.*?)\n-->", re.S)
+_BLOCK = re.compile(r"<!-- " + _MARK + r"\n(.*?)\n-->", re.DOTALL)
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -123,12 +123,9 @@ def render(results: dict[str, Any], *, facts: dict[str, Any], order: list[str], 
         "timestamping executor by pre-populating `Dispatcher._executors` instead of installing an entry point.",
         "- The machine may be shared with other work; the load average at start is recorded above. Ratios to a baseline "
         "measured in the same run are the figures to compare across runs, not the absolute numbers.",
-        "- `python -m bench.hotspots` re-runs figures 1 and 3 with proposed kernel fixes applied in-process (what-if "
-        "experiments for the hot spots these figures expose; the kernel's files are not touched and nothing from it is in "
-        "this report).",
         "",
         f"<!-- {_MARK}",
-        json.dumps(results, sort_keys=True, default=str),
+        json.dumps(results, default=str),
         "-->",
         "",
     ]

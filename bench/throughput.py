@@ -36,8 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    Context, CountingStore, at_job_specs, count_terminal, fmt, fresh_db, kernel_schema_db, md_table, median, pyplot,
-    ratio, save_plot, sqlite_synchronous, verdict,
+    Context,
+    CountingStore,
+    at_job_specs,
+    count_terminal,
+    fmt,
+    fresh_db,
+    kernel_schema_db,
+    md_table,
+    median,
+    pyplot,
+    ratio,
+    save_plot,
+    sqlite_synchronous,
+    verdict,
 )
 
 NAME = "throughput"
@@ -48,14 +60,13 @@ MATERIALISE_BATCH = 200
 
 
 def params(ctx: Context) -> dict[str, Any]:
-    return {"jobs": 500 if ctx.quick else 2000, "reps": 1 if ctx.quick else 3, "concurrency": CONCURRENCY}
+    return {"jobs": 400 if ctx.quick else 2000, "reps": 1 if ctx.quick else 3, "concurrency": CONCURRENCY}
 
 
 # -- the kernel ------------------------------------------------------------------------------------
 
 
-def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 180.0,
-               prepare: Any = None) -> dict[str, Any]:
+def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """N due no-op jobs through a real ``Dispatcher``; returns jobs/s and what the run looked like."""
     from scheduler.dispatcher import Dispatcher, DispatcherConfig
     from scheduler.jobs import create_jobs
@@ -64,8 +75,6 @@ def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s:
 
     path = fresh_db(directory, f"kernel-{tag}.db")
     store = open_store(str(path))
-    if prepare is not None:  # what-if experiments (bench/hotspots.py) only
-        prepare(store)
     create_jobs(store, at_job_specs(jobs, at_ms=now_ms()))
     counter = CountingStore(store)
     dispatcher = Dispatcher(
@@ -246,7 +255,7 @@ def _plot(ctx: Context, res: dict[str, Any]) -> str | None:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     bars = ax.bar(labels, values, color=["#1f77b4", "#7f7f7f", "#bbbbbb"])
     ax.axhline(res["raw_shaped"]["jobs_per_s"] * GOAL_RATIO, color="#d62728", ls="--", lw=1, label=f"goal: {GOAL_RATIO:.0%} of kernel-shaped raw")
-    for bar, v in zip(bars, values):
+    for bar, v in zip(bars, values, strict=True):
         ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
     ax.set_ylim(0, max(values) * 1.15)
     ax.set_ylabel("jobs per second (median)")
