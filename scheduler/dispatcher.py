@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Longest the loop sleeps without looking at the database.
 MAX_SLEEP_S = 1.0
+#: How often the loop looks for cancel requests of its running runs (well inside the 250 ms promise).
+CANCEL_CHECK_MS = 100
 #: How often a sleeping loop looks for other processes' changes (well inside the 250 ms promise).
 WAIT_SLICE_S = 0.02
 #: How long a failed executor load is remembered before the dispatcher tries again.
@@ -119,6 +121,7 @@ class Dispatcher:
         self._lost: str | None = None
         self._executors: dict[str, Any] = {}
         self._executors_lock = threading.Lock()
+        self._cancels_checked_at = 0
         self._pidfile: Any = None
         self._released = False
         self.stats = {"started": 0, "finished": 0, "skipped_commits": 0}
@@ -275,13 +278,15 @@ class Dispatcher:
         assert self.lease is not None
         self.store.wait_for_change(0)  # arm: changes after this point (not before our reads) wake the next wait
         tick_now = now_ms()
-        self._propagate_cancels()
+        if tick_now - self._cancels_checked_at >= CANCEL_CHECK_MS:
+            self._propagate_cancels()
+            self._cancels_checked_at = tick_now
         finished = self._take_finished()
-        with self.store.read() as tx:
-            due = next_due(tx)
-        due_now = due is not None and due <= tick_now
-        if not finished and not due_now:
-            return MAX_SLEEP_S if due is None else min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
+        if not finished:
+            with self.store.read() as tx:
+                due = next_due(tx)
+            if due is None or due > tick_now:
+                return MAX_SLEEP_S if due is None else min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
         with self._active_lock:
             free = self.config.concurrency - len(self._active) + len(finished)
         veto = self.hooks.dispatch_veto if self.hooks else None
@@ -291,11 +296,11 @@ class Dispatcher:
         try:
             with self.store.transaction() as tx:
                 leases.assert_live(tx, self.lease, now=tick_now)
-                committed = self._complete(finished)
-                if due_now:
-                    created = materialize_due(self.store, now=tick_now)
-                    if free > 0:
-                        started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto)
+                committed = self._complete(finished, now=tick_now)
+                created = materialize_due(self.store, now=tick_now)
+                if free > 0:
+                    started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto)
+                due = next_due(tx)
         except leases.LeaseLost:
             self._forget(finished)
             raise
@@ -304,18 +309,16 @@ class Dispatcher:
                 raise
             # One bad completion must not take the others (or new claims) down: commit them one by one.
             log.warning("group commit failed (%s); completing runs one at a time", exc.message)
-            committed, started, created = self._complete_each(finished), [], 0
+            committed, started, created, due = self._complete_each(finished), [], 0, None
         self._forget(finished)
         if created or committed:
-            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim new rows; CLI waiters see results
+            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim new rows (slots, retries, children)
         for s, run in committed:
             self._report(s, run)
         for s in started:
             self._submit(s)
-        if started or committed:
+        if started:
             return 0.0
-        with self.store.read() as tx:
-            due = next_due(tx)
         if due is None:
             return MAX_SLEEP_S
         if due <= tick_now:
@@ -333,13 +336,18 @@ class Dispatcher:
             except queue.Empty:
                 return items
 
-    def _complete(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
-        """Complete runs inside the caller's transaction; a run we no longer own is skipped, not fatal."""
+    def _complete(
+        self, finished: list[tuple[StartedRun, ExecutionResult]], *, now: int | None = None
+    ) -> list[tuple[StartedRun, dict[str, Any]]]:
+        """Complete runs inside the caller's transaction; a run we no longer own is skipped, not fatal.
+
+        With the pass's ``now``, retries and children due at once are claimed in the same pass.
+        """
         assert self.lease is not None
         done = []
         for s, result in finished:
             try:
-                done.append((s, complete_run(self.store, self.lease, s.run_id, result, check_lease=False)))
+                done.append((s, complete_run(self.store, self.lease, s.run_id, result, now=now, check_lease=False)))
             except StaleFence as exc:
                 self.stats["skipped_commits"] += 1
                 self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
