@@ -21,6 +21,12 @@ from scheduler.runs import FAILURES, StaleFence
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
 
+#: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
+RUN_FIELDS_FOR_CONSEQUENCES = (
+    "id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms, error_code, error_message,"
+    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee"
+)
+
 #: Longest backoff between retries, whatever the attempt number.
 MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
 
@@ -90,7 +96,8 @@ def complete_run(
             " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
             "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
             " duration_ms = ? - COALESCE(started_at, ?)"
-            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ? RETURNING *",
+            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
+            f" RETURNING {RUN_FIELDS_FOR_CONSEQUENCES}",
             [*values.values(), result.status, result.status, message, message, now, now, run_id, lease.owner, lease.token],
         )
         if run is None:
@@ -113,15 +120,9 @@ def apply_consequences(
         data["details"] = details  # executor-reported metadata (never output text or secrets)
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
                  actor=run["dispatcher_owner"], at=now, data=data)
-    job = tx.one(
-        "SELECT id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries, retry_backoff_ms,"
-        " delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to, watchdog_self_destruct"
-        " FROM jobs WHERE id = ?",
-        (run["job_id"],),
-    )
+    job = _update_job_counters(tx, run, now)
     if job is None:
         return
-    _update_job_counters(tx, job, run, now)
     if status == "cancelled":
         return  # cancellation won: no retry, no child, no delivery
     retrying = allow_retry and status in FAILURES and run["attempt"] <= job["max_retries"]
@@ -137,20 +138,24 @@ def apply_consequences(
     _watchdog(tx, job, run, details or {}, now)
 
 
-def _update_job_counters(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+def _update_job_counters(tx: Tx, run: dict[str, Any], now: int) -> dict[str, Any] | None:
+    """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row."""
     status = run["status"]
-    failures = job["consecutive_failures"]
-    if status == "ok":
-        failures = 0
-    elif status in FAILURES:
-        failures += 1
-    tx.execute(
+    outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
+    job = tx.one(
         "UPDATE jobs SET run_count = run_count + 1, last_run_at = ?, last_status = ?, last_error = ?, last_duration_ms = ?,"
-        " consecutive_failures = ?, updated_at = ? WHERE id = ?",
-        (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], failures, now, job["id"]),
+        " consecutive_failures = CASE ? WHEN 'ok' THEN 0 WHEN 'failure' THEN consecutive_failures + 1"
+        "   ELSE consecutive_failures END, updated_at = ? WHERE id = ?"
+        " RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries,"
+        " retry_backoff_ms, delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to,"
+        " watchdog_self_destruct",
+        (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], outcome, now,
+         run["job_id"]),
     )
-    limit = job["max_consecutive_failures"]
-    if status in FAILURES and limit and failures >= limit and job["enabled"]:
+    if job is None:
+        return None
+    failures, limit = job["consecutive_failures"], job["max_consecutive_failures"]
+    if outcome == "failure" and limit and failures >= limit and job["enabled"]:
         reason = f"auto-paused after {failures} consecutive failures"
         tx.execute(
             "UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ? WHERE id = ?",
@@ -162,6 +167,7 @@ def _update_job_counters(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: 
             (reason, now, job["id"]),
         )
         append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], at=now, data={"failures": failures})
+    return job
 
 
 def _outcome_matches(trigger_on: str | None, status: str) -> bool:

@@ -299,8 +299,8 @@ class Dispatcher:
                 committed = self._complete(finished, now=tick_now)
                 created = materialize_due(self.store, now=tick_now)
                 if free > 0:
-                    started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto)
-                due = next_due(tx)
+                    started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto, check_lease=False)
+                due = None if started else next_due(tx)  # with new runs started, the loop comes straight back anyway
         except leases.LeaseLost:
             self._forget(finished)
             raise
@@ -311,8 +311,8 @@ class Dispatcher:
             log.warning("group commit failed (%s); completing runs one at a time", exc.message)
             committed, started, created, due = self._complete_each(finished), [], 0, None
         self._forget(finished)
-        if created or committed:
-            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim new rows (slots, retries, children)
+        if created:
+            self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
         for s, run in committed:
             self._report(s, run)
         for s in started:
@@ -381,7 +381,9 @@ class Dispatcher:
         if self.hooks:
             self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
             if self.hooks.wants("scheduler_run_completed"):
-                self.hooks.run_completed(run_to_json(run, full=True))
+                with self.store.read() as tx:
+                    full = tx.one("SELECT * FROM runs WHERE id = ?", (s.run_id,))
+                self.hooks.run_completed(run_to_json(full or run, full=True))
 
     def _wait(self, timeout: float) -> None:
         """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""

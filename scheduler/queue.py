@@ -155,7 +155,9 @@ class StartedRun:
     parent_run_id: str | None
 
 
-def claim_and_start(store: Store, lease: Lease, *, limit: int, now: int | None = None, veto: Any = None) -> list[StartedRun]:
+def claim_and_start(
+    store: Store, lease: Lease, *, limit: int, now: int | None = None, veto: Any = None, check_lease: bool = True
+) -> list[StartedRun]:
     """Claim up to ``limit`` due dispatches and create their runs, in one fenced transaction.
 
     Dispatches that must not run become records instead: a disabled job's
@@ -167,9 +169,11 @@ def claim_and_start(store: Store, lease: Lease, *, limit: int, now: int | None =
     if limit <= 0:
         return started
     with store.transaction() as tx:
-        assert_live(tx, lease, now=now)
+        if check_lease:  # False: the caller asserted it in this same transaction
+            assert_live(tx, lease, now=now)
         candidates = tx.all(
-            "SELECT * FROM job_dispatch_queue WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
+            "SELECT id, job_id, kind, due_at, source_run_id, replay_count FROM job_dispatch_queue"
+            " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
         )
         deferred_jobs: set[str] = set()
