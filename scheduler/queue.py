@@ -65,8 +65,10 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
     now = now_ms() if now is None else now
     created = 0
     with store.transaction() as tx:
+        # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
         rows = tx.all(
-            "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?",
+            "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
+            + tx.skip_locked,
             (now, limit),
         )
         for job in rows:
