@@ -354,6 +354,7 @@ class Dispatcher:
         return done
 
     def _complete_each(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
+        """Commit runs one at a time; a run whose completion itself fails still ends (``COMPLETION_FAILED``)."""
         done = []
         for item in finished:
             try:
@@ -363,9 +364,35 @@ class Dispatcher:
                     done += self._complete([item])
             except leases.LeaseLost:
                 raise
-            except Exception:
+            except Exception as exc:
                 log.exception("completion of run %s failed", item[0].run_id)
+                self._end_failed_completion(item[0], exc)
         return done
+
+    def _end_failed_completion(self, s: StartedRun, exc: Exception) -> None:
+        """Nothing stays ``running`` forever: record the failed completion as the run's (fenced) error."""
+        assert self.lease is not None
+        now = now_ms()
+        message = f"completion failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"[:2000]
+        try:
+            with self.store.transaction() as tx:
+                leases.assert_live(tx, self.lease)
+                ended = tx.execute(
+                    "UPDATE runs SET status = 'error', error_code = 'COMPLETION_FAILED', error_message = ?,"
+                    " finished_at = CASE WHEN started_at > ? THEN started_at ELSE ? END,"
+                    " terminal_at = CASE WHEN started_at > ? THEN started_at ELSE ? END"
+                    " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?",
+                    (message, now, now, now, now, s.run_id, self.lease.owner, self.lease.token),
+                )
+                if ended:
+                    tx.execute("UPDATE job_dispatch_queue SET status = 'failed', last_error = ?, updated_at = ? WHERE id = ?",
+                               (message, now, s.dispatch_id))
+                    append_event(tx, "run.completion_failed", job_id=s.job["id"], run_id=s.run_id, actor=self.owner,
+                                 at=now, data={"error": message})
+        except leases.LeaseLost:
+            raise
+        except Exception:
+            log.exception("could not record the failed completion of run %s; recovery will end it", s.run_id)
 
     def _forget(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> None:
         with self._active_lock:

@@ -439,3 +439,21 @@ def test_fenced_bookkeeping_after_takeover_raises(store):
     with pytest.raises(leases.LeaseLost):
         control.record_process(999, 999, "ticks:2")
     assert run_rows(store, job["id"])[0]["pid"] == 12345  # nothing written by the stale owner
+
+
+def test_a_completion_that_fails_does_not_hold_back_the_others_or_stay_running(store, dispatcher):
+    bad = add_job(store, name="bad", payload_message="sleep:0.4")
+    good = add_job(store, name="good", payload_message="sleep:0.4")
+    dispatcher()
+    enqueue_manual(store, bad["id"])
+    enqueue_manual(store, good["id"])
+    wait_for(lambda: statuses(store, bad["id"]) == ["running"] and statuses(store, good["id"]) == ["running"], what="both running")
+    # Corrupt one run so its completion violates a CHECK (finished before it started): the group commit fails.
+    with store.transaction() as tx:
+        tx.execute("UPDATE runs SET started_at = ? WHERE job_id = ?", (now_ms() + 3_600_000, bad["id"]))
+    wait_for(lambda: statuses(store, good["id"]) == ["ok"], what="the good run completed anyway")
+    wait_for(lambda: statuses(store, bad["id"]) == ["error"], what="the bad run ended")
+    run = run_rows(store, bad["id"])[0]
+    assert run["error_code"] == "COMPLETION_FAILED" and "CONSTRAINT_VIOLATION" not in (run["status"] or "")
+    with store.read() as tx:
+        assert tx.scalar("SELECT status FROM job_dispatch_queue WHERE id = ?", (run["dispatch_id"],)) == "failed"
