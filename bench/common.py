@@ -203,14 +203,20 @@ def count_terminal(conn: sqlite3.Connection) -> int:
 
 
 class CountingStore:
-    """Wraps a store's ``transaction`` to count write transactions (one integer increment each)."""
+    """Wraps a store's ``transaction`` to count commits: outermost write transactions only.
+
+    A nested ``transaction()`` joins the open one (no commit of its own), so it is not
+    counted; the nesting depth is read from the SQLite store's thread-local state
+    (bench-only peek at an internal).
+    """
 
     def __init__(self, store: Any) -> None:
         self.count = 0
         original = store.transaction
 
         def counted() -> Any:
-            self.count += 1
+            if not getattr(store._local, "depth", 0):
+                self.count += 1
             return original()
 
         store.transaction = counted
