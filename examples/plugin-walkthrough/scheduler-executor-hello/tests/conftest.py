@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from importlib.metadata import PackageNotFoundError, distribution
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,3 +34,12 @@ def make_request(tmp_path: Path) -> Callable[..., ExecutionRequest]:
         )
 
     return build
+
+
+@pytest.fixture
+def hello_installed() -> None:
+    """Skip tests that load the plugin by entry point unless it is installed (`pip install -e .`)."""
+    try:
+        distribution("scheduler-executor-hello")
+    except PackageNotFoundError:
+        pytest.skip("scheduler-executor-hello is not installed (run `pip install -e .` in its directory)")

@@ -7,26 +7,12 @@ the engine, never as passed; the six basic cases run and must pass.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, distribution
 
 import pytest
 from scheduler_executor_hello import HelloExecutor
 
 from scheduler.conformance.pytest_plugin import ExecutorConformance
 
-
-def _installed() -> bool:
-    try:
-        distribution("scheduler-executor-hello")
-    except PackageNotFoundError:
-        return False
-    return True
-
-
-#: Tests that load the plugin by entry point need `pip install -e .` (entry points live in the installed metadata).
-needs_install = pytest.mark.skipif(
-    not _installed(), reason="scheduler-executor-hello is not installed (run `pip install -e .` in its directory)"
-)
 
 
 class TestHelloInProcess(ExecutorConformance):
@@ -36,7 +22,7 @@ class TestHelloInProcess(ExecutorConformance):
         return HelloExecutor()
 
 
-@needs_install
+@pytest.mark.usefixtures("hello_installed")
 class TestHelloThroughEntryPoint(ExecutorConformance):
     """Loaded by entry point exactly as the dispatcher and `scheduler conformance run executor hello` load it.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from importlib.metadata import PackageNotFoundError, distribution
 
 import pytest
 from scheduler_executor_hello import HelloExecutor
@@ -14,19 +13,6 @@ from scheduler.artifacts import read_artifact
 from scheduler.execution import ExecutionResult, LocalRunControl
 from scheduler.plugins.protocols import Executor
 
-
-def _installed() -> bool:
-    try:
-        distribution("scheduler-executor-hello")
-    except PackageNotFoundError:
-        return False
-    return True
-
-
-#: Tests that load the plugin by entry point need `pip install -e .` (entry points live in the installed metadata).
-needs_install = pytest.mark.skipif(
-    not _installed(), reason="scheduler-executor-hello is not installed (run `pip install -e .` in its directory)"
-)
 
 
 def test_declares_the_api_and_claims_no_capability() -> None:
@@ -95,7 +81,7 @@ def test_missing_working_dir_is_a_coded_error(make_request, tmp_path) -> None:
     assert (result.status, result.error_code) == ("error", "HELLO_SPAWN_FAILED")
 
 
-@needs_install
+@pytest.mark.usefixtures("hello_installed")
 def test_loads_through_its_entry_point_like_production() -> None:
     from scheduler.plugins.loader import load_provider
 

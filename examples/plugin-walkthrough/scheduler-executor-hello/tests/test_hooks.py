@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, distribution
 
 import click
 import pytest
@@ -12,19 +11,6 @@ from scheduler_executor_hello import hooks as hello_hooks
 
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 
-
-def _installed() -> bool:
-    try:
-        distribution("scheduler-executor-hello")
-    except PackageNotFoundError:
-        return False
-    return True
-
-
-#: Tests that load the plugin by entry point need `pip install -e .` (entry points live in the installed metadata).
-needs_install = pytest.mark.skipif(
-    not _installed(), reason="scheduler-executor-hello is not installed (run `pip install -e .` in its directory)"
-)
 
 
 def facade() -> Hooks:
@@ -68,7 +54,7 @@ def test_register_commands_adds_hello() -> None:
     assert "hello, tester" in result.output
 
 
-@needs_install
+@pytest.mark.usefixtures("hello_installed")
 def test_scheduler_hello_command_through_the_real_cli(capsys) -> None:
     from scheduler.cli.main import main
 
