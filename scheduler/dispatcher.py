@@ -108,6 +108,8 @@ class Dispatcher:
         self.exclusive = exclusive
         self.lease_name = "dispatcher" if exclusive else f"dispatcher:{self.owner}"
         self.lease: leases.Lease | None = None
+        #: The singleton ``maintenance`` lease (shared mode only), while we hold it.
+        self._maint: leases.Lease | None = None
         self.hooks = hooks
         self.say = say or (lambda _msg: None)
         self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.location)
@@ -231,7 +233,7 @@ class Dispatcher:
 
     def _maintenance_lease(self) -> leases.Lease | None:
         """Singleton duties (recovery) run under one named lease, taken over when it expires."""
-        current = getattr(self, "_maint", None)
+        current = self._maint
         if current is not None:
             try:
                 leases.renew(self.store, current)
@@ -540,9 +542,8 @@ class Dispatcher:
         if self.lease is not None and self._lost is None:
             self._released = True
             leases.release(self.store, self.lease)
-            maint = getattr(self, "_maint", None)
-            if maint is not None:
-                leases.release(self.store, maint)
+            if self._maint is not None:
+                leases.release(self.store, self._maint)
         if self._pidfile is not None:
             self._pidfile.close()
 
