@@ -17,7 +17,27 @@ from scheduler.timeutil import check_instant_ms, format_duration_ms, now_ms, par
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
-_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
+#: Characters a job name may not hold: controls (C0, DEL, C1 such as U+0085 NEL), line and
+#: paragraph separators (U+2028, U+2029), and bidirectional controls (U+061C, U+200E, U+200F,
+#: U+202A-U+202E, U+2066-U+2069), which make a listing show a name other than the stored one.
+_NAME_FORBIDDEN = "\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: A job name: 1-128 allowed characters, not blank, no white space at either end (refused, never stripped).
+_NAME_RE = re.compile(rf"(?!\s)[^{_NAME_FORBIDDEN}]{{1,128}}(?<!\s)")
+
+
+def _name_problem(name: str) -> str:
+    """Why ``name`` fails ``_NAME_RE``, naming the offending character (so an invisible one can be found)."""
+    if not name.strip():
+        return "must not be empty or blank"
+    if name != name.strip():
+        return "must not begin or end with white space"
+    if len(name) > 128:
+        return "must be at most 128 characters"
+    bad = next((ch for ch in name if re.match(f"[{_NAME_FORBIDDEN}]", ch)), "?")
+    kind = "line or paragraph separator" if bad in "\u2028\u2029" else "control character" if bad <= "\x9f" else "bidirectional control"
+    return f"must not contain U+{ord(bad):04X} (a {kind})"
+
+
 _DRIVER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _IDENTIFIER_LIKE = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,256}$")
 
@@ -331,10 +351,9 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True) 
                 values[f.name] = f.default
         elif f.metadata["required"]:
             errors.add(f.name, "is required", "REQUIRED")
-    for text_field in ("name",):
-        v = values.get(text_field)
-        if isinstance(v, str) and not _NAME_RE.match(v):
-            errors.add(text_field, "must be 1-128 characters without control characters", "INVALID_VALUE")
+    name = values.get("name")
+    if isinstance(name, str) and not _NAME_RE.fullmatch(name):
+        errors.add("name", _name_problem(name), "INVALID_VALUE")
     payload = values.get("payload_message")
     if isinstance(payload, str):
         if not payload.strip():

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from scheduler.cli.input import read_json_input
+from scheduler.cli.input import AsciiIntRange, read_json_input
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
 from scheduler.errors import SchedulerError
@@ -23,6 +23,29 @@ def spec_source(fn: Any) -> Any:
     for deco in reversed(_spec_source):
         fn = deco(fn)
     return fn
+
+
+def _refuse_duplicate_names(specs: list[Any], many: bool) -> None:
+    """``NAME_CONFLICT`` for an array naming a job twice: ``jobs add`` could never store it, so nothing accepts it."""
+    if not many:
+        return
+    first_index: dict[str, int] = {}
+    details = []
+    for index, spec in enumerate(specs):
+        if spec.name in first_index:
+            details.append({"index": index, "field": "name", "code": "NAME_CONFLICT",
+                            "error": f"job name {spec.name!r} is already used by item {first_index[spec.name]} of the array"})
+        else:
+            first_index[spec.name] = index
+    if details:
+        names = ", ".join(sorted({repr(specs[d["index"]].name) for d in details}))
+        raise SchedulerError("NAME_CONFLICT", f"the array names a job more than once: {names}", details=details)
+
+
+def _one_shot_option(value: str | None, option: str) -> None:
+    """Refuse an empty ``--at``/``--in``: it would otherwise be ignored and the job silently become manual."""
+    if value is not None and not value.strip():
+        raise SchedulerError("INVALID_ARGUMENT", f"{option} needs a value (got an empty string)")
 
 
 @click.group("jobs")
@@ -42,10 +65,10 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
     now = now_ms()
     specs, details = [], []
     for index, item in enumerate(items):
-        if isinstance(item, dict) and (at or in_):
+        if isinstance(item, dict) and (at is not None or in_ is not None):
             item = dict(item)
             item["schedule_kind"] = "at"
-            item["schedule_at"] = at if at else to_iso(now + parse_duration_ms(in_, field="--in"))
+            item["schedule_at"] = at if at is not None else to_iso(now + parse_duration_ms(in_, field="--in"))
         if isinstance(item, dict) and allow_past:
             item = {**item, "allow_past_at": True}
         try:
@@ -57,6 +80,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
                 details.append({**d, "index": index})
     if details:
         raise SchedulerError("VALIDATION_FAILED", f"{len({d['index'] for d in details})} of {len(items)} job specs are invalid", details=details)
+    _refuse_duplicate_names(specs, many)
     return specs, many
 
 
@@ -77,8 +101,10 @@ def jobs_validate(spec: str | None, file: str | None, stdin: bool) -> None:
 @click.option("--allow-past", is_flag=True, help="Accept a one-shot time in the past.")
 def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at: str | None, in_: str | None, allow_past: bool) -> None:
     """Add one job, or an array of jobs all-or-nothing."""
-    if at and in_:
+    if at is not None and in_ is not None:
         raise SchedulerError("INVALID_ARGUMENT", "use --at or --in, not both")
+    _one_shot_option(at, "--at")
+    _one_shot_option(in_, "--in")
     specs, many = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
     if dry_run:
         from scheduler.jobs import initial_schedule
@@ -104,7 +130,7 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
 
 @jobs_group.command("list")
 @click.option("--enabled/--disabled", "enabled", default=None, help="Only enabled or only disabled jobs.")
-@click.option("--limit", type=click.IntRange(1, 100000), default=None)
+@click.option("--limit", type=AsciiIntRange(1, 100000), default=None, help="At most N jobs.")
 def jobs_list(enabled: bool | None, limit: int | None) -> None:
     """List jobs with their state and next run."""
     from scheduler.jobs import job_to_json, list_jobs
@@ -217,7 +243,7 @@ def jobs_tree(job: str | None) -> None:
 
 @jobs_group.command("next")
 @click.argument("job")
-@click.option("-n", "count", type=click.IntRange(1, 1000), default=5, help="How many fire times.")
+@click.option("-n", "count", type=AsciiIntRange(1, 1000), default=5, help="How many fire times.")
 def jobs_next(job: str, count: int) -> None:
     """The next N fire times of a job, with UTC offsets."""
     from scheduler.jobs import resolve_job

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
 from scheduler.errors import SchedulerError
@@ -18,12 +19,15 @@ def runs_group() -> None:
 
 @runs_group.command("list")
 @click.argument("job", required=False)
-@click.option("--limit", type=click.IntRange(1, 100000), default=20, show_default=True)
+@click.option("--limit", type=AsciiIntRange(1, 100000), default=20, show_default=True, help="At most N runs.")
 @click.option("--status", default=None, help="Only runs with this status.")
 def runs_list(job: str | None, limit: int, status: str | None) -> None:
     """Recent runs, newest first (of one job when given)."""
     from scheduler.jobs import resolve_job
-    from scheduler.runs import list_runs, run_to_json
+    from scheduler.runs import RUN_STATUSES, list_runs, run_to_json
+
+    if status is not None and status not in RUN_STATUSES:  # an empty --status is a mistake, not "no filter"
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
 
     with open_ctx_store().read() as tx:
         job_id = resolve_job(tx, job)["id"] if job else None
