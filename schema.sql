@@ -12,7 +12,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version (keep in sync with scheduler.store.migrations.SCHEMA_VERSION): 2
+-- Schema version (keep in sync with scheduler.store.migrations.SCHEMA_VERSION): 3
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -39,11 +39,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     allow_past_at             INTEGER NOT NULL DEFAULT 0 CHECK (allow_past_at IN (0, 1)),
     session_target            TEXT    NOT NULL DEFAULT 'shell' CHECK (session_target IN ('shell', 'isolated', 'main')),
     executor                  TEXT,
-    context_mode              TEXT    NOT NULL DEFAULT 'isolated' CHECK (context_mode IN ('session', 'isolated')),
-    heartbeat_file            TEXT,
+    -- plugin-owned per-job options (JSON objects validated by the named plugin's options class)
+    executor_options          TEXT    NOT NULL DEFAULT '{}',
+    delivery_options          TEXT    NOT NULL DEFAULT '{}',
+    -- what the job demands its executor enforce (JSON); governance compares it with capabilities
+    constraints               TEXT    NOT NULL DEFAULT '{}',
     payload_message           TEXT    NOT NULL,
-    working_dir               TEXT,
-    stdin_text                TEXT,
     run_timeout_ms            INTEGER NOT NULL DEFAULT 300000 CHECK (run_timeout_ms > 0),
     max_retries               INTEGER NOT NULL DEFAULT 0 CHECK (max_retries >= 0),
     retry_backoff_ms          INTEGER NOT NULL DEFAULT 30000 CHECK (retry_backoff_ms >= 0),
@@ -62,7 +63,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     verify_shell              TEXT,
     verify_timeout_s          INTEGER NOT NULL DEFAULT 60 CHECK (verify_timeout_s > 0),
     verify_on_failure         TEXT    NOT NULL DEFAULT 'error' CHECK (verify_on_failure IN ('error', 'warn')),
-    shell_env_policy          TEXT    NOT NULL DEFAULT 'minimal' CHECK (shell_env_policy IN ('minimal', 'inherit')),
     approval_required         INTEGER NOT NULL DEFAULT 0 CHECK (approval_required IN (0, 1)),
     approval_timeout_s        INTEGER NOT NULL DEFAULT 3600 CHECK (approval_timeout_s > 0),
     approval_timeout_action   TEXT    NOT NULL DEFAULT 'reject' CHECK (approval_timeout_action IN ('reject', 'approve')),
@@ -174,11 +174,9 @@ CREATE TABLE IF NOT EXISTS runs (
     error_message           TEXT,
     skip_reason             TEXT,
     summary                 TEXT,
-    -- process identity and lifecycle (shell work)
-    pid                     INTEGER,
-    pgid                    INTEGER,
-    process_start_time      TEXT,
-    process_state           TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'terminated', 'gone', 'unknown')),
+    -- what the executor recorded to find its work after a crash (JSON: a process identity, a remote turn id)
+    executor_handle         TEXT,
+    process_state           TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'exited', 'terminated', 'gone', 'unknown')),
     process_terminated_at   INTEGER,
     process_signal          TEXT,
     -- cancellation
@@ -210,6 +208,7 @@ CREATE TABLE IF NOT EXISTS runs (
     verify_status           TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error')),
     verify_json             TEXT,
     env_policy_warning      TEXT,
+    usage_json              TEXT,
     handoff_artifact_digest TEXT,
     CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at)
 );

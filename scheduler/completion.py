@@ -65,6 +65,8 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
             output_parsed=json.dumps(s["parsed"]) if s.get("parsed") is not None else None,
             output_artifact=s.get("artifact"),
         )
+    if result.usage:
+        cols["usage_json"] = json.dumps(result.usage, sort_keys=True)
     v = result.verification
     if v:
         cols.update(verify_status=v.get("status"), verify_json=json.dumps(v, sort_keys=True))
@@ -95,7 +97,8 @@ def complete_run(
             " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
             " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
             "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
-            " duration_ms = ? - COALESCE(started_at, ?)"
+            " duration_ms = ? - COALESCE(started_at, ?),"
+            " process_state = CASE WHEN process_state = 'running' THEN 'exited' ELSE process_state END"
             " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
             f" RETURNING {RUN_FIELDS_FOR_CONSEQUENCES}",
             [*values.values(), result.status, result.status, message, message, now, now, run_id, lease.owner, lease.token],

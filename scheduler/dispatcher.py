@@ -5,18 +5,27 @@ changes the database (a CLI ``jobs add``/``run``/``cancel``), so a due job start
 within milliseconds and CLI changes take effect without a restart or a tick.
 Workers commit only while the lease is live and the run is still theirs; if the
 lease is lost the dispatcher aborts its runs and exits without committing.
+
+The executor contract is enforced, not trusted: shortly after a run's deadline the
+dispatcher cancels it, and a worker that still has not returned a kill grace later
+is abandoned (left running on a daemon thread, its late result discarded) while the
+dispatcher commits the run itself (``timeout`` / ``EXECUTOR_DEADLINE_EXCEEDED``, or
+``cancelled`` / ``EXECUTOR_ABANDONED`` after a cancel request or at shutdown). So
+neither a run nor ``scheduler run --grace`` waits on an executor that ignores it.
+A busy database (``DB_BUSY``) is waited out and retried; a lease that ran out in the
+meantime is never resurrected: the dispatcher steps down (``LEASE_LOST``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import queue
 import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +41,8 @@ from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
 from scheduler.runs import StaleFence, fenced_update, run_to_json
-from scheduler.spec import spec_from_row
+from scheduler.plugin_options import executor_options_for
+from scheduler.spec import constraints_of, spec_from_row
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms, to_iso
 
@@ -46,6 +56,339 @@ CANCEL_CHECK_MS = 100
 WAIT_SLICE_S = 0.02
 #: How long a failed executor load is remembered before the dispatcher tries again.
 EXECUTOR_RETRY_S = 30.0
+#: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before
+#: the dispatcher cancels it: room for clock granularity, so a self-enforcing executor is never raced.
+DEADLINE_SLACK_S = 0.5
+#: After the dispatcher cancelled a run, how long on top of ``kill_grace_s`` the executor gets to
+#: return (stopping a process group takes up to the kill grace) before its worker is abandoned.
+ABANDON_SLACK_S = 1.0
+#: Longest pause between attempts while the database stays busy (``DB_BUSY``).
+BUSY_BACKOFF_MAX_S = 1.0
+#: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
+#: waiting out a busy database) before the store can be closed under it.
+RENEW_JOIN_S = 15.0
+#: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
+TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a database error that may go away by itself (busy, briefly unavailable).
+
+    The dispatcher waits such errors out and retries instead of crashing; a lost lease
+    is never transient.
+    """
+    if not isinstance(exc, SchedulerError) or isinstance(exc, leases.LeaseLost):
+        return False
+    return bool(getattr(exc, "retryable", False)) or exc.code in TRANSIENT_DB_CODES
+
+
+class WorkerPool:
+    """Daemon threads that run executor calls; grows past its size only to replace stuck workers.
+
+    Why not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at
+    interpreter exit (a stuck executor kept ``scheduler run`` alive for as long as it
+    slept), and a stuck worker keeps its slot forever. Here a task goes to an idle
+    worker or to a new thread, so a worker the dispatcher abandoned never holds up new
+    runs (the dispatcher bounds how many runs it submits); a surplus thread exits when
+    its task finally returns.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self._name = name
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._busy = 0
+        self._seq = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """Worker threads alive (idle, busy or stuck)."""
+        return self._threads
+
+    @property
+    def busy(self) -> int:
+        """Workers running a task now (after a stop: the stuck ones)."""
+        return self._busy
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on an idle worker, or on a new daemon thread when none is idle."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("worker pool is closed")
+            self._busy += 1
+            if self._idle > 0:
+                self._idle -= 1  # reserved: that worker takes this task
+            else:
+                self._threads += 1
+                self._seq += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._seq}", daemon=True).start()
+        self._tasks.put(fn)
+
+    def _work(self) -> None:
+        while True:
+            fn = self._tasks.get()
+            if fn is None:
+                with self._lock:
+                    self._threads -= 1
+                return
+            try:
+                fn()
+            except BaseException:  # the dispatcher's task reports its own failures; never lose the worker silently
+                log.exception("worker task failed")
+            with self._lock:
+                self._busy -= 1
+                if self._closed or self._threads > self.size:
+                    self._threads -= 1  # a replacement took our place meanwhile (or we are stopping)
+                    return
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle workers exit; busy (stuck) ones are not waited for: they are daemon threads."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._tasks.put(None)
+
+
+@attrs.define(eq=False)
+class _ActiveRun:
+    """A run executing on a worker, as the loop supervises it."""
+
+    control: DbRunControl
+    started: StartedRun
+    #: Epoch ms after which the run is past its ``run_timeout_ms``.
+    deadline_ms: int
+    #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
+    cancelled_at: float | None = None
+    #: The result the dispatcher committed in place of an executor it cut loose.
+    abandoned: ExecutionResult | None = None
+#: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before
+#: the dispatcher cancels it: room for clock granularity, so a self-enforcing executor is never raced.
+DEADLINE_SLACK_S = 0.5
+#: After the dispatcher cancelled a run, how long on top of ``kill_grace_s`` the executor gets to
+#: return (stopping a process group takes up to the kill grace) before its worker is abandoned.
+ABANDON_SLACK_S = 1.0
+#: Longest pause between attempts while the database stays busy (``DB_BUSY``).
+BUSY_BACKOFF_MAX_S = 1.0
+#: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
+#: waiting out a busy database) before the store can be closed under it.
+RENEW_JOIN_S = 15.0
+#: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
+TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a database error that may go away by itself (busy, briefly unavailable).
+
+    The dispatcher waits such errors out and retries instead of crashing; a lost lease
+    is never transient.
+    """
+    if not isinstance(exc, SchedulerError) or isinstance(exc, leases.LeaseLost):
+        return False
+    return bool(getattr(exc, "retryable", False)) or exc.code in TRANSIENT_DB_CODES
+
+
+class WorkerPool:
+    """Daemon threads that run executor calls; grows past its size only to replace stuck workers.
+
+    Why not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at
+    interpreter exit (a stuck executor kept ``scheduler run`` alive for as long as it
+    slept), and a stuck worker keeps its slot forever. Here a task goes to an idle
+    worker or to a new thread, so a worker the dispatcher abandoned never holds up new
+    runs (the dispatcher bounds how many runs it submits); a surplus thread exits when
+    its task finally returns.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self._name = name
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._busy = 0
+        self._seq = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """Worker threads alive (idle, busy or stuck)."""
+        return self._threads
+
+    @property
+    def busy(self) -> int:
+        """Workers running a task now (after a stop: the stuck ones)."""
+        return self._busy
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on an idle worker, or on a new daemon thread when none is idle."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("worker pool is closed")
+            self._busy += 1
+            if self._idle > 0:
+                self._idle -= 1  # reserved: that worker takes this task
+            else:
+                self._threads += 1
+                self._seq += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._seq}", daemon=True).start()
+        self._tasks.put(fn)
+
+    def _work(self) -> None:
+        while True:
+            fn = self._tasks.get()
+            if fn is None:
+                with self._lock:
+                    self._threads -= 1
+                return
+            try:
+                fn()
+            except BaseException:  # the dispatcher's task reports its own failures; never lose the worker silently
+                log.exception("worker task failed")
+            with self._lock:
+                self._busy -= 1
+                if self._closed or self._threads > self.size:
+                    self._threads -= 1  # a replacement took our place meanwhile (or we are stopping)
+                    return
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle workers exit; busy (stuck) ones are not waited for: they are daemon threads."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._tasks.put(None)
+
+
+@attrs.define(eq=False)
+class _ActiveRun:
+    """A run executing on a worker, as the loop supervises it."""
+
+    control: DbRunControl
+    started: StartedRun
+    #: Epoch ms after which the run is past its ``run_timeout_ms``.
+    deadline_ms: int
+    #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
+    cancelled_at: float | None = None
+    #: The result the dispatcher committed in place of an executor it cut loose.
+    abandoned: ExecutionResult | None = None
+#: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before
+#: the dispatcher cancels it: room for clock granularity, so a self-enforcing executor is never raced.
+DEADLINE_SLACK_S = 0.5
+#: After the dispatcher cancelled a run, how long on top of ``kill_grace_s`` the executor gets to
+#: return (stopping a process group takes up to the kill grace) before its worker is abandoned.
+ABANDON_SLACK_S = 1.0
+#: Longest pause between attempts while the database stays busy (``DB_BUSY``).
+BUSY_BACKOFF_MAX_S = 1.0
+#: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
+#: waiting out a busy database) before the store can be closed under it.
+RENEW_JOIN_S = 15.0
+#: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
+TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a database error that may go away by itself (busy, briefly unavailable).
+
+    The dispatcher waits such errors out and retries instead of crashing; a lost lease
+    is never transient.
+    """
+    if not isinstance(exc, SchedulerError) or isinstance(exc, leases.LeaseLost):
+        return False
+    return bool(getattr(exc, "retryable", False)) or exc.code in TRANSIENT_DB_CODES
+
+
+class WorkerPool:
+    """Daemon threads that run executor calls; grows past its size only to replace stuck workers.
+
+    Why not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at
+    interpreter exit (a stuck executor kept ``scheduler run`` alive for as long as it
+    slept), and a stuck worker keeps its slot forever. Here a task goes to an idle
+    worker or to a new thread, so a worker the dispatcher abandoned never holds up new
+    runs (the dispatcher bounds how many runs it submits); a surplus thread exits when
+    its task finally returns.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self._name = name
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._busy = 0
+        self._seq = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """Worker threads alive (idle, busy or stuck)."""
+        return self._threads
+
+    @property
+    def busy(self) -> int:
+        """Workers running a task now (after a stop: the stuck ones)."""
+        return self._busy
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on an idle worker, or on a new daemon thread when none is idle."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("worker pool is closed")
+            self._busy += 1
+            if self._idle > 0:
+                self._idle -= 1  # reserved: that worker takes this task
+            else:
+                self._threads += 1
+                self._seq += 1
+                threading.Thread(target=self._work, name=f"{self._name}-{self._seq}", daemon=True).start()
+        self._tasks.put(fn)
+
+    def _work(self) -> None:
+        while True:
+            fn = self._tasks.get()
+            if fn is None:
+                with self._lock:
+                    self._threads -= 1
+                return
+            try:
+                fn()
+            except BaseException:  # the dispatcher's task reports its own failures; never lose the worker silently
+                log.exception("worker task failed")
+            with self._lock:
+                self._busy -= 1
+                if self._closed or self._threads > self.size:
+                    self._threads -= 1  # a replacement took our place meanwhile (or we are stopping)
+                    return
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle workers exit; busy (stuck) ones are not waited for: they are daemon threads."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._tasks.put(None)
+
+
+@attrs.define(eq=False)
+class _ActiveRun:
+    """A run executing on a worker, as the loop supervises it."""
+
+    control: DbRunControl
+    started: StartedRun
+    #: Epoch ms after which the run is past its ``run_timeout_ms``.
+    deadline_ms: int
+    #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
+    cancelled_at: float | None = None
+    #: The result the dispatcher committed in place of an executor it cut loose.
+    abandoned: ExecutionResult | None = None
 
 
 @attrs.define
@@ -80,14 +423,16 @@ class DbRunControl(CancellationToken):
             fenced_update(tx, self.run_id, lease.owner, lease.token, "running", values)
             append_event(tx, kind, job_id=self.job_id, run_id=self.run_id, actor=lease.owner, data=data)
 
-    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
-        self._fenced({"pid": pid, "pgid": pgid, "process_start_time": start_time, "process_state": "running"},
-                     "run.process_started", {"pid": pid, "pgid": pgid})
+    def record_handle(self, handle: dict[str, Any]) -> None:
+        """Durably record the executor's handle on its work (before that work may act); fenced."""
+        self._fenced({"executor_handle": json.dumps(handle, sort_keys=True, default=str), "process_state": "running"},
+                     "run.handle_recorded", {"handle": handle})
 
-    def record_termination(self, signal_name: str) -> None:
+    def record_termination(self, how: str) -> None:
+        """Durably record that the executor stopped its work, and how."""
         try:
-            self._fenced({"process_state": "terminated", "process_signal": signal_name, "process_terminated_at": now_ms()},
-                         "run.process_terminated", {"signal": signal_name, "reason": self._reason})
+            self._fenced({"process_state": "terminated", "process_signal": how, "process_terminated_at": now_ms()},
+                         "run.process_terminated", {"signal": how, "reason": self._reason})
         except SchedulerError as exc:  # lease lost: the recovering dispatcher records the end instead
             log.warning("could not record termination of run %s: %s", self.run_id, exc.message)
 
@@ -113,38 +458,66 @@ class Dispatcher:
         self.hooks = hooks
         self.say = say or (lambda _msg: None)
         self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.location)
-        self._pool = ThreadPoolExecutor(max_workers=self.config.concurrency, thread_name_prefix="run")
-        self._active: dict[str, tuple[Future[None], DbRunControl, StartedRun]] = {}
+        self._pool = WorkerPool(self.config.concurrency, "run")
+        self._active: dict[str, _ActiveRun] = {}
         self._active_lock = threading.Lock()
         self._wake = threading.Event()
         #: Results handed from workers to the loop, which commits them in groups.
         self._finished: queue.SimpleQueue[tuple[StartedRun, ExecutionResult]] = queue.SimpleQueue()
+        #: Results whose commit met a busy database: committed on a later pass.
+        self._retry: list[tuple[StartedRun, ExecutionResult]] = []
+        #: Runs whose worker was cut loose: a late result from it is discarded.
+        self._abandoned: set[str] = set()
         self._stop = threading.Event()
+        #: A second stop request: cancel running work now instead of waiting out the grace period.
+        self._hurry = threading.Event()
         self._lost: str | None = None
         self._executors: dict[str, Any] = {}
         self._executors_lock = threading.Lock()
         self._cancels_checked_at = 0
         self._pidfile: Any = None
         self._released = False
-        self.stats = {"started": 0, "finished": 0, "skipped_commits": 0}
+        self._renew_thread: threading.Thread | None = None
+        self._renew_stop = threading.Event()
+        self._busy_since: float | None = None
+        self._busy_backoff = 0.0
+        self.stats = {"started": 0, "finished": 0, "skipped_commits": 0, "abandoned": 0, "late_results_discarded": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def request_stop(self, *_args: Any) -> None:
-        """Stop claiming new work (SIGTERM/SIGINT); running work gets the grace period."""
+        """Stop claiming new work (SIGTERM/SIGINT); running work gets the grace period.
+
+        A second request (a second SIGTERM/SIGINT) stops waiting: running work is
+        cancelled at once, and what does not return within the kill grace is abandoned.
+        Safe in a signal handler: it only sets events.
+        """
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
         self._wake.set()
+
+    def stuck_workers(self) -> int:
+        """Workers still inside an executor (after ``run`` returned: ones that ignored cancellation)."""
+        return self._pool.busy
+
+    def _pidfile_path(self) -> Path | None:
+        if "://" in self.store.location or not self.exclusive:
+            return None
+        return Path(self.store.location + ".dispatcher.pid")
 
     def _lock_pidfile(self) -> str | None:
         """Single instance per SQLite file: an flock'd pid file beside the database.
 
-        Returns None when locked, or the pid of the process holding it. A holder that
-        lets its lease expire (stopped, hung) does not block a takeover: the lease, not
-        the pid file, decides who owns the database.
+        Only takes the lock, never writes: returns None when we hold it, or the PID the
+        file names when another process holds it. A holder that lets its lease expire
+        (stopped, hung) does not block a takeover: the lease, not the pid file, decides
+        who owns the database. The PID is written once the lease is ours
+        (``_write_pidfile``), so a refused dispatcher never overwrites it.
         """
-        if "://" in self.store.location or not self.exclusive:
+        path = self._pidfile_path()
+        if path is None:
             return None
-        path = Path(self.store.location + ".dispatcher.pid")
         fh = open(path, "a+")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -153,12 +526,61 @@ class Dispatcher:
             other = fh.read().strip() or "?"
             fh.close()
             return other
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
         self._pidfile = fh
         return None
+
+    def _write_pidfile(self) -> None:
+        """Name our PID in the pid file: we hold the lease, so we are the dispatcher of this database.
+
+        After a takeover from a stalled holder that still has the flock, the file is
+        written without it (the stalled process never writes it again); the renewal
+        thread takes the flock as soon as the stalled process is gone.
+        """
+        path = self._pidfile_path()
+        if path is None:
+            return
+        line = f"{os.getpid()}\n"
+        try:
+            if self._pidfile is not None:
+                self._pidfile.seek(0)
+                self._pidfile.truncate()
+                self._pidfile.write(line)
+                self._pidfile.flush()
+            else:
+                with open(path, "r+" if path.exists() else "w") as fh:
+                    fh.truncate()
+                    fh.write(line)
+        except OSError as exc:
+            log.warning("could not write pid file %s: %s", path, exc)
+
+    def _retry_pidfile_lock(self) -> None:
+        """Take the pid-file lock once the stalled process we took over from has let go of it."""
+        if self._pidfile is not None or self._pidfile_path() is None:
+            return
+        if self._lock_pidfile() is None and self._pidfile is not None:
+            self._write_pidfile()
+            self.say(f"{_clock()} pid file lock taken over from the stalled dispatcher")
+
+    def _release_pidfile(self, *, clean: bool) -> None:
+        """Close the pid file; after a clean stop, empty it first so no stale PID is left behind."""
+        fh, self._pidfile = self._pidfile, None
+        path = self._pidfile_path()
+        try:
+            if clean and path is not None:
+                if fh is not None:
+                    fh.seek(0)
+                    if fh.read().strip() == str(os.getpid()):
+                        fh.seek(0)
+                        fh.truncate()
+                        fh.flush()
+                elif path.exists() and path.read_text().strip() == str(os.getpid()):
+                    with open(path, "r+") as other:
+                        other.truncate()
+        except OSError as exc:
+            log.warning("could not clear pid file %s: %s", path, exc)
+        finally:
+            if fh is not None:
+                fh.close()
 
     def start(self) -> None:
         """Take the lease (or fail with ``DISPATCHER_ALREADY_RUNNING``), start renewal, recover orphans."""
@@ -173,8 +595,9 @@ class Dispatcher:
                 if lease is not None:
                     self.say(f"previous dispatcher {row['owner']} is gone: took over its lease")
         if lease is None:
-            if self._pidfile is not None:
+            if self._pidfile is not None:  # never written: the file keeps naming the live holder
                 self._pidfile.close()
+                self._pidfile = None
             raise SchedulerError(
                 "DISPATCHER_ALREADY_RUNNING",
                 f"dispatcher lease on {self.store.location} is held by {row['owner'] if row else '?'}"
@@ -183,29 +606,41 @@ class Dispatcher:
         if holder is not None:
             self.say(f"pid file held by stalled process {holder} whose lease expired: taking over")
         self.lease = lease
+        self._write_pidfile()
         if self.hooks is None:
             self.hooks = Hooks()
         self.say(f"dispatcher {self.owner} holds lease {lease.name!r} with fencing token {lease.token}")
-        threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True).start()
+        self._renew_thread = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
+        self._renew_thread.start()
         self._recover()
 
     def _renew_loop(self) -> None:
+        """Renew the lease every third of its TTL until shutdown stops this thread.
+
+        A failed renewal (busy or unavailable database) is retried soon; a lease that
+        was taken over or ran out meanwhile is lost (``renew`` never resurrects an
+        expired lease), and the dispatcher steps down.
+        """
         assert self.lease is not None
         interval = self.lease.ttl_ms / 3000
-        while not self._stop.is_set() or self._active:
-            time.sleep(interval)
+        delay = interval
+        while not self._renew_stop.wait(delay):
             if self._lost is not None or self._released:
                 return
             try:
                 leases.renew(self.store, self.lease)
+                delay = interval
             except leases.LeaseLost as exc:
                 self._on_lease_lost(exc.message)
                 return
-            except Exception as exc:  # database unavailable: keep trying until the lease runs out
-                log.warning("lease renewal failed: %s", exc)
+            except Exception as exc:  # database busy or unavailable: keep trying until the lease runs out
+                log.warning("lease renewal failed: %s", getattr(exc, "message", exc))
                 if now_ms() >= self.lease.expires_at:
-                    self._on_lease_lost(f"lease expired while renewal failed: {exc}")
+                    self._on_lease_lost(f"lease expired while renewal failed: {getattr(exc, 'message', exc)}")
                     return
+                delay = min(interval, 0.2)
+                continue
+            self._retry_pidfile_lock()
 
     def _on_lease_lost(self, why: str) -> None:
         if self._released:
@@ -213,8 +648,8 @@ class Dispatcher:
         self._lost = why
         self.say(f"LEASE LOST: {why}; aborting runs, committing nothing")
         with self._active_lock:
-            for _future, control, _s in self._active.values():
-                control.cancel("lease_lost")
+            for entry in self._active.values():
+                entry.control.cancel("lease_lost")
         self._stop.set()
         self._wake.set()
 
@@ -230,6 +665,18 @@ class Dispatcher:
                 self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
         except leases.LeaseLost:
             pass
+        except SchedulerError as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
+        except SchedulerError as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
+        except SchedulerError as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
 
     def _maintenance_lease(self) -> leases.Lease | None:
         """Singleton duties (recovery) run under one named lease, taken over when it expires."""
@@ -255,13 +702,25 @@ class Dispatcher:
             while not self._stop.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                if time.monotonic() >= next_recovery:
-                    self._recover()
-                    next_recovery = time.monotonic() + recovery_every
-                timeout = self._tick()
+                try:
+                    if time.monotonic() >= next_recovery:
+                        self._recover()
+                        next_recovery = time.monotonic() + recovery_every
+                    timeout = self._tick()
+                    self._db_available()
+                except SchedulerError as exc:
+                    if not is_transient(exc):
+                        raise
+                    timeout = self._db_busy(exc)
+                timeout = min(timeout, self._supervise())
                 if deadline is not None:
                     timeout = min(timeout, max(0.0, deadline - time.monotonic()))
-                self._wait(timeout)
+                try:
+                    self._wait(timeout)
+                except SchedulerError as exc:
+                    if not is_transient(exc):
+                        raise
+                    self._wake.wait(self._db_busy(exc))
         except leases.LeaseLost as exc:
             self._on_lease_lost(exc.message)
         finally:
@@ -270,12 +729,14 @@ class Dispatcher:
             raise SchedulerError("LEASE_LOST", f"dispatcher stopped: {self._lost}")
         return 0
 
-    def _tick(self) -> float:
+    def _tick(self, *, claim: bool = True) -> float:
         """One pass; returns how long to sleep.
 
         Finished runs are completed, due slots materialised and free workers given new
         runs in ONE write transaction (group commit: one commit for many runs). An idle
-        pass costs one indexed read.
+        pass costs one indexed read. ``claim=False`` (during shutdown) only commits
+        finished runs. A busy database raises ``DB_BUSY`` after keeping the finished
+        results for the next pass.
         """
         assert self.lease is not None
         self.store.wait_for_change(0)  # arm: changes after this point (not before our reads) wake the next wait
@@ -284,6 +745,8 @@ class Dispatcher:
             self._propagate_cancels()
             self._cancels_checked_at = tick_now
         finished = self._take_finished()
+        if not claim and not finished:
+            return CANCEL_CHECK_MS / 1000
         if not finished:
             with self.store.read() as tx:
                 due = next_due(tx)
@@ -295,30 +758,38 @@ class Dispatcher:
         committed: list[tuple[StartedRun, dict[str, Any]]] = []
         started: list[StartedRun] = []
         created = 0
+        due: int | None = None
         try:
             with self.store.transaction() as tx:
                 leases.assert_live(tx, self.lease, now=tick_now)
                 committed = self._complete(finished, now=tick_now)
-                created = materialize_due(self.store, now=tick_now)
-                if free > 0:
-                    started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto, check_lease=False)
-                due = None if started else next_due(tx)  # with new runs started, the loop comes straight back anyway
+                if claim:
+                    created = materialize_due(self.store, now=tick_now)
+                    if free > 0:
+                        started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto, check_lease=False)
+                    due = None if started else next_due(tx)  # with new runs started, the loop comes straight back anyway
         except leases.LeaseLost:
             self._forget(finished)
             raise
         except SchedulerError as exc:
+            if is_transient(exc):
+                self._retry = finished + self._retry  # nothing was committed: try these again next pass
+                raise
             if not finished:
                 raise
             # One bad completion must not take the others (or new claims) down: commit them one by one.
             log.warning("group commit failed (%s); completing runs one at a time", exc.message)
             committed, started, created, due = self._complete_each(finished), [], 0, None
-        self._forget(finished)
+        retried = {s.run_id for s, _r in self._retry}
+        self._forget([item for item in finished if item[0].run_id not in retried])
         if created:
             self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
         for s, run in committed:
             self._report(s, run)
         for s in started:
             self._submit(s)
+        if not claim:
+            return 0.0 if committed else CANCEL_CHECK_MS / 1000
         if started:
             return 0.0
         if due is None:
@@ -331,12 +802,30 @@ class Dispatcher:
         return min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
 
     def _take_finished(self) -> list[tuple[StartedRun, ExecutionResult]]:
-        items = []
+        """Results to commit this pass: those kept after a busy database, then new ones.
+
+        A late result of a worker we abandoned is discarded here (the run was already
+        committed without it); a result that comes after the dispatcher cancelled the
+        run for its deadline is recorded as the ``timeout`` it is.
+        """
+        items, self._retry = self._retry, []
         while True:
             try:
                 items.append(self._finished.get_nowait())
             except queue.Empty:
-                return items
+                break
+        kept = []
+        for s, result in items:
+            with self._active_lock:
+                entry = self._active.get(s.run_id)
+            if entry is None or (entry.abandoned is not None and result is not entry.abandoned):
+                if s.run_id in self._abandoned:  # else: a run given up with the lease, nothing to say
+                    self._abandoned.discard(s.run_id)
+                    self.stats["late_results_discarded"] += 1
+                    self.say(f"{_clock()} discarding late result of abandoned run {s.run_id[:8]} ({result.status})")
+                continue
+            kept.append((s, _past_deadline(entry, result)))
+        return kept
 
     def _complete(
         self, finished: list[tuple[StartedRun, ExecutionResult]], *, now: int | None = None
@@ -358,7 +847,7 @@ class Dispatcher:
     def _complete_each(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
         """Commit runs one at a time; a run whose completion itself fails still ends (``COMPLETION_FAILED``)."""
         done = []
-        for item in finished:
+        for i, item in enumerate(finished):
             try:
                 with self.store.transaction() as tx:
                     assert self.lease is not None
@@ -366,6 +855,13 @@ class Dispatcher:
                     done += self._complete([item])
             except leases.LeaseLost:
                 raise
+            except SchedulerError as exc:
+                if not is_transient(exc):
+                    log.exception("completion of run %s failed", item[0].run_id)
+                    self._end_failed_completion(item[0], exc)
+                    continue
+                self._retry.extend(finished[i:])  # busy database: the next pass tries these again
+                break
             except Exception as exc:
                 log.exception("completion of run %s failed", item[0].run_id)
                 self._end_failed_completion(item[0], exc)
@@ -436,8 +932,84 @@ class Dispatcher:
         with self._active_lock:
             for r in rows:
                 entry = self._active.get(r["id"])
-                if entry and not entry[1].is_cancelled():
-                    entry[1].cancel("user")
+                if entry and not entry.control.is_cancelled():
+                    entry.control.cancel("user")
+
+    # -- enforcing the executor contract ----------------------------------------------------------
+
+    def _supervise(self) -> float:
+        """Enforce deadlines and cancellations the executor does not honour; seconds until the next check.
+
+        ``DEADLINE_SLACK_S`` after a run's deadline its token is cancelled (reason
+        ``deadline``); ``kill_grace_s + ABANDON_SLACK_S`` after any cancellation, a worker
+        that still has not returned is abandoned and the run is committed without it.
+        """
+        mono, wall = time.monotonic(), now_ms()
+        abandon_after = self.config.kill_grace_s + ABANDON_SLACK_S
+        next_in = MAX_SLEEP_S
+        with self._active_lock:
+            entries = [e for e in self._active.values() if e.abandoned is None]
+        for e in entries:
+            if e.cancelled_at is None:
+                if not e.control.is_cancelled():
+                    due_in = (e.deadline_ms - wall) / 1000 + DEADLINE_SLACK_S
+                    if due_in > 0:
+                        next_in = min(next_in, due_in)
+                        continue
+                    e.control.cancel("deadline")
+                    self.say(f"{_clock()} deadline passed for {e.started.job['name']} run {e.started.run_id[:8]}: cancelling it")
+                e.cancelled_at = mono
+            left = e.cancelled_at + abandon_after - mono
+            if left > 0:
+                next_in = min(next_in, left)
+                continue
+            self._abandon(e, abandon_after)
+            next_in = 0.0
+        return max(0.0, next_in)
+
+    def _abandon(self, e: _ActiveRun, waited_s: float) -> None:
+        """Cut a worker loose: the run gets a result from the dispatcher, the worker's own comes too late."""
+        reason = e.control.cancel_reason() or "user"
+        s = e.started
+        try:
+            executor = spec_from_row(s.job).executor_name()
+        except Exception:  # noqa: BLE001 - only for the message
+            executor = "?"
+        details = {"abandoned": True, "cancel_reason": reason, "waited_s": round(waited_s, 1)}
+        if reason == "deadline":
+            result = ExecutionResult(
+                status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED", details=details,
+                error_message=f"executor {executor!r} ignored the run's {s.job.get('run_timeout_ms')} ms deadline and did not"
+                              f" return within {waited_s:.1f}s of being cancelled; its worker was abandoned",
+            )
+        else:
+            why = {"shutdown": "the dispatcher was stopping", "user": "a cancel request",
+                   "lease_lost": "the dispatcher lost its lease"}.get(reason, reason)
+            result = ExecutionResult(
+                status="cancelled", error_code="EXECUTOR_ABANDONED", details=details,
+                error_message=f"executor {executor!r} did not return within {waited_s:.1f}s of being cancelled ({why});"
+                              " its worker was abandoned",
+            )
+        e.abandoned = result
+        self._abandoned.add(s.run_id)
+        self.stats["abandoned"] += 1
+        self.say(f"{_clock()} abandoning {s.job['name']} run {s.run_id[:8]}:"
+                 f" executor {executor!r} ignored cancellation ({reason})")
+        self._finished.put((s, result))
+        self._wake.set()
+
+    def _db_busy(self, exc: SchedulerError) -> float:
+        """A pass met a busy database: say so once per episode; returns the back-off before the next attempt."""
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+            self.say(f"{_clock()} database busy ({exc.code}): {exc.message}; waiting and retrying")
+        self._busy_backoff = min(BUSY_BACKOFF_MAX_S, max(0.05, self._busy_backoff * 2))
+        return self._busy_backoff
+
+    def _db_available(self) -> None:
+        if self._busy_since is not None:
+            self.say(f"{_clock()} database available again after {time.monotonic() - self._busy_since:.1f}s")
+            self._busy_since, self._busy_backoff = None, 0.0
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -447,9 +1019,10 @@ class Dispatcher:
         self.say(f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})")
         if self.hooks:
             self.hooks.run_state_changed(s.run_id, s.job["id"], None, "running", s.started_at)
+        entry = _ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.get("run_timeout_ms") or 0))
         with self._active_lock:
-            future = self._pool.submit(self._execute, s, control)
-            self._active[s.run_id] = (future, control, s)
+            self._active[s.run_id] = entry
+        self._pool.submit(lambda: self._execute(s, control))
 
     def _executor(self, name: str) -> Any:
         """The loaded executor; a load failure is remembered for a short while, then retried (a fix may be installed)."""
@@ -484,7 +1057,9 @@ class Dispatcher:
             executor = self._executor(spec.executor_name())
             root = self.artifacts_root
             request = ExecutionRequest(
-                run_id=s.run_id, job_id=s.job["id"], job=spec, attempt=s.attempt, scheduled_for_ms=s.scheduled_for,
+                run_id=s.run_id, job_id=s.job["id"], job=spec, options=executor_options_for(executor, spec),
+                constraints=constraints_of(spec), dispatch_kind=s.dispatch_kind,
+                attempt=s.attempt, scheduled_for_ms=s.scheduled_for,
                 started_at_ms=s.started_at, deadline_ms=s.started_at + spec.run_timeout_ms,
                 artifacts_dir=run_dir(root, s.run_id, create=False), artifacts_root=root,
                 extra_env={"SCHEDULER_RUN_ID": s.run_id, "SCHEDULER_JOB_ID": s.job["id"], "SCHEDULER_JOB_NAME": spec.name,
@@ -504,52 +1079,146 @@ class Dispatcher:
         self._wake.set()
 
     def _shutdown(self) -> None:
-        """Stop: let runs finish within the grace period, cancel the rest, release the lease."""
+        """Stop: drain the running work (see ``_drain``), then release the lease, the renewal thread and the pid file."""
         self._stop.set()
+        try:
+            self._drain()
+        except Exception:  # a bug while draining must not keep the lease or the process
+            log.exception("shutdown drain failed; recovery will end the runs still recorded as running")
+        finally:
+            self._finish()
+
+    def _drain(self) -> None:
+        """Graceful stop, bounded in time whatever the executors do.
+
+        No new claims. Runs that finish are committed as they finish (a ``kill -9`` during
+        the grace period cannot replay them). After ``grace_s`` (at once on a second stop
+        request, or when the lease is lost) the running runs are cancelled; a worker that
+        still has not returned ``kill_grace_s + ABANDON_SLACK_S`` later is abandoned and its
+        run committed ``cancelled`` (``EXECUTOR_ABANDONED``). Without a lease nothing is
+        committed: recovery ends those runs.
+        """
         with self._active_lock:
-            pending = [f for f, _c, _s in self._active.values()]
-        if pending and self._lost is None:
-            self.say(f"stopping: waiting up to {self.config.grace_s:.0f}s for {len(pending)} run(s)")
-            end = time.monotonic() + self.config.grace_s
-            for f in pending:
+            running = len(self._active)
+        if running and self._lost is None:
+            self.say(f"stopping: waiting up to {self.config.grace_s:g}s for {running} run(s)")
+        grace_end = time.monotonic() + self.config.grace_s
+        give_up: float | None = None
+        while True:
+            with self._active_lock:
+                running = len(self._active)
+            if not running and not self._retry and self._finished.empty():
+                return
+            mono = time.monotonic()
+            if give_up is None and (mono >= grace_end or self._hurry.is_set() or self._lost is not None):
+                if self._hurry.is_set() and mono < grace_end:
+                    self.say(f"{_clock()} second stop request: cancelling {running} run(s) now")
+                with self._active_lock:
+                    for entry in self._active.values():
+                        entry.control.cancel("shutdown")
+                # Room to abandon stuck workers and commit them, plus a little for a busy database.
+                give_up = mono + self.config.kill_grace_s + ABANDON_SLACK_S + 2.0
+            if give_up is not None and mono >= give_up:
+                self.say(f"{_clock()} giving up on {running} uncommitted run(s): recovery will end them")
+                return
+            timeout = CANCEL_CHECK_MS / 1000
+            if self._lost is None:
                 try:
-                    f.result(timeout=max(0.0, end - time.monotonic()))
-                except Exception:
-                    pass
-        with self._active_lock:
-            for _f, control, _s in self._active.values():
-                control.cancel("shutdown")
-            pending = [f for f, _c, _s in self._active.values()]
-        for f in pending:
-            try:
-                f.result(timeout=self.config.kill_grace_s + 10)
-            except Exception:
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._lost is None and self.lease is not None:
-            try:
-                finished = self._take_finished()
-                if finished:
-                    with self.store.transaction() as tx:
-                        leases.assert_live(tx, self.lease)
-                        committed = self._complete(finished)
-                    self._forget(finished)
-                    self.store.notify_change()
-                    for s, run in committed:
-                        self._report(s, run)
-            except leases.LeaseLost as exc:
-                self._on_lease_lost(exc.message)
-        if self.lease is not None and self._lost is None:
-            self._released = True
-            leases.release(self.store, self.lease)
-            if self._maint is not None:
-                leases.release(self.store, self._maint)
-        if self._pidfile is not None:
-            self._pidfile.close()
+                    timeout = self._tick(claim=False)
+                    self._db_available()
+                except leases.LeaseLost as exc:
+                    self._on_lease_lost(exc.message)
+                except SchedulerError as exc:
+                    if not is_transient(exc):
+                        raise
+                    timeout = self._db_busy(exc)
+            else:
+                self._forget(self._take_finished())  # cannot commit without the lease: recovery ends them
+            timeout = min(timeout, self._supervise(), CANCEL_CHECK_MS / 1000)
+            if timeout > 0:
+                self._wake.wait(timeout)
+            self._wake.clear()
+
+    def _finish(self) -> None:
+        """Let go of the process's hold on the database, in an order that leaves no window for confusion.
+
+        The renewal thread is stopped and joined first (closing the store under a
+        thread blocked in a statement crashed the process); the pid file is emptied
+        before the lease is released (never after another dispatcher took over).
+        """
+        clean = self.lease is not None and self._lost is None
+        self._renew_stop.set()
+        if self._renew_thread is not None and self._renew_thread is not threading.current_thread():
+            self._renew_thread.join(RENEW_JOIN_S)
+            if self._renew_thread.is_alive():
+                log.warning("lease renewal thread still busy after %.0fs", RENEW_JOIN_S)
+        clean = clean and self._lost is None
+        self._released = True
+        self._pool.close()
+        if clean:
+            self._release_pidfile(clean=True)
+            assert self.lease is not None
+            for lease in (self.lease, self._maint):
+                if lease is None:
+                    continue
+                try:
+                    leases.release(self.store, lease)
+                except SchedulerError as exc:  # busy: the lease simply expires after its TTL
+                    log.warning("could not release lease %r: %s", lease.name, exc.message)
+        else:
+            self._release_pidfile(clean=False)
 
 
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
+    """A result that arrives after the dispatcher cancelled the run for its deadline is a ``timeout``.
+
+    The executor's outputs are kept; its status is not (it typically says ``cancelled``,
+    not knowing why). An executor that reported ``timeout`` itself keeps its own code.
+    """
+    if entry.control.cancel_reason() != "deadline" or result.status == "timeout":
+        return result
+    said = result.status + (f" {result.error_code}" if result.error_code else "")
+    return attrs.evolve(
+        result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
+        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
+                      f" dispatcher (the executor reported {said})",
+    )
+
+
+def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
+    """A result that arrives after the dispatcher cancelled the run for its deadline is a ``timeout``.
+
+    The executor's outputs are kept; its status is not (it typically says ``cancelled``,
+    not knowing why). An executor that reported ``timeout`` itself keeps its own code.
+    """
+    if entry.control.cancel_reason() != "deadline" or result.status == "timeout":
+        return result
+    said = result.status + (f" {result.error_code}" if result.error_code else "")
+    return attrs.evolve(
+        result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
+        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
+                      f" dispatcher (the executor reported {said})",
+    )
+
+
+def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
+    """A result that arrives after the dispatcher cancelled the run for its deadline is a ``timeout``.
+
+    The executor's outputs are kept; its status is not (it typically says ``cancelled``,
+    not knowing why). An executor that reported ``timeout`` itself keeps its own code.
+    """
+    if entry.control.cancel_reason() != "deadline" or result.status == "timeout":
+        return result
+    said = result.status + (f" {result.error_code}" if result.error_code else "")
+    return attrs.evolve(
+        result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
+        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
+                      f" dispatcher (the executor reported {said})",
+    )
 
 
 def install_signal_handlers(dispatcher: Dispatcher) -> None:

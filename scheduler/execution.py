@@ -10,7 +10,7 @@ identity of a shell command). It returns an ``ExecutionResult``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -33,12 +33,72 @@ class StreamCapture:
 
 
 @attrs.frozen(kw_only=True)
+class Constraints:
+    """What a job demands that its executor enforce (``constraints`` in the spec).
+
+    Governance compares these with the executor's ``capabilities`` before anything
+    runs: a constraint the executor cannot enforce refuses the job (and the run),
+    never runs it unenforced.
+    """
+
+    sandbox: bool = False
+    #: None: no restriction; ``none``: no network at all; ``loopback``: this host only.
+    network: Literal["none", "loopback"] | None = None
+    allowed_paths: tuple[str, ...] | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+    def required_capabilities(self) -> frozenset[str]:
+        """The executor capabilities these constraints need (kebab-case)."""
+        need = set()
+        if self.sandbox:
+            need.add("sandbox")
+        if self.network is not None:
+            need.add("network-restriction")
+        if self.allowed_paths is not None:
+            need.add("path-restriction")
+        if self.max_tokens is not None:
+            need.add("token-cap")
+        if self.max_cost is not None:
+            need.add("cost-cap")
+        return frozenset(need)
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class CredentialPresentation:
+    """A materialised credential handed to an executor: in memory only, never stored.
+
+    ``medium`` ``env``: set ``key`` to ``value``; ``file``: a 0600 file at ``path`` the
+    kernel created and removes; ``stdin``: feed ``value`` to the payload's input.
+    """
+
+    name: str
+    medium: str
+    key: str | None = None
+    path: str | None = None
+    value: str | None = None
+    sha256: str | None = None
+
+    def __repr__(self) -> str:
+        return f"CredentialPresentation(name={self.name!r}, medium={self.medium!r}, key={self.key!r}, value=<redacted>)"
+
+
+@attrs.frozen(kw_only=True)
 class ExecutionRequest:
     """Everything an executor needs to run one attempt of one job."""
 
     run_id: str
     job_id: str
+    #: The kernel-level job spec (schedule, retries, ``payload_message``, ``output_format``...).
     job: JobSpec
+    #: This executor's validated ``executor_options`` (an instance of its ``options_class``), or None.
+    options: Any = None
+    constraints: Constraints = attrs.Factory(Constraints)
+    #: Materialised credentials for this run (values live only in memory).
+    credentials: tuple[CredentialPresentation, ...] = ()
+    #: ``sha256:<hex>`` of the job's execution artifact, when artifacts exist.
+    artifact_digest: str | None = None
+    dispatch_kind: str = "manual"
     attempt: int = 1
     scheduled_for_ms: int | None = None
     started_at_ms: int
@@ -50,6 +110,30 @@ class ExecutionRequest:
     artifacts_root: Path
     #: Extra variables the kernel adds to the job's environment (run id, job id, ...).
     extra_env: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryRequest:
+    """Crash recovery asks an executor to make sure a dead dispatcher's run left nothing running."""
+
+    run_id: str
+    job_id: str
+    #: What the run recorded with ``RunControl.record_handle`` (None: it never got that far).
+    handle: dict[str, Any] | None
+    #: The dead dispatcher's owner id (``host:pid:...``) and host name.
+    owner: str | None
+    owner_host: str | None
+    kill_grace_s: float = 2.0
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryOutcome:
+    """What ``recover`` found: ``gone`` (nothing was running, nothing signalled), ``terminated``
+    (it stopped the work; ``detail`` says how, e.g. ``SIGTERM``), ``unknown`` (cannot tell,
+    e.g. another host) or ``blocked`` (still running and cannot be stopped: retried later)."""
+
+    state: str
+    detail: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -69,6 +153,8 @@ class ExecutionResult:
     #: Text that chain conditions and deliveries see (normally the stdout excerpt).
     summary: str | None = None
     env_warning: str | None = None
+    #: Resource use an executor measured: ``prompt_tokens``, ``completion_tokens``, ``cost``...
+    usage: dict[str, Any] = attrs.Factory(dict)
     details: dict[str, Any] = attrs.Factory(dict)
 
 
@@ -85,11 +171,12 @@ class RunControl(Protocol):
     def cancel_reason(self) -> str | None:
         """Why the run was cancelled (``user``, ``lease_lost``, ``shutdown``...), if it was."""
 
-    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
-        """Durably record the process identity before the process may act; raises if the fence is lost."""
+    def record_handle(self, handle: dict[str, Any]) -> None:
+        """Durably record what ``recover`` needs to find this run's work after a crash (a process
+        identity, a remote turn id), before that work may act; raises ``STALE_FENCE`` if the fence is lost."""
 
-    def record_termination(self, signal_name: str) -> None:
-        """Durably record that the process group was terminated (and how) before completion."""
+    def record_termination(self, how: str) -> None:
+        """Durably record that the executor stopped the work (and how, e.g. ``SIGKILL``) before completion."""
 
     def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
         """Append a runtime event for this run (audit trail)."""
@@ -130,15 +217,15 @@ class LocalRunControl(CancellationToken):
 
     def __init__(self) -> None:
         super().__init__()
-        self.processes: list[tuple[int, int, str]] = []
+        self.handles: list[dict[str, Any]] = []
         self.terminations: list[str] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def record_process(self, pid: int, pgid: int, start_time: str) -> None:
-        self.processes.append((pid, pgid, start_time))
+    def record_handle(self, handle: dict[str, Any]) -> None:
+        self.handles.append(dict(handle))
 
-    def record_termination(self, signal_name: str) -> None:
-        self.terminations.append(signal_name)
+    def record_termination(self, how: str) -> None:
+        self.terminations.append(how)
 
     def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
         self.events.append((kind, dict(data or {})))

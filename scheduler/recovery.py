@@ -10,36 +10,50 @@ replay when the job asked for ``at-least-once``.
 
 from __future__ import annotations
 
-import socket
+import json
 from typing import Any
 
 from scheduler.completion import apply_consequences
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
 from scheduler.jobs import repair_missing_next_runs
-from scheduler.lease import FENCE_COUNTER, Lease, assert_live, next_token, owner_host
-from scheduler.processes import kill_group, orphan_group_safe_to_kill
+from scheduler.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
+from scheduler.execution import RecoveryOutcome, RecoveryRequest
 from scheduler.queue import insert_dispatch, release_expired_claims
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms
 
 
 def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | None]:
-    """Make sure the run's process group is gone: ``("gone"|"terminated"|"unknown"|"blocked", signal)``."""
-    pgid, pid = run.get("pgid"), run.get("pid")
-    if not pgid or not pid:
+    """Ask the run's executor to make sure its work is gone: ``("gone"|"terminated"|"unknown"|"blocked", detail)``.
+
+    The executor's ``recover`` reads the handle the run recorded (a process identity, a
+    remote turn id). A run that recorded nothing never started its work: ``gone``. An
+    executor that cannot be loaded or has no ``recover`` cannot confirm anything: ``unknown``.
+    """
+    raw = run.get("executor_handle")
+    if not raw:
         return "gone", None
-    if owner_host(run.get("dispatcher_owner")) != socket.gethostname():
-        return "unknown", None  # another host: its lease expired, so the host is presumed down
-    verdict = orphan_group_safe_to_kill(pid, pgid, run.get("process_start_time"))
-    if not verdict:
-        return "gone", None
+    from scheduler.plugins.loader import load_provider
+
     try:
-        return "terminated", kill_group(pgid, grace_s)
-    except PermissionError:
-        return "blocked", None
-    except SchedulerError:  # PROCESS_GROUP_SURVIVED: members stuck even after SIGKILL
-        return "blocked", None
+        executor = load_provider("executor", run.get("executor") or "shell")
+    except SchedulerError as exc:
+        return "unknown", f"executor not available: {exc.code}"
+    recover_fn = getattr(executor, "recover", None)
+    if recover_fn is None:
+        return "unknown", "executor has no recover()"
+    request = RecoveryRequest(
+        run_id=run["id"], job_id=run["job_id"], handle=json.loads(raw), owner=run.get("dispatcher_owner"),
+        owner_host=owner_host(run.get("dispatcher_owner")), kill_grace_s=grace_s,
+    )
+    try:
+        outcome = recover_fn(request)
+    except Exception as exc:  # a failing recover must not end the run as if its work were gone
+        return "blocked", f"recover() raised {type(exc).__name__}: {exc}"
+    if not isinstance(outcome, RecoveryOutcome) or outcome.state not in ("gone", "terminated", "unknown", "blocked"):
+        return "blocked", "recover() returned an invalid outcome"
+    return outcome.state, outcome.detail
 
 
 def find_orphans(store: Store, *, now: int | None = None) -> list[dict[str, Any]]:
@@ -95,7 +109,7 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0) -> list[di
                 " error_code = 'DISPATCHER_LOST', error_message = ?, process_state = ?, process_signal = ?,"
                 " process_terminated_at = ? WHERE id = ? AND status IN ('running', 'recovery_blocked')"
                 " AND dispatcher_owner = ? AND dispatcher_token = ?",
-                (now, now, now, now, f"dispatcher {run['dispatcher_owner']} (token {run['dispatcher_token']}) lost its lease",
+                (now, now, now, now, describe_lost_dispatcher(run["dispatcher_owner"], run["dispatcher_token"]),
                  state, sig, now if state == "terminated" else None, run["id"], run["dispatcher_owner"], run["dispatcher_token"]),
             )
             if changed != 1:

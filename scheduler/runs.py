@@ -72,14 +72,14 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "id", "job_id", "status", "dispatch_id", "dispatch_kind", "attempt", "scheduled_for", "started_at", "finished_at",
         "duration_ms", "dispatcher_owner", "dispatcher_token", "exit_code", "error_code", "error_message", "skip_reason",
         "parent_run_id", "retry_of_run_id", "replay_of_run_id", "executor", "delivery_guarantee",
-        "cancel_requested_at", "cancel_requested_by", "cancel_reason", "pid", "pgid", "process_state",
+        "cancel_requested_at", "cancel_requested_by", "cancel_reason", "process_state",
         "stdout_bytes", "stderr_bytes", "stdout_sha256", "stderr_sha256", "output_format", "output_valid",
         "verify_status", "created_at", "terminal_at",
     ]
     if full:
         keys += [
             "stdout_excerpt", "stderr_excerpt", "stdout_artifact", "stderr_artifact", "stdout_truncated", "stderr_truncated",
-            "output_warning", "output_bytes", "output_sha256", "output_artifact", "process_start_time",
+            "output_warning", "output_bytes", "output_sha256", "output_artifact",
             "process_terminated_at", "process_signal", "agent_abort_requested_at", "agent_abort_outcome", "summary",
             "env_policy_warning",
         ]
@@ -92,6 +92,8 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     if full:
         out["output_parsed"] = json.loads(row["output_parsed"]) if row.get("output_parsed") else None
         out["verification"] = json.loads(row["verify_json"]) if row.get("verify_json") else None
+        out["executor_handle"] = json.loads(row["executor_handle"]) if row.get("executor_handle") else None
+        out["usage"] = json.loads(row["usage_json"]) if row.get("usage_json") else None
         for k in ("stdout_truncated", "stderr_truncated"):
             out[k] = bool(out[k])
     return out

@@ -7,6 +7,7 @@ column per field) all read it from there, so they cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -42,7 +43,16 @@ _DRIVER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _IDENTIFIER_LIKE = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,256}$")
 
 #: Text fields handed to exec() or used as paths, where a NUL byte can never work.
-_NO_NUL_FIELDS = frozenset({"payload_message", "working_dir", "verify_shell", "delivery_to", "watchdog_alert_to"})
+_NO_NUL_FIELDS = frozenset({"payload_message", "verify_shell", "delivery_to", "watchdog_alert_to"})
+
+#: Executor-specific fields that moved into ``executor_options`` (schema v3): old name -> new place.
+MOVED_FIELDS = {
+    "shell_env_policy": "executor_options.env_policy (shell executor)",
+    "working_dir": "executor_options.working_dir (shell executor)",
+    "stdin_text": "executor_options.stdin_text (shell executor)",
+    "context_mode": "executor_options.context_mode (agent executors)",
+    "heartbeat_file": "executor_options.heartbeat_file (agent executors)",
+}
 
 #: Which executor driver a session target uses when the spec names none.
 DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-session"}
@@ -108,10 +118,15 @@ class JobSpec:
     allow_past_at: bool = _f(False, kind="bool", doc="Accept a schedule_at in the past (it runs as soon as possible).")
     session_target: str = _f("shell", kind="choice", choices=("shell", "isolated", "main"), doc="Where the payload runs.")
     executor: str | None = _f(None, kind="driver", doc="Executor driver name; defaults from session_target (shell, agent, main-session).")
-    context_mode: str = _f("isolated", kind="choice", choices=("session", "isolated"), doc="Agent targets: resume the previous session or start fresh.")
-    heartbeat_file: str | None = _f(None, kind="relpath", doc="Agent targets: file (relative to the workspace) prepended to the prompt.")
-    working_dir: str | None = _f(None, kind="str", doc="Working directory for the command.")
-    stdin_text: str | None = _f(None, kind="str", doc="Text piped to the command's standard input.")
+    executor_options: dict = _f(
+        attrs.Factory(dict), kind="options",
+        doc="Options of the job's executor, validated by that plugin (`scheduler schema jobs --executor NAME` lists them).",
+    )
+    constraints: dict = _f(
+        attrs.Factory(dict), kind="constraints",
+        doc="What the executor must enforce: `sandbox`, `network` (none, loopback), `allowed_paths`, `max_tokens`, `max_cost`."
+        " A job whose executor lacks the matching capability is refused (CONSTRAINT_UNENFORCEABLE).",
+    )
     run_timeout_ms: int = _f(300_000, kind="int", minimum=1, maximum=7 * 86_400_000, doc="Wall-clock limit of one run in milliseconds.")
     max_retries: int = _f(0, kind="int", minimum=0, maximum=100, doc="Retries after a failed run (exponential backoff).")
     retry_backoff_ms: int = _f(30_000, kind="int", minimum=0, maximum=86_400_000, doc="Base backoff before the first retry; doubles per retry.")
@@ -128,11 +143,11 @@ class JobSpec:
     delivery_mode: str = _f("none", kind="choice", choices=("none", "always", "on_success", "on_failure"), doc="When to deliver the result.")
     delivery_channel: str | None = _f(None, kind="driver", doc="Channel driver for delivery (required unless delivery_mode=none).")
     delivery_to: str | None = _f(None, kind="str", doc="Channel-specific destination.")
+    delivery_options: dict = _f(attrs.Factory(dict), kind="options", doc="Options of the delivery channel, validated by that plugin.")
     output_format: str = _f("text", kind="choice", choices=("text", "json", "ndjson"), doc="How stdout is parsed into structured output.")
     verify_shell: str | None = _f(None, kind="str", doc="Shell check run after a successful command.")
     verify_timeout_s: int = _f(60, kind="int", minimum=1, maximum=86_400, doc="Limit of the verification check.")
     verify_on_failure: str = _f("error", kind="choice", choices=("error", "warn"), doc="A failed check turns the run into an error, or only warns.")
-    shell_env_policy: str = _f("minimal", kind="choice", choices=("minimal", "inherit"), doc="Environment passed to shell work.")
     approval_required: bool = _f(False, kind="bool", doc="Every run waits for an approval decision.")
     approval_timeout_s: int = _f(3600, kind="int", minimum=1, maximum=30 * 86_400, doc="How long an approval may stay pending.")
     approval_timeout_action: str = _f("reject", kind="choice", choices=("reject", "approve"), doc="What a timeout decides (scoped gates always reject).")
@@ -171,6 +186,11 @@ SPEC_FIELDS: tuple[attrs.Attribute, ...] = attrs.fields(JobSpec)
 SPEC_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in SPEC_FIELDS)
 
 
+def _default(f: attrs.Attribute) -> Any:
+    """A field's default value (a fresh one for factory defaults)."""
+    return f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+
+
 def field_catalogue() -> list[dict[str, Any]]:
     """The documented field list (`scheduler schema jobs`), generated from ``JobSpec``."""
     rows = []
@@ -188,7 +208,7 @@ def field_catalogue() -> list[dict[str, Any]]:
                 "name": f.name,
                 "type": m["kind"],
                 "required": m["required"],
-                "default": None if f.default is attrs.NOTHING else f.default,
+                "default": None if f.default is attrs.NOTHING else _default(f),
                 "constraints": constraints,
                 "description": m["doc"],
             }
@@ -217,6 +237,13 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
             errors.add(name, "is required", "REQUIRED")
         return None
     kind = m["kind"]
+    if kind == "options":
+        if not isinstance(value, dict):
+            errors.add(name, "must be an object of the plugin's options", "INVALID_TYPE")
+            return None
+        return dict(value)
+    if kind == "constraints":
+        return _check_constraints(value, errors)
     if kind == "bool":
         if not isinstance(value, bool):
             errors.add(name, "must be true or false", "INVALID_TYPE")
@@ -309,6 +336,37 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
     return value  # plain "str"
 
 
+def _check_constraints(value: Any, errors: _Errors) -> dict[str, Any] | None:
+    """Validate ``constraints`` against ``Constraints``; stored normalised (non-defaults only)."""
+    from scheduler.execution import Constraints
+    from scheduler.options import option_problems, options_to_json
+
+    kwargs, problems = option_problems(Constraints, value, "constraints")
+    for p in problems:
+        errors.add(p["field"], p["error"], p["code"])
+    if problems:
+        return None
+    paths = kwargs.get("allowed_paths") or ()
+    if any(not p.startswith("/") or ".." in p.split("/") for p in paths):
+        errors.add("constraints.allowed_paths", "must be absolute paths without '..'", "PATH_TRAVERSAL")
+        return None
+    for key in ("max_tokens", "max_cost"):
+        if kwargs.get(key) is not None and kwargs[key] <= 0:
+            errors.add(f"constraints.{key}", "must be greater than 0", "OUT_OF_RANGE")
+            return None
+    return options_to_json(Constraints(**kwargs))
+
+
+def constraints_of(spec: JobSpec) -> Any:
+    """The job's ``constraints`` as a ``Constraints`` instance."""
+    from scheduler.execution import Constraints
+
+    raw = dict(spec.constraints)
+    if "allowed_paths" in raw and raw["allowed_paths"] is not None:
+        raw["allowed_paths"] = tuple(raw["allowed_paths"])
+    return Constraints(**raw)
+
+
 def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
     """Accept ``contains:TEXT`` or a ``regex:PATTERN`` that the linear-time engine compiles."""
     if len(value) > MAX_CONDITION_CHARS:
@@ -329,11 +387,13 @@ def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
     return None
 
 
-def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True) -> JobSpec:
+def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, plugin_options: bool = True) -> JobSpec:
     """Validate a job spec object into a ``JobSpec``; raise ``VALIDATION_FAILED`` listing every problem.
 
     ``check_past`` rejects an ``at`` instant already in the past unless the spec
     sets ``allow_past_at`` (creation-time rule; updates of old jobs skip it).
+    ``plugin_options`` validates plugin-owned options and constraints against the
+    installed plugins (it imports them; the kernel's own checks never need it).
     """
     if not isinstance(obj, dict):
         raise SchedulerError("VALIDATION_FAILED", "a job spec must be a JSON object", details=[
@@ -341,14 +401,16 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True) 
         ])
     errors = _Errors()
     for key in obj:
-        if key not in SPEC_FIELD_NAMES:
+        if key in MOVED_FIELDS:
+            errors.add(str(key), f"moved: set {MOVED_FIELDS[key]} instead", "FIELD_MOVED")
+        elif key not in SPEC_FIELD_NAMES:
             errors.add(str(key), f"unknown field {key!r}", "UNKNOWN_FIELD")
     values: dict[str, Any] = {}
     for f in SPEC_FIELDS:
         if f.name in obj:
             values[f.name] = _coerce(f, obj[f.name], errors)
             if values[f.name] is None and f.default is not attrs.NOTHING:
-                values[f.name] = f.default
+                values[f.name] = _default(f)
         elif f.metadata["required"]:
             errors.add(f.name, "is required", "REQUIRED")
     name = values.get("name")
@@ -366,7 +428,19 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True) 
         raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
     if values.get("schedule_kind") == "chain" and values.get("trigger_on") is None:
         values["trigger_on"] = "success"
-    return JobSpec(**values)
+    spec = JobSpec(**values)
+    if plugin_options:
+        from scheduler.plugin_options import option_problems_of
+
+        normalised, problems = option_problems_of(spec)
+        if problems:
+            for p in problems:
+                errors.add(p["field"], p["error"], p["code"])
+            fields = ", ".join(sorted({e["field"] for e in errors.items}))
+            raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
+        if normalised:
+            spec = attrs.evolve(spec, **normalised)
+    return spec
 
 
 def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: bool) -> None:
@@ -398,29 +472,40 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
         errors.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
 
 
+_JSON_KINDS = frozenset({"options", "constraints"})
+
+
 def spec_to_row(spec: JobSpec) -> dict[str, Any]:
-    """Storage view of a spec: one column per field, booleans as 0/1."""
+    """Storage view of a spec: one column per field, booleans as 0/1, plugin options as JSON text."""
     row = attrs.asdict(spec)
     for f in SPEC_FIELDS:
-        if f.metadata["kind"] == "bool":
+        kind = f.metadata["kind"]
+        if kind == "bool":
             row[f.name] = int(row[f.name])
+        elif kind in _JSON_KINDS:
+            row[f.name] = json.dumps(row[f.name], sort_keys=True)
     return row
 
 
-#: (name, is_bool, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
-_ROW_PLAN = tuple((f.name, f.metadata["kind"] == "bool", f.default) for f in SPEC_FIELDS)
+#: (name, kind, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
+_ROW_PLAN = tuple(
+    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in _JSON_KINDS else "", f.default)
+    for f in SPEC_FIELDS
+)
 
 
 def spec_from_row(row: dict[str, Any]) -> JobSpec:
     """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
     values = {}
-    for name, is_bool, default in _ROW_PLAN:
+    for name, kind, default in _ROW_PLAN:
         val = row.get(name)
         if val is None:
             if default is not attrs.NOTHING:
-                val = default
-        elif is_bool:
+                val = default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[attr-defined]
+        elif kind == "bool":
             val = bool(val)
+        elif kind == "json":
+            val = json.loads(val) if isinstance(val, str) else dict(val)
         values[name] = val
     return JobSpec(**values)
 
@@ -435,6 +520,6 @@ def spec_to_input(spec: JobSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in SPEC_FIELDS:
         val = getattr(spec, f.name)
-        if f.metadata["required"] or val != f.default:
+        if f.metadata["required"] or val != _default(f):
             out[f.name] = to_iso(val) if f.name == "schedule_at" and val is not None else val
     return out

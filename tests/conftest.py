@@ -20,33 +20,14 @@ import pytest
 
 from kernel_testing import RunningDispatcher, scheduler_cmd  # noqa: F401  (re-exported for tests)
 
-PG_BASE_URL = os.environ.get("SCHEDULER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pg_unavailable_reason() -> str | None:
-    try:
-        from importlib.metadata import entry_points
-
-        if not any(ep.name == "postgres" for ep in entry_points(group="scheduler.stores")):
-            return "scheduler-store-postgres is not installed"
-        import psycopg
-
-        with psycopg.connect(PG_BASE_URL, connect_timeout=2):
-            pass
-    except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
-        return f"PostgreSQL not reachable at {PG_BASE_URL}: {type(exc).__name__}: {exc}"
-    return None
-
-
-_PG_REASON: list[str | None] = []
 
 
 def pg_reason() -> str | None:
     """Why PostgreSQL tests must skip here (cached), or None when they can run."""
-    if not _PG_REASON:
-        _PG_REASON.append(_pg_unavailable_reason())
-    return _PG_REASON[0]
+    from scheduler.testing import postgres_unavailable_reason
+
+    return postgres_unavailable_reason()
 
 
 @pytest.fixture
@@ -61,12 +42,10 @@ def pg_url() -> Iterator[str]:
     reason = pg_reason()
     if reason:
         pytest.skip(reason)
-    import psycopg
+    from scheduler.testing import temporary_postgres_schema
 
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_BASE_URL}?schema={schema}"
-    with psycopg.connect(PG_BASE_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with temporary_postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

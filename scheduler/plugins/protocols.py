@@ -1,21 +1,56 @@
-"""One typed Protocol per provider kind.
+"""One typed Protocol per provider kind, and the request/result types they exchange with the kernel.
 
 Every provider declares ``plugin_api`` (the major version of this API it was
 written for, compared with ``scheduler.PLUGIN_API_VERSION`` before use) and
-``capabilities`` (a set of strings the kernel and governance read; a provider
-never claims enforcement it does not really do).
+``capabilities`` (kebab-case strings the kernel and governance read; a provider
+never claims enforcement it does not really do). A provider may also declare
+
+* ``options_class``: an attrs class of its per-job options. The job spec carries one
+  object per plugin (``executor_options``, ``delivery_options``, the provider's
+  block inside ``evidence`` / ``credentials`` / ``authorization``); the kernel
+  validates it against this class, stores it as JSON and never names its fields.
+* ``settings_class``: an attrs class of its host-level settings, read from the
+  settings file table of the plugin (``[executors.shell]``, ``[channels.slack]``,
+  ``[providers.oauth2]``) with ``SCHEDULER_<SECTION>_<NAME>_<KEY>`` overrides; the
+  loader validates them and hands them to ``configure(settings)``.
+
+Plugins import these names from ``scheduler.api``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
-from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl
+import attrs
+
+from scheduler.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+
+#: Capability names the kernel and governance understand (kebab-case). A provider may
+#: declare others (they are informational); these are the ones decisions read.
+KNOWN_CAPABILITIES = frozenset({
+    # executors
+    "process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy", "recover",
+    "sandbox", "network-restriction", "path-restriction", "token-cap", "cost-cap", "stdin", "credentials-env",
+    "credentials-file", "credentials-stdin",
+    # channels
+    "attachments", "idempotency-keys", "threads",
+    # evidence, credentials, authorization
+    "attest", "verify-evidence", "refresh", "revoke", "escalate",
+})
+
+
+# -- executors -----------------------------------------------------------------------------------
 
 
 @runtime_checkable
 class Executor(Protocol):
-    """Runs a job's payload (group ``scheduler.executors``)."""
+    """Runs a job's payload (group ``scheduler.executors``).
+
+    Optional members: ``options_class``, ``settings_class``, ``configure(settings)``
+    and ``recover(request) -> RecoveryOutcome`` (declare the ``recover`` capability):
+    crash recovery calls it to stop whatever a dead dispatcher's run left behind
+    (a process group, a remote agent turn) from the handle the run recorded.
+    """
 
     plugin_api: int
     capabilities: frozenset[str]
@@ -24,51 +59,256 @@ class Executor(Protocol):
         """Run one attempt; honour ``control`` cancellation and ``request.deadline_ms``."""
 
 
+# -- delivery channels ---------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ChannelLimits:
+    """What one message of a channel can carry; the outbox splits longer output into parts."""
+
+    max_chars: int = 4000
+    max_parts: int = 20
+    supports_attachments: bool = False
+    max_attachment_bytes: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryRoute:
+    """Where a part goes: the channel driver, its destination and the job's ``delivery_options``."""
+
+    channel: str
+    target: str | None = None
+    options: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryPart:
+    """One part of one delivery; ``idempotency_key`` is deterministic (``<group>:part:i/N``)."""
+
+    idempotency_key: str
+    index: int
+    count: int
+    body: str
+    run_id: str
+    job_id: str
+    attachments: tuple[Mapping[str, Any], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryReceipt:
+    """What the channel says it did: its own message id, when known."""
+
+    receipt_id: str | None = None
+    details: Mapping[str, Any] = attrs.Factory(dict)
+
+
+class DeliveryError(Exception):
+    """A part could not be sent. Raise a subclass."""
+
+    def __init__(self, message: str, *, code: str = "DELIVERY_FAILED") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class TransientDeliveryError(DeliveryError):
+    """Worth retrying later (timeouts, 5xx, 429); ``retry_after_s`` honours a ``Retry-After``."""
+
+    def __init__(self, message: str, *, code: str = "DELIVERY_TRANSIENT", retry_after_s: float | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentDeliveryError(DeliveryError):
+    """Retrying cannot help (bad destination, rejected credentials, 4xx): the part fails now."""
+
+
 @runtime_checkable
 class Channel(Protocol):
-    """Delivers an outbox part to an external destination (group ``scheduler.channels``)."""
+    """Delivers outbox parts to an external destination (group ``scheduler.channels``)."""
 
     plugin_api: int
     capabilities: frozenset[str]
+    limits: ChannelLimits
 
-    def deliver(self, target: str | None, body: str, *, idempotency_key: str, attachments: list[dict[str, Any]]) -> dict[str, Any]:
-        """Send one part; return a receipt; raise ``SchedulerError`` (retryable unless its code says otherwise)."""
+    def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
+        """Send one part; raise ``TransientDeliveryError`` or ``PermanentDeliveryError`` when it did not go out."""
+
+
+# -- evidence ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class EvidencePayload:
+    """The canonical evidence document of a run, built by the kernel from the persisted run."""
+
+    document: Mapping[str, Any]
+    canonical: bytes
+    digest: str  # "sha256:<hex>" of ``canonical``
+
+
+@attrs.frozen(kw_only=True)
+class EvidenceDeclaration:
+    """A job's ``evidence`` block: which provider, whether verification is required, its options."""
+
+    provider: str
+    required: bool = False
+    verify: bool = False
+    options: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class EvidenceEnvelope:
+    """What a provider produced for a payload; stored with the evidence row, re-verifiable later."""
+
+    provider: str
+    format: str
+    payload_digest: str
+    data: Mapping[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class EvidenceVerification:
+    """The outcome of verifying an envelope: ``verified`` or not, with a stable code when not."""
+
+    verified: bool
+    provider: str
+    code: str | None = None
+    reason: str | None = None
 
 
 @runtime_checkable
 class EvidenceProvider(Protocol):
-    """Signs or verifies canonical evidence payloads (group ``scheduler.evidence_providers``)."""
+    """Attests and verifies canonical evidence payloads (group ``scheduler.evidence_providers``)."""
 
     plugin_api: int
     capabilities: frozenset[str]
 
-    def sign(self, payload: bytes, declaration: dict[str, Any]) -> dict[str, Any]:
-        """Produce an evidence envelope for the canonical payload bytes."""
+    def attest(self, payload: EvidencePayload, declaration: EvidenceDeclaration) -> EvidenceEnvelope:
+        """Produce an envelope for the payload; raise ``SchedulerError`` when it cannot (fail closed)."""
 
-    def verify(self, payload: bytes, envelope: dict[str, Any], declaration: dict[str, Any]) -> dict[str, Any]:
-        """Verify an envelope against the payload; raise ``SchedulerError`` on any mismatch (fail closed)."""
+    def verify(
+        self, envelope: EvidenceEnvelope, payload: EvidencePayload, declaration: EvidenceDeclaration
+    ) -> EvidenceVerification:
+        """Check an envelope against the payload; any mismatch is ``verified=False``, never an exception to swallow."""
+
+
+# -- credentials ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CredentialPresent:
+    """How a credential reaches the run: an environment variable, a 0600 file, or standard input."""
+
+    medium: Literal["env", "file", "stdin"]
+    key: str | None = None
+    file_name: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CredentialBinding:
+    """One entry of a job's ``credentials`` list."""
+
+    name: str
+    provider: str
+    ref: str
+    present: CredentialPresent
+    required: bool = True
+    options: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class CredentialContext:
+    """Who asks, for which run and which execution contract."""
+
+    run_id: str
+    job_id: str
+    attempt: int = 1
+    artifact_digest: str | None = None
+    identity: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class ResolvedCredential:
+    """A credential value held only in memory. ``repr`` never shows the value."""
+
+    value: str | bytes
+    expires_at_ms: int | None = None
+    metadata: Mapping[str, Any] = attrs.Factory(dict)
+
+    def __repr__(self) -> str:
+        return f"ResolvedCredential(value=<redacted>, expires_at_ms={self.expires_at_ms!r})"
+
+
+@attrs.frozen(kw_only=True)
+class RefreshResult:
+    """Outcome of ``refresh``: a new credential, or why there is none."""
+
+    refreshed: bool
+    credential: ResolvedCredential | None = None
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RevokeResult:
+    """Outcome of ``revoke``."""
+
+    revoked: bool
+    reason: str | None = None
 
 
 @runtime_checkable
 class CredentialProvider(Protocol):
-    """Resolves credential bindings to values at run time (group ``scheduler.credential_providers``)."""
+    """Resolves credential bindings to values at run time (group ``scheduler.credential_providers``).
+
+    Optional members (declare the matching capability): ``refresh(credential, binding,
+    context) -> RefreshResult`` and ``revoke(credential, binding, context) -> RevokeResult``.
+    """
 
     plugin_api: int
     capabilities: frozenset[str]
 
-    def resolve(self, binding: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-        """Return ``{"values": [...], "expires_at": ms|None}``; values are never persisted by the kernel."""
+    def resolve(self, binding: CredentialBinding, context: CredentialContext) -> ResolvedCredential:
+        """Return the value; raise ``SchedulerError`` when it cannot be had. The kernel never stores it."""
+
+
+# -- authorization -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AuthorizationRequest:
+    """Everything an ``authorization_ref`` provider decides on."""
+
+    policy_ref: str
+    job: Mapping[str, Any]
+    trigger: Mapping[str, Any]
+    artifact_digest: str | None = None
+    identity: Mapping[str, Any] | None = None
+    proof: Mapping[str, Any] | None = None
+    options: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class AuthorizationDecision:
+    """``permit``, ``deny`` or ``escalate`` (escalate opens the approval gate) and why."""
+
+    decision: Literal["permit", "deny", "escalate"]
+    reason: str = ""
+    details: Mapping[str, Any] = attrs.Factory(dict)
 
 
 @runtime_checkable
 class AuthorizationProvider(Protocol):
-    """Decides an ``authorization_ref`` (group ``scheduler.authorization_providers``)."""
+    """Decides an ``authorization_ref`` (group ``scheduler.authorization_providers``).
+
+    Any exception, timeout or malformed answer is a deny with a stable code, never a permit.
+    """
 
     plugin_api: int
     capabilities: frozenset[str]
 
-    def authorize(self, ref: str, request: dict[str, Any]) -> dict[str, Any]:
-        """Return ``{"allow": bool, "reason": str}``; any error or missing answer means deny."""
+    def resolve_authorization(self, request: AuthorizationRequest) -> AuthorizationDecision:
+        """Decide the request."""
 
 
 #: Provider kind -> (entry-point group, Protocol). The single table the loader and the docs test read.
@@ -78,6 +318,15 @@ PROVIDER_KINDS: dict[str, tuple[str, type]] = {
     "evidence": ("scheduler.evidence_providers", EvidenceProvider),
     "credential": ("scheduler.credential_providers", CredentialProvider),
     "authorization": ("scheduler.authorization_providers", AuthorizationProvider),
+}
+
+#: Settings-file section of each provider kind (``[executors.shell]``, ``[providers.oauth2]``).
+SETTINGS_SECTIONS: dict[str, str] = {
+    "executor": "executors",
+    "channel": "channels",
+    "evidence": "providers",
+    "credential": "providers",
+    "authorization": "providers",
 }
 
 #: Every entry-point group the kernel knows, in display order.
@@ -90,3 +339,13 @@ GROUPS: tuple[str, ...] = (
     "scheduler.stores",
     "scheduler.hooks",
 )
+
+__all__ = [
+    "AuthorizationDecision", "AuthorizationProvider", "AuthorizationRequest", "Channel", "ChannelLimits",
+    "CredentialBinding", "CredentialContext", "CredentialPresent", "CredentialProvider", "DeliveryError", "DeliveryPart",
+    "DeliveryReceipt", "DeliveryRoute", "EvidenceDeclaration", "EvidenceEnvelope", "EvidencePayload", "EvidenceProvider",
+    "EvidenceVerification", "ExecutionRequest", "ExecutionResult", "Executor", "GROUPS", "KNOWN_CAPABILITIES",
+    "PROVIDER_KINDS", "PermanentDeliveryError", "RecoveryOutcome", "RecoveryRequest", "RefreshResult", "ResolvedCredential",
+    "RevokeResult", "RunControl", "SETTINGS_SECTIONS", "TransientDeliveryError",
+]
+

@@ -16,8 +16,7 @@ import selectors
 import threading
 from typing import IO, Protocol
 
-from scheduler.artifacts import StreamRecorder
-from scheduler.execution import StreamCapture
+from scheduler.api import StreamCapture, StreamRecorder
 
 #: Bytes per read; pipes are enlarged to this size when the kernel allows it.
 READ_CHUNK = 1 << 20

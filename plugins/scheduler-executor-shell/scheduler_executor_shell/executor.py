@@ -2,15 +2,21 @@
 
 What it enforces: its own process group per command (killed as a whole on timeout,
 cancellation or output overflow), a recorded process identity before the payload
-starts, per-stream output caps, the ``shell_env_policy`` filter, structured-output
-parsing, post-success verification and watchdog reporting. What it does *not* do:
+starts, per-stream output caps, the environment filter (``executor_options``:
+``env_policy``, ``env_allow``), structured-output parsing, post-success verification,
+credential presentation (env, file, stdin) and crash recovery of its process groups
+(``recover``). Watchdog alerts are the kernel's decision, not this executor's. What it does *not* do:
 sandboxing, network restriction or filesystem isolation; it never claims them.
 
-Dispatcher environment knobs (read at each execution):
+Host settings (``settings_class = ShellSettings``), table ``[executors.shell]`` of the
+settings file, each overridable as ``SCHEDULER_EXECUTORS_SHELL_<KEY>``:
 
-* ``SCHEDULER_SHELL``: shell program (default ``/bin/bash``, else ``/bin/sh``); must be POSIX-like.
-* ``SCHEDULER_SHELL_MAX_OUTPUT_BYTES``: cap per output stream (default 64 MiB).
-* ``SCHEDULER_SHELL_KILL_GRACE_S``: seconds between SIGTERM and SIGKILL (default 2).
+* ``shell``: shell program (default ``/bin/bash``, else ``/bin/sh``); an executable absolute path, POSIX-like.
+* ``max_output_bytes``: cap per output stream (default 64 MiB).
+* ``kill_grace_s``: seconds between SIGTERM and SIGKILL (default 2).
+
+A bad value is ``CONFIG_INVALID`` naming the key and its source, reported by
+``scheduler config --check`` and as the error of the run that meets it.
 """
 
 from __future__ import annotations
@@ -23,63 +29,63 @@ from typing import Any
 
 import attrs
 
-from scheduler import PLUGIN_API_VERSION
-from scheduler.artifacts import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder
-from scheduler.errors import SchedulerError
-from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl
-from scheduler.spec import JobSpec
-from scheduler.structured import structured_from_capture, unparsed_record
-from scheduler.timeutil import now_ms
+from scheduler.api import (
+    DEFAULT_EXCERPT_BYTES,
+    DEFAULT_OFFLOAD_BYTES,
+    PLUGIN_API_VERSION,
+    ExecutionRequest,
+    ExecutionResult,
+    RecoveryOutcome,
+    RecoveryRequest,
+    RunControl,
+    SchedulerError,
+    StreamRecorder,
+    now_ms,
+    plugin_settings,
+    structured_from_capture,
+    unparsed_record,
+)
 from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.envpolicy import build_environment
+from scheduler_executor_shell.options import ShellOptions
+from scheduler_executor_shell.recovery import recover_process_group
 from scheduler_executor_shell.runner import ProcessOutcome, run_process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
 DEFAULT_SHELLS = ("/bin/bash", "/bin/sh")
 
-#: Error codes of a failed check that a watchdog turns into an alert (fencing problems never alert).
-_WATCHDOG_ALERTS = frozenset(
-    {
-        "EXIT_NONZERO",
-        "RUN_TIMEOUT",
-        "OUTPUT_LIMIT_EXCEEDED",
-        "VERIFY_FAILED",
-        "VERIFY_TIMEOUT",
-        "WORKING_DIR_MISSING",
-        "SHELL_SPAWN_FAILED",
-    }
-)
+
+def _executable_path(value: str) -> str | None:
+    """The check of ``shell``: an absolute path of an executable file, else the error message."""
+    if not os.path.isabs(value) or os.path.isdir(value) or not os.access(value, os.X_OK):
+        return "must be the absolute path of an executable POSIX shell"
+    return None
 
 
 @attrs.frozen(kw_only=True)
 class ShellSettings:
-    """Dispatcher-level settings of the shell executor."""
+    """Host settings of the shell executor: ``[executors.shell]`` (the executor's ``settings_class``)."""
 
-    shell: str
-    max_output_bytes: int
-    kill_grace_s: float
+    shell: str | None = attrs.field(default=None, metadata={
+        "check": _executable_path, "doc": "Shell program, an executable absolute path; default /bin/bash, else /bin/sh."})
+    max_output_bytes: int = attrs.field(default=DEFAULT_MAX_OUTPUT_BYTES, metadata={
+        "minimum": 1, "doc": "Cap per output stream; a command writing more is terminated (OUTPUT_LIMIT_EXCEEDED)."})
+    kill_grace_s: float = attrs.field(default=DEFAULT_KILL_GRACE_S, metadata={
+        "minimum": 0, "maximum": 3600, "doc": "Seconds between SIGTERM and SIGKILL of a command's process group."})
 
 
-def resolve_settings(environ: Mapping[str, str]) -> ShellSettings:
-    """Read the ``SCHEDULER_SHELL*`` knobs; ``SHELL_CONFIG_INVALID`` for a bad value.
+def resolve_settings(environ: Mapping[str, str] | None = None) -> ShellSettings:
+    """The ``[executors.shell]`` settings with ``SCHEDULER_EXECUTORS_SHELL_*`` overrides read from ``environ``.
 
-    Done per execution so that an operator's change applies to the next run and a
-    typo fails that run with a clear code instead of silently using a default.
+    Called per execution (the file is cached per process, the few overrides are read
+    again) so a bad value fails that run with ``CONFIG_INVALID`` naming the key and
+    its source instead of silently using a default. ``shell`` comes back filled in.
     """
-    shell = environ.get("SCHEDULER_SHELL") or next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1])
-    if not os.path.isabs(shell) or not os.access(shell, os.X_OK):
-        raise SchedulerError("SHELL_CONFIG_INVALID", f"SCHEDULER_SHELL must be an executable absolute path, got {shell!r}")
-    try:
-        cap = int(environ.get("SCHEDULER_SHELL_MAX_OUTPUT_BYTES") or DEFAULT_MAX_OUTPUT_BYTES)
-        grace = float(environ.get("SCHEDULER_SHELL_KILL_GRACE_S") or DEFAULT_KILL_GRACE_S)
-    except ValueError as exc:
-        raise SchedulerError("SHELL_CONFIG_INVALID", f"bad SCHEDULER_SHELL_* setting: {exc}") from None
-    if cap < 1 or not 0 <= grace <= 3600:
-        raise SchedulerError(
-            "SHELL_CONFIG_INVALID", "SCHEDULER_SHELL_MAX_OUTPUT_BYTES must be >= 1 and SCHEDULER_SHELL_KILL_GRACE_S in [0, 3600]"
-        )
-    return ShellSettings(shell=shell, max_output_bytes=cap, kill_grace_s=grace)
+    settings = plugin_settings("executor", "shell", ShellSettings, environ=environ)
+    if settings.shell is None:
+        settings = attrs.evolve(settings, shell=next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1]))
+    return settings
 
 
 def _signal_name(returncode: int) -> str:
@@ -94,9 +100,12 @@ class ShellExecutor:
     """Executor driver ``shell`` (entry point group ``scheduler.executors``)."""
 
     plugin_api = PLUGIN_API_VERSION
-    capabilities = frozenset(
-        {"process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy"}
-    )
+    capabilities = frozenset({
+        "process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy", "recover",
+        "stdin", "credentials-env", "credentials-file", "credentials-stdin",
+    })
+    options_class = ShellOptions
+    settings_class = ShellSettings
 
     def __init__(self, *, environ: Mapping[str, str] | None = None) -> None:
         """``environ`` stands for the dispatcher environment; default: ``os.environ`` at each run."""
@@ -104,32 +113,47 @@ class ShellExecutor:
 
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
         """Run one attempt of a shell job and report it; see the module docstring for the guarantees."""
-        job = request.job
+        options = request.options if isinstance(request.options, ShellOptions) else ShellOptions()
         environ = dict(os.environ if self._environ is None else self._environ)
         try:
             settings = resolve_settings(environ)
-            env, env_warning = build_environment(job.shell_env_policy, environ)
+            env, env_warning = build_environment(options.env_policy, environ, allow=options.env_allow)
         except (SchedulerError, ValueError) as exc:
             err = exc if isinstance(exc, SchedulerError) else SchedulerError("SHELL_CONFIG_INVALID", str(exc))
             return ExecutionResult(status="error", error_code=err.code, error_message=err.message)
         env.update(request.extra_env)
-        result = self._run_command(request, control, settings, env)
-        result = attrs.evolve(result, env_warning=env_warning)
-        if job.job_type == "watchdog":
-            result = _watchdog_result(job, result)
-        return result
+        stdin_text = options.stdin_text
+        for credential in request.credentials:  # materialised by the kernel; values never leave memory
+            if credential.medium == "env" and credential.key:
+                env[credential.key] = credential.value or ""
+            elif credential.medium == "file" and credential.key and credential.path:
+                env[credential.key] = credential.path
+            elif credential.medium == "stdin":
+                stdin_text = credential.value
+        result = self._run_command(request, control, settings, env, options, stdin_text)
+        return attrs.evolve(result, env_warning=env_warning)
+
+    def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
+        """Crash recovery: stop the process group a dead dispatcher's run left behind (see ``recovery.py``)."""
+        return recover_process_group(request)
 
     # -- the command ---------------------------------------------------------------------------
 
     def _run_command(
-        self, request: ExecutionRequest, control: RunControl, settings: ShellSettings, env: dict[str, str]
+        self,
+        request: ExecutionRequest,
+        control: RunControl,
+        settings: ShellSettings,
+        env: dict[str, str],
+        options: ShellOptions,
+        stdin_text: str | None,
     ) -> ExecutionResult:
         """Spawn, capture and classify the job's command, then verify it when it succeeded."""
         job = request.job
         details: dict[str, Any] = {"shell": settings.shell}
         if control.is_cancelled():
             return _cancelled(control, details, "before the command started")
-        cwd = os.path.expanduser(job.working_dir) if job.working_dir else None
+        cwd = os.path.expanduser(options.working_dir) if options.working_dir else None
         if cwd is not None and not os.path.isdir(cwd):
             return ExecutionResult(
                 status="error",
@@ -165,7 +189,7 @@ class ShellExecutor:
             payload=job.payload_message,
             cwd=cwd,
             env=env,
-            stdin_data=job.stdin_text.encode("utf-8") if job.stdin_text is not None else None,
+            stdin_data=stdin_text.encode("utf-8") if stdin_text is not None else None,
             outputs=dict(sinks),
             deadline=time.monotonic() + remaining_s,
             control=control,
@@ -350,33 +374,4 @@ def _classify(base: ExecutionResult, outcome: ProcessOutcome, control: RunContro
     )
 
 
-def _watchdog_result(job: JobSpec, result: ExecutionResult) -> ExecutionResult:
-    """Report a watchdog check: an alert for a failed check, self-destruct due for a passing one.
-
-    The dispatcher turns these details into the outbox alert or the job deletion.
-    Cancellation and fencing failures are not check results and raise no alert.
-    """
-    details = dict(result.details)
-    if result.status == "ok":
-        details.update(alert=False, self_destruct_due=job.watchdog_self_destruct)
-        return attrs.evolve(result, details=details)
-    if result.status == "cancelled" or result.error_code not in _WATCHDOG_ALERTS:
-        return result
-    details.update(
-        alert=True,
-        alert_channel=job.watchdog_alert_channel,
-        alert_to=job.watchdog_alert_to,
-        self_destruct=job.watchdog_self_destruct,
-        check_status=result.status,
-        check_error_code=result.error_code,
-    )
-    return attrs.evolve(
-        result,
-        status="error",
-        error_code="WATCHDOG_ALERT",
-        error_message=f"watchdog check failed: {result.error_message}",
-        details=details,
-    )
-
-
-__all__ = ["ShellExecutor", "ShellSettings", "resolve_settings"]
+__all__ = ["ShellExecutor", "ShellOptions", "ShellSettings", "resolve_settings"]

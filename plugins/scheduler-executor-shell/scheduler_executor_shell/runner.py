@@ -5,7 +5,7 @@ order of events is what makes it safe to recover after a crash:
 
 1. spawn ``<shell> -c <gate>`` in a new session (own process group, ``pgid == pid``);
    the gate script blocks on its first stdin line, so nothing of the payload has run;
-2. ``control.record_process(pid, pgid, identity)``; if that raises (fence lost), the
+2. ``control.record_handle({"pid", "pgid", "start_time", "host"})``; if that raises (fence lost), the
    gate is closed, the payload never starts, and the group is killed;
 3. open the gate: the wrapper ``exec``s the shell on the payload (same PID, same
    group, same start time) with stdin switched to ``/dev/null`` or the job's text;
@@ -21,16 +21,16 @@ order of events is what makes it safe to recover after a crash:
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
 
 import attrs
 
-from scheduler.errors import SchedulerError
-from scheduler.execution import RunControl
+from scheduler.api import RunControl, SchedulerError
+from scheduler.api.process import kill_group, live_group_members, process_identity
 from scheduler_executor_shell.capture import PipePump, Sink
-from scheduler.processes import kill_group, live_group_members, process_identity
 
 #: Wrapper run by the shell: wait for the go-ahead line, pick stdin, then become the payload.
 #: ``$0`` is the shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
@@ -123,7 +123,7 @@ def run_process(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
     try:
-        control.record_process(pid, pgid, identity or "unknown")
+        control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname()})
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
         outcome.reason = "record_failed"
         proc.stdin.close()  # the gate never opens: the payload does not start

@@ -5,24 +5,30 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
 
-from scheduler.artifacts import run_dir
-from scheduler.execution import ExecutionRequest, ExecutionResult, LocalRunControl
-from scheduler.spec import validate_spec
-from scheduler.timeutil import now_ms
+from scheduler.api import ExecutionRequest, ExecutionResult, reload_settings
+from scheduler.testing import LocalRunControl
+from scheduler.testing import make_request as build_request
 
 
 @pytest.fixture(autouse=True)
-def _clean_dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tests define the dispatcher's shell knobs themselves; nothing leaks in from outside."""
-    for name in ("SCHEDULER_SHELL", "SCHEDULER_SHELL_MAX_OUTPUT_BYTES", "SCHEDULER_SHELL_KILL_GRACE_S"):
-        monkeypatch.delenv(name, raising=False)
+def _clean_dispatcher_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """The tests define the executor's settings themselves: an empty settings file, no override from outside."""
+    for name in list(os.environ):
+        if name.startswith("SCHEDULER_EXECUTORS_SHELL_"):
+            monkeypatch.delenv(name)
+    empty = tmp_path / "scheduler-settings.toml"
+    empty.write_text("")
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(empty))
+    reload_settings()
+    yield
+    reload_settings()
 
 
 @pytest.fixture
@@ -33,23 +39,11 @@ def artifacts_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_request(artifacts_root: Path) -> Callable[..., ExecutionRequest]:
-    """Build an ExecutionRequest for a payload plus spec fields; the deadline follows run_timeout_ms."""
+    """Build an ExecutionRequest for a payload plus spec fields (``scheduler.testing.make_request``)."""
     counter = itertools.count(1)
 
     def make(payload: str, **fields: Any) -> ExecutionRequest:
-        spec = validate_spec({"name": "test job", "schedule_kind": "manual", "payload_message": payload, **fields})
-        run_id = f"run-{next(counter)}"
-        started = now_ms()
-        return ExecutionRequest(
-            run_id=run_id,
-            job_id="job-1",
-            job=spec,
-            started_at_ms=started,
-            deadline_ms=started + spec.run_timeout_ms,
-            artifacts_dir=run_dir(artifacts_root, run_id),
-            artifacts_root=artifacts_root,
-            extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": "job-1"},
-        )
+        return build_request(payload, artifacts_root=artifacts_root, run_id=f"run-{next(counter)}", **fields)
 
     return make
 

@@ -1,4 +1,4 @@
-"""shell_env_policy: what a job sees of the dispatcher's environment (real processes print their env)."""
+"""executor_options.env_policy / env_allow: what a job sees of the dispatcher's environment (real processes print their env)."""
 
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ def test_minimal_policy(run_job, dispatcher_env) -> None:
 
 
 def test_inherit_policy(run_job, dispatcher_env) -> None:
-    r = run_job("env -0", shell_env_policy="inherit").result
+    r = run_job("env -0", executor_options={"env_policy": "inherit"}).result
     env = _env_names(r.stdout.excerpt)
     assert env["HARMLESS"] == "1"
     assert "MY_API_TOKEN" not in env and "SCHEDULER_X" not in env
     assert "s3cret" not in r.stdout.excerpt
     assert env["SCHEDULER_RUN_ID"] == "run-1"
-    assert r.env_warning == INHERIT_WARNING == "shell_env_policy=inherit exposes the dispatcher's full environment"
+    assert r.env_warning == INHERIT_WARNING == "env_policy=inherit exposes the dispatcher's full environment"
 
 
 @pytest.mark.parametrize(

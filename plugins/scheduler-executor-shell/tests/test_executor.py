@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
-from scheduler.processes import same_process
+from scheduler.api.process import same_process
 
-from scheduler import PLUGIN_API_VERSION
-from scheduler.errors import SchedulerError
-from scheduler.execution import LocalRunControl
-from scheduler.plugins.protocols import Executor
+from scheduler.api import PLUGIN_API_VERSION, Executor, SchedulerError, reload_settings
+from scheduler.testing import LocalRunControl
 
 
 def test_protocol_and_capabilities() -> None:
@@ -66,23 +64,23 @@ def test_timeout_terminates_and_records(run_job, group_gone) -> None:
     assert ran.elapsed < 5
     assert ran.control.terminations == ["SIGTERM"]
     assert r.exit_code == -15
-    group_gone(ran.control.processes[0][1])
+    group_gone(ran.control.handles[0]["pgid"])
 
 
 def test_timeout_escalates_to_sigkill(run_job, monkeypatch, group_gone) -> None:
-    monkeypatch.setenv("SCHEDULER_SHELL_KILL_GRACE_S", "0.2")
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_KILL_GRACE_S", "0.2")
     ran = run_job("trap '' TERM; exec sleep 30", run_timeout_ms=300)
     assert ran.result.status == "timeout"
     assert ran.control.terminations == ["SIGKILL"]
     assert ran.result.exit_code == -9
-    group_gone(ran.control.processes[0][1])
+    group_gone(ran.control.handles[0]["pgid"])
 
 
 def test_timeout_kills_grandchildren(run_job, group_gone) -> None:
     ran = run_job("sh -c 'sleep 100 & sleep 100'", run_timeout_ms=300)
     assert ran.result.status == "timeout"
     assert ran.control.terminations == ["SIGTERM"]
-    pid, pgid, _ = ran.control.processes[0]
+    pid, pgid = ran.control.handles[0]["pid"], ran.control.handles[0]["pgid"]
     assert pid == pgid
     group_gone(pgid, reaped=True)
 
@@ -100,7 +98,7 @@ def test_cancel_from_another_thread_kills_grandchildren(run_job, group_gone) -> 
     assert r.details["cancel_reason"] == "user"
     assert ran.elapsed < 5
     assert control.terminations == ["SIGTERM"]
-    group_gone(control.processes[0][1], reaped=True)
+    group_gone(control.handles[0]["pgid"], reaped=True)
 
 
 def test_cancelled_before_start_spawns_nothing(run_job) -> None:
@@ -108,7 +106,7 @@ def test_cancelled_before_start_spawns_nothing(run_job) -> None:
     control.cancel("shutdown")
     ran = run_job("echo should-not-run", control=control)
     assert ran.result.status == "cancelled"
-    assert control.processes == [] and control.terminations == []
+    assert control.handles == [] and control.terminations == []
 
 
 def test_background_leftovers_are_killed_after_success(run_job, group_gone) -> None:
@@ -117,7 +115,7 @@ def test_background_leftovers_are_killed_after_success(run_job, group_gone) -> N
     assert r.status == "ok" and r.summary == "started\n"
     assert r.details["leftover_processes_killed"] is True
     assert ran.control.terminations == ["SIGTERM"]
-    group_gone(ran.control.processes[0][1])
+    group_gone(ran.control.handles[0]["pgid"])
 
 
 def test_background_writer_in_group_is_waited_for(run_job) -> None:
@@ -139,19 +137,21 @@ def test_escaped_process_holding_pipes_does_not_hang_the_run(run_job) -> None:
         os.kill(escaped, 9)
 
 
-def test_record_process_before_payload_runs(run_job, tmp_path: Path) -> None:
+def test_record_handle_before_payload_runs(run_job, tmp_path: Path) -> None:
     marker = tmp_path / "started"
     seen: list[tuple[bool, bool]] = []
 
     class Checking(LocalRunControl):
-        def record_process(self, pid: int, pgid: int, start_time: str) -> None:
-            seen.append((marker.exists(), same_process(pid, start_time)))
-            super().record_process(pid, pgid, start_time)
+        def record_handle(self, handle: dict) -> None:
+            seen.append((marker.exists(), same_process(handle["pid"], handle["start_time"])))
+            super().record_handle(handle)
 
     control = Checking()
     ran = run_job(f"touch {marker}; echo $$; sleep 0.2", control=control)
     assert ran.result.status == "ok"
-    pid, pgid, identity = control.processes[0]
+    handle = control.handles[0]
+    pid, pgid, identity = handle["pid"], handle["pgid"], handle["start_time"]
+    assert handle["host"] == __import__("socket").gethostname()
     assert pid == int(ran.result.stdout.excerpt) == pgid
     assert identity.startswith("ticks:")
     assert seen == [(False, True)]  # recorded while alive, before the payload did anything
@@ -159,31 +159,31 @@ def test_record_process_before_payload_runs(run_job, tmp_path: Path) -> None:
     assert not same_process(pid, "ticks:1")
 
 
-def test_record_process_failure_never_starts_payload(run_job, tmp_path: Path, group_gone) -> None:
+def test_record_handle_failure_never_starts_payload(run_job, tmp_path: Path, group_gone) -> None:
     marker = tmp_path / "side-effect"
 
     class Fenced(LocalRunControl):
-        def record_process(self, pid: int, pgid: int, start_time: str) -> None:
-            super().record_process(pid, pgid, start_time)
+        def record_handle(self, handle: dict) -> None:
+            super().record_handle(handle)
             raise SchedulerError("LEASE_LOST", "fence lost")
 
     control = Fenced()
     r = run_job(f"touch {marker}; sleep 30", control=control).result
     assert (r.status, r.error_code) == ("error", "LEASE_LOST")
     assert not marker.exists()
-    group_gone(control.processes[0][1])
+    group_gone(control.handles[0]["pgid"])
 
 
 def test_working_dir_and_stdin(run_job, tmp_path: Path) -> None:
     wd = tmp_path / "wd"
     wd.mkdir()
-    r = run_job("pwd; cat", working_dir=str(wd), stdin_text="hello\nworld").result
+    r = run_job("pwd; cat", executor_options={"working_dir": str(wd), "stdin_text": "hello\nworld"}).result
     assert r.status == "ok"
     assert r.stdout.excerpt == f"{os.path.realpath(wd)}\nhello\nworld"
 
 
 def test_large_stdin_is_fed_without_blocking(run_job) -> None:
-    r = run_job("wc -c", stdin_text="x" * 3_000_000).result
+    r = run_job("wc -c", executor_options={"stdin_text": "x" * 3_000_000}).result
     assert r.status == "ok" and r.stdout.excerpt.strip() == "3000000"
 
 
@@ -194,21 +194,35 @@ def test_no_stdin_reads_dev_null(run_job) -> None:
 
 
 def test_missing_working_dir(run_job, tmp_path: Path) -> None:
-    ran = run_job("echo hi", working_dir=str(tmp_path / "nope"))
+    ran = run_job("echo hi", executor_options={"working_dir": str(tmp_path / "nope")})
     assert (ran.result.status, ran.result.error_code) == ("error", "WORKING_DIR_MISSING")
-    assert ran.control.processes == []
+    assert ran.control.handles == []
 
 
-def test_scheduler_shell_override_and_bad_value(run_job, monkeypatch) -> None:
-    monkeypatch.setenv("SCHEDULER_SHELL", "/bin/sh")
+def test_shell_override_and_bad_value(run_job, monkeypatch) -> None:
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_SHELL", "/bin/sh")
     r = run_job("echo $0").result
     assert r.status == "ok" and r.stdout.excerpt == "/bin/sh\n" and r.details["shell"] == "/bin/sh"
-    monkeypatch.setenv("SCHEDULER_SHELL", "/no/such/shell")
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_SHELL", "/no/such/shell")
     r = run_job("echo hi").result
-    assert (r.status, r.error_code) == ("error", "SHELL_CONFIG_INVALID")
+    assert (r.status, r.error_code) == ("error", "CONFIG_INVALID")
+    assert "executors.shell.shell" in r.error_message and "env:SCHEDULER_EXECUTORS_SHELL_SHELL" in r.error_message
+
+
+def test_settings_file_table_applies_and_the_override_wins(run_job, monkeypatch, tmp_path: Path) -> None:
+    settings = tmp_path / "settings.toml"
+    settings.write_text('[executors.shell]\nshell = "/bin/sh"\nmax_output_bytes = 4\n')
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(settings))
+    reload_settings()
+    r = run_job("echo $0").result
+    assert r.details["shell"] == "/bin/sh" and (r.status, r.error_code) == ("error", "OUTPUT_LIMIT_EXCEEDED")
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", "1000")
+    r = run_job("echo $0").result
+    assert (r.status, r.stdout.excerpt) == ("ok", "/bin/sh\n")
 
 
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_bad_output_limit_setting(run_job, monkeypatch, value: str) -> None:
-    monkeypatch.setenv("SCHEDULER_SHELL_MAX_OUTPUT_BYTES", value)
-    assert run_job("echo hi").result.error_code == "SHELL_CONFIG_INVALID"
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", value)
+    r = run_job("echo hi").result
+    assert r.error_code == "CONFIG_INVALID" and "executors.shell.max_output_bytes" in r.error_message

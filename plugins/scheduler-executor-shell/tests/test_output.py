@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.artifacts import read_artifact
-from scheduler.errors import SchedulerError
+from scheduler.api import SchedulerError, read_artifact
 
 GENERATOR = """
 import random, sys
@@ -27,7 +26,7 @@ for i in range(0, len(out) // oc + 1):
 def test_huge_concurrent_output_and_artifacts(run_job, tmp_path: Path, artifacts_root: Path) -> None:
     script = tmp_path / "gen.py"
     script.write_text(GENERATOR)
-    ran = run_job(f'"{sys.executable}" gen.py', working_dir=str(tmp_path), run_timeout_ms=60_000)
+    ran = run_job(f'"{sys.executable}" gen.py', executor_options={"working_dir": str(tmp_path)}, run_timeout_ms=60_000)
     out = random.Random(1).randbytes(20_000_000)
     err = random.Random(2).randbytes(5_000_000)
     r = ran.result
@@ -52,7 +51,7 @@ def test_huge_concurrent_output_and_artifacts(run_job, tmp_path: Path, artifacts
 
 
 def test_output_limit_exceeded_kills_the_command(run_job, monkeypatch, group_gone) -> None:
-    monkeypatch.setenv("SCHEDULER_SHELL_MAX_OUTPUT_BYTES", "100000")
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", "100000")
     ran = run_job("yes", run_timeout_ms=20_000)
     r = ran.result
     assert (r.status, r.error_code) == ("error", "OUTPUT_LIMIT_EXCEEDED")
@@ -61,11 +60,11 @@ def test_output_limit_exceeded_kills_the_command(run_job, monkeypatch, group_gon
     assert ran.control.terminations == ["SIGTERM"]
     assert r.structured["valid"] is False and "output limit" in r.structured["warning"]
     assert ran.elapsed < 5
-    group_gone(ran.control.processes[0][1])
+    group_gone(ran.control.handles[0]["pgid"])
 
 
 def test_stderr_limit_exceeded(run_job, monkeypatch) -> None:
-    monkeypatch.setenv("SCHEDULER_SHELL_MAX_OUTPUT_BYTES", "5000")
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", "5000")
     r = run_job("echo fine; yes >&2", run_timeout_ms=20_000).result
     assert r.error_code == "OUTPUT_LIMIT_EXCEEDED" and "stderr" in r.error_message
     assert r.stderr.bytes == 5000 and r.stdout.excerpt == "fine\n"
@@ -121,7 +120,7 @@ def test_capture_failure_is_an_error_not_a_silent_truncation(make_request, group
 
     from scheduler_executor_shell import ShellExecutor
 
-    from scheduler.execution import LocalRunControl
+    from scheduler.testing import LocalRunControl
 
     request = make_request("head -c 300000 /dev/zero; sleep 30", run_timeout_ms=20_000)
     shutil.rmtree(request.artifacts_dir)
@@ -131,4 +130,4 @@ def test_capture_failure_is_an_error_not_a_silent_truncation(make_request, group
     assert (r.status, r.error_code) == ("error", "OUTPUT_CAPTURE_FAILED")
     assert "FileExistsError" in r.error_message or "NotADirectoryError" in r.error_message
     assert control.terminations == ["SIGTERM"]
-    group_gone(control.processes[0][1])
+    group_gone(control.handles[0]["pgid"])

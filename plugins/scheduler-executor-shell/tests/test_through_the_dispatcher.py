@@ -60,7 +60,9 @@ def test_shell_jobs_run_through_the_dispatcher(db: Path, tmp_path: Path) -> None
     dispatch(db, "4s")
     hello = cli(db, "runs", "get", runs_of(db, "hello")[0]["id"])["run"]
     assert hello["status"] == "ok" and hello["exit_code"] == 0
-    assert hello["pid"] and hello["pgid"] == hello["pid"] and hello["process_start_time"].startswith("ticks:")
+    handle = hello["executor_handle"]
+    assert handle["pid"] and handle["pgid"] == handle["pid"] and handle["start_time"].startswith("ticks:")
+    assert hello["process_state"] == "exited"  # final on a finished run, never "running"
     assert hello["stdout_sha256"] == hashlib.sha256(b"hello\n").hexdigest() and hello["stderr_bytes"] == 5
     out = subprocess.run([*SCHEDULER, "--db", str(db), "runs", "output", hello["id"], "stderr"], capture_output=True, timeout=30)
     assert out.stdout == b"oops\n"
@@ -82,7 +84,11 @@ def test_shell_jobs_run_through_the_dispatcher(db: Path, tmp_path: Path) -> None
 
 def test_kernel_without_the_shell_executor_gives_a_coded_error(db: Path) -> None:
     off = {"SCHEDULER_DISABLE_PLUGINS": "executors:shell"}
-    cli(db, "jobs", "add", json.dumps({"name": "hello", "schedule_kind": "manual", "payload_message": "echo hi"}), env=off)
+    refused = cli(db, "jobs", "add", json.dumps({"name": "hello", "schedule_kind": "manual", "payload_message": "echo hi"}),
+                  env=off, check=False)
+    assert refused["code"] == "EXECUTOR_NOT_AVAILABLE"  # one rule for missing plugins
+    cli(db, "jobs", "add", "--allow-missing-plugins",
+        json.dumps({"name": "hello", "schedule_kind": "manual", "payload_message": "echo hi"}), env=off)
     cli(db, "jobs", "run", "hello", env=off)
     listed = cli(db, "plugins", "list", env=off)["plugins"]
     assert [p["status"] for p in listed if p["name"] == "shell"] == ["disabled"]
@@ -100,19 +106,20 @@ def test_cancel_a_running_shell_job_kills_its_group(db: Path, tmp_path: Path) ->
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             runs = runs_of(db, "long")
-            if runs and runs[0]["status"] == "running" and runs[0]["pgid"]:
+            if runs and runs[0]["status"] == "running" and cli(db, "runs", "get", runs[0]["id"])["run"]["executor_handle"]:
                 break
             time.sleep(0.1)
-        run = runs_of(db, "long")[0]
-        assert run["pgid"]
+        run = cli(db, "runs", "get", runs_of(db, "long")[0]["id"])["run"]
+        pgid = run["executor_handle"]["pgid"]
+        assert pgid
         cli(db, "runs", "cancel", run["id"], "--reason", "enough")
         while time.monotonic() < deadline and runs_of(db, "long")[0]["status"] == "running":
             time.sleep(0.1)
         done = cli(db, "runs", "get", run["id"])["run"]
         assert done["status"] == "cancelled" and done["cancel_reason"] == "enough" and done["process_state"] == "terminated"
-        from scheduler.processes import group_alive
+        from scheduler.api.process import group_alive
 
-        assert not group_alive(run["pgid"])
+        assert not group_alive(pgid)
     finally:
         proc.terminate()
         proc.wait(30)

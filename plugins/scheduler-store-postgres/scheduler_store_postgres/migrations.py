@@ -24,7 +24,7 @@ import attrs
 
 #: The version this package's ``schema.sql`` describes (must equal the kernel's
 #: ``scheduler.store.migrations.SCHEMA_VERSION``; ``initialize`` checks).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _DOLLAR_QUOTE = re.compile(r"\$[A-Za-z_]*\$")
 
@@ -135,7 +135,48 @@ class Sql:
         conn.execute(self.statement)
 
 
-Step = AddColumn | Sql
+@attrs.frozen
+class DropColumn:
+    """Drop a column when it is present (``DROP COLUMN IF EXISTS``: idempotent)."""
+
+    table: str
+    column: str
+
+    def apply(self, conn: Cursorish) -> None:
+        """Run the step on the caller's open transaction."""
+        conn.execute(f"ALTER TABLE {self.table} DROP COLUMN IF EXISTS {self.column}")
+
+
+def _column_names(conn: Cursorish, table: str) -> set[str]:
+    cur = conn.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s",
+                       (table,))
+    return {r[0] for r in cur.fetchall()}
+
+
+def _dict_rows(conn: Cursorish, sql: str) -> list[dict[str, Any]]:
+    cur = conn.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, values)) for values in cur.fetchall()]
+
+
+@attrs.frozen
+class MoveExecutorFields:
+    """v3 data move, the same rule as the kernel's (``v3_executor_options`` / ``v3_executor_handle``)."""
+
+    def apply(self, conn: Cursorish) -> None:
+        """Run the step on the caller's open transaction."""
+        from scheduler.store.migrations import V3_AGENT_FIELDS, V3_SHELL_FIELDS, v3_executor_handle, v3_executor_options
+
+        if "shell_env_policy" in _column_names(conn, "jobs"):
+            cols = ", ".join(["id", "executor", "session_target", *V3_SHELL_FIELDS, *V3_AGENT_FIELDS])
+            for row in _dict_rows(conn, f"SELECT {cols} FROM jobs"):
+                conn.execute("UPDATE jobs SET executor_options = %s WHERE id = %s", (v3_executor_options(row), row["id"]))
+        if "pid" in _column_names(conn, "runs"):
+            for row in _dict_rows(conn, "SELECT id, pid, pgid, process_start_time, dispatcher_owner FROM runs WHERE pid IS NOT NULL"):
+                conn.execute("UPDATE runs SET executor_handle = %s WHERE id = %s", (v3_executor_handle(row), row["id"]))
+
+
+Step = AddColumn | Sql | DropColumn | MoveExecutorFields
 
 
 @attrs.frozen
@@ -165,6 +206,20 @@ MIGRATIONS: tuple[Migration, ...] = (
                 "max_consecutive_failures",
                 "BIGINT NOT NULL DEFAULT 3 CHECK (max_consecutive_failures >= 0)",
             ),
+        ),
+    ),
+    Migration(
+        3,
+        "plugin-owned options: executor fields into executor_options, process identity into executor_handle",
+        (
+            AddColumn("jobs", "executor_options", "TEXT NOT NULL DEFAULT '{}'"),
+            AddColumn("jobs", "delivery_options", "TEXT NOT NULL DEFAULT '{}'"),
+            AddColumn("jobs", "constraints", "TEXT NOT NULL DEFAULT '{}'"),
+            AddColumn("runs", "executor_handle", "TEXT"),
+            AddColumn("runs", "usage_json", "TEXT"),
+            MoveExecutorFields(),
+            *(DropColumn("jobs", c) for c in ("shell_env_policy", "working_dir", "stdin_text", "context_mode", "heartbeat_file")),
+            *(DropColumn("runs", c) for c in ("pid", "pgid", "process_start_time")),
         ),
     ),
 )

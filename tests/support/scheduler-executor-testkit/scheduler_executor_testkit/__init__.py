@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
-from scheduler import PLUGIN_API_VERSION
-from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl, StreamCapture
-from scheduler.processes import kill_group, process_identity
+from scheduler.api import (
+    PLUGIN_API_VERSION,
+    ExecutionRequest,
+    ExecutionResult,
+    RecoveryOutcome,
+    RecoveryRequest,
+    RunControl,
+    SchedulerError,
+    StreamCapture,
+)
+from scheduler.api.process import kill_group, orphan_group_safe_to_kill, process_identity
 
 
 def _capture(text: str) -> StreamCapture:
@@ -23,7 +32,22 @@ class TestkitExecutor:
     """Runs the step script in ``payload_message``."""
 
     plugin_api = PLUGIN_API_VERSION
-    capabilities = frozenset({"cancel", "timeout", "process-group"})
+    capabilities = frozenset({"cancel", "timeout", "process-group", "recover"})
+
+    def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
+        """Kill a ``spawn`` step's process group left behind by a dead dispatcher (same host, same identity)."""
+        handle = request.handle or {}
+        pid, pgid = handle.get("pid"), handle.get("pgid")
+        if not isinstance(pid, int) or not isinstance(pgid, int):
+            return RecoveryOutcome(state="gone")
+        if handle.get("host") != socket.gethostname():
+            return RecoveryOutcome(state="unknown")
+        if not orphan_group_safe_to_kill(pid, pgid, handle.get("start_time")):
+            return RecoveryOutcome(state="gone")
+        try:
+            return RecoveryOutcome(state="terminated", detail=kill_group(pgid, request.kill_grace_s))
+        except (PermissionError, SchedulerError) as exc:
+            return RecoveryOutcome(state="blocked", detail=str(exc))
 
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
         out: list[str] = []
@@ -59,7 +83,8 @@ class TestkitExecutor:
                         return result("cancelled", error_code="RUN_CANCELLED", error_message=control.cancel_reason())
             elif name == "spawn":
                 proc = subprocess.Popen(["sleep", arg], start_new_session=True)
-                control.record_process(proc.pid, os.getpgid(proc.pid), process_identity(proc.pid) or "")
+                control.record_handle({"pid": proc.pid, "pgid": os.getpgid(proc.pid),
+                                       "start_time": process_identity(proc.pid) or "", "host": socket.gethostname()})
                 while proc.poll() is None:
                     if control.wait_cancelled(0.02):
                         control.record_termination(kill_group(proc.pid, 1.0))

@@ -1,0 +1,25 @@
+"""``ShellOptions``: the shell executor's per-job options (``executor_options`` of a shell job)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class ShellOptions:
+    """What a shell job may set in ``executor_options``; the kernel validates and stores it."""
+
+    env_policy: Literal["minimal", "inherit"] = attrs.field(
+        default="minimal",
+        metadata={"doc": "Environment passed to the command: `minimal` (locale, identity, PATH) or `inherit`"
+                         " (the dispatcher's, recorded with a warning). Secret-looking names are dropped either way."},
+    )
+    env_allow: tuple[str, ...] = attrs.field(
+        default=(),
+        metadata={"doc": "Variable names passed through although they look like secrets or are outside `minimal`"
+                         " (exact names; use sparingly)."},
+    )
+    working_dir: str | None = attrs.field(default=None, metadata={"doc": "Working directory of the command (`~` expands)."})
+    stdin_text: str | None = attrs.field(default=None, metadata={"doc": "Text piped to the command's standard input."})

@@ -1,0 +1,123 @@
+"""The public plugin API: the one module a plugin imports.
+
+Everything a third-party executor, channel, evidence, credential or authorization
+provider needs is importable from here: the provider Protocols and the types they
+exchange with the kernel, ``RunControl``, the output stream recorder and the
+structured-output parser, the error type and the registry of kernel error codes,
+``hookimpl`` for pluggy hook modules, option and settings helpers, and
+``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
+manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
+
+A test fails when anything under ``plugins/``, ``providers/`` or ``examples/``
+imports another kernel module, so this module is the whole contract: if a plugin
+needs more, this API grows (and ``PLUGIN_API_VERSION`` says when it breaks).
+"""
+
+from __future__ import annotations
+
+from scheduler import PLUGIN_API_VERSION
+from scheduler.artifacts import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder, read_artifact
+from scheduler.errors import ErrorCode, SchedulerError
+from scheduler.execution import (
+    EXECUTION_STATUSES,
+    CancellationToken,
+    Constraints,
+    CredentialPresentation,
+    ExecutionRequest,
+    ExecutionResult,
+    RecoveryOutcome,
+    RecoveryRequest,
+    RunControl,
+    StreamCapture,
+)
+from scheduler.options import build_options, catalogue, options_to_json
+from scheduler.plugins.hookspecs import hookimpl
+from scheduler.plugins.protocols import (
+    KNOWN_CAPABILITIES,
+    AuthorizationDecision,
+    AuthorizationProvider,
+    AuthorizationRequest,
+    Channel,
+    ChannelLimits,
+    CredentialBinding,
+    CredentialContext,
+    CredentialPresent,
+    CredentialProvider,
+    DeliveryError,
+    DeliveryPart,
+    DeliveryReceipt,
+    DeliveryRoute,
+    EvidenceDeclaration,
+    EvidenceEnvelope,
+    EvidencePayload,
+    EvidenceProvider,
+    EvidenceVerification,
+    Executor,
+    PermanentDeliveryError,
+    RefreshResult,
+    ResolvedCredential,
+    RevokeResult,
+    TransientDeliveryError,
+)
+from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
+from scheduler.spec import JobSpec
+from scheduler.structured import structured_from_capture, unparsed_record
+from scheduler.timeutil import now_ms, to_iso
+
+__all__ = [
+    "AuthorizationDecision",
+    "AuthorizationProvider",
+    "AuthorizationRequest",
+    "CancellationToken",
+    "Channel",
+    "ChannelLimits",
+    "Constraints",
+    "CredentialBinding",
+    "CredentialContext",
+    "CredentialPresent",
+    "CredentialPresentation",
+    "CredentialProvider",
+    "DEFAULT_EXCERPT_BYTES",
+    "DEFAULT_OFFLOAD_BYTES",
+    "DeliveryError",
+    "DeliveryPart",
+    "DeliveryReceipt",
+    "DeliveryRoute",
+    "EXECUTION_STATUSES",
+    "ErrorCode",
+    "EvidenceDeclaration",
+    "EvidenceEnvelope",
+    "EvidencePayload",
+    "EvidenceProvider",
+    "EvidenceVerification",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Executor",
+    "JobSpec",
+    "KNOWN_CAPABILITIES",
+    "PLUGIN_API_VERSION",
+    "PermanentDeliveryError",
+    "RecoveryOutcome",
+    "RecoveryRequest",
+    "RefreshResult",
+    "ResolvedCredential",
+    "RevokeResult",
+    "RunControl",
+    "SchedulerError",
+    "SecretRef",
+    "StreamCapture",
+    "StreamRecorder",
+    "TransientDeliveryError",
+    "build_options",
+    "catalogue",
+    "hookimpl",
+    "now_ms",
+    "options_to_json",
+    "plugin_settings",
+    "register_secret_scheme",
+    "reload_settings",
+    "read_artifact",
+    "structured_from_capture",
+    "to_iso",
+    "unparsed_record",
+]

@@ -1,0 +1,25 @@
+"""Process helpers for executors that run local processes (Linux ``/proc``).
+
+``process_identity(pid)`` returns ``"ticks:<start time>"`` (or ``None`` when no such
+process exists: it already exited), which together with the PID tells a process
+apart from a later one that reuses the number. ``kill_group(pgid, grace_s, reap=...)``
+sends SIGTERM (and SIGCONT) to a whole process group, SIGKILL after ``grace_s``, and
+returns the strongest signal used once the group is confirmed gone; ``reap`` (for
+example ``Popen.poll``) is called while waiting so your own child does not linger as
+a zombie. It raises ``SchedulerError("PROCESS_GROUP_SURVIVED")`` when members remain
+even after SIGKILL (stuck in uninterruptible I/O). ``orphan_group_safe_to_kill`` is
+what a ``recover`` implementation asks before it signals a recorded group.
+"""
+
+from __future__ import annotations
+
+from scheduler.processes import (
+    group_alive,
+    kill_group,
+    live_group_members,
+    orphan_group_safe_to_kill,
+    process_identity,
+    same_process,
+)
+
+__all__ = ["group_alive", "kill_group", "live_group_members", "orphan_group_safe_to_kill", "process_identity", "same_process"]

@@ -1,0 +1,108 @@
+"""Per-job options owned by plugins, and constraints checked against executor capabilities.
+
+The job spec carries one JSON object per plugin it names (``executor_options``,
+``delivery_options``); the plugin declares what it accepts as an attrs
+``options_class``. The kernel validates the object with that class when the job is
+added or updated (when the plugin is installed) and again when a run starts, and
+never names an option itself. ``constraints`` are kernel-level: a constraint the
+executor's ``capabilities`` cannot enforce refuses the job and the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.errors import SchedulerError
+from scheduler.options import build_options, option_problems, options_to_json
+
+#: Spec field -> (provider kind, attribute of JobSpec naming the driver).
+OPTION_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("executor_options", "executor", "executor_name"),
+    ("delivery_options", "channel", "delivery_channel"),
+)
+
+
+def _driver(spec: Any, attr: str) -> str | None:
+    value = getattr(spec, attr)
+    return value() if callable(value) else value
+
+
+def _provider(kind: str, name: str) -> Any | None:
+    """The loaded provider, or None when it is not installed or cannot load (the missing-plugin rule reports that)."""
+    from scheduler.plugins.loader import load_provider
+
+    try:
+        return load_provider(kind, name)
+    except SchedulerError:
+        return None
+
+
+def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, str]]]:
+    """Validate every plugin-owned options object of a spec against its installed plugin.
+
+    Returns the normalised objects (non-default values only) by field, and per-field
+    problems. A plugin that is not installed leaves its object as given.
+    """
+    normalised: dict[str, dict[str, Any]] = {}
+    problems: list[dict[str, str]] = []
+    for field, kind, attr in OPTION_FIELDS:
+        raw = getattr(spec, field)
+        name = _driver(spec, attr)
+        if name is None:
+            if raw:
+                problems.append({"field": field, "code": "CONFLICT", "error": f"options given but the job names no {kind}"})
+            continue
+        provider = _provider(kind, name)
+        if provider is None:
+            continue
+        cls = getattr(provider, "options_class", None)
+        if cls is None:
+            if raw:
+                problems.append({"field": field, "code": "UNKNOWN_FIELD", "error": f"{kind} {name!r} takes no options"})
+            continue
+        kwargs, found = option_problems(cls, raw, field)
+        problems += found
+        if not found:
+            try:
+                normalised[field] = options_to_json(cls(**kwargs))
+            except (TypeError, ValueError) as exc:
+                problems.append({"field": field, "code": "INVALID_VALUE", "error": str(exc)})
+    executor = _provider("executor", spec.executor_name())
+    if executor is not None:
+        problems += constraint_problems(spec, executor)
+    return normalised, problems
+
+
+def constraint_problems(spec: Any, executor: Any) -> list[dict[str, str]]:
+    """One problem per constraint the executor's capabilities cannot enforce (never run unenforced)."""
+    from scheduler.spec import constraints_of
+
+    missing = sorted(constraints_of(spec).required_capabilities() - set(getattr(executor, "capabilities", ())))
+    if not missing:
+        return []
+    return [{
+        "field": "constraints",
+        "code": "CONSTRAINT_UNENFORCEABLE",
+        "error": f"executor {spec.executor_name()!r} cannot enforce this; it lacks the capabilities: {', '.join(missing)}",
+    }]
+
+
+def executor_options_for(executor: Any, spec: Any) -> Any:
+    """The executor's options instance for a run (``None`` when it declares no options class).
+
+    Raises ``EXECUTOR_OPTIONS_INVALID`` when the stored object no longer fits (the plugin
+    changed, or the job was added while the plugin was missing) and
+    ``CONSTRAINT_UNENFORCEABLE`` when the executor cannot enforce the job's constraints.
+    """
+    problems = constraint_problems(spec, executor)
+    if problems:
+        raise SchedulerError("CONSTRAINT_UNENFORCEABLE", problems[0]["error"], details=problems)
+    cls = getattr(executor, "options_class", None)
+    if cls is None:
+        if spec.executor_options:
+            raise SchedulerError("EXECUTOR_OPTIONS_INVALID", f"executor {spec.executor_name()!r} takes no options")
+        return None
+    try:
+        return build_options(cls, spec.executor_options, "executor_options")
+    except SchedulerError as exc:
+        raise SchedulerError("EXECUTOR_OPTIONS_INVALID", exc.message, details=exc.details) from None

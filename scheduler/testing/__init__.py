@@ -1,0 +1,219 @@
+"""Public test helpers for plugin authors and for the project's own tests.
+
+* ``make_request(payload, artifacts_root=..., **spec_fields)``: a real ``ExecutionRequest``
+  for a job spec, with the executor's options validated the way the dispatcher does;
+* ``LocalRunControl``: an in-memory ``RunControl`` that records handles, terminations
+  and events, and can be cancelled like the dispatcher does;
+* ``RunningDispatcher``, ``add_job``, ``wait_for``, ``run_rows``: a real dispatcher in a
+  background thread of the test process, on a real store;
+* ``sqlite_store(path)``, ``postgres_url()``, ``postgres_unavailable_reason()`` and
+  ``temporary_postgres_schema()``: real databases (PostgreSQL tests skip with the reason);
+* the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
+  plugin's tests to run the stock conformance corpus against your provider.
+
+``scheduler.testing.fixtures`` turns these into pytest fixtures
+(``pytest_plugins = ["scheduler.testing.fixtures"]`` in a ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from scheduler.execution import ExecutionRequest, LocalRunControl
+
+#: The PostgreSQL server the tests use: ``SCHEDULER_TEST_POSTGRES_URL``, else the local one.
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+_run_ids = itertools.count(1)
+
+
+def make_request(
+    payload: str,
+    *,
+    artifacts_root: Path,
+    run_id: str | None = None,
+    job_id: str = "job-1",
+    attempt: int = 1,
+    credentials: tuple[Any, ...] = (),
+    **spec_fields: Any,
+) -> ExecutionRequest:
+    """An ``ExecutionRequest`` for ``payload`` and spec fields, as the dispatcher would build it.
+
+    The spec is validated (plugin options included, when the executor is installed); the
+    deadline follows ``run_timeout_ms``; the artifact directory is ``artifacts_root/runs/<run_id>``.
+    """
+    from scheduler.artifacts import run_dir
+    from scheduler.plugin_options import executor_options_for
+    from scheduler.plugins.loader import load_provider
+    from scheduler.spec import constraints_of, validate_spec
+    from scheduler.timeutil import now_ms
+
+    spec_fields.setdefault("name", "test job")
+    spec_fields.setdefault("schedule_kind", "manual")
+    spec = validate_spec({"payload_message": payload, **spec_fields})
+    try:
+        executor = load_provider("executor", spec.executor_name())
+    except Exception:  # not installed: the caller runs its own executor object directly
+        executor = None
+    options = executor_options_for(executor, spec) if executor is not None else None
+    run_id = run_id or f"run-{next(_run_ids)}"
+    started = now_ms()
+    return ExecutionRequest(
+        run_id=run_id,
+        job_id=job_id,
+        job=spec,
+        options=options,
+        constraints=constraints_of(spec),
+        credentials=credentials,
+        attempt=attempt,
+        started_at_ms=started,
+        deadline_ms=started + spec.run_timeout_ms,
+        artifacts_dir=run_dir(artifacts_root, run_id),
+        artifacts_root=artifacts_root,
+        extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": job_id},
+    )
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> Any:
+    """Poll until ``predicate()`` is truthy; return its value, or fail with ``AssertionError`` after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def add_job(store: Any, **spec: Any) -> dict[str, Any]:
+    """Create one job through the kernel, validated like the CLI does (``testkit`` executor by default)."""
+    from scheduler.jobs import create_jobs
+    from scheduler.spec import validate_spec
+
+    spec.setdefault("executor", "testkit")
+    spec.setdefault("schedule_kind", "manual")
+    spec.setdefault("name", f"job-{uuid.uuid4().hex[:8]}")
+    return create_jobs(store, [validate_spec(spec)])[0]
+
+
+def run_rows(store: Any, job_id: str) -> list[dict[str, Any]]:
+    """All runs of a job, oldest first."""
+    with store.read() as tx:
+        return tx.all("SELECT * FROM runs WHERE job_id = ? ORDER BY created_at, id", (job_id,))
+
+
+class RunningDispatcher:
+    """A real dispatcher running in a background thread of the test process (short lease TTL)."""
+
+    def __init__(self, store: Any, **config: Any) -> None:
+        from scheduler.dispatcher import Dispatcher, DispatcherConfig
+
+        config.setdefault("lease_ttl_ms", 3000)
+        config.setdefault("kill_grace_s", 0.5)
+        config.setdefault("grace_s", 2.0)
+        self.messages: list[str] = []
+        self.dispatcher = Dispatcher(store, DispatcherConfig(**config), say=self.messages.append)
+        self.error: BaseException | None = None
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.dispatcher.lease is not None or self.error is not None, what="dispatcher start")
+        if self.error is not None:
+            raise self.error
+
+    def _main(self) -> None:
+        try:
+            self.exit_code = self.dispatcher.run()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Ask for a graceful stop and wait for the dispatcher thread to end."""
+        self.dispatcher.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "dispatcher did not stop"
+
+
+def sqlite_store(path: Path | str) -> Any:
+    """An initialised SQLite store on a real file (close it when done)."""
+    from scheduler.store import open_store
+
+    return open_store(str(path))
+
+
+def postgres_url() -> str:
+    """The PostgreSQL server URL tests use (``SCHEDULER_TEST_POSTGRES_URL``, else 127.0.0.1:5432/test)."""
+    return os.environ.get("SCHEDULER_TEST_POSTGRES_URL") or DEFAULT_POSTGRES_URL
+
+
+_PG_REASON: list[str | None] = []
+
+
+def postgres_unavailable_reason() -> str | None:
+    """Why PostgreSQL tests must skip here (cached per process), or None when they can run."""
+    if not _PG_REASON:
+        _PG_REASON.append(_probe_postgres())
+    return _PG_REASON[0]
+
+
+def _probe_postgres() -> str | None:
+    try:
+        from importlib.metadata import entry_points
+
+        if not any(ep.name == "postgres" for ep in entry_points(group="scheduler.stores")):
+            return "scheduler-store-postgres is not installed"
+        import psycopg
+
+        with psycopg.connect(postgres_url(), connect_timeout=2):
+            pass
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
+        return f"PostgreSQL not reachable at {postgres_url()}: {type(exc).__name__}: {exc}"
+    return None
+
+
+@contextmanager
+def temporary_postgres_schema() -> Iterator[str]:
+    """A store URL in a fresh PostgreSQL schema of its own, dropped afterwards."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    base = postgres_url()
+    try:
+        yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def __getattr__(name: str) -> Any:
+    """The conformance adapter classes, imported on first use (they pull in pytest)."""
+    if name in ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
+                "CredentialProviderConformance", "AuthorizationProviderConformance"):
+        from scheduler.conformance import pytest_plugin
+
+        return getattr(pytest_plugin, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "DEFAULT_POSTGRES_URL",
+    "LocalRunControl",
+    "RunningDispatcher",
+    "add_job",
+    "make_request",
+    "postgres_unavailable_reason",
+    "postgres_url",
+    "run_rows",
+    "sqlite_store",
+    "temporary_postgres_schema",
+    "wait_for",
+]
