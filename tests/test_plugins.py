@@ -215,7 +215,10 @@ def test_load_provider_refuses_missing_protocol_methods(fake_site: dict[str, str
     err = plugin_code(load_provider, "executor", fake_site["noexec"])
     assert err.code == "PLUGIN_INVALID" and "execute" in err.message and fake_site["dist"] in err.message
     err = plugin_code(load_provider, "channel", fake_site["nochannel"])  # an executor registered as a channel
-    assert err.code == "PLUGIN_INVALID" and "deliver" in err.message
+    from scheduler.plugins.protocols import Channel
+
+    required = [m for m in dir(Channel) if not m.startswith("_") and callable(getattr(Channel, m))]
+    assert err.code == "PLUGIN_INVALID" and "Channel protocol" in err.message and all(m in err.message for m in required)
 
 
 def test_load_provider_refuses_bad_capabilities(fake_site: dict[str, str]) -> None:
@@ -500,3 +503,114 @@ def test_hook_module_with_an_unknown_hook_is_rejected_alone(tmp_path: Path, monk
     with pytest.raises(SchedulerError) as info:
         make_plugin_manager()
     assert info.value.code == "PLUGIN_LOAD_FAILED" and "typo" in info.value.message
+
+
+# --- hook modules that did not load are reported (issue 8) ------------------------------------------------------------
+
+
+BROKEN_HOOKS = {
+    "typo": """
+        from scheduler.plugins.hookspecs import hookimpl
+
+        @hookimpl
+        def scheduler_run_state_chnaged(run_id, job_id, old_status, new_status, at_ms):
+            pass
+    """,
+    "boom": "raise ImportError('libaudit.so: cannot open shared object file')\n",
+    "fine": """
+        from scheduler.plugins.hookspecs import hookimpl
+
+        @hookimpl
+        def scheduler_config_defaults():
+            return {"fine.loaded": True}
+    """,
+}
+#: Every provider group off, so doctor's verdict depends on the hook modules alone.
+NO_PROVIDERS = "executors:*,channels:*,evidence_providers:*,credential_providers:*,authorization_providers:*"
+
+
+def sideload_hooks(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """A hook distribution with a misspelled hook, a module that fails to import and a good one, side-loaded
+    like the broken executors (``kernel_testing.sideload_distribution``); returns the child environment and the tag."""
+    from kernel_testing import sideload_distribution
+
+    tag = uuid.uuid4().hex[:8]
+    project = tmp_path / f"scheduler-hooks-broken{tag}"
+    package = project / f"broken_hooks_{tag}"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name, source in BROKEN_HOOKS.items():
+        (package / f"{name}.py").write_text(textwrap.dedent(source))
+    entry_points = "".join(f'{name}{tag} = "broken_hooks_{tag}.{name}"\n' for name in BROKEN_HOOKS)
+    (project / "pyproject.toml").write_text(
+        f'[project]\nname = "scheduler-hooks-broken{tag}"\nversion = "0.1.0"\n\n[project.entry-points."scheduler.hooks"]\n{entry_points}'
+    )
+    paths = sideload_distribution(project, tmp_path / "site")
+    return {"PYTHONPATH": os.pathsep.join(paths), "SCHEDULER_DISABLE_PLUGINS": NO_PROVIDERS, "SCHEDULER_STRICT_PLUGINS": ""}, tag
+
+
+def test_plugins_list_shows_a_misspelled_or_failing_hook_module_and_doctor_fails(tmp_path: Path) -> None:
+    env, tag = sideload_hooks(tmp_path)
+    res = sub("--json", "plugins", "list", env=env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr  # shown, never fatal
+    rows = {r["name"]: r for r in json.loads(res.stdout)["plugins"] if r["group"] == "scheduler.hooks"}
+    typo, boom, fine = rows[f"typo{tag}"], rows[f"boom{tag}"], rows[f"fine{tag}"]
+    assert typo["status"] == "invalid" and "scheduler_run_state_chnaged" in typo["error"]
+    assert typo["distribution"] == f"scheduler-hooks-broken{tag}"
+    assert boom["status"] == "failed" and "libaudit.so" in boom["error"]
+    assert fine["status"] == "ok" and fine["error"] is None
+    human = sub("plugins", "list", env=env)
+    assert human.returncode == 0 and "invalid" in human.stdout and "scheduler_run_state_chnaged" in human.stdout
+
+    db = str(tmp_path / "s.db")
+    healthy = sub("--db", db, "--json", "doctor", env={k: v for k, v in env.items() if k != "PYTHONPATH"})
+    assert healthy.returncode == 0, healthy.stdout  # the same host without the broken hook modules
+    res = sub("--db", db, "--json", "doctor", env=env)
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["code"] == "UNHEALTHY"
+    plugins = next(c for c in doc["details"] if c["check"] == "plugins")
+    assert plugins["ok"] is False
+    assert f"typo{tag}" in plugins["detail"] and "scheduler_run_state_chnaged" in plugins["detail"]
+    assert f"boom{tag}" in plugins["detail"] and "libaudit.so" in plugins["detail"] and f"fine{tag}" not in plugins["detail"]
+    human = sub("--db", db, "doctor", env=env)
+    assert human.returncode == 1 and "FAIL" in human.stdout and f"typo{tag}" in human.stdout
+
+    strict = sub("--json", "plugins", "list", env={**env, "SCHEDULER_STRICT_PLUGINS": "1"})
+    doc = json.loads(strict.stdout)
+    assert strict.returncode == 1 and doc["code"] == "PLUGIN_LOAD_FAILED"
+    assert {d["name"] for d in doc["details"]} == {f"typo{tag}", f"boom{tag}"}
+
+
+def test_make_plugin_manager_reports_the_hook_modules_it_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env, tag = sideload_hooks(tmp_path)
+    for entry in reversed(env["PYTHONPATH"].split(os.pathsep)):
+        monkeypatch.syspath_prepend(entry)
+    monkeypatch.delenv("SCHEDULER_STRICT_PLUGINS", raising=False)
+    failures: list[Any] = []
+    pm = make_plugin_manager(failures=failures)
+    assert {(f.name, f.status) for f in failures} == {(f"typo{tag}", "invalid"), (f"boom{tag}", "failed")}
+    assert all(f.distribution == f"scheduler-hooks-broken{tag}" for f in failures)
+    names = {pm.get_name(p) for p in pm.get_plugins()}
+    assert f"entrypoint:fine{tag}" in names and f"entrypoint:typo{tag}" not in names and f"entrypoint:boom{tag}" not in names
+    assert Hooks(pm).config_defaults()["fine.loaded"] is True  # the others keep working
+
+
+# --- the loader uses stevedore's public API only (issue 8) ------------------------------------------------------------
+
+
+def test_loader_touches_no_private_stevedore_attribute() -> None:
+    """Regression: the loader popped ``DriverManager.ENTRY_POINT_CACHE`` to see drivers installed after start-up."""
+    import ast
+
+    import scheduler.plugins.loader as loader
+    from stevedore import ExtensionManager
+
+    tree = ast.parse(Path(loader.__file__).read_text())
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "ENTRY_POINT_CACHE" not in attributes
+    assert not any(m and m.startswith("stevedore.") and m.split(".")[1].startswith("_") for m in modules)
+    load_driver("scheduler.executors", "testkit")
+    inventory(load=True)
+    assert "scheduler.executors" not in ExtensionManager.ENTRY_POINT_CACHE  # stevedore's own cache is never filled

@@ -25,6 +25,21 @@ def spec_source(fn: Any) -> Any:
     return fn
 
 
+allow_missing_plugins_option = click.option(
+    "--allow-missing-plugins", "allow_missing_plugins", is_flag=True,
+    help="Accept a job naming an executor, channel or provider that is not installed here (for another host).",
+)
+
+
+def _require_plugins(specs: list[Any], *, many: bool, allow_missing: bool) -> None:
+    """The missing-plugin rule (``<KIND>_NOT_AVAILABLE``) unless ``--allow-missing-plugins``; reads metadata only."""
+    if allow_missing:
+        return
+    from scheduler.plugin_refs import require_plugins
+
+    require_plugins(specs, indexed=many)
+
+
 def _refuse_duplicate_names(specs: list[Any], many: bool) -> None:
     """``NAME_CONFLICT`` for an array naming a job twice: ``jobs add`` could never store it, so nothing accepts it."""
     if not many:
@@ -86,9 +101,11 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
 
 @jobs_group.command("validate")
 @spec_source
-def jobs_validate(spec: str | None, file: str | None, stdin: bool) -> None:
-    """Validate a spec (object or array) without touching the database."""
+@allow_missing_plugins_option
+def jobs_validate(spec: str | None, file: str | None, stdin: bool, allow_missing_plugins: bool) -> None:
+    """Validate a spec (object or array) without touching the database, as ``jobs add`` would."""
     specs, many = _validate_many(read_json_input(spec, file, stdin))
+    _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     payload = {"valid": True, "jobs" if many else "job": [s.to_json() for s in specs] if many else specs[0].to_json()}
     emit(payload, lambda: click.echo(f"valid: {len(specs)} job spec(s)"))
 
@@ -99,13 +116,16 @@ def jobs_validate(spec: str | None, file: str | None, stdin: bool) -> None:
 @click.option("--at", "at", default=None, help="Shortcut: one-shot at this ISO-8601 instant.")
 @click.option("--in", "in_", default=None, help="Shortcut: one-shot after this duration (e.g. 90s, 5m).")
 @click.option("--allow-past", is_flag=True, help="Accept a one-shot time in the past.")
-def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at: str | None, in_: str | None, allow_past: bool) -> None:
+@allow_missing_plugins_option
+def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at: str | None, in_: str | None, allow_past: bool,
+             allow_missing_plugins: bool) -> None:
     """Add one job, or an array of jobs all-or-nothing."""
     if at is not None and in_ is not None:
         raise SchedulerError("INVALID_ARGUMENT", "use --at or --in, not both")
     _one_shot_option(at, "--at")
     _one_shot_option(in_, "--in")
     specs, many = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
+    _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     if dry_run:
         from scheduler.jobs import initial_schedule
         from scheduler.timeutil import now_ms, to_iso
@@ -173,12 +193,25 @@ def jobs_get(job: str) -> None:
 @jobs_group.command("update")
 @click.argument("job")
 @spec_source
-def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool) -> None:
+@allow_missing_plugins_option
+def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow_missing_plugins: bool) -> None:
     """Change fields of a job with a partial spec; ``null`` resets a field to its default."""
-    from scheduler.jobs import job_to_json, update_job
+    from scheduler.jobs import job_to_json, resolve_job, update_job
+    from scheduler.plugin_refs import require_plugins
+    from scheduler.spec import spec_from_row
 
     patch = read_json_input(spec, file, stdin, what="update")
-    view = job_to_json(update_job(open_ctx_store(), job, patch))
+    store = open_ctx_store()
+    # update_job merges the patch into the stored spec and validates the result; the plugin rule
+    # reads that merged spec inside the same (outer) transaction, so a refusal stores nothing and
+    # the merge rule stays in one place. Only plugin names the update changes are checked.
+    with store.transaction() as tx:
+        before = spec_from_row(resolve_job(tx, job))
+        row = update_job(store, job, patch)
+        if not allow_missing_plugins:
+            require_plugins([spec_from_row(row)], previous=[before])
+    store.notify_change()  # update_job's own notification ran before this outer commit
+    view = job_to_json(row)
     emit({"job": view}, lambda: click.echo(f"updated {view['name']}, next run {local_time(view['next_run_at'])}"))
 
 

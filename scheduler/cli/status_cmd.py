@@ -95,9 +95,13 @@ def doctor_cmd() -> None:
         checks.append({"check": "open", "ok": False, "detail": f"{exc.code}: {exc.message}"})
     try:
         plugins = inventory(load=True)
+        # Every group counts, hook modules included: a hook module pluggy refused (a misspelled hook
+        # name) is as unhealthy as a provider that does not import, though other commands keep working.
         bad = [p for p in plugins if p["status"] in ("failed", "invalid")]
+        loaded = sum(p["status"] == "ok" for p in plugins)
         checks.append({"check": "plugins", "ok": not bad,
-                       "detail": "; ".join(f"{p['name']} from {p['distribution']}: {p['error']}" for p in bad) or f"{len(plugins)} loaded"})
+                       "detail": "; ".join(f"{p['group'].split('.', 1)[-1]} {p['name']} from {p['distribution']} {p['status']}: {p['error']}"
+                                           for p in bad) or f"{loaded} loaded"})
     except SchedulerError as exc:
         checks.append({"check": "plugins", "ok": False, "detail": exc.message})
     healthy = all(c["ok"] for c in checks)

@@ -11,39 +11,82 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
+import attrs
 import pluggy
 
 from scheduler.errors import SchedulerError
 from scheduler.plugins import hookspecs
-from scheduler.plugins.loader import _dist_name, _entry_points, is_disabled, strict_loading
+from scheduler.plugins.loader import load_group, strict_loading
 
 log = logging.getLogger(__name__)
 
 
-def make_plugin_manager(extra: Iterable[object] = (), *, load_entry_points: bool = True) -> pluggy.PluginManager:
-    """A plugin manager with the kernel hookspecs, entry-point hook modules and ``extra`` registered."""
+@attrs.frozen
+class HookLoadFailure:
+    """A hook module that was not registered, and why: ``failed`` (it did not import) or ``invalid``.
+
+    ``invalid`` is a module pluggy refuses: an ``@hookimpl`` naming no hookspec (a misspelled
+    hook name) or with arguments its hookspec does not have. ``plugins list`` and ``doctor``
+    report these; the other hook modules keep working.
+    """
+
+    name: str
+    distribution: str
+    target: str
+    status: str
+    error: str
+
+    def to_json(self) -> dict[str, str]:
+        """The failure as a plain dict (error ``details``)."""
+        return attrs.asdict(self)
+
+
+def register_hook_modules(pm: pluggy.PluginManager) -> list[HookLoadFailure]:
+    """Register every enabled ``scheduler.hooks`` module with ``pm``, each on its own; return the ones that failed.
+
+    Modules are imported through the loader (stevedore, same listing and disable switch as
+    every other plugin). A module is checked right after it is registered, so one module's
+    unknown hook is that module's failure, never everyone's; a refused module is unregistered.
+    """
+    failures: list[HookLoadFailure] = []
+    for item in load_group("scheduler.hooks"):
+        ep = item.entry_point
+        error, status = item.error, "failed"
+        if error is None:
+            registered = False
+            try:
+                registered = pm.register(item.obj, name=f"entrypoint:{item.name}") is not None
+                pm.check_pending()
+            except Exception as exc:  # pluggy.PluginValidationError, or a module or name registered twice
+                if registered:
+                    pm.unregister(item.obj)
+                error, status = exc, "invalid"
+        if error is not None:
+            failures.append(HookLoadFailure(item.name, item.distribution, str(ep.value), status, f"{type(error).__name__}: {error}"))
+            log.warning("hook plugin %s from %s failed to load: %s", item.name, item.distribution, error)
+    return failures
+
+
+def make_plugin_manager(
+    extra: Iterable[object] = (), *, load_entry_points: bool = True, failures: list[HookLoadFailure] | None = None
+) -> pluggy.PluginManager:
+    """A plugin manager with the kernel hookspecs, entry-point hook modules and ``extra`` registered.
+
+    Hook modules that did not load are appended to ``failures`` when given (``doctor`` and
+    ``plugins list`` report them) and are fatal only in strict mode.
+    """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    failures: list[dict[str, str]] = []
     if load_entry_points:
-        for ep in _entry_points("scheduler.hooks"):
-            if is_disabled("scheduler.hooks", ep.name):
-                continue
-            plugin = None
-            try:
-                plugin = ep.load()
-                pm.register(plugin, name=f"entrypoint:{ep.name}")
-                pm.check_pending()  # an @hookimpl naming no hookspec is this plugin's failure, not everyone's
-            except Exception as exc:
-                if plugin is not None and pm.is_registered(plugin):
-                    pm.unregister(plugin)
-                failures.append({"name": ep.name, "distribution": _dist_name(ep), "error": f"{type(exc).__name__}: {exc}"})
-                log.warning("hook plugin %s from %s failed to load: %s", ep.name, _dist_name(ep), exc)
-    if failures and strict_loading():
-        first = failures[0]
-        raise SchedulerError(
-            "PLUGIN_LOAD_FAILED", f"hook plugin {first['name']} from {first['distribution']} failed: {first['error']}", details=failures
-        )
+        found = register_hook_modules(pm)
+        if failures is not None:
+            failures.extend(found)
+        if found and strict_loading():
+            first = found[0]
+            raise SchedulerError(
+                "PLUGIN_LOAD_FAILED", f"hook plugin {first.name} from {first.distribution} failed: {first.error}",
+                details=[f.to_json() for f in found],
+            )
     for obj in extra:
         pm.register(obj)
     pm.check_pending()

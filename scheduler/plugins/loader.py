@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
+
+import attrs
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.errors import SchedulerError
@@ -49,15 +52,78 @@ def strict_loading() -> bool:
     return os.environ.get("SCHEDULER_STRICT_PLUGINS", "").strip().lower() in _ALL
 
 
-def _entry_points(group: str) -> list[Any]:
+def entry_points_of(group: str) -> list[Any]:
+    """The entry points of ``group`` as installed right now: the one listing every loader path reads.
+
+    Read from the package metadata on every call (milliseconds, no import), because a
+    dispatcher is long-running and a plugin may be installed while it runs.
+
+    Why the stevedore managers below are handed this listing instead of reading their own:
+    stevedore keeps a process-wide cache of each group (``ExtensionManager.ENTRY_POINT_CACHE``)
+    with no public way to refresh it, so a driver installed after the group was first read
+    stayed invisible to it while ``importlib.metadata`` listed it. Overriding the documented
+    ``list_entry_points()`` in a subclass is the public seam for choosing the listing; the
+    kernel touches no private stevedore attribute, and presence, distribution name and
+    loading all come from one reading of the metadata.
+    """
     from importlib.metadata import entry_points
 
     return list(entry_points(group=group))
 
 
-def _dist_name(ep: Any) -> str:
+#: Older private name, kept for kernel callers that still import it.
+_entry_points = entry_points_of
+
+
+def entry_point_names(group: str) -> set[str]:
+    """Names registered in ``group`` (disabled ones included; see ``is_disabled``). Imports no plugin."""
+    return {ep.name for ep in entry_points_of(group)}
+
+
+def is_available(group: str, name: str) -> bool:
+    """Whether a driver counts as installed: an entry point of that name exists and is not disabled."""
+    return not is_disabled(group, name) and name in entry_point_names(group)
+
+
+@functools.cache
+def _stevedore_managers() -> tuple[type, type]:
+    """stevedore's ``DriverManager`` and ``NamedExtensionManager``, each over a listing it is given.
+
+    Built on first use, so importing the loader (``jobs validate`` checks plugin presence)
+    does not import stevedore.
+    """
+    from stevedore import DriverManager, NamedExtensionManager
+
+    class ListedDriverManager(DriverManager):  # type: ignore[misc]
+        """A ``DriverManager`` over the entry points it is given (see ``entry_points_of`` for why)."""
+
+        def __init__(self, namespace: str, name: str, listing: list[Any], **kwargs: Any) -> None:
+            self.listing = listing
+            super().__init__(namespace, name, **kwargs)
+
+        def list_entry_points(self) -> list[Any]:
+            return self.listing
+
+    class ListedNamedExtensionManager(NamedExtensionManager):  # type: ignore[misc]
+        """A ``NamedExtensionManager`` over the entry points it is given (see ``entry_points_of`` for why)."""
+
+        def __init__(self, namespace: str, names: list[str], listing: list[Any], **kwargs: Any) -> None:
+            self.listing = listing
+            super().__init__(namespace, names, **kwargs)
+
+        def list_entry_points(self) -> list[Any]:
+            return self.listing
+
+    return ListedDriverManager, ListedNamedExtensionManager
+
+
+def dist_name(ep: Any) -> str:
+    """The distribution an entry point comes from (named in every load error)."""
     dist = getattr(ep, "dist", None)
     return getattr(dist, "name", None) or "unknown distribution"
+
+
+_dist_name = dist_name  # older private name
 
 
 def _dist_version(ep: Any) -> str | None:
@@ -86,65 +152,60 @@ def check_api(obj: Any, *, group: str, name: str, dist: str) -> None:
         )
 
 
-def load_driver(group: str, name: str) -> Any:
-    """Import exactly one named driver (the entry point's target object), checking its API major.
-
-    Raises ``PLUGIN_NOT_FOUND`` (not installed or disabled) or ``PLUGIN_LOAD_FAILED``
-    (import error, naming the distribution) or ``PLUGIN_API_MISMATCH``.
-    """
+def _load_named(group: str, name: str) -> tuple[Any, str]:
+    """Import exactly one named driver through stevedore; return its target object and distribution."""
     if is_disabled(group, name):
         raise SchedulerError("PLUGIN_NOT_FOUND", f"{_short_group(group)} driver {name!r} is disabled by SCHEDULER_DISABLE_PLUGINS")
-    matches = [ep for ep in _entry_points(group) if ep.name == name]
+    listing = entry_points_of(group)
+    matches = [ep for ep in listing if ep.name == name]
     if not matches:
         raise SchedulerError("PLUGIN_NOT_FOUND", f"no {_short_group(group)} driver named {name!r} is installed")
-    from stevedore import DriverManager
-    from stevedore.exception import NoMatches
-
+    dist = dist_name(matches[0])
     failure: list[BaseException] = []
 
-    def on_failure(_manager: Any, ep: Any, exc: BaseException) -> None:
+    def on_failure(_manager: Any, _ep: Any, exc: BaseException) -> None:
         failure.append(exc)
 
-    def manager() -> Any:
-        return DriverManager(
-            namespace=group,
-            name=name,
-            invoke_on_load=False,
-            on_load_failure_callback=on_failure,
-            on_missing_entrypoints_callback=lambda _names: None,
-        )
-
-    dist = _dist_name(matches[0])
+    driver_manager_cls, _ = _stevedore_managers()
     try:
-        try:
-            driver_manager = manager()
-        except NoMatches:
-            if failure:
-                raise
-            # stevedore keeps a group's entry points for the life of the process; this driver was
-            # installed after the group was first read (a long-running dispatcher): read it again.
-            DriverManager.ENTRY_POINT_CACHE.pop(group, None)
-            driver_manager = manager()
-        obj = driver_manager.driver
-    except Exception as exc:  # stevedore raises NoMatches/NoUniqueMatch/RuntimeError
+        manager = driver_manager_cls(
+            group, name, listing, invoke_on_load=False, on_load_failure_callback=on_failure, on_missing_entrypoints_callback=None
+        )
+        obj = manager.driver
+    except Exception as exc:  # stevedore raises NoMatches (after a load failure), MultipleMatches, ...
         cause = failure[0] if failure else exc
         raise SchedulerError(
             "PLUGIN_LOAD_FAILED",
             f"{_short_group(group)} driver {name!r} from {dist} failed to load: {type(cause).__name__}: {cause}",
             details={"group": group, "name": name, "distribution": dist},
         ) from None
+    return obj, dist
+
+
+def load_driver(group: str, name: str) -> Any:
+    """Import exactly one named driver (the entry point's target object), checking its API major.
+
+    Raises ``PLUGIN_NOT_FOUND`` (not installed or disabled) or ``PLUGIN_LOAD_FAILED``
+    (import error, naming the distribution) or ``PLUGIN_API_MISMATCH``.
+    """
+    obj, dist = _load_named(group, name)
     if isinstance(obj, type) or hasattr(obj, "plugin_api"):
         check_api(obj, group=group, name=name, dist=dist)  # a factory function is checked on what it returns
     return obj
 
 
 def load_provider(kind: str, name: str) -> Any:
-    """Load and instantiate a provider of a kind (``executor``, ``channel``, ...), checked against its Protocol."""
+    """Load and instantiate a provider of a kind (``executor``, ``channel``, ...), checked against its Protocol.
+
+    The one place a provider object is made: everything the kernel hands a provider before
+    first use (its host settings, when it declares ``settings_class``) belongs here.
+    """
     from scheduler.plugins.protocols import PROVIDER_KINDS
 
     group, protocol = PROVIDER_KINDS[kind]
-    target = load_driver(group, name)
-    dist = next((_dist_name(ep) for ep in _entry_points(group) if ep.name == name), "unknown distribution")
+    target, dist = _load_named(group, name)
+    if isinstance(target, type) or hasattr(target, "plugin_api"):
+        check_api(target, group=group, name=name, dist=dist)
     try:
         provider = target() if isinstance(target, type) or not hasattr(target, "plugin_api") else target
     except Exception as exc:
@@ -157,24 +218,76 @@ def load_provider(kind: str, name: str) -> Any:
         raise SchedulerError(
             "PLUGIN_INVALID", f"{kind} driver {name!r} from {dist} does not implement the {protocol.__name__} protocol (missing: {', '.join(missing)})"
         )
+    # Settings go here, and only here: a provider declaring ``settings_class`` gets its validated
+    # settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``) before
+    # it is returned, with CONFIG_INVALID naming the key when the table does not validate.
     return provider
+
+
+@attrs.frozen
+class Loaded:
+    """One entry point of a group after an attempt to import it: its object, or why it failed."""
+
+    entry_point: Any
+    obj: Any = None
+    error: BaseException | None = None
+
+    @property
+    def name(self) -> str:
+        """The entry point's name (the driver name users write)."""
+        return str(self.entry_point.name)
+
+    @property
+    def distribution(self) -> str:
+        """The distribution that registered it."""
+        return dist_name(self.entry_point)
+
+
+def load_group(group: str, names: list[str] | None = None) -> list[Loaded]:
+    """Import every enabled entry point of ``group`` (or only ``names``) through stevedore; failures recorded, never raised.
+
+    Disabled entry points are neither imported nor returned. Used by ``inventory`` and to
+    register hook modules, so both see the same listing and the same failures.
+    """
+    listing = [ep for ep in entry_points_of(group) if not is_disabled(group, ep.name)]
+    if names is not None:
+        listing = [ep for ep in listing if ep.name in names]
+    if not listing:
+        return []
+    failures: dict[int, BaseException] = {}
+
+    def on_failure(_manager: Any, ep: Any, exc: BaseException) -> None:
+        failures[id(ep)] = exc
+
+    _, named_manager_cls = _stevedore_managers()
+    manager = named_manager_cls(
+        group, sorted({ep.name for ep in listing}), listing, invoke_on_load=False,
+        on_load_failure_callback=on_failure, on_missing_entrypoints_callback=None,
+    )
+    loaded = {id(ext.entry_point): ext.plugin for ext in manager.extensions}
+    return [Loaded(ep, obj=loaded.get(id(ep)), error=failures.get(id(ep))) for ep in listing]
 
 
 def inventory(load: bool = True) -> list[dict[str, Any]]:
     """Every installed plugin across all groups, with its load status (for ``plugins list`` and ``doctor``).
 
-    With ``load`` each plugin is imported to find failures; import errors are
-    recorded in the row, never raised (unless strict loading is on).
+    With ``load`` each plugin is imported to find failures (``failed``: it did not import;
+    ``invalid``: it imported but the kernel refuses it, such as another API major or a hook
+    module implementing a hook that does not exist); failures are recorded in the row, never
+    raised (unless strict loading is on).
     """
     from scheduler.plugins.protocols import GROUPS
 
     rows: list[dict[str, Any]] = []
     for group in GROUPS:
-        for ep in sorted(_entry_points(group), key=lambda e: e.name):
+        results: dict[int, tuple[str, str | None, Any]] = {}
+        if load:
+            results = _hook_results() if group == "scheduler.hooks" else _provider_results(group)
+        for ep in sorted(entry_points_of(group), key=lambda e: e.name):
             row: dict[str, Any] = {
                 "group": group,
                 "name": ep.name,
-                "distribution": _dist_name(ep),
+                "distribution": dist_name(ep),
                 "version": _dist_version(ep),
                 "target": ep.value,
                 "status": "not loaded",
@@ -185,17 +298,11 @@ def inventory(load: bool = True) -> list[dict[str, Any]]:
             if is_disabled(group, ep.name):
                 row["status"] = "disabled"
             elif load:
-                try:
-                    obj = ep.load()
-                    if isinstance(obj, type) or hasattr(obj, "plugin_api"):
-                        check_api(obj, group=group, name=ep.name, dist=row["distribution"])
-                    row["status"] = "ok"
+                status, error, obj = results.get(_ep_key(ep), ("failed", "entry point vanished while loading", None))
+                row["status"], row["error"] = status, error
+                if status == "ok":
                     row["plugin_api"] = getattr(obj, "plugin_api", None)
                     row["capabilities"] = sorted(getattr(obj, "capabilities", ()) or ())
-                except SchedulerError as exc:
-                    row["status"], row["error"] = "invalid", f"{exc.code}: {exc.message}"
-                except Exception as exc:
-                    row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
             rows.append(row)
     if strict_loading():
         bad = [r for r in rows if r["status"] in ("failed", "invalid")]
@@ -207,3 +314,42 @@ def inventory(load: bool = True) -> list[dict[str, Any]]:
                 details=bad,
             )
     return rows
+
+
+def _ep_key(ep: Any) -> Any:
+    """Identity of an entry point across two readings of the metadata."""
+    return (ep.group, ep.name, ep.value, dist_name(ep))
+
+
+def _provider_results(group: str) -> dict[Any, tuple[str, str | None, Any]]:
+    """``(status, error, object)`` per entry point of a provider group, after importing each."""
+    out: dict[Any, tuple[str, str | None, Any]] = {}
+    for item in load_group(group):
+        key = _ep_key(item.entry_point)
+        if item.error is not None:
+            out[key] = ("failed", f"{type(item.error).__name__}: {item.error}", None)
+            continue
+        try:
+            if isinstance(item.obj, type) or hasattr(item.obj, "plugin_api"):
+                check_api(item.obj, group=group, name=item.name, dist=item.distribution)
+        except SchedulerError as exc:
+            out[key] = ("invalid", f"{exc.code}: {exc.message}", None)
+            continue
+        out[key] = ("ok", None, item.obj)
+    return out
+
+
+def _hook_results() -> dict[Any, tuple[str, str | None, Any]]:
+    """``(status, error, module)`` per hook module, registered into a plugin manager exactly as the kernel does."""
+    from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
+
+    pm = make_plugin_manager(load_entry_points=False)
+    failures = {(f.name, f.target, f.distribution): f for f in register_hook_modules(pm)}
+    out: dict[Any, tuple[str, str | None, Any]] = {}
+    for ep in entry_points_of("scheduler.hooks"):
+        failed = failures.get((ep.name, ep.value, dist_name(ep)))
+        if failed is not None:
+            out[_ep_key(ep)] = (failed.status, failed.error, None)
+        else:
+            out[_ep_key(ep)] = ("ok", None, pm.get_plugin(f"entrypoint:{ep.name}"))
+    return out
