@@ -8,7 +8,6 @@ fence: there is never a claim without its run, or a run without its claim.
 
 from __future__ import annotations
 
-import os
 import secrets
 import uuid
 from typing import Any
@@ -19,12 +18,11 @@ from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
 from scheduler.jobs import resolve_job
 from scheduler.lease import Lease, assert_live
+from scheduler.settings import current_settings
 from scheduler.spec import executor_name_of, spec_from_row
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
 
-#: A slot later than this is a misfire (handled by the job's misfire_policy), not just a busy loop.
-MISFIRE_GRACE_MS = int(os.environ.get("SCHEDULER_MISFIRE_GRACE_MS", "60000"))
 #: How long a claim is valid before recovery may return it to pending (when no run is active).
 CLAIM_TTL_MS = 60_000
 
@@ -83,9 +81,9 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                 next_run = next_fire(schedule, now, anchor_ms=anchor_ms)
                 if spec.schedule_kind == "every":
                     anchor = slot
-                if now - slot > MISFIRE_GRACE_MS:
+                if now - slot > current_settings().dispatcher.misfire_grace_ms:  # a misfire, not just a busy loop
                     missed = [slot] + missed_slots(schedule, slot, now, limit=10_000, anchor_ms=anchor_ms)
-            elif now - slot > MISFIRE_GRACE_MS:
+            elif now - slot > current_settings().dispatcher.misfire_grace_ms:
                 missed = [slot]  # a one-shot reached late
             changed = tx.execute(
                 "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at = ?",

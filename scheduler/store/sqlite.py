@@ -5,6 +5,14 @@ threads). Write transactions use ``BEGIN IMMEDIATE`` so a claim made inside one 
 exclusive across processes; that is why ``skip_locked`` is empty here. Other
 processes' commits are noticed through ``PRAGMA data_version``, which is how an
 idle dispatcher wakes within milliseconds of a CLI ``jobs add`` without a socket.
+
+Connections and threads: a connection is only ever used by the thread that opened it,
+and only ever closed when no statement runs on it. ``close()`` closes idle connections
+(its own, and those of threads between statements or no longer alive) and leaves a
+connection in use to its thread, which closes it when its statement or transaction
+ends: closing a connection under a thread blocked in ``execute`` crashed the process.
+A lock held by another connection past the busy timeout is ``DB_BUSY`` (retryable),
+never a raw ``sqlite3.OperationalError``.
 """
 
 from __future__ import annotations
@@ -18,15 +26,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from scheduler import PLUGIN_API_VERSION
+from scheduler import PLUGIN_API_VERSION, filemodes
 from scheduler.errors import SchedulerError
+from scheduler.settings import current_settings
 from scheduler.store import migrations
 from scheduler.store.base import Params
 from scheduler.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 
+#: How long a connection waits for another connection's lock before ``DB_BUSY``.
 BUSY_TIMEOUT_MS = 10_000
+#: Overrides ``BUSY_TIMEOUT_MS`` (tests shorten it); becomes ``[storage] sqlite_busy_timeout_ms``.
+BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
 #: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
@@ -89,7 +101,7 @@ class SQLiteStore:
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None) -> None:
         self.path = Path(path).expanduser()
         self.location = str(self.path)
-        self._synchronous = (synchronous or os.environ.get("SCHEDULER_SQLITE_SYNCHRONOUS") or "NORMAL").upper()
+        self._synchronous = (synchronous or current_settings().storage.sqlite_synchronous).upper()
         self._local = threading.local()
         self._all_conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

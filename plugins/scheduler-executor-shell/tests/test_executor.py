@@ -214,7 +214,7 @@ def test_settings_file_table_applies_and_the_override_wins(run_job, monkeypatch,
     settings.write_text('[executors.shell]\nshell = "/bin/sh"\nmax_output_bytes = 4\n')
     monkeypatch.setenv("SCHEDULER_CONFIG", str(settings))
     reload_settings()
-    r = run_job("echo $0").result
+    r = run_job("echo $0; sleep 10", run_timeout_ms=20_000).result  # still running when the cap is hit
     assert r.details["shell"] == "/bin/sh" and (r.status, r.error_code) == ("error", "OUTPUT_LIMIT_EXCEEDED")
     monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", "1000")
     r = run_job("echo $0").result

@@ -1,0 +1,48 @@
+"""The kernel's own settings tables: ``[dispatcher]`` and ``[storage]``.
+
+``scheduler run`` takes its defaults from ``[dispatcher]`` (its flags still win);
+the queue reads ``misfire_grace_ms`` and the SQLite store ``sqlite_synchronous``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class DispatcherSettings:
+    """``[dispatcher]``: defaults of ``scheduler run`` and the misfire threshold of the queue."""
+
+    concurrency: int = attrs.field(default=4, metadata={"minimum": 1, "maximum": 256, "doc": "Runs executed at once (--concurrency)."})
+    lease_ttl_ms: int = attrs.field(default=15_000, metadata={
+        "minimum": 100, "maximum": 3_600_000, "doc": "Dispatcher lease lifetime in ms, renewed every third of it (--lease-ttl)."})
+    grace_s: float = attrs.field(default=10.0, metadata={
+        "minimum": 0, "maximum": 86_400, "doc": "On SIGTERM/SIGINT, seconds running work may finish before it is cancelled (--grace)."})
+    kill_grace_s: float = attrs.field(default=2.0, metadata={
+        "minimum": 0, "maximum": 3600, "doc": "Seconds between SIGTERM and SIGKILL when recovery stops an orphaned process group."})
+    misfire_grace_ms: int = attrs.field(default=60_000, metadata={
+        "minimum": 0, "doc": "How late (ms) a slot may start before it counts as a misfire (the job's misfire_policy applies)."})
+
+
+@attrs.frozen(kw_only=True)
+class StorageSettings:
+    """``[storage]``: how the stores open the database."""
+
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = attrs.field(
+        default="NORMAL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode)."})
+
+
+#: The kernel tables of the settings file, in display order.
+KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings}
+
+#: Environment variables read before the settings file existed, and the key that replaced each.
+#: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.
+RETIRED_ENV: dict[str, str] = {
+    "SCHEDULER_MISFIRE_GRACE_MS": "dispatcher.misfire_grace_ms",
+    "SCHEDULER_SQLITE_SYNCHRONOUS": "storage.sqlite_synchronous",
+    "SCHEDULER_SHELL": "executors.shell.shell",
+    "SCHEDULER_SHELL_MAX_OUTPUT_BYTES": "executors.shell.max_output_bytes",
+    "SCHEDULER_SHELL_KILL_GRACE_S": "executors.shell.kill_grace_s",
+}

@@ -1,0 +1,395 @@
+"""Reading the settings: file location, TOML, environment overrides, validation, the per-process cache.
+
+Every problem becomes one ``SchedulerError("CONFIG_INVALID")`` whose message names
+the first bad key and its source and whose ``details`` list every problem as
+``{"key", "source", "code", "error"}`` (plus ``line``/``column`` for malformed TOML).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, NoReturn, get_args, get_origin
+
+import attrs
+
+from scheduler.errors import SchedulerError
+from scheduler.options import option_problems
+from scheduler.settings.kernel import KERNEL_TABLES, RETIRED_ENV, DispatcherSettings, StorageSettings
+from scheduler.settings.secret import SecretRef, not_a_reference
+
+CONFIG_ENV = "SCHEDULER_CONFIG"
+ENV_PREFIX = "SCHEDULER_"
+#: Sections holding one table per plugin: ``[executors.NAME]``, ``[channels.NAME]``, ``[providers.NAME]``.
+PLUGIN_SECTIONS: tuple[str, ...] = ("executors", "channels", "providers")
+_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def env_var(key: str) -> str:
+    """The override variable of a setting: ``SCHEDULER_`` + the key upper-cased, ``.`` and ``-`` as ``_``.
+
+    ``executors.shell.max_output_bytes`` -> ``SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES``,
+    ``dispatcher.concurrency`` -> ``SCHEDULER_DISPATCHER_CONCURRENCY``. Generated from
+    the declared fields, never parsed back, so plugin and key names may contain ``_``.
+    """
+    return ENV_PREFIX + re.sub(r"[-.]", "_", key).upper()
+
+
+def problem(key: str | None, source: str, code: str, error: str, **extra: Any) -> dict[str, Any]:
+    """One entry of a ``CONFIG_INVALID`` error's ``details`` (``field`` repeats the key, or the source, for the CLI's listing)."""
+    return {"key": key, "field": key or source, "source": source, "code": code, "error": error, **extra}
+
+
+def raise_invalid(problems: list[dict[str, Any]]) -> NoReturn:
+    """Raise ``CONFIG_INVALID`` for ``problems``, the message naming the first one's key and source."""
+    first = problems[0]
+    where = f"setting {first['key']}" if first.get("key") else "settings"
+    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+    raise SchedulerError("CONFIG_INVALID", f"{where} from {first['source']}: {first['error']}{more}", details=problems)
+
+
+# -- the file --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SettingsFile:
+    """The settings file this process reads, and its parsed top-level tables (empty when missing)."""
+
+    path: Path
+    #: Why this path: ``env:SCHEDULER_CONFIG`` or ``default`` (the XDG location).
+    chosen_by: str
+    exists: bool
+    tables: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def source(self) -> str:
+        """The source label of values read from it: ``file:/abs/path``."""
+        return f"file:{self.path}"
+
+
+def settings_path(environ: Mapping[str, str]) -> tuple[Path, str]:
+    """``$SCHEDULER_CONFIG``, else ``$XDG_CONFIG_HOME/scheduler/config.toml`` (``~/.config`` when unset or relative)."""
+    explicit = environ.get(CONFIG_ENV)
+    if explicit:
+        return Path(explicit).expanduser().absolute(), f"env:{CONFIG_ENV}"
+    base = environ.get("XDG_CONFIG_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path("~/.config").expanduser()
+    return root / "scheduler" / "config.toml", "default"
+
+
+def read_settings_file(environ: Mapping[str, str]) -> SettingsFile:
+    """Read and parse the settings file. The default location may be missing; a named one may not."""
+    path, chosen_by = settings_path(environ)
+    source = f"file:{path}"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if chosen_by == "default":
+            return SettingsFile(path=path, chosen_by=chosen_by, exists=False)
+        raise_invalid([problem(None, f"env:{CONFIG_ENV}", "NOT_FOUND", f"the settings file {path} does not exist")])
+    except OSError as exc:
+        raise_invalid([problem(None, source, "INVALID_VALUE", f"cannot read the settings file: {exc.strerror or exc}")])
+    import tomllib
+
+    try:
+        tables = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise_invalid([problem(None, source, "INVALID_VALUE", f"the settings file is not UTF-8 (byte {exc.start})")])
+    except tomllib.TOMLDecodeError as exc:
+        at = _TOML_POSITION.search(str(exc))
+        line, column = (int(at.group(1)), int(at.group(2))) if at else (None, None)
+        raise_invalid([problem(None, source, "INVALID_VALUE", f"malformed TOML: {exc}", line=line, column=column)])
+    return SettingsFile(path=path, chosen_by=chosen_by, exists=True, tables=tables)
+
+
+# -- one table -------------------------------------------------------------------------------------
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else tp
+    return tp
+
+
+def is_secret(field: attrs.Attribute, tp: Any) -> bool:  # type: ignore[type-arg]
+    """Whether a settings field holds a secret: declared ``secret=True`` or typed ``SecretRef``."""
+    return bool(field.metadata.get("secret")) or _strip_optional(tp) is SecretRef
+
+
+def parse_env_value(tp: Any, text: str, *, secret: bool = False) -> Any:
+    """The value of an override variable for a field of type ``tp``; ``ValueError`` saying what was expected.
+
+    ``int``/``float`` as numbers, ``bool`` as ``true/false/1/0/yes/no/on/off``, a choice as
+    one of its values, a list as a JSON array or comma-separated words, a mapping as a
+    JSON object, a secret as its reference (``env:NAME``), anything else as the text.
+    """
+    if secret:
+        return SecretRef.parse(text)
+    tp = _strip_optional(tp)
+    origin = get_origin(tp)
+    if origin is Literal:
+        return next((a for a in get_args(tp) if str(a) == text), text)  # a non-choice is reported by the validator
+    if tp is bool:
+        if text.strip().lower() in _TRUE | _FALSE:
+            return text.strip().lower() in _TRUE
+        raise ValueError("must be true or false (1/0, yes/no, on/off)")
+    if tp is int:
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ValueError("must be an integer") from None
+    if tp is float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError("must be a number") from None
+    if origin in (list, tuple, dict):
+        import json
+
+        if origin is dict or text.lstrip().startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise ValueError(f"must be a JSON {'object' if origin is dict else 'array'}") from None
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return text
+
+
+def _from_file(value: Any) -> SecretRef:
+    """A secret field's file value: only ``{credential = "SCHEME:TARGET"}`` is accepted."""
+    if isinstance(value, dict) and set(value) == {"credential"} and isinstance(value["credential"], str):
+        return SecretRef.parse(value["credential"])
+    if isinstance(value, dict):
+        raise ValueError('must be a reference table with the one key credential: {credential = "env:NAME"}')
+    raise ValueError(not_a_reference())
+
+
+@attrs.frozen(kw_only=True)
+class Resolved:
+    """One validated table: its instance and where each key's value came from (``default``, ``file:...``, ``env:...``)."""
+
+    key: str
+    value: Any
+    sources: Mapping[str, str]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One ``{"key", "value", "source", "secret"}`` row per field, secrets as their reference."""
+        hints = typing.get_type_hints(type(self.value))
+        out = []
+        for f in attrs.fields(type(self.value)):
+            value = getattr(self.value, f.name)
+            if isinstance(value, SecretRef):
+                value = value.to_json()
+            elif isinstance(value, tuple):
+                value = list(value)
+            out.append({"key": f"{self.key}.{f.name}", "value": value, "source": self.sources.get(f.name, "default"),
+                        "secret": is_secret(f, hints[f.name])})
+        return out
+
+
+def resolve_table(
+    key: str, cls: type, table: Any, file_source: str, environ: Mapping[str, str]
+) -> tuple[Resolved | None, list[dict[str, Any]]]:
+    """Validate one table (file values, then ``env_var`` overrides) against ``cls``: (result, problems)."""
+    if not isinstance(table, dict):
+        return None, [problem(key, file_source, "INVALID_TYPE", f"[{key}] must be a table")]
+    fields = attrs.fields_dict(cls)
+    hints = typing.get_type_hints(cls)
+    raw: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    problems: list[dict[str, Any]] = []
+    for name, value in table.items():
+        if name not in fields:
+            known = ", ".join(sorted(fields)) or "none: this plugin declares no settings"
+            problems.append(problem(f"{key}.{name}", file_source, "UNKNOWN_FIELD", f"unknown key {name!r} (known: {known})"))
+            continue
+        try:
+            raw[name] = _from_file(value) if is_secret(fields[name], hints[name]) else value
+        except ValueError as exc:
+            problems.append(problem(f"{key}.{name}", file_source, "INVALID_VALUE", str(exc)))
+        sources[name] = file_source
+    for name, f in fields.items():
+        var = env_var(f"{key}.{name}")
+        text = environ.get(var)
+        if not text:  # unset or empty: not an override
+            continue
+        sources[name] = f"env:{var}"
+        raw.pop(name, None)
+        try:
+            raw[name] = parse_env_value(hints[name], text, secret=is_secret(f, hints[name]))
+        except ValueError as exc:
+            problems.append(problem(f"{key}.{name}", sources[name], "INVALID_TYPE", str(exc)))
+    kwargs, checked = option_problems(cls, raw, key)
+    for p in checked:
+        name = p["field"][len(key) + 1:].split(".")[0]
+        problems.append(problem(p["field"], sources.get(name, "default"), p["code"], p["error"]))
+    for name, value in kwargs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(problem(f"{key}.{name}", sources.get(name, "default"), "INVALID_VALUE", "must be a finite number"))
+    if problems:
+        return None, problems
+    try:
+        instance = cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # the class's own attrs validators
+        where = "; ".join(sorted(set(sources.values()))) or "default"
+        return None, [problem(key, where, "INVALID_VALUE", str(exc))]
+    return Resolved(key=key, value=instance, sources=sources), []
+
+
+# -- the whole file --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """The validated kernel settings, the raw plugin tables (validated when a plugin asks) and the file."""
+
+    file: SettingsFile
+    kernel: Mapping[str, Resolved]
+
+    @property
+    def dispatcher(self) -> DispatcherSettings:
+        """``[dispatcher]``."""
+        return typing.cast(DispatcherSettings, self.kernel["dispatcher"].value)
+
+    @property
+    def storage(self) -> StorageSettings:
+        """``[storage]``."""
+        return typing.cast(StorageSettings, self.kernel["storage"].value)
+
+    def plugin_table(self, section: str, name: str) -> dict[str, Any]:
+        """The file's ``[SECTION.NAME]`` table as written (empty when absent)."""
+        return dict(self.file.tables.get(section, {}).get(name, {}))
+
+    def plugin_tables(self) -> list[tuple[str, str]]:
+        """Every ``(section, name)`` plugin table present in the file."""
+        return [(s, n) for s in PLUGIN_SECTIONS for n in self.file.tables.get(s, {})]
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read, override and validate the settings now (uncached); ``CONFIG_INVALID`` listing every problem.
+
+    Plugin tables are only checked for shape here (a table per plugin): their keys
+    are validated against the plugin's ``settings_class`` when the plugin reads
+    them (``plugin_settings``) and by ``scheduler config``, so loading the kernel's
+    settings never imports a plugin.
+    """
+    env = os.environ if environ is None else environ
+    file = read_settings_file(env)
+    problems: list[dict[str, Any]] = []
+    for var, key in RETIRED_ENV.items():
+        if env.get(var):
+            problems.append(problem(key, f"env:{var}", "FIELD_MOVED", f"{var} is no longer read: set {env_var(key)} or `{key}` in the settings file"))
+    kernel_vars = {env_var(f"{t}.{f.name}") for t, cls in KERNEL_TABLES.items() for f in attrs.fields(cls)}
+    for var in sorted(env):
+        if any(var.startswith(env_var(t) + "_") for t in KERNEL_TABLES) and var not in kernel_vars:
+            problems.append(problem(None, f"env:{var}", "UNKNOWN_FIELD", f"{var} matches no setting of the kernel tables"))
+    for top, value in file.tables.items():
+        if top in PLUGIN_SECTIONS:
+            if not isinstance(value, dict):
+                problems.append(problem(top, file.source, "INVALID_TYPE", f"{top} must hold one table per plugin: [{top}.NAME]"))
+                continue
+            problems.extend(problem(f"{top}.{name}", file.source, "INVALID_TYPE", f"[{top}.{name}] must be a table")
+                            for name, table in value.items() if not isinstance(table, dict))
+        elif top not in KERNEL_TABLES:
+            known = ", ".join([*KERNEL_TABLES, *PLUGIN_SECTIONS])
+            problems.append(problem(top, file.source, "UNKNOWN_FIELD", f"unknown table [{top}] (known: {known})"))
+    kernel: dict[str, Resolved] = {}
+    for name, cls in KERNEL_TABLES.items():
+        resolved, found = resolve_table(name, cls, file.tables.get(name, {}), file.source, env)
+        problems.extend(found)
+        if resolved is not None:
+            kernel[name] = resolved
+    if problems:
+        raise_invalid(problems)
+    return Settings(file=file, kernel=kernel)
+
+
+# -- the per-process cache and plugin settings -------------------------------------------------------
+
+_lock = threading.Lock()
+_current: Settings | None = None
+_plugin_cache: dict[tuple[str, str, type], Any] = {}
+
+
+def current_settings() -> Settings:
+    """This process's settings, loaded from ``os.environ`` on first use and cached (cheap to call often)."""
+    global _current
+    settings = _current
+    if settings is None:
+        with _lock:
+            if _current is None:
+                _current = load_settings()
+            settings = _current
+    return settings
+
+
+def reload_settings() -> None:
+    """Forget the cached settings: the next read loads the file and environment again (tests, SIGHUP-style reloads)."""
+    global _current
+    with _lock:
+        _current = None
+        _plugin_cache.clear()
+
+
+def section_of(kind: str) -> str:
+    """The settings section of a provider kind (``executor`` -> ``executors``); a section name is returned as is."""
+    if kind in PLUGIN_SECTIONS:
+        return kind
+    from scheduler.plugins.protocols import SETTINGS_SECTIONS
+
+    try:
+        return SETTINGS_SECTIONS[kind]
+    except KeyError:
+        raise ValueError(f"unknown plugin kind {kind!r} (known: {', '.join(SETTINGS_SECTIONS)})") from None
+
+
+def resolve_plugin(kind: str, name: str, cls: type, *, environ: Mapping[str, str] | None = None,
+                   settings: Settings | None = None) -> tuple[Resolved | None, list[dict[str, Any]]]:
+    """Validate the ``[SECTION.NAME]`` table and its overrides against ``cls``: (result, problems)."""
+    settings = settings or current_settings()
+    section = section_of(kind)
+    env = os.environ if environ is None else environ
+    return resolve_table(f"{section}.{name}", cls, settings.plugin_table(section, name), settings.file.source, env)
+
+
+def plugin_settings(kind: str, name: str, cls: type, *, environ: Mapping[str, str] | None = None) -> Any:
+    """A plugin's validated settings: an instance of ``cls`` from ``[SECTION.NAME]`` plus ``SCHEDULER_...`` overrides.
+
+    ``kind`` is the provider kind (``executor``, ``channel``, ``evidence``,
+    ``credential``, ``authorization``) or its section (``executors``...). The file
+    comes from the per-process cache; overrides are read from ``environ`` (default
+    ``os.environ``, cached with the file until ``reload_settings``). Raises
+    ``CONFIG_INVALID`` naming the key and its source.
+    """
+    cache_key = (section_of(kind), name, cls)
+    if environ is None and cache_key in _plugin_cache:
+        return _plugin_cache[cache_key]
+    resolved, problems = resolve_plugin(kind, name, cls, environ=environ)
+    if problems or resolved is None:
+        raise_invalid(problems)
+    if environ is None:
+        _plugin_cache[cache_key] = resolved.value
+    return resolved.value
+
+
+def apply_settings(kind: str, name: str, provider: Any) -> Any:
+    """Give a loaded provider its settings: validate its ``settings_class`` table and call ``configure(settings)``.
+
+    Returns the settings (None when the provider declares no ``settings_class``). The
+    plugin loader calls this once per provider instance it creates.
+    """
+    cls = getattr(provider, "settings_class", None)
+    if cls is None:
+        return None
+    settings = plugin_settings(kind, name, cls)
+    configure = getattr(provider, "configure", None)
+    if callable(configure):
+        configure(settings)
+    return settings
