@@ -86,9 +86,6 @@ def _check(tp: Any, value: Any, path: str, meta: Any, problems: list[dict[str, s
         if not isinstance(value, str):
             problems.append({"field": path, "code": "INVALID_TYPE", "error": "must be a string"})
             return None
-        if "\x00" in value:
-            problems.append({"field": path, "code": "INVALID_VALUE", "error": "must not contain NUL characters"})
-            return None
         return value
     return value
 

@@ -318,11 +318,6 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
             errors.add(name, "must be a driver name ([a-z0-9_.-], max 64)", "INVALID_VALUE")
             return None
         return value
-    if kind == "relpath":
-        if not value or value.startswith(("/", "\\")) or ".." in re.split(r"[\\/]", value) or "\x00" in value:
-            errors.add(name, "must be a relative path inside the workspace (no '..', not absolute)", "PATH_TRAVERSAL")
-            return None
-        return value
     if kind == "scope":
         if "\\" in value or "@" in value:
             errors.add(name, "domain scopes are not supported; use a local user name or uid:N", "INVALID_SCOPE")

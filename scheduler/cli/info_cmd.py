@@ -16,8 +16,10 @@ def version_cmd() -> None:
 
 @click.command("schema")
 @click.argument("what", type=click.Choice(["jobs", "sql"]), default="jobs")
-def schema_cmd(what: str) -> None:
-    """Print the job-spec field catalogue (``jobs``) or the executable SQLite schema (``sql``)."""
+@click.option("--executor", "executor", default=None, help="Also list this executor's `executor_options`.")
+@click.option("--channel", "channel", default=None, help="Also list this channel's `delivery_options`.")
+def schema_cmd(what: str, executor: str | None, channel: str | None) -> None:
+    """Print the job-spec field catalogue (``jobs``, plus a plugin's options) or the executable SQLite schema (``sql``)."""
     if what == "sql":
         from scheduler.store.migrations import SCHEMA_VERSION, schema_text
 
@@ -26,19 +28,45 @@ def schema_cmd(what: str) -> None:
     from scheduler.spec import field_catalogue
 
     fields = field_catalogue()
+    options: dict[str, list[dict[str, object]]] = {}
+    for field, kind, name in (("executor_options", "executor", executor), ("delivery_options", "channel", channel)):
+        if name is not None:
+            options[field] = _plugin_options(kind, name)
 
-    def human() -> None:
+    def rows_of(items: list[dict[str, object]], prefix: str = "") -> list[tuple[object, ...]]:
         rows = []
-        for f in fields:
+        for f in items:
             cons = f["constraints"]
+            assert isinstance(cons, dict)
             c = "|".join(cons["choices"]) if "choices" in cons else ""
             if "minimum" in cons or "maximum" in cons:
                 c = f"{cons.get('minimum', '')}..{cons.get('maximum', '')}"
-            default = "(required)" if f["required"] else ("-" if f["default"] is None else str(f["default"]).lower() if isinstance(f["default"], bool) else f["default"])
-            rows.append((f["name"], f["type"], default, c, f["description"]))
+            d = f["default"]
+            default = "(required)" if f["required"] else ("-" if d is None else str(d).lower() if isinstance(d, bool) else d)
+            rows.append((prefix + str(f["name"]), f["type"], default, c, f["description"]))
+        return rows
+
+    def human() -> None:
+        rows = rows_of(fields)
+        for field, items in options.items():
+            rows += rows_of(items, prefix=f"{field}.")
         table(rows, ["field", "type", "default", "constraints", "description"])
 
-    emit({"fields": fields}, human)
+    emit({"fields": fields, **({"options": options} if options else {})}, human)
+
+
+def _plugin_options(kind: str, name: str) -> list[dict[str, object]]:
+    """A plugin's per-job options catalogue; ``<KIND>_NOT_AVAILABLE`` when it cannot be loaded."""
+    from scheduler.errors import SchedulerError
+    from scheduler.options import catalogue
+    from scheduler.plugins.loader import load_provider
+
+    try:
+        provider = load_provider(kind, name)
+    except SchedulerError as exc:
+        raise SchedulerError(f"{kind.upper()}_NOT_AVAILABLE", f"{kind} {name!r} is not available: {exc.message}") from None
+    cls = getattr(provider, "options_class", None)
+    return catalogue(cls) if cls is not None else []
 
 
 CAPABILITIES = {

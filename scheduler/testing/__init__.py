@@ -8,6 +8,8 @@
   background thread of the test process, on a real store;
 * ``sqlite_store(path)``, ``postgres_url()``, ``postgres_unavailable_reason()`` and
   ``temporary_postgres_schema()``: real databases (PostgreSQL tests skip with the reason);
+* ``hooks_with(module)``, ``load_provider(kind, name)`` and ``run_cli(*args)``: a hook module,
+  a provider and the CLI exactly as the kernel uses them;
 * the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
   plugin's tests to run the stock conformance corpus against your provider.
 
@@ -194,6 +196,33 @@ def temporary_postgres_schema() -> Iterator[str]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def hooks_with(*modules: object) -> Any:
+    """The kernel's typed hook facade with only ``modules`` registered (no entry points): test a hook module alone."""
+    from scheduler.plugins.hooks import Hooks, make_plugin_manager
+
+    return Hooks(make_plugin_manager(list(modules), load_entry_points=False))
+
+
+def load_provider(kind: str, name: str) -> Any:
+    """Load an installed provider the way the kernel does (entry point, API major and Protocol checks)."""
+    from scheduler.plugins.loader import load_provider as _load
+
+    return _load(kind, name)
+
+
+def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
+    """Run the ``scheduler`` CLI in this process: ``(exit code, stdout, stderr)``; ``db`` adds ``--db``."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from scheduler.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main((["--db", db] if db else []) + list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
 def __getattr__(name: str) -> Any:
     """The conformance adapter classes, imported on first use (they pull in pytest)."""
     if name in ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
@@ -209,9 +238,12 @@ __all__ = [
     "LocalRunControl",
     "RunningDispatcher",
     "add_job",
+    "hooks_with",
+    "load_provider",
     "make_request",
     "postgres_unavailable_reason",
     "postgres_url",
+    "run_cli",
     "run_rows",
     "sqlite_store",
     "temporary_postgres_schema",

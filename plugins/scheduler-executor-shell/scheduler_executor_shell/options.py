@@ -7,6 +7,12 @@ from typing import Literal
 import attrs
 
 
+def _no_nul(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:
+    """A path with a NUL byte can never be passed to the OS: refuse it when the job is added."""
+    if value is not None and "\x00" in value:
+        raise ValueError(f"{attribute.name} must not contain NUL characters")
+
+
 @attrs.frozen(kw_only=True)
 class ShellOptions:
     """What a shell job may set in ``executor_options``; the kernel validates and stores it."""
@@ -21,5 +27,7 @@ class ShellOptions:
         metadata={"doc": "Variable names passed through although they look like secrets or are outside `minimal`"
                          " (exact names; use sparingly)."},
     )
-    working_dir: str | None = attrs.field(default=None, metadata={"doc": "Working directory of the command (`~` expands)."})
+    working_dir: str | None = attrs.field(
+        default=None, validator=_no_nul, metadata={"doc": "Working directory of the command (`~` expands)."}
+    )
     stdin_text: str | None = attrs.field(default=None, metadata={"doc": "Text piped to the command's standard input."})
