@@ -5,14 +5,6 @@ threads). Write transactions use ``BEGIN IMMEDIATE`` so a claim made inside one 
 exclusive across processes; that is why ``skip_locked`` is empty here. Other
 processes' commits are noticed through ``PRAGMA data_version``, which is how an
 idle dispatcher wakes within milliseconds of a CLI ``jobs add`` without a socket.
-
-Connections and threads: a connection is only ever used by the thread that opened it,
-and only ever closed when no statement runs on it. ``close()`` closes idle connections
-(its own, and those of threads between statements or no longer alive) and leaves a
-connection in use to its thread, which closes it when its statement or transaction
-ends: closing a connection under a thread blocked in ``execute`` crashed the process.
-A lock held by another connection past the busy timeout is ``DB_BUSY`` (retryable),
-never a raw ``sqlite3.OperationalError``.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from scheduler import PLUGIN_API_VERSION, filemodes
+from scheduler import PLUGIN_API_VERSION
 from scheduler.errors import SchedulerError
 from scheduler.settings import current_settings
 from scheduler.store import migrations
@@ -35,10 +27,7 @@ from scheduler.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 
-#: How long a connection waits for another connection's lock before ``DB_BUSY``.
 BUSY_TIMEOUT_MS = 10_000
-#: Overrides ``BUSY_TIMEOUT_MS`` (tests shorten it); becomes ``[storage] sqlite_busy_timeout_ms``.
-BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
 #: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
