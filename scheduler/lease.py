@@ -32,13 +32,20 @@ def owner_host(owner: str | None) -> str | None:
     return owner.split(":", 1)[0] if owner else None
 
 
+def owner_pid(owner: str | None) -> int | None:
+    """The PID part of an owner id (``host:pid:random``), or None when it has none."""
+    try:
+        return int(owner.split(":")[1]) if owner else None
+    except (IndexError, ValueError):
+        return None
+
+
 def owner_is_dead_local_process(owner: str | None) -> bool:
     """True when ``owner`` names a process on this host that no longer exists."""
     if not owner or owner_host(owner) != socket.gethostname():
         return False
-    try:
-        pid = int(owner.split(":")[1])
-    except (IndexError, ValueError):
+    pid = owner_pid(owner)
+    if pid is None:
         return False
     try:
         os.kill(pid, 0)
@@ -47,6 +54,25 @@ def owner_is_dead_local_process(owner: str | None) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def describe_lost_dispatcher(owner: str | None, token: int | None) -> str:
+    """Why a dispatcher no longer holds the fence of its runs, as far as this host can tell.
+
+    Recovery records this on the runs it ends (``DISPATCHER_LOST``): a process that is
+    gone from this host (killed, crashed, or stopped without ending its runs) is not the
+    same story as one still alive that let its lease expire (stopped, stalled, hung), nor
+    as one on another host, which may be down or unreachable.
+    """
+    who = f"dispatcher {owner} (token {token})"
+    pid = owner_pid(owner)
+    if not owner or pid is None:
+        return f"{who} let its lease expire"
+    if owner_host(owner) != socket.gethostname():
+        return f"{who} on host {owner_host(owner)} let its lease expire (host down or unreachable, or the process stalled)"
+    if owner_is_dead_local_process(owner):
+        return f"{who} is gone: its process {pid} no longer runs on this host (killed, crashed or exited without ending its runs)"
+    return f"{who} let its lease expire while its process {pid} was still alive on this host (stopped, stalled or hung)"
 
 
 @attrs.define
@@ -99,14 +125,25 @@ def acquire(store: Store, name: str, owner: str, ttl_ms: int, *, now: int | None
 
 
 def renew(store: Store, lease: Lease, *, now: int | None = None) -> None:
-    """Extend the lease, keeping its token; ``LeaseLost`` if it was taken over."""
+    """Extend the lease, keeping its token; ``LeaseLost`` if it was taken over or has already expired.
+
+    An expired lease is never renewed, even when nobody has taken it yet: others may
+    already be acting on its expiry (recovering its runs), so a holder that could not
+    renew in time (stopped, or blocked by a busy database) must step down.
+    """
     now = now_ms() if now is None else now
     with store.transaction() as tx:
         changed = tx.execute(
-            "UPDATE dispatcher_leases SET renewed_at = ?, expires_at = ? WHERE name = ? AND owner = ? AND token = ?",
-            (now, now + lease.ttl_ms, lease.name, lease.owner, lease.token),
+            "UPDATE dispatcher_leases SET renewed_at = ?, expires_at = ?"
+            " WHERE name = ? AND owner = ? AND token = ? AND expires_at > ?",
+            (now, now + lease.ttl_ms, lease.name, lease.owner, lease.token, now),
         )
+        row = None if changed == 1 else tx.one("SELECT owner, token, expires_at FROM dispatcher_leases WHERE name = ?",
+                                              (lease.name,))
     if changed != 1:
+        if row is not None and row["owner"] == lease.owner and row["token"] == lease.token:
+            raise LeaseLost(f"lease {lease.name!r} (token {lease.token}) expired {now - (row['expires_at'] or 0)} ms"
+                            " before it could be renewed")
         raise LeaseLost(f"lease {lease.name!r} (token {lease.token}) was taken over")
     lease.expires_at = now + lease.ttl_ms
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
@@ -24,11 +25,12 @@ TTL = "1500ms"
 class Proc:
     """A ``scheduler run`` subprocess with its output in a file."""
 
-    def __init__(self, db: Path, *extra: str, log: Path) -> None:
+    def __init__(self, db: Path | str, *extra: str, log: Path, grace: str = "1s", ttl: str = TTL,
+                 env: dict[str, str] | None = None) -> None:
         self.log = log
         self.fh = open(log, "wb")
-        self.p = subprocess.Popen([*scheduler_cmd(), "--db", str(db), *extra, "run", "--lease-ttl", TTL, "--grace", "1s"],
-                                  stdout=self.fh, stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen([*scheduler_cmd(), "--db", str(db), *extra, "run", "--lease-ttl", ttl, "--grace", grace],
+                                  stdout=self.fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -65,14 +67,22 @@ def sqlite_store(db_path):
     s.close()
 
 
-def start(db_path, procs, tmp_path, *extra: str) -> Proc:
-    p = Proc(db_path, *extra, log=tmp_path / f"dispatcher{len(procs)}.log")
+def start(db_path, procs, tmp_path, *extra: str, **options: Any) -> Proc:
+    p = Proc(db_path, *extra, log=tmp_path / f"dispatcher{len(procs)}.log", **options)
     procs.append(p)
     return p
 
 
+def handle(run):
+    """The process identity a run recorded: its executor handle (JSON), or the older pid/pgid columns."""
+    raw = run.get("executor_handle")
+    if raw:
+        return json.loads(raw)
+    return {"pid": run["pid"], "pgid": run["pgid"]} if run.get("pgid") else None
+
+
 def running_with_process(store, job_id):
-    rows = [r for r in run_rows(store, job_id) if r["status"] == "running" and r["pgid"]]
+    rows = [r for r in run_rows(store, job_id) if r["status"] == "running" and handle(r)]
     return rows[0] if rows else None
 
 
@@ -88,15 +98,16 @@ def test_kill9_mid_run_then_restart_ends_runs_and_replays_per_guarantee(sqlite_s
     run_least = wait_for(lambda: running_with_process(sqlite_store, least["id"]), what="process recorded")
     a.kill(signal.SIGKILL)
     a.p.wait(10)
-    assert group_alive(run_most["pgid"])  # the orphaned `sleep 30` outlives its dispatcher
+    assert group_alive(handle(run_most)["pgid"])  # the orphaned `sleep 30` outlives its dispatcher
     b = start(db_path, procs, tmp_path)
     b.wait_ready()
     crashed = wait_for(lambda: [r for r in run_rows(sqlite_store, most["id"]) if r["status"] == "crashed"], what="crashed")[0]
     assert crashed["id"] == run_most["id"] and crashed["error_code"] == "DISPATCHER_LOST"
+    assert f"process {a.p.pid} no longer runs on this host" in crashed["error_message"], crashed["error_message"]
     assert crashed["process_state"] == "terminated" and crashed["terminal_at"]
     wait_for(lambda: [r for r in run_rows(sqlite_store, least["id"]) if r["id"] == run_least["id"] and r["status"] == "crashed"],
              what="second orphan crashed")
-    assert not group_alive(run_most["pgid"]) and not group_alive(run_least["pgid"])  # confirmed gone
+    assert not group_alive(handle(run_most)["pgid"]) and not group_alive(handle(run_least)["pgid"])  # confirmed gone
     # at-least-once: replayed by the new dispatcher; at-most-once: never run again
     replay = wait_for(lambda: [r for r in run_rows(sqlite_store, least["id"]) if r["replay_of_run_id"] == run_least["id"]],
                       what="replay")[0]
@@ -160,6 +171,7 @@ def test_sigstop_past_lease_then_resume_commits_nothing(sqlite_store, db_path, t
     assert "stalled process" in b.output()
     crashed = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["id"] == run["id"] and r["status"] == "crashed"],
                        what="run crashed by the new owner")[0]
+    assert f"process {a.p.pid} was still alive" in crashed["error_message"], crashed["error_message"]
     with sqlite_store.read() as tx:
         lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
     assert lease["token"] > run["dispatcher_token"] and lease["owner"] != run["dispatcher_owner"]
@@ -194,6 +206,130 @@ def test_sigterm_lets_runs_finish_then_releases_lease(sqlite_store, db_path, tmp
     with sqlite_store.read() as tx:
         lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
     assert lease["owner"] is None and lease["token"] >= 1
+
+
+def test_executor_ignoring_its_deadline_is_cut_loose_and_grace_is_honoured(sqlite_store, db_path, tmp_path, procs):
+    """Issue 8: `time.sleep(30)` with `run_timeout_ms: 2000` was recorded `ok` after 30 s, `--grace 1s` took 31 s."""
+    job = add_job(sqlite_store, payload_message="ignore-cancel:30", run_timeout_ms=2000)
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    enqueue_manual(sqlite_store, job["id"])
+    # deadline 2 s, cancelled 0.5 s later, abandoned kill grace (2 s) + 1 s after that
+    first = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] != "running"], timeout=10,
+                     what="run ended by the dispatcher")[0]
+    assert first["status"] == "timeout" and first["error_code"] == "EXECUTOR_DEADLINE_EXCEEDED", first
+    assert first["duration_ms"] < 7000
+    enqueue_manual(sqlite_store, job["id"])
+    wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "running"], what="second run running")
+    stopping = time.monotonic()
+    a.kill(signal.SIGTERM)
+    assert a.p.wait(15) == 0, a.output()
+    took = time.monotonic() - stopping
+    assert took < 6.5, f"stop took {took:.1f}s"  # grace 1 s + kill grace 2 s + 1 s slack, never the 30 s sleep
+    second = [r for r in run_rows(sqlite_store, job["id"]) if r["id"] != first["id"]][0]
+    assert second["status"] == "cancelled" and second["error_code"] == "EXECUTOR_ABANDONED", second
+    with sqlite_store.read() as tx:
+        lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
+    assert lease["owner"] is None  # committed its runs, then released the lease
+    b = start(db_path, procs, tmp_path)
+    b.wait_ready()
+    time.sleep(0.3)
+    assert "recovered run" not in b.output()  # nothing was left for recovery to guess about
+    assert run_rows(sqlite_store, job["id"])[0]["status"] == "timeout"
+
+
+def test_second_signal_stops_waiting_for_the_grace_period(sqlite_store, db_path, tmp_path, procs):
+    job = add_job(sqlite_store, payload_message="ignore-cancel:30")
+    a = start(db_path, procs, tmp_path, grace="60s")
+    a.wait_ready()
+    enqueue_manual(sqlite_store, job["id"])
+    wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "running"], what="running")
+    stopping = time.monotonic()
+    a.kill(signal.SIGINT)
+    time.sleep(0.5)
+    assert a.p.poll() is None  # first signal: waiting out the grace period
+    a.kill(signal.SIGINT)
+    assert a.p.wait(10) == 0, a.output()
+    assert time.monotonic() - stopping < 5.5  # kill grace 2 s + 1 s slack after the second signal
+    run = run_rows(sqlite_store, job["id"])[0]
+    assert run["status"] == "cancelled" and run["error_code"] == "EXECUTOR_ABANDONED"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request, tmp_path):
+    """``(url, store)`` on a fresh SQLite file or PostgreSQL schema."""
+    url = str(tmp_path / "scheduler.db") if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    s = open_store(url)
+    yield url, s
+    s.close()
+
+
+def test_finished_run_commits_during_grace_and_survives_kill9_unreplayed(target, tmp_path, procs):
+    """Issue 9 defect 2: a run that finished during the grace period was replayed after a kill -9."""
+    url, store = target
+    marks = tmp_path / "quick.log"
+    quick = add_job(store, name="quick", payload_message=f"touch:{marks};sleep:1", delivery_guarantee="at-least-once")
+    slow = add_job(store, name="slow", payload_message="sleep:60", delivery_guarantee="at-least-once")
+    a = start(url, procs, tmp_path, grace="60s")
+    a.wait_ready()
+    enqueue_manual(store, quick["id"])
+    enqueue_manual(store, slow["id"])
+    wait_for(lambda: len([r for j in (quick, slow) for r in run_rows(store, j["id"]) if r["status"] == "running"]) == 2,
+             what="both running")
+    a.kill(signal.SIGTERM)
+    done = wait_for(lambda: [r for r in run_rows(store, quick["id"]) if r["status"] == "ok"], timeout=5,
+                    what="the quick run committed while the slow one still runs")[0]
+    assert done["duration_ms"] < 3000
+    a.kill(signal.SIGKILL)
+    a.p.wait(10)
+    b = start(url, procs, tmp_path)
+    b.wait_ready()
+    wait_for(lambda: [r for r in run_rows(store, slow["id"]) if r["status"] == "crashed"], what="slow run recovered")
+    time.sleep(1.0)
+    runs = run_rows(store, quick["id"])
+    assert [(r["id"], r["status"]) for r in runs] == [(done["id"], "ok")]  # not crashed, not replayed
+    assert len(marks.read_text().splitlines()) == 1
+
+
+def _flock_held(path: Path) -> bool:
+    import fcntl
+
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def test_pid_file_names_the_lease_holder_after_takeover(sqlite_store, db_path, tmp_path, procs):
+    """Issue 9 defect 10: after a takeover the pid file kept the stalled PID, then a refused dispatcher wrote its own."""
+    pidfile = Path(f"{db_path}.dispatcher.pid")
+    a = start(db_path, procs, tmp_path)
+    a.wait_ready()
+    assert pidfile.read_text().strip() == str(a.p.pid)
+    os.kill(a.p.pid, signal.SIGSTOP)
+    time.sleep(2.0)  # past the 1.5 s lease
+    b = start(db_path, procs, tmp_path)
+    b.wait_ready()
+    assert "stalled process" in b.output()
+    assert pidfile.read_text().strip() == str(b.p.pid)  # the lease holder, although A still holds the flock
+    os.kill(a.p.pid, signal.SIGCONT)
+    a.p.wait(20)
+    assert a.p.returncode != 0
+    assert pidfile.read_text().strip() == str(b.p.pid)  # the stepping-down holder leaves it alone
+    wait_for(lambda: _flock_held(pidfile), timeout=5, what="the new holder takes the pid-file lock")
+    c = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "run", "--lease-ttl", TTL], capture_output=True,
+                       text=True, timeout=30)
+    assert json.loads(c.stdout.strip().splitlines()[-1])["code"] == "DISPATCHER_ALREADY_RUNNING"
+    assert pidfile.read_text().strip() == str(b.p.pid)  # a refused dispatcher never writes it
+    out = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "status"], capture_output=True, text=True, timeout=30)
+    lease = [row for row in json.loads(out.stdout)["status"]["leases"] if row["name"] == "dispatcher"][0]
+    assert lease["pid"] == b.p.pid and lease["live"]
+    b.kill(signal.SIGTERM)
+    assert b.p.wait(20) == 0
+    assert pidfile.read_text().strip() == ""  # a clean stop leaves no PID behind
 
 
 def test_cli_run_reaches_idle_dispatcher_within_250ms(sqlite_store, db_path, tmp_path, procs):

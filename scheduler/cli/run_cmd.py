@@ -1,11 +1,22 @@
-"""``scheduler run``: the dispatcher in the foreground."""
+"""``scheduler run``: the dispatcher in the foreground.
+
+Signals: the first SIGTERM/SIGINT stops claiming and gives running work the grace
+period (finished runs are committed as they finish); a second one cancels running
+work at once. Executors that ignore cancellation are abandoned by the dispatcher,
+which commits their runs itself; the process then exits without waiting for those
+worker threads (``os._exit`` after everything is committed and the lease released).
+"""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import click
 
 from scheduler.cli.main import open_ctx_store
-from scheduler.cli.output import emit, json_mode
+from scheduler.cli.output import emit, error_out, json_mode
+from scheduler.errors import SchedulerError
 from scheduler.timeutil import parse_duration_ms
 
 
@@ -29,6 +40,34 @@ def run_cmd(concurrency: int, lease_ttl: str, grace: str, duration: str | None, 
     quiet = json_mode()
     dispatcher = Dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
     install_signal_handlers(dispatcher)
-    dispatcher.run(duration_s=parse_duration_ms(duration, field="--duration") / 1000 if duration else None)
+    try:
+        dispatcher.run(duration_s=parse_duration_ms(duration, field="--duration") / 1000 if duration else None)
+    except SchedulerError as exc:
+        if dispatcher.stuck_workers():
+            error_out(exc.code, exc.message, exc.details)
+            _exit_leaving_stuck_workers(dispatcher, exc.exit_code or 1)
+        raise
     emit({"owner": dispatcher.owner, "stats": dispatcher.stats},
          lambda: click.echo(f"dispatcher stopped: {dispatcher.stats['started']} started, {dispatcher.stats['finished']} finished"))
+    if dispatcher.stuck_workers():
+        _exit_leaving_stuck_workers(dispatcher, 0)
+
+
+def _exit_leaving_stuck_workers(dispatcher: Any, code: int) -> None:
+    """Exit now although worker threads are still inside executors that ignored cancellation.
+
+    Their runs are already committed (or left to recovery when the lease was lost) and
+    the lease released; waiting for them is what made ``--grace`` meaningless. The store
+    is not closed under them (a thread inside a statement must not see its connection
+    closed); the operating system releases files and locks, and SQLite's WAL is
+    recovered by the next open.
+    """
+    import sys
+
+    click.echo(f"leaving {dispatcher.stuck_workers()} stuck worker(s) behind", err=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -14,12 +14,15 @@ from scheduler.timeutil import now_ms, to_iso
 
 def collect_status(store: Any) -> dict[str, Any]:
     """Leases, queue, runs, outbox, approvals and recent skips, as one JSON-able dict."""
-    from scheduler.lease import list_leases
+    from scheduler.lease import list_leases, owner_host, owner_pid
 
     now = now_ms()
     with store.read() as tx:
         leases = [
-            {**l, "live": bool(l["owner"]) and (l["expires_at"] or 0) > now,
+            # the holder's PID and host come from the lease owner id (host:pid:random), which the
+            # lease itself vouches for; the pid file beside a SQLite database is only a convenience
+            {**l, "live": bool(l["owner"]) and (l["expires_at"] or 0) > now, "pid": owner_pid(l["owner"]),
+             "host": owner_host(l["owner"]),
              **{k: to_iso(l[k]) for k in ("acquired_at", "renewed_at", "expires_at")}}
             for l in list_leases(tx)
         ]
@@ -60,7 +63,8 @@ def status_cmd() -> None:
         live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
         kv([
             ("database", status["database"]),
-            ("dispatcher", ", ".join(f"{l['owner']} (token {l['token']}, until {local_time(l['expires_at'])})" for l in live) or "not running"),
+            ("dispatcher", ", ".join(f"pid {l['pid']} on {l['host']}: {l['owner']} (token {l['token']},"
+                                     f" until {local_time(l['expires_at'])})" for l in live) or "not running"),
             ("jobs", ", ".join(f"{n} {k}" for k, n in status["jobs"].items()) or "none"),
             ("next run", local_time(status["next_run_at"])),
             ("queue", ", ".join(f"{n} {k}" for k, n in status["queue"].items()) or "empty"),
