@@ -78,3 +78,35 @@ def test_minimal_allowlist() -> None:
     assert warning is None
     with pytest.raises(ValueError):
         build_environment("everything", base)
+
+
+# Issue 9, defect 8: these passed through `inherit` before the pattern rules.
+MISSED_BEFORE = {"MY_SERVICE_KEY": "k", "DB_PASS": "p", "STRIPE_SK": "sk_live", "SLACK_WEBHOOK": "https://hooks/x",
+                 "GITHUB_PAT": "ghp_x", "DB_PASSPHRASE_FILE": "/x", "CI_JOB_TOKEN_V2": "t", "MYSQL_ROOT_PWD": "p"}
+
+
+@pytest.mark.parametrize("name", sorted(MISSED_BEFORE))
+def test_secret_name_patterns(name: str) -> None:
+    assert is_secret_name(name)
+
+
+def test_inherit_drops_pattern_secrets_and_url_passwords_in_a_real_process(run_job, monkeypatch) -> None:
+    for name, value in MISSED_BEFORE.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HTTP_PROXY", "http://alice:hunter2@proxy.local:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    monkeypatch.setenv("PLAIN_PROXY", "http://proxy.local:3128")
+    r = run_job("env -0", executor_options={"env_policy": "inherit"}).result
+    env = _env_names(r.stdout.excerpt)
+    assert not set(MISSED_BEFORE) & set(env)
+    assert "HTTP_PROXY" not in env and "hunter2" not in r.stdout.excerpt
+    assert env["NO_PROXY"] == "localhost" and env["PLAIN_PROXY"] == "http://proxy.local:3128"
+
+
+def test_env_allow_lets_named_variables_through(run_job, monkeypatch) -> None:
+    monkeypatch.setenv("DEPLOY_KEY", "needed")
+    monkeypatch.setenv("OTHER_KEY", "not needed")
+    monkeypatch.setenv("EDITOR", "vi")
+    r = run_job("env -0", executor_options={"env_allow": ["DEPLOY_KEY", "EDITOR"]}).result  # minimal + allow-list
+    env = _env_names(r.stdout.excerpt)
+    assert env["DEPLOY_KEY"] == "needed" and env["EDITOR"] == "vi" and "OTHER_KEY" not in env
