@@ -32,6 +32,8 @@ class StorageSettings:
 
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = attrs.field(
         default="NORMAL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode)."})
+    sqlite_busy_timeout_ms: int = attrs.field(default=10_000, metadata={
+        "minimum": 1, "maximum": 3_600_000, "doc": "How long a SQLite connection waits for another one's lock before DB_BUSY."})
 
 
 #: The kernel tables of the settings file, in display order.
