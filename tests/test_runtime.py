@@ -3,6 +3,8 @@ auto-pause, misfires, fencing. Driven by the test-only ``testkit`` executor."""
 
 from __future__ import annotations
 
+import json
+
 import time
 
 import pytest
@@ -433,12 +435,12 @@ def test_fenced_bookkeeping_after_takeover_raises(store):
     enqueue_manual(store, job["id"])
     started = claim_and_start(store, d.lease, limit=1)
     control = DbRunControl(d, started[0].run_id, job["id"])
-    control.record_process(12345, 12345, "ticks:1")
-    assert run_rows(store, job["id"])[0]["pid"] == 12345
+    control.record_handle({"pid": 12345, "pgid": 12345, "start_time": "ticks:1"})
+    assert json.loads(run_rows(store, job["id"])[0]["executor_handle"])["pid"] == 12345
     leases.acquire(store, d.lease_name, "someone-else", 1000, now=now_ms() + 5000)  # takeover after expiry
     with pytest.raises(leases.LeaseLost):
-        control.record_process(999, 999, "ticks:2")
-    assert run_rows(store, job["id"])[0]["pid"] == 12345  # nothing written by the stale owner
+        control.record_handle({"pid": 999, "pgid": 999, "start_time": "ticks:2"})
+    assert json.loads(run_rows(store, job["id"])[0]["executor_handle"])["pid"] == 12345  # nothing written by the stale owner
 
 
 def test_a_completion_that_fails_does_not_hold_back_the_others_or_stay_running(store, dispatcher):
