@@ -21,20 +21,26 @@ from scheduler.timeutil import parse_duration_ms
 
 
 @click.command("run")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Runs executed at once.")
-@click.option("--lease-ttl", default="15s", show_default=True, help="Dispatcher lease lifetime (renewed every third of it).")
-@click.option("--grace", default="10s", show_default=True, help="On SIGTERM/SIGINT: how long running work may finish before it is cancelled.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=None,
+              help="Runs executed at once.  [default: [dispatcher] concurrency, else 4]")
+@click.option("--lease-ttl", default=None,
+              help="Dispatcher lease lifetime (renewed every third of it).  [default: [dispatcher] lease_ttl_ms, else 15s]")
+@click.option("--grace", default=None,
+              help="On SIGTERM/SIGINT: how long running work may finish before it is cancelled.  [default: [dispatcher] grace_s, else 10s]")
 @click.option("--duration", default=None, help="Stop by itself after this long (e.g. 30s); default: run until stopped.")
 @click.option("--shared/--exclusive", "shared", default=None,
               help="Share the database with other dispatchers (PostgreSQL default) or be the only one (SQLite default).")
-def run_cmd(concurrency: int, lease_ttl: str, grace: str, duration: str | None, shared: bool | None) -> None:
+def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, duration: str | None, shared: bool | None) -> None:
     """Run the dispatcher until SIGTERM/SIGINT (or --duration)."""
     from scheduler.dispatcher import Dispatcher, DispatcherConfig, install_signal_handlers
+    from scheduler.settings import current_settings
 
+    settings = current_settings().dispatcher  # the settings file's [dispatcher]; flags win
     config = DispatcherConfig(
-        concurrency=concurrency,
-        lease_ttl_ms=parse_duration_ms(lease_ttl, field="--lease-ttl"),
-        grace_s=parse_duration_ms(grace, field="--grace") / 1000,
+        concurrency=concurrency or settings.concurrency,
+        lease_ttl_ms=parse_duration_ms(lease_ttl, field="--lease-ttl") if lease_ttl else settings.lease_ttl_ms,
+        grace_s=parse_duration_ms(grace, field="--grace") / 1000 if grace else settings.grace_s,
+        kill_grace_s=settings.kill_grace_s,
         exclusive=None if shared is None else not shared,
     )
     quiet = json_mode()
