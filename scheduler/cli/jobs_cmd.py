@@ -204,13 +204,13 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
     store = open_ctx_store()
     # update_job merges the patch into the stored spec and validates the result; the plugin rule
     # reads that merged spec inside the same (outer) transaction, so a refusal stores nothing and
-    # the merge rule stays in one place. Only plugin names the update changes are checked.
+    # the merge rule stays in one place. Only plugin names the update changes are checked. (Its
+    # change notification inside the outer transaction is delivered on commit by both stores.)
     with store.transaction() as tx:
         before = spec_from_row(resolve_job(tx, job))
         row = update_job(store, job, patch)
         if not allow_missing_plugins:
             require_plugins([spec_from_row(row)], previous=[before])
-    store.notify_change()  # update_job's own notification ran before this outer commit
     view = job_to_json(row)
     emit({"job": view}, lambda: click.echo(f"updated {view['name']}, next run {local_time(view['next_run_at'])}"))
 
