@@ -187,9 +187,7 @@ class EvidenceProvider(Protocol):
     def attest(self, payload: EvidencePayload, declaration: EvidenceDeclaration) -> EvidenceEnvelope:
         """Produce an envelope for the payload; raise ``SchedulerError`` when it cannot (fail closed)."""
 
-    def verify(
-        self, envelope: EvidenceEnvelope, payload: EvidencePayload, declaration: EvidenceDeclaration
-    ) -> EvidenceVerification:
+    def verify(self, envelope: EvidenceEnvelope, payload: EvidencePayload, declaration: EvidenceDeclaration) -> EvidenceVerification:
         """Check an envelope against the payload; any mismatch is ``verified=False``, never an exception to swallow."""
 
 
