@@ -126,10 +126,11 @@ def test_recovery_never_kills_a_reused_pid(sqlite_store, db_path, tmp_path, proc
     bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         with sqlite_store.transaction() as tx:  # a run of a dead dispatcher whose recorded PID now belongs to someone else
+            handle = {"pid": bystander.pid, "pgid": bystander.pid, "start_time": "ticks:1", "host": os.uname().nodename}
             tx.execute(
-                "INSERT INTO runs(id, job_id, status, created_at, started_at, dispatcher_owner, dispatcher_token, pid, pgid,"
-                " process_start_time, process_state) VALUES ('orphan', ?, 'running', 1, 1, ?, 1, ?, ?, 'ticks:1', 'running')",
-                (job["id"], f"{os.uname().nodename}:999999:dead", bystander.pid, bystander.pid),
+                "INSERT INTO runs(id, job_id, status, created_at, started_at, dispatcher_owner, dispatcher_token, executor,"
+                " executor_handle, process_state) VALUES ('orphan', ?, 'running', 1, 1, ?, 1, 'testkit', ?, 'running')",
+                (job["id"], f"{os.uname().nodename}:999999:dead", json.dumps(handle)),
             )
         start(db_path, procs, tmp_path).wait_ready()
         wait_for(lambda: run_rows(sqlite_store, job["id"])[0]["status"] == "crashed", what="orphan ended")
@@ -289,6 +290,72 @@ def test_finished_run_commits_during_grace_and_survives_kill9_unreplayed(target,
     runs = run_rows(store, quick["id"])
     assert [(r["id"], r["status"]) for r in runs] == [(done["id"], "ok")]  # not crashed, not replayed
     assert len(marks.read_text().splitlines()) == 1
+
+
+#: Holds ``BEGIN EXCLUSIVE`` on a SQLite file for a while, like the adversarial run's lock holder.
+LOCKER = (
+    "import sqlite3, sys, time\n"
+    "c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)\n"
+    "c.execute('BEGIN EXCLUSIVE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "c.execute('ROLLBACK')\n"
+)
+#: A short busy timeout, so a lock of a few seconds outlasts it (the default is 10 s).
+SHORT_BUSY = {"SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS": "300"}
+
+
+def hold_lock(db_path: Path, seconds: float) -> subprocess.Popen[str]:
+    """Start a process holding an exclusive lock on the database; returns once it holds it."""
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(db_path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+    return locker
+
+
+def test_database_locked_past_the_busy_timeout_is_waited_out(sqlite_store, db_path, tmp_path, procs):
+    """Issue 9 defect 1: a lock held past the busy timeout crashed the dispatcher (exit 70 / 139), leaving a run running."""
+    job = add_job(sqlite_store, payload_message="sleep:1")
+    a = start(db_path, procs, tmp_path, ttl="8s", env=SHORT_BUSY)
+    a.wait_ready()
+    enqueue_manual(sqlite_store, job["id"])
+    wait_for(lambda: run_rows(sqlite_store, job["id"]), what="run started")
+    locker = hold_lock(db_path, 3.0)  # the run finishes while the database is locked
+    try:
+        time.sleep(1.5)
+        assert a.p.poll() is None, a.output()
+        assert run_rows(sqlite_store, job["id"])[0]["status"] == "running"  # its completion is waiting for the lock
+    finally:
+        locker.wait(10)
+    run = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "ok"], timeout=5,
+                   what="completion committed once the lock is gone")[0]
+    assert run["finished_at"] - run["started_at"] >= 1000
+    assert a.p.poll() is None and "database busy" in a.output()
+    a.kill(signal.SIGTERM)
+    assert a.p.wait(20) == 0, a.output()
+    assert "Traceback" not in a.output() and "OperationalError" not in a.output()
+
+
+def test_database_locked_longer_than_the_lease_steps_down_cleanly(sqlite_store, db_path, tmp_path, procs):
+    """The lease ran out while the database was locked: step down (LEASE_LOST), commit nothing, never crash."""
+    job = add_job(sqlite_store, payload_message="sleep:30")
+    a = start(db_path, procs, tmp_path, env=SHORT_BUSY)  # lease TTL 1.5 s
+    a.wait_ready()
+    enqueue_manual(sqlite_store, job["id"])
+    run = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "running"], what="running")[0]
+    locker = hold_lock(db_path, 4.0)
+    try:
+        code = a.p.wait(10)  # steps down while the lock is still held
+    finally:
+        locker.wait(10)
+    out = a.output()
+    assert code == 1, out  # a coded error: not 70 (INTERNAL_ERROR), not 139 / -11 (segfault)
+    assert "LEASE_LOST" in out or "LEASE LOST" in out, out
+    assert "Traceback" not in out and "OperationalError" not in out
+    assert run_rows(sqlite_store, job["id"])[0]["status"] == "running"  # nothing committed without the lease
+    b = start(db_path, procs, tmp_path)
+    b.wait_ready()
+    crashed = wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "crashed"], what="recovered")[0]
+    assert crashed["id"] == run["id"] and "no longer runs on this host" in crashed["error_message"]
 
 
 def _flock_held(path: Path) -> bool:
