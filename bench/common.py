@@ -114,8 +114,10 @@ def machine_facts() -> dict[str, Any]:
 
 
 def sqlite_synchronous() -> str:
-    """The synchronous setting the kernel's SQLite store uses (and every raw baseline copies)."""
-    return (os.environ.get("SCHEDULER_SQLITE_SYNCHRONOUS") or "NORMAL").upper()
+    """The synchronous setting the kernel's SQLite store uses (and every raw baseline copies): ``[storage]`` of the settings."""
+    from scheduler.settings import current_settings
+
+    return str(current_settings().storage.sqlite_synchronous).upper()
 
 
 # -- statistics ------------------------------------------------------------------------------------

@@ -30,6 +30,17 @@ def pg_reason() -> str | None:
     return postgres_unavailable_reason()
 
 
+@pytest.fixture(autouse=True)
+def _isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No developer settings file or ``SCHEDULER_<SECTION>_*`` variable leaks into a test (subprocesses included)."""
+    from scheduler.settings import reload_settings
+    from scheduler.testing import isolate_settings
+
+    isolate_settings(monkeypatch, tmp_path / "xdg-config")
+    yield
+    reload_settings()
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """A fresh SQLite database path for this test."""

@@ -219,8 +219,11 @@ def load_provider(kind: str, name: str) -> Any:
             "PLUGIN_INVALID", f"{kind} driver {name!r} from {dist} does not implement the {protocol.__name__} protocol (missing: {', '.join(missing)})"
         )
     # Settings go here, and only here: a provider declaring ``settings_class`` gets its validated
-    # settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``) before
-    # it is returned, with CONFIG_INVALID naming the key when the table does not validate.
+    # settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``) through
+    # ``configure(settings)`` before it is returned; CONFIG_INVALID names the key when it does not validate.
+    from scheduler.settings import apply_settings
+
+    apply_settings(kind, name, provider)
     return provider
 
 

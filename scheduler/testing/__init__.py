@@ -223,6 +223,24 @@ def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+#: Environment prefixes of settings overrides (``SCHEDULER_<SECTION>_...``) and the settings file variable.
+_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_EXECUTORS_", "SCHEDULER_CHANNELS_",
+                      "SCHEDULER_PROVIDERS_")
+
+
+def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
+    """Keep a developer's settings out of a test: no ``SCHEDULER_CONFIG``, no override variables, an empty
+    ``XDG_CONFIG_HOME``; the settings cache is reset. Returns the config home (subprocesses inherit it)."""
+    from scheduler.settings import reload_settings
+
+    for name in list(os.environ):
+        if name == "SCHEDULER_CONFIG" or name.startswith(_SETTINGS_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    reload_settings()
+    return config_home
+
+
 def __getattr__(name: str) -> Any:
     """The conformance adapter classes, imported on first use (they pull in pytest)."""
     if name in ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
@@ -239,6 +257,7 @@ __all__ = [
     "RunningDispatcher",
     "add_job",
     "hooks_with",
+    "isolate_settings",
     "load_provider",
     "make_request",
     "postgres_unavailable_reason",

@@ -3,7 +3,9 @@
 * ``scheduler_artifacts`` – a fresh artifact root;
 * ``scheduler_sqlite`` – an initialised store on a fresh SQLite file;
 * ``scheduler_postgres_url`` – a fresh PostgreSQL schema URL (skips with the reason when no server runs);
-* ``scheduler_dispatcher`` – ``start(store, **config) -> RunningDispatcher``, stopped after the test.
+* ``scheduler_dispatcher`` – ``start(store, **config) -> RunningDispatcher``, stopped after the test;
+* ``scheduler_isolated_settings`` – no settings file or ``SCHEDULER_<SECTION>_*`` variable from
+  outside the test (``XDG_CONFIG_HOME`` is a fresh directory); use it ``autouse`` in a conftest.
 """
 
 from __future__ import annotations
@@ -14,7 +16,22 @@ from typing import Any
 
 import pytest
 
-from scheduler.testing import RunningDispatcher, postgres_unavailable_reason, sqlite_store, temporary_postgres_schema
+from scheduler.testing import (
+    RunningDispatcher,
+    isolate_settings,
+    postgres_unavailable_reason,
+    sqlite_store,
+    temporary_postgres_schema,
+)
+
+
+@pytest.fixture
+def scheduler_isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A fresh, empty settings location for this test; the settings cache is reset before and after."""
+    from scheduler.settings import reload_settings
+
+    yield isolate_settings(monkeypatch, tmp_path / "xdg-config")
+    reload_settings()
 
 
 @pytest.fixture
