@@ -5,6 +5,14 @@ threads). Write transactions use ``BEGIN IMMEDIATE`` so a claim made inside one 
 exclusive across processes; that is why ``skip_locked`` is empty here. Other
 processes' commits are noticed through ``PRAGMA data_version``, which is how an
 idle dispatcher wakes within milliseconds of a CLI ``jobs add`` without a socket.
+
+Connections and threads: a connection is only ever used by the thread that opened it,
+and only ever closed when no statement runs on it. ``close()`` closes idle connections
+(its own, and those of threads between statements or no longer alive) and leaves a
+connection in use to its thread, which closes it when its statement or transaction
+ends: closing a connection under a thread blocked in ``execute`` crashed the process.
+A lock held by another connection past the busy timeout is ``DB_BUSY`` (retryable),
+never a raw ``sqlite3.OperationalError``.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from scheduler import PLUGIN_API_VERSION
+from scheduler import PLUGIN_API_VERSION, filemodes
 from scheduler.errors import SchedulerError
 from scheduler.settings import current_settings
 from scheduler.store import migrations
@@ -27,12 +35,53 @@ from scheduler.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 
+#: How long a connection waits for another connection's lock before ``DB_BUSY``.
 BUSY_TIMEOUT_MS = 10_000
+#: Overrides ``BUSY_TIMEOUT_MS`` (tests shorten it); becomes ``[storage] sqlite_busy_timeout_ms``.
+BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
 #: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
 CHECKPOINT_INTERVAL_S = 1.0
 _SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def default_busy_timeout_ms() -> int:
+    """The busy timeout of new connections: ``$SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS``, else ``BUSY_TIMEOUT_MS``.
+
+    Read in one place so it can move into the settings file unchanged.
+    """
+    raw = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return BUSY_TIMEOUT_MS
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 3_600_000:
+        raise SchedulerError(
+            "CONFIG_INVALID",
+            f"setting storage.sqlite_busy_timeout_ms from env:{BUSY_TIMEOUT_ENV}: {raw!r} is not a whole number of ms"
+            " between 1 and 3600000",
+            details=[{"key": "storage.sqlite_busy_timeout_ms", "field": "storage.sqlite_busy_timeout_ms",
+                      "source": f"env:{BUSY_TIMEOUT_ENV}", "code": "OUT_OF_RANGE", "error": "not 1..3600000"}],
+        )
+    return int(raw)
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether a sqlite3 error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (and their extended codes)
+    return "is locked" in str(exc)
+
+
+def _busy_error(location: str, timeout_ms: int, what: str) -> SchedulerError:
+    """``DB_BUSY``: the database stayed locked by another connection; retrying later may succeed."""
+    return SchedulerError(
+        "DB_BUSY",
+        f"database {location} is busy: {what} (waited {timeout_ms} ms); try again later",
+        details={"path": location, "busy_timeout_ms": timeout_ms},
+    )
 
 
 class _SQLiteTx:
@@ -41,14 +90,20 @@ class _SQLiteTx:
     skip_locked = ""
     for_update = ""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, location: str = "", timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self._conn = conn
+        self._location = location
+        self._timeout_ms = timeout_ms
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         try:
             return self._conn.execute(sql, params)
         except sqlite3.IntegrityError as exc:
             raise SchedulerError("CONSTRAINT_VIOLATION", str(exc)) from None
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise _busy_error(self._location, self._timeout_ms, f"database is locked ({exc})") from None
+            raise
 
     def execute(self, sql: str, params: Params = ()) -> int:
         return self._run(sql, params).rowcount
@@ -71,6 +126,51 @@ class _SQLiteTx:
         return row[0] if row is not None else None
 
 
+class _Slot:
+    """One thread's connection, and whether a statement or transaction is using it right now.
+
+    ``users`` counts the active uses (nested ones included); ``close()`` only closes a
+    slot with no user and otherwise marks it ``doomed``, so its thread closes it when
+    the last use ends. ``guard`` makes "start using" and "close" mutually exclusive.
+    """
+
+    __slots__ = ("conn", "thread", "guard", "users", "depth", "doomed", "closed", "seen_version")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.thread = threading.current_thread()
+        self.guard = threading.Lock()
+        self.users = 0
+        #: Transaction nesting of the owning thread (0: none open).
+        self.depth = 0
+        self.doomed = False
+        self.closed = False
+        #: The ``PRAGMA data_version`` this thread last saw on this connection (``wait_for_change``).
+        self.seen_version: int | None = None
+
+    @property
+    def retired(self) -> bool:
+        """Closed, or to be closed when its current use ends: no new use may start."""
+        return self.closed or self.doomed
+
+    def _close_now(self) -> None:
+        self.closed = True
+        try:
+            self.conn.close()
+        except sqlite3.Error as exc:  # pragma: no cover - closing never fails on an idle connection
+            log.debug("closing a SQLite connection: %s", exc)
+
+    def retire(self) -> None:
+        """Close the connection now if nothing uses it, else let its thread close it when done."""
+        with self.guard:
+            if self.closed:
+                return
+            if self.users:
+                self.doomed = True
+            else:
+                self._close_now()
+
+
 def _fail(phase: str, path: str, exc: BaseException | str) -> SchedulerError:
     return SchedulerError(
         "DB_INIT_FAILED",
@@ -87,12 +187,16 @@ class SQLiteStore:
     capabilities = frozenset({"wal", "data-version-wakeup", "single-host"})
     dialect = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str | None = None, busy_timeout_ms: int | None = None
+    ) -> None:
         self.path = Path(path).expanduser()
         self.location = str(self.path)
         self._synchronous = (synchronous or current_settings().storage.sqlite_synchronous).upper()
+        self._busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else default_busy_timeout_ms()
         self._local = threading.local()
-        self._all_conns: list[sqlite3.Connection] = []
+        #: Every open connection of this store, one per thread (see ``_Slot``).
+        self._slots: list[_Slot] = []
         self._lock = threading.Lock()
         #: Serialises this process's write transactions. Threads then queue on a Python lock
         #: (woken the moment the writer commits) instead of SQLite's busy handler, which
@@ -108,26 +212,87 @@ class SQLiteStore:
     # -- connections ---------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.location, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-        # Checkpoints run on a background thread (see _checkpointer), never inside a commit that
-        # other threads of this process are queued behind.
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        if not self.path.exists():
+            # Created here with the configured permissions (0600 by default) rather than by
+            # SQLite (0644 under the usual umask); SQLite gives -wal and -shm the same mode.
+            try:
+                fd, _created = filemodes.create_file(self.path)
+            except OSError as exc:
+                raise _fail("open", self.location, exc) from None
+            os.close(fd)
+        timeout_ms = self._busy_timeout_ms
+        conn = sqlite3.connect(self.location, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False)
+        try:
+            for pragma in (
+                f"PRAGMA busy_timeout = {timeout_ms}",
+                "PRAGMA foreign_keys = ON",
+                f"PRAGMA synchronous = {self._synchronous}",
+                # Checkpoints run on a background thread (see _checkpointer), never inside a commit
+                # that other threads of this process are queued behind.
+                "PRAGMA wal_autocheckpoint = 0",
+            ):
+                self._exec(conn, pragma, "cannot configure a new connection")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
+    def _adopt(self, conn: sqlite3.Connection) -> _Slot:
+        """Make ``conn`` this thread's connection; close those of threads that have ended."""
+        slot = _Slot(conn)
+        self._local.slot = slot
+        with self._lock:
+            dead = [s for s in self._slots if not s.thread.is_alive()]
+            self._slots = [s for s in self._slots if s.thread.is_alive() and not s.closed]
+            self._slots.append(slot)
+        for old in dead:
+            old.retire()  # a thread that has ended cannot be inside a statement: closed at once
+        return slot
+
+    def _slot(self) -> _Slot:
+        """This thread's connection slot, opening a connection on first use (or after ``close()``)."""
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is not None and (slot.depth or not slot.retired):
+            return slot
+        if not self._initialized:
+            raise SchedulerError("DB_INIT_FAILED", f"store {self.location} used before initialize() or after close()")
+        return self._adopt(self._connect())
+
+    @contextmanager
+    def _using(self, slot: _Slot) -> Iterator[sqlite3.Connection]:
+        """Mark ``slot`` in use for the block, so ``close()`` from another thread leaves it open till the end."""
+        with slot.guard:
+            if slot.closed:
+                raise SchedulerError("DB_INIT_FAILED", f"store {self.location} used after close()")
+            slot.users += 1
+        try:
+            yield slot.conn
+        finally:
+            with slot.guard:
+                slot.users -= 1
+                if slot.doomed and not slot.users:
+                    slot._close_now()  # close() ran meanwhile: the owning thread closes its own connection
+
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if not self._initialized:
-                raise SchedulerError("DB_INIT_FAILED", f"store {self.location} used before initialize()")
-            conn = self._connect()
-            self._local.conn = conn
-            self._local.depth = 0
-            with self._lock:
-                self._all_conns.append(conn)
-        return conn
+        """This thread's connection (for callers that hold it inside ``_using`` or own the store alone)."""
+        return self._slot().conn
+
+    def _exec(self, conn: sqlite3.Connection, sql: str, what: str) -> sqlite3.Cursor:
+        """Run a control statement (BEGIN, COMMIT, a PRAGMA), a lock past the busy timeout as ``DB_BUSY``."""
+        try:
+            return conn.execute(sql)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise _busy_error(self.location, self._busy_timeout_ms, f"{what}: {exc}") from None
+            raise
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:  # the connection is unusable; the error that led here matters more
+                log.debug("rollback failed: %s", exc)
 
     # -- initialisation ------------------------------------------------------------------------
 
@@ -138,7 +303,7 @@ class SQLiteStore:
         path = self.location
         try:
             if self.path.parent and not self.path.parent.exists():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                filemodes.ensure_dir(self.path.parent)
             if self.path.exists():
                 if self.path.is_dir():
                     raise _fail("open", path, "path is a directory")
@@ -175,10 +340,7 @@ class SQLiteStore:
         except Exception as exc:
             conn.close()
             raise _fail("schema", path, exc) from None
-        self._local.conn = conn
-        self._local.depth = 0
-        with self._lock:
-            self._all_conns.append(conn)
+        self._adopt(conn)
         self._initialized = True
 
     def _check_existing(self, conn: sqlite3.Connection) -> int | None:
@@ -223,48 +385,68 @@ class SQLiteStore:
 
     # -- transactions --------------------------------------------------------------------------
 
+    def _tx(self, conn: sqlite3.Connection) -> _SQLiteTx:
+        return _SQLiteTx(conn, self.location, self._busy_timeout_ms)
+
     @contextmanager
     def transaction(self) -> Iterator[_SQLiteTx]:
-        """``BEGIN IMMEDIATE`` write transaction; nested use joins the outer one."""
-        conn = self._conn()
-        if self._local.depth:
-            self._local.depth += 1
+        """``BEGIN IMMEDIATE`` write transaction; nested use joins the outer one.
+
+        A lock held elsewhere past the busy timeout (by another process, or by another
+        thread of this one) raises ``DB_BUSY`` and leaves nothing half-written.
+        """
+        slot = self._slot()
+        if slot.depth:
+            slot.depth += 1
             try:
-                yield _SQLiteTx(conn)
+                yield self._tx(slot.conn)
             finally:
-                self._local.depth -= 1
+                slot.depth -= 1
             return
-        with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            self._local.depth = 1
+        with self._using(slot) as conn:
+            if not self._write_lock.acquire(timeout=self._busy_timeout_ms / 1000):
+                raise _busy_error(self.location, self._busy_timeout_ms, "another thread of this process holds the write lock")
             try:
-                yield _SQLiteTx(conn)
-            except BaseException:
-                self._local.depth = 0
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            self._local.depth = 0
-            conn.execute("COMMIT")
+                self._exec(conn, "BEGIN IMMEDIATE", "cannot start a write transaction")
+                slot.depth = 1
+                try:
+                    yield self._tx(conn)
+                except BaseException:
+                    slot.depth = 0
+                    self._rollback(conn)
+                    raise
+                slot.depth = 0
+                try:
+                    self._exec(conn, "COMMIT", "cannot commit")
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+            finally:
+                self._write_lock.release()
         self._wrote = True
-        if self._checkpoint_thread is None:
+        if self._checkpoint_thread is None and self._initialized:
             self._start_checkpointer()
 
     @contextmanager
     def read(self) -> Iterator[_SQLiteTx]:
-        """A read snapshot (deferred transaction)."""
-        conn = self._conn()
-        if self._local.depth:
-            yield _SQLiteTx(conn)
+        """A read snapshot (deferred transaction); inside a transaction it joins that one."""
+        slot = self._slot()
+        if slot.depth:
+            yield self._tx(slot.conn)
             return
-        conn.execute("BEGIN")
-        self._local.depth = 1
-        try:
-            yield _SQLiteTx(conn)
-        finally:
-            self._local.depth = 0
-            if conn.in_transaction:
-                conn.execute("COMMIT")
+        with self._using(slot) as conn:
+            self._exec(conn, "BEGIN", "cannot start a read transaction")
+            slot.depth = 1
+            try:
+                yield self._tx(conn)
+            finally:
+                slot.depth = 0
+                if conn.in_transaction:
+                    try:
+                        self._exec(conn, "COMMIT", "cannot end a read transaction")
+                    except BaseException:
+                        self._rollback(conn)
+                        raise
 
     # -- wake-ups ------------------------------------------------------------------------------
 
@@ -277,10 +459,10 @@ class SQLiteStore:
         Polls ``PRAGMA data_version`` (it changes when any other connection commits);
         with ``timeout_s=0`` it is a single non-blocking check.
         """
-        conn = self._conn()
-        seen = getattr(self._local, "seen_version", None)
-        current = conn.execute("PRAGMA data_version").fetchone()[0]
-        self._local.seen_version = current
+        slot = self._slot()
+        seen = slot.seen_version
+        current = self._data_version(slot)
+        slot.seen_version = current
         if seen is not None and current != seen:
             return True
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -289,10 +471,15 @@ class SQLiteStore:
             if remaining <= 0:
                 return False
             time.sleep(min(CHANGE_POLL_S, remaining))
-            current = conn.execute("PRAGMA data_version").fetchone()[0]
-            if current != self._local.seen_version:
-                self._local.seen_version = current
+            current = self._data_version(slot)
+            if current != slot.seen_version:
+                slot.seen_version = current
                 return True
+
+    def _data_version(self, slot: _Slot) -> int:
+        """``PRAGMA data_version`` on this thread's connection (in use only for the statement itself)."""
+        with self._using(slot) as conn:
+            return int(self._exec(conn, "PRAGMA data_version", "cannot read data_version").fetchone()[0])
 
     # -- diagnostics ---------------------------------------------------------------------------
 
@@ -301,9 +488,35 @@ class SQLiteStore:
             return int(tx.scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
 
     def health(self) -> list[dict[str, Any]]:
-        """Integrity, foreign keys, expected tables and a writable directory."""
+        """Integrity, foreign keys, expected tables, a writable directory, and no world access to the files."""
+        slot = self._slot()
+        with self._using(slot) as conn:
+            checks = self._health_checks(conn)
+        checks.append(self._file_modes_check())
+        return checks
+
+    def _file_modes_check(self) -> dict[str, Any]:
+        """A warning (never a failure) when others may read or write the database, its WAL/SHM or the artifacts.
+
+        A warning because the operator may have opened them up on purpose; new files
+        are created private (or group-only) anyway, see ``scheduler.filemodes``.
+        """
+        from scheduler.artifacts import default_artifacts_root
+
+        root = default_artifacts_root(self.location)
+        candidates = [self.path, Path(f"{self.location}-wal"), Path(f"{self.location}-shm"), root, root / "runs"]
+        exposed = [f"{p} ({mode})" for p in candidates if (mode := filemodes.world_access(p)) is not None]
+        if exposed:
+            return {
+                "check": "file_modes", "ok": True, "warning": True,
+                "detail": "warning: readable or writable by every user: " + ", ".join(exposed)
+                + f" (chmod o-rwx them; new files follow {filemodes.FILE_MODE_ENV}={filemodes.file_mode_setting()})",
+            }
+        return {"check": "file_modes", "ok": True, "warning": False,
+                "detail": f"no world access ({filemodes.file_mode_setting()} mode)"}
+
+    def _health_checks(self, conn: sqlite3.Connection) -> list[dict[str, Any]]:
         checks: list[dict[str, Any]] = []
-        conn = self._conn()
         integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
         checks.append({"check": "integrity", "ok": integrity == ["ok"], "detail": "; ".join(integrity[:5])})
         fk = conn.execute("PRAGMA foreign_key_check").fetchall()
@@ -322,44 +535,59 @@ class SQLiteStore:
         with self._lock:
             if self._checkpoint_thread is not None:
                 return
-            self._checkpoint_thread = threading.Thread(target=self._checkpointer, name="sqlite-checkpoint", daemon=True)
+            self._checkpoint_thread = threading.Thread(
+                target=self._checkpointer, args=(self._closing,), name="sqlite-checkpoint", daemon=True
+            )
         self._checkpoint_thread.start()
 
-    def _checkpointer(self) -> None:
-        """Fold the WAL into the database every second after writes, off every commit path."""
-        conn = self._connect()
+    def _checkpointer(self, closing: threading.Event) -> None:
+        """Fold the WAL into the database every second after writes, off every commit path.
+
+        Its connection is its own: opened and closed on this thread only.
+        """
         try:
-            while not self._closing.wait(CHECKPOINT_INTERVAL_S):
+            conn = self._connect()
+        except (sqlite3.Error, OSError, SchedulerError) as exc:
+            log.debug("checkpointer not started: %s", exc)
+            return
+        try:
+            while not closing.wait(CHECKPOINT_INTERVAL_S):
                 if self._wrote:
                     self._wrote = False
                     try:
                         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    except sqlite3.Error as exc:  # busy or closed: the next round tries again
+                    except sqlite3.Error as exc:  # busy: the next round tries again
                         log.debug("checkpoint skipped: %s", exc)
         finally:
             conn.close()
 
     def checkpoint(self) -> None:
         """Fold the WAL into the database now (PASSIVE: readers and writers are not blocked)."""
-        self._conn().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        slot = self._slot()
+        with self._using(slot) as conn:
+            self._exec(conn, "PRAGMA wal_checkpoint(PASSIVE)", "cannot checkpoint")
 
     def close(self) -> None:
+        """Close the store's connections, never one another thread is using at that moment.
+
+        Idle connections (this thread's, those of threads between statements, those of
+        threads that have ended) are closed now. A connection in use, such as a lease
+        renewal blocked on a lock held by another process, is marked and closed by its own
+        thread as soon as its statement or transaction ends; new uses are refused
+        (``DB_INIT_FAILED``: used after close) until ``initialize()`` is called again.
+        """
         if self._initialized and self._wrote:
             try:
                 self.checkpoint()
             except (sqlite3.Error, SchedulerError):
                 pass
-        self._closing.set()
-        if self._checkpoint_thread is not None:
-            self._checkpoint_thread.join(timeout=5)
-        self._checkpoint_thread = None
-        self._closing = threading.Event()
-        with self._lock:
-            conns, self._all_conns = self._all_conns, []
-        for conn in conns:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
-        self._local = threading.local()
         self._initialized = False
+        with self._lock:
+            closing, self._closing = self._closing, threading.Event()
+            checkpointer, self._checkpoint_thread = self._checkpoint_thread, None
+            slots, self._slots = self._slots, []
+        closing.set()
+        if checkpointer is not None and checkpointer is not threading.current_thread():
+            checkpointer.join(timeout=5)
+        for slot in slots:
+            slot.retire()

@@ -1,0 +1,129 @@
+"""Permissions of the files the scheduler creates: the database, its WAL/SHM, artifacts, the pid file.
+
+Job output and audit data belong to the operator, so by default (``private``) every
+file the scheduler creates is ``0600`` and every directory it creates ``0700``,
+whatever the process umask. Installations where approvers are other users of a shared
+group choose ``group``: files ``0660``, directories ``2770`` (setgid, so files created
+inside inherit the directory's group).
+
+How it is enforced, without touching the process-wide umask (which child processes of
+concurrently running jobs would inherit):
+
+* files are created with ``os.open(..., O_CREAT | O_EXCL, mode)`` and then ``fchmod``'d
+  to exactly ``mode`` (the umask can only remove bits, and group mode needs them);
+* directories are created one level at a time and ``chmod``'d the same way;
+* SQLite creates ``-wal`` and ``-shm`` itself with the *database file's* permissions
+  (and, when run as root, its owner), so creating the database file first with the
+  right mode is enough for them too.
+
+Existing files and directories are never changed: ``doctor`` reports world access
+instead (``world_access``), because tightening a file behind an operator's back can
+lock out the users of a deliberate set-up.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Literal
+
+from scheduler.errors import SchedulerError
+
+#: The setting's environment variable; it becomes the ``[storage] file_mode`` setting of
+#: the settings file (``SCHEDULER_<SECTION>_<KEY>`` is that file's override convention).
+FILE_MODE_ENV = "SCHEDULER_STORAGE_FILE_MODE"
+
+FileModeName = Literal["private", "group"]
+
+#: Permissions per mode: (file, directory).
+MODES: dict[str, tuple[int, int]] = {
+    "private": (0o600, 0o700),
+    "group": (0o660, 0o2770),
+}
+
+
+def file_mode_setting() -> FileModeName:
+    """The configured mode, ``private`` (default) or ``group``; anything else is ``CONFIG_INVALID``.
+
+    The one place the setting is read, so moving it to the settings file changes only this.
+    """
+    raw = os.environ.get(FILE_MODE_ENV, "").strip().lower()
+    if not raw:
+        return "private"
+    if raw not in MODES:
+        error = f"{raw!r} is not one of: {', '.join(MODES)}"
+        raise SchedulerError(
+            "CONFIG_INVALID",
+            f"setting storage.file_mode from env:{FILE_MODE_ENV}: {error}",
+            details=[{"key": "storage.file_mode", "field": "storage.file_mode", "source": f"env:{FILE_MODE_ENV}",
+                      "code": "INVALID_CHOICE", "error": error}],
+        )
+    return raw  # type: ignore[return-value]
+
+
+def file_mode() -> int:
+    """Permission bits for a file the scheduler creates (``0600``, or ``0660`` in group mode)."""
+    return MODES[file_mode_setting()][0]
+
+
+def dir_mode() -> int:
+    """Permission bits for a directory the scheduler creates (``0700``, or ``02770`` in group mode)."""
+    return MODES[file_mode_setting()][1]
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` and any missing parents with ``dir_mode()``; existing directories are left as they are.
+
+    ``Path.mkdir(mode=...)`` is filtered by the umask and applies to the last level
+    only, so each level created here is ``chmod``'d to the exact mode.
+    """
+    target = Path(path)
+    missing: list[Path] = []
+    probe = target
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    mode = dir_mode() if missing else 0
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=mode & 0o777)
+        except FileExistsError:
+            continue  # created meanwhile by another thread or process: theirs to keep
+        os.chmod(directory, mode)
+    return target
+
+
+def create_file(path: str | os.PathLike[str], flags: int = os.O_WRONLY) -> tuple[int, bool]:
+    """Open ``path``, creating it with ``file_mode()`` if missing; returns (fd, created).
+
+    ``flags`` are the access flags (``O_WRONLY``, ``O_RDWR``, ``O_APPEND``, ``O_TRUNC``...).
+    An existing file keeps its permissions.
+    """
+    while True:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            try:
+                return os.open(path, flags | os.O_CLOEXEC), False
+            except FileNotFoundError:
+                continue  # removed between the two opens: try to create it again
+        try:
+            os.fchmod(fd, file_mode())
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+
+
+def world_access(path: str | os.PathLike[str]) -> str | None:
+    """``"0644"``-style permissions when ``path`` exists and others may read, write or enter it, else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if mode & stat.S_IRWXO:
+        return format(stat.S_IMODE(mode), "04o")
+    return None
