@@ -86,7 +86,11 @@ def _f(
 class JobSpec:
     """A validated, normalised job specification (what a user may set)."""
 
-    name: str = _f(kind="str", doc="Unique human name of the job (1-128 chars, no control characters).", required=True)
+    name: str = _f(
+        kind="str", required=True,
+        doc="Unique human name of the job (1-128 chars; no control, line-separator or bidi-control characters,"
+            " no leading or trailing space).",
+    )
     schedule_kind: str = _f(
         kind="choice",
         choices=("cron", "every", "at", "manual", "chain"),

@@ -63,9 +63,20 @@ def _strict_float(text: str) -> float:
     return value
 
 
+#: Longest integer literal accepted in structured output (Python refuses > 4300 digits with a ValueError).
+MAX_INT_DIGITS = 100
+
+
+def _strict_int(text: str) -> int:
+    """``parse_int`` hook: refuse integer literals too long to be a real count or id (never a crash)."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NonStandardJSON(f"integer literal of {len(text.lstrip('-'))} digits is out of range")
+    return int(text)
+
+
 def _loads(text: str) -> Any:
-    """Strict ``json.loads``: one value, no NaN/Infinity, no overflowing numbers."""
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_strict_float)
+    """Strict ``json.loads``: one value, no NaN/Infinity, no overflowing numbers, no huge integer literals."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_strict_float, parse_int=_strict_int)
 
 
 def _record(

@@ -68,7 +68,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_MS = timedelta(milliseconds=1)
 
 
-_DURATION_RE = re.compile(r"(\d+)(ms|d|h|m|s)")
+_DURATION_RE = re.compile(r"(\d+)(ms|d|h|m|s)", re.ASCII)  # ASCII digits only: "١s" is not a duration
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 

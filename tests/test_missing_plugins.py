@@ -212,3 +212,19 @@ def test_a_new_kind_of_reference_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(SchedulerError) as info:
         refs.require_plugins([job])
     assert info.value.code == "EVIDENCE_NOT_AVAILABLE" and info.value.details[0]["field"] == "evidence.provider"
+
+
+def test_schedule_add_follows_the_missing_plugin_rule(tmp_path) -> None:
+    """`schedule add --target isolated` needs the `agent` executor like `jobs add` does."""
+    import json as _json
+
+    from scheduler.testing import run_cli
+
+    db = str(tmp_path / "s.db")
+    code, out, _ = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "isolated", db=db)
+    assert code == 1 and _json.loads(out)["code"] == "EXECUTOR_NOT_AVAILABLE"
+    code, out, _ = run_cli("--json", "jobs", "list", db=db)
+    assert _json.loads(out)["jobs"] == []
+    code, out, err = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "isolated",
+                             "--allow-missing-plugins", db=db)
+    assert code == 0, err

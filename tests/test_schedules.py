@@ -429,3 +429,13 @@ def test_next_fire_is_fast() -> None:
     for k in range(1000):
         next_fire(s, ms("2026-01-01T00:00:00Z") + k * 7 * H)
     assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize("text", ["١s", "５m", "1h٣0m"])
+def test_durations_take_ascii_digits_only(text: str) -> None:
+    from scheduler.errors import SchedulerError
+    from scheduler.timeutil import parse_duration_ms
+
+    with pytest.raises(SchedulerError) as info:
+        parse_duration_ms(text)
+    assert info.value.code == "INVALID_DURATION"

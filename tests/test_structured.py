@@ -209,3 +209,12 @@ def test_from_capture_tampered_artifact_is_nonfatal(tmp_path: Path) -> None:
     assert rec["valid"] is False and rec["parsed"] is None
     assert rec["warning"].startswith("ARTIFACT_TAMPERED")
     assert rec["artifact"] == capture.artifact
+
+
+@pytest.mark.parametrize("fmt, data", [("json", b'{"n": ' + b"9" * 5000 + b"}"), ("ndjson", b'{"a": 1}\n[-' + b"1" * 5000 + b"]\n")])
+def test_a_huge_integer_literal_is_invalid_output_not_a_crash(fmt: str, data: bytes) -> None:
+    """Regression: a 5,000-digit integer made Python's int() raise and the run end EXECUTOR_CRASHED."""
+    rec = parse(fmt, data)
+    assert rec["valid"] is False and rec["parsed"] is None
+    assert "5000 digits is out of range" in rec["warning"]
+    assert parse("json", b"1" + b"0" * 99)["parsed"] == 10**99  # long but plausible ids still parse

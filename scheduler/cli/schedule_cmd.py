@@ -49,8 +49,10 @@ def schedule_preview(expr: str, tz: str, count: int, dst_gap: str, dst_fold: str
 @click.option("--name", default=None, help="Job name (default: derived from a hash of the payload).")
 @click.option("--tz", default="UTC", show_default=True)
 @click.option("--target", type=click.Choice(["shell", "isolated", "main"]), default="shell", show_default=True)
-def schedule_add(cron: str, payload: str, name: str | None, tz: str, target: str) -> None:
-    """Add a cron job in one line: CRON PAYLOAD."""
+@click.option("--allow-missing-plugins", "allow_missing_plugins", is_flag=True,
+              help="Accept the job although its executor is not installed here.")
+def schedule_add(cron: str, payload: str, name: str | None, tz: str, target: str, allow_missing_plugins: bool) -> None:
+    """Add a cron job in one line: CRON PAYLOAD (the same missing-plugin rule as `jobs add`)."""
     from scheduler.cli.main import open_ctx_store
     from scheduler.jobs import create_jobs, job_to_json
     from scheduler.spec import validate_spec
@@ -58,6 +60,10 @@ def schedule_add(cron: str, payload: str, name: str | None, tz: str, target: str
     name = name or "job-" + hashlib.sha256(payload.encode()).hexdigest()[:10]
     spec = validate_spec({"name": name, "schedule_kind": "cron", "schedule_cron": cron, "schedule_tz": tz,
                           "session_target": target, "payload_message": payload})
+    if not allow_missing_plugins:
+        from scheduler.plugin_refs import require_plugins
+
+        require_plugins([spec])
     view = job_to_json(create_jobs(open_ctx_store(), [spec])[0])
     emit({"job": view}, lambda: click.echo(f"added {view['name']} ({view['id']})"))
 
