@@ -27,14 +27,21 @@ def _driver(spec: Any, attr: str) -> str | None:
     return value() if callable(value) else value
 
 
+#: Providers loaded for validation in this process: validating an array of jobs loads each plugin once.
+_validators: dict[tuple[str, str], Any] = {}
+
+
 def _provider(kind: str, name: str) -> Any | None:
     """The loaded provider, or None when it is not installed or cannot load (the missing-plugin rule reports that)."""
     from scheduler.plugins.loader import load_provider
 
-    try:
-        return load_provider(kind, name)
-    except SchedulerError:
-        return None
+    key = (kind, name)
+    if key not in _validators:
+        try:
+            _validators[key] = load_provider(kind, name)
+        except SchedulerError:
+            return None  # not remembered: an installation fixed meanwhile is seen on the next call
+    return _validators[key]
 
 
 def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, str]]]:
