@@ -195,12 +195,16 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
             return "capture_failed"
         now = time.monotonic()
         if _leader_exited(proc.pid):
-            if pump.finished:
-                return "exited"
-            if now >= next_group_check:
+            done = pump.finished
+            if not done and now >= next_group_check:
                 next_group_check = now + GROUP_CHECK_S
-                if not live_group_members(proc.pid):
-                    return "exited"
+                done = not live_group_members(proc.pid)
+            if done:
+                # The pump may have crossed the cap (or failed) after the checks above: a fast command
+                # that wrote too much must still end OUTPUT_LIMIT_EXCEEDED, never "ok".
+                if pump.limit_exceeded.is_set():
+                    return "limit"
+                return "capture_failed" if pump.error is not None else "exited"
         remaining = deadline - now
         if remaining <= 0:
             return "timeout"
