@@ -32,6 +32,7 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "cli": "bench.cli_start",
     "postgres": "bench.postgres",
+    "soak": "bench.soak",
 }
 
 
