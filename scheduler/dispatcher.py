@@ -167,228 +167,6 @@ class _ActiveRun:
     cancelled_at: float | None = None
     #: The result the dispatcher committed in place of an executor it cut loose.
     abandoned: ExecutionResult | None = None
-#: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before
-#: the dispatcher cancels it: room for clock granularity, so a self-enforcing executor is never raced.
-DEADLINE_SLACK_S = 0.5
-#: After the dispatcher cancelled a run, how long on top of ``kill_grace_s`` the executor gets to
-#: return (stopping a process group takes up to the kill grace) before its worker is abandoned.
-ABANDON_SLACK_S = 1.0
-#: Longest pause between attempts while the database stays busy (``DB_BUSY``).
-BUSY_BACKOFF_MAX_S = 1.0
-#: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
-#: waiting out a busy database) before the store can be closed under it.
-RENEW_JOIN_S = 15.0
-#: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
-TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for a database error that may go away by itself (busy, briefly unavailable).
-
-    The dispatcher waits such errors out and retries instead of crashing; a lost lease
-    is never transient.
-    """
-    if not isinstance(exc, SchedulerError) or isinstance(exc, leases.LeaseLost):
-        return False
-    return bool(getattr(exc, "retryable", False)) or exc.code in TRANSIENT_DB_CODES
-
-
-class WorkerPool:
-    """Daemon threads that run executor calls; grows past its size only to replace stuck workers.
-
-    Why not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at
-    interpreter exit (a stuck executor kept ``scheduler run`` alive for as long as it
-    slept), and a stuck worker keeps its slot forever. Here a task goes to an idle
-    worker or to a new thread, so a worker the dispatcher abandoned never holds up new
-    runs (the dispatcher bounds how many runs it submits); a surplus thread exits when
-    its task finally returns.
-    """
-
-    def __init__(self, size: int, name: str) -> None:
-        self.size = size
-        self._name = name
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._busy = 0
-        self._seq = 0
-        self._closed = False
-
-    @property
-    def threads(self) -> int:
-        """Worker threads alive (idle, busy or stuck)."""
-        return self._threads
-
-    @property
-    def busy(self) -> int:
-        """Workers running a task now (after a stop: the stuck ones)."""
-        return self._busy
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on an idle worker, or on a new daemon thread when none is idle."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("worker pool is closed")
-            self._busy += 1
-            if self._idle > 0:
-                self._idle -= 1  # reserved: that worker takes this task
-            else:
-                self._threads += 1
-                self._seq += 1
-                threading.Thread(target=self._work, name=f"{self._name}-{self._seq}", daemon=True).start()
-        self._tasks.put(fn)
-
-    def _work(self) -> None:
-        while True:
-            fn = self._tasks.get()
-            if fn is None:
-                with self._lock:
-                    self._threads -= 1
-                return
-            try:
-                fn()
-            except BaseException:  # the dispatcher's task reports its own failures; never lose the worker silently
-                log.exception("worker task failed")
-            with self._lock:
-                self._busy -= 1
-                if self._closed or self._threads > self.size:
-                    self._threads -= 1  # a replacement took our place meanwhile (or we are stopping)
-                    return
-                self._idle += 1
-
-    def close(self) -> None:
-        """Let idle workers exit; busy (stuck) ones are not waited for: they are daemon threads."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, 0
-        for _ in range(idle):
-            self._tasks.put(None)
-
-
-@attrs.define(eq=False)
-class _ActiveRun:
-    """A run executing on a worker, as the loop supervises it."""
-
-    control: DbRunControl
-    started: StartedRun
-    #: Epoch ms after which the run is past its ``run_timeout_ms``.
-    deadline_ms: int
-    #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
-    cancelled_at: float | None = None
-    #: The result the dispatcher committed in place of an executor it cut loose.
-    abandoned: ExecutionResult | None = None
-#: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before
-#: the dispatcher cancels it: room for clock granularity, so a self-enforcing executor is never raced.
-DEADLINE_SLACK_S = 0.5
-#: After the dispatcher cancelled a run, how long on top of ``kill_grace_s`` the executor gets to
-#: return (stopping a process group takes up to the kill grace) before its worker is abandoned.
-ABANDON_SLACK_S = 1.0
-#: Longest pause between attempts while the database stays busy (``DB_BUSY``).
-BUSY_BACKOFF_MAX_S = 1.0
-#: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
-#: waiting out a busy database) before the store can be closed under it.
-RENEW_JOIN_S = 15.0
-#: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
-TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for a database error that may go away by itself (busy, briefly unavailable).
-
-    The dispatcher waits such errors out and retries instead of crashing; a lost lease
-    is never transient.
-    """
-    if not isinstance(exc, SchedulerError) or isinstance(exc, leases.LeaseLost):
-        return False
-    return bool(getattr(exc, "retryable", False)) or exc.code in TRANSIENT_DB_CODES
-
-
-class WorkerPool:
-    """Daemon threads that run executor calls; grows past its size only to replace stuck workers.
-
-    Why not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at
-    interpreter exit (a stuck executor kept ``scheduler run`` alive for as long as it
-    slept), and a stuck worker keeps its slot forever. Here a task goes to an idle
-    worker or to a new thread, so a worker the dispatcher abandoned never holds up new
-    runs (the dispatcher bounds how many runs it submits); a surplus thread exits when
-    its task finally returns.
-    """
-
-    def __init__(self, size: int, name: str) -> None:
-        self.size = size
-        self._name = name
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._busy = 0
-        self._seq = 0
-        self._closed = False
-
-    @property
-    def threads(self) -> int:
-        """Worker threads alive (idle, busy or stuck)."""
-        return self._threads
-
-    @property
-    def busy(self) -> int:
-        """Workers running a task now (after a stop: the stuck ones)."""
-        return self._busy
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on an idle worker, or on a new daemon thread when none is idle."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("worker pool is closed")
-            self._busy += 1
-            if self._idle > 0:
-                self._idle -= 1  # reserved: that worker takes this task
-            else:
-                self._threads += 1
-                self._seq += 1
-                threading.Thread(target=self._work, name=f"{self._name}-{self._seq}", daemon=True).start()
-        self._tasks.put(fn)
-
-    def _work(self) -> None:
-        while True:
-            fn = self._tasks.get()
-            if fn is None:
-                with self._lock:
-                    self._threads -= 1
-                return
-            try:
-                fn()
-            except BaseException:  # the dispatcher's task reports its own failures; never lose the worker silently
-                log.exception("worker task failed")
-            with self._lock:
-                self._busy -= 1
-                if self._closed or self._threads > self.size:
-                    self._threads -= 1  # a replacement took our place meanwhile (or we are stopping)
-                    return
-                self._idle += 1
-
-    def close(self) -> None:
-        """Let idle workers exit; busy (stuck) ones are not waited for: they are daemon threads."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, 0
-        for _ in range(idle):
-            self._tasks.put(None)
-
-
-@attrs.define(eq=False)
-class _ActiveRun:
-    """A run executing on a worker, as the loop supervises it."""
-
-    control: DbRunControl
-    started: StartedRun
-    #: Epoch ms after which the run is past its ``run_timeout_ms``.
-    deadline_ms: int
-    #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
-    cancelled_at: float | None = None
-    #: The result the dispatcher committed in place of an executor it cut loose.
-    abandoned: ExecutionResult | None = None
 
 
 @attrs.define
@@ -669,14 +447,6 @@ class Dispatcher:
             if not is_transient(exc):
                 raise
             log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
-        except SchedulerError as exc:
-            if not is_transient(exc):
-                raise
-            log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
-        except SchedulerError as exc:
-            if not is_transient(exc):
-                raise
-            log.warning("recovery pass postponed: %s", exc.message)  # the next pass retries
 
     def _maintenance_lease(self) -> leases.Lease | None:
         """Singleton duties (recovery) run under one named lease, taken over when it expires."""
@@ -784,10 +554,13 @@ class Dispatcher:
         self._forget([item for item in finished if item[0].run_id not in retried])
         if created:
             self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
-        for s, run in committed:
-            self._report(s, run)
-        for s in started:
+        for s in started:  # first: a run committed as running must reach a worker whatever happens next
             self._submit(s)
+        for s, run in committed:
+            try:
+                self._report(s, run)
+            except Exception:  # noqa: BLE001 - the run is committed; a failing report (hook, read) must not stop the loop
+                log.exception("reporting the end of run %s failed", s.run_id)
         if not claim:
             return 0.0 if committed else CANCEL_CHECK_MS / 1000
         if started:
@@ -1171,38 +944,6 @@ class Dispatcher:
 
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
-
-
-def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
-    """A result that arrives after the dispatcher cancelled the run for its deadline is a ``timeout``.
-
-    The executor's outputs are kept; its status is not (it typically says ``cancelled``,
-    not knowing why). An executor that reported ``timeout`` itself keeps its own code.
-    """
-    if entry.control.cancel_reason() != "deadline" or result.status == "timeout":
-        return result
-    said = result.status + (f" {result.error_code}" if result.error_code else "")
-    return attrs.evolve(
-        result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
-        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
-                      f" dispatcher (the executor reported {said})",
-    )
-
-
-def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
-    """A result that arrives after the dispatcher cancelled the run for its deadline is a ``timeout``.
-
-    The executor's outputs are kept; its status is not (it typically says ``cancelled``,
-    not knowing why). An executor that reported ``timeout`` itself keeps its own code.
-    """
-    if entry.control.cancel_reason() != "deadline" or result.status == "timeout":
-        return result
-    said = result.status + (f" {result.error_code}" if result.error_code else "")
-    return attrs.evolve(
-        result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
-        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
-                      f" dispatcher (the executor reported {said})",
-    )
 
 
 def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:
