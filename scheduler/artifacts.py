@@ -3,17 +3,25 @@
 Executors stream output through a ``StreamRecorder``: it keeps a bounded excerpt
 for the database row, spills the whole stream to a file once it passes a
 threshold, and always knows the byte count and SHA-256 of the complete stream.
-Readers go through ``read_artifact``, which refuses a path outside the store and
-a file whose digest no longer matches (tampering or corruption).
+The excerpt is text, so it is the stream itself only when the stream is short,
+valid UTF-8 and free of NUL bytes; any other stream (binary output, however small)
+is written to the artifact store too, so the exact bytes can always be read back.
+Readers go through ``read_artifact`` / ``read_stream``, which refuse a path outside
+the store and bytes whose digest no longer matches (tampering or corruption).
+
+Files and directories are created private (``0600``/``0700``) or group-shared
+(``0660``/``2770``), see ``scheduler.filemodes``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from scheduler import filemodes
 from scheduler.errors import SchedulerError
 from scheduler.execution import StreamCapture
 
@@ -40,8 +48,23 @@ def run_dir(root: Path, run_id: str, *, create: bool = True) -> Path:
         raise SchedulerError("ARTIFACT_PATH_INVALID", f"bad run id for an artifact path: {run_id!r}")
     path = root / "runs" / run_id
     if create:
-        path.mkdir(parents=True, exist_ok=True)
+        filemodes.ensure_dir(path)
     return path
+
+
+def excerpt_is_exact(data: bytes) -> bool:
+    """Whether ``data`` survives as a text excerpt byte for byte: valid UTF-8 and no NUL.
+
+    NUL is excluded because PostgreSQL ``text`` cannot hold it; whatever fails this
+    test is kept in the artifact store instead.
+    """
+    if b"\x00" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class StreamRecorder:
@@ -67,6 +90,8 @@ class StreamRecorder:
         self._buffer = bytearray()
         self._file: BinaryIO | None = None
         self.limit_exceeded = False
+        #: Why the artifact file could not be written, if it could not (``finish`` does not retry).
+        self.offload_error: OSError | None = None
 
     def write(self, chunk: bytes) -> bool:
         """Record a chunk; False once the per-stream cap is exceeded (the caller should stop the process)."""
@@ -82,14 +107,38 @@ class StreamRecorder:
         else:
             self._buffer.extend(chunk)
             if len(self._buffer) > self._offload_bytes:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self._path, "wb")
-                self._file.write(self._buffer)
-                del self._buffer[self._excerpt_limit :]
+                self._offload()
         return not self.limit_exceeded
 
+    def _offload(self) -> None:
+        """Start the artifact file with everything buffered so far; keep only the excerpt in memory.
+
+        Raises the ``OSError`` when the file cannot be written (the caller decides: the
+        shell executor stops the run with ``OUTPUT_CAPTURE_FAILED``).
+        """
+        try:
+            filemodes.ensure_dir(self._path.parent)
+            fd, _created = filemodes.create_file(self._path, os.O_WRONLY | os.O_TRUNC)
+            self._file = os.fdopen(fd, "wb")
+            self._file.write(self._buffer)
+        except OSError as exc:
+            self.offload_error = exc
+            raise
+        del self._buffer[self._excerpt_limit :]
+
     def finish(self) -> StreamCapture:
-        """Close the stream and describe it."""
+        """Close the stream and describe it.
+
+        A stream still only in memory is offloaded now unless its excerpt is the whole
+        stream byte for byte (``excerpt_is_exact``): a small binary or cut-off stream
+        would otherwise survive only as a lossy excerpt.
+        """
+        exact = len(self._buffer) <= self._excerpt_limit and excerpt_is_exact(bytes(self._buffer))
+        if self._file is None and not exact and self.offload_error is None:
+            try:
+                self._offload()
+            except OSError:
+                pass  # described below: no artifact, and the excerpt marked as not the whole stream
         artifact = None
         if self._file is not None:
             self._file.close()
@@ -98,8 +147,10 @@ class StreamRecorder:
         return StreamCapture(
             bytes=self._size,
             sha256=self._hash.hexdigest(),
-            excerpt=excerpt_bytes.decode("utf-8", errors="replace"),
-            truncated=self._size > len(excerpt_bytes),
+            # A display excerpt when the stream is offloaded: undecodable bytes and NUL become U+FFFD.
+            excerpt=excerpt_bytes.decode("utf-8", errors="replace").replace("\x00", "\ufffd"),
+            # "The excerpt is not the whole stream": cut off, or not reproducible as text.
+            truncated=self._size > len(excerpt_bytes) or (artifact is None and not exact),
             artifact=artifact,
             limit_exceeded=self.limit_exceeded,
         )
@@ -130,3 +181,41 @@ def read_artifact(root: Path, relative: str, expected_sha256: str, expected_byte
             f"artifact {relative} does not match its recorded digest (expected {expected_sha256[:12]}..., found {digest[:12]}...)",
         )
     return data
+
+
+def read_stream(root: Path, run: Mapping[str, Any], stream: str) -> bytes:
+    """The exact bytes of one output stream of a run row, verified against its recorded size and SHA-256.
+
+    An offloaded stream is read through ``read_artifact``; an inline one is its excerpt,
+    which must hash to the recorded digest. A mismatch is ``ARTIFACT_TAMPERED`` (the row
+    or file was changed, or an older recorder kept binary output only as a lossy
+    excerpt); a stream of which only a cut-off excerpt was kept is ``ARTIFACT_MISSING``.
+    Never returns bytes that do not match the record.
+    """
+    artifact = run.get(f"{stream}_artifact")
+    digest = run.get(f"{stream}_sha256")
+    size = run.get(f"{stream}_bytes")
+    excerpt = run.get(f"{stream}_excerpt")
+    run_ref = str(run.get("id", "?"))
+    if artifact:
+        if not digest:
+            raise SchedulerError("ARTIFACT_TAMPERED", f"run {run_ref} {stream}: artifact {artifact} has no recorded digest")
+        return read_artifact(root, artifact, digest, size)
+    if not digest:
+        if excerpt or size:
+            raise SchedulerError("ARTIFACT_TAMPERED", f"run {run_ref} {stream}: output is stored without its digest")
+        return b""  # nothing was recorded (the run never produced this stream)
+    data = (excerpt or "").encode("utf-8")
+    found = hashlib.sha256(data).hexdigest()
+    if found == digest and (size is None or len(data) == size):
+        return data
+    if run.get(f"{stream}_truncated"):
+        raise SchedulerError(
+            "ARTIFACT_MISSING",
+            f"run {run_ref} {stream}: only an excerpt of the {size}-byte stream was kept (cut off or not text), not the stream",
+        )
+    raise SchedulerError(
+        "ARTIFACT_TAMPERED",
+        f"run {run_ref} {stream}: the stored output does not match its recorded digest"
+        f" (expected {digest[:12]}..., found {found[:12]}...; changed, or kept only as a lossy excerpt)",
+    )

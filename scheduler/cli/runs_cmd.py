@@ -74,24 +74,36 @@ def runs_get(run_id: str) -> None:
 @click.argument("run_id")
 @click.argument("stream", type=click.Choice(["stdout", "stderr"]), default="stdout")
 def runs_output(run_id: str, stream: str) -> None:
-    """The whole output stream of a run (stored or offloaded; a tampered artifact is refused)."""
-    from scheduler.artifacts import default_artifacts_root, read_artifact
+    """The whole output stream of a run, exact bytes, verified against its recorded SHA-256 and size.
+
+    Inline or offloaded, the bytes are checked before anything is printed, so a changed
+    row or file is ``ARTIFACT_TAMPERED`` (exit 1) and never shown as if it were the output.
+    Human mode writes the raw bytes; ``--json`` gives text as ``utf-8`` or, when the
+    stream is not UTF-8, ``base64``.
+    """
+    import base64
+
+    from scheduler.artifacts import default_artifacts_root, read_stream
 
     store = open_ctx_store()
     with store.read() as tx:
         run = _resolve_run(tx, run_id)
-    artifact, digest = run.get(f"{stream}_artifact"), run.get(f"{stream}_sha256")
-    if artifact:
-        data = read_artifact(default_artifacts_root(store.location), artifact, digest, run.get(f"{stream}_bytes"))
-    else:
-        data = (run.get(f"{stream}_excerpt") or "").encode("utf-8")
-    text = data.decode("utf-8", errors="replace")
+    data = read_stream(default_artifacts_root(store.location), run, stream)
     if click.get_current_context().find_root().obj.get("json"):
-        emit({"run_id": run["id"], "stream": stream, "bytes": run.get(f"{stream}_bytes"), "sha256": digest, "offloaded": bool(artifact),
-              "content": text})
+        try:
+            content, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+        emit({"run_id": run["id"], "stream": stream, "bytes": len(data), "sha256": run.get(f"{stream}_sha256"),
+              "offloaded": bool(run.get(f"{stream}_artifact")), "encoding": encoding, "content": content})
+        return
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text-only stdout (in-process callers): the bytes, losslessly as str
+        sys.stdout.write(data.decode("utf-8", errors="surrogateescape"))
     else:
-        sys.stdout.buffer.write(data)
         sys.stdout.flush()
+        out.write(data)
+        out.flush()
 
 
 @runs_group.command("cancel")
