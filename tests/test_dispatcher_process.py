@@ -358,6 +358,48 @@ def test_database_locked_longer_than_the_lease_steps_down_cleanly(sqlite_store, 
     assert crashed["id"] == run["id"] and "no longer runs on this host" in crashed["error_message"]
 
 
+#: Holds an exclusive lock on the lease table of a PostgreSQL schema for a while (statements on it block).
+PG_LOCKER = (
+    "import sys, time, psycopg\n"
+    "from psycopg import sql\n"
+    "with psycopg.connect(sys.argv[1]) as c:\n"
+    "    c.execute(sql.SQL('LOCK TABLE {}.dispatcher_leases IN ACCESS EXCLUSIVE MODE').format(sql.Identifier(sys.argv[2])))\n"
+    "    print('locked', flush=True)\n"
+    "    time.sleep(float(sys.argv[3]))\n"
+    "    c.rollback()\n"
+)
+
+
+@pytest.mark.postgres
+def test_postgres_lock_outlasting_the_lease_steps_down_cleanly(pg_url, tmp_path, procs):
+    """On PostgreSQL a blocked renewal just waits; once the lock is gone the expired lease is not renewed: step down."""
+    base_url, schema = pg_url.split("?schema=", 1)
+    store = open_store(pg_url)
+    try:
+        job = add_job(store, payload_message="sleep:30")
+        a = start(pg_url, procs, tmp_path)  # shared mode, lease TTL 1.5 s
+        a.wait_ready()
+        enqueue_manual(store, job["id"])
+        run = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "running"], what="running")[0]
+        locker = subprocess.Popen([sys.executable, "-c", PG_LOCKER, base_url, schema, "4"], stdout=subprocess.PIPE, text=True)
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+        try:
+            time.sleep(2.5)  # past the lease while the renewal waits for the lock
+            assert a.p.poll() is None, a.output()  # waiting, not crashed
+            code = a.p.wait(15)  # the lock goes at 4 s; the lease is not renewed after it ran out
+        finally:
+            locker.wait(15)
+        out = a.output()
+        assert code == 1 and "LEASE" in out and "Traceback" not in out, out
+        assert run_rows(store, job["id"])[0]["status"] == "running"  # nothing committed without the lease
+        b = start(pg_url, procs, tmp_path)
+        b.wait_ready()
+        crashed = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "crashed"], what="recovered")[0]
+        assert crashed["id"] == run["id"] and "no longer runs on this host" in crashed["error_message"]
+    finally:
+        store.close()
+
+
 def _flock_held(path: Path) -> bool:
     import fcntl
 
