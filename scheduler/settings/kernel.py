@@ -34,6 +34,8 @@ class StorageSettings:
         default="NORMAL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode)."})
     sqlite_busy_timeout_ms: int = attrs.field(default=10_000, metadata={
         "minimum": 1, "maximum": 3_600_000, "doc": "How long a SQLite connection waits for another one's lock before DB_BUSY."})
+    file_mode: Literal["private", "group"] = attrs.field(default="private", metadata={
+        "doc": "Permissions of files and directories the scheduler creates: private 0600/0700, group 0660/2770 (setgid)."})
 
 
 #: The kernel tables of the settings file, in display order.

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 #: How long a connection waits for another connection's lock before ``DB_BUSY``.
 BUSY_TIMEOUT_MS = 10_000
-#: Overrides ``BUSY_TIMEOUT_MS`` (tests shorten it); becomes ``[storage] sqlite_busy_timeout_ms``.
+#: The override variable of ``[storage] sqlite_busy_timeout_ms`` (default ``BUSY_TIMEOUT_MS``).
 BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
@@ -47,22 +47,12 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def default_busy_timeout_ms() -> int:
-    """The busy timeout of new connections: ``$SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS``, else ``BUSY_TIMEOUT_MS``.
+    """The busy timeout of new connections: the ``[storage] sqlite_busy_timeout_ms`` setting.
 
-    Read in one place so it can move into the settings file unchanged.
+    Overridden by ``SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS`` (tests shorten it); the
+    settings loader validates it (``CONFIG_INVALID``).
     """
-    raw = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return BUSY_TIMEOUT_MS
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 3_600_000:
-        raise SchedulerError(
-            "CONFIG_INVALID",
-            f"setting storage.sqlite_busy_timeout_ms from env:{BUSY_TIMEOUT_ENV}: {raw!r} is not a whole number of ms"
-            " between 1 and 3600000",
-            details=[{"key": "storage.sqlite_busy_timeout_ms", "field": "storage.sqlite_busy_timeout_ms",
-                      "source": f"env:{BUSY_TIMEOUT_ENV}", "code": "OUT_OF_RANGE", "error": "not 1..3600000"}],
-        )
-    return int(raw)
+    return int(current_settings().storage.sqlite_busy_timeout_ms)
 
 
 def _is_busy(exc: BaseException) -> bool:
