@@ -21,7 +21,7 @@ database. Figures (goals from issue 9):
 
 Standalone, with options: ``python -m bench.soak --cycles 100 [--jobs-per-cycle 8] [--db URL]``
 (prints the figures; ``--json`` for the raw result). Through ``python -m bench --only soak``
-it runs 5 cycles with ``--quick`` and 60 otherwise.
+it runs 5 cycles with ``--quick`` and 100 otherwise.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 def params(ctx: Context) -> dict[str, Any]:
     """Cycle count and workload shape for the bench runner's mode."""
-    return {"cycles": 5 if ctx.quick else 60, "jobs_per_cycle": 8, "min_alive_s": 0.8, "max_alive_s": 2.5,
+    return {"cycles": 5 if ctx.quick else 100, "jobs_per_cycle": 8, "min_alive_s": 0.8, "max_alive_s": 2.5,
             "min_run_s": 0.1, "max_run_s": 1.5, "concurrency": 4, "lease_ttl": "2s", "seed": 20260109}
 
 
