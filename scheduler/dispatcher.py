@@ -40,12 +40,11 @@ from scheduler.execution import EXECUTION_STATUSES, CancellationToken, Execution
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
-from scheduler.runs import StaleFence, fenced_update
+from scheduler.runs import StaleFence, fenced_update, run_to_json
 from scheduler.plugin_options import executor_options_for
 from scheduler.spec import constraints_of, spec_from_row
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms, to_iso
-from scheduler.transitions import committing, fail_completion
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ class Dispatcher:
         self.store = store
         self.config = config or DispatcherConfig()
         self.owner = self.config.owner or leases.new_owner_id()
-        exclusive = self.config.exclusive if self.config.exclusive is not None else store.exclusive_dispatch
+        exclusive = self.config.exclusive if self.config.exclusive is not None else store.dialect == "sqlite"
         self.exclusive = exclusive
         self.lease_name = "dispatcher" if exclusive else f"dispatcher:{self.owner}"
         self.lease: leases.Lease | None = None
@@ -236,7 +235,7 @@ class Dispatcher:
         self._maint: leases.Lease | None = None
         self.hooks = hooks
         self.say = say or (lambda _msg: None)
-        self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.local_path)
+        self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.location)
         self._pool = WorkerPool(self.config.concurrency, "run")
         self._active: dict[str, _ActiveRun] = {}
         self._active_lock = threading.Lock()
@@ -281,9 +280,9 @@ class Dispatcher:
         return self._pool.busy
 
     def _pidfile_path(self) -> Path | None:
-        if self.store.local_path is None or not self.exclusive:
+        if "://" in self.store.location or not self.exclusive:
             return None
-        return Path(f"{self.store.local_path}.dispatcher.pid")
+        return Path(self.store.location + ".dispatcher.pid")
 
     def _lock_pidfile(self) -> str | None:
         """Single instance per SQLite file: an flock'd pid file beside the database.
@@ -442,7 +441,7 @@ class Dispatcher:
             if lease is None:
                 return
         try:
-            for item in recover(self.store, lease, kill_grace_s=self.config.kill_grace_s, hooks=self.hooks):
+            for item in recover(self.store, lease, kill_grace_s=self.config.kill_grace_s):
                 self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
         except leases.LeaseLost:
             pass
@@ -533,8 +532,7 @@ class Dispatcher:
         created = 0
         due: int | None = None
         try:
-            # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
-            with committing(self.store, self.hooks) as tx:
+            with self.store.transaction() as tx:
                 leases.assert_live(tx, self.lease, now=tick_now)
                 committed = self._complete(finished, now=tick_now)
                 if claim:
@@ -626,7 +624,7 @@ class Dispatcher:
         done = []
         for i, item in enumerate(finished):
             try:
-                with committing(self.store, self.hooks) as tx:
+                with self.store.transaction() as tx:
                     assert self.lease is not None
                     leases.assert_live(tx, self.lease)
                     done += self._complete([item])
@@ -650,9 +648,20 @@ class Dispatcher:
         now = now_ms()
         message = f"completion failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"[:2000]
         try:
-            with committing(self.store, self.hooks) as tx:
+            with self.store.transaction() as tx:
                 leases.assert_live(tx, self.lease)
-                fail_completion(tx, s.run_id, owner=self.lease.owner, token=self.lease.token, message=message, now=now)
+                ended = tx.execute(
+                    "UPDATE runs SET status = 'error', error_code = 'COMPLETION_FAILED', error_message = ?,"
+                    " finished_at = CASE WHEN started_at > ? THEN started_at ELSE ? END,"
+                    " terminal_at = CASE WHEN started_at > ? THEN started_at ELSE ? END"
+                    " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?",
+                    (message, now, now, now, now, s.run_id, self.lease.owner, self.lease.token),
+                )
+                if ended:
+                    tx.execute("UPDATE job_dispatch_queue SET status = 'failed', last_error = ?, updated_at = ? WHERE id = ?",
+                               (message, now, s.dispatch_id))
+                    append_event(tx, "run.completion_failed", job_id=s.job["id"], run_id=s.run_id, actor=self.owner,
+                                 at=now, data={"error": message})
         except leases.LeaseLost:
             raise
         except Exception:
@@ -664,11 +673,17 @@ class Dispatcher:
                 self._active.pop(s.run_id, None)
 
     def _report(self, s: StartedRun, run: dict[str, Any]) -> None:
-        """After a completion committed: count it and print it (observers were told by ``committing``)."""
+        """After a completion committed: count it, print it, tell the hooks."""
         self.stats["finished"] += 1
         took = run["duration_ms"] or 0
         detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
         self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
+        if self.hooks:
+            self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
+            if self.hooks.wants("scheduler_run_completed"):
+                with self.store.read() as tx:
+                    full = tx.one("SELECT * FROM runs WHERE id = ?", (s.run_id,))
+                self.hooks.run_completed(run_to_json(full or run, full=True))
 
     def _wait(self, timeout: float) -> None:
         """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""
@@ -777,6 +792,8 @@ class Dispatcher:
         control = DbRunControl(self, s.run_id, s.job["id"])
         self.stats["started"] += 1
         self.say(f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})")
+        if self.hooks:
+            self.hooks.run_state_changed(s.run_id, s.job["id"], None, "running", s.started_at)
         entry = _ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.get("run_timeout_ms") or 0))
         with self._active_lock:
             self._active[s.run_id] = entry
