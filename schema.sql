@@ -1,10 +1,13 @@
 -- scheduler executable SQLite schema.
 --
--- This file is the single source of the embedded store's schema. It ships inside
--- the kernel wheel as scheduler/schema.sql (a symlink to this file in the source tree)
--- and is applied verbatim: to a fresh database in one transaction, and re-applied
--- after the idempotent migrations of an existing one. Every statement is therefore
--- idempotent (IF NOT EXISTS).
+-- GENERATED from scheduler/store/schema.py, the one definition of the schema for every
+-- dialect: edit that module, then run `python -m scheduler.store.schema --write`.
+-- A test fails when this file differs from the generated text.
+--
+-- This file ships inside the kernel wheel as scheduler/schema.sql (a symlink to this
+-- file in the source tree) and is what the embedded store applies: to a fresh database
+-- in one transaction, and after the migrations of an older one. Every statement is
+-- therefore idempotent (IF NOT EXISTS).
 --
 -- Conventions:
 --   * times are INTEGER UTC epoch milliseconds (columns ending in _at, _ms or named *_for);
@@ -12,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version (keep in sync with scheduler.store.migrations.SCHEMA_VERSION): 3
+-- Schema version: 3
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -94,8 +97,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_due_idx ON jobs(next_run_at) WHERE enabled = 1 AND next_run_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_parent_idx ON jobs(parent_id) WHERE parent_id IS NOT NULL;
 -- Recurring jobs that lost their next run (direct SQL, an old import): found without a scan, repaired by recovery.
-CREATE INDEX IF NOT EXISTS jobs_missing_next_idx ON jobs(id)
-    WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every');
+CREATE INDEX IF NOT EXISTS jobs_missing_next_idx ON jobs(id) WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every');
 
 -- Named leases with fencing tokens. Rows are never deleted so tokens never go back.
 CREATE TABLE IF NOT EXISTS dispatcher_leases (
@@ -121,95 +123,94 @@ END;
 -- Durable dispatch queue. Scheduled slots have deterministic ids, so materialising
 -- the same slot twice is a no-op (INSERT ... ON CONFLICT DO NOTHING).
 CREATE TABLE IF NOT EXISTS job_dispatch_queue (
-    id                TEXT    PRIMARY KEY,
-    job_id            TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    kind              TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status            TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
-    due_at            INTEGER NOT NULL,
-    created_at        INTEGER NOT NULL,
-    updated_at        INTEGER NOT NULL,
-    claim_owner       TEXT,
-    claim_token       TEXT,
-    claim_fence       INTEGER,
-    claim_expires_at  INTEGER,
-    attempts          INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    replay_count      INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
-    last_error        TEXT,
-    run_id            TEXT,
-    source_run_id     TEXT,
-    requested_by      TEXT,
-    cancel_reason     TEXT,
-    handoff_artifact_digest TEXT,
+    id                       TEXT    PRIMARY KEY,
+    job_id                   TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    kind                     TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
+    status                   TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
+    due_at                   INTEGER NOT NULL,
+    created_at               INTEGER NOT NULL,
+    updated_at               INTEGER NOT NULL,
+    claim_owner              TEXT,
+    claim_token              TEXT,
+    claim_fence              INTEGER,
+    claim_expires_at         INTEGER,
+    attempts                 INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    replay_count             INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
+    last_error               TEXT,
+    run_id                   TEXT,
+    source_run_id            TEXT,
+    requested_by             TEXT,
+    cancel_reason            TEXT,
+    handoff_artifact_digest  TEXT,
     CHECK (status <> 'claimed' OR (claim_owner IS NOT NULL AND claim_token IS NOT NULL AND claim_expires_at IS NOT NULL))
 );
 -- The claim query orders by (due_at, id): the index covers both, so a backlog is never sorted.
-DROP INDEX IF EXISTS dispatch_pending_idx;
 CREATE INDEX IF NOT EXISTS dispatch_pending_due_idx ON job_dispatch_queue(due_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
 
 -- Runs: one row per attempt to execute a job.
 CREATE TABLE IF NOT EXISTS runs (
-    id                      TEXT    PRIMARY KEY,
-    job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    dispatch_id             TEXT,
-    dispatch_kind           TEXT    CHECK (dispatch_kind IS NULL OR dispatch_kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status                  TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped', 'awaiting_approval', 'approved', 'recovery_blocked')),
-    attempt                 INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),
-    scheduled_for           INTEGER,
-    created_at              INTEGER NOT NULL,
-    started_at              INTEGER,
-    finished_at             INTEGER,
-    terminal_at             INTEGER,
-    duration_ms             INTEGER,
-    dispatcher_owner        TEXT,
-    dispatcher_token        INTEGER,
-    parent_run_id           TEXT,
-    retry_of_run_id         TEXT,
-    replay_of_run_id        TEXT,
-    delivery_guarantee      TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
-    executor                TEXT,
-    exit_code               INTEGER,
-    error_code              TEXT,
-    error_message           TEXT,
-    skip_reason             TEXT,
-    summary                 TEXT,
+    id                        TEXT    PRIMARY KEY,
+    job_id                    TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    dispatch_id               TEXT,
+    dispatch_kind             TEXT    CHECK (dispatch_kind IS NULL OR dispatch_kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
+    status                    TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped', 'awaiting_approval', 'approved', 'recovery_blocked')),
+    attempt                   INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+    scheduled_for             INTEGER,
+    created_at                INTEGER NOT NULL,
+    started_at                INTEGER,
+    finished_at               INTEGER,
+    terminal_at               INTEGER,
+    duration_ms               INTEGER,
+    dispatcher_owner          TEXT,
+    dispatcher_token          INTEGER,
+    parent_run_id             TEXT,
+    retry_of_run_id           TEXT,
+    replay_of_run_id          TEXT,
+    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
+    executor                  TEXT,
+    exit_code                 INTEGER,
+    error_code                TEXT,
+    error_message             TEXT,
+    skip_reason               TEXT,
+    summary                   TEXT,
     -- what the executor recorded to find its work after a crash (JSON: a process identity, a remote turn id)
-    executor_handle         TEXT,
-    process_state           TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'exited', 'terminated', 'gone', 'unknown')),
-    process_terminated_at   INTEGER,
-    process_signal          TEXT,
+    executor_handle           TEXT,
+    process_state             TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'exited', 'terminated', 'gone', 'unknown')),
+    process_terminated_at     INTEGER,
+    process_signal            TEXT,
     -- cancellation
-    cancel_requested_at     INTEGER,
-    cancel_requested_by     TEXT,
-    cancel_reason           TEXT,
-    agent_abort_requested_at INTEGER,
-    agent_abort_outcome     TEXT,
+    cancel_requested_at       INTEGER,
+    cancel_requested_by       TEXT,
+    cancel_reason             TEXT,
+    agent_abort_requested_at  INTEGER,
+    agent_abort_outcome       TEXT,
     -- output (excerpts in the row, full streams offloaded above a threshold)
-    stdout_excerpt          TEXT,
-    stderr_excerpt          TEXT,
-    stdout_bytes            INTEGER,
-    stderr_bytes            INTEGER,
-    stdout_sha256           TEXT,
-    stderr_sha256           TEXT,
-    stdout_artifact         TEXT,
-    stderr_artifact         TEXT,
-    stdout_truncated        INTEGER NOT NULL DEFAULT 0 CHECK (stdout_truncated IN (0, 1)),
-    stderr_truncated        INTEGER NOT NULL DEFAULT 0 CHECK (stderr_truncated IN (0, 1)),
+    stdout_excerpt            TEXT,
+    stderr_excerpt            TEXT,
+    stdout_bytes              INTEGER,
+    stderr_bytes              INTEGER,
+    stdout_sha256             TEXT,
+    stderr_sha256             TEXT,
+    stdout_artifact           TEXT,
+    stderr_artifact           TEXT,
+    stdout_truncated          INTEGER NOT NULL DEFAULT 0 CHECK (stdout_truncated IN (0, 1)),
+    stderr_truncated          INTEGER NOT NULL DEFAULT 0 CHECK (stderr_truncated IN (0, 1)),
     -- structured output
-    output_format           TEXT    CHECK (output_format IS NULL OR output_format IN ('text', 'json', 'ndjson')),
-    output_valid            INTEGER CHECK (output_valid IS NULL OR output_valid IN (0, 1)),
-    output_warning          TEXT,
-    output_bytes            INTEGER,
-    output_sha256           TEXT,
-    output_parsed           TEXT,
-    output_artifact         TEXT,
+    output_format             TEXT    CHECK (output_format IS NULL OR output_format IN ('text', 'json', 'ndjson')),
+    output_valid              INTEGER CHECK (output_valid IS NULL OR output_valid IN (0, 1)),
+    output_warning            TEXT,
+    output_bytes              INTEGER,
+    output_sha256             TEXT,
+    output_parsed             TEXT,
+    output_artifact           TEXT,
     -- post-success verification (status, timing, exit metadata, sizes and hashes only)
-    verify_status           TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error')),
-    verify_json             TEXT,
-    env_policy_warning      TEXT,
-    usage_json              TEXT,
-    handoff_artifact_digest TEXT,
+    verify_status             TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error')),
+    verify_json               TEXT,
+    env_policy_warning        TEXT,
+    usage_json                TEXT,
+    handoff_artifact_digest   TEXT,
     CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at)
 );
 CREATE INDEX IF NOT EXISTS runs_job_idx ON runs(job_id, created_at);
@@ -224,29 +225,29 @@ BEGIN
 END;
 
 CREATE TABLE IF NOT EXISTS approvals (
-    id                    TEXT    PRIMARY KEY,
-    job_id                TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    run_id                TEXT    REFERENCES runs(id) ON DELETE CASCADE,
-    dispatch_id           TEXT,
-    status                TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
-    version               INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
-    risk_level            TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
-    approver_scope        TEXT,
-    contract_sha256       TEXT    NOT NULL,
-    requested_at          INTEGER NOT NULL,
-    expires_at            INTEGER,
-    decided_by            TEXT,
-    decision_reason       TEXT,
-    approved_at           INTEGER,
-    rejected_at           INTEGER,
-    cancelled_at          INTEGER,
-    timed_out_at          INTEGER,
-    dispatching_at        INTEGER,
-    dispatched_at         INTEGER,
-    proof_not_before      INTEGER,
-    proof_expires_at      INTEGER,
-    proof_clock_skew_ms   INTEGER,
-    handoff_artifact_digest TEXT
+    id                       TEXT    PRIMARY KEY,
+    job_id                   TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    run_id                   TEXT    REFERENCES runs(id) ON DELETE CASCADE,
+    dispatch_id              TEXT,
+    status                   TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
+    version                  INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
+    risk_level               TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
+    approver_scope           TEXT,
+    contract_sha256          TEXT    NOT NULL,
+    requested_at             INTEGER NOT NULL,
+    expires_at               INTEGER,
+    decided_by               TEXT,
+    decision_reason          TEXT,
+    approved_at              INTEGER,
+    rejected_at              INTEGER,
+    cancelled_at             INTEGER,
+    timed_out_at             INTEGER,
+    dispatching_at           INTEGER,
+    dispatched_at            INTEGER,
+    proof_not_before         INTEGER,
+    proof_expires_at         INTEGER,
+    proof_clock_skew_ms      INTEGER,
+    handoff_artifact_digest  TEXT
 );
 CREATE INDEX IF NOT EXISTS approvals_status_idx ON approvals(status, expires_at);
 
@@ -278,8 +279,6 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE status = 'pending';
 -- A delivered part is final: never sent again, never rewritten.
--- (Replaces the narrower status-only trigger of early v2 databases.)
-DROP TRIGGER IF EXISTS outbox_delivered_is_final;
 CREATE TRIGGER IF NOT EXISTS outbox_delivered_immutable
 BEFORE UPDATE ON delivery_outbox
 WHEN OLD.status = 'delivered'
@@ -288,16 +287,16 @@ BEGIN
 END;
 
 CREATE TABLE IF NOT EXISTS delivery_attachments (
-    id           TEXT    PRIMARY KEY,
-    outbox_id    TEXT    NOT NULL REFERENCES delivery_outbox(id) ON DELETE CASCADE,
-    ordinal      INTEGER NOT NULL CHECK (ordinal >= 0),
-    name         TEXT    NOT NULL,
-    mime_type    TEXT    NOT NULL,
-    size_bytes   INTEGER NOT NULL CHECK (size_bytes >= 0),
-    sha256       TEXT    NOT NULL CHECK (length(sha256) = 64),
-    content      BLOB,
-    path         TEXT,
-    created_at   INTEGER NOT NULL,
+    id          TEXT    PRIMARY KEY,
+    outbox_id   TEXT    NOT NULL REFERENCES delivery_outbox(id) ON DELETE CASCADE,
+    ordinal     INTEGER NOT NULL CHECK (ordinal >= 0),
+    name        TEXT    NOT NULL,
+    mime_type   TEXT    NOT NULL,
+    size_bytes  INTEGER NOT NULL CHECK (size_bytes >= 0),
+    sha256      TEXT    NOT NULL CHECK (length(sha256) = 64),
+    content     BLOB,
+    path        TEXT,
+    created_at  INTEGER NOT NULL,
     UNIQUE (outbox_id, ordinal),
     CHECK ((content IS NULL) <> (path IS NULL))
 );
@@ -318,11 +317,11 @@ CREATE TABLE IF NOT EXISTS completion_debts (
 
 -- Immutable handoff artifacts keyed by the SHA-256 of their canonical (json-sort-v1) payload.
 CREATE TABLE IF NOT EXISTS handoff_artifacts (
-    digest        TEXT    PRIMARY KEY CHECK (length(digest) = 64),
-    schema_name   TEXT    NOT NULL,
-    schema_version INTEGER NOT NULL,
-    payload       TEXT    NOT NULL,
-    created_at    INTEGER NOT NULL
+    digest          TEXT    PRIMARY KEY CHECK (length(digest) = 64),
+    schema_name     TEXT    NOT NULL,
+    schema_version  INTEGER NOT NULL,
+    payload         TEXT    NOT NULL,
+    created_at      INTEGER NOT NULL
 );
 CREATE TRIGGER IF NOT EXISTS handoff_artifacts_no_update
 BEFORE UPDATE ON handoff_artifacts
@@ -337,18 +336,18 @@ END;
 
 -- One immutable evidence row per run.
 CREATE TABLE IF NOT EXISTS evidence_records (
-    id                  TEXT    PRIMARY KEY,
-    run_id              TEXT    NOT NULL UNIQUE,
-    job_id              TEXT,
-    provider            TEXT    NOT NULL,
-    methods             TEXT    NOT NULL,
-    payload_sha256      TEXT    NOT NULL CHECK (length(payload_sha256) = 64),
-    canonical_payload   TEXT    NOT NULL,
-    envelope            TEXT,
-    handoff_artifact_digest TEXT,
-    verification        TEXT,
-    verified            INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
-    created_at          INTEGER NOT NULL
+    id                       TEXT    PRIMARY KEY,
+    run_id                   TEXT    NOT NULL UNIQUE,
+    job_id                   TEXT,
+    provider                 TEXT    NOT NULL,
+    methods                  TEXT    NOT NULL,
+    payload_sha256           TEXT    NOT NULL CHECK (length(payload_sha256) = 64),
+    canonical_payload        TEXT    NOT NULL,
+    envelope                 TEXT,
+    handoff_artifact_digest  TEXT,
+    verification             TEXT,
+    verified                 INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
+    created_at               INTEGER NOT NULL
 );
 CREATE TRIGGER IF NOT EXISTS evidence_records_no_update
 BEFORE UPDATE ON evidence_records
@@ -358,15 +357,15 @@ END;
 
 -- Append-only audit trail of every transition.
 CREATE TABLE IF NOT EXISTS runtime_events (
-    id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    at              INTEGER NOT NULL,
-    kind            TEXT    NOT NULL,
-    job_id          TEXT,
-    run_id          TEXT,
-    dispatch_id     TEXT,
-    actor           TEXT,
-    handoff_artifact_digest TEXT,
-    data            TEXT
+    id                       INTEGER PRIMARY KEY AUTOINCREMENT,
+    at                       INTEGER NOT NULL,
+    kind                     TEXT    NOT NULL,
+    job_id                   TEXT,
+    run_id                   TEXT,
+    dispatch_id              TEXT,
+    actor                    TEXT,
+    handoff_artifact_digest  TEXT,
+    data                     TEXT
 );
 CREATE INDEX IF NOT EXISTS runtime_events_run_idx ON runtime_events(run_id) WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runtime_events_job_idx ON runtime_events(job_id, at);
@@ -383,56 +382,56 @@ END;
 
 -- Resumable provider sessions scoped to an exact artifact and runtime instance.
 CREATE TABLE IF NOT EXISTS provider_sessions (
-    id                  TEXT    PRIMARY KEY,
-    provider            TEXT    NOT NULL,
-    session_key         TEXT    NOT NULL,
-    handoff_artifact_digest TEXT,
-    runtime_instance    TEXT,
-    state               TEXT,
-    expires_at          INTEGER,
-    revoked_at          INTEGER,
-    created_at          INTEGER NOT NULL,
-    updated_at          INTEGER NOT NULL,
+    id                       TEXT    PRIMARY KEY,
+    provider                 TEXT    NOT NULL,
+    session_key              TEXT    NOT NULL,
+    handoff_artifact_digest  TEXT,
+    runtime_instance         TEXT,
+    state                    TEXT,
+    expires_at               INTEGER,
+    revoked_at               INTEGER,
+    created_at               INTEGER NOT NULL,
+    updated_at               INTEGER NOT NULL,
     UNIQUE (provider, session_key, handoff_artifact_digest)
 );
 
 -- Credential release bookkeeping. There is deliberately no column for the value.
 CREATE TABLE IF NOT EXISTS credential_presentations (
-    id                  TEXT    PRIMARY KEY,
-    run_id              TEXT,
-    binding_name        TEXT    NOT NULL,
-    provider            TEXT    NOT NULL,
-    medium              TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
-    env_key             TEXT,
-    file_name           TEXT,
-    cardinality         TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
-    required            INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
-    status              TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
-    handoff_artifact_digest TEXT,
-    materialized_at     INTEGER NOT NULL,
-    cleaned_at          INTEGER
+    id                       TEXT    PRIMARY KEY,
+    run_id                   TEXT,
+    binding_name             TEXT    NOT NULL,
+    provider                 TEXT    NOT NULL,
+    medium                   TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
+    env_key                  TEXT,
+    file_name                TEXT,
+    cardinality              TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
+    required                 INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
+    status                   TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
+    handoff_artifact_digest  TEXT,
+    materialized_at          INTEGER NOT NULL,
+    cleaned_at               INTEGER
 );
 
 -- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
 CREATE TABLE IF NOT EXISTS authorization_proof_replay (
-    proof_id            TEXT    PRIMARY KEY,
-    handoff_artifact_digest TEXT NOT NULL,
-    run_id              TEXT,
-    claimed_at          INTEGER NOT NULL,
-    expires_at          INTEGER
+    proof_id                 TEXT    PRIMARY KEY,
+    handoff_artifact_digest  TEXT    NOT NULL,
+    run_id                   TEXT,
+    claimed_at               INTEGER NOT NULL,
+    expires_at               INTEGER
 );
 
 -- Agent prompt messages. `prompt_claimed` means a dispatcher owns prompt injection.
 CREATE TABLE IF NOT EXISTS messages (
-    id            TEXT    PRIMARY KEY,
-    job_id        TEXT,
-    run_id        TEXT,
-    session_key   TEXT,
-    role          TEXT    NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
-    body          TEXT    NOT NULL,
-    status        TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'prompt_claimed', 'consumed', 'expired')),
-    claimed_by    TEXT,
-    claimed_at    INTEGER,
-    created_at    INTEGER NOT NULL
+    id           TEXT    PRIMARY KEY,
+    job_id       TEXT,
+    run_id       TEXT,
+    session_key  TEXT,
+    role         TEXT    NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    body         TEXT    NOT NULL,
+    status       TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'prompt_claimed', 'consumed', 'expired')),
+    claimed_by   TEXT,
+    claimed_at   INTEGER,
+    created_at   INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_session_idx ON messages(session_key, status);

@@ -31,13 +31,17 @@ DEFAULT_EXCERPT_BYTES = 64 * 1024
 DEFAULT_OFFLOAD_BYTES = 64 * 1024
 
 
-def default_artifacts_root(db_location: str) -> Path:
-    """``$SCHEDULER_ARTIFACTS_DIR``, else ``artifacts/`` beside a SQLite file, else the XDG data dir."""
+def default_artifacts_root(db_file: str | os.PathLike[str] | None) -> Path:
+    """``$SCHEDULER_ARTIFACTS_DIR``, else ``artifacts/`` beside a local database file, else the XDG data dir.
+
+    ``db_file`` is the store's ``local_path`` (``scheduler.store.local_path_of(target)`` before
+    opening): the database file, or None for a server database such as PostgreSQL.
+    """
     env = os.environ.get("SCHEDULER_ARTIFACTS_DIR")
     if env:
         return Path(env)
-    if "://" not in db_location:
-        return Path(db_location).expanduser().resolve().parent / "artifacts"
+    if db_file is not None:
+        return Path(db_file).expanduser().resolve().parent / "artifacts"
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "scheduler" / "artifacts"
 

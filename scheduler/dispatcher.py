@@ -227,7 +227,7 @@ class Dispatcher:
         self.store = store
         self.config = config or DispatcherConfig()
         self.owner = self.config.owner or leases.new_owner_id()
-        exclusive = self.config.exclusive if self.config.exclusive is not None else store.dialect == "sqlite"
+        exclusive = self.config.exclusive if self.config.exclusive is not None else store.exclusive_dispatch
         self.exclusive = exclusive
         self.lease_name = "dispatcher" if exclusive else f"dispatcher:{self.owner}"
         self.lease: leases.Lease | None = None
@@ -235,7 +235,7 @@ class Dispatcher:
         self._maint: leases.Lease | None = None
         self.hooks = hooks
         self.say = say or (lambda _msg: None)
-        self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.location)
+        self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.local_path)
         self._pool = WorkerPool(self.config.concurrency, "run")
         self._active: dict[str, _ActiveRun] = {}
         self._active_lock = threading.Lock()
@@ -280,9 +280,9 @@ class Dispatcher:
         return self._pool.busy
 
     def _pidfile_path(self) -> Path | None:
-        if "://" in self.store.location or not self.exclusive:
+        if self.store.local_path is None or not self.exclusive:
             return None
-        return Path(self.store.location + ".dispatcher.pid")
+        return Path(f"{self.store.local_path}.dispatcher.pid")
 
     def _lock_pidfile(self) -> str | None:
         """Single instance per SQLite file: an flock'd pid file beside the database.

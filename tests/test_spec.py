@@ -76,7 +76,17 @@ def test_every_catalogue_field_is_a_jobs_column(jobs_table: dict[str, tuple]) ->
     assert missing == []
 
 
+def _spec_default(value: Any) -> Any:
+    """A field's default as the database stores it: factories called, JSON objects as canonical text."""
+    if isinstance(value, attrs.Factory):  # type: ignore[arg-type]
+        value = value.factory()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
 def _sql_default(value: Any) -> str | None:
+    value = _spec_default(value)
     if value is None:
         return None
     if isinstance(value, bool):
@@ -87,7 +97,14 @@ def _sql_default(value: Any) -> str | None:
 
 
 def test_column_defaults_and_nullability_match_the_catalogue(jobs_table: dict[str, tuple]) -> None:
-    """A spec default is the column default; only fields that may be null are nullable."""
+    """A spec default is the column default; only fields that may be null are nullable.
+
+    Checked against the jobs table a fresh SQLite database gets and against the one schema
+    definition every dialect is rendered from (``scheduler.store.schema``).
+    """
+    from scheduler.store import schema
+
+    jobs = schema.table("jobs")
     wrong = []
     for f in SPEC_FIELDS:
         decl, notnull, default, _pk = jobs_table[f.name]
@@ -100,6 +117,14 @@ def test_column_defaults_and_nullability_match_the_catalogue(jobs_table: dict[st
         want_type = "INTEGER" if f.metadata["kind"] in ("int", "bool", "instant") else "TEXT"
         if decl.upper() != want_type:
             wrong.append((f.name, decl, want_type))
+        col = jobs.column(f.name)
+        spec_default = None if f.metadata["required"] else _spec_default(f.default)
+        if isinstance(spec_default, bool):
+            spec_default = int(spec_default)
+        if (col.not_null, col.default) != (bool(expected[0]), spec_default):
+            wrong.append((f.name, "definition", (col.not_null, col.default), (bool(expected[0]), spec_default)))
+        if f.metadata["kind"] == "choice" and set(col.choices) != set(f.metadata["choices"]):
+            wrong.append((f.name, "choices", col.choices, f.metadata["choices"]))
     assert wrong == []
 
 

@@ -6,6 +6,7 @@ fixture so they also run on PostgreSQL where that store is installed and reachab
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,8 +23,8 @@ from typing import Any
 import pytest
 
 from scheduler.errors import SchedulerError
-from scheduler.store import migrations, open_store
-from scheduler.store.sqlite import BUSY_TIMEOUT_MS, SQLiteStore
+from scheduler.store import migrations, open_store, schema
+from scheduler.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -36,7 +37,11 @@ CONTRACT_TABLES = {
     "provider_sessions", "credential_presentations", "authorization_proof_replay", "messages", "schema_migrations",
 }
 #: What migration 2 adds to a version-1 database.
-V2_COLUMNS = {s.column: s for m in migrations.MIGRATIONS if m.version == 2 for s in m.steps}
+V2_COLUMNS = {s.column.name: s for m in migrations.MIGRATIONS if m.version == 2 for s in m.steps}
+#: Columns migration 3 adds and drops.
+V3_ADDED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.AddColumn)}
+V3_DROPPED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.DropColumn)}
+ALL_VERSIONS = [{"version": v} for v in range(1, migrations.SCHEMA_VERSION + 1)]
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -239,8 +244,39 @@ def test_packaged_schema_is_byte_identical_to_top_level_schema(tmp_path: Path) -
 
 def test_schema_module_reads_the_same_text_as_the_file() -> None:
     assert migrations.schema_text().encode("utf-8") == (ROOT / "schema.sql").read_bytes()
-    declared = re.search(r"Schema version .*?: (\d+)", migrations.schema_text())
+    declared = re.search(r"Schema version: (\d+)", migrations.schema_text())
     assert declared and int(declared.group(1)) == migrations.SCHEMA_VERSION
+
+
+def test_schema_sql_is_generated_from_the_one_definition() -> None:
+    """``schema.sql`` is ``render("sqlite")`` of ``scheduler.store.schema``: edit the module, then regenerate."""
+    generated = schema.render("sqlite")
+    committed = (ROOT / "schema.sql").read_text(encoding="utf-8")
+    assert committed == generated, "schema.sql is stale: run `python -m scheduler.store.schema --write` and commit it"
+    assert tuple(st.removesuffix(";") for st in migrations.schema_statements("sqlite")) == schema.statements("sqlite")
+
+
+def test_every_dialect_renders_the_same_objects_and_guard_messages() -> None:
+    sqlite_text, pg_text = schema.render("sqlite"), schema.render("postgresql")
+    for name in schema.table_names() | schema.index_names():
+        assert re.search(rf"\b{name}\b", sqlite_text) and re.search(rf"\b{name}\b", pg_text), name
+    lite = re.findall(r"RAISE\(ABORT, '([A-Z_]+: [^']+)'\)", sqlite_text)
+    pg = re.findall(r"scheduler_refuse\('([A-Z_]+: [^']+)'\)", pg_text)
+    assert lite and set(lite) == set(pg)
+    # PostgreSQL refuses TRUNCATE wherever a rule refuses DELETE (TRUNCATE skips row triggers).
+    deletes = {t for _name, t in schema.trigger_names("sqlite") if f"{t}_no_delete" == _name}
+    assert {t for name, t in schema.trigger_names("postgresql") if name.endswith("_no_truncate")} == deletes
+    assert "BIGINT" not in sqlite_text and "AUTOINCREMENT" not in pg_text and "BYTEA" in pg_text
+
+
+def test_one_migration_list_ends_at_the_schema_version() -> None:
+    versions = [m.version for m in migrations.MIGRATIONS]
+    assert versions == sorted(set(versions)) and versions[-1] == migrations.SCHEMA_VERSION == schema.SCHEMA_VERSION
+    for m in migrations.MIGRATIONS:  # every step renders for every dialect
+        for step in m.steps:
+            for col in (getattr(step, "column", None), getattr(step, "before", None)):
+                if col is not None:
+                    assert all(col.definition(d) for d in schema.DIALECTS)
 
 
 # --- fail-closed initialisation ---------------------------------------------------------------
@@ -328,18 +364,25 @@ def test_nothing_runs_against_a_store_whose_init_failed(tmp_path: Path) -> None:
 # --- migrations -------------------------------------------------------------------------------
 
 
-def test_v1_fixture_is_what_the_generator_describes(v1_db: Path) -> None:
-    """The committed fixture really is version 1: no migration-2 columns, version 1 recorded, no WAL left over."""
+def test_v1_fixture_is_what_the_generator_describes(v1_db: Path, tmp_path: Path) -> None:
+    """The committed fixture really is version 1 and has exactly the layout the generator derives from the history."""
+    from fixtures.make_v1_fixture import build
+
     assert sidecars(V1_FIXTURE) == []
     assert version_of(v1_db) == [(1, "current schema.sql")]
     assert set(V2_COLUMNS) and not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
+    assert V3_DROPPED <= set(columns(v1_db, "jobs")) | set(columns(v1_db, "runs"))
     assert V1_FIXTURE.stat().st_size < 128 * 1024
+    rebuilt = tmp_path / "rebuilt.db"
+    build(rebuilt)
+    assert shape(rebuilt) == shape(v1_db)
 
 
 def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_path: Path) -> None:
     conn = sqlite3.connect(v1_db)
-    jobs_before = conn.execute("SELECT * FROM jobs ORDER BY id").fetchall()
-    runs_before = conn.execute("SELECT * FROM runs").fetchall()
+    conn.row_factory = sqlite3.Row
+    jobs_before = [dict(r) for r in conn.execute("SELECT * FROM jobs ORDER BY id")]
+    runs_before = [dict(r) for r in conn.execute("SELECT * FROM runs")]
     events_before = conn.execute("SELECT COUNT(*) FROM runtime_events").fetchone()[0]
     conn.close()
     assert len(jobs_before) == 2
@@ -349,22 +392,27 @@ def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_pat
         assert store.schema_version() == migrations.SCHEMA_VERSION
         with store.read() as tx:
             rows = tx.all("SELECT * FROM jobs ORDER BY id")
-            assert tx.all("SELECT version FROM schema_migrations ORDER BY version") == [{"version": 1}, {"version": 2}]
-            assert tx.all("SELECT * FROM runs") and tx.scalar("SELECT COUNT(*) FROM runtime_events") == events_before
+            runs = tx.all("SELECT * FROM runs")
+            assert tx.all("SELECT version FROM schema_migrations ORDER BY version") == ALL_VERSIONS
+            assert tx.scalar("SELECT COUNT(*) FROM runtime_events") == events_before
         store.close()
         assert len(rows) == 2
         for row, old in zip(rows, jobs_before):
-            # every old value preserved, new columns at their declared defaults
-            assert [v for k, v in row.items() if k not in V2_COLUMNS] == list(old)
+            # every value of a column that still exists is preserved ...
+            assert {k: v for k, v in row.items() if k in old} == {k: v for k, v in old.items() if k not in V3_DROPPED}
+            # ... columns added since are at their declared defaults (no executor field was set in the fixture)
             assert {k: row[k] for k in V2_COLUMNS} == {
                 "misfire_policy": "coalesce", "dst_gap_policy": "shift", "dst_fold_policy": "once", "max_consecutive_failures": 3,
             }
+            assert (row["executor_options"], row["delivery_options"], row["constraints"]) == ("{}", "{}", "{}")
+            assert not V3_DROPPED & set(row)
+        assert [{k: v for k, v in r.items() if k in runs_before[0]} for r in runs] == [
+            {k: v for k, v in r.items() if k not in V3_DROPPED} for r in runs_before]
         if attempt == 0:
             after_first = logical_dump(v1_db)
     assert logical_dump(v1_db) == after_first  # the second open changed nothing
     conn = sqlite3.connect(v1_db)
     assert conn.execute("SELECT COUNT(*) FROM schema_migrations WHERE version = 2").fetchone()[0] == 1
-    assert conn.execute("SELECT * FROM runs").fetchall() == runs_before
     conn.close()
 
     # The migrated file has exactly the shape of a freshly created one.
@@ -373,13 +421,62 @@ def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_pat
     assert shape(v1_db) == shape(fresh)
 
 
+def test_v3_moves_executor_fields_into_options_and_process_identity_into_the_handle(v1_db: Path) -> None:
+    """A v2 shell job's env policy and working directory, an agent job's context, a run's pid/pgid: moved, not lost."""
+    conn = sqlite3.connect(v1_db)
+    conn.execute("UPDATE jobs SET shell_env_policy = 'inherit', working_dir = '/srv/backup', stdin_text = 'y\n'"
+                 " WHERE name = 'nightly-backup'")
+    conn.execute("UPDATE jobs SET context_mode = 'session', heartbeat_file = 'HEARTBEAT.md',"
+                 " working_dir = '/ignored/for/agents' WHERE name = 'poll-inbox'")
+    conn.execute("UPDATE runs SET pid = 4321, pgid = 4321, process_start_time = 'ticks:99', process_state = 'running'")
+    conn.commit()
+    conn.close()
+
+    store = open_store(v1_db)
+    try:
+        with store.read() as tx:
+            options = {r["name"]: json.loads(r["executor_options"]) for r in tx.all("SELECT name, executor_options FROM jobs")}
+            handle = tx.scalar("SELECT executor_handle FROM runs")
+        assert options == {
+            "nightly-backup": {"env_policy": "inherit", "working_dir": "/srv/backup", "stdin_text": "y\n"},
+            "poll-inbox": {"context_mode": "session", "heartbeat_file": "HEARTBEAT.md"},
+        }
+        assert json.loads(handle) == {"pid": 4321, "pgid": 4321, "start_time": "ticks:99", "host": "host-a"}
+        # the widened CHECK: a finished run may now record that its process exited
+        with store.transaction() as tx:
+            assert tx.execute("UPDATE runs SET process_state = 'exited'") == 1
+        with pytest.raises(SchedulerError) as info, store.transaction() as tx:
+            tx.execute("UPDATE runs SET process_state = 'vanished'")
+        assert info.value.code == "CONSTRAINT_VIOLATION"
+        with store.read() as tx:
+            assert tx.scalar("PRAGMA integrity_check") == "ok"
+    finally:
+        store.close()
+    conn = sqlite3.connect(v1_db)
+    (runs_sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
+    conn.close()
+    assert "'exited'" in runs_sql and "pid" not in re.findall(r"\b\w+\b", runs_sql)
+
+
+def test_widen_check_rewrites_only_the_column_and_keeps_comments() -> None:
+    create = ("CREATE TABLE runs (\n    id TEXT PRIMARY KEY,\n    -- process (shell)\n"
+              "    process_state   TEXT    CHECK (process_state IS NULL OR process_state IN ('a', 'b')),\n"
+              "    note TEXT DEFAULT 'x, (y)',\n    CHECK (id <> '')\n)")
+    new = migrations.replace_column_definition(create, "process_state", "process_state TEXT CHECK (process_state IN ('a', 'b', 'c'))")
+    assert new == create.replace("process_state   TEXT    CHECK (process_state IS NULL OR process_state IN ('a', 'b'))",
+                                 "process_state TEXT CHECK (process_state IN ('a', 'b', 'c'))")
+    assert migrations.replace_column_definition(new, "process_state", "process_state  TEXT CHECK (process_state IN ('a', 'b', 'c'))") == new
+    with pytest.raises(ValueError):
+        migrations.replace_column_definition(create, "pid", "pid INTEGER")
+
+
 def test_migration_steps_are_idempotent(v1_db: Path) -> None:
-    """Running migration 2 over a database that already has its columns is a no-op."""
+    """Running every migration over a database that already has them is a no-op."""
     open_store(v1_db).close()
     before = logical_dump(v1_db)
     conn = sqlite3.connect(v1_db, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
-    assert migrations.migrate(conn, 1, 123) == [2]
+    assert migrations.migrate(SQLiteSchemaConnection(conn), 1, 123) == list(range(2, migrations.SCHEMA_VERSION + 1))
     conn.execute("COMMIT")
     conn.close()
     assert logical_dump(v1_db) == before
@@ -403,14 +500,14 @@ def test_interrupted_migration_leaves_the_database_unchanged(v1_db: Path) -> Non
 
     def hook(version: int, step: int) -> None:
         calls.append((version, step))
-        if step == 2:  # two of the four ALTERs already ran inside the transaction
+        if (version, step) == (3, 8):  # migration 2 and half of migration 3 already ran inside the transaction
             raise RuntimeError("power cut")
 
     store = SQLiteStore(v1_db)
     store.migration_step_hook = hook
     with pytest.raises(SchedulerError) as info:
         store.initialize()
-    assert calls == [(2, 0), (2, 1), (2, 2)]
+    assert calls == [(2, 0), (2, 1), (2, 2), (2, 3), *((3, i) for i in range(9))]
     assert info.value.code == "DB_INIT_FAILED"
     assert_names(info.value, "migration", v1_db)
     assert "power cut" in info.value.message
@@ -419,7 +516,7 @@ def test_interrupted_migration_leaves_the_database_unchanged(v1_db: Path) -> Non
     assert not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
 
     later = open_store(v1_db)
-    assert later.schema_version() == 2
+    assert later.schema_version() == migrations.SCHEMA_VERSION
     later.close()
     assert set(V2_COLUMNS) <= set(columns(v1_db, "jobs"))
 
@@ -430,7 +527,7 @@ from scheduler.store.sqlite import SQLiteStore
 store = SQLiteStore(sys.argv[1])
 marker = pathlib.Path(sys.argv[2])
 def hook(version, step):
-    if step == 1:
+    if (version, step) == (3, 6):  # the v3 data move is done, the old columns are about to go
         marker.write_text("in migration")
         time.sleep(30)
 store.migration_step_hook = hook
@@ -447,7 +544,7 @@ def test_migration_killed_with_sigkill_is_redone_by_a_later_open(v1_db: Path, tm
         deadline = time.monotonic() + 30
         while not marker.exists():
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the migration never reached step 1"
+            assert time.monotonic() < deadline, "the migration never reached step (3, 6)"
             time.sleep(0.01)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -456,13 +553,176 @@ def test_migration_killed_with_sigkill_is_redone_by_a_later_open(v1_db: Path, tm
     # The half-done migration was never committed ...
     assert version_of(v1_db) == [(1, "current schema.sql")]
     assert not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
+    assert not V3_ADDED & (set(columns(v1_db, "jobs")) | set(columns(v1_db, "runs")))
     # ... and the next open migrates cleanly.
     store = open_store(v1_db)
-    assert store.schema_version() == 2
+    assert store.schema_version() == migrations.SCHEMA_VERSION
     with store.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM jobs") == 2
         assert tx.scalar("PRAGMA integrity_check") == "ok"
     store.close()
+
+
+# --- opening without writing; locks are DB_BUSY ----------------------------------------------
+
+
+def _hold_exclusive(path: Path) -> sqlite3.Connection:
+    """Another connection holding SQLite's write lock (``BEGIN EXCLUSIVE``) until closed."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)
+    conn.execute("BEGIN EXCLUSIVE")
+    return conn
+
+
+def test_opening_a_current_database_starts_no_write_transaction(db_path: Path) -> None:
+    """With the write lock held elsewhere, an up-to-date database still opens at once and reads work."""
+    open_store(db_path).close()
+    holder = _hold_exclusive(db_path)
+    try:
+        for readonly in (True, False):
+            started = time.monotonic()
+            store = SQLiteStore(db_path, busy_timeout_ms=30_000)
+            store.initialize(readonly=readonly)
+            with store.read() as tx:
+                assert tx.scalar("SELECT COUNT(*) FROM jobs") == 0
+            store.close()
+            assert time.monotonic() - started < 5  # not the 30 s busy timeout
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_lock_during_a_needed_migration_is_db_busy_not_db_init_failed(v1_db: Path) -> None:
+    open_store(v1_db, initialize=False)  # nothing happens without initialise
+    holder = _hold_exclusive(v1_db)
+    try:
+        store = SQLiteStore(v1_db, busy_timeout_ms=200)
+        with pytest.raises(SchedulerError) as info:
+            store.initialize()
+        assert info.value.code == "DB_BUSY" and info.value.retryable
+        assert str(v1_db) in info.value.message
+    finally:
+        holder.rollback()
+        holder.close()
+    assert version_of(v1_db) == [(1, "current schema.sql")]
+    store.initialize()  # the lock is gone: the same store now migrates
+    assert store.schema_version() == migrations.SCHEMA_VERSION
+    store.close()
+
+
+def test_readonly_open_of_an_older_database_says_it_needs_migrating_and_writes_nothing(v1_db: Path) -> None:
+    before = v1_db.read_bytes()
+    store = SQLiteStore(v1_db)
+    with pytest.raises(SchedulerError) as info:
+        store.initialize(readonly=True)
+    err = info.value
+    assert err.code == "DB_INIT_FAILED"
+    assert err.details == {"phase": "migration", "path": str(v1_db), "readonly": True, "version": 1,
+                           "expected_version": migrations.SCHEMA_VERSION}
+    assert "only reads" in err.message and "migrate" in err.message and "scheduler doctor" in err.message
+    assert v1_db.read_bytes() == before and version_of(v1_db) == [(1, "current schema.sql")]
+    open_store(v1_db).close()  # a writing open migrates ...
+    store = open_store(v1_db, readonly=True)  # ... after which reading needs nothing
+    assert store.schema_version() == migrations.SCHEMA_VERSION
+    store.close()
+
+
+def test_readonly_open_creates_a_missing_database_but_never_repairs_an_existing_one(tmp_path: Path) -> None:
+    fresh = tmp_path / "new.db"
+    open_store(fresh, readonly=True).close()  # first use: created, as any command would
+    assert version_of(fresh) == [(migrations.SCHEMA_VERSION, "current schema.sql")]
+    conn = sqlite3.connect(fresh)
+    conn.execute("DROP TRIGGER runs_terminal_is_final")
+    conn.commit()
+    conn.close()
+    before = logical_dump(fresh)
+    open_store(fresh, readonly=True).close()
+    assert logical_dump(fresh) == before  # reading does not repair ...
+    open_store(fresh).close()
+    assert "runs_terminal_is_final" in shape(fresh)["#triggers"]  # ... a writing open does
+
+
+_HOLD_SCRIPT = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_cli_reads_while_another_process_holds_the_write_lock(db_path: Path) -> None:
+    """Issue 9, defect 6: ``jobs list`` works during another process's long write; a write command is DB_BUSY."""
+    from kernel_testing import scheduler_cmd
+
+    env = {**os.environ, "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS": "500", "SCHEDULER_DISABLE_PLUGINS": ""}
+    add = [*scheduler_cmd(), "--db", str(db_path), "--json", "jobs", "add",
+           json.dumps({"name": "a", "schedule_kind": "manual", "payload_message": "true"})]
+    assert subprocess.run(add, env=env, capture_output=True, timeout=60).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_SCRIPT, str(db_path), "25"], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        started = time.monotonic()
+        listed = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "jobs", "list"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        assert [j["name"] for j in json.loads(listed.stdout)["jobs"]] == ["a"]
+        assert time.monotonic() - started < 10
+        add[-1] = add[-1].replace('"a"', '"b"')
+        busy = subprocess.run(add, env=env, capture_output=True, text=True, timeout=60)
+        doc = json.loads(busy.stdout)
+        assert busy.returncode != 0 and doc["code"] == "DB_BUSY", doc
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+# --- no dialect branches outside the stores -----------------------------------------------------
+
+
+def _dialect_branches(path: Path) -> list[str]:
+    """Comparisons in a Python file that test a store's ``dialect`` or look for ``"://"`` in a string."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op in operands:
+            if isinstance(op, ast.Constant) and isinstance(op.value, str) and "://" in op.value and any(
+                    isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
+                found.append(f"{path}:{node.lineno}: '://' test")
+            if (isinstance(op, ast.Attribute) and op.attr == "dialect") or (isinstance(op, ast.Name) and op.id == "dialect"):
+                found.append(f"{path}:{node.lineno}: dialect test")
+    return found
+
+
+def test_kernel_code_outside_the_stores_never_branches_on_the_dialect() -> None:
+    """Store differences are Store attributes (``exclusive_dispatch``, ``local_path``), not tests of dialect or URL."""
+    allowed = (ROOT / "scheduler" / "store",)
+    files = [p for tree in ("scheduler", "bench") for p in (ROOT / tree).rglob("*.py")
+             if not any(p.is_relative_to(a) for a in allowed)]
+    assert len(files) > 20
+    offenders = [hit for p in files for hit in _dialect_branches(p)]
+    assert offenders == []
+
+
+def test_the_dialect_check_sees_a_branch(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text("def f(store, url):\n    if store.dialect == 'sqlite':\n        pass\n"
+                      "    return '://' not in url\n")
+    assert [h.split(": ", 1)[1] for h in _dialect_branches(sample)] == ["dialect test", "'://' test"]
+
+
+def test_sqlite_store_states_what_the_kernel_would_otherwise_guess(db_path: Path) -> None:
+    from scheduler.store import local_path_of
+    from scheduler.store.base import Store
+
+    store = SQLiteStore(db_path)
+    assert isinstance(store, Store)
+    assert store.exclusive_dispatch is True and store.local_path == db_path
+    assert local_path_of(str(db_path)) == db_path and local_path_of("sqlite://" + str(db_path)) == db_path
+    assert local_path_of("postgresql://u:p@h/db?schema=s") is None
 
 
 # --- guard triggers (both stores) ---------------------------------------------------------------

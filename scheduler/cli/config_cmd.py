@@ -38,7 +38,7 @@ def kernel_switches(ctx: click.Context) -> list[dict[str, Any]]:
     """The kernel's values that are not settings-file keys: database, artifact directory, plugin switches, the file itself."""
     from scheduler.artifacts import default_artifacts_root
     from scheduler.settings import settings_path
-    from scheduler.store import default_db_path, redact_url
+    from scheduler.store import default_db_path, local_path_of, redact_url
 
     root = ctx.find_root()
     db = root.obj.get("db")
@@ -50,7 +50,7 @@ def kernel_switches(ctx: click.Context) -> list[dict[str, Any]]:
     rows = [
         {"key": "config_file", "value": str(path), "source": chosen_by},
         {"key": "db", "value": redact_url(target), "source": db_source if db else "default"},
-        {"key": "artifacts_dir", "value": str(default_artifacts_root(target)),
+        {"key": "artifacts_dir", "value": str(default_artifacts_root(local_path_of(target))),
          "source": "env:SCHEDULER_ARTIFACTS_DIR" if os.environ.get("SCHEDULER_ARTIFACTS_DIR") else "default"},
         {"key": "plugins.disabled", **_from_env("SCHEDULER_DISABLE_PLUGINS", "")},
         {"key": "plugins.strict", **_from_env("SCHEDULER_STRICT_PLUGINS", "")},

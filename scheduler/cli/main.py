@@ -98,14 +98,34 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
     emit({"command": " ".join(command), "help": text}, lambda: click.echo(text))
 
 
+#: Commands that only read the database: opening it for them never writes (no migration, no repair),
+#: so they work while another process holds the write lock. ``doctor`` is not one: it repairs.
+READ_ONLY_COMMANDS = frozenset({
+    "jobs list", "jobs get", "jobs tree", "jobs next", "runs list", "runs get", "runs output", "runs events",
+    "schedule list", "schedule show", "status",
+})
+
+
+def _command_path(ctx: click.Context) -> str:
+    """``"jobs list"`` for the context of ``scheduler ... jobs list``."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(names))
+
+
 def open_ctx_store(ctx: click.Context | None = None) -> Any:
-    """The store for this invocation, opened (and initialised, failing closed) on first use."""
+    """The store for this invocation, opened (and initialised, failing closed) on first use.
+
+    Commands in ``READ_ONLY_COMMANDS`` open it read-only (see ``Store.initialize``).
+    """
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     if root.obj.get("store") is None:
         from scheduler.store import open_store
 
-        store = open_store(root.obj.get("db"))
+        store = open_store(root.obj.get("db"), readonly=_command_path(ctx) in READ_ONLY_COMMANDS)
         root.obj["store"] = store
         root.call_on_close(store.close)
     return root.obj["store"]

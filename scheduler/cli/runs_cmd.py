@@ -88,7 +88,7 @@ def runs_output(run_id: str, stream: str) -> None:
     store = open_ctx_store()
     with store.read() as tx:
         run = _resolve_run(tx, run_id)
-    data = read_stream(default_artifacts_root(store.location), run, stream)
+    data = read_stream(default_artifacts_root(store.local_path), run, stream)
     if click.get_current_context().find_root().obj.get("json"):
         try:
             content, encoding = data.decode("utf-8"), "utf-8"

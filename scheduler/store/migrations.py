@@ -1,34 +1,50 @@
-"""Schema version bookkeeping and the idempotent migrations of the embedded SQLite store.
+"""Schema versions and the one list of migrations every store runs.
 
-Contract: a fresh database gets ``schema.sql`` in one transaction; an existing one
-runs every migration newer than its recorded version and then re-applies
-``schema.sql`` (all ``IF NOT EXISTS``), in the same transaction. Each migration
+Contract (the same for every store): a fresh database gets the schema in one
+transaction; an older one runs every migration newer than its recorded version and
+then applies the schema again (every statement is ``IF NOT EXISTS`` / ``OR REPLACE``),
+in the same transaction, so a failure or a ``kill -9`` leaves nothing half-done. Each
 step checks before it acts, so running it twice is harmless.
+
+Steps are written once, for every dialect: ``AddColumn`` / ``DropColumn`` carry a
+``schema.Column`` (rendered per dialect), data moves run through the small
+``SchemaConnection`` adapter each store provides (``?`` placeholders, rows as dicts),
+and raw per-dialect SQL appears only where the dialects cannot share it
+(``WidenCheck``: SQLite cannot alter a constraint). A store calls ``upgrade`` inside its
+own write transaction; which transaction and lock that is stays the store's business.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import sqlite3
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Any, NamedTuple, Protocol
 
-import attrs
+from scheduler.errors import SchedulerError
+from scheduler.store import schema
+from scheduler.store.base import Params
+from scheduler.store.schema import BIGINT, SCHEMA_VERSION, TEXT, Column
 
-#: The version ``schema.sql`` describes. Bump with a new ``Migration`` below.
-SCHEMA_VERSION = 3
+__all__ = [
+    "MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "DropColumn", "DropIndex", "DropTrigger", "Migration",
+    "MoveExecutorFields", "SchemaConnection", "StepHook", "UpgradeFailed", "WidenCheck", "migrate",
+    "schema_fingerprint", "schema_statements", "schema_text", "upgrade",
+]
 
 
 @lru_cache(maxsize=1)
 def schema_text() -> str:
-    """The packaged ``schema.sql`` (the single copy; in a source tree a symlink to the top-level file)."""
+    """The packaged ``schema.sql``: the SQLite schema (in a source tree a symlink to the top-level file)."""
     return resources.files("scheduler").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
-def schema_statements() -> tuple[str, ...]:
-    """``schema.sql`` split into complete statements (trigger bodies kept whole)."""
+def _sqlite_statements() -> tuple[str, ...]:
     statements: list[str] = []
     buf: list[str] = []
     for line in schema_text().splitlines():
@@ -44,33 +60,192 @@ def schema_statements() -> tuple[str, ...]:
     return tuple(statements)
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+def schema_statements(dialect: str = "sqlite") -> tuple[str, ...]:
+    """The schema's statements for ``dialect``, in order.
+
+    SQLite's come from the shipped ``schema.sql`` (what the embedded store applies
+    verbatim); every other dialect's are generated from ``scheduler.store.schema``. A test
+    holds ``schema.sql`` to the generated SQLite text, so both come from one definition.
+    """
+    return _sqlite_statements() if dialect == "sqlite" else schema.statements(dialect)
 
 
-@attrs.frozen
-class AddColumn:
-    """Add a column when it is missing (idempotent)."""
+@lru_cache(maxsize=2)
+def schema_fingerprint(dialect: str) -> str:
+    """SHA-256 of the schema text for ``dialect``: recorded by a store so an unchanged schema is recognised cheaply."""
+    text = schema_text() if dialect == "sqlite" else schema.render(dialect)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class SchemaConnection(Protocol):
+    """What migration steps need from a store: its dialect, statements with ``?`` placeholders, a column list.
+
+    Every call runs inside the store's open write transaction.
+    """
+
+    #: ``"sqlite"`` or ``"postgresql"``: picks the DDL a ``schema.Column`` renders to.
+    dialect: str
+
+    def execute(self, sql: str, params: Params = ()) -> Any:
+        """Run one statement."""
+
+    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
+        """Every row of a query, as dicts."""
+
+    def columns(self, table: str) -> list[str]:
+        """The column names of ``table`` in the store's schema (empty when there is no such table)."""
+
+
+# -- steps --------------------------------------------------------------------------------------------
+
+
+class AddColumn(NamedTuple):
+    """Add ``column`` to ``table`` when it is missing."""
 
     table: str
-    column: str
-    ddl: str
+    column: Column
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        if self.column not in _columns(conn, self.table):
-            conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {self.column} {self.ddl}")
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if self.column.name not in conn.columns(self.table):
+            conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {self.column.definition(conn.dialect)}")
 
 
-@attrs.frozen
-class DropColumn:
-    """Drop a column when it is present (idempotent)."""
+class DropColumn(NamedTuple):
+    """Drop ``column`` (as it was defined, kept for the record) from ``table`` when it is present."""
 
     table: str
-    column: str
+    column: Column
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        if self.column in _columns(conn, self.table):
-            conn.execute(f"ALTER TABLE {self.table} DROP COLUMN {self.column}")
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if self.column.name in conn.columns(self.table):
+            conn.execute(f"ALTER TABLE {self.table} DROP COLUMN {self.column.name}")
+
+
+class DropIndex(NamedTuple):
+    """Drop an index the schema no longer has (``sql`` is how it was created, for the record)."""
+
+    name: str
+    sql: str
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        conn.execute(f"DROP INDEX IF EXISTS {self.name}")
+
+
+class DropTrigger(NamedTuple):
+    """Drop a guard trigger the schema replaced (``sql`` is the SQLite text it had, for the record)."""
+
+    name: str
+    table: str
+    sql: str
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        on = f" ON {self.table}" if conn.dialect != "sqlite" else ""
+        conn.execute(f"DROP TRIGGER IF EXISTS {self.name}{on}")
+
+
+class WidenCheck(NamedTuple):
+    """Give ``column`` the CHECK of its new definition, which accepts more than ``before`` did.
+
+    Existing rows stay valid (the new check is wider), so no data changes. PostgreSQL
+    replaces the column's constraint; SQLite cannot alter a constraint, so the column's
+    text in ``sqlite_schema`` is rewritten as SQLite documents for exactly this case
+    (``PRAGMA writable_schema``, schema version bumped, inside the migration's
+    transaction), after the new table text is proved to parse and every row to pass.
+    """
+
+    table: str
+    column: Column
+    before: Column
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if self.column.name not in conn.columns(self.table):
+            return
+        check = self.column.check_expression()
+        if conn.dialect != "sqlite":
+            name = f"{self.table}_{self.column.name}_check"
+            conn.execute(f"ALTER TABLE {self.table} DROP CONSTRAINT IF EXISTS {name}")
+            conn.execute(f"ALTER TABLE {self.table} ADD CONSTRAINT {name} CHECK ({check})")
+            return
+        (row,) = conn.all("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,))
+        old_sql = row["sql"]
+        new_sql = replace_column_definition(old_sql, self.column.name, self.column.definition("sqlite"))
+        if new_sql == old_sql:
+            return
+        probe = sqlite3.connect(":memory:")
+        try:
+            probe.execute(new_sql)  # a syntax error here would make the database unreadable below
+        finally:
+            probe.close()
+        if check:
+            bad = conn.all(f"SELECT COUNT(*) AS n FROM {self.table} WHERE NOT ({check})")[0]["n"]
+            if bad:
+                raise ValueError(f"{bad} row(s) of {self.table} fail the new CHECK ({check})")
+        version = conn.all("PRAGMA schema_version")[0]["schema_version"]
+        conn.execute("PRAGMA writable_schema = ON")
+        try:
+            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (new_sql, self.table))
+            conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+        finally:
+            conn.execute("PRAGMA writable_schema = OFF")
+
+
+def _split_items(body: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each top-level comma-separated item of a ``CREATE TABLE`` body."""
+    items, depth, start, i, n = [], 0, 0, 0, len(body)
+    while i < n:
+        ch = body[i]
+        if ch in "'\"":
+            end = body.find(ch, i + 1)
+            while end != -1 and body.startswith(ch * 2, end):
+                end = body.find(ch, end + 2)
+            i = n if end == -1 else end + 1
+            continue
+        if body.startswith("--", i):
+            end = body.find("\n", i)
+            i = n if end == -1 else end
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append((start, i))
+            start = i + 1
+        i += 1
+    items.append((start, n))
+    return items
+
+
+_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|$))*")
+
+
+def replace_column_definition(create_sql: str, column: str, definition: str) -> str:
+    """``create_sql`` (a stored ``CREATE TABLE``) with ``column``'s definition replaced by ``definition``.
+
+    Comments and layout around the column are kept. Returns the text unchanged when the
+    column already reads ``definition`` (whitespace aside); ``ValueError`` when the column
+    is not found.
+    """
+    open_paren = create_sql.index("(")
+    close_paren = create_sql.rindex(")")
+    body = create_sql[open_paren + 1 : close_paren]
+    for start, end in _split_items(body):
+        item = body[start:end]
+        lead = _LEADING.match(item)
+        code_start = lead.end() if lead else 0
+        code = item[code_start:].rstrip()
+        if re.match(rf'"?{re.escape(column)}"?\s', code + " ", re.IGNORECASE):
+            if code.split() == definition.split():
+                return create_sql
+            new_item = item[:code_start] + definition + item[code_start + len(code):]
+            new_body = body[:start] + new_item + body[end:]
+            return create_sql[: open_paren + 1] + new_body + create_sql[close_paren:]
+    raise ValueError(f"column {column} not found in {create_sql[:60]!r}...")
 
 
 #: Executor-specific job columns that v3 moves into ``executor_options`` (old column -> option name).
@@ -107,68 +282,82 @@ def v3_executor_handle(row: dict[str, Any]) -> str | None:
     }, sort_keys=True)
 
 
-def _rows(conn: sqlite3.Connection, sql: str) -> Iterable[dict[str, Any]]:
-    cur = conn.execute(sql)
-    names = [d[0] for d in cur.description]
-    for values in cur.fetchall():
-        yield dict(zip(names, values))
-
-
-@attrs.frozen
-class MoveExecutorFields:
+class MoveExecutorFields(NamedTuple):
     """v3 data move: executor-specific job columns into ``executor_options``, process identity into ``executor_handle``.
 
     Runs between adding the new columns and dropping the old ones; a second run finds
     the old columns gone and does nothing.
     """
 
-    def apply(self, conn: sqlite3.Connection) -> None:
-        jobs = _columns(conn, "jobs")
-        if "shell_env_policy" in jobs:
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if "shell_env_policy" in conn.columns("jobs"):
             cols = ", ".join(["id", "executor", "session_target", *V3_SHELL_FIELDS, *V3_AGENT_FIELDS])
-            for row in list(_rows(conn, f"SELECT {cols} FROM jobs")):
+            for row in conn.all(f"SELECT {cols} FROM jobs"):
                 conn.execute("UPDATE jobs SET executor_options = ? WHERE id = ?", (v3_executor_options(row), row["id"]))
-        if "pid" in _columns(conn, "runs"):
-            for row in list(_rows(conn, "SELECT id, pid, pgid, process_start_time, dispatcher_owner FROM runs WHERE pid IS NOT NULL")):
+        if "pid" in conn.columns("runs"):
+            for row in conn.all("SELECT id, pid, pgid, process_start_time, dispatcher_owner FROM runs WHERE pid IS NOT NULL"):
                 conn.execute("UPDATE runs SET executor_handle = ? WHERE id = ?", (v3_executor_handle(row), row["id"]))
 
 
-@attrs.frozen
-class Migration:
+Step = AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields
+
+
+class Migration(NamedTuple):
     """One numbered, named migration made of idempotent steps."""
 
     version: int
     name: str
-    steps: tuple[AddColumn | DropColumn | MoveExecutorFields, ...]
+    steps: tuple[Step, ...]
 
+
+def _current(table: str, column: str) -> Column:
+    """A column as the current schema defines it (for steps that add or widen it)."""
+    return schema.table(table).column(column)
+
+
+_PROCESS_STATES_V2 = ("running", "terminated", "gone", "unknown")
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         2,
         "per-job schedule policies: misfire, DST gap and fold, auto-pause threshold",
         (
-            AddColumn("jobs", "misfire_policy", "TEXT NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy IN ('coalesce', 'skip'))"),
-            AddColumn("jobs", "dst_gap_policy", "TEXT NOT NULL DEFAULT 'shift' CHECK (dst_gap_policy IN ('shift', 'skip'))"),
-            AddColumn("jobs", "dst_fold_policy", "TEXT NOT NULL DEFAULT 'once' CHECK (dst_fold_policy IN ('once', 'twice'))"),
-            AddColumn(
-                "jobs",
-                "max_consecutive_failures",
-                "INTEGER NOT NULL DEFAULT 3 CHECK (max_consecutive_failures >= 0)",
-            ),
+            AddColumn("jobs", Column("misfire_policy", TEXT, not_null=True, default="coalesce", choices=("coalesce", "skip"))),
+            AddColumn("jobs", Column("dst_gap_policy", TEXT, not_null=True, default="shift", choices=("shift", "skip"))),
+            AddColumn("jobs", Column("dst_fold_policy", TEXT, not_null=True, default="once", choices=("once", "twice"))),
+            AddColumn("jobs", Column("max_consecutive_failures", BIGINT, not_null=True, default=3,
+                                     check="max_consecutive_failures >= 0")),
         ),
     ),
     Migration(
         3,
         "plugin-owned options: executor fields into executor_options, process identity into executor_handle",
         (
-            AddColumn("jobs", "executor_options", "TEXT NOT NULL DEFAULT '{}'"),
-            AddColumn("jobs", "delivery_options", "TEXT NOT NULL DEFAULT '{}'"),
-            AddColumn("jobs", "constraints", "TEXT NOT NULL DEFAULT '{}'"),
-            AddColumn("runs", "executor_handle", "TEXT"),
-            AddColumn("runs", "usage_json", "TEXT"),
+            AddColumn("jobs", Column("executor_options", TEXT, not_null=True, default="{}")),
+            AddColumn("jobs", Column("delivery_options", TEXT, not_null=True, default="{}")),
+            AddColumn("jobs", Column("constraints", TEXT, not_null=True, default="{}")),
+            AddColumn("runs", Column("executor_handle", TEXT)),
+            AddColumn("runs", Column("usage_json", TEXT)),
             MoveExecutorFields(),
-            *(DropColumn("jobs", c) for c in (*V3_SHELL_FIELDS, *V3_AGENT_FIELDS)),
-            *(DropColumn("runs", c) for c in ("pid", "pgid", "process_start_time")),
+            DropColumn("jobs", Column("shell_env_policy", TEXT, not_null=True, default="minimal", choices=("minimal", "inherit"))),
+            DropColumn("jobs", Column("working_dir", TEXT)),
+            DropColumn("jobs", Column("stdin_text", TEXT)),
+            DropColumn("jobs", Column("context_mode", TEXT, not_null=True, default="isolated", choices=("session", "isolated"))),
+            DropColumn("jobs", Column("heartbeat_file", TEXT)),
+            DropColumn("runs", Column("pid", BIGINT)),
+            DropColumn("runs", Column("pgid", BIGINT)),
+            DropColumn("runs", Column("process_start_time", TEXT)),
+            WidenCheck("runs", _current("runs", "process_state"),
+                       before=Column("process_state", TEXT, choices=_PROCESS_STATES_V2)),
+            # Objects early databases had, replaced by the current schema's (which upgrade creates next).
+            DropIndex("dispatch_pending_idx", "CREATE INDEX dispatch_pending_idx ON job_dispatch_queue(due_at) WHERE status = 'pending'"),
+            DropTrigger(
+                "outbox_delivered_is_final", "delivery_outbox",
+                "CREATE TRIGGER outbox_delivered_is_final\nBEFORE UPDATE OF status ON delivery_outbox\n"
+                "WHEN OLD.status = 'delivered' AND NEW.status <> 'delivered'\n"
+                "BEGIN\n    SELECT RAISE(ABORT, 'OUTBOX_DELIVERED: a delivered part is never re-sent');\nEND",
+            ),
         ),
     ),
 )
@@ -177,10 +366,19 @@ MIGRATIONS: tuple[Migration, ...] = (
 StepHook = Callable[[int, int], None]
 
 
-def migrate(conn: sqlite3.Connection, from_version: int, now: int, step_hook: StepHook | None = None) -> list[int]:
-    """Apply every migration above ``from_version`` inside the caller's open transaction."""
+def migrate(
+    conn: SchemaConnection,
+    from_version: int,
+    now: int,
+    step_hook: StepHook | None = None,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> list[int]:
+    """Apply every migration above ``from_version`` inside the caller's open transaction; return the versions applied.
+
+    Each applied version is recorded in ``schema_migrations`` (``ON CONFLICT DO NOTHING``).
+    """
     applied = []
-    for migration in MIGRATIONS:
+    for migration in sorted(migrations, key=lambda m: m.version):
         if migration.version <= from_version:
             continue
         for index, step in enumerate(migration.steps):
@@ -188,8 +386,52 @@ def migrate(conn: sqlite3.Connection, from_version: int, now: int, step_hook: St
                 step_hook(migration.version, index)
             step.apply(conn)
         conn.execute(
-            "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?) ON CONFLICT(version) DO NOTHING",
+            "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?) ON CONFLICT (version) DO NOTHING",
             (migration.version, migration.name, now),
         )
         applied.append(migration.version)
     return applied
+
+
+class UpgradeFailed(Exception):
+    """``upgrade`` failed in ``phase`` (``migration`` or ``schema``); the store reports it as ``DB_INIT_FAILED``."""
+
+    def __init__(self, phase: str, cause: BaseException) -> None:
+        super().__init__(f"{phase}: {cause}")
+        self.phase = phase
+        self.cause = cause
+
+
+def upgrade(
+    conn: SchemaConnection,
+    version: int | None,
+    now: int,
+    *,
+    step_hook: StepHook | None = None,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> list[int]:
+    """Bring a fresh (``version`` None) or older database to ``SCHEMA_VERSION`` inside the caller's write transaction.
+
+    Runs the migrations above ``version``, then every schema statement for the
+    connection's dialect, then records ``SCHEMA_VERSION``. Any failure raises
+    ``UpgradeFailed`` naming the phase, except a retryable ``SchedulerError`` (``DB_BUSY``),
+    which propagates as it is. The caller rolls back in both cases.
+    """
+    phase = "migration"
+    try:
+        applied = migrate(conn, version, now, step_hook, migrations) if version is not None else []
+        phase = "schema"
+        for statement in schema_statements(conn.dialect):
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?) ON CONFLICT (version) DO NOTHING",
+            (SCHEMA_VERSION, "current schema.sql", now),
+        )
+        return applied
+    except SchedulerError as exc:
+        if exc.retryable:
+            raise
+        raise UpgradeFailed(phase, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - every failure fails closed, naming its phase
+        raise UpgradeFailed(phase, exc) from exc
+

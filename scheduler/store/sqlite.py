@@ -23,13 +23,14 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 from scheduler import PLUGIN_API_VERSION, filemodes
 from scheduler.errors import SchedulerError
 from scheduler.settings import current_settings
-from scheduler.store import migrations
+from scheduler.store import migrations, schema
 from scheduler.store.base import Params
 from scheduler.timeutil import now_ms
 
@@ -169,6 +170,61 @@ def _fail(phase: str, path: str, exc: BaseException | str) -> SchedulerError:
     )
 
 
+class SQLiteSchemaConnection:
+    """``migrations.SchemaConnection`` over a raw SQLite connection (inside its open ``BEGIN IMMEDIATE``)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection, location: str = "", timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self._conn = conn
+        self._location = location
+        self._timeout_ms = timeout_ms
+
+    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise _busy_error(self._location, self._timeout_ms, f"database is locked ({exc})") from None
+            raise
+
+    def execute(self, sql: str, params: Params = ()) -> None:
+        """Run one statement."""
+        self._run(sql, params)
+
+    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
+        """Every row of a query, as dicts."""
+        cur = self._run(sql, params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def columns(self, table: str) -> list[str]:
+        """The column names of ``table``."""
+        return [r[1] for r in self._run(f"PRAGMA table_info({table})", ())]
+
+
+@lru_cache(maxsize=1)
+def _expected_objects() -> frozenset[tuple[str, str]]:
+    """``(type, name)`` of every table, index and trigger the schema creates."""
+    return frozenset(
+        {("table", n) for n in schema.table_names()}
+        | {("index", n) for n in schema.index_names()}
+        | {("trigger", n) for n, _table in schema.trigger_names("sqlite")}
+    )
+
+
+def _needs_migration(path: str, version: int) -> SchedulerError:
+    """A read-only open of a database that only a migration (a write) would make usable."""
+    return SchedulerError(
+        "DB_INIT_FAILED",
+        f"database initialisation failed during migration of {path}: the database is at schema version {version}, "
+        f"this scheduler needs {migrations.SCHEMA_VERSION}, and this command only reads, so it does not migrate; "
+        "run `scheduler doctor` (or any command that changes something) once to migrate it",
+        details={"phase": "migration", "path": path, "readonly": True, "version": version,
+                 "expected_version": migrations.SCHEMA_VERSION},
+    )
+
+
 class SQLiteStore:
     """The embedded SQLite store (``scheduler.stores`` driver ``sqlite``)."""
 
@@ -176,6 +232,13 @@ class SQLiteStore:
     plugin_api = PLUGIN_API_VERSION
     capabilities = frozenset({"wal", "data-version-wakeup", "single-host"})
     dialect = "sqlite"
+    #: One writer per file: dispatchers on one database take turns (``Store.exclusive_dispatch``).
+    exclusive_dispatch = True
+
+    @property
+    def local_path(self) -> Path:
+        """The database file (``Store.local_path``): the pid file and the default artifacts live beside it."""
+        return self.path
 
     def __init__(
         self, path: str | os.PathLike[str], *, synchronous: str | None = None, busy_timeout_ms: int | None = None
@@ -286,8 +349,17 @@ class SQLiteStore:
 
     # -- initialisation ------------------------------------------------------------------------
 
-    def initialize(self) -> None:
-        """Open, configure and bring the schema up to date, failing closed with ``DB_INIT_FAILED``."""
+    def initialize(self, *, readonly: bool = False) -> None:
+        """Open, configure and bring the schema up to date, failing closed with ``DB_INIT_FAILED``.
+
+        An up-to-date database is only read (its version and object names): no write
+        transaction, so a command starting while another process holds the write lock is
+        not blocked. A new or empty file gets the schema, an older database the migrations,
+        in one ``BEGIN IMMEDIATE`` transaction. ``readonly=True`` (commands that only read)
+        never migrates nor repairs: an older database is refused with ``DB_INIT_FAILED``
+        saying it must be migrated first (a database that does not exist yet is still
+        created, as on first use). A lock held past the busy timeout is ``DB_BUSY``.
+        """
         if self._initialized:
             return
         path = self.location
@@ -311,67 +383,67 @@ class SQLiteStore:
             raise _fail("open", path, exc) from None
         try:
             # Read-only look first: a foreign or newer database is refused before anything
-            # (not even the journal mode) is written to it.
-            self._check_existing(conn)
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise _fail("open", path, f"cannot enable WAL (journal_mode={mode})")
+            # (not even the journal mode) is written to it, and a current one is left alone.
+            version, complete = self._inspect(conn)
+            current = version == migrations.SCHEMA_VERSION and complete
+            if readonly and version is not None and version < migrations.SCHEMA_VERSION:
+                raise _needs_migration(path, version)
+            if not readonly or version is None:
+                mode = self._exec(conn, "PRAGMA journal_mode", "cannot read the journal mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    mode = self._exec(conn, "PRAGMA journal_mode = WAL", "cannot enable WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        raise _fail("open", path, f"cannot enable WAL (journal_mode={mode})")
+                if not current:
+                    self._upgrade(conn)
         except SchedulerError:
             conn.close()
             raise
         except sqlite3.Error as exc:
             conn.close()
+            if _is_busy(exc):
+                raise _busy_error(path, self._busy_timeout_ms, f"opening the database: {exc}") from None
             raise _fail("open", path, exc) from None
-        try:
-            self._apply_schema(conn)
-        except SchedulerError:
+        except BaseException:
             conn.close()
             raise
-        except Exception as exc:
-            conn.close()
-            raise _fail("schema", path, exc) from None
         self._adopt(conn)
         self._initialized = True
 
-    def _check_existing(self, conn: sqlite3.Connection) -> int | None:
-        """The recorded schema version (None for an empty file); refuse foreign and newer databases."""
+    def _inspect(self, conn: sqlite3.Connection) -> tuple[int | None, bool]:
+        """``(recorded version or None for an empty file, every schema object present)``; reads only.
+
+        Refuses a foreign database (tables but no ``schema_migrations``) and a newer one.
+        """
         path = self.location
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        objects = {(r[0], r[1]) for r in conn.execute(
+            "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')")}
+        tables = {name for kind, name in objects if kind == "table"}
         if "schema_migrations" in tables:
-            version = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
+            version = int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
             if version > migrations.SCHEMA_VERSION:
                 raise _fail("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
-            return int(version)
+            return version, _expected_objects() <= objects
         if tables - {"sqlite_sequence"}:
             raise _fail("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
-        return None
+        return None, False
 
-    def _apply_schema(self, conn: sqlite3.Connection) -> None:
-        """Fresh: schema in one transaction. Existing: migrations, then schema again. All or nothing."""
-        conn.execute("BEGIN IMMEDIATE")
-        phase = "schema"
+    def _upgrade(self, conn: sqlite3.Connection) -> None:
+        """Fresh: schema. Older: migrations, then the schema. Incomplete: the schema again. One transaction, all or nothing."""
+        self._exec(conn, "BEGIN IMMEDIATE", "cannot start the schema transaction")
         try:
             # Checked again under the write lock: another process may have initialised meanwhile.
-            version = self._check_existing(conn)
-            now = now_ms()
-            if version is not None and version < migrations.SCHEMA_VERSION:
-                phase = "migration"
-                migrations.migrate(conn, version, now, self.migration_step_hook)
-                phase = "schema"
-            for statement in migrations.schema_statements():
-                conn.execute(statement)
-            conn.execute(
-                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?) ON CONFLICT(version) DO NOTHING",
-                (migrations.SCHEMA_VERSION, "current schema.sql", now),
-            )
-            conn.execute("COMMIT")
-        except SchedulerError:
-            conn.execute("ROLLBACK")
+            version, complete = self._inspect(conn)
+            if version != migrations.SCHEMA_VERSION or not complete:
+                adapter = SQLiteSchemaConnection(conn, self.location, self._busy_timeout_ms)
+                migrations.upgrade(adapter, version, now_ms(), step_hook=self.migration_step_hook)
+            self._exec(conn, "COMMIT", "cannot commit the schema")
+        except migrations.UpgradeFailed as exc:
+            self._rollback(conn)
+            raise _fail(exc.phase, self.location, exc.cause) from None
+        except BaseException:
+            self._rollback(conn)
             raise
-        except Exception as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise _fail(phase, self.location, exc) from None
 
     # -- transactions --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.adapt import Loader
 
-from scheduler.errors import SchedulerError
+from scheduler.api import SchedulerError
 
 
 @lru_cache(maxsize=2048)

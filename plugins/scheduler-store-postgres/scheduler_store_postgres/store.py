@@ -11,8 +11,11 @@
   several queries, as a SQLite read transaction is.
 * Wake-ups use LISTEN/NOTIFY on ``scheduler_wakeup_<schema>`` (see ``notify``).
 * ``initialize()`` fails closed with ``DB_INIT_FAILED`` naming the phase and the
-  (password-redacted) URL, and serialises concurrent initialisers with a
-  transaction-scoped advisory lock.
+  (password-redacted) URL. An up-to-date schema is recognised by a read-only look (the
+  recorded version, the schema fingerprint, tables and triggers present): no lock, no
+  DDL. Otherwise the kernel's schema and migrations (``scheduler.api.store``: one
+  definition and one migration list for every store) run in one transaction under a
+  transaction-scoped advisory lock that serialises concurrent initialisers.
 """
 
 from __future__ import annotations
@@ -29,13 +32,22 @@ from psycopg import pq, sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 
-import scheduler
-from scheduler.errors import SchedulerError
-from scheduler.store import migrations as kernel_migrations
-from scheduler.store.base import Params
-from scheduler.timeutil import now_ms
-from scheduler_store_postgres import migrations
+from scheduler.api import PLUGIN_API_VERSION, SchedulerError
+from scheduler.api.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Migration,
+    Params,
+    StepHook,
+    UpgradeFailed,
+    now_ms,
+    schema_fingerprint,
+    schema_tables,
+    schema_triggers,
+    upgrade,
+)
 from scheduler_store_postgres.notify import Listener, channel_name
+from scheduler_store_postgres.schema import PgSchemaConnection
 from scheduler_store_postgres.sqlcompat import error_message, prepare, register_loaders, translate_error
 from scheduler_store_postgres.url import DEFAULT_CONNECT_TIMEOUT_S, ConnSpec, parse_url
 
@@ -123,8 +135,12 @@ class PostgresStore:
     """The PostgreSQL store (``scheduler.stores`` driver ``postgres``)."""
 
     dialect = "postgresql"
-    plugin_api = scheduler.PLUGIN_API_VERSION
+    plugin_api = PLUGIN_API_VERSION
     capabilities = frozenset({"skip-locked", "listen-notify", "multi-host"})
+    #: Several dispatchers share the database, each with its own lease (``Store.exclusive_dispatch``).
+    exclusive_dispatch = False
+    #: A server database: no file beside which to keep a pid file or artifacts (``Store.local_path``).
+    local_path = None
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -138,9 +154,9 @@ class PostgresStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._initialized = False
-        #: Test hooks: the migration list and a hook called before each step (see ``migrations``).
-        self.migrations: tuple[migrations.Migration, ...] = migrations.MIGRATIONS
-        self.migration_step_hook: migrations.StepHook | None = None
+        #: Test hooks: the migration list and a hook called before each step (see ``scheduler.api.store``).
+        self.migrations: tuple[Migration, ...] = MIGRATIONS
+        self.migration_step_hook: StepHook | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.location!r})"
@@ -192,25 +208,21 @@ class PostgresStore:
 
     # -- initialisation ------------------------------------------------------------------------
 
-    def initialize(self) -> None:
+    def initialize(self, *, readonly: bool = False) -> None:
         """Connect, bring the schema up to date and open the pool, failing closed with ``DB_INIT_FAILED``.
 
         Phases in the error details: ``open`` (cannot connect or open the pool),
         ``schema`` (creating or checking objects failed, or the schema holds foreign
         tables), ``migration`` (a migration failed, or the database is newer than this
-        code). Everything happens in one transaction under an advisory lock, so hosts
-        starting together neither race nor see a half-built schema.
+        code). An up-to-date schema is only read. Creating or migrating happens in one
+        transaction under an advisory lock, so hosts starting together neither race nor
+        see a half-built schema; a lock not granted within ``INIT_LOCK_TIMEOUT`` is
+        ``DB_BUSY``. ``readonly=True`` never migrates nor repairs (an older schema is
+        refused, saying so); an empty schema is still created, as on first use.
         """
         if self._initialized:
             return
         location = self.location
-        if kernel_migrations.SCHEMA_VERSION != migrations.SCHEMA_VERSION:
-            raise _fail(
-                "schema",
-                location,
-                f"scheduler-store-postgres describes schema version {migrations.SCHEMA_VERSION} but the kernel "
-                f"expects {kernel_migrations.SCHEMA_VERSION}; install a matching scheduler-store-postgres",
-            )
         try:
             conn = self._direct_connect()
         except psycopg.Error as exc:
@@ -220,7 +232,7 @@ class PostgresStore:
             conn.close()
             raise _fail("open", location, f"PostgreSQL {version // 10000} is too old; the store needs 14 or later")
         try:
-            self._apply_schema(conn)
+            self._apply_schema(conn, readonly=readonly)
         finally:
             conn.close()
         pool: ConnectionPool[Any] = ConnectionPool(
@@ -244,79 +256,111 @@ class PostgresStore:
         self._listener = Listener(lambda: self._direct_connect(autocommit=True, keepalives=True), self.channel)
         self._initialized = True
 
-    def _apply_schema(self, conn: psycopg.Connection[Any]) -> None:
-        """Fresh: schema in one transaction. Existing: migrations, then schema again. All or nothing."""
+    def _apply_schema(self, conn: psycopg.Connection[Any], *, readonly: bool = False) -> None:
+        """Up to date: nothing (a read-only look). Fresh or older: the kernel's upgrade, in one locked transaction."""
         location = self.location
         phase = "schema"
         try:
+            with conn.transaction():
+                schema, version, current = self._inspect(conn)
+            if current:
+                self.schema = schema
+                return
+            if readonly and version is not None:
+                if version < SCHEMA_VERSION:
+                    raise SchedulerError(
+                        "DB_INIT_FAILED",
+                        f"database initialisation failed during migration of {location}: the schema is at version "
+                        f"{version}, this scheduler needs {SCHEMA_VERSION}, and this command only reads, so it does not "
+                        "migrate; run `scheduler doctor` (or any command that changes something) once to migrate it",
+                        details={"phase": "migration", "path": location, "readonly": True, "version": version,
+                                 "expected_version": SCHEMA_VERSION},
+                    )
+                self.schema = schema  # current version, some object missing or changed: read it as it is
+                return
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(INIT_LOCK_TIMEOUT)))
                 key_schema = self._spec.schema or "<search_path>"
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(key_schema),))
                 if self._spec.schema is not None:
                     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._spec.schema)))
-                schema = conn.execute("SELECT current_schema() AS s").fetchone()["s"]  # type: ignore[index]
+                # Looked at again under the lock: another host may have initialised meanwhile.
+                schema, version, current = self._inspect(conn)
                 if schema is None:
                     raise _fail("schema", location, "no schema to create objects in (search_path names none that exists)")
                 self.schema = schema
-                tables = {
-                    r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))
-                }
-                now = now_ms()
-                if "schema_migrations" in tables:
-                    version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations").fetchone()["v"]  # type: ignore[index]
-                    if version > migrations.SCHEMA_VERSION:
-                        raise _fail(
-                            "migration",
-                            location,
-                            f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})",
-                        )
-                    if version == migrations.SCHEMA_VERSION and self._schema_current(conn, schema, tables):
-                        return
-                    if version < migrations.SCHEMA_VERSION:
-                        phase = "migration"
-                        migrations.migrate(conn, version, now, self.migration_step_hook, self.migrations)
-                        phase = "schema"
-                elif tables:
-                    raise _fail(
-                        "schema",
-                        location,
-                        f"schema {schema!r} has tables but is not a scheduler database (no schema_migrations); "
-                        "name an empty or new schema with ?schema=NAME",
-                    )
-                for statement in migrations.schema_statements():
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_migrations(version, name, applied_at) VALUES (%s, %s, %s) ON CONFLICT (version) DO NOTHING",
-                    (migrations.SCHEMA_VERSION, "current schema.sql", now),
-                )
+                if current:
+                    return
+                phase = "migration" if version is not None else "schema"
+                upgrade(PgSchemaConnection(conn), version, now_ms(), step_hook=self.migration_step_hook,
+                        migrations=self.migrations)
                 conn.execute(
                     sql.SQL("COMMENT ON TABLE schema_migrations IS {}").format(
-                        sql.Literal(_FINGERPRINT_PREFIX + migrations.schema_fingerprint())
+                        sql.Literal(_FINGERPRINT_PREFIX + schema_fingerprint(self.dialect))
                     )
                 )
         except SchedulerError:
             raise
+        except UpgradeFailed as exc:
+            raise _fail(exc.phase, location, exc.cause) from None
+        except psycopg.errors.LockNotAvailable as exc:
+            raise SchedulerError(
+                "DB_BUSY",
+                f"database {location} is busy: a lock needed to initialise the schema was not granted within "
+                f"{INIT_LOCK_TIMEOUT} ({error_message(exc)}); another process holds it, try again",
+                details={"path": location, "phase": phase},
+            ) from None
         except Exception as exc:  # noqa: BLE001 - fail closed: any schema failure is DB_INIT_FAILED
             raise _fail(phase, location, exc) from None
 
+    def _inspect(self, conn: psycopg.Connection[Any]) -> tuple[str | None, int | None, bool]:
+        """``(schema, recorded version, up to date)`` from catalog reads only, in the caller's transaction.
+
+        ``schema`` is None when the URL names a schema that does not exist yet (or the
+        search path names none); ``version`` is None for an empty schema. A schema holding
+        foreign tables, or a newer version, is refused.
+        """
+        location = self.location
+        if self._spec.schema is not None:
+            if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self._spec.schema,)).fetchone() is None:
+                return None, None, False
+            schema = self._spec.schema
+        else:
+            schema = conn.execute("SELECT current_schema() AS s").fetchone()["s"]  # type: ignore[index]
+            if schema is None:
+                return None, None, False
+        tables = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
+        if "schema_migrations" not in tables:
+            if tables:
+                raise _fail(
+                    "schema",
+                    location,
+                    f"schema {schema!r} has tables but is not a scheduler database (no schema_migrations); "
+                    "name an empty or new schema with ?schema=NAME",
+                )
+            return schema, None, False
+        version = int(conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations").fetchone()["v"])  # type: ignore[index]
+        if version > SCHEMA_VERSION:
+            raise _fail("migration", location, f"database schema version {version} is newer than this scheduler ({SCHEMA_VERSION})")
+        return schema, version, version == SCHEMA_VERSION and self._schema_current(conn, schema, tables)
+
     def _schema_current(self, conn: psycopg.Connection[Any], schema: str, tables: set[str]) -> bool:
-        """Whether an up-to-date database can skip re-applying ``schema.sql``.
+        """Whether an up-to-date database can skip re-applying the schema.
 
         Re-applying takes table locks (``CREATE INDEX IF NOT EXISTS`` and ``CREATE OR
         REPLACE TRIGGER`` lock the table even when nothing changes), which would make
         every CLI start queue behind busy dispatchers. So when the recorded schema
-        fingerprint matches this package's ``schema.sql`` and every table and trigger
-        is present, the catalog check alone suffices.
+        fingerprint matches the kernel's schema and every table and trigger is present,
+        the catalog check alone suffices.
         """
-        if not migrations.expected_tables() <= tables:
+        if not schema_tables() <= tables:
             return False
         comment = conn.execute(
             "SELECT obj_description(c.oid, 'pg_class') AS d FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = 'schema_migrations'",
             (schema,),
         ).fetchone()
-        if not comment or comment["d"] != _FINGERPRINT_PREFIX + migrations.schema_fingerprint():
+        if not comment or comment["d"] != _FINGERPRINT_PREFIX + schema_fingerprint(self.dialect):
             return False
         return not self._missing_triggers(conn, schema)
 
@@ -331,7 +375,7 @@ class PostgresStore:
                 (schema,),
             )
         }
-        return sorted(f"{table}.{name}" for name, table in migrations.expected_triggers() - present)
+        return sorted(f"{table}.{name}" for name, table in schema_triggers("postgresql") - present)
 
     # -- transactions --------------------------------------------------------------------------
 
@@ -465,7 +509,7 @@ class PostgresStore:
 
         def tables(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
             present = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
-            expected = migrations.expected_tables()
+            expected = schema_tables()
             missing = sorted(expected - present)
             return not missing, "missing: " + ", ".join(missing) if missing else f"{len(expected)} present"
 
@@ -480,7 +524,7 @@ class PostgresStore:
 
         def triggers(conn: psycopg.Connection[Any]) -> tuple[bool, str]:
             missing = self._missing_triggers(conn, schema)
-            expected = len(migrations.expected_triggers())
+            expected = len(schema_triggers("postgresql"))
             return not missing, "missing or disabled: " + ", ".join(missing) if missing else f"{expected} guard triggers enabled"
 
         def writable(conn: psycopg.Connection[Any]) -> tuple[bool, str]:

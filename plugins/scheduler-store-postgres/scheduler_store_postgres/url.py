@@ -16,8 +16,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import attrs
 
-from scheduler.errors import SchedulerError
-from scheduler.store import redact_url
+from scheduler.api import SchedulerError
+from scheduler.api.store import redact_url
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 8

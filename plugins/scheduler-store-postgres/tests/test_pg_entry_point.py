@@ -1,4 +1,4 @@
-"""The distribution plugs into the kernel: entry point, plugin API check, ``open_store`` by URL."""
+"""The distribution plugs into the kernel: entry point, plugin API, ``open_store`` by URL, the Store Protocol."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from importlib.metadata import entry_points
 import pytest
 from scheduler_store_postgres import PostgresStore
 
-import scheduler
-from scheduler.plugins.loader import check_api
-from scheduler.store import Store, open_store
+from scheduler.api import PLUGIN_API_VERSION
+from scheduler.api.store import Store, open_store
 
 
-def test_declares_plugin_api_and_capabilities() -> None:
-    assert PostgresStore.plugin_api == scheduler.PLUGIN_API_VERSION
+def test_declares_plugin_api_capabilities_and_what_the_kernel_asks_instead_of_the_dialect() -> None:
+    assert PostgresStore.plugin_api == PLUGIN_API_VERSION
     assert PostgresStore.capabilities == frozenset({"skip-locked", "listen-notify", "multi-host"})
     assert PostgresStore.dialect == "postgresql"
-    check_api(PostgresStore, group="scheduler.stores", name="postgres", dist="scheduler-store-postgres")
+    store = PostgresStore("postgresql://127.0.0.1:1/none")
+    assert store.exclusive_dispatch is False and store.local_path is None  # many dispatchers; no file to sit beside
 
 
 def _installed() -> bool:
@@ -26,6 +26,7 @@ def _installed() -> bool:
 @pytest.mark.postgres
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
 def test_open_store_through_entry_point(scheme: str, pg_url: str) -> None:
+    """The kernel finds the driver by URL scheme and checks its plugin API before use."""
     if not _installed():
         pytest.skip("scheduler-store-postgres is not installed (pip install -e plugins/scheduler-store-postgres)")
     url = scheme + pg_url[pg_url.index("://") :]
@@ -35,6 +36,6 @@ def test_open_store_through_entry_point(scheme: str, pg_url: str) -> None:
         assert isinstance(store, Store)
         with store.transaction() as tx:
             assert tx.scalar("SELECT COUNT(*) FROM jobs") == 0
-        assert store.schema_version() >= 2
+        assert store.schema_version() >= 3
     finally:
         store.close()

@@ -14,7 +14,7 @@ import pytest
 from scheduler_store_postgres import PostgresStore
 from scheduler_store_postgres.notify import channel_name
 
-import scheduler
+import scheduler.api
 
 pytestmark = pytest.mark.postgres
 
@@ -56,7 +56,7 @@ def test_wakes_on_notify_from_another_instance(store: PostgresStore, make_store:
 
 def test_wakes_on_notify_from_another_process(store: PostgresStore) -> None:
     plugin_root = Path(__file__).resolve().parents[1]
-    kernel_root = Path(scheduler.__file__).resolve().parents[1]
+    kernel_root = Path(scheduler.api.__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin_root), str(kernel_root), os.environ.get("PYTHONPATH", "")]))
     script = (
         "import sys, time\n"

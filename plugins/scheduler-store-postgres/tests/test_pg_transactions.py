@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 from scheduler_store_postgres import PostgresStore
-from scheduler_store_postgres.migrations import split_statements
 from scheduler_store_postgres.sqlcompat import prepare, translate_placeholders
 from scheduler_store_postgres.url import parse_url
 
-from scheduler.errors import SchedulerError
+from scheduler.api import SchedulerError
 
 MakeStore = Callable[..., PostgresStore]
 
@@ -52,16 +51,6 @@ def test_parse_url_strips_store_parameters_and_redacts() -> None:
         with pytest.raises(SchedulerError) as err:
             parse_url(bad)
         assert err.value.code == "DB_INIT_FAILED" and err.value.details["phase"] == "open"
-
-
-def test_split_statements_keeps_dollar_bodies() -> None:
-    text = "-- c\nCREATE TABLE a (x int);\n\nCREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;\n"
-    assert split_statements(text) == (
-        "CREATE TABLE a (x int);",
-        "CREATE FUNCTION f() RETURNS int\nLANGUAGE plpgsql AS $$\nBEGIN\n  RETURN 1;\nEND;\n$$;",
-    )
-    with pytest.raises(ValueError):
-        split_statements("CREATE TABLE a (x int)")
 
 
 # -- against the server ---------------------------------------------------------------------
@@ -268,7 +257,7 @@ def test_implements_every_member_of_the_kernel_protocols() -> None:
     """Fails when the kernel adds a Tx/Store member this store does not provide yet."""
     from scheduler_store_postgres import PgTx
 
-    from scheduler.store.base import Store, Tx
+    from scheduler.api.store import Store, Tx
 
     assert PgTx.skip_locked == " FOR UPDATE SKIP LOCKED" and PgTx.for_update == " FOR UPDATE"
     assert _protocol_members(Tx) - set(dir(PgTx)) == set()

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from scheduler_store_postgres import PostgresStore
 
-from scheduler.errors import SchedulerError
+from scheduler.api import SchedulerError
 
 pytestmark = pytest.mark.postgres
 
