@@ -823,6 +823,50 @@ def test_delivered_outbox_part_is_never_resent(store: Any) -> None:
     assert row == {"status": "delivered", "body": "hello", "attempts": 0}
 
 
+# --- the Store contract (both stores) ----------------------------------------------------------
+
+
+def test_nested_transactions_join_the_outer_one_and_commit_at_its_exit(store: Any) -> None:
+    """The nesting contract of ``Store``: inner blocks join, the outermost exit commits, an escaping error undoes all."""
+    from scheduler.store.base import Store
+
+    assert isinstance(store, Store) and isinstance(store.exclusive_dispatch, bool)
+    seen_outside: list[int] = []
+
+    def count_from_another_thread() -> None:
+        with store.read() as tx:
+            seen_outside.append(tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'nest'"))
+
+    with store.transaction() as outer:
+        outer.execute("INSERT INTO runtime_events(at, kind) VALUES (1, 'nest')")
+        with store.transaction() as inner:
+            inner.execute("INSERT INTO runtime_events(at, kind) VALUES (2, 'nest')")
+        with store.read() as snap:  # read() inside a transaction joins it: its own writes are visible
+            assert snap.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'nest'") == 2
+        t = threading.Thread(target=count_from_another_thread)
+        t.start()
+        t.join(10)
+    assert seen_outside == [0]  # the inner exit committed nothing
+    with pytest.raises(RuntimeError):
+        with store.transaction() as outer:
+            outer.execute("INSERT INTO runtime_events(at, kind) VALUES (3, 'nest')")
+            with store.transaction() as inner:
+                inner.execute("INSERT INTO runtime_events(at, kind) VALUES (4, 'nest')")
+            raise RuntimeError("undo both")
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'nest'") == 2
+
+
+def test_the_store_plugin_api_is_complete() -> None:
+    import scheduler.api.store as api_store
+
+    for name in api_store.__all__:
+        assert getattr(api_store, name) is not None, name
+    assert api_store.schema_statements("postgresql") == schema.statements("postgresql")
+    assert api_store.schema_fingerprint("sqlite") == schema.fingerprint("sqlite")  # the shipped file is the render
+    assert api_store.MIGRATIONS is migrations.MIGRATIONS
+
+
 # --- column conventions -----------------------------------------------------------------------
 
 
