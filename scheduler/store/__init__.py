@@ -68,5 +68,9 @@ def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool
 
         store = SQLiteStore(raw)
     if initialize:
-        store.initialize(readonly=readonly)
+        # Only read-only opens pass the keyword, so a store written before it existed still opens for writing.
+        if readonly:
+            store.initialize(readonly=True)
+        else:
+            store.initialize()
     return store
