@@ -1,9 +1,9 @@
-"""Tests for the conformance engine, its fixtures, CLI, CI runner and pytest adapter.
+"""Tests for the conformance engine, its fixtures, payload adapters, CLI, CI runner and pytest adapter.
 
 Real parts throughout: the fixtures on disk, entry-point loading of the test-only
-``scheduler-executor-broken`` distribution (side-loaded from
-``tests/support/``), real subprocesses and process groups in the honest reference
-executor below, and real ``python -m`` / ``pytest`` child processes.
+``scheduler-executor-broken`` distribution (side-loaded from ``tests/support/``), real
+subprocesses and process groups in the honest reference executor below, and real
+``python -m`` / ``pytest`` child processes.
 """
 
 from __future__ import annotations
@@ -14,25 +14,29 @@ import json
 import os
 import re
 import shutil
-import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
+from scheduler import PLUGIN_API_VERSION
 from scheduler.conformance import ci
-from scheduler.conformance.cli import conformance_group
+from scheduler.conformance.cli import conformance_group, result_line
 from scheduler.conformance.engine import (
     FIXTURES_ENV,
     Case,
+    extra_fixture_dirs,
     fixtures_root,
     load_cases,
     load_corpus,
@@ -40,17 +44,20 @@ from scheduler.conformance.engine import (
     run_case,
     run_kind,
 )
+from scheduler.conformance.payload import ACTIONS, Behaviour, PosixShellPayloads, Step
 from scheduler.errors import SchedulerError
 from scheduler.execution import ExecutionResult, StreamCapture
+from scheduler.processes import group_alive, kill_group, process_identity
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "conformance-fixtures"
+V2 = FIXTURES / "v2"
 SUMMARY_RE = re.compile(r"^\d+ passed, \d+ failed, \d+ skipped$")
-ALL_CAPS = frozenset({"structured-output", "verify", "env-policy", "cancel", "timeout", "process-group"})
+ALL_CAPS = frozenset({"structured-output", "verify", "env-policy", "cancel", "timeout", "process-group", "stdin"})
 
 
 def _fixture_files() -> list[Path]:
-    return sorted((FIXTURES / "v1").glob("*/*.json"))
+    return sorted([*V2.glob("*/*.json"), *V2.glob("*/*/*.json")])
 
 
 _SIDELOADED: list[str] = []
@@ -76,6 +83,12 @@ def broken_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         _SIDELOADED.clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_extra_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's ``$SCHEDULER_CONFORMANCE_FIXTURES`` must not add cases to these tests."""
+    monkeypatch.delenv(FIXTURES_ENV, raising=False)
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*_SIDELOADED, str(REPO), *filter(None, [env.get("PYTHONPATH")])])
@@ -86,22 +99,39 @@ def _child_env() -> dict[str, str]:
 # --------------------------------------------------------------------------- an honest reference executor
 
 
+@attrs.frozen(kw_only=True)
+class RefOptions:
+    """The reference executor's per-job options (what its payload adapter maps stdin and env policy to)."""
+
+    stdin_text: str | None = None
+    env_policy: str = "minimal"
+
+
+class ReferencePayloads(PosixShellPayloads):
+    """The stock POSIX shell adapter, with the reference executor's two options."""
+
+    stdin_option = "stdin_text"
+    env_policy_option = "env_policy"
+
+
 class ReferenceExecutor:
     """A small but honest POSIX shell executor used to show the runner can report success.
 
-    It runs ``/bin/sh -c`` in its own process group, records the process identity,
-    streams output through the kernel's ``StreamRecorder``, honours the deadline and
-    cancellation (terminating the group and recording it), parses json/ndjson and
-    runs the verification check.
+    It runs ``/bin/sh -c`` in its own process group, records the process handle (right
+    after the spawn: it has no gate, unlike the shell plugin), streams output through
+    the kernel's ``StreamRecorder``, honours the deadline and cancellation (stopping the
+    group with ``kill_group`` and recording it), stops leftover children, parses
+    json/ndjson and runs the verification check.
     """
 
-    plugin_api = 1
+    plugin_api = PLUGIN_API_VERSION
+    options_class = RefOptions
 
     def __init__(self, capabilities: frozenset[str] = ALL_CAPS) -> None:
         self.capabilities = capabilities
 
     def _env(self, request: Any) -> dict[str, str]:
-        if request.job.shell_env_policy == "inherit":
+        if request.options.env_policy == "inherit":
             env = dict(os.environ)
         else:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
@@ -116,11 +146,12 @@ class ReferenceExecutor:
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=request.job.working_dir,
             env=self._env(request),
             start_new_session=True,
         )
-        control.record_process(proc.pid, os.getpgid(proc.pid), f"{time.time():.6f}")
+        control.record_handle(
+            {"pid": proc.pid, "pgid": proc.pid, "start_time": process_identity(proc.pid) or "", "host": socket.gethostname()}
+        )
         recorders = {
             name: StreamRecorder(root=request.artifacts_root, directory=request.artifacts_dir, name=f"{prefix}{name}")
             for name in ("stdout", "stderr")
@@ -146,16 +177,12 @@ class ReferenceExecutor:
             elif time.time() * 1000 >= deadline_ms:
                 stopped = "timeout"
             if stopped:
-                os.killpg(proc.pid, signal.SIGTERM)
-                control.record_termination("SIGTERM")
-                try:
-                    proc.wait(2)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    control.record_termination("SIGKILL")
-                    proc.wait()
+                control.record_termination(kill_group(proc.pid, 0.5, reap=proc.poll))
                 break
             control.wait_cancelled(0.01)
+        proc.wait()
+        if group_alive(proc.pid):
+            kill_group(proc.pid, 0)
         for t in threads:
             t.join()
         return stopped, proc.returncode, recorders["stdout"].finish(), recorders["stderr"].finish()
@@ -181,7 +208,7 @@ class ReferenceExecutor:
 
         job = request.job
         stopped, code, out, err = self._run(
-            job.payload_message, request, control, deadline_ms=request.deadline_ms, prefix="", stdin=job.stdin_text
+            job.payload_message, request, control, deadline_ms=request.deadline_ms, prefix="", stdin=request.options.stdin_text
         )
         common = {"exit_code": code, "stdout": out, "stderr": err, "summary": out.excerpt}
         if stopped == "cancelled":
@@ -210,6 +237,11 @@ class ReferenceExecutor:
         return ExecutionResult(status="error", error_code=error_code, structured=structured, verification=verification, **common)
 
 
+def _reference_report(**kwargs: Any) -> Any:
+    kwargs.setdefault("payload_adapter", ReferencePayloads())
+    return run_kind("executor", "reference", kwargs.pop("provider", None) or ReferenceExecutor(), **kwargs)
+
+
 # --------------------------------------------------------------------------- fixtures and schema
 
 
@@ -219,23 +251,48 @@ def test_schema_is_valid_draft_2020_12() -> None:
     schema = load_schema()
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert "v2" in schema["$id"]
 
 
-@pytest.mark.parametrize("path", _fixture_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _fixture_files(), ids=lambda p: str(p.relative_to(V2)))
 def test_every_fixture_file_validates_against_the_schema(path: Path) -> None:
     from jsonschema import Draft202012Validator
 
     data = json.loads(path.read_text())
     errors = list(Draft202012Validator(load_schema()).iter_errors(data))
     assert errors == [], [e.message for e in errors]
-    assert data["kind"] == path.parent.name
+    assert data["kind"] in (path.parent.name, path.parent.parent.name)
     assert all(case["kind"] == data["kind"] for case in data["cases"])
+    assert (path.parent / data["$schema"]).resolve() == V2 / "case.schema.json"  # editors find the schema
+
+
+def test_only_the_v2_format_is_shipped() -> None:
+    """v1 (shell payloads with flat executor fields) is retired: its jobs no longer validate under plugin API 2."""
+    assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v2"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
     ids = [case["id"] for path in _fixture_files() for case in json.loads(path.read_text())["cases"]]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     assert len(load_corpus()) == len(ids)
+    assert all(i.startswith("executor.") for i in ids)  # kind names are singular, ids start with the kind
+
+
+def test_the_schema_steps_are_the_engine_actions() -> None:
+    """Every behaviour step the schema allows is one the payload adapters know, and the other way round."""
+    assert set(load_schema()["$defs"]["step"]["properties"]) == set(ACTIONS)
+
+
+def test_portable_cases_describe_behaviours_and_shell_cases_live_apart() -> None:
+    cases = load_cases("executor")
+    portable = [c for c in cases if "behaviour" in c.input]
+    raw = [c for c in cases if "payload" in c.input]
+    assert len(portable) + len(raw) == len(cases) and len(portable) >= 20
+    assert all(c.source.startswith("v2/executor/posix-shell/") and c.id.startswith("executor.posix-shell.") for c in raw)
+    assert all(c.source.count("/") == 2 for c in portable)
+    for case in portable:  # no shell hides in a portable case's job either
+        assert not {"payload_message", "executor", "executor_options"} & set(case.input.get("job", {}))
+    assert [c.id for c in cases][-len(raw):] == [c.id for c in raw]  # the shell-only cases come last
 
 
 def test_executor_corpus_covers_the_required_cases() -> None:
@@ -244,22 +301,32 @@ def test_executor_corpus_covers_the_required_cases() -> None:
     assert negatives == {
         "executor.exit-nonzero": "EXIT_NONZERO",
         "executor.run-timeout": "RUN_TIMEOUT",
+        "executor.timeout-sigterm-ignored": "RUN_TIMEOUT",
+        "executor.timeout-stops-child-processes": "RUN_TIMEOUT",
         "executor.verify-fail-error": "VERIFY_FAILED",
         "executor.verify-timeout": "VERIFY_TIMEOUT",
+        "executor.posix-shell.subshell-exit-status": "EXIT_NONZERO",
+        "executor.posix-shell.killed-by-signal": "EXIT_NONZERO",
     }
     assert cases["executor.cancel-running"].input["cancel_after_ms"] == 200
     assert cases["executor.run-timeout"].input["job"]["run_timeout_ms"] == 300
+    assert cases["executor.timeout-sigterm-ignored"].input["behaviour"][0] == {"ignore_sigterm": True}
     huge = cases["executor.huge-output-offloaded"].expect
     assert huge["stdout_bytes"] == 5_000_000 and huge["artifact_offloaded"] is True
     assert huge["stdout_sha256"] == hashlib.sha256(bytes(5_000_000)).hexdigest()
     assert cases["executor.binary-output"].expect["stdout_sha256"] == hashlib.sha256(b"\x00\x01\xff").hexdigest()
+    assert cases["executor.exit-zero-stdout"].expect["stdout_sha256"] == hashlib.sha256(b"conformance-hello\n").hexdigest()
     requires = {c.id: set(c.requires) for c in cases.values()}
     assert requires["executor.structured-json-valid"] == {"structured-output"}
     assert requires["executor.verify-timeout"] == {"verify"}
     assert requires["executor.env-minimal-hides-secret"] == {"env-policy"}
+    assert requires["executor.stdin-text"] == {"stdin"}
     assert requires["executor.cancel-running"] == {"cancel"}
     assert requires["executor.run-timeout"] == {"timeout"}
-    assert requires["executor.process-identity-recorded"] == {"process-group"}
+    assert requires["executor.process-handle-recorded"] == {"process-group"}
+    assert requires["executor.cancel-stops-child-processes"] == {"cancel", "process-group"}
+    no_capability = sorted(i for i, r in requires.items() if not r and not i.startswith("executor.posix-shell."))
+    assert len(no_capability) >= 6, no_capability  # what every executor, even a capability-less one, is held to
 
 
 def _copy_corpus(tmp_path: Path) -> Path:
@@ -269,7 +336,7 @@ def _copy_corpus(tmp_path: Path) -> Path:
 
 
 def _mutate(root: Path, filename: str, change: Any) -> None:
-    path = root / "v1" / "executor" / filename
+    path = root / "v2" / "executor" / filename
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
@@ -277,6 +344,10 @@ def _mutate(root: Path, filename: str, change: Any) -> None:
 
 def _case(data: dict[str, Any], case_id: str) -> dict[str, Any]:
     return next(c for c in data["cases"] if c["id"] == case_id)
+
+
+def _move_raw_case_into_portable(d: dict[str, Any]) -> None:
+    d["cases"][0]["input"] = {"payload": {"language": "posix-shell", "text": "echo hi"}}
 
 
 MUTATIONS = {
@@ -299,9 +370,37 @@ MUTATIONS = {
     "bad-id": ("basic.json", lambda d: _case(d, "executor.exit-zero-stdout").update(id="Executor Exit"), "$.cases[0].id"),
     "bad-polarity": ("basic.json", lambda d: _case(d, "executor.exit-zero-stdout").update(polarity="maybe"), "polarity"),
     "bad-status": ("basic.json", lambda d: _case(d, "executor.exit-zero-stdout")["expect"].update(status="fine"), "status"),
+    "bad-capability-name": ("env.json", lambda d: d["cases"][0].update(requires=["Env_Policy"]), "Env_Policy"),
+    "unknown-step": (
+        "basic.json",
+        lambda d: _case(d, "executor.exit-zero-stdout")["input"].update(behaviour=[{"print": "x"}]),
+        "print",
+    ),
+    "two-actions-in-one-step": (
+        "basic.json",
+        lambda d: _case(d, "executor.exit-zero-stdout")["input"].update(behaviour=[{"stdout": "x", "exit": 1}]),
+        "behaviour",
+    ),
+    "bad-hex": ("basic.json", lambda d: _case(d, "executor.binary-output")["input"].update(behaviour=[{"stdout_hex": "0g"}]), "0g"),
+    "behaviour-and-payload": (
+        "basic.json",
+        lambda d: _case(d, "executor.exit-zero-stdout")["input"].update(payload={"language": "posix-shell", "text": "true"}),
+        "input",
+    ),
+    "shell-payload-in-job": (
+        "env.json",
+        lambda d: d["cases"][0]["input"].update(job={"payload_message": "env"}),
+        "payload_message",
+    ),
+    "executor-options-in-job": (
+        "env.json",
+        lambda d: d["cases"][0]["input"].update(job={"executor_options": {"env_policy": "minimal"}}),
+        "executor_options",
+    ),
+    "raw-payload-outside-its-language-directory": ("env.json", _move_raw_case_into_portable, "belongs in executor/posix-shell/"),
     "duplicate-id": ("env.json", lambda d: d["cases"][0].update(id="executor.exit-zero-stdout"), "duplicate case id"),
     "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="channel"), "does not match the file kind"),
-    "invalid-job-spec": ("env.json", lambda d: d["cases"][0]["input"]["job"].update(run_timeout=5), "run_timeout"),
+    "invalid-job-spec": ("env.json", lambda d: d["cases"][0]["input"].update(job={"run_timeout": 5}), "run_timeout"),
     "not-json": ("env.json", None, "not valid JSON"),
 }
 
@@ -311,24 +410,94 @@ def test_a_mutated_fixture_is_rejected(tmp_path: Path, name: str) -> None:
     filename, change, needle = MUTATIONS[name]
     root = _copy_corpus(tmp_path)
     if change is None:
-        (root / "v1" / "executor" / filename).write_text('{"kind": "executor", "cases": [')
+        (root / "v2" / "executor" / filename).write_text('{"kind": "executor", "cases": [')
     else:
         _mutate(root, filename, change)
     with pytest.raises(SchedulerError) as info:
         load_cases("executor", root)
     assert info.value.code == "CONFORMANCE_FIXTURE_INVALID"
-    assert f"v1/executor/{filename}" in info.value.message  # names the file ...
+    assert f"v2/executor/{filename}" in info.value.message  # names the file ...
     assert needle in info.value.message + json.dumps(info.value.details)  # ... and what is wrong, where
 
 
-def test_a_mutated_fixture_fails_the_run_and_the_cli_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_portable_case_in_a_language_directory_is_rejected(tmp_path: Path) -> None:
     root = _copy_corpus(tmp_path)
-    _mutate(root, "basic.json", lambda d: _case(d, "executor.exit-nonzero")["expect"].pop("error_code"))
-    monkeypatch.setenv(FIXTURES_ENV, str(root))
-    assert fixtures_root() == root
-    report = run_kind("executor", "anything", provider=ReferenceExecutor())
-    assert not report.ok and report.error["code"] == "CONFORMANCE_FIXTURE_INVALID"
-    result = CliRunner().invoke(conformance_group, ["list", "executor", "--json"])
+    shutil.copy(root / "v2" / "executor" / "env.json", root / "v2" / "executor" / "posix-shell" / "env.json")
+    (root / "v2" / "executor" / "env.json").unlink()
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor", root)
+    assert "must be raw posix-shell payloads" in info.value.message
+
+
+def _extra_dir(tmp_path: Path, cases: list[dict[str, Any]], name: str = "extra") -> Path:
+    """An extra fixtures directory (``<dir>/executor/mine.json``) holding ``cases``."""
+    directory = tmp_path / name
+    (directory / "executor").mkdir(parents=True)
+    (directory / "executor" / "mine.json").write_text(json.dumps({"kind": "executor", "cases": cases}))
+    return directory
+
+
+def _extra_case(case_id: str, **expect: Any) -> dict[str, Any]:
+    return {
+        "id": case_id,
+        "description": "an author's own case",
+        "kind": "executor",
+        "polarity": "positive",
+        "input": {"behaviour": [{"stdout": "mine\n"}]},
+        "expect": expect or {"status": "ok", "stdout_contains": "mine", "stdout_bytes": 5},
+    }
+
+
+def test_extra_fixture_directories_add_to_the_stock_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stock = [c.id for c in load_cases("executor")]
+    one = _extra_dir(tmp_path, [_extra_case("executor.mine-one")], "one")
+    two_root = tmp_path / "two-root"  # a conformance-fixtures/-style directory: its v2/ is read
+    shutil.copytree(_extra_dir(tmp_path, [_extra_case("executor.mine-two")], "two"), two_root / "v2")
+    three = _extra_dir(tmp_path, [_extra_case("executor.mine-three")], "three")
+    monkeypatch.setenv(FIXTURES_ENV, os.pathsep.join([str(one), str(two_root)]))
+    assert extra_fixture_dirs([three]) == [one.resolve(), (two_root / "v2").resolve(), three.resolve()]
+    ids = [c.id for c in load_cases("executor", extra=[three])]
+    assert ids == [*stock, "executor.mine-one", "executor.mine-two", "executor.mine-three"]
+    mine = next(c for c in load_cases("executor") if c.id == "executor.mine-one")
+    assert mine.source == str((one / "executor" / "mine.json").resolve())
+    report = _reference_report(filter="executor.mine-*", extra=[three])
+    assert report.ok and report.passed == 3, report.to_json()
+    monkeypatch.setenv(FIXTURES_ENV, str(FIXTURES))  # naming the stock corpus again adds nothing
+    assert [c.id for c in load_cases("executor")] == stock
+
+
+def test_extra_fixture_directory_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor", extra=[tmp_path / "nope"])
+    assert info.value.code == "CONFORMANCE_FIXTURES_NOT_FOUND" and "nope" in info.value.message
+    monkeypatch.setenv(FIXTURES_ENV, str(tmp_path / "nope-env"))
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor")
+    assert info.value.code == "CONFORMANCE_FIXTURES_NOT_FOUND"
+    monkeypatch.delenv(FIXTURES_ENV)
+    clash = _extra_dir(tmp_path, [_extra_case("executor.exit-zero-stdout")], "clash")
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor", extra=[clash])
+    assert info.value.code == "CONFORMANCE_FIXTURE_INVALID" and "duplicate case id" in info.value.message
+    assert "first defined in v2/executor/basic.json" in info.value.message
+    old = tmp_path / "old-format"
+    (old / "v1" / "executor").mkdir(parents=True)
+    (old / "v1" / "executor" / "basic.json").write_text("{}")
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor", extra=[old])
+    assert info.value.code == "CONFORMANCE_FIXTURE_INVALID" and "only for format v1" in info.value.message
+    invalid = _extra_dir(tmp_path, [{**_extra_case("executor.mine"), "polarity": "maybe"}], "invalid")
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executor", extra=[invalid])
+    assert str(invalid / "executor" / "mine.json") in info.value.message.replace(str(invalid.resolve()), str(invalid))
+
+
+def test_a_mutated_fixture_fails_the_run_and_the_cli_cleanly(tmp_path: Path) -> None:
+    bad = _extra_dir(tmp_path, [{**_extra_case("executor.mine"), "expect": {}}])
+    report = _reference_report(extra=[bad])
+    assert not report.ok and report.error["code"] == "CONFORMANCE_FIXTURE_INVALID" and report.failed == 1
+    assert report.results == ()
+    result = CliRunner().invoke(conformance_group, ["list", "executor", "--json", "--fixtures", str(bad)])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["code"] == "CONFORMANCE_FIXTURE_INVALID"
 
@@ -339,23 +508,137 @@ def test_packaged_fixtures_are_the_repo_fixtures() -> None:
     assert packaged.is_symlink() and packaged.resolve() == FIXTURES
 
 
-def test_fixture_root_from_env_and_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FIXTURES_ENV, raising=False)
+def test_fixture_root_and_unknown_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert fixtures_root() == FIXTURES
-    monkeypatch.setenv(FIXTURES_ENV, str(tmp_path / "nope"))
+    monkeypatch.setenv(FIXTURES_ENV, str(tmp_path))  # adds cases, never replaces the stock root
+    assert fixtures_root() == FIXTURES
     with pytest.raises(SchedulerError) as info:
-        load_cases("executor")
+        fixtures_root(tmp_path / "nope")
     assert info.value.code == "CONFORMANCE_FIXTURES_NOT_FOUND"
     with pytest.raises(SchedulerError) as info:
         load_cases("gizmo", FIXTURES)
     assert info.value.code == "CONFORMANCE_KIND_UNKNOWN"
+    with pytest.raises(SchedulerError) as info:
+        load_cases("executors", FIXTURES)  # kind names are singular
+    assert info.value.code == "CONFORMANCE_KIND_UNKNOWN"
+
+
+# --------------------------------------------------------------------------- payload adapters
+
+
+def test_behaviour_reaches_the_adapter_as_written() -> None:
+    case = next(c for c in load_cases("executor") if c.id == "executor.timeout-sigterm-ignored")
+    behaviour = Behaviour.from_case_input(case.id, case.input)
+    assert behaviour.steps == (Step("ignore_sigterm", True), Step("sleep_ms", 30000))
+    assert behaviour.raw is None and behaviour.stdin is None and behaviour.actions() == ["ignore_sigterm", "sleep_ms"]
+    stdin = next(c for c in load_cases("executor") if c.id == "executor.stdin-text")
+    assert Behaviour.from_case_input(stdin.id, stdin.input).stdin == "conformance-stdin-line\n"
+
+
+def test_posix_shell_payloads_produce_exact_bytes(tmp_path: Path) -> None:
+    """Each step's shell form really does what the step says (run with /bin/sh, byte for byte)."""
+    steps = (
+        Step("stdout", "it's \"quoted\" $HOME `x`\n"),
+        Step("stdout_hex", "00017f80ff"),
+        Step("stdout_env", "CONFORMANCE_PROBE"),
+        Step("stdout_env", "CONFORMANCE_UNSET"),
+        Step("stderr", "to stderr"),
+        Step("stdin_to_stdout", True),
+        Step("stdout_zeros", 3),
+        Step("exit", 5),
+        Step("stdout", "never"),
+    )
+    fields = PosixShellPayloads().conformance_payload(Behaviour(case_id="probe", steps=steps))
+    assert set(fields) == {"payload_message"}
+    env = {"PATH": os.environ["PATH"], "CONFORMANCE_PROBE": "probe value"}
+    done = subprocess.run(["/bin/sh", "-c", fields["payload_message"]], input=b"in\n", capture_output=True, env=env, check=False)
+    assert done.returncode == 5
+    assert done.stdout == b"it's \"quoted\" $HOME `x`\n" + bytes.fromhex("00017f80ff") + b"probe value\n\nin\n" + bytes(3)
+    assert done.stderr == b"to stderr"
+
+
+def test_posix_shell_payloads_decline_what_needs_an_option() -> None:
+    adapter = PosixShellPayloads()
+    with pytest.raises(NotImplementedError, match="standard input"):
+        adapter.conformance_payload(Behaviour(case_id="x", steps=(Step("stdin_to_stdout", True),), stdin="x"))
+    with pytest.raises(NotImplementedError, match="environment-policy"):
+        adapter.conformance_payload(Behaviour(case_id="x", steps=(Step("stdout", "x"),), env_policy="minimal"))
+    fields = ReferencePayloads().conformance_payload(Behaviour(case_id="x", steps=(Step("stdout", "x"),), stdin="in", env_policy="inherit"))
+    assert fields["executor_options"] == {"stdin_text": "in", "env_policy": "inherit"}
+
+
+class _DeclinesSigterm(ReferencePayloads):
+    """An adapter whose payload language has no way to ignore SIGTERM (it declines that step)."""
+
+    languages = frozenset()
+
+    def command(self, step: Step) -> str:
+        if step.action == "ignore_sigterm":
+            raise NotImplementedError("cannot ignore SIGTERM in this language")
+        return super().command(step)
+
+
+def test_cases_an_adapter_cannot_express_are_skipped_never_passed() -> None:
+    report = _reference_report(payload_adapter=_DeclinesSigterm)
+    assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
+    skipped = {r.id: r.message for r in report.results if r.outcome == "skipped"}
+    declined = {c.id for c in load_cases("executor") if {"ignore_sigterm": True} in c.input.get("behaviour", [])}
+    raw = {c.id for c in load_cases("executor") if "payload" in c.input}
+    assert set(skipped) == declined | raw and declined and raw
+    for case_id in declined:
+        assert skipped[case_id] == "payload adapter _DeclinesSigterm cannot express this case: cannot ignore SIGTERM in this language"
+    for case_id in raw:
+        assert skipped[case_id].startswith("written in posix-shell; payload adapter _DeclinesSigterm does not accept it")
+
+
+def test_an_executor_without_a_payload_adapter_is_one_failure() -> None:
+    report = run_kind("executor", "reference", ReferenceExecutor())
+    assert report.error["code"] == "CONFORMANCE_NO_PAYLOAD_ADAPTER" and report.results == ()
+    assert report.failed == 1 and report.summary_line() == "0 passed, 1 failed, 0 skipped"
+    assert "scheduler.conformance_adapters" in report.error["message"] and "conformance_payload" in report.error["message"]
+    for spec, needle in (("no_such_module_xyz:Adapter", "ModuleNotFoundError"), ("json:dumps", "no conformance_payload"),
+                         ("missing-colon", "not MODULE:ATTR")):
+        bad = run_kind("executor", "reference", ReferenceExecutor(), payload_adapter=spec)
+        assert bad.error["code"] == "CONFORMANCE_ADAPTER_INVALID" and needle in bad.error["message"], bad.error
+        assert bad.failed == 1
+
+
+def test_an_adapter_given_as_module_attr_is_imported() -> None:
+    report = run_kind(
+        "executor", "reference", ReferenceExecutor(), filter="executor.exit-*",
+        payload_adapter="scheduler.conformance.payload:PosixShellPayloads",
+    )
+    assert report.ok and report.passed == 2
+
+
+def test_an_adapter_that_misbehaves_fails_the_case(tmp_path: Path) -> None:
+    case = next(c for c in load_cases("executor") if c.id == "executor.exit-zero-stdout")
+
+    class Returns:
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+        def conformance_payload(self, behaviour: Any) -> Any:
+            if isinstance(self.value, Exception):
+                raise self.value
+            return self.value
+
+    for value, needle in (
+        ({"payload": "x"}, "not a dict with a payload_message"),
+        ({"payload_message": "true", "run_timeout_ms": 5}, "fields a case owns"),
+        (RuntimeError("adapter bug"), "raised RuntimeError: adapter bug"),
+        ({"payload_message": "true", "executor_options": {"no_such_option": 1}}, "EXECUTOR_OPTIONS_INVALID"),
+    ):
+        result = run_case(ReferenceExecutor(), case, tmp_path, payload_adapter=Returns(value))
+        assert result.outcome == "failed" and needle in result.message, (value, result.message)
+    assert run_case(ReferenceExecutor(), case, tmp_path, payload_adapter=Returns(None)).outcome == "skipped"
 
 
 # --------------------------------------------------------------------------- the broken provider
 
 
 def test_broken_executor_is_reported_as_failing(broken_installed: None) -> None:
-    report = run_kind("executor", "broken")
+    report = run_kind("executor", "broken")  # its own conformance_payload method is its adapter
     assert report.error is None
     assert report.failed > 3 and not report.ok
     assert report.passed + report.failed + report.skipped == len(load_cases("executor"))
@@ -365,43 +648,49 @@ def test_broken_executor_is_reported_as_failing(broken_installed: None) -> None:
     for case_id in (
         "executor.exit-nonzero",
         "executor.run-timeout",
+        "executor.timeout-sigterm-ignored",
         "executor.cancel-running",
         "executor.binary-output",
         "executor.huge-output-offloaded",
-        "executor.process-identity-recorded",
+        "executor.process-handle-recorded",
+        "executor.cancel-stops-child-processes",
         "executor.structured-json-invalid",
         "executor.verify-fail-error",
+        "executor.posix-shell.subshell-exit-status",
     ):
         assert by_id[case_id].outcome == "failed", case_id
     assert "expected 'EXIT_NONZERO', got None" in by_id["executor.exit-nonzero"].message
     assert "stdout_bytes: expected 3" in by_id["executor.binary-output"].message
-    assert "record_process" in by_id["executor.process-identity-recorded"].message
+    assert "record_handle" in by_id["executor.process-handle-recorded"].message
     assert "not offloaded" in by_id["executor.huge-output-offloaded"].message
+    observed = by_id["executor.exit-nonzero"].observed  # the executor's side of a failure
+    assert observed["result"].startswith("status='ok' exit_code=0 error_code=None")
+    assert observed["stderr"] == "" and '["exit", 3]' in observed["payload"]["payload_message"]
     as_json = report.to_json()
     assert as_json["ok"] is False and as_json["failed"] == report.failed and len(as_json["results"]) == len(report.results)
+    assert as_json["code"] == "CONFORMANCE_FAILED"
     json.dumps(as_json)
 
 
-def test_broken_import_is_a_load_failure_naming_the_distribution(broken_installed: None) -> None:
+def test_broken_import_is_one_load_failure_naming_the_distribution(broken_installed: None) -> None:
     report = run_kind("executor", "broken-import")
     assert report.error is not None and report.error["code"] == "PLUGIN_LOAD_FAILED"
     assert "scheduler-executor-broken" in report.error["message"]
     assert "ImportError" in report.error["message"]
-    assert report.failed == len(load_cases("executor")) and report.passed == 0 and not report.ok
-    assert all("PLUGIN_LOAD_FAILED" in r.message for r in report.results)
+    assert report.results == () and report.failed == 1 and report.passed == 0 and not report.ok
     assert report.to_json()["code"] == "PLUGIN_LOAD_FAILED"
 
 
-def test_broken_api_is_an_api_mismatch(broken_installed: None) -> None:
+def test_broken_api_is_one_api_mismatch(broken_installed: None) -> None:
     report = run_kind("executor", "broken-api", filter="executor.exit-*")
     assert report.error is not None and report.error["code"] == "PLUGIN_API_MISMATCH"
     assert "99" in report.error["message"]
-    assert [r.outcome for r in report.results] == ["failed", "failed"]
+    assert report.results == () and report.summary_line() == "0 passed, 1 failed, 0 skipped"
 
 
-def test_missing_provider_is_a_failed_report() -> None:
-    report = run_kind("executor", f"missing-{uuid.uuid4().hex[:8]}", filter="executor.exit-zero-stdout")
-    assert report.error["code"] == "PLUGIN_NOT_FOUND" and report.failed == 1 and not report.ok
+def test_missing_provider_is_one_failure() -> None:
+    report = run_kind("executor", f"missing-{uuid.uuid4().hex[:8]}")
+    assert report.error["code"] == "PLUGIN_NOT_FOUND" and report.failed == 1 and report.results == () and not report.ok
 
 
 # --------------------------------------------------------------------------- the runner reports success too
@@ -409,7 +698,7 @@ def test_missing_provider_is_a_failed_report() -> None:
 
 def test_honest_reference_executor_passes_every_case() -> None:
     lines: list[str] = []
-    report = run_kind("executor", "reference", provider=ReferenceExecutor(), on_result=lambda r: lines.append(r.id))
+    report = _reference_report(on_result=lambda r: lines.append(r.id))
     failures = {r.id: r.message for r in report.results if r.outcome != "passed"}
     assert failures == {}
     assert report.ok and report.passed == len(load_cases("executor")) and report.skipped == 0
@@ -418,7 +707,7 @@ def test_honest_reference_executor_passes_every_case() -> None:
 
 
 def test_missing_capabilities_skip_cases_instead_of_passing_them() -> None:
-    report = run_kind("executor", "reference", provider=ReferenceExecutor(capabilities=frozenset()))
+    report = _reference_report(provider=ReferenceExecutor(capabilities=frozenset()))
     requiring = [c.id for c in load_cases("executor") if c.requires]
     assert sorted(r.id for r in report.results if r.outcome == "skipped") == sorted(requiring)
     assert report.failed == 0 and report.passed == len(load_cases("executor")) - len(requiring)
@@ -427,31 +716,41 @@ def test_missing_capabilities_skip_cases_instead_of_passing_them() -> None:
 
 
 def test_case_filter_by_glob_list_and_predicate() -> None:
-    provider = ReferenceExecutor()
-    assert [r.id for r in run_kind("executor", "ref", provider, filter="executor.exit-*").results] == [
+    assert [r.id for r in _reference_report(filter="executor.exit-*").results] == [
         "executor.exit-zero-stdout",
         "executor.exit-nonzero",
     ]
-    assert len(run_kind("executor", "ref", provider, filter=["executor.stdin-*", "executor.binary-*"]).results) == 2
-    assert run_kind("executor", "ref", provider, filter=lambda c: c.polarity == "negative" and not c.requires).passed == 1
-    nothing = run_kind("executor", "ref", provider, filter="executor.no-such-case*")
-    assert not nothing.ok and nothing.error["code"] == "CONFORMANCE_NO_CASES"
+    assert len(_reference_report(filter=["executor.stdin-*", "executor.binary-*"]).results) == 3
+    assert _reference_report(filter=lambda c: c.polarity == "negative" and not c.requires).passed == 3
+    nothing = _reference_report(filter="executor.no-such-case*")
+    assert not nothing.ok and nothing.error["code"] == "CONFORMANCE_NO_CASES" and nothing.failed == 1
     result = CliRunner().invoke(conformance_group, ["run", "executor", "ref", "--case", "executor.no-such-case*"])
     assert result.exit_code == 1 and "CONFORMANCE_NO_CASES" in result.stderr
 
 
 def _one_case(**expect: Any) -> Case:
-    job = {"name": "engine probe", "schedule_kind": "manual", "payload_message": "true", "run_timeout_ms": 60_000}
-    return Case(id="probe.case", description="probe", kind="executor", polarity="positive", input={"job": job}, expect=expect)
+    return Case(
+        id="probe.case",
+        description="probe",
+        kind="executor",
+        polarity="positive",
+        input={"job": {"run_timeout_ms": 60_000}, "behaviour": [{"stdout": "probe\n"}]},
+        expect=expect,
+    )
 
 
 class _Spy:
-    plugin_api = 1
-    capabilities = frozenset()
+    """An executor whose ``execute`` is a given function; its own ``conformance_payload`` makes a fixed payload."""
+
+    plugin_api = PLUGIN_API_VERSION
+    capabilities: frozenset[str] = frozenset()
 
     def __init__(self, behaviour: Any) -> None:
         self.behaviour = behaviour
         self.requests: list[Any] = []
+
+    def conformance_payload(self, behaviour: Any) -> dict[str, Any]:
+        return {"payload_message": f"spy payload for {behaviour.case_id}"}
 
     def execute(self, request: Any, control: Any) -> Any:
         self.requests.append(request)
@@ -460,13 +759,37 @@ class _Spy:
 
 def test_execution_request_is_built_like_the_dispatcher_does(tmp_path: Path) -> None:
     spy = _Spy(lambda request, control: ExecutionResult(status="ok", exit_code=0))
-    result = run_case(spy, _one_case(status="ok"), tmp_path)
+    result = run_case(spy, _one_case(status="ok"), tmp_path, name="spy")
     assert result.outcome == "passed", result.message
     (request,) = spy.requests
-    assert uuid.UUID(request.run_id) and request.attempt == 1
+    assert uuid.UUID(request.run_id) and uuid.UUID(request.job_id) and request.attempt == 1
     assert request.deadline_ms == request.started_at_ms + 60_000
-    assert request.artifacts_dir == request.artifacts_root / "runs" / request.run_id and request.artifacts_dir.is_dir()
-    assert Path(request.job.working_dir).is_dir() and str(tmp_path) in request.job.working_dir
+    assert request.artifacts_dir == request.artifacts_root / "runs" / request.run_id
+    assert not request.artifacts_dir.exists()  # the dispatcher leaves it to the first offload
+    assert request.job.executor == "spy" and request.job.payload_message == "spy payload for probe.case"
+    assert request.job.name == "conformance probe.case" and request.job.schedule_kind == "manual"
+    assert request.options is None and request.dispatch_kind == "manual" and request.credentials == ()
+    assert request.extra_env == {
+        "SCHEDULER_RUN_ID": request.run_id,
+        "SCHEDULER_JOB_ID": request.job_id,
+        "SCHEDULER_JOB_NAME": request.job.name,
+        "SCHEDULER_ATTEMPT": "1",
+    }
+    run_case(spy, _one_case(status="ok"), tmp_path)
+    assert spy.requests[-1].job.executor == "conformance-executor"  # an object given without a name
+
+
+def test_options_reach_the_executor_as_its_options_class(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    class Capturing(ReferenceExecutor):
+        def execute(self, request: Any, control: Any) -> ExecutionResult:
+            seen.append(request.options)
+            return super().execute(request, control)
+
+    case = next(c for c in load_cases("executor") if c.id == "executor.stdin-text")
+    assert run_case(Capturing(), case, tmp_path, payload_adapter=ReferencePayloads()).outcome == "passed"
+    assert seen == [RefOptions(stdin_text="conformance-stdin-line\n")]
 
 
 def test_a_provider_that_raises_fails_the_case_with_the_exception(tmp_path: Path) -> None:
@@ -475,6 +798,7 @@ def test_a_provider_that_raises_fails_the_case_with_the_exception(tmp_path: Path
 
     result = run_case(_Spy(boom), _one_case(status="ok"), tmp_path)
     assert result.outcome == "failed" and "RuntimeError" in result.message and "kaboom in execute" in result.message
+    assert result.observed["payload"] == {"payload_message": "spy payload for probe.case"}
 
     def coded(request: Any, control: Any) -> Any:
         raise SchedulerError("EXIT_NONZERO", "raised, not reported")
@@ -506,6 +830,21 @@ def test_a_negative_case_needs_exactly_the_expected_code(tmp_path: Path) -> None
     assert run_case(right, negative, tmp_path).outcome == "passed"
 
 
+def test_a_failure_shows_the_executors_stderr_and_result(tmp_path: Path) -> None:
+    stderr = StreamCapture(bytes=40, sha256="0" * 64, excerpt="Traceback (most recent call last): boom\n")
+    spy = _Spy(lambda r, c: ExecutionResult(status="error", exit_code=1, error_code="PY_ERR", error_message="it broke", stderr=stderr))
+    result = run_case(spy, _one_case(status="ok", stdout_contains="probe"), tmp_path)
+    assert result.outcome == "failed"
+    assert "status: expected 'ok', got 'error'" in result.message and "stdout does not contain 'probe'" in result.message
+    assert result.observed["stderr"] == "Traceback (most recent call last): boom\n"
+    assert result.observed["result"] == "status='error' exit_code=1 error_code='PY_ERR' error_message='it broke'"
+    line = result_line(result)
+    assert line.startswith("FAIL probe.case: ")
+    assert "\n     stderr: \"Traceback (most recent call last): boom\\n\"" in line
+    assert "\n     result: status='error' exit_code=1" in line and "\n     payload: " in line
+    assert result.to_json()["observed"]["stderr"].startswith("Traceback")
+
+
 def test_garbage_results_and_hung_providers_fail_without_crashing(tmp_path: Path) -> None:
     assert "not an ExecutionResult" in run_case(_Spy(lambda r, c: {"status": "ok"}), _one_case(status="ok"), tmp_path).message
     bad_status = run_case(_Spy(lambda r, c: ExecutionResult(status="great")), _one_case(), tmp_path)
@@ -515,6 +854,8 @@ def test_garbage_results_and_hung_providers_fail_without_crashing(tmp_path: Path
         _Spy(lambda r, c: ExecutionResult(status="ok", stdout=lying)), _one_case(artifact_offloaded=True), tmp_path
     )
     assert tampered.outcome == "failed" and "ARTIFACT_PATH_INVALID" in tampered.message
+    stray = run_case(_Spy(lambda r, c: ExecutionResult(status="ok", stderr=lying)), _one_case(status="ok"), tmp_path)
+    assert stray.outcome == "failed" and "offloaded stderr does not verify" in stray.message  # checked whatever the case
 
     def hang(request: Any, control: Any) -> Any:
         control.wait_cancelled(30)  # ignores its deadline until the engine cancels it
@@ -526,10 +867,52 @@ def test_garbage_results_and_hung_providers_fail_without_crashing(tmp_path: Path
     assert time.monotonic() - started < 20
 
 
+def test_process_handles_are_checked(tmp_path: Path) -> None:
+    def records(handle: Any) -> Any:
+        def run(request: Any, control: Any) -> ExecutionResult:
+            control.record_handle(handle)
+            return ExecutionResult(status="ok", exit_code=0)
+
+        return _Spy(run)
+
+    case = _one_case(status="ok", process_handle_recorded=True)
+    good = {"pid": os.getpid(), "pgid": os.getpgrp(), "start_time": "ticks:1", "host": socket.gethostname()}
+    assert run_case(records(good), case, tmp_path).outcome == "passed"
+    partial = run_case(records({"pid": 12, "pgid": 0, "start_time": "", "host": "elsewhere"}), case, tmp_path)
+    assert partial.outcome == "failed" and "pgid=0" in partial.message and "start_time=''" in partial.message
+    assert "host='elsewhere'" in partial.message and "pid=12" not in partial.message  # pid 12 is a fine pid
+    none = run_case(_Spy(lambda r, c: ExecutionResult(status="ok", exit_code=0)), case, tmp_path)
+    assert none.outcome == "failed" and "record_handle was never called" in none.message
+    unexpected = run_case(records(good), _one_case(process_handle_recorded=False), tmp_path)
+    assert unexpected.outcome == "failed" and "none was expected" in unexpected.message
+
+
+def test_group_gone_catches_and_cleans_up_a_leaked_process_group(tmp_path: Path) -> None:
+    leaked: list[int] = []
+
+    def leaks(request: Any, control: Any) -> ExecutionResult:
+        proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        leaked.append(proc.pid)
+        control.record_handle({"pid": proc.pid, "pgid": proc.pid, "start_time": process_identity(proc.pid) or "", "host": socket.gethostname()})
+        threading.Thread(target=proc.wait, daemon=True).start()  # reap it whenever it dies
+        return ExecutionResult(status="ok", exit_code=0)
+
+    result = run_case(_Spy(leaks), _one_case(status="ok", group_gone=True), tmp_path)
+    assert result.outcome == "failed" and f"process group {leaked[0]} still has live members" in result.message
+    assert not group_alive(leaked[0])  # the engine stopped what the executor leaked, so no case leaks into the next
+    mine = run_case(
+        _Spy(lambda r, c: (c.record_handle({"pid": os.getpid(), "pgid": os.getpgrp(), "host": socket.gethostname()}),
+                           ExecutionResult(status="ok", exit_code=0))[1]),
+        _one_case(status="ok", group_gone=True),
+        tmp_path,
+    )
+    assert mine.outcome == "failed" and "no process group to check" in mine.message  # never its own group (we are still here)
+
+
 def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
     root = _copy_corpus(tmp_path)
-    (root / "v1" / "channel").mkdir()
-    (root / "v1" / "channel" / "basic.json").write_text(
+    (root / "v2" / "channel").mkdir()
+    (root / "v2" / "channel" / "basic.json").write_text(
         json.dumps(
             {
                 "kind": "channel",
@@ -548,7 +931,7 @@ def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
     )
     report = run_kind("channel", "webhook", provider=object(), root=root)
     assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind channel" in report.error["message"]
-    assert report.failed == 1 and not report.ok
+    assert report.failed == 1 and report.results == () and not report.ok
     empty = run_kind("authorization", "opa", provider=object(), root=root)
     assert empty.ok and empty.summary_line() == "0 passed, 0 failed, 0 skipped"
 
@@ -566,7 +949,10 @@ def test_cli_run_broken_exits_1_with_summary_last(broken_installed: None) -> Non
     lines = result.stdout.rstrip("\n").splitlines()
     assert SUMMARY_RE.match(lines[-1])
     assert any(line.startswith("FAIL executor.exit-nonzero: ") for line in lines)
-    assert all(re.match(r"^(PASS|FAIL|SKIP) executor\.", line) for line in lines[:-1])
+    assert all(re.match(r"^((PASS|FAIL|SKIP) executor\.|     (result|stderr|stdout|payload|handles|terminations): )", line)
+               for line in lines[:-1]), lines
+    at = lines.index(next(line for line in lines if line.startswith("FAIL executor.exit-nonzero: ")))
+    assert lines[at + 1].startswith("     result: status='ok'") and lines[at + 2].startswith("     stderr: ")
 
 
 def test_cli_json_local_flag_and_root_obj(broken_installed: None) -> None:
@@ -580,23 +966,40 @@ def test_cli_json_local_flag_and_root_obj(broken_installed: None) -> None:
         assert payload["ok"] is False and payload["kind"] == "executor" and payload["name"] == "broken"
         assert payload["failed"] == 2 and payload["passed"] == 0 and payload["skipped"] == 0
         assert [r["id"] for r in payload["results"]] == ["executor.exit-zero-stdout", "executor.exit-nonzero"]
+        assert all("observed" in r for r in payload["results"])
 
 
-def test_cli_reports_load_failures(broken_installed: None) -> None:
+def test_cli_reports_load_failures_once(broken_installed: None) -> None:
     result = CliRunner().invoke(conformance_group, ["run", "executor", "broken-api", "--json"])
     assert result.exit_code == 1
     payload = json.loads(result.stdout)
     assert payload["ok"] is False and payload["code"] == "PLUGIN_API_MISMATCH"
+    assert payload["failed"] == 1 and payload["results"] == []
     human = CliRunner().invoke(conformance_group, ["run", "executor", "broken-import"])
-    assert human.exit_code == 1 and SUMMARY_RE.match(_last_line(human.stdout))
-    assert "PLUGIN_LOAD_FAILED" in human.stderr and "scheduler-executor-broken" in human.stderr
+    assert human.exit_code == 1 and human.stdout == "0 passed, 1 failed, 0 skipped\n"
+    assert human.stderr.count("PLUGIN_LOAD_FAILED") == 1 and "scheduler-executor-broken" in human.stderr
+
+
+def test_cli_adapter_and_fixtures_options(broken_installed: None, tmp_path: Path) -> None:
+    bad = CliRunner().invoke(conformance_group, ["run", "executor", "broken", "--adapter", "no_such_module_xyz:A"])
+    assert bad.exit_code == 1 and "CONFORMANCE_ADAPTER_INVALID" in bad.stderr and bad.stdout == "0 passed, 1 failed, 0 skipped\n"
+    extra = _extra_dir(tmp_path, [_extra_case("executor.mine-cli")])
+    listed = CliRunner().invoke(conformance_group, ["list", "executor", "--fixtures", str(extra)])
+    assert listed.exit_code == 0 and listed.stdout.splitlines()[-1].startswith("executor.mine-cli  (positive)")
+    ran = CliRunner().invoke(
+        conformance_group,
+        ["run", "executor", "broken", "--fixtures", str(extra), "--case", "executor.mine-*",
+         "--adapter", "scheduler.conformance.payload:PosixShellPayloads"],
+    )
+    assert ran.exit_code == 1 and ran.stdout.startswith("FAIL executor.mine-cli: ")  # broken's lies caught by my case
 
 
 def test_cli_list() -> None:
     result = CliRunner().invoke(conformance_group, ["list", "executor"])
     assert result.exit_code == 0
-    ids = [line.split()[0] for line in result.stdout.splitlines()]
-    assert ids == [c.id for c in load_cases("executor")]
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == [c.id for c in load_cases("executor")]
+    assert "executor.posix-shell.pipeline-and-expansion  (positive)  [posix-shell payload]" in lines
     payload = json.loads(CliRunner().invoke(conformance_group, ["list", "--json"]).stdout)
     assert payload["ok"] is True and payload["count"] == len(load_corpus())
 
@@ -622,18 +1025,22 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
     assert ci.main(out=out) == 1
     assert SUMMARY_RE.match(_last_line(out.getvalue()))
 
-    monkeypatch.setenv(ci.PROVIDERS_ENV, "executor:not-installed-anywhere")
+    monkeypatch.setenv(ci.PROVIDERS_ENV, "executor:broken-import,executor:not-installed-anywhere")
     monkeypatch.delenv(ci.ALLOW_MISSING_ENV, raising=False)
     out = io.StringIO()
     assert ci.main(out=out) == 1
-    assert "CI must install" in out.getvalue() and "PLUGIN_NOT_FOUND" in out.getvalue()
+    text = out.getvalue()
+    assert "CI must install" in text and "PLUGIN_NOT_FOUND" in text
+    assert text.count("FAIL executor broken-import: PLUGIN_LOAD_FAILED") == 1
+    assert _last_line(text) == "0 passed, 2 failed, 0 skipped"  # one failure per provider, not one per case
 
+    monkeypatch.setenv(ci.PROVIDERS_ENV, "executor:not-installed-anywhere")
     monkeypatch.setenv(ci.ALLOW_MISSING_ENV, "1")
     out = io.StringIO()
     assert ci.main(out=out) == 0
-    assert _last_line(out.getvalue()) == f"0 passed, 0 failed, {len(load_cases('executor'))} skipped"
+    assert _last_line(out.getvalue()) == "0 passed, 0 failed, 1 skipped"
     monkeypatch.delenv(ci.PROVIDERS_ENV)
-    assert ci.providers_to_run() == [("executor", "shell")]
+    assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python")]
 
 
 # --------------------------------------------------------------------------- pytest adapter
@@ -648,21 +1055,24 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
             import hashlib
             import subprocess
 
-            from scheduler.conformance.pytest_plugin import ExecutorConformance
-            from scheduler.execution import ExecutionResult, StreamCapture
+            from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, StreamCapture
+            from scheduler.testing import ExecutorConformance, PosixShellPayloads
 
 
             class Honest:
-                plugin_api = 1
+                plugin_api = PLUGIN_API_VERSION
                 capabilities = frozenset()
 
                 def execute(self, request, control):
                     proc = subprocess.run(["/bin/sh", "-c", request.job.payload_message], capture_output=True)
                     out = StreamCapture(bytes=len(proc.stdout), sha256=hashlib.sha256(proc.stdout).hexdigest(),
                                         excerpt=proc.stdout.decode(errors="replace"))
+                    err = StreamCapture(bytes=len(proc.stderr), sha256=hashlib.sha256(proc.stderr).hexdigest(),
+                                        excerpt=proc.stderr.decode(errors="replace"))
                     if proc.returncode:
-                        return ExecutionResult(status="error", exit_code=proc.returncode, error_code="EXIT_NONZERO", stdout=out)
-                    return ExecutionResult(status="ok", exit_code=0, stdout=out)
+                        return ExecutionResult(status="error", exit_code=proc.returncode, error_code="EXIT_NONZERO",
+                                               stdout=out, stderr=err)
+                    return ExecutionResult(status="ok", exit_code=0, stdout=out, stderr=err)
 
 
             class TestBroken(ExecutorConformance):
@@ -672,11 +1082,16 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
 
             class TestBrokenApi(ExecutorConformance):
                 provider_name = "broken-api"
-                case_filter = "executor.exit-zero-stdout"
+
+
+            class TestHonestWithoutAdapter(ExecutorConformance):
+                def make_provider(self):
+                    return Honest()
 
 
             class TestHonest(ExecutorConformance):
-                case_filter = ["executor.exit-*", "executor.binary-output", "executor.process-identity-recorded"]
+                payload_adapter = PosixShellPayloads
+                case_filter = ["executor.exit-*", "executor.binary-output", "executor.process-handle-recorded"]
 
                 def make_provider(self):
                     return Honest()
@@ -701,13 +1116,16 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
     assert "FAILED test_plugin_conformance.py::TestBroken::test_case[executor.exit-nonzero]" in out
     assert "FAILED test_plugin_conformance.py::TestBroken::test_case[executor.binary-output]" in out
     assert "expected 'EXIT_NONZERO', got None" in out
-    assert "FAILED test_plugin_conformance.py::TestBrokenApi::test_case[executor.exit-zero-stdout]" in out
-    assert "PLUGIN_API_MISMATCH" in out
+    # A provider that cannot be used is ONE failing test, whatever the number of cases.
+    assert "FAILED test_plugin_conformance.py::TestBrokenApi::test_case[provider-load]" in out
+    assert out.count("TestBrokenApi::test_case[") == 1 and "PLUGIN_API_MISMATCH" in out
+    assert "FAILED test_plugin_conformance.py::TestHonestWithoutAdapter::test_case[provider-load]" in out
+    assert "CONFORMANCE_NO_PAYLOAD_ADAPTER" in out
     assert "provider does not declare capability process-group" in out
     summary = _last_line(out)
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped)", summary)}
-    # Broken: 3 failed; BrokenApi: 1 failed; Honest: 3 passed + 1 skipped; the ids fixture test passes.
-    assert counts == {"failed": 4, "passed": 4, "skipped": 1}, summary
+    # Broken: 3 failed; BrokenApi: 1; without adapter: 1; Honest: 3 passed + 1 skipped; the ids fixture test passes.
+    assert counts == {"failed": 5, "passed": 4, "skipped": 1}, summary
 
 
 def test_engine_cli_and_ci_do_not_import_pytest() -> None:

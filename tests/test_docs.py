@@ -384,17 +384,22 @@ def hello_executor_class(monkeypatch: pytest.MonkeyPatch) -> type:
 
 
 def test_example_executor_passes_what_it_claims(hello_executor_class: type) -> None:
-    """Capability-free cases pass; every case that requires a capability is skipped (never passed)."""
+    """Capability-free cases pass (the portable behaviours and the POSIX shell ones, written by the stock
+    shell payload adapter the example registers); every case that requires a capability is skipped (never passed)."""
     from scheduler.conformance.engine import load_cases, run_kind
+    from scheduler.conformance.payload import PosixShellPayloads
     from scheduler.plugins.loader import check_api
 
+    meta = tomllib.loads((EXAMPLE_DIST / "pyproject.toml").read_text(encoding="utf-8"))
+    assert meta["project"]["entry-points"]["scheduler.conformance_adapters"] == {"hello": "scheduler.testing:PosixShellPayloads"}
     provider = hello_executor_class()
     check_api(provider, group="scheduler.executors", name="hello", dist="scheduler-executor-hello")
-    report = run_kind("executor", "hello", provider=provider)
+    report = run_kind("executor", "hello", provider=provider, payload_adapter=PosixShellPayloads)
     assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
     by_id = {result.id: result.outcome for result in report.results}
     for case in load_cases("executor"):
         assert by_id[case.id] == ("skipped" if case.requires else "passed"), (case.id, by_id[case.id])
+    assert report.passed >= 10
 
 
 def test_example_hook_module_registers_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:

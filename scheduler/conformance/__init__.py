@@ -1,8 +1,10 @@
 """The conformance engine: versioned JSON cases every provider kind must pass.
 
-``engine`` loads and runs the cases (no pytest), ``cli`` is the ``scheduler
-conformance`` command group, ``ci`` runs every first-party provider, and
-``pytest_plugin`` is the opt-in pytest adapter for plugin authors.
+``engine`` loads and runs the cases (no pytest), ``payload`` holds the executor
+payload-adapter types (a case describes a behaviour, each executor's adapter writes it
+in its own payload language), ``cli`` is the ``scheduler conformance`` command group,
+``ci`` runs every first-party provider, and ``pytest_plugin`` is the opt-in pytest
+adapter for plugin authors (re-exported by ``scheduler.testing``).
 """
 
 from __future__ import annotations
@@ -10,29 +12,43 @@ from __future__ import annotations
 from scheduler.conformance.engine import (
     ADAPTERS,
     FIXTURE_VERSION,
+    FIXTURES_ENV,
     Case,
+    CaseCheck,
     CaseResult,
     KindAdapter,
     Report,
+    extra_fixture_dirs,
     fixtures_root,
     load_cases,
     load_corpus,
+    prepare,
     register_adapter,
     run_case,
     run_kind,
     select_cases,
 )
+from scheduler.conformance.payload import ADAPTER_GROUP, Behaviour, PosixShellPayloads, RawPayload, Step
 
 __all__ = [
     "ADAPTERS",
+    "ADAPTER_GROUP",
+    "FIXTURES_ENV",
     "FIXTURE_VERSION",
+    "Behaviour",
     "Case",
+    "CaseCheck",
     "CaseResult",
     "KindAdapter",
+    "PosixShellPayloads",
+    "RawPayload",
     "Report",
+    "Step",
+    "extra_fixture_dirs",
     "fixtures_root",
     "load_cases",
     "load_corpus",
+    "prepare",
     "register_adapter",
     "run_case",
     "run_kind",

@@ -1,11 +1,14 @@
 """``python -m scheduler.conformance.ci``: run the fixtures against every first-party provider, as CI does.
 
 Each provider in ``FIRST_PARTY`` must be installed (``make test`` installs every
-distribution under ``plugins/`` and ``providers/``); one that is not is reported as
-failed, unless ``SCHEDULER_CONFORMANCE_ALLOW_MISSING=1`` turns it into a skip.
-``SCHEDULER_CONFORMANCE_PROVIDERS="executor:shell,channel:webhook"`` replaces the
-list (to run a subset locally). Prints each report and a final combined line
-``N passed, N failed, N skipped``; exits 1 on any failure.
+distribution under ``plugins/``, ``providers/`` and ``examples/``); one that is not is
+reported as one failure, unless ``SCHEDULER_CONFORMANCE_ALLOW_MISSING=1`` turns it into
+one skip. ``SCHEDULER_CONFORMANCE_PROVIDERS="executor:shell,channel:webhook"`` replaces
+the list (to run a subset locally); ``SCHEDULER_CONFORMANCE_FIXTURES`` adds case
+directories to the stock corpus for every provider. Prints each report (a failed case
+with what the provider reported) and a final combined line
+``N passed, N failed, N skipped``; exits 1 on any failure. A provider that cannot be
+loaded, or an executor without a payload adapter, is one failure, never one per case.
 """
 
 from __future__ import annotations
@@ -17,9 +20,14 @@ from typing import TextIO
 from scheduler.conformance.cli import result_line
 from scheduler.conformance.engine import Report, run_kind
 
-#: (kind, driver name) of every first-party provider the fixtures apply to. Add a pair when a
-#: distribution under plugins/ or providers/ gains fixtures for its kind.
-FIRST_PARTY: tuple[tuple[str, str], ...] = (("executor", "shell"),)
+#: (kind, driver name) of every first-party provider the fixtures apply to, and of the example
+#: executors of examples/plugin-walkthrough/ (which promise to pass the corpus too). Add a pair
+#: when a distribution under plugins/, providers/ or examples/ gains fixtures for its kind.
+FIRST_PARTY: tuple[tuple[str, str], ...] = (
+    ("executor", "shell"),
+    ("executor", "hello"),
+    ("executor", "python"),
+)
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"
 PROVIDERS_ENV = "SCHEDULER_CONFORMANCE_PROVIDERS"
@@ -51,16 +59,12 @@ def main(out: TextIO | None = None) -> int:
             missing = report.error["code"] == "PLUGIN_NOT_FOUND"
             if missing and allow_missing:
                 print(f"SKIP {kind} {name}: not installed ({ALLOW_MISSING_ENV}=1)", file=stream)
-                skipped += max(1, len(report.results))
+                skipped += 1
                 continue
             print(f"FAIL {kind} {name}: {report.error['code']}: {report.error['message']}", file=stream)
             if missing:
                 print(f"     CI must install the distribution providing the {kind} driver {name!r}", file=stream)
-            failed += max(1, report.failed)
-            passed += report.passed
-            skipped += report.skipped
-        else:
-            passed, failed, skipped = passed + report.passed, failed + report.failed, skipped + report.skipped
+        passed, failed, skipped = passed + report.passed, failed + report.failed, skipped + report.skipped
         print(report.summary_line(), file=stream, flush=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped", file=stream, flush=True)
     return 1 if failed else 0

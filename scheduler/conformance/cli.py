@@ -2,8 +2,11 @@
 
 The lead attaches ``conformance_group`` to the root CLI; it also runs on its own
 as ``python -m scheduler.conformance.cli``. Human output is one line per case
-(``PASS id``, ``FAIL id: message``, ``SKIP id: reason``) with the summary line
-``N passed, N failed, N skipped`` last; ``--json`` prints one JSON object.
+(``PASS id``, ``FAIL id: message``, ``SKIP id: reason``; a failure is followed by
+indented lines with what the provider reported: result, stderr, stdout, the payload
+it was given) with the summary line ``N passed, N failed, N skipped`` last; ``--json``
+prints one JSON object. A run that cannot start (the provider does not load, no
+payload adapter, invalid fixtures) is one error on stderr and one failure in the summary.
 """
 
 from __future__ import annotations
@@ -34,9 +37,14 @@ def _json_wanted(ctx: click.Context, local_flag: bool) -> bool:
 
 
 def result_line(result: CaseResult) -> str:
-    """The human line of one case result: ``PASS id``, ``FAIL id: message`` or ``SKIP id: reason``."""
+    """The human text of one case result: ``PASS id``, ``SKIP id: reason``, or ``FAIL id: message`` plus
+    one indented line per observed item (result, stderr, stdout, payload), so a failure shows the executor's side."""
     label = _LABELS[result.outcome]
-    return f"{label} {result.id}: {result.message}" if result.message else f"{label} {result.id}"
+    head = f"{label} {result.id}: {result.message}" if result.message else f"{label} {result.id}"
+    if result.outcome != "failed" or not result.observed:
+        return head
+    rest = result.explain().splitlines()[1 if result.message else 0 :]
+    return "\n".join([head, *(f"     {line}" for line in rest)])
 
 
 def _dump(obj: dict[str, Any]) -> str:
@@ -57,13 +65,34 @@ def conformance_group() -> None:
     """Run the versioned conformance fixtures against a provider (executor, channel, evidence, ...)."""
 
 
+_FIXTURES_HELP = (
+    "Extra directory of cases, added to the stock corpus (repeatable; also $SCHEDULER_CONFORMANCE_FIXTURES, "
+    "os.pathsep-separated): a conformance-fixtures/ directory or one holding <kind>/*.json."
+)
+
+
 @conformance_group.command("run")
 @click.argument("kind", type=_KINDS)
 @click.argument("name")
 @click.option("--json", "as_json_flag", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--case", "case_globs", multiple=True, metavar="ID_GLOB", help="Only cases whose id matches (repeatable).")
+@click.option("--fixtures", "fixture_dirs", multiple=True, metavar="DIR", help=_FIXTURES_HELP)
+@click.option(
+    "--adapter",
+    "adapter",
+    metavar="MODULE:ATTR",
+    help="Executor payload adapter to use instead of the executor's own or its scheduler.conformance_adapters entry point.",
+)
 @click.pass_context
-def run_command(ctx: click.Context, kind: str, name: str, as_json_flag: bool, case_globs: tuple[str, ...]) -> None:
+def run_command(
+    ctx: click.Context,
+    kind: str,
+    name: str,
+    as_json_flag: bool,
+    case_globs: tuple[str, ...],
+    fixture_dirs: tuple[str, ...],
+    adapter: str | None,
+) -> None:
     """Run KIND cases against the installed provider NAME (loaded by entry point); exit 1 on any failure."""
     as_json = _json_wanted(ctx, as_json_flag)
 
@@ -71,14 +100,14 @@ def run_command(ctx: click.Context, kind: str, name: str, as_json_flag: bool, ca
         if not as_json:
             click.echo(result_line(result))
 
-    report: Report = run_kind(kind, name, filter=list(case_globs) or None, on_result=on_result)
+    report: Report = run_kind(
+        kind, name, filter=list(case_globs) or None, extra=fixture_dirs, payload_adapter=adapter, on_result=on_result
+    )
     if as_json:
         click.echo(_dump(report.to_json()))
     else:
         if report.error is not None:
             click.echo(f"error [{report.error['code']}]: {report.error['message']}", err=True)
-            for result in report.results:  # cases that could not run were not streamed
-                click.echo(result_line(result))
         click.echo(report.summary_line())
     if not report.ok:
         ctx.exit(1)
@@ -87,12 +116,13 @@ def run_command(ctx: click.Context, kind: str, name: str, as_json_flag: bool, ca
 @conformance_group.command("list")
 @click.argument("kind", type=_KINDS, required=False)
 @click.option("--json", "as_json_flag", is_flag=True, help="Print one JSON object instead of lines.")
+@click.option("--fixtures", "fixture_dirs", multiple=True, metavar="DIR", help=_FIXTURES_HELP)
 @click.pass_context
-def list_command(ctx: click.Context, kind: str | None, as_json_flag: bool) -> None:
+def list_command(ctx: click.Context, kind: str | None, as_json_flag: bool, fixture_dirs: tuple[str, ...]) -> None:
     """List the case ids (of one KIND, or all), after validating every fixture file."""
     as_json = _json_wanted(ctx, as_json_flag)
     try:
-        cases = load_cases(kind) if kind else load_corpus()
+        cases = load_cases(kind, extra=fixture_dirs) if kind else load_corpus(extra=fixture_dirs)
     except SchedulerError as exc:
         _fail(ctx, as_json, exc)
         return
@@ -101,7 +131,9 @@ def list_command(ctx: click.Context, kind: str | None, as_json_flag: bool) -> No
         return
     for case in cases:
         requires = f"  [requires {', '.join(case.requires)}]" if case.requires else ""
-        click.echo(f"{case.id}  ({case.polarity}){requires}")
+        language = (case.input.get("payload") or {}).get("language")
+        raw = f"  [{language} payload]" if language else ""
+        click.echo(f"{case.id}  ({case.polarity}){requires}{raw}")
 
 
 def main() -> None:

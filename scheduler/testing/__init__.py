@@ -241,13 +241,27 @@ def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
     return config_home
 
 
+#: Conformance names re-exported here, imported on first use: the pytest base classes (they pull
+#: in pytest) and the payload-adapter types (``scheduler.conformance.payload``).
+_CONFORMANCE_PYTEST = ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
+                       "CredentialProviderConformance", "AuthorizationProviderConformance")
+_CONFORMANCE_PAYLOAD = ("Behaviour", "PosixShellPayloads", "RawPayload", "Step")
+
+
 def __getattr__(name: str) -> Any:
-    """The conformance adapter classes, imported on first use (they pull in pytest)."""
-    if name in ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
-                "CredentialProviderConformance", "AuthorizationProviderConformance"):
+    """The conformance names (pytest base classes, payload-adapter types), imported on first use."""
+    if name in _CONFORMANCE_PYTEST:
         from scheduler.conformance import pytest_plugin
 
         return getattr(pytest_plugin, name)
+    if name in _CONFORMANCE_PAYLOAD:
+        from scheduler.conformance import payload
+
+        return getattr(payload, name)
+    if name == "run_conformance":
+        from scheduler.conformance.engine import run_kind
+
+        return run_kind
     raise AttributeError(name)
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from scheduler import PLUGIN_API_VERSION
-from scheduler.artifacts import StreamRecorder
-from scheduler.execution import ExecutionRequest, ExecutionResult, RunControl, StreamCapture
-from scheduler.timeutil import now_ms
+from scheduler.api import (PLUGIN_API_VERSION, ExecutionRequest, ExecutionResult, RunControl, StreamCapture,
+                           StreamRecorder, now_ms)
 
 
 def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture:
@@ -23,14 +21,14 @@ class HelloExecutor:
     capabilities: frozenset[str] = frozenset()  # claims no cancel, timeout, process-group, env-policy...
 
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
-        job, seconds_left = request.job, (request.deadline_ms - now_ms()) / 1000
+        seconds_left = (request.deadline_ms - now_ms()) / 1000
         if control.is_cancelled():  # honour a cancel that came before we started anything
             return ExecutionResult(status="cancelled", error_code="RUN_CANCELLED", error_message="cancelled before start")
         if seconds_left <= 0:
             return ExecutionResult(status="timeout", error_code="RUN_TIMEOUT", error_message="deadline passed before start")
         try:
-            done = subprocess.run(["/bin/sh", "-c", job.payload_message], input=(job.stdin_text or "").encode(),
-                                  capture_output=True, cwd=job.working_dir, timeout=seconds_left,
+            done = subprocess.run(["/bin/sh", "-c", request.job.payload_message], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=seconds_left,
                                   env={"PATH": os.environ.get("PATH", os.defpath), **request.extra_env})
         except subprocess.TimeoutExpired:
             return ExecutionResult(status="timeout", error_code="RUN_TIMEOUT", error_message="deadline passed")

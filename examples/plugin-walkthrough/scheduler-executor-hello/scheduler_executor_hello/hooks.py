@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from scheduler.plugins.hookspecs import hookimpl
+from scheduler.api import hookimpl
 
 #: When set, every run state change is appended to this file as one JSON line.
 LOG_ENV = "HELLO_STATE_LOG"
@@ -50,7 +50,7 @@ def scheduler_register_commands(cli: Any) -> None:
     if "hello" in cli.commands:  # the kernel may call this hook more than once per process
         return
 
-    from scheduler.cli.output import emit  # plugin commands follow the CLI's --json contract too
+    from scheduler.api.cli import emit  # plugin commands follow the CLI's --json contract too
 
     @cli.command("hello")
     @click.option("--name", default="world", help="Who to greet.")

@@ -1,22 +1,25 @@
-"""The kernel's conformance cases, through the opt-in pytest adapter.
+"""The kernel's conformance cases, through the opt-in pytest adapter of ``scheduler.testing``.
 
-``HelloExecutor`` declares no capabilities, so every case that ``requires`` one (cancel,
-timeout, process-group, env-policy, structured-output, verify) is reported as SKIPPED by
-the engine, never as passed; the six basic cases run and must pass.
+Each case describes a behaviour; hello runs POSIX shell payloads, so the kernel's stock
+``PosixShellPayloads`` adapter writes them as shell scripts (the installed distribution
+registers it as the entry point ``scheduler.conformance_adapters:hello``). ``HelloExecutor``
+declares no capabilities, so every case that ``requires`` one (cancel, timeout,
+process-group, env-policy, stdin, structured-output, verify) is reported as SKIPPED by the
+engine, never as passed; every other case runs and must pass.
 """
 
 from __future__ import annotations
 
-
 import pytest
 from scheduler_executor_hello import HelloExecutor
 
-from scheduler.conformance.pytest_plugin import ExecutorConformance
-
+from scheduler.testing import ExecutorConformance, PosixShellPayloads, run_conformance
 
 
 class TestHelloInProcess(ExecutorConformance):
-    """The executor object built directly: runs even from a plain checkout."""
+    """The executor object built directly, with the adapter named here: runs even from a plain checkout."""
+
+    payload_adapter = PosixShellPayloads
 
     def make_provider(self) -> HelloExecutor:
         return HelloExecutor()
@@ -24,11 +27,21 @@ class TestHelloInProcess(ExecutorConformance):
 
 @pytest.mark.usefixtures("hello_installed")
 class TestHelloThroughEntryPoint(ExecutorConformance):
-    """Loaded by entry point exactly as the dispatcher and `scheduler conformance run executor hello` load it.
+    """Loaded by entry point exactly as the dispatcher and `scheduler conformance run executor hello` load it,
+    with the payload adapter its distribution registers.
 
-    ``case_filter`` narrows the run to the cases a capability-less executor can take part in
+    ``case_filter`` narrows the run to cases a capability-less executor takes part in
     (the gated ones would only be skipped).
     """
 
     provider_name = "hello"
-    case_filter = ["executor.exit-*", "executor.stderr-*", "executor.stdin-*", "executor.binary-*", "executor.huge-*"]
+    case_filter = ["executor.exit-*", "executor.stderr-*", "executor.binary-*", "executor.huge-*", "executor.posix-shell.*"]
+
+
+def test_every_case_without_a_capability_passes_and_the_rest_is_skipped() -> None:
+    report = run_conformance("executor", "hello", provider=HelloExecutor(), payload_adapter=PosixShellPayloads)
+    assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
+    assert report.passed >= 10
+    for result in report.results:
+        if result.outcome == "skipped":
+            assert result.message.startswith("provider does not declare capability"), result.message

@@ -7,12 +7,10 @@ import time
 
 import pytest
 from scheduler_executor_hello import HelloExecutor
+from scheduler_executor_hello import executor as hello_module
 
-from scheduler import PLUGIN_API_VERSION
-from scheduler.artifacts import read_artifact
-from scheduler.execution import ExecutionResult, LocalRunControl
-from scheduler.plugins.protocols import Executor
-
+from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, Executor, read_artifact
+from scheduler.testing import LocalRunControl, load_provider
 
 
 def test_declares_the_api_and_claims_no_capability() -> None:
@@ -34,10 +32,10 @@ def test_success_reports_output_size_and_digest(make_request) -> None:
     assert result.summary == "hello\n"
 
 
-def test_kernel_variables_and_stdin_reach_the_command(make_request) -> None:
-    request = make_request('echo "$SCHEDULER_RUN_ID"; cat', stdin_text="from stdin\n")
+def test_kernel_variables_reach_the_command_and_stdin_is_empty(make_request) -> None:
+    request = make_request('echo "$SCHEDULER_RUN_ID"; cat; echo end')
     result = HelloExecutor().execute(request, LocalRunControl())
-    assert result.stdout.excerpt == f"{request.run_id}\nfrom stdin\n"
+    assert result.stdout.excerpt == f"{request.run_id}\nend\n"
 
 
 def test_minimal_environment_hides_dispatcher_variables(make_request, monkeypatch) -> None:
@@ -76,14 +74,16 @@ def test_deadline_is_honoured(make_request) -> None:
     assert time.monotonic() - start < 4
 
 
-def test_missing_working_dir_is_a_coded_error(make_request, tmp_path) -> None:
-    result = HelloExecutor().execute(make_request("true", working_dir=str(tmp_path / "nope")), LocalRunControl())
+def test_spawn_failure_is_a_coded_error(make_request, monkeypatch) -> None:
+    def no_shell(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/bin/sh")
+
+    monkeypatch.setattr(hello_module.subprocess, "run", no_shell)
+    result = HelloExecutor().execute(make_request("true"), LocalRunControl())
     assert (result.status, result.error_code) == ("error", "HELLO_SPAWN_FAILED")
 
 
 @pytest.mark.usefixtures("hello_installed")
 def test_loads_through_its_entry_point_like_production() -> None:
-    from scheduler.plugins.loader import load_provider
-
     provider = load_provider("executor", "hello")
     assert isinstance(provider, HelloExecutor)

@@ -1,4 +1,4 @@
-"""The hook module, called through the kernel's typed facade (``scheduler.plugins.hooks.Hooks``)."""
+"""The hook module, called through the kernel's typed facade (``scheduler.testing.hooks_with``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import pytest
 from click.testing import CliRunner
 from scheduler_executor_hello import hooks as hello_hooks
 
-from scheduler.plugins.hooks import Hooks, make_plugin_manager
+from scheduler.testing import hooks_with, run_cli
 
 
-
-def facade() -> Hooks:
-    """A plugin manager with only this module registered (no other installed plugins)."""
-    return Hooks(make_plugin_manager([hello_hooks], load_entry_points=False))
+def facade():
+    """The kernel's hook facade with only this module registered (no other installed plugins)."""
+    return hooks_with(hello_hooks)
 
 
 def test_state_changes_are_logged(tmp_path, monkeypatch) -> None:
@@ -55,9 +54,7 @@ def test_register_commands_adds_hello() -> None:
 
 
 @pytest.mark.usefixtures("hello_installed")
-def test_scheduler_hello_command_through_the_real_cli(capsys) -> None:
-    from scheduler.cli.main import main
-
-    assert main(["--json", "hello", "--name", "cli"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out == {"ok": True, "greeting": "hello, cli (from scheduler-executor-hello)"}
+def test_scheduler_hello_command_through_the_real_cli() -> None:
+    code, out, err = run_cli("--json", "hello", "--name", "cli")
+    assert code == 0, err
+    assert json.loads(out) == {"ok": True, "greeting": "hello, cli (from scheduler-executor-hello)"}

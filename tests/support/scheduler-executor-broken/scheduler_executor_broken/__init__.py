@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
-#: Every capability the v1 executor cases ask for: the broken executor claims them all.
-ALL_CAPABILITIES = frozenset({"structured-output", "verify", "env-policy", "cancel", "timeout", "process-group"})
+#: Every capability the v2 executor cases ask for: the broken executor claims them all.
+ALL_CAPABILITIES = frozenset(
+    {"structured-output", "verify", "env-policy", "cancel", "timeout", "process-group", "stdin", "output-capture"}
+)
 
 
 class BrokenExecutor:
     """Claims everything, does nothing: status ``ok`` for every job, with made-up output metadata."""
 
-    plugin_api = 1
+    plugin_api = 2
     capabilities = ALL_CAPABILITIES
+    #: Its own payload adapter accepts the shell-only cases too, so they run (and fail) as well.
+    languages = frozenset({"posix-shell"})
+
+    def conformance_payload(self, behaviour: Any) -> dict[str, Any]:
+        """Its own payload adapter: every behaviour "expressed" as the JSON of its steps (never declined)."""
+        if behaviour.raw is not None:
+            return {"payload_message": behaviour.raw.text}
+        return {"payload_message": json.dumps([[s.action, s.value] for s in behaviour.steps])}
 
     def execute(self, request: Any, control: Any) -> Any:
-        """Pretend the command ran: echo the command text as its output with a wrong size and digest."""
-        from scheduler.execution import ExecutionResult, StreamCapture
+        """Pretend the payload ran: echo its text as the output with a wrong size and digest; record nothing."""
+        from scheduler.api import ExecutionResult, StreamCapture
 
         text = request.job.payload_message
         stdout = StreamCapture(
-            bytes=len(text) + 1,  # wrong: the size of the command, not of its output
+            bytes=len(text) + 1,  # wrong: the size of the payload, not of its output
             sha256=hashlib.sha256(b"").hexdigest(),  # wrong: always the empty digest
             excerpt=text,
         )
