@@ -3,8 +3,9 @@
 Inside one transaction, under the run owner's live fence: the terminal status
 (``cancelled`` if a cancel request won the race), output and audit fields, the
 dispatch row, job counters and auto-pause, a retry with exponential backoff,
-chained children, and delivery outbox rows. If the fence is gone, nothing is
-written at all.
+chained children, delivery outbox rows and watchdog alerts. If the fence is gone,
+nothing is written at all. The status writes go through ``scheduler.transitions``,
+which also queues the observer notifications fired after commit.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from scheduler import transitions
 from scheduler.conditions import condition_matches
 from scheduler.events import append_event
 from scheduler.execution import ExecutionResult
 from scheduler.lease import Lease, assert_live
-from scheduler.queue import insert_dispatch
 from scheduler.runs import FAILURES, StaleFence
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
+from scheduler.transitions import committing, insert_dispatch
 
 #: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
 RUN_FIELDS_FOR_CONSEQUENCES = (
@@ -80,55 +82,52 @@ def complete_run(
 
     ``check_lease=False`` is for a caller that already asserted the lease in the same
     transaction (the dispatcher's group commit); the run's owner/token compare-and-swap
-    is always done.
+    is always done. Observers hear of the run once the (outermost) transaction committed.
     """
     now = now_ms() if now is None else now
     values = result_columns(result)
-    values.update(finished_at=now, terminal_at=now)
     message = values.pop("error_message")
-    sets = ", ".join(f"{k} = ?" for k in values)
-    with store.transaction() as tx:
+    # The executor returned, so the work it recorded has ended; a worker the dispatcher cut
+    # loose (``abandoned``) may still be running it: that is not known.
+    process_state = "unknown" if (result.details or {}).get("abandoned") else "exited"
+    with committing(store) as tx:
         if check_lease:
             assert_live(tx, lease, now=now)
-        # One compare-and-swap decides everything: if a cancel request was recorded first,
-        # cancellation wins; RETURNING hands back the final row without another read.
-        run = tx.one(
-            f"UPDATE runs SET {sets},"
-            " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
-            " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
-            "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
-            " duration_ms = ? - COALESCE(started_at, ?),"
-            " process_state = CASE WHEN process_state = 'running' THEN 'exited' ELSE process_state END"
-            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
-            f" RETURNING {RUN_FIELDS_FOR_CONSEQUENCES}",
-            [*values.values(), result.status, result.status, message, message, now, now, run_id, lease.owner, lease.token],
-        )
+        run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
+                                     error_message=message, now=now, process_state=process_state,
+                                     returning=RUN_FIELDS_FOR_CONSEQUENCES)
         if run is None:
             raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
-        apply_consequences(tx, run, details=result.details, now=now)
+        apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner)
     return run
 
 
 def apply_consequences(
-    tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True
+    tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
+    actor: str | None = None,
 ) -> None:
-    """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery)."""
+    """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
+
+    ``actor`` is the dispatcher committing it (the run's owner, or the recovering
+    dispatcher after a crash); the ``run.finished`` event names it.
+    """
     status = run["status"]
-    tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'done', updated_at = ?, last_error = ? WHERE id = ?",
-        (now, run["error_code"] if status != "ok" else None, run["dispatch_id"]),
-    )
+    transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None)
+    actor = actor or run["dispatcher_owner"]
     data: dict[str, Any] = {"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]}
+    if actor != run["dispatcher_owner"]:
+        data["run_owner"] = run["dispatcher_owner"]  # recovery: the dead owner the run belonged to
     if details:
         data["details"] = details  # executor-reported metadata (never output text or secrets)
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
-                 actor=run["dispatcher_owner"], at=now, data=data)
-    job = _update_job_counters(tx, run, now)
+                 actor=actor, at=now, data=data)
+    job = _update_job_counters(tx, run, now, actor)
     if job is None:
         return
     if status == "cancelled":
         return  # cancellation won: no retry, no child, no delivery
-    retrying = allow_retry and status in FAILURES and run["attempt"] <= job["max_retries"]
+    # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
+    retrying = allow_retry and job["enabled"] and status in FAILURES and run["attempt"] <= job["max_retries"]
     if retrying:
         backoff = min(MAX_RETRY_BACKOFF_MS, job["retry_backoff_ms"] * (2 ** (run["attempt"] - 1)))
         insert_dispatch(tx, id=f"{run['id']}:retry", job_id=job["id"], kind="retry", due_at=now + backoff, now=now,
@@ -138,11 +137,15 @@ def apply_consequences(
     else:
         _trigger_children(tx, job, run, now)
     _enqueue_delivery(tx, job, run, now)
-    _watchdog(tx, job, run, details or {}, now)
+    _watchdog(tx, job, run, now, actor)
 
 
-def _update_job_counters(tx: Tx, run: dict[str, Any], now: int) -> dict[str, Any] | None:
-    """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row."""
+def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | None) -> dict[str, Any] | None:
+    """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row.
+
+    Auto-pause cancels the job's pending work exactly as ``jobs disable`` does
+    (``transitions.cancel_pending_work``): pending dispatches, waiting runs, approvals.
+    """
     status = run["status"]
     outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
     job = tx.one(
@@ -164,12 +167,9 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int) -> dict[str, Any
             "UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ? WHERE id = ?",
             (now, reason, job["id"]),
         )
-        tx.execute(
-            "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ?"
-            " WHERE job_id = ? AND status = 'pending' AND kind <> 'manual'",
-            (reason, now, job["id"]),
-        )
-        append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], at=now, data={"failures": failures})
+        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
+        append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], actor=actor, at=now, data={"failures": failures})
+        job = {**job, "enabled": 0}
     return job
 
 
@@ -209,16 +209,39 @@ def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int
     _outbox(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now)
 
 
-def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], details: dict[str, Any], now: int) -> None:
+#: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
+#: a dead dispatcher), not that the watched thing is wrong: a watchdog never alerts on them.
+WATCHDOG_NO_ALERT_CODES = frozenset({
+    "STALE_FENCE", "LEASE_LOST", "DISPATCHER_LOST", "RECOVERY_BLOCKED", "COMPLETION_FAILED", "RUN_CANCELLED", "EXECUTOR_ABANDONED",
+})
+
+
+def watchdog_alerts(status: str, error_code: str | None) -> bool:
+    """Whether a finished watchdog run raises an alert: only when the check itself failed.
+
+    The check failed when it ran and answered ``error`` (including an executor that could
+    not run it) or ``timeout``. Nothing else alerts: ``ok``; ``cancelled`` and ``skipped``
+    (no answer); ``crashed`` (the dispatcher died: recovery records it, and an at-least-once
+    job runs the check again); and an error whose code is a fencing, lease or cancellation
+    problem (``WATCHDOG_NO_ALERT_CODES``), which says nothing about what the check watches.
+    This is the only place the decision is made (executors report results, never alerts).
+    """
+    return status in ("error", "timeout") and error_code not in WATCHDOG_NO_ALERT_CODES
+
+
+def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor: str | None) -> None:
+    """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one."""
     if job["job_type"] != "watchdog":
         return
-    if run["status"] != "ok" and job["watchdog_alert_channel"]:
+    if job["watchdog_alert_channel"] and watchdog_alerts(run["status"], run["error_code"]):
         body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
         _outbox(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
     if run["status"] == "ok" and job["watchdog_self_destruct"]:
+        reason = "watchdog self-destructed after a passing check"
         tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
-                   ("watchdog self-destructed after a passing check", now, job["id"]))
-        append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], at=now)
+                   (reason, now, job["id"]))
+        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
+        append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
 
 
 def _outbox(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int) -> None:

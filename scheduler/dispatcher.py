@@ -40,11 +40,12 @@ from scheduler.execution import EXECUTION_STATUSES, CancellationToken, Execution
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
-from scheduler.runs import StaleFence, fenced_update, run_to_json
+from scheduler.runs import StaleFence
 from scheduler.plugin_options import executor_options_for
 from scheduler.spec import constraints_of, spec_from_row
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms, to_iso
+from scheduler.transitions import committing, fail_completion, fenced_update
 
 log = logging.getLogger(__name__)
 
@@ -441,7 +442,7 @@ class Dispatcher:
             if lease is None:
                 return
         try:
-            for item in recover(self.store, lease, kill_grace_s=self.config.kill_grace_s):
+            for item in recover(self.store, lease, kill_grace_s=self.config.kill_grace_s, hooks=self.hooks):
                 self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
         except leases.LeaseLost:
             pass
@@ -532,7 +533,8 @@ class Dispatcher:
         created = 0
         due: int | None = None
         try:
-            with self.store.transaction() as tx:
+            # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
+            with committing(self.store, self.hooks) as tx:
                 leases.assert_live(tx, self.lease, now=tick_now)
                 committed = self._complete(finished, now=tick_now)
                 if claim:
@@ -624,7 +626,7 @@ class Dispatcher:
         done = []
         for i, item in enumerate(finished):
             try:
-                with self.store.transaction() as tx:
+                with committing(self.store, self.hooks) as tx:
                     assert self.lease is not None
                     leases.assert_live(tx, self.lease)
                     done += self._complete([item])
@@ -648,20 +650,9 @@ class Dispatcher:
         now = now_ms()
         message = f"completion failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"[:2000]
         try:
-            with self.store.transaction() as tx:
+            with committing(self.store, self.hooks) as tx:
                 leases.assert_live(tx, self.lease)
-                ended = tx.execute(
-                    "UPDATE runs SET status = 'error', error_code = 'COMPLETION_FAILED', error_message = ?,"
-                    " finished_at = CASE WHEN started_at > ? THEN started_at ELSE ? END,"
-                    " terminal_at = CASE WHEN started_at > ? THEN started_at ELSE ? END"
-                    " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?",
-                    (message, now, now, now, now, s.run_id, self.lease.owner, self.lease.token),
-                )
-                if ended:
-                    tx.execute("UPDATE job_dispatch_queue SET status = 'failed', last_error = ?, updated_at = ? WHERE id = ?",
-                               (message, now, s.dispatch_id))
-                    append_event(tx, "run.completion_failed", job_id=s.job["id"], run_id=s.run_id, actor=self.owner,
-                                 at=now, data={"error": message})
+                fail_completion(tx, s.run_id, owner=self.lease.owner, token=self.lease.token, message=message, now=now)
         except leases.LeaseLost:
             raise
         except Exception:
@@ -673,17 +664,11 @@ class Dispatcher:
                 self._active.pop(s.run_id, None)
 
     def _report(self, s: StartedRun, run: dict[str, Any]) -> None:
-        """After a completion committed: count it, print it, tell the hooks."""
+        """After a completion committed: count it and print it (observers were told by ``committing``)."""
         self.stats["finished"] += 1
         took = run["duration_ms"] or 0
         detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
         self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
-        if self.hooks:
-            self.hooks.run_state_changed(s.run_id, s.job["id"], "running", run["status"], run["finished_at"])
-            if self.hooks.wants("scheduler_run_completed"):
-                with self.store.read() as tx:
-                    full = tx.one("SELECT * FROM runs WHERE id = ?", (s.run_id,))
-                self.hooks.run_completed(run_to_json(full or run, full=True))
 
     def _wait(self, timeout: float) -> None:
         """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""
@@ -792,8 +777,6 @@ class Dispatcher:
         control = DbRunControl(self, s.run_id, s.job["id"])
         self.stats["started"] += 1
         self.say(f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})")
-        if self.hooks:
-            self.hooks.run_state_changed(s.run_id, s.job["id"], None, "running", s.started_at)
         entry = _ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.get("run_timeout_ms") or 0))
         with self._active_lock:
             self._active[s.run_id] = entry

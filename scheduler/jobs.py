@@ -2,19 +2,26 @@
 
 Every write happens in one store transaction with its runtime event, and every
 job leaves here with a stored ``next_run_at`` computed from its schedule: a
-missing next run never means "fire now".
+missing next run never means "fire now". Disable, delete and update cancel the
+job's pending work through ``transitions.cancel_pending_work`` (auto-pause and
+``jobs cancel`` use the same function); observers installed in this process hear
+of waiting runs cancelled that way once the transaction committed.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
 from scheduler.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms, to_iso
+from scheduler.transitions import cancel_pending_work, committing
+
+if TYPE_CHECKING:
+    from scheduler.plugins.hooks import Hooks
 
 #: Longest chain from a root job to a descendant.
 MAX_CHAIN_DEPTH = 10
@@ -141,14 +148,17 @@ def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) 
     return tx.all(sql, params)
 
 
-def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None) -> dict[str, Any]:
-    """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule."""
+def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+    """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule.
+
+    Any change cancels the job's pending work (its spec is no longer what was queued or approved).
+    """
     if not isinstance(patch, dict):
         raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields", details=[
             {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
         ])
     now = now_ms() if now is None else now
-    with store.transaction() as tx:
+    with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
         old = spec_from_row(row)
         merged = spec_to_input(old)
@@ -175,32 +185,17 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         assignments = ", ".join(f"{c} = ?" for c in values)
         tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
         if changed:
-            _cancel_pending(tx, row["id"], now, reason="job updated", include_manual=False)
+            cancel_pending_work(tx, row["id"], reason="job updated", now=now, actor=os_identity())
         append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
         out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
     store.notify_change()
     return out  # type: ignore[return-value]
 
 
-def _cancel_pending(tx: Tx, job_id: str, now: int, *, reason: str, include_manual: bool) -> int:
-    """Cancel a job's pending dispatches (non-manual unless asked) and its pending approvals."""
-    kinds = "" if include_manual else " AND kind <> 'manual'"
-    count = tx.execute(
-        f"UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE job_id = ? AND status = 'pending'{kinds}",
-        (reason, now, job_id),
-    )
-    tx.execute(
-        "UPDATE approvals SET status = 'cancelled', cancelled_at = ?, decision_reason = ?, version = version + 1"
-        " WHERE job_id = ? AND status = 'pending'",
-        (now, reason, job_id),
-    )
-    return count
-
-
-def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None) -> dict[str, Any]:
+def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
     """Enable (clears an auto-pause, recomputes the next run from now) or disable (cancels pending work)."""
     now = now_ms() if now is None else now
-    with store.transaction() as tx:
+    with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
         if enabled:
             next_run, anchor = initial_schedule(spec_from_row(row), now)
@@ -213,17 +208,21 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
             )
         else:
             tx.execute("UPDATE jobs SET enabled = 0, updated_at = ? WHERE id = ?", (now, row["id"]))
-            _cancel_pending(tx, row["id"], now, reason="job disabled", include_manual=False)
+            cancel_pending_work(tx, row["id"], reason="job disabled", now=now, actor=os_identity())
         append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row["id"], actor=os_identity(), at=now)
         out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
     store.notify_change()
     return out  # type: ignore[return-value]
 
 
-def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None) -> dict[str, Any]:
-    """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``."""
+def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None,
+               hooks: Hooks | None = None) -> dict[str, Any]:
+    """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
+
+    Its pending work is cancelled first (events and observers see it end) before the rows go.
+    """
     now = now_ms() if now is None else now
-    with store.transaction() as tx:
+    with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
         children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row["id"],))
         if children and not cascade:
@@ -231,7 +230,7 @@ def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None
         active = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (row["id"],))
         if active:
             raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row['name']!r} is running; cancel it first")
-        _cancel_pending(tx, row["id"], now, reason="job deleted", include_manual=True)
+        cancel_pending_work(tx, row["id"], reason="job deleted", now=now, actor=os_identity(), include_manual=True)
         tx.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
         append_event(tx, "job.deleted", job_id=row["id"], actor=os_identity(), data={"name": row["name"]}, at=now)
     store.notify_change()

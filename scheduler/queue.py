@@ -3,7 +3,15 @@
 Scheduled slots get deterministic ids (``job:kind:slot``), so materialising the
 same slot twice, from two dispatchers or after a crash, inserts one row. Claiming
 a dispatch and creating its run happen in one transaction under the claimer's
-fence: there is never a claim without its run, or a run without its claim.
+fence: there is never a claim without its run, or a run without its claim. The
+status writes themselves (and their events and observer notifications) are
+``scheduler.transitions``'; this module decides which ones happen.
+
+Every due slot is accounted for. When more than one slot of a job is due at once
+(the dispatcher was down, or stalled, for longer than the job's period) only the
+latest can run on time; the earlier ones are recorded per ``misfire_policy``
+(``coalesce``: one ``slot.misfire_coalesced`` event with the first and last slot and
+the count; ``skip``: one ``skipped`` run), however short or long the gap.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from scheduler import transitions
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
 from scheduler.jobs import resolve_job
@@ -22,30 +31,20 @@ from scheduler.settings import current_settings
 from scheduler.spec import executor_name_of, spec_from_row
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
+from scheduler.transitions import committing, insert_dispatch
 
 #: How long a claim is valid before recovery may return it to pending (when no run is active).
 CLAIM_TTL_MS = 60_000
+#: Slots of one gap enumerated one by one. A longer cron gap is counted up to this many
+#: (the count is then a lower bound, flagged ``exact: false``) and its last slot found from its end.
+GAP_SCAN_LIMIT = 10_000
+#: First window (ms) scanned back from now for the last slot of a very long cron gap.
+_TAIL_WINDOW_MS = 3_600_000
 
 
 def slot_dispatch_id(job_id: str, kind: str, slot_ms: int) -> str:
     """Deterministic id of a scheduled slot."""
     return f"{job_id}:{kind}:{slot_ms}"
-
-
-def _insert_dispatch(tx: Tx, *, id: str, job_id: str, kind: str, due_at: int, now: int, source_run_id: str | None = None,
-                     requested_by: str | None = None, replay_count: int = 0) -> bool:
-    """Insert a pending dispatch; False if that id already exists (idempotent)."""
-    changed = tx.execute(
-        "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, source_run_id, requested_by, replay_count)"
-        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-        (id, job_id, kind, due_at, now, now, source_run_id, requested_by, replay_count),
-    )
-    return changed == 1
-
-
-def insert_dispatch(tx: Tx, **kwargs: Any) -> bool:
-    """Public, idempotent insert of a pending dispatch (used by completion for retries and chains)."""
-    return _insert_dispatch(tx, **kwargs)
 
 
 def next_due(tx: Tx) -> int | None:
@@ -56,13 +55,98 @@ def next_due(tx: Tx) -> int | None:
     return min(values) if values else None
 
 
+@attrs.frozen
+class DueSlots:
+    """The slots of one job due at once: ``first`` (its stored next run) up to ``last`` (the latest <= now)."""
+
+    first: int
+    last: int
+    #: How many slots, ``first`` and ``last`` included (a lower bound when not ``exact``).
+    count: int
+    #: The slot before ``last`` (None when ``count`` is 1).
+    before_last: int | None
+    exact: bool = True
+
+    def data(self, *, count: int | None = None, last: int | None = None) -> dict[str, Any]:
+        """The gap (or its first ``count`` slots, up to ``last``) as event data: first and last slot, count, exactness."""
+        from scheduler.timeutil import to_iso
+
+        count = self.count if count is None else count
+        last = self.last if last is None else last
+        return {"missed": count, "first": self.first, "last": last, "first_at": to_iso(self.first), "last_at": to_iso(last),
+                "exact": self.exact}
+
+
+def due_slots(schedule: Any, first: int, now: int) -> DueSlots:
+    """Every slot of ``schedule`` from ``first`` (a slot, <= ``now``) up to ``now``, without listing a long gap.
+
+    ``every`` slots are counted arithmetically (any downtime costs nothing); cron slots are
+    enumerated up to ``GAP_SCAN_LIMIT``, beyond which the last slot is found by scanning
+    back from ``now``.
+    """
+    from scheduler.schedules import missed_slots
+
+    if schedule.kind == "every":
+        every = schedule.every_ms
+        later = max(0, (now - first) // every)
+        last = first + later * every
+        return DueSlots(first, last, later + 1, last - every if later else None)
+    later_slots = missed_slots(schedule, first, now, limit=GAP_SCAN_LIMIT)
+    if len(later_slots) < GAP_SCAN_LIMIT:
+        chain = [first, *later_slots]
+        return DueSlots(first, chain[-1], len(chain), chain[-2] if len(chain) > 1 else None)
+    before_last, last = _tail(schedule, later_slots[-2], later_slots[-1], now)
+    return DueSlots(first, last, 1 + len(later_slots), before_last, exact=False)
+
+
+def _tail(schedule: Any, known_prev: int, known: int, now: int) -> tuple[int, int]:
+    """``(before_last, last)`` of a cron gap too long to enumerate, given two consecutive slots of it.
+
+    Scans forward from ever earlier starting points (an hour before ``now``, then four
+    times as far...) until the window holds two slots or reaches the known ones.
+    """
+    window = _TAIL_WINDOW_MS
+    while True:
+        start = max(known, now - window)
+        last_two = _last_two(schedule, start, now)
+        if start == known:
+            chain = [known_prev, known, *last_two]
+            return chain[-2], chain[-1]
+        if len(last_two) == 2:
+            return last_two[0], last_two[1]
+        window *= 4
+
+
+def _last_two(schedule: Any, after: int, to: int) -> list[int]:
+    """The last (up to) two slots ``t`` with ``after < t <= to``, paging through the schedule."""
+    from scheduler.schedules import missed_slots
+
+    out: list[int] = []
+    cursor = after
+    while True:
+        page = missed_slots(schedule, cursor, to, limit=GAP_SCAN_LIMIT)
+        if not page:
+            return out
+        out = (out + page)[-2:]
+        cursor = page[-1]
+        if len(page) < GAP_SCAN_LIMIT:
+            return out
+
+
 def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -> int:
-    """Turn every due job slot into a dispatch row and advance the job's next run (misfires per policy)."""
-    from scheduler.schedules import missed_slots, next_fire
+    """Turn every due job slot into a dispatch row and advance the job's next run; account for every slot.
+
+    When several slots of a job are due at once, the latest runs and the earlier ones are
+    recorded per ``misfire_policy`` (see the module docstring). A gap whose first slot is
+    more than ``[dispatcher] misfire_grace_ms`` old is a misfire: under ``skip`` none of
+    its slots runs (one ``skipped`` run says how many); a one-shot reached that late is
+    handled the same way.
+    """
+    from scheduler.schedules import next_fire
 
     now = now_ms() if now is None else now
     created = 0
-    with store.transaction() as tx:
+    with committing(store) as tx:
         # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
         rows = tx.all(
             "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
@@ -73,7 +157,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
             slot = job["next_run_at"]
             kind = "at" if job["schedule_kind"] == "at" else "schedule"
             next_run, anchor = None, job["schedule_anchor_at"]
-            missed: list[int] = []
+            due = DueSlots(slot, slot, 1, None)
             if job["schedule_kind"] in ("cron", "every"):
                 spec = spec_from_row(job)
                 schedule = spec.schedule()
@@ -81,46 +165,44 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                 next_run = next_fire(schedule, now, anchor_ms=anchor_ms)
                 if spec.schedule_kind == "every":
                     anchor = slot
-                if now - slot > current_settings().dispatcher.misfire_grace_ms:  # a misfire, not just a busy loop
-                    missed = [slot] + missed_slots(schedule, slot, now, limit=10_000, anchor_ms=anchor_ms)
-            elif now - slot > current_settings().dispatcher.misfire_grace_ms:
-                missed = [slot]  # a one-shot reached late
+                due = due_slots(schedule, slot, now)
+            misfire = now - slot > current_settings().dispatcher.misfire_grace_ms  # a misfire, not just a busy loop
             changed = tx.execute(
                 "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at = ?",
                 (next_run, anchor, now, job["id"], slot),
             )
             if changed != 1:
                 continue  # another dispatcher advanced it first
-            if missed:
-                latest = missed[-1]
-                if job["misfire_policy"] == "skip":
-                    _record_skip(tx, job, slot_ms=latest, reason=f"misfire: {len(missed)} slot(s) missed while down", now=now,
-                                 dispatch_kind=kind)
+            if job["misfire_policy"] == "skip":
+                if misfire:  # none of the gap runs
+                    _record_gap_skip(tx, job, due, due.count, due.last, kind, now)
                     continue
+                if due.count > 1:  # the earlier slots were overtaken by the latest, which runs
+                    assert due.before_last is not None
+                    _record_gap_skip(tx, job, due, due.count - 1, due.before_last, kind, now)
+            elif misfire or due.count > 1:
                 append_event(tx, "slot.misfire_coalesced", job_id=job["id"], at=now,
-                             data={"missed": len(missed), "first": missed[0], "last": latest})
-                slot = latest
-            if _insert_dispatch(tx, id=slot_dispatch_id(job["id"], kind, slot), job_id=job["id"], kind=kind, due_at=slot, now=now):
+                             data={**due.data(), "not_run": due.count - 1, "run_slot": due.last})
+            if insert_dispatch(tx, id=slot_dispatch_id(job["id"], kind, due.last), job_id=job["id"], kind=kind, due_at=due.last,
+                               now=now):
                 created += 1
     return created
 
 
-def _record_skip(tx: Tx, job: dict[str, Any], *, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
-                 dispatch_kind: str | None = None) -> str:
-    """A ``skipped`` run that says why a slot did not run (nothing is dropped silently)."""
+def _record_gap_skip(tx: Tx, job: dict[str, Any], due: DueSlots, count: int, slot_ms: int, kind: str, now: int) -> None:
+    """One ``skipped`` run standing for ``count`` slots of a gap (the last of them is its ``scheduled_for``)."""
+    more = "" if due.exact else "+"  # a cron gap too long to count: at least this many
+    record_skip(tx, job, slot_ms=slot_ms, reason=f"misfire: {count}{more} slot(s) missed while down", now=now, dispatch_kind=kind,
+                data=due.data(count=count, last=slot_ms))
+
+
+def record_skip(tx: Tx, job: dict[str, Any], *, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
+                dispatch_kind: str | None = None, data: dict[str, Any] | None = None) -> str:
+    """A ``skipped`` run that says why a slot did not run (nothing is dropped silently); returns its id."""
     run_id = str(uuid.uuid4())
-    tx.execute(
-        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, scheduled_for, created_at, finished_at, terminal_at,"
-        " skip_reason, delivery_guarantee) VALUES (?, ?, ?, ?, 'skipped', ?, ?, ?, ?, ?, ?)",
-        (run_id, job["id"], dispatch_id, dispatch_kind, slot_ms, now, now, now, reason, job["delivery_guarantee"]),
-    )
-    append_event(tx, "run.skipped", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, at=now, data={"reason": reason})
+    transitions.record_skipped(tx, job, run_id=run_id, slot_ms=slot_ms, reason=reason, now=now, dispatch_id=dispatch_id,
+                               dispatch_kind=dispatch_kind, data=data)
     return run_id
-
-
-def record_skip(tx: Tx, job: dict[str, Any], **kwargs: Any) -> str:
-    """Public form of ``_record_skip``."""
-    return _record_skip(tx, job, **kwargs)
 
 
 def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[str, Any]:
@@ -134,7 +216,7 @@ def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[st
         if running and job["overlap_policy"] == "skip":
             raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job['name']!r} is running and its overlap_policy is skip")
         dispatch_id = f"{job['id']}:manual:{uuid.uuid4().hex}"
-        _insert_dispatch(tx, id=dispatch_id, job_id=job["id"], kind="manual", due_at=now, now=now, requested_by=os_identity())
+        insert_dispatch(tx, id=dispatch_id, job_id=job["id"], kind="manual", due_at=now, now=now, requested_by=os_identity())
         append_event(tx, "dispatch.manual", job_id=job["id"], dispatch_id=dispatch_id, actor=os_identity(), at=now)
         row = tx.one("SELECT id, job_id, kind, status, due_at FROM job_dispatch_queue WHERE id = ?", (dispatch_id,))
     store.notify_change()
@@ -168,7 +250,7 @@ def claim_and_start(
     started: list[StartedRun] = []
     if limit <= 0:
         return started
-    with store.transaction() as tx:
+    with committing(store) as tx:
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
         candidates = tx.all(
@@ -184,11 +266,7 @@ def claim_and_start(
             if job is None:
                 continue
             if not job["enabled"] and d["kind"] != "manual":
-                tx.execute(
-                    "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
-                    ("job disabled", now, d["id"]),
-                )
-                append_event(tx, "dispatch.cancelled", job_id=job["id"], dispatch_id=d["id"], at=now, data={"reason": "job disabled"})
+                transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], reason="job disabled", now=now, actor=lease.owner)
                 continue
             if job["id"] in deferred_jobs:
                 continue
@@ -200,25 +278,28 @@ def claim_and_start(
                     deferred_jobs.add(job["id"])
                     continue
                 reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job['queue_limit']} reached"
-                _finish_dispatch(tx, d["id"], "done", now)
-                _record_skip(tx, job, slot_ms=d["due_at"], reason=reason, now=now, dispatch_id=d["id"], dispatch_kind=d["kind"])
+                _skip_dispatch(tx, d, job, reason, now, lease)
                 continue
             reason = veto(job, d["kind"]) if veto is not None else None
             if reason:
-                _finish_dispatch(tx, d["id"], "done", now)
-                _record_skip(tx, job, slot_ms=d["due_at"], reason=f"veto: {reason}", now=now, dispatch_id=d["id"], dispatch_kind=d["kind"])
+                _skip_dispatch(tx, d, job, f"veto: {reason}", now, lease)
                 continue
-            started.append(_start(tx, lease, d, job, now))
+            run = _start(tx, lease, d, job, now)
+            if run is None:
+                continue
+            started.append(run)
             if policy != "allow":
                 deferred_jobs.add(job["id"])
     return started
 
 
-def _finish_dispatch(tx: Tx, dispatch_id: str, status: str, now: int) -> None:
-    tx.execute("UPDATE job_dispatch_queue SET status = ?, updated_at = ? WHERE id = ?", (status, now, dispatch_id))
+def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, now: int, lease: Lease) -> None:
+    """A due dispatch that must not run: its row is done and a ``skipped`` run says why."""
+    if transitions.finish_dispatch(tx, d["id"], "done", now=now):
+        record_skip(tx, job, slot_ms=d["due_at"], reason=reason, now=now, dispatch_id=d["id"], dispatch_kind=d["kind"])
 
 
-def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun:
+def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | None:
     run_id = str(uuid.uuid4())
     attempt, parent_run_id, retry_of = 1, None, None
     if d["kind"] == "retry" and d["source_run_id"]:
@@ -228,20 +309,12 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
     elif d["kind"] == "chain":
         parent_run_id = d["source_run_id"]
     replay_of = d["source_run_id"] if d["replay_count"] else None
-    tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_fence = ?, claim_expires_at = ?,"
-        " attempts = attempts + 1, run_id = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
-        (lease.owner, secrets.token_hex(8), lease.token, now + CLAIM_TTL_MS, run_id, now, d["id"]),
-    )
-    tx.execute(
-        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
-        " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format)"
-        " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (run_id, job["id"], d["id"], d["kind"], attempt, d["due_at"], now, now, lease.owner, lease.token, parent_run_id, retry_of,
-         replay_of, job["delivery_guarantee"], executor_name_of(job), job["output_format"]),
-    )
-    append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=d["id"], actor=lease.owner, at=now,
-                 data={"kind": d["kind"], "attempt": attempt, "token": lease.token})
+    if not transitions.claim_dispatch(tx, d["id"], lease, run_id=run_id, claim_token=secrets.token_hex(8),
+                                      expires_at=now + CLAIM_TTL_MS, now=now):
+        return None  # no longer pending: someone else's (never a run without its claim)
+    transitions.start_run(tx, lease, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
+                          scheduled_for=d["due_at"], executor=executor_name_of(job), parent_run_id=parent_run_id,
+                          retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now)
     return StartedRun(run_id=run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=attempt,
                       scheduled_for=d["due_at"], started_at=now, parent_run_id=parent_run_id)
 
@@ -250,11 +323,20 @@ def release_expired_claims(store: Store, *, now: int | None = None) -> int:
     """Return expired claims with no active run to pending (attempts and last error stay)."""
     now = now_ms() if now is None else now
     with store.transaction() as tx:
-        return tx.execute(
-            "UPDATE job_dispatch_queue SET status = 'pending', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
-            " claim_expires_at = NULL, last_error = 'claim expired', updated_at = ?"
-            " WHERE status = 'claimed' AND claim_expires_at <= ? AND NOT EXISTS ("
-            "   SELECT 1 FROM runs r WHERE r.dispatch_id = job_dispatch_queue.id"
-            "   AND r.status IN ('running', 'pending', 'awaiting_approval', 'approved', 'recovery_blocked'))",
-            (now, now),
-        )
+        return transitions.release_expired_claims(tx, now=now)
+
+
+__all__ = [
+    "CLAIM_TTL_MS",
+    "DueSlots",
+    "StartedRun",
+    "claim_and_start",
+    "due_slots",
+    "enqueue_manual",
+    "insert_dispatch",
+    "materialize_due",
+    "next_due",
+    "record_skip",
+    "release_expired_claims",
+    "slot_dispatch_id",
+]

@@ -1,27 +1,35 @@
 """Crash recovery: finish every run whose owner's fence is gone, and free stale claims.
 
 A run is orphaned when no live lease carries its owner and token. Before ending it
-we make sure its process group is gone (killing it if the recorded identity still
-matches: a reused PID is never signalled). A run whose processes cannot be
-confirmed gone becomes ``recovery_blocked`` and is retried on every pass; the rest
-become ``crashed`` and get the usual consequences in the same transaction, plus a
-replay when the job asked for ``at-least-once``.
+we ask its executor (``recover``) to make sure its work is gone: ``gone`` (nothing
+was running: nothing signalled), ``terminated`` (stopped, with the signal used),
+``unknown`` (cannot tell, e.g. another host) or ``blocked``. A blocked run becomes
+``recovery_blocked`` and is retried on every pass; the rest become ``crashed`` with a
+final process state and get the usual consequences in the same transaction, plus a
+replay when the job asked for ``at-least-once``. The recovering dispatcher is the
+actor of every event it writes (the dead owner is named in the event data), and the
+status writes go through ``scheduler.transitions``, so observers hear of the crash.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scheduler.completion import apply_consequences
+from scheduler import transitions
+from scheduler.completion import RUN_FIELDS_FOR_CONSEQUENCES, apply_consequences
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
+from scheduler.execution import RecoveryOutcome, RecoveryRequest
 from scheduler.jobs import repair_missing_next_runs
 from scheduler.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
-from scheduler.execution import RecoveryOutcome, RecoveryRequest
-from scheduler.queue import insert_dispatch, release_expired_claims
+from scheduler.queue import release_expired_claims
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms
+from scheduler.transitions import committing, insert_dispatch
+
+if TYPE_CHECKING:
+    from scheduler.plugins.hooks import Hooks
 
 
 def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | None]:
@@ -84,41 +92,37 @@ def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
     return len(names)
 
 
-def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0) -> list[dict[str, Any]]:
-    """One recovery pass under our live lease; returns what was done to each orphan."""
+def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hooks | None = None) -> list[dict[str, Any]]:
+    """One recovery pass under our live lease; returns what was done to each orphan.
+
+    Each orphan is ended in its own transaction; ``hooks`` (default: the hook modules
+    installed in this process) hear of every transition once it committed.
+    """
     report = []
     orphans = find_orphans(store)
     for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
         fence_out(store, owner)
     for run in orphans:
-        state, sig = _settle_process(run, kill_grace_s)
+        state, detail = _settle_process(run, kill_grace_s)
         now = now_ms()
-        with store.transaction() as tx:
+        with committing(store, hooks) as tx:
             assert_live(tx, lease, now=now)
             if state == "blocked":
-                tx.execute(
-                    "UPDATE runs SET status = 'recovery_blocked', error_code = 'RECOVERY_BLOCKED',"
-                    " error_message = 'process group still alive and cannot be signalled' WHERE id = ? AND status = 'running'",
-                    (run["id"],),
-                )
-                append_event(tx, "run.recovery_blocked", job_id=run["job_id"], run_id=run["id"], actor=lease.owner, at=now)
+                transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=detail)
                 report.append({"run_id": run["id"], "outcome": "recovery_blocked"})
                 continue
-            changed = tx.execute(
-                "UPDATE runs SET status = 'crashed', finished_at = ?, terminal_at = ?, duration_ms = ? - COALESCE(started_at, ?),"
-                " error_code = 'DISPATCHER_LOST', error_message = ?, process_state = ?, process_signal = ?,"
-                " process_terminated_at = ? WHERE id = ? AND status IN ('running', 'recovery_blocked')"
-                " AND dispatcher_owner = ? AND dispatcher_token = ?",
-                (now, now, now, now, describe_lost_dispatcher(run["dispatcher_owner"], run["dispatcher_token"]),
-                 state, sig, now if state == "terminated" else None, run["id"], run["dispatcher_owner"], run["dispatcher_token"]),
+            message = describe_lost_dispatcher(run["dispatcher_owner"], run["dispatcher_token"])
+            replay = run["delivery_guarantee"] == "at-least-once" and run["dispatch_id"] is not None
+            # Only ``terminated`` signalled anything; for the other states the detail is an explanation.
+            signal = detail if state == "terminated" else None
+            fresh = transitions.crash_run(
+                tx, run, actor=lease.owner, now=now, message=message, process_state=state, process_signal=signal,
+                data={"process": state, "signal": signal, "detail": None if signal else detail, "replay": replay,
+                      "from_owner": run["dispatcher_owner"], "from_token": run["dispatcher_token"]},
+                returning=RUN_FIELDS_FOR_CONSEQUENCES,
             )
-            if changed != 1:
-                continue
-            fresh = tx.one("SELECT * FROM runs WHERE id = ?", (run["id"],))
-            assert fresh is not None
-            replay = fresh["delivery_guarantee"] == "at-least-once" and fresh["dispatch_id"] is not None
-            append_event(tx, "run.recovered", job_id=run["job_id"], run_id=run["id"], actor=lease.owner, at=now,
-                         data={"process": state, "signal": sig, "replay": replay, "from_owner": run["dispatcher_owner"]})
+            if fresh is None:
+                continue  # its owner finished it meanwhile, or another recovery did
             if replay:
                 d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh["dispatch_id"],))
                 count = (d["replay_count"] if d else 0) + 1
@@ -126,7 +130,7 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0) -> list[di
                 insert_dispatch(tx, id=f"{fresh['dispatch_id']}:replay:{count}", job_id=fresh["job_id"], kind=kind,
                                 due_at=now, now=now, source_run_id=fresh["id"], replay_count=count)
             # a replay stands in for a retry: both would run the work a third time
-            apply_consequences(tx, fresh, now=now, allow_retry=not replay)
+            apply_consequences(tx, fresh, now=now, allow_retry=not replay, actor=lease.owner)
             report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
     release_expired_claims(store)
     repair_missing_next_runs(store)

@@ -1,4 +1,8 @@
-"""Run rows: statuses, fenced compare-and-swap transitions, reads and the JSON view."""
+"""Run rows: statuses, reads and the JSON view.
+
+Every write of a run's status (and every fenced write on a running run) is in
+``scheduler.transitions``.
+"""
 
 from __future__ import annotations
 
@@ -28,17 +32,6 @@ class StaleFence(SchedulerError):
 
     def __init__(self, message: str) -> None:
         super().__init__("STALE_FENCE", message)
-
-
-def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: str, values: dict[str, Any]) -> None:
-    """Update a run only if it still has ``expected_status`` and this owner's fence; else ``StaleFence``."""
-    sets = ", ".join(f"{k} = ?" for k in values)
-    changed = tx.execute(
-        f"UPDATE runs SET {sets} WHERE id = ? AND status = ? AND dispatcher_owner = ? AND dispatcher_token = ?",
-        [*values.values(), run_id, expected_status, owner, token],
-    )
-    if changed != 1:
-        raise StaleFence(f"run {run_id} is no longer {expected_status} under owner {owner} token {token}")
 
 
 def get_run(tx: Tx, run_id: str) -> dict[str, Any]:

@@ -159,7 +159,7 @@ class JobSpec:
     approval_approver_scope: str | None = _f(None, kind="scope", doc="Who may approve: a local user name, `uid:N`; domain scopes are rejected.")
     watchdog_alert_channel: str | None = _f(None, kind="driver", doc="Watchdog: channel that receives the alert.")
     watchdog_alert_to: str | None = _f(None, kind="str", doc="Watchdog: destination of the alert.")
-    watchdog_self_destruct: bool = _f(False, kind="bool", doc="Watchdog: delete the job after its first passing check.")
+    watchdog_self_destruct: bool = _f(False, kind="bool", doc="Watchdog: disable the job (kept, with its history; `jobs enable` re-arms it) after its first passing check.")
 
     def executor_name(self) -> str:
         """The executor driver this job runs on."""

@@ -22,10 +22,21 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def scheduler_run_state_changed(run_id: str, job_id: str, old_status: str | None, new_status: str, at_ms: int) -> None:
     """A run moved from ``old_status`` to ``new_status`` (after the transition committed).
 
-    Called in the dispatcher process when it starts a run (``None`` -> ``running``),
-    finishes one (``running`` -> terminal) or ends an orphan during crash recovery
-    (``running`` -> ``crashed``). Must be quick; an exception is logged and swallowed,
-    and the other observers are still called, so an observer can never block a run.
+    Called for every run transition, once the transaction that made it committed (never
+    for one that rolled back), in the process that committed it:
+
+    * the dispatcher: a run starts (``None`` -> ``running``) or is skipped (``None`` ->
+      ``skipped``: misfire, overlap, veto), finishes (``running`` -> ``ok``/``error``/
+      ``timeout``/``cancelled``), its completion fails (``running`` -> ``error``), or crash
+      recovery ends an orphan (``running``/``recovery_blocked`` -> ``crashed``, or
+      ``running`` -> ``recovery_blocked``); auto-pause ends the job's waiting runs
+      (``awaiting_approval`` ... -> ``cancelled``);
+    * a CLI process: ``runs cancel`` / ``jobs cancel`` of a waiting run, and ``jobs disable``
+      / ``delete`` / ``update`` cancelling waiting runs (``pending``, ``awaiting_approval``,
+      ``approved`` -> ``cancelled``). Hook modules installed for that process are called.
+
+    ``at_ms`` is when the transition happened. Must be quick; an exception is logged and
+    swallowed, and the other observers are still called, so an observer can never block a run.
     """
 
 
@@ -58,7 +69,11 @@ def scheduler_dispatch_veto(job: dict[str, Any], dispatch_kind: str) -> str | No
 
 @hookspec
 def scheduler_run_completed(run: dict[str, Any]) -> None:
-    """A run reached a terminal state and its completion transaction committed.
+    """A run reached a terminal state (``ok``, ``error``, ``timeout``, ``cancelled``, ``crashed``
+    or ``skipped``) and the transaction that ended it committed.
 
-    ``run`` is the run's JSON view. Called once per run in the dispatcher process.
+    ``run`` is the run's full JSON view (as ``runs get`` shows it), read after the commit.
+    Called once per run, right after its ``scheduler_run_state_changed``, in the process
+    that committed the end (see that hook): the dispatcher for completions, skips and
+    crash recovery, a CLI process for runs it cancelled before they started.
     """
