@@ -469,6 +469,21 @@ def test_no_finished_run_keeps_process_state_running(store, hooked):
     assert left == []
 
 
+def test_an_abandoned_worker_leaves_process_state_unknown_not_exited(store):
+    """The dispatcher committed the run without its executor: whether its work ended is not known."""
+    from scheduler.transitions import fenced_update
+
+    job = add_job(store, payload_message="ok")
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    enqueue_manual(store, job["id"])
+    [started] = claim_and_start(store, lease, limit=1)
+    with store.transaction() as tx:
+        fenced_update(tx, started.run_id, lease.owner, lease.token, "running", {"process_state": "running"})
+    complete_run(store, lease, started.run_id, ExecutionResult(status="cancelled", error_code="EXECUTOR_ABANDONED",
+                                                               details={"abandoned": True}))
+    assert run_rows(store, job["id"])[0]["process_state"] == "unknown"
+
+
 # -- missed slots leave a record (issue 9, defect 3) ------------------------------------------------
 
 
