@@ -603,6 +603,16 @@ def test_an_executor_without_a_payload_adapter_is_one_failure() -> None:
         assert bad.failed == 1
 
 
+def test_a_provider_object_is_held_to_the_loaders_api_check() -> None:
+    class Old(ReferenceExecutor):
+        plugin_api = 1
+
+    report = run_kind("executor", "old", Old(), payload_adapter=ReferencePayloads())
+    assert report.error["code"] == "PLUGIN_API_MISMATCH" and report.failed == 1 and report.results == ()
+    listy = ReferenceExecutor(capabilities=["cancel"])  # type: ignore[arg-type]
+    assert run_kind("executor", "listy", listy, payload_adapter=ReferencePayloads()).error["code"] == "PLUGIN_INVALID"
+
+
 def test_an_adapter_given_as_module_attr_is_imported() -> None:
     report = run_kind(
         "executor", "reference", ReferenceExecutor(), filter="executor.exit-*",

@@ -437,10 +437,19 @@ def _elapsed_ms(start: float) -> int:
 
 
 def prepare(kind: str, name: str | None, provider: Any, payload_adapter: Any = None) -> Any:
-    """The per-provider context of a kind's adapter (executors: the payload adapter); raises ``SchedulerError``."""
+    """The per-provider context of a kind's adapter (executors: the payload adapter); raises ``SchedulerError``.
+
+    It first holds a provider object built in process (``make_provider``, ``provider=``) to
+    what loading checks (``plugin_api`` major, ``capabilities`` a set of strings), so an
+    object the kernel would refuse (``PLUGIN_API_MISMATCH``, ``PLUGIN_INVALID``) cannot pass.
+    """
+    from scheduler.plugins.loader import check_api
+    from scheduler.plugins.protocols import PROVIDER_KINDS
+
     adapter = ADAPTERS.get(kind)
     if adapter is None:
         raise SchedulerError("CONFORMANCE_KIND_UNSUPPORTED", f"no adapter for kind {kind}")
+    check_api(provider, group=PROVIDER_KINDS[kind][0], name=name or type(provider).__name__, dist="the provider under test")
     return adapter.prepare(name, provider, payload_adapter)
 
 
