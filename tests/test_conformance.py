@@ -381,7 +381,11 @@ MUTATIONS = {
         lambda d: _case(d, "executor.exit-zero-stdout")["input"].update(behaviour=[{"stdout": "x", "exit": 1}]),
         "behaviour",
     ),
-    "bad-hex": ("basic.json", lambda d: _case(d, "executor.binary-output")["input"].update(behaviour=[{"stdout_hex": "0g"}]), "0g"),
+    "bad-hex": (
+        "basic.json",
+        lambda d: _case(d, "executor.binary-output")["input"].update(behaviour=[{"stdout_hex": "0g"}]),
+        "0g",
+    ),
     "behaviour-and-payload": (
         "basic.json",
         lambda d: _case(d, "executor.exit-zero-stdout")["input"].update(payload={"language": "posix-shell", "text": "true"}),
@@ -563,7 +567,8 @@ def test_posix_shell_payloads_decline_what_needs_an_option() -> None:
         adapter.conformance_payload(Behaviour(case_id="x", steps=(Step("stdin_to_stdout", True),), stdin="x"))
     with pytest.raises(NotImplementedError, match="environment-policy"):
         adapter.conformance_payload(Behaviour(case_id="x", steps=(Step("stdout", "x"),), env_policy="minimal"))
-    fields = ReferencePayloads().conformance_payload(Behaviour(case_id="x", steps=(Step("stdout", "x"),), stdin="in", env_policy="inherit"))
+    both = Behaviour(case_id="x", steps=(Step("stdout", "x"),), stdin="in", env_policy="inherit")
+    fields = ReferencePayloads().conformance_payload(both)
     assert fields["executor_options"] == {"stdin_text": "in", "env_policy": "inherit"}
 
 
@@ -586,7 +591,9 @@ def test_cases_an_adapter_cannot_express_are_skipped_never_passed() -> None:
     raw = {c.id for c in load_cases("executor") if "payload" in c.input}
     assert set(skipped) == declined | raw and declined and raw
     for case_id in declined:
-        assert skipped[case_id] == "payload adapter _DeclinesSigterm cannot express this case: cannot ignore SIGTERM in this language"
+        assert skipped[case_id] == (
+            "payload adapter _DeclinesSigterm cannot express this case: cannot ignore SIGTERM in this language"
+        )
     for case_id in raw:
         assert skipped[case_id].startswith("written in posix-shell; payload adapter _DeclinesSigterm does not accept it")
 
@@ -842,7 +849,9 @@ def test_a_negative_case_needs_exactly_the_expected_code(tmp_path: Path) -> None
 
 def test_a_failure_shows_the_executors_stderr_and_result(tmp_path: Path) -> None:
     stderr = StreamCapture(bytes=40, sha256="0" * 64, excerpt="Traceback (most recent call last): boom\n")
-    spy = _Spy(lambda r, c: ExecutionResult(status="error", exit_code=1, error_code="PY_ERR", error_message="it broke", stderr=stderr))
+    spy = _Spy(
+        lambda r, c: ExecutionResult(status="error", exit_code=1, error_code="PY_ERR", error_message="it broke", stderr=stderr)
+    )
     result = run_case(spy, _one_case(status="ok", stdout_contains="probe"), tmp_path)
     assert result.outcome == "failed"
     assert "status: expected 'ok', got 'error'" in result.message and "stdout does not contain 'probe'" in result.message
@@ -903,7 +912,8 @@ def test_group_gone_catches_and_cleans_up_a_leaked_process_group(tmp_path: Path)
     def leaks(request: Any, control: Any) -> ExecutionResult:
         proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
         leaked.append(proc.pid)
-        control.record_handle({"pid": proc.pid, "pgid": proc.pid, "start_time": process_identity(proc.pid) or "", "host": socket.gethostname()})
+        identity = process_identity(proc.pid) or ""
+        control.record_handle({"pid": proc.pid, "pgid": proc.pid, "start_time": identity, "host": socket.gethostname()})
         threading.Thread(target=proc.wait, daemon=True).start()  # reap it whenever it dies
         return ExecutionResult(status="ok", exit_code=0)
 

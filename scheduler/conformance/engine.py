@@ -116,7 +116,8 @@ class CaseResult:
         """The message plus the observed result, one ``key: value`` line each (what a human reads on a failure)."""
         lines = [self.message] if self.message else []
         for key, value in (self.observed or {}).items():
-            lines.append(f"{key}: {value if isinstance(value, str) and key == 'result' else json.dumps(value, ensure_ascii=False, default=str)}")
+            text = value if isinstance(value, str) and key == "result" else json.dumps(value, ensure_ascii=False, default=str)
+            lines.append(f"{key}: {text}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -729,7 +730,10 @@ def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -
     except SchedulerError as exc:
         details = f" {json.dumps(exc.details, default=str)}" if exc.details else ""
         return CaseCheck(
-            problems=(f"the job built from payload adapter {_adapter_label(adapter)}'s fields is refused: {exc.code}: {exc.message}{details}",),
+            problems=(
+                f"the job built from payload adapter {_adapter_label(adapter)}'s fields is refused: "
+                f"{exc.code}: {exc.message}{details}",
+            ),
             observed={"payload": fields},
         )
     control = LocalRunControl()

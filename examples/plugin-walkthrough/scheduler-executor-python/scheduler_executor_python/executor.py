@@ -188,10 +188,12 @@ class PythonExecutor:
         """Open the gate, pump the output, enforce deadline and cancellation, then classify the end."""
         overflow = threading.Event()
         assert proc.stdout is not None and proc.stderr is not None
-        streams = {name: _Stream(request, name, pipe, overflow) for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))}
+        streams = {"stdout": _Stream(request, "stdout", proc.stdout, overflow),
+                   "stderr": _Stream(request, "stderr", proc.stderr, overflow)}
         feeders = [threading.Thread(target=_feed, args=(gate_write, b"\x01" + request.job.payload_message.encode()), daemon=True)]
         if proc.stdin is not None:
-            feeders.append(threading.Thread(target=_feed, args=(os.dup(proc.stdin.fileno()), (options.stdin_text or "").encode()), daemon=True))
+            stdin_fd = os.dup(proc.stdin.fileno())  # fed (and closed) by its own thread
+            feeders.append(threading.Thread(target=_feed, args=(stdin_fd, (options.stdin_text or "").encode()), daemon=True))
             proc.stdin.close()
         for feeder in feeders:
             feeder.start()

@@ -79,7 +79,8 @@ def test_a_failed_record_never_runs_the_payload(make_request, tmp_path) -> None:
 
 def test_stdin_and_environment_policy(make_request, monkeypatch) -> None:
     monkeypatch.setenv("PYTHON_EXAMPLE_VISIBLE", "seen")
-    code = "import os, sys\nprint(sys.stdin.read().upper(), os.environ.get('PYTHON_EXAMPLE_VISIBLE'), os.environ['SCHEDULER_RUN_ID'])"
+    code = ("import os, sys\n"
+            "print(sys.stdin.read().upper(), os.environ.get('PYTHON_EXAMPLE_VISIBLE'), os.environ['SCHEDULER_RUN_ID'])")
     minimal = make_request(code, executor_options={"stdin_text": "abc"})
     result = PythonExecutor().execute(minimal, LocalRunControl())
     assert result.stdout.excerpt == f"ABC None {minimal.run_id}\n"
