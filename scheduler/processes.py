@@ -142,14 +142,16 @@ def kill_group(pgid: int, grace_s: float, *, reap: Callable[[], object] | None =
 def orphan_group_safe_to_kill(pid: int, pgid: int, identity: str | None) -> bool | None:
     """Decide whether a recorded group may be killed during recovery.
 
-    True: the recorded leader is still the same process, or the leader is gone but
-    members of its group survive (a PGID cannot be reused while members exist).
-    False: nothing is left. None: the PID now belongs to another process that leads a
-    group with the same number (reuse), so it must not be touched.
+    True: the recorded leader is still the same process and something of its group can
+    still run, or the leader is gone but members of its group survive (a PGID cannot be
+    reused while members exist). False: nothing that can run is left (a zombie leader
+    nobody reaped counts as gone: there is nothing to signal). None: the PID now belongs
+    to another process that leads a group with the same number (reuse), so it must not
+    be touched.
     """
     leader_identity = process_identity(pid)
     if leader_identity is not None and leader_identity == identity:
-        return True
+        return group_alive(pgid)
     if leader_identity is not None and pid == pgid:
         return None
     return group_alive(pgid)

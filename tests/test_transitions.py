@@ -599,10 +599,6 @@ def test_recovery_records_work_that_already_exited_as_gone_by_the_recovering_dis
     assert finished["data"]["run_owner"] == dead.owner and finished["data"]["status"] == "crashed"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scheduler/processes.py (not part of this change): orphan_group_safe_to_kill() treats a zombie leader (exited, not yet"
-    " reaped: PID 1 here does not reap orphans) as alive because its start time still matches, and kill_group() then reports"
-    " SIGTERM for a group with no live member. Fix: return False when not group_alive(pgid), before comparing identities."))
 def test_kill9_of_a_dispatcher_whose_shell_run_already_ended_is_recorded_gone(tmp_path):
     """A real ``kill -9`` while a shell run's command is finishing: recovery signals nothing and says ``gone``."""
     import os
