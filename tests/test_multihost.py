@@ -102,7 +102,7 @@ def test_kill9_dispatcher_runs_recovered_by_another_within_ttl(pg_store, fleet, 
                     delivery_guarantee="at-least-once" if i % 2 else "at-most-once") for i in range(4)]
     for j in jobs:
         enqueue_manual(pg_store, j["id"])
-    wait_for(lambda: all(any(r["status"] == "running" and r["pgid"] for r in run_rows(pg_store, j["id"])) for j in jobs),
+    wait_for(lambda: all(any(r["status"] == "running" and r["executor_handle"] for r in run_rows(pg_store, j["id"])) for j in jobs),
              what="all running on the victim")
     survivor = fleet.start(concurrency=8)
     victim_runs = {j["id"]: run_rows(pg_store, j["id"])[0] for j in jobs}
@@ -134,7 +134,7 @@ def test_sigstopped_dispatcher_resumed_after_takeover_commits_nothing(pg_store, 
     stale = fleet.start()
     job = add_job(pg_store, name="held", payload_message="spawn:30", max_retries=3, retry_backoff_ms=0)
     enqueue_manual(pg_store, job["id"])
-    run = wait_for(lambda: next((r for r in run_rows(pg_store, job["id"]) if r["status"] == "running" and r["pgid"]), None),
+    run = wait_for(lambda: next((r for r in run_rows(pg_store, job["id"]) if r["status"] == "running" and r["executor_handle"]), None),
                    what="running")
     fleet.start()
     os.kill(stale.pid, signal.SIGSTOP)
