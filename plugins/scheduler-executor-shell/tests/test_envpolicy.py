@@ -7,8 +7,12 @@ from scheduler_executor_shell.envpolicy import INHERIT_WARNING, build_environmen
 
 
 def _env_names(stdout: str) -> dict[str, str]:
-    """Parse ``env -0`` output."""
-    return dict(item.split("=", 1) for item in stdout.split("\0") if item)
+    """Parse ``env`` output (one ``NAME=value`` per line; continuation lines of multi-line values are skipped).
+
+    Plain ``env`` rather than ``env -0``: output with NUL bytes is not text, so it is offloaded
+    whole and its excerpt has the NULs replaced (see StreamRecorder).
+    """
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
 
 
 @pytest.fixture
@@ -21,7 +25,7 @@ def dispatcher_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_minimal_policy(run_job, dispatcher_env) -> None:
-    r = run_job("env -0").result
+    r = run_job("env").result
     env = _env_names(r.stdout.excerpt)
     assert "MY_API_TOKEN" not in env and "SCHEDULER_X" not in env and "HARMLESS" not in env
     assert "s3cret" not in r.stdout.excerpt
@@ -31,7 +35,7 @@ def test_minimal_policy(run_job, dispatcher_env) -> None:
 
 
 def test_inherit_policy(run_job, dispatcher_env) -> None:
-    r = run_job("env -0", executor_options={"env_policy": "inherit"}).result
+    r = run_job("env", executor_options={"env_policy": "inherit"}).result
     env = _env_names(r.stdout.excerpt)
     assert env["HARMLESS"] == "1"
     assert "MY_API_TOKEN" not in env and "SCHEDULER_X" not in env
@@ -96,7 +100,7 @@ def test_inherit_drops_pattern_secrets_and_url_passwords_in_a_real_process(run_j
     monkeypatch.setenv("HTTP_PROXY", "http://alice:hunter2@proxy.local:3128")
     monkeypatch.setenv("NO_PROXY", "localhost")
     monkeypatch.setenv("PLAIN_PROXY", "http://proxy.local:3128")
-    r = run_job("env -0", executor_options={"env_policy": "inherit"}).result
+    r = run_job("env", executor_options={"env_policy": "inherit"}).result
     env = _env_names(r.stdout.excerpt)
     assert not set(MISSED_BEFORE) & set(env)
     assert "HTTP_PROXY" not in env and "hunter2" not in r.stdout.excerpt
@@ -107,6 +111,6 @@ def test_env_allow_lets_named_variables_through(run_job, monkeypatch) -> None:
     monkeypatch.setenv("DEPLOY_KEY", "needed")
     monkeypatch.setenv("OTHER_KEY", "not needed")
     monkeypatch.setenv("EDITOR", "vi")
-    r = run_job("env -0", executor_options={"env_allow": ["DEPLOY_KEY", "EDITOR"]}).result  # minimal + allow-list
+    r = run_job("env", executor_options={"env_allow": ["DEPLOY_KEY", "EDITOR"]}).result  # minimal + allow-list
     env = _env_names(r.stdout.excerpt)
     assert env["DEPLOY_KEY"] == "needed" and env["EDITOR"] == "vi" and "OTHER_KEY" not in env
