@@ -8,6 +8,8 @@ never printing a traceback, which modules get imported.
 
 from __future__ import annotations
 
+import hashlib
+
 import io
 import json
 import os
@@ -462,7 +464,9 @@ def with_runs(cli: Any, store_url: str) -> dict[str, Any]:
     t0 = parse_iso("2025-05-01T10:00:00Z")
     store = open_store(store_url)
     insert_run(store, job_id, "11111111-aaaa-4aaa-8aaa-000000000001", "ok", t0,
-               stdout_excerpt="line one\nline two ✓\n", stdout_bytes=22, stderr_excerpt="warn: x\n", stderr_bytes=8, exit_code=0)
+               stdout_excerpt="line one\nline two ✓\n", stdout_bytes=22, stderr_excerpt="warn: x\n", stderr_bytes=8, exit_code=0,
+               stdout_sha256=hashlib.sha256("line one\nline two ✓\n".encode()).hexdigest(),
+               stderr_sha256=hashlib.sha256(b"warn: x\n").hexdigest())
     insert_run(store, job_id, "22222222-bbbb-4bbb-8bbb-000000000002", "error", t0 + 60_000, error_code="EXIT_NONZERO", exit_code=3)
     insert_run(store, other, "33333333-cccc-4ccc-8ccc-000000000003", "running", t0 + 120_000)
     store.close()
@@ -509,7 +513,9 @@ def test_runs_output_human_writes_the_raw_stream(with_runs: dict[str, Any], stor
 def test_status_json(cli: Any, with_runs: dict[str, Any]) -> None:
     cli("--json", "jobs", "add", job("cron", schedule_kind="cron", schedule_cron="0 0 1 1 *"))
     status = ok(cli("--json", "status"))["status"]
-    assert status["schema_version"] == 2
+    from scheduler.store.migrations import SCHEMA_VERSION
+
+    assert status["schema_version"] == SCHEMA_VERSION == 3
     assert status["jobs"] == {"enabled": 3}
     assert status["runs"] == {"ok": 1, "error": 1, "running": 1}
     assert status["queue"]["expired_claims"] == 0 and status["recovery_blocked"] == []
