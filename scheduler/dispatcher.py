@@ -36,7 +36,7 @@ from scheduler.artifacts import default_artifacts_root, run_dir
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
-from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionRequest, ExecutionResult
+from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionRequest, ExecutionResult, RecoveryRequest
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
@@ -206,6 +206,7 @@ class DbRunControl(CancellationToken):
         """Durably record the executor's handle on its work (before that work may act); fenced."""
         self._fenced({"executor_handle": json.dumps(handle, sort_keys=True, default=str), "process_state": "running"},
                      "run.handle_recorded", {"handle": handle})
+        self.handle = dict(handle)  # kept for stopping the work should the worker have to be abandoned
 
     def record_termination(self, how: str) -> None:
         """Durably record that the executor stopped its work, and how."""
@@ -757,6 +758,33 @@ class Dispatcher:
                  f" executor {executor!r} ignored cancellation ({reason})")
         self._finished.put((s, result))
         self._wake.set()
+        self._stop_abandoned_work(s, getattr(e.control, "handle", None))
+
+    def _stop_abandoned_work(self, s: StartedRun, handle: dict[str, Any] | None) -> None:
+        """An abandoned worker's executor ignored cancellation: ask its ``recover`` to stop the work it started.
+
+        The same call crash recovery makes (the handle the run recorded, this host), on a
+        daemon thread so the loop never waits for it; the outcome is an audit event.
+        """
+        if handle is None:
+            return
+        executor = self._executors.get(spec_from_row(s.job).executor_name())
+        recover_fn = getattr(executor, "recover", None)
+        if recover_fn is None:
+            return
+        request = RecoveryRequest(run_id=s.run_id, job_id=s.job["id"], handle=handle, owner=self.owner,
+                                  owner_host=leases.owner_host(self.owner), kill_grace_s=self.config.kill_grace_s)
+
+        def stop() -> None:
+            try:
+                outcome = recover_fn(request)
+                with self.store.transaction() as tx:
+                    append_event(tx, "run.abandoned_work_stopped", job_id=s.job["id"], run_id=s.run_id, actor=self.owner,
+                                 data={"state": getattr(outcome, "state", None), "detail": getattr(outcome, "detail", None)})
+            except Exception:  # noqa: BLE001 - best effort; crash recovery is not involved (the run is ended)
+                log.exception("stopping the work of abandoned run %s failed", s.run_id)
+
+        threading.Thread(target=stop, name=f"stop-{s.run_id[:8]}", daemon=True).start()
 
     def _db_busy(self, exc: SchedulerError) -> float:
         """A pass met a busy database: say so once per episode; returns the back-off before the next attempt."""

@@ -48,6 +48,29 @@ def test_executor_ignoring_its_deadline_ends_timeout_and_frees_its_slot(store, d
     assert finished == 1
 
 
+def test_the_work_of_an_abandoned_worker_is_stopped_through_recover(store, dispatcher):
+    """An executor that ignores cancellation still leaves nothing running: its recover() stops the recorded group."""
+    import json
+
+    from scheduler.processes import group_alive
+
+    job = add_job(store, payload_message="spawn-ignore:30", run_timeout_ms=400)
+    dispatcher(kill_grace_s=0.3)
+    enqueue_manual(store, job["id"])
+    run = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "timeout"], timeout=6,
+                   what="run ended timeout by the dispatcher")[0]
+    assert run["error_code"] == "EXECUTOR_DEADLINE_EXCEEDED"
+    pgid = json.loads(run["executor_handle"])["pgid"]
+    wait_for(lambda: not group_alive(pgid), timeout=5, what="the abandoned run's process group stopped")
+    def stop_event() -> dict | None:
+        with store.read() as tx:
+            return tx.one("SELECT data FROM runtime_events WHERE run_id = ? AND kind = 'run.abandoned_work_stopped'",
+                          (run["id"],))
+
+    stopped = wait_for(stop_event, timeout=5, what="audit event")
+    assert json.loads(stopped["data"])["state"] == "terminated"
+
+
 def test_executor_stopping_on_cancellation_after_its_deadline_ends_timeout(store, dispatcher):
     # `spawn` never looks at the deadline but stops its process group when cancelled
     job = add_job(store, payload_message="spawn:30", run_timeout_ms=300)

@@ -74,6 +74,11 @@ class TestkitExecutor:
                     fh.write(f"{request.run_id} {request.attempt}\n")
             elif name == "ignore-cancel":
                 time.sleep(float(arg))
+            elif name == "spawn-ignore":  # start a process group, record it, then ignore cancellation and deadline
+                proc = subprocess.Popen(["sleep", arg], start_new_session=True)
+                control.record_handle({"pid": proc.pid, "pgid": os.getpgid(proc.pid),
+                                       "start_time": process_identity(proc.pid) or "", "host": socket.gethostname()})
+                proc.wait()
             elif name == "sleep":
                 end = time.monotonic() + float(arg)
                 while (remaining := end - time.monotonic()) > 0:
