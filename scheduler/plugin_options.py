@@ -29,18 +29,28 @@ def _driver(spec: Any, attr: str) -> str | None:
 
 #: Providers loaded for validation in this process: validating an array of jobs loads each plugin once.
 _validators: dict[tuple[str, str], Any] = {}
+#: Plugins that could not be loaded, and until when that answer is kept (monotonic seconds): a miss costs a
+#: metadata scan, so 500 jobs naming a missing plugin must not pay it 500 times; a fix is seen seconds later.
+_misses: dict[tuple[str, str], float] = {}
+MISS_TTL_S = 5.0
 
 
 def _provider(kind: str, name: str) -> Any | None:
     """The loaded provider, or None when it is not installed or cannot load (the missing-plugin rule reports that)."""
+    import time
+
     from scheduler.plugins.loader import load_provider
 
     key = (kind, name)
-    if key not in _validators:
-        try:
-            _validators[key] = load_provider(kind, name)
-        except SchedulerError:
-            return None  # not remembered: an installation fixed meanwhile is seen on the next call
+    if key in _validators:
+        return _validators[key]
+    if _misses.get(key, 0.0) > time.monotonic():
+        return None
+    try:
+        _validators[key] = load_provider(kind, name)
+    except SchedulerError:
+        _misses[key] = time.monotonic() + MISS_TTL_S
+        return None
     return _validators[key]
 
 
