@@ -32,17 +32,17 @@ from typing import Any, Callable
 import attrs
 
 from scheduler import lease as leases
-from scheduler.artifacts import default_artifacts_root, run_dir
+from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
-from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionRequest, ExecutionResult, RecoveryRequest
+from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionResult, RecoveryRequest
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
 from scheduler.runs import StaleFence
-from scheduler.plugin_options import executor_options_for
-from scheduler.spec import constraints_of, spec_from_row
+from scheduler.plugin_options import request_for
+from scheduler.spec import spec_from_row
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms, to_iso
 from scheduler.transitions import committing, fail_completion, fenced_update
@@ -841,15 +841,9 @@ class Dispatcher:
         spec = spec_from_row(s.job)
         try:
             executor = self._executor(spec.executor_name())
-            root = self.artifacts_root
-            request = ExecutionRequest(
-                run_id=s.run_id, job_id=s.job["id"], job=spec, options=executor_options_for(executor, spec),
-                constraints=constraints_of(spec), dispatch_kind=s.dispatch_kind,
-                attempt=s.attempt, scheduled_for_ms=s.scheduled_for,
-                started_at_ms=s.started_at, deadline_ms=s.started_at + spec.run_timeout_ms,
-                artifacts_dir=run_dir(root, s.run_id, create=False), artifacts_root=root,
-                extra_env={"SCHEDULER_RUN_ID": s.run_id, "SCHEDULER_JOB_ID": s.job["id"], "SCHEDULER_JOB_NAME": spec.name,
-                           "SCHEDULER_ATTEMPT": str(s.attempt)},
+            request = request_for(
+                executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
+                started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
             )
             result = executor.execute(request, control)
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:

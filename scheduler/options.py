@@ -14,6 +14,7 @@ the field path prefixed (``executor_options.env_policy``).
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Any, Literal, get_args, get_origin
 
@@ -24,7 +25,9 @@ from scheduler.errors import SchedulerError
 _NoneType = type(None)
 
 
+@functools.lru_cache(maxsize=256)
 def _hints(cls: type) -> dict[str, Any]:
+    """A class's resolved field types: resolved once, because options are validated at every run start."""
     return typing.get_type_hints(cls)
 
 

@@ -104,6 +104,38 @@ def constraint_problems(spec: Any, executor: Any) -> list[dict[str, str]]:
     }]
 
 
+def request_for(
+    executor: Any,
+    spec: Any,
+    *,
+    run_id: str,
+    job_id: str,
+    artifacts_root: Any,
+    started_at_ms: int,
+    attempt: int = 1,
+    scheduled_for_ms: int | None = None,
+    dispatch_kind: str = "manual",
+    credentials: tuple[Any, ...] = (),
+) -> Any:
+    """The ``ExecutionRequest`` of one attempt: the one builder the dispatcher, the conformance engine and
+    ``scheduler.testing`` share (options validated by ``executor``, constraints, deadline, kernel variables).
+
+    ``executor`` may be None (not installed: the caller runs its own object), then ``options`` is None.
+    """
+    from scheduler.artifacts import run_dir
+    from scheduler.execution import ExecutionRequest
+    from scheduler.spec import constraints_of
+
+    return ExecutionRequest(
+        run_id=run_id, job_id=job_id, job=spec, options=executor_options_for(executor, spec) if executor is not None else None,
+        constraints=constraints_of(spec), credentials=credentials, dispatch_kind=dispatch_kind, attempt=attempt,
+        scheduled_for_ms=scheduled_for_ms, started_at_ms=started_at_ms, deadline_ms=started_at_ms + spec.run_timeout_ms,
+        artifacts_dir=run_dir(artifacts_root, run_id, create=False), artifacts_root=artifacts_root,
+        extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": job_id, "SCHEDULER_JOB_NAME": spec.name,
+                   "SCHEDULER_ATTEMPT": str(attempt)},
+    )
+
+
 def executor_options_for(executor: Any, spec: Any) -> Any:
     """The executor's options instance for a run (``None`` when it declares no options class).
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import RunningDispatcher, add_job, run_rows, wait_for
 
 from scheduler import lease as leases
 from scheduler.cancel import cancel_job, cancel_run
@@ -63,41 +63,13 @@ class Recorder:
             return [a for k, a in self.calls if k == "completed" and a["id"] == run_id]
 
 
-class HookedDispatcher:
-    """A real dispatcher in a background thread with the given observer hooks."""
-
-    def __init__(self, store: Any, hooks: Any, **config: Any) -> None:
-        from scheduler.dispatcher import Dispatcher, DispatcherConfig
-
-        config.setdefault("lease_ttl_ms", 3000)
-        config.setdefault("kill_grace_s", 0.5)
-        config.setdefault("grace_s", 2.0)
-        self.dispatcher = Dispatcher(store, DispatcherConfig(**config), hooks=hooks)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.dispatcher.lease is not None or self.error is not None, what="dispatcher start")
-        if self.error is not None:
-            raise self.error
-
-    def _main(self) -> None:
-        try:
-            self.dispatcher.run()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
-
-    def stop(self) -> None:
-        self.dispatcher.request_stop()
-        self.thread.join(20)
-        assert not self.thread.is_alive()
-
-
 @pytest.fixture
 def hooked(store):
-    started: list[HookedDispatcher] = []
+    """``start(hooks, **config)``: a real dispatcher (``scheduler.testing.RunningDispatcher``) with these observer hooks."""
+    started: list[RunningDispatcher] = []
 
-    def start(hooks: Any, **config: Any) -> HookedDispatcher:
-        d = HookedDispatcher(store, hooks, **config)
+    def start(hooks: Any, **config: Any) -> RunningDispatcher:
+        d = RunningDispatcher(store, hooks=hooks, **config)
         started.append(d)
         return d
 

@@ -682,38 +682,16 @@ def _payload_fields(adapter: Any, case: Case) -> tuple[dict[str, Any] | None, Ca
 
 def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, Any], workdir: Path) -> Any:
     """The ``ExecutionRequest`` the dispatcher would build for this case's job (options validated by the provider)."""
-    from scheduler.artifacts import run_dir
-    from scheduler.execution import ExecutionRequest
-    from scheduler.plugin_options import executor_options_for
-    from scheduler.spec import constraints_of, validate_spec
+    from scheduler.plugin_options import request_for
+    from scheduler.spec import validate_spec
     from scheduler.timeutil import now_ms
 
     spec = validate_spec({**_job_fields(case), **fields, "executor": name}, check_past=False, plugin_options=False)
-    options = executor_options_for(provider, spec)
     root = workdir / "artifacts"
     root.mkdir(parents=True, exist_ok=True)
-    run_id, job_id = str(uuid.uuid4()), str(uuid.uuid4())
     started = now_ms()
-    return ExecutionRequest(
-        run_id=run_id,
-        job_id=job_id,
-        job=spec,
-        options=options,
-        constraints=constraints_of(spec),
-        dispatch_kind="manual",
-        attempt=1,
-        scheduled_for_ms=started,
-        started_at_ms=started,
-        deadline_ms=started + spec.run_timeout_ms,
-        artifacts_dir=run_dir(root, run_id, create=False),
-        artifacts_root=root,
-        extra_env={
-            "SCHEDULER_RUN_ID": run_id,
-            "SCHEDULER_JOB_ID": job_id,
-            "SCHEDULER_JOB_NAME": spec.name,
-            "SCHEDULER_ATTEMPT": "1",
-        },
-    )
+    return request_for(provider, spec, run_id=str(uuid.uuid4()), job_id=str(uuid.uuid4()), artifacts_root=root,
+                       started_at_ms=started, scheduled_for_ms=started)
 
 
 def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:

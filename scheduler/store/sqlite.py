@@ -75,6 +75,16 @@ def _busy_error(location: str, timeout_ms: int, what: str) -> SchedulerError:
     )
 
 
+def _execute(conn: sqlite3.Connection, sql: str, params: Params, location: str, timeout_ms: int) -> sqlite3.Cursor:
+    """Run one statement; a lock held past the busy timeout is ``DB_BUSY`` (retryable), not a raw error."""
+    try:
+        return conn.execute(sql, params)
+    except sqlite3.OperationalError as exc:
+        if _is_busy(exc):
+            raise _busy_error(location, timeout_ms, f"database is locked ({exc})") from None
+        raise
+
+
 class _SQLiteTx:
     """A transaction on one SQLite connection."""
 
@@ -88,13 +98,9 @@ class _SQLiteTx:
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         try:
-            return self._conn.execute(sql, params)
+            return _execute(self._conn, sql, params, self._location, self._timeout_ms)
         except sqlite3.IntegrityError as exc:
             raise SchedulerError("CONSTRAINT_VIOLATION", str(exc)) from None
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                raise _busy_error(self._location, self._timeout_ms, f"database is locked ({exc})") from None
-            raise
 
     def execute(self, sql: str, params: Params = ()) -> int:
         return self._run(sql, params).rowcount
@@ -181,12 +187,7 @@ class SQLiteSchemaConnection:
         self._timeout_ms = timeout_ms
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
-        try:
-            return self._conn.execute(sql, params)
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                raise _busy_error(self._location, self._timeout_ms, f"database is locked ({exc})") from None
-            raise
+        return _execute(self._conn, sql, params, self._location, self._timeout_ms)
 
     def execute(self, sql: str, params: Params = ()) -> None:
         """Run one statement."""

@@ -52,10 +52,9 @@ def make_request(
     The spec is validated (plugin options included, when the executor is installed); the
     deadline follows ``run_timeout_ms``; the artifact directory is ``artifacts_root/runs/<run_id>``.
     """
-    from scheduler.artifacts import run_dir
-    from scheduler.plugin_options import executor_options_for
+    from scheduler.plugin_options import request_for
     from scheduler.plugins.loader import load_provider
-    from scheduler.spec import constraints_of, validate_spec
+    from scheduler.spec import validate_spec
     from scheduler.timeutil import now_ms
 
     spec_fields.setdefault("name", "test job")
@@ -65,23 +64,10 @@ def make_request(
         executor = load_provider("executor", spec.executor_name())
     except Exception:  # not installed: the caller runs its own executor object directly
         executor = None
-    options = executor_options_for(executor, spec) if executor is not None else None
-    run_id = run_id or f"run-{next(_run_ids)}"
-    started = now_ms()
-    return ExecutionRequest(
-        run_id=run_id,
-        job_id=job_id,
-        job=spec,
-        options=options,
-        constraints=constraints_of(spec),
-        credentials=credentials,
-        attempt=attempt,
-        started_at_ms=started,
-        deadline_ms=started + spec.run_timeout_ms,
-        artifacts_dir=run_dir(artifacts_root, run_id),
-        artifacts_root=artifacts_root,
-        extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": job_id},
-    )
+    request = request_for(executor, spec, run_id=run_id or f"run-{next(_run_ids)}", job_id=job_id,
+                          artifacts_root=artifacts_root, started_at_ms=now_ms(), attempt=attempt, credentials=credentials)
+    request.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    return request
 
 
 def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> Any:
@@ -116,14 +102,15 @@ def run_rows(store: Any, job_id: str) -> list[dict[str, Any]]:
 class RunningDispatcher:
     """A real dispatcher running in a background thread of the test process (short lease TTL)."""
 
-    def __init__(self, store: Any, **config: Any) -> None:
+    def __init__(self, store: Any, *, hooks: Any = None, **config: Any) -> None:
+        """Start it (``hooks``: the kernel's hook facade to use, e.g. ``hooks_with(module)``)."""
         from scheduler.dispatcher import Dispatcher, DispatcherConfig
 
         config.setdefault("lease_ttl_ms", 3000)
         config.setdefault("kill_grace_s", 0.5)
         config.setdefault("grace_s", 2.0)
         self.messages: list[str] = []
-        self.dispatcher = Dispatcher(store, DispatcherConfig(**config), say=self.messages.append)
+        self.dispatcher = Dispatcher(store, DispatcherConfig(**config), hooks=hooks, say=self.messages.append)
         self.error: BaseException | None = None
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
