@@ -137,6 +137,18 @@ def test_doctor_warns_about_world_access_without_failing(tmp_path: Path) -> None
 # -- other users -----------------------------------------------------------------------------------
 
 
+def _code_unreachable_by_others() -> str | None:
+    """Why another user cannot run this checkout's code (a directory on the way is closed to others), or None."""
+    import scheduler
+
+    for code_path in (SITE_PACKAGES, Path(scheduler.__file__).resolve().parent):
+        for directory in [code_path, *code_path.parents]:
+            if directory.exists() and not directory.stat().st_mode & stat.S_IXOTH:
+                return (f"other users cannot reach this checkout's code: {directory} is closed to them "
+                        f"({oct(directory.stat().st_mode & 0o777)}); clone into a directory other users can traverse")
+    return None
+
+
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A world-writable sticky directory like /tmp, reachable by other users (pytest's tmp dirs are 0700)."""
@@ -144,6 +156,9 @@ def shared_dir() -> Iterator[Path]:
         pytest.skip("switching to other users needs root")
     if not SYSTEM_PYTHON.exists():
         pytest.skip(f"no {SYSTEM_PYTHON} for other users (this interpreter is under a 0700 home)")
+    reason = _code_unreachable_by_others()
+    if reason:
+        pytest.skip(reason)
     path = Path(tempfile.mkdtemp(prefix="scheduler-modes-", dir="/tmp"))
     os.chmod(path, 0o1777)
     yield path
