@@ -1,0 +1,195 @@
+"""``json-sort-v1``: canonical JSON byte-identical to sorted-key ``JSON.stringify``, and ``sha256:`` digests.
+
+Execution artifacts, approvals, evidence and credential presentations bind to digests
+of canonical JSON, and other tools (the Node ecosystem's handoff compilers and
+verifiers) recompute those digests. So the bytes must be exactly what JavaScript
+produces for the same value after sorting object keys:
+
+* object keys sorted by UTF-16 code units (``Array.prototype.sort``), recursively; arrays
+  keep their order;
+* no white space; strings escape only ``"``, ``\\`` and U+0000-U+001F (``\\b \\f \\n \\r \\t``
+  short forms, others ``\\u00xx``), lone surrogates as ``\\udxxx``; everything else raw
+  (U+2028/U+2029 included);
+* numbers as ``Number.prototype.toString`` writes them: ``1.0`` is ``1``, ``-0`` is ``0``,
+  ``1e21`` is ``1e+21``, ``1e-7`` is ``1e-7``;
+* ``UNDEFINED`` (JavaScript's ``undefined``) becomes ``null`` wherever it appears.
+
+Values JavaScript could not carry exactly are refused with a coded error rather than
+silently changed: integers beyond +/-(2^53 - 1) (``CANONICAL_INTEGER_UNSAFE``), NaN and
+infinities (``CANONICAL_NUMBER_INVALID``), non-string keys and other Python types
+(``CANONICAL_TYPE_UNSUPPORTED``), nesting deeper than ``MAX_DEPTH``
+(``CANONICAL_TOO_DEEP``). A property-based test holds this module to ``node``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from decimal import Decimal
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from typing import Any
+
+from scheduler.errors import SchedulerError
+
+#: The canonicalization's name and version as artifacts and evidence record them.
+CANONICALIZATION = "json-sort-v1"
+CANONICALIZATION_VERSION = 1
+#: Largest integer JavaScript represents exactly (``Number.MAX_SAFE_INTEGER``).
+MAX_SAFE_INTEGER = 2**53 - 1
+#: Deepest nesting accepted (arrays and objects); artifacts are a handful of levels deep.
+MAX_DEPTH = 512
+
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NEEDS_ESCAPE = re.compile('[\x00-\x1f"\\\\\ud800-\udfff]')
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+class _Undefined:
+    """JavaScript's ``undefined``: canonicalised as ``null`` (json-sort-v1 rule)."""
+
+    _instance: _Undefined | None = None
+
+    def __new__(cls) -> _Undefined:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNDEFINED"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNDEFINED = _Undefined()
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as json-sort-v1 text (what ``JSON.stringify`` gives after sorting keys)."""
+    parts: list[str] = []
+    _write(value, parts, 0)
+    return "".join(parts)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The UTF-8 bytes of ``canonical_json(value)``: what digests and signatures cover."""
+    return canonical_json(value).encode("utf-8")
+
+
+def canonical_digest(value: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON of ``value``."""
+    return "sha256:" + hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+def hash_text(text: str) -> str:
+    """``sha256:<hex>`` of a string's UTF-8 bytes (the string itself, not its JSON form)."""
+    return "sha256:" + hashlib.sha256(_utf16_normalised(text).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def hash_bytes(data: bytes) -> str:
+    """``sha256:<hex>`` of raw bytes."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def is_digest(value: Any) -> bool:
+    """Whether ``value`` is a digest in the one stored form: ``sha256:`` and 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST_RE.fullmatch(value) is not None
+
+
+def format_number(value: int | float) -> str:
+    """A number as JavaScript's ``Number.prototype.toString`` writes it (refusing what JS cannot hold)."""
+    if isinstance(value, bool):
+        raise _unsupported(value)
+    if isinstance(value, int):
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return str(value)
+        raise SchedulerError(
+            "CANONICAL_INTEGER_UNSAFE",
+            f"integer {value} is outside JavaScript's safe range (+/-{MAX_SAFE_INTEGER}); write it as a string",
+        )
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SchedulerError("CANONICAL_NUMBER_INVALID", f"{value!r} has no JSON form")
+    if value == 0:
+        return "0"
+    sign, digit_tuple, exponent = Decimal(repr(value)).as_tuple()
+    digits = "".join(map(str, digit_tuple)).rstrip("0")
+    exponent += len(digit_tuple) - len(digits)  # type: ignore[operator]
+    digits = digits.lstrip("0") or "0"
+    k = len(digits)
+    n = k + int(exponent)  # value = 0.DIGITS x 10^n
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+        text = f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return "-" + text if sign else text
+
+
+def _utf16_normalised(text: str) -> str:
+    """Join surrogate code points that form a valid pair into one character (JavaScript sees them as one)."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-be", "surrogatepass").decode("utf-16-be", "surrogatepass")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    ch = match.group(0)
+    return _SHORT_ESCAPES.get(ch) or f"\\u{ord(ch):04x}"
+
+
+def _string(text: str) -> str:
+    if _SURROGATE.search(text) is None:
+        return encode_basestring(text)  # C speed; escapes exactly what JSON.stringify escapes here
+    return '"' + _NEEDS_ESCAPE.sub(_escape_char, _utf16_normalised(text)) + '"'
+
+
+def _utf16_key(key: str) -> bytes:
+    return _utf16_normalised(key).encode("utf-16-be", "surrogatepass")
+
+
+def _unsupported(value: Any) -> SchedulerError:
+    return SchedulerError("CANONICAL_TYPE_UNSUPPORTED", f"{type(value).__name__} values have no json-sort-v1 form")
+
+
+def _write(value: Any, out: list[str], depth: int) -> None:
+    if value is None or value is UNDEFINED:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        out.append(_string(value))
+    elif isinstance(value, (int, float)):
+        out.append(format_number(value))
+    elif isinstance(value, dict):
+        if depth >= MAX_DEPTH:
+            raise SchedulerError("CANONICAL_TOO_DEEP", f"nesting deeper than {MAX_DEPTH} levels")
+        for key in value:
+            if not isinstance(key, str):
+                raise SchedulerError("CANONICAL_TYPE_UNSUPPORTED", f"object keys must be strings, not {type(key).__name__}")
+        out.append("{")
+        for i, key in enumerate(sorted(value, key=_utf16_key)):
+            if i:
+                out.append(",")
+            out.append(_string(key))
+            out.append(":")
+            _write(value[key], out, depth + 1)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        if depth >= MAX_DEPTH:
+            raise SchedulerError("CANONICAL_TOO_DEEP", f"nesting deeper than {MAX_DEPTH} levels")
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _write(item, out, depth + 1)
+        out.append("]")
+    else:
+        raise _unsupported(value)
