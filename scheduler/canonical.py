@@ -5,8 +5,11 @@ of canonical JSON, and other tools (the Node ecosystem's handoff compilers and
 verifiers) recompute those digests. So the bytes must be exactly what JavaScript
 produces for the same value after sorting object keys:
 
-* object keys sorted by UTF-16 code units (``Array.prototype.sort``), recursively; arrays
-  keep their order;
+* object keys in the order the reference's rebuilt objects enumerate them: it assigns the
+  keys, sorted by UTF-16 code units (``Array.prototype.sort``), to a fresh ``{}``, and a
+  JavaScript object lists array-index keys (``"0"`` .. ``"4294967294"``, no leading zeros)
+  first, in numeric order, then the rest as inserted. So ``{"10", "9", "", "a"}`` is written
+  ``"9","10","","a"``. Recursively; arrays keep their order;
 * no white space; strings escape only ``"``, ``\\`` and U+0000-U+001F (``\\b \\f \\n \\r \\t``
   short forms, others ``\\u00xx``), lone surrogates as ``\\udxxx``; everything else raw
   (U+2028/U+2029 included);
@@ -17,8 +20,12 @@ produces for the same value after sorting object keys:
 Values JavaScript could not carry exactly are refused with a coded error rather than
 silently changed: integers beyond +/-(2^53 - 1) (``CANONICAL_INTEGER_UNSAFE``), NaN and
 infinities (``CANONICAL_NUMBER_INVALID``), non-string keys and other Python types
-(``CANONICAL_TYPE_UNSUPPORTED``), nesting deeper than ``MAX_DEPTH``
-(``CANONICAL_TOO_DEEP``). A property-based test holds this module to ``node``.
+(``CANONICAL_TYPE_UNSUPPORTED``), keys no JavaScript object holds as given
+(``CANONICAL_KEY_UNSUPPORTED``: ``"__proto__"``, which the reference's assignment hands to the
+prototype setter and so drops, and two keys that are one JavaScript string, a surrogate pair
+written as two code points beside the astral character itself), nesting deeper than
+``MAX_DEPTH`` (``CANONICAL_TOO_DEEP``). A property-based test holds this module to ``node``
+(tests/test_canonical.py).
 """
 
 from __future__ import annotations
@@ -38,9 +45,12 @@ CANONICALIZATION_VERSION = 1
 MAX_SAFE_INTEGER = 2**53 - 1
 #: Deepest nesting accepted (arrays and objects); artifacts are a handful of levels deep.
 MAX_DEPTH = 512
+#: Largest array index (2^32 - 2): keys ``"0"`` .. this one come first in a JavaScript object.
+MAX_ARRAY_INDEX = 2**32 - 2
 
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ARRAY_INDEX = re.compile("0|[1-9][0-9]{0,9}")
 _NEEDS_ESCAPE = re.compile('[\x00-\x1f"\\\\\ud800-\udfff]')
 _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -83,8 +93,12 @@ def canonical_digest(value: Any) -> str:
 
 
 def hash_text(text: str) -> str:
-    """``sha256:<hex>`` of a string's UTF-8 bytes (the string itself, not its JSON form)."""
-    return "sha256:" + hashlib.sha256(_utf16_normalised(text).encode("utf-8", "surrogatepass")).hexdigest()
+    """``sha256:<hex>`` of a string's UTF-8 bytes (the string itself, not its JSON form).
+
+    As the reference's ``hash.update(string, "utf8")``: a surrogate pair written as two code
+    points is its one character, and a lone surrogate is U+FFFD.
+    """
+    return "sha256:" + hashlib.sha256(_utf8(text)).hexdigest()
 
 
 def hash_bytes(data: bytes) -> str:
@@ -103,7 +117,7 @@ def format_number(value: int | float) -> str:
         raise _unsupported(value)
     if isinstance(value, int):
         if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-            return str(value)
+            return int.__repr__(value)  # not str(): an int-mixin Enum's str() is its name
         raise SchedulerError(
             "CANONICAL_INTEGER_UNSAFE",
             f"integer {value} is outside JavaScript's safe range (+/-{MAX_SAFE_INTEGER}); write it as a string",
@@ -112,7 +126,7 @@ def format_number(value: int | float) -> str:
         raise SchedulerError("CANONICAL_NUMBER_INVALID", f"{value!r} has no JSON form")
     if value == 0:
         return "0"
-    sign, digit_tuple, exponent = Decimal(repr(value)).as_tuple()
+    sign, digit_tuple, exponent = Decimal(float.__repr__(value)).as_tuple()  # a subclass's repr may be anything
     digits = "".join(map(str, digit_tuple)).rstrip("0")
     exponent += len(digit_tuple) - len(digits)  # type: ignore[operator]
     digits = digits.lstrip("0") or "0"
@@ -138,6 +152,11 @@ def _utf16_normalised(text: str) -> str:
     return text.encode("utf-16-be", "surrogatepass").decode("utf-16-be", "surrogatepass")
 
 
+def _utf8(text: str) -> bytes:
+    """UTF-8 as JavaScript encodes a string: pairs joined, lone surrogates as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", _utf16_normalised(text)).encode("utf-8")
+
+
 def _escape_char(match: re.Match[str]) -> str:
     ch = match.group(0)
     return _SHORT_ESCAPES.get(ch) or f"\\u{ord(ch):04x}"
@@ -149,8 +168,31 @@ def _string(text: str) -> str:
     return '"' + _NEEDS_ESCAPE.sub(_escape_char, _utf16_normalised(text)) + '"'
 
 
-def _utf16_key(key: str) -> bytes:
-    return _utf16_normalised(key).encode("utf-16-be", "surrogatepass")
+def _key_order(key: str) -> tuple[int, int, bytes]:
+    """Where the reference writes ``key`` (already UTF-16-normalised): array indices first, by value."""
+    if _ARRAY_INDEX.fullmatch(key) is not None and int(key) <= MAX_ARRAY_INDEX:
+        return (0, int(key), b"")
+    return (1, 0, key.encode("utf-16-be", "surrogatepass"))
+
+
+def _sorted_keys(value: dict[Any, Any]) -> list[tuple[str, str]]:
+    """``(key as written, key in value)`` in the reference's order, refusing keys JavaScript cannot hold."""
+    keys: dict[str, str] = {}
+    for key in value:
+        if not isinstance(key, str):
+            raise SchedulerError("CANONICAL_TYPE_UNSUPPORTED", f"object keys must be strings, not {type(key).__name__}")
+        js_key = _utf16_normalised(key)
+        if js_key == "__proto__":
+            raise SchedulerError(
+                "CANONICAL_KEY_UNSUPPORTED", 'the object key "__proto__" has no json-sort-v1 form (JavaScript drops it)'
+            )
+        if js_key in keys:
+            raise SchedulerError(
+                "CANONICAL_KEY_UNSUPPORTED",
+                f"object keys {keys[js_key]!a} and {key!a} are the same JavaScript string (a surrogate pair)",
+            )
+        keys[js_key] = key
+    return sorted(keys.items(), key=lambda item: _key_order(item[0]))
 
 
 def _unsupported(value: Any) -> SchedulerError:
@@ -171,14 +213,11 @@ def _write(value: Any, out: list[str], depth: int) -> None:
     elif isinstance(value, dict):
         if depth >= MAX_DEPTH:
             raise SchedulerError("CANONICAL_TOO_DEEP", f"nesting deeper than {MAX_DEPTH} levels")
-        for key in value:
-            if not isinstance(key, str):
-                raise SchedulerError("CANONICAL_TYPE_UNSUPPORTED", f"object keys must be strings, not {type(key).__name__}")
         out.append("{")
-        for i, key in enumerate(sorted(value, key=_utf16_key)):
+        for i, (js_key, key) in enumerate(_sorted_keys(value)):
             if i:
                 out.append(",")
-            out.append(_string(key))
+            out.append(_string(js_key))
             out.append(":")
             _write(value[key], out, depth + 1)
         out.append("}")
