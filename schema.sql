@@ -15,13 +15,32 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 3
+-- Schema version: 4
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
     name        TEXT    NOT NULL,
     applied_at  INTEGER NOT NULL
 );
+
+-- Execution artifacts: each job's execution contract as canonical JSON, stored once by digest.
+-- Immutable; foreign keys from jobs, dispatches, runs and events keep a referenced one from deletion.
+CREATE TABLE IF NOT EXISTS execution_artifacts (
+    -- sha256:<hex> of payload (json-sort-v1 canonical JSON); the one stored digest form
+    digest         TEXT    PRIMARY KEY CHECK (digest LIKE 'sha256:%' AND length(digest) = 71),
+    kind           TEXT    NOT NULL CHECK (kind IN ('native', 'handoff-v4')),
+    -- the job it was made for (no foreign key: an artifact outlives its job's edits)
+    job_id         TEXT,
+    payload        TEXT    NOT NULL,
+    payload_bytes  INTEGER NOT NULL CHECK (payload_bytes > 0),
+    created_at     INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS execution_artifacts_job_idx ON execution_artifacts(job_id, created_at);
+CREATE TRIGGER IF NOT EXISTS execution_artifacts_no_update
+BEFORE UPDATE ON execution_artifacts
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_IMMUTABLE: execution artifacts cannot be updated');
+END;
 
 -- Jobs: one row per job spec field (see `scheduler schema jobs`) plus runtime bookkeeping.
 CREATE TABLE IF NOT EXISTS jobs (
@@ -74,8 +93,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     watchdog_alert_channel    TEXT,
     watchdog_alert_to         TEXT,
     watchdog_self_destruct    INTEGER NOT NULL DEFAULT 0 CHECK (watchdog_self_destruct IN (0, 1)),
-    -- runtime bookkeeping (owned by the kernel, never by a spec)
-    handoff_artifact_digest   TEXT,
+    -- runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact
+    artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    handoff_version           INTEGER CHECK (handoff_version IS NULL OR handoff_version = 4),
+    effective_task_hash       TEXT    CHECK (effective_task_hash IS NULL OR (effective_task_hash LIKE 'sha256:%' AND length(effective_task_hash) = 71)),
     created_at                INTEGER NOT NULL,
     updated_at                INTEGER NOT NULL,
     next_run_at               INTEGER,
@@ -98,6 +119,12 @@ CREATE INDEX IF NOT EXISTS jobs_due_idx ON jobs(next_run_at) WHERE enabled = 1 A
 CREATE INDEX IF NOT EXISTS jobs_parent_idx ON jobs(parent_id) WHERE parent_id IS NOT NULL;
 -- Recurring jobs that lost their next run (direct SQL, an old import): found without a scan, repaired by recovery.
 CREATE INDEX IF NOT EXISTS jobs_missing_next_idx ON jobs(id) WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every');
+CREATE TRIGGER IF NOT EXISTS jobs_handoff_no_downgrade
+BEFORE UPDATE OF handoff_version, effective_task_hash, artifact_digest ON jobs
+WHEN OLD.handoff_version = 4 AND (NEW.handoff_version IS NULL OR NEW.handoff_version <> 4 OR NEW.effective_task_hash IS NULL OR NEW.artifact_digest IS NULL)
+BEGIN
+    SELECT RAISE(ABORT, 'HANDOFF_ARTIFACT_DOWNGRADE_REFUSED: a handoff v4 job stays bound to a v4 artifact');
+END;
 
 -- Named leases with fencing tokens. Rows are never deleted so tokens never go back.
 CREATE TABLE IF NOT EXISTS dispatcher_leases (
@@ -123,31 +150,39 @@ END;
 -- Durable dispatch queue. Scheduled slots have deterministic ids, so materialising
 -- the same slot twice is a no-op (INSERT ... ON CONFLICT DO NOTHING).
 CREATE TABLE IF NOT EXISTS job_dispatch_queue (
-    id                       TEXT    PRIMARY KEY,
-    job_id                   TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    kind                     TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status                   TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
-    due_at                   INTEGER NOT NULL,
-    created_at               INTEGER NOT NULL,
-    updated_at               INTEGER NOT NULL,
-    claim_owner              TEXT,
-    claim_token              TEXT,
-    claim_fence              INTEGER,
-    claim_expires_at         INTEGER,
-    attempts                 INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    replay_count             INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
-    last_error               TEXT,
-    run_id                   TEXT,
-    source_run_id            TEXT,
-    requested_by             TEXT,
-    cancel_reason            TEXT,
-    handoff_artifact_digest  TEXT,
+    id                      TEXT    PRIMARY KEY,
+    job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    kind                    TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
+    due_at                  INTEGER NOT NULL,
+    created_at              INTEGER NOT NULL,
+    updated_at              INTEGER NOT NULL,
+    claim_owner             TEXT,
+    claim_token             TEXT,
+    claim_fence             INTEGER,
+    claim_expires_at        INTEGER,
+    attempts                INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    replay_count            INTEGER NOT NULL DEFAULT 0 CHECK (replay_count >= 0),
+    last_error              TEXT,
+    run_id                  TEXT,
+    source_run_id           TEXT,
+    requested_by            TEXT,
+    cancel_reason           TEXT,
+    -- execution artifact binding: the job's artifact when the work was queued; chain, retry and replay work also bind their source run and its artifact
+    artifact_digest         TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    source_artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (source_artifact_digest IS NULL OR (source_artifact_digest LIKE 'sha256:%' AND length(source_artifact_digest) = 71)),
     CHECK (status <> 'claimed' OR (claim_owner IS NOT NULL AND claim_token IS NOT NULL AND claim_expires_at IS NOT NULL))
 );
 -- The claim query orders by (due_at, id): the index covers both, so a backlog is never sorted.
 CREATE INDEX IF NOT EXISTS dispatch_pending_due_idx ON job_dispatch_queue(due_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
+CREATE TRIGGER IF NOT EXISTS job_dispatch_queue_binding_immutable
+BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON job_dispatch_queue
+WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest OR NEW.source_run_id IS DISTINCT FROM OLD.source_run_id OR NEW.source_artifact_digest IS DISTINCT FROM OLD.source_artifact_digest)
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: a dispatch''s artifact binding never changes');
+END;
 
 -- Runs: one row per attempt to execute a job.
 CREATE TABLE IF NOT EXISTS runs (
@@ -210,7 +245,10 @@ CREATE TABLE IF NOT EXISTS runs (
     verify_json               TEXT,
     env_policy_warning        TEXT,
     usage_json                TEXT,
-    handoff_artifact_digest   TEXT,
+    -- execution artifact binding (from the dispatch), with the source run of chain, retry and replay work
+    artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    source_run_id             TEXT,
+    source_artifact_digest    TEXT    REFERENCES execution_artifacts(digest) CHECK (source_artifact_digest IS NULL OR (source_artifact_digest LIKE 'sha256:%' AND length(source_artifact_digest) = 71)),
     CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at)
 );
 CREATE INDEX IF NOT EXISTS runs_job_idx ON runs(job_id, created_at);
@@ -223,33 +261,47 @@ WHEN OLD.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')
 BEGIN
     SELECT RAISE(ABORT, 'RUN_TERMINAL: a terminal run status never changes');
 END;
+CREATE TRIGGER IF NOT EXISTS runs_binding_immutable
+BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON runs
+WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest OR NEW.source_run_id IS DISTINCT FROM OLD.source_run_id OR NEW.source_artifact_digest IS DISTINCT FROM OLD.source_artifact_digest)
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: a run''s artifact binding never changes');
+END;
 
 CREATE TABLE IF NOT EXISTS approvals (
-    id                       TEXT    PRIMARY KEY,
-    job_id                   TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    run_id                   TEXT    REFERENCES runs(id) ON DELETE CASCADE,
-    dispatch_id              TEXT,
-    status                   TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
-    version                  INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
-    risk_level               TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
-    approver_scope           TEXT,
-    contract_sha256          TEXT    NOT NULL,
-    requested_at             INTEGER NOT NULL,
-    expires_at               INTEGER,
-    decided_by               TEXT,
-    decision_reason          TEXT,
-    approved_at              INTEGER,
-    rejected_at              INTEGER,
-    cancelled_at             INTEGER,
-    timed_out_at             INTEGER,
-    dispatching_at           INTEGER,
-    dispatched_at            INTEGER,
-    proof_not_before         INTEGER,
-    proof_expires_at         INTEGER,
-    proof_clock_skew_ms      INTEGER,
-    handoff_artifact_digest  TEXT
+    id                      TEXT    PRIMARY KEY,
+    job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    run_id                  TEXT    REFERENCES runs(id) ON DELETE CASCADE,
+    dispatch_id             TEXT,
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
+    version                 INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
+    risk_level              TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
+    approver_scope          TEXT,
+    contract_sha256         TEXT    NOT NULL,
+    requested_at            INTEGER NOT NULL,
+    expires_at              INTEGER,
+    decided_by              TEXT,
+    decision_reason         TEXT,
+    approved_at             INTEGER,
+    rejected_at             INTEGER,
+    cancelled_at            INTEGER,
+    timed_out_at            INTEGER,
+    dispatching_at          INTEGER,
+    dispatched_at           INTEGER,
+    proof_not_before        INTEGER,
+    proof_expires_at        INTEGER,
+    proof_clock_skew_ms     INTEGER,
+    artifact_digest         TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    source_run_id           TEXT,
+    source_artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (source_artifact_digest IS NULL OR (source_artifact_digest LIKE 'sha256:%' AND length(source_artifact_digest) = 71))
 );
 CREATE INDEX IF NOT EXISTS approvals_status_idx ON approvals(status, expires_at);
+CREATE TRIGGER IF NOT EXISTS approvals_binding_immutable
+BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON approvals
+WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest OR NEW.source_run_id IS DISTINCT FROM OLD.source_run_id OR NEW.source_artifact_digest IS DISTINCT FROM OLD.source_artifact_digest)
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: an approval''s artifact binding never changes');
+END;
 
 -- Delivery outbox: the only durable route for external channel output.
 CREATE TABLE IF NOT EXISTS delivery_outbox (
@@ -315,39 +367,20 @@ CREATE TABLE IF NOT EXISTS completion_debts (
     UNIQUE (task_label, session_key, run_id)
 );
 
--- Immutable handoff artifacts keyed by the SHA-256 of their canonical (json-sort-v1) payload.
-CREATE TABLE IF NOT EXISTS handoff_artifacts (
-    digest          TEXT    PRIMARY KEY CHECK (length(digest) = 64),
-    schema_name     TEXT    NOT NULL,
-    schema_version  INTEGER NOT NULL,
-    payload         TEXT    NOT NULL,
-    created_at      INTEGER NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS handoff_artifacts_no_update
-BEFORE UPDATE ON handoff_artifacts
-BEGIN
-    SELECT RAISE(ABORT, 'ARTIFACT_IMMUTABLE: handoff artifacts cannot be updated');
-END;
-CREATE TRIGGER IF NOT EXISTS handoff_artifacts_no_delete
-BEFORE DELETE ON handoff_artifacts
-BEGIN
-    SELECT RAISE(ABORT, 'ARTIFACT_IMMUTABLE: handoff artifacts cannot be deleted');
-END;
-
 -- One immutable evidence row per run.
 CREATE TABLE IF NOT EXISTS evidence_records (
-    id                       TEXT    PRIMARY KEY,
-    run_id                   TEXT    NOT NULL UNIQUE,
-    job_id                   TEXT,
-    provider                 TEXT    NOT NULL,
-    methods                  TEXT    NOT NULL,
-    payload_sha256           TEXT    NOT NULL CHECK (length(payload_sha256) = 64),
-    canonical_payload        TEXT    NOT NULL,
-    envelope                 TEXT,
-    handoff_artifact_digest  TEXT,
-    verification             TEXT,
-    verified                 INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
-    created_at               INTEGER NOT NULL
+    id                 TEXT    PRIMARY KEY,
+    run_id             TEXT    NOT NULL UNIQUE,
+    job_id             TEXT,
+    provider           TEXT    NOT NULL,
+    methods            TEXT    NOT NULL,
+    payload_sha256     TEXT    NOT NULL CHECK (length(payload_sha256) = 64),
+    canonical_payload  TEXT    NOT NULL,
+    envelope           TEXT,
+    artifact_digest    TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    verification       TEXT,
+    verified           INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
+    created_at         INTEGER NOT NULL
 );
 CREATE TRIGGER IF NOT EXISTS evidence_records_no_update
 BEFORE UPDATE ON evidence_records
@@ -357,15 +390,15 @@ END;
 
 -- Append-only audit trail of every transition.
 CREATE TABLE IF NOT EXISTS runtime_events (
-    id                       INTEGER PRIMARY KEY AUTOINCREMENT,
-    at                       INTEGER NOT NULL,
-    kind                     TEXT    NOT NULL,
-    job_id                   TEXT,
-    run_id                   TEXT,
-    dispatch_id              TEXT,
-    actor                    TEXT,
-    handoff_artifact_digest  TEXT,
-    data                     TEXT
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    at               INTEGER NOT NULL,
+    kind             TEXT    NOT NULL,
+    job_id           TEXT,
+    run_id           TEXT,
+    dispatch_id      TEXT,
+    actor            TEXT,
+    artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    data             TEXT
 );
 CREATE INDEX IF NOT EXISTS runtime_events_run_idx ON runtime_events(run_id) WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runtime_events_job_idx ON runtime_events(job_id, at);
@@ -382,43 +415,43 @@ END;
 
 -- Resumable provider sessions scoped to an exact artifact and runtime instance.
 CREATE TABLE IF NOT EXISTS provider_sessions (
-    id                       TEXT    PRIMARY KEY,
-    provider                 TEXT    NOT NULL,
-    session_key              TEXT    NOT NULL,
-    handoff_artifact_digest  TEXT,
-    runtime_instance         TEXT,
-    state                    TEXT,
-    expires_at               INTEGER,
-    revoked_at               INTEGER,
-    created_at               INTEGER NOT NULL,
-    updated_at               INTEGER NOT NULL,
-    UNIQUE (provider, session_key, handoff_artifact_digest)
+    id                TEXT    PRIMARY KEY,
+    provider          TEXT    NOT NULL,
+    session_key       TEXT    NOT NULL,
+    artifact_digest   TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    runtime_instance  TEXT,
+    state             TEXT,
+    expires_at        INTEGER,
+    revoked_at        INTEGER,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    UNIQUE (provider, session_key, artifact_digest)
 );
 
 -- Credential release bookkeeping. There is deliberately no column for the value.
 CREATE TABLE IF NOT EXISTS credential_presentations (
-    id                       TEXT    PRIMARY KEY,
-    run_id                   TEXT,
-    binding_name             TEXT    NOT NULL,
-    provider                 TEXT    NOT NULL,
-    medium                   TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
-    env_key                  TEXT,
-    file_name                TEXT,
-    cardinality              TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
-    required                 INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
-    status                   TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
-    handoff_artifact_digest  TEXT,
-    materialized_at          INTEGER NOT NULL,
-    cleaned_at               INTEGER
+    id               TEXT    PRIMARY KEY,
+    run_id           TEXT,
+    binding_name     TEXT    NOT NULL,
+    provider         TEXT    NOT NULL,
+    medium           TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
+    env_key          TEXT,
+    file_name        TEXT,
+    cardinality      TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
+    required         INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
+    status           TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
+    artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    materialized_at  INTEGER NOT NULL,
+    cleaned_at       INTEGER
 );
 
 -- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
 CREATE TABLE IF NOT EXISTS authorization_proof_replay (
-    proof_id                 TEXT    PRIMARY KEY,
-    handoff_artifact_digest  TEXT    NOT NULL,
-    run_id                   TEXT,
-    claimed_at               INTEGER NOT NULL,
-    expires_at               INTEGER
+    proof_id         TEXT    PRIMARY KEY,
+    artifact_digest  TEXT    NOT NULL REFERENCES execution_artifacts(digest) CHECK (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71),
+    run_id           TEXT,
+    claimed_at       INTEGER NOT NULL,
+    expires_at       INTEGER
 );
 
 -- Agent prompt messages. `prompt_claimed` means a dispatcher owns prompt injection.

@@ -840,6 +840,7 @@ class Dispatcher:
     def _execute(self, s: StartedRun, control: DbRunControl) -> None:
         spec = spec_from_row(s.job)
         try:
+            self._check_artifact(s)
             executor = self._executor(spec.executor_name())
             request = request_for(
                 executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
@@ -857,6 +858,19 @@ class Dispatcher:
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
         self._finished.put((s, result))  # the loop commits it (group commit), under its fence
         self._wake.set()
+
+    def _check_artifact(self, s: StartedRun) -> None:
+        """The run pipeline's artifact check: the job as claimed still projects to the artifact it is bound to.
+
+        Fails the run (``EXECUTION_ARTIFACT_*`` / ``HANDOFF_ARTIFACT_*``) before anything executes.
+        """
+        from scheduler.execution_artifacts import check_job
+
+        if s.job.get("handoff_version") == 4:  # reads the stored artifact
+            with self.store.read() as tx:
+                check_job(tx, s.job)
+        else:
+            check_job(None, s.job)  # type: ignore[arg-type]  # a native projection needs no database
 
     def _shutdown(self) -> None:
         """Stop: drain the running work (see ``_drain``), then release the lease, the renewal thread and the pid file."""

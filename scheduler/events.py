@@ -34,10 +34,16 @@ def append_event(
     at: int | None = None,
     artifact_digest: str | None = None,
 ) -> None:
-    """Record one event inside the caller's transaction, so the event exists iff the change does."""
+    """Record one event inside the caller's transaction, so the event exists iff the change does.
+
+    The event carries the execution artifact digest of what it is about: ``artifact_digest``
+    when given, else the run's binding, else the dispatch's, else the job's current artifact
+    (looked up in the same statement, so every caller gets it without passing it).
+    """
     tx.execute(
-        "INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, handoff_artifact_digest, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, artifact_digest, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, (SELECT artifact_digest FROM runs WHERE id = ?),"
+        " (SELECT artifact_digest FROM job_dispatch_queue WHERE id = ?), (SELECT artifact_digest FROM jobs WHERE id = ?)), ?)",
         (
             now_ms() if at is None else at,
             kind,
@@ -46,6 +52,9 @@ def append_event(
             dispatch_id,
             actor,
             artifact_digest,
+            run_id,
+            dispatch_id,
+            job_id,
             json.dumps(data, sort_keys=True, default=str) if data else None,
         ),
     )

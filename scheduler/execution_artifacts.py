@@ -141,7 +141,7 @@ def put_artifact(tx: Tx, payload: dict[str, Any], *, kind: str, job_id: str, now
 
 
 def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
-    """The stored artifact row for ``digest`` with its payload re-validated against the digest.
+    """The stored artifact row for ``digest``: payload parsed, ``payload_text`` the exact canonical text.
 
     ``EXECUTION_ARTIFACT_MISSING`` when there is none, ``EXECUTION_ARTIFACT_TAMPERED`` when the
     stored text is not canonical JSON hashing to ``digest``.
@@ -149,7 +149,7 @@ def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
     row = tx.one("SELECT * FROM execution_artifacts WHERE digest = ?", (digest,))
     if row is None:
         raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"execution artifact {digest} is not stored")
-    return {**row, "payload": parse_stored(row["payload"], digest)}
+    return {**row, "payload_text": row["payload"], "payload": parse_stored(row["payload"], digest)}
 
 
 def parse_stored(text: Any, digest: str) -> dict[str, Any]:

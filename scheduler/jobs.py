@@ -10,19 +10,24 @@ of waiting runs cancelled that way once the transaction committed.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
+from scheduler.execution_artifacts import check_job, native_payload, put_artifact
 from scheduler.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms, to_iso
 from scheduler.transitions import cancel_pending_work, committing
 
 if TYPE_CHECKING:
+    from scheduler.handoff import Submission
     from scheduler.plugins.hooks import Hooks
 
+#: A job id: what ``uuid4`` gives, or what a handoff v4 artifact was compiled for.
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Longest chain from a root job to a descendant.
 MAX_CHAIN_DEPTH = 10
 #: Most direct children a job may trigger.
@@ -78,17 +83,49 @@ def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
     return row
 
 
-def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None) -> dict[str, Any]:
+def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: Submission | None = None) -> dict[str, Any]:
     if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
         raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
     row = spec_to_row(spec)
     row["parent_id"] = parent_id
     next_run, anchor = initial_schedule(spec, now)
-    row.update(id=str(uuid.uuid4()), created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
+    job_id = _submitted_job_id(submission) if submission is not None else str(uuid.uuid4())
+    if submission is not None and tx.one("SELECT id FROM jobs WHERE id = ?", (job_id,)):
+        raise SchedulerError("JOB_ID_CONFLICT", f"a job with id {job_id!r} (the artifact's compiled.job_id) already exists")
+    row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
+    row.update(_bind_artifact(tx, spec, job_id, submission, now))
     cols = list(row)
     tx.execute(f"INSERT INTO jobs({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
     append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
     return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
+
+
+def _submitted_job_id(submission: Submission) -> str:
+    """The job id a handoff v4 artifact was compiled for (``compiled.job_id``)."""
+    compiled = submission.payload.get("compiled") if isinstance(submission.payload, dict) else None
+    job_id = compiled.get("job_id") if isinstance(compiled, dict) else None
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise SchedulerError("HANDOFF_ARTIFACT_INVALID", "compiled.job_id must be 1-128 characters of [A-Za-z0-9_.:-]",
+                             details=[{"field": "compiled.job_id", "code": "HANDOFF_ARTIFACT_INVALID", "error": "invalid job id"}])
+    return job_id
+
+
+def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | None, now: int) -> dict[str, Any]:
+    """Store the job's execution artifact (native, or the submitted handoff v4 one once it agrees exactly).
+
+    Returns the job columns that record the binding. Nothing is stored when a v4 artifact is refused.
+    """
+    if submission is None:
+        digest = put_artifact(tx, native_payload(spec, job_id), kind="native", job_id=job_id, now=now)
+        return {"artifact_digest": digest, "handoff_version": None, "effective_task_hash": None}
+    from scheduler.handoff import validate_v4
+
+    digest = validate_v4(submission.payload, expected_digest=submission.digest, spec=spec, job_id=job_id)
+    if submission.effective_task_hash != submission.payload["compiled"]["effective_task_hash"]:
+        raise SchedulerError("HANDOFF_ARTIFACT_MISMATCH", "effective_task_hash does not match the artifact's compiled.effective_task_hash",
+                             details=[{"field": "effective_task_hash", "code": "HANDOFF_ARTIFACT_MISMATCH", "error": "differs"}])
+    put_artifact(tx, submission.payload, kind="handoff-v4", job_id=job_id, now=now)
+    return {"artifact_digest": digest, "handoff_version": 4, "effective_task_hash": submission.effective_task_hash}
 
 
 def _check_chain(tx: Tx, job_id: str | None, parent_id: str) -> None:
@@ -120,17 +157,23 @@ def _subtree_depth(tx: Tx, job_id: str) -> int:
     return level
 
 
-def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None) -> list[dict[str, Any]]:
-    """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch."""
+def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
+                submissions: list[Submission | None] | None = None) -> list[dict[str, Any]]:
+    """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch.
+
+    Each job gets its execution artifact first (``submissions[i]``, a handoff v4 artifact
+    submitted with spec ``i``, is accepted only when it agrees exactly with that spec).
+    """
     now = now_ms() if now is None else now
     created: list[dict[str, Any]] = []
+    subs = submissions or [None] * len(specs)
     with store.transaction() as tx:
-        for spec in specs:
+        for spec, submission in zip(specs, subs, strict=True):
             parent_id = None
             if spec.parent_id is not None:
                 parent_id = resolve_job(tx, spec.parent_id)["id"]
                 _check_chain(tx, None, parent_id)
-            created.append(_insert(tx, spec, now, parent_id))
+            created.append(_insert(tx, spec, now, parent_id, submission))
     store.notify_change()
     return created
 
@@ -151,15 +194,27 @@ def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) 
 def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
     """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule.
 
-    Any change cancels the job's pending work (its spec is no longer what was queued or approved).
+    A change of the job's execution contract binds a new artifact (the old one is kept) and,
+    in the same transaction, cancels the pending work bound to the superseded one; so does
+    a schedule change (queued slots belong to the old schedule). Other changes (name,
+    description, limits on failures) leave queued work alone. A handoff v4 job changes its
+    bound fields only with a replacement artifact in the patch (``HANDOFF_ARTIFACT_REQUIRED``)
+    and never goes back to a native artifact (``HANDOFF_ARTIFACT_DOWNGRADE_REFUSED``).
     """
     if not isinstance(patch, dict):
         raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields", details=[
             {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
         ])
+    from scheduler.handoff import SUBMISSION_FIELDS, split_submission
+
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
+        bound_v4 = row.get("handoff_version") == 4
+        if bound_v4 and any(key in patch and patch[key] is None for key in SUBMISSION_FIELDS):
+            raise SchedulerError("HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
+                                 f"job {row['name']!r} is bound to a handoff v4 artifact; it cannot drop it")
+        patch, submission = split_submission(patch)
         old = spec_from_row(row)
         merged = spec_to_input(old)
         merged["parent_id"] = row["parent_id"]
@@ -179,17 +234,42 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         values = spec_to_row(spec)
         values["parent_id"] = parent_id
         values["updated_at"] = now
+        values.update(_rebind_artifact(tx, row, old, spec, submission, now))
         changed = sorted(k for k in SPEC_FIELD_NAMES if getattr(old, k) != getattr(spec, k))
-        if _SCHEDULE_FIELDS & set(changed):
+        schedule_changed = bool(_SCHEDULE_FIELDS & set(changed))
+        if schedule_changed:
             values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
         assignments = ", ".join(f"{c} = ?" for c in values)
         tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
-        if changed:
-            cancel_pending_work(tx, row["id"], reason="job updated", now=now, actor=os_identity())
+        superseded = values["artifact_digest"] != row["artifact_digest"]
+        if superseded:
+            append_event(tx, "job.artifact_superseded", job_id=row["id"], actor=os_identity(), at=now,
+                         data={"previous": row["artifact_digest"], "current": values["artifact_digest"]})
+        if superseded or schedule_changed:
+            reason = "job updated: execution contract changed" if superseded else "job updated: schedule changed"
+            cancel_pending_work(tx, row["id"], reason=reason, now=now, actor=os_identity())
         append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
         out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
     store.notify_change()
     return out  # type: ignore[return-value]
+
+
+def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, submission: Submission | None,
+                     now: int) -> dict[str, Any]:
+    """The artifact columns of an updated job: unchanged, a new native artifact, or a replacement v4 artifact."""
+    if submission is not None:
+        if _submitted_job_id(submission) != row["id"]:
+            raise SchedulerError("HANDOFF_ARTIFACT_MISMATCH", f"the artifact was compiled for job {_submitted_job_id(submission)!r},"
+                                 f" not {row['id']!r}")
+        return _bind_artifact(tx, spec, row["id"], submission, now)
+    if row.get("handoff_version") == 4:
+        from scheduler.handoff import job_binding_digest
+
+        if job_binding_digest(spec) != job_binding_digest(old):
+            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v4 artifact:"
+                                 " changing its bound fields needs a replacement artifact in the same update")
+        return {}
+    return _bind_artifact(tx, spec, row["id"], None, now)
 
 
 def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
@@ -198,6 +278,7 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
     with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
         if enabled:
+            check_job(tx, row)  # re-enabling needs the job to match its artifact exactly (disabling never rewrites it)
             next_run, anchor = initial_schedule(spec_from_row(row), now)
             if row["schedule_kind"] == "at" and row["last_run_at"] is not None:
                 next_run = None  # a one-shot that already ran stays done
@@ -268,6 +349,10 @@ def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
         out[f.name] = val
+    out["artifact_digest"] = row.get("artifact_digest")
+    out["handoff_version"] = row.get("handoff_version")
+    if row.get("handoff_version") == 4:
+        out["effective_task_hash"] = row.get("effective_task_hash")
     for key in ("next_run_at", "last_run_at", "last_status", "last_error", "last_duration_ms", "run_count",
                 "consecutive_failures", "paused_at", "paused_reason", "created_at", "updated_at", "schedule_anchor_at"):
         out[key] = row.get(key)

@@ -254,7 +254,7 @@ def claim_and_start(
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
         candidates = tx.all(
-            "SELECT id, job_id, kind, due_at, source_run_id, replay_count FROM job_dispatch_queue"
+            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
         )
@@ -267,6 +267,10 @@ def claim_and_start(
                 continue
             if not job["enabled"] and d["kind"] != "manual":
                 transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], reason="job disabled", now=now, actor=lease.owner)
+                continue
+            if d["artifact_digest"] != job["artifact_digest"]:  # the job changed; its update should have cancelled this
+                transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], now=now, actor=lease.owner,
+                                            reason=f"bound to superseded execution artifact {d['artifact_digest']}")
                 continue
             if job["id"] in deferred_jobs:
                 continue

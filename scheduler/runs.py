@@ -67,7 +67,7 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "parent_run_id", "retry_of_run_id", "replay_of_run_id", "executor", "delivery_guarantee",
         "cancel_requested_at", "cancel_requested_by", "cancel_reason", "process_state",
         "stdout_bytes", "stderr_bytes", "stdout_sha256", "stderr_sha256", "output_format", "output_valid",
-        "verify_status", "created_at", "terminal_at",
+        "verify_status", "created_at", "terminal_at", "artifact_digest", "source_run_id", "source_artifact_digest",
     ]
     if full:
         keys += [

@@ -169,11 +169,17 @@ def _notify(run_id: str, job_id: str, old: str | None, new: str, at_ms: int) -> 
 
 def insert_dispatch(tx: Tx, *, id: str, job_id: str, kind: str, due_at: int, now: int, source_run_id: str | None = None,
                     requested_by: str | None = None, replay_count: int = 0) -> bool:
-    """(new) -> ``pending``: insert a dispatch row; False if that id already exists (idempotent)."""
+    """(new) -> ``pending``: insert a dispatch row; False if that id already exists (idempotent).
+
+    The row is bound to the job's current execution artifact and, for chain, retry and
+    replay work, to its source run and that run's artifact (database guards keep the binding).
+    """
     changed = tx.execute(
-        "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, source_run_id, requested_by, replay_count)"
-        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-        (id, job_id, kind, due_at, now, now, source_run_id, requested_by, replay_count),
+        "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, source_run_id, requested_by,"
+        " replay_count, artifact_digest, source_artifact_digest)"
+        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, (SELECT artifact_digest FROM jobs WHERE id = ?),"
+        " (SELECT artifact_digest FROM runs WHERE id = ?)) ON CONFLICT (id) DO NOTHING",
+        (id, job_id, kind, due_at, now, now, source_run_id, requested_by, replay_count, job_id, source_run_id),
     )
     return changed == 1
 
@@ -264,13 +270,18 @@ def start_run(
     scheduled_for: int, executor: str | None, parent_run_id: str | None, retry_of_run_id: str | None,
     replay_of_run_id: str | None, now: int,
 ) -> None:
-    """(new) -> ``running`` under ``lease``'s fence (the caller claimed its dispatch in this transaction)."""
+    """(new) -> ``running`` under ``lease``'s fence (the caller claimed its dispatch in this transaction).
+
+    The run inherits its dispatch's artifact binding (artifact, source run, source artifact).
+    """
     tx.execute(
         "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
-        " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format)"
-        " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format,"
+        " artifact_digest, source_run_id, source_artifact_digest)"
+        " SELECT ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id, d.source_artifact_digest"
+        " FROM job_dispatch_queue d WHERE d.id = ?",
         (run_id, job["id"], dispatch_id, dispatch_kind, attempt, scheduled_for, now, now, lease.owner, lease.token, parent_run_id,
-         retry_of_run_id, replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"]),
+         retry_of_run_id, replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"], dispatch_id),
     )
     append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=lease.owner, at=now,
                  data={"kind": dispatch_kind, "attempt": attempt, "token": lease.token})
@@ -284,8 +295,9 @@ def record_skipped(
     """(new) -> ``skipped``: a run that says why a slot did not run (nothing is dropped silently)."""
     tx.execute(
         "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, scheduled_for, created_at, finished_at, terminal_at,"
-        " skip_reason, delivery_guarantee) VALUES (?, ?, ?, ?, 'skipped', ?, ?, ?, ?, ?, ?)",
-        (run_id, job["id"], dispatch_id, dispatch_kind, slot_ms, now, now, now, reason, job["delivery_guarantee"]),
+        " skip_reason, delivery_guarantee, artifact_digest) VALUES (?, ?, ?, ?, 'skipped', ?, ?, ?, ?, ?, ?, ?)",
+        (run_id, job["id"], dispatch_id, dispatch_kind, slot_ms, now, now, now, reason, job["delivery_guarantee"],
+         job.get("artifact_digest")),
     )
     append_event(tx, "run.skipped", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
                  data={"reason": reason, **(data or {})})

@@ -33,7 +33,7 @@ V1_FIXTURE = FIXTURES / "scheduler_v1.db"
 #: Every table the runtime contract names (issue 2, "Storage").
 CONTRACT_TABLES = {
     "jobs", "runs", "job_dispatch_queue", "dispatcher_leases", "approvals", "delivery_outbox",
-    "delivery_attachments", "completion_debts", "evidence_records", "handoff_artifacts", "runtime_events",
+    "delivery_attachments", "completion_debts", "evidence_records", "execution_artifacts", "runtime_events",
     "provider_sessions", "credential_presentations", "authorization_proof_replay", "messages", "schema_migrations",
 }
 #: What migration 2 adds to a version-1 database.
@@ -41,6 +41,8 @@ V2_COLUMNS = {s.column.name: s for m in migrations.MIGRATIONS if m.version == 2 
 #: Columns migration 3 adds and drops.
 V3_ADDED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.AddColumn)}
 V3_DROPPED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.DropColumn)}
+#: Every column some migration dropped (v3's executor fields, v4's old digest columns).
+DROPPED = {s.column.name for m in migrations.MIGRATIONS for s in m.steps if isinstance(s, migrations.DropColumn)}
 ALL_VERSIONS = [{"version": v} for v in range(1, migrations.SCHEMA_VERSION + 1)]
 
 
@@ -275,8 +277,10 @@ def test_one_migration_list_ends_at_the_schema_version() -> None:
     for m in migrations.MIGRATIONS:  # every step renders for every dialect
         for step in m.steps:
             for col in (getattr(step, "column", None), getattr(step, "before", None)):
-                if col is not None:
+                if isinstance(col, schema.Column):
                     assert all(col.definition(d) for d in schema.DIALECTS)
+                elif isinstance(col, schema.Table):  # a dropped layout, kept for the record
+                    assert all(schema.statements_for((col,), d) for d in schema.DIALECTS)
 
 
 # --- fail-closed initialisation ---------------------------------------------------------------
@@ -379,6 +383,8 @@ def test_v1_fixture_is_what_the_generator_describes(v1_db: Path, tmp_path: Path)
 
 
 def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_path: Path) -> None:
+    from scheduler.execution_artifacts import check_job, load_artifact
+
     conn = sqlite3.connect(v1_db)
     conn.row_factory = sqlite3.Row
     jobs_before = [dict(r) for r in conn.execute("SELECT * FROM jobs ORDER BY id")]
@@ -395,19 +401,24 @@ def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_pat
             runs = tx.all("SELECT * FROM runs")
             assert tx.all("SELECT version FROM schema_migrations ORDER BY version") == ALL_VERSIONS
             assert tx.scalar("SELECT COUNT(*) FROM runtime_events") == events_before
+            # v4 bound every job to its native execution artifact, which it still matches exactly
+            for row in rows:
+                assert load_artifact(tx, row["artifact_digest"])["payload"]["job_id"] == row["id"]
+                assert check_job(tx, row) == row["artifact_digest"]
         store.close()
         assert len(rows) == 2
         for row, old in zip(rows, jobs_before):
             # every value of a column that still exists is preserved ...
-            assert {k: v for k, v in row.items() if k in old} == {k: v for k, v in old.items() if k not in V3_DROPPED}
+            assert {k: v for k, v in row.items() if k in old} == {k: v for k, v in old.items() if k not in DROPPED}
             # ... columns added since are at their declared defaults (no executor field was set in the fixture)
             assert {k: row[k] for k in V2_COLUMNS} == {
                 "misfire_policy": "coalesce", "dst_gap_policy": "shift", "dst_fold_policy": "once", "max_consecutive_failures": 3,
             }
             assert (row["executor_options"], row["delivery_options"], row["constraints"]) == ("{}", "{}", "{}")
-            assert not V3_DROPPED & set(row)
+            assert not DROPPED & set(row)
         assert [{k: v for k, v in r.items() if k in runs_before[0]} for r in runs] == [
-            {k: v for k, v in r.items() if k not in V3_DROPPED} for r in runs_before]
+            {k: v for k, v in r.items() if k not in DROPPED} for r in runs_before]
+
         if attempt == 0:
             after_first = logical_dump(v1_db)
     assert logical_dump(v1_db) == after_first  # the second open changed nothing
@@ -742,17 +753,6 @@ def make_job(store: Any, name: str = "guarded") -> str:
     from scheduler.spec import validate_spec
 
     return create_jobs(store, [validate_spec({"name": name, "schedule_kind": "manual", "payload_message": "true"})])[0]["id"]
-
-
-def test_handoff_artifacts_are_immutable(store: Any) -> None:
-    digest = "ab" * 32
-    with store.transaction() as tx:
-        tx.execute("INSERT INTO handoff_artifacts(digest, schema_name, schema_version, payload, created_at) VALUES (?, 'handoff', 4, '{}', 1)",
-                   (digest,))
-    refused(store, "UPDATE handoff_artifacts SET payload = '{\"x\":1}' WHERE digest = ?", (digest,), "ARTIFACT_IMMUTABLE")
-    refused(store, "DELETE FROM handoff_artifacts WHERE digest = ?", (digest,), "ARTIFACT_IMMUTABLE")
-    with store.read() as tx:
-        assert tx.one("SELECT payload FROM handoff_artifacts WHERE digest = ?", (digest,)) == {"payload": "{}"}
 
 
 def test_runtime_events_are_append_only(store: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -68,8 +69,14 @@ def jobs_group() -> None:
     """Create, inspect and change jobs."""
 
 
-def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, allow_past: bool = False) -> tuple[list[Any], bool]:
-    """Validate one spec object or an array of them (all errors reported, indexed for arrays)."""
+def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
+                   allow_past: bool = False) -> tuple[list[Any], bool, list[Any]]:
+    """Validate one spec object or an array of them (all errors reported, indexed for arrays).
+
+    Returns the specs, whether the input was an array, and per spec the handoff v4
+    submission it carried (or None), already checked against that spec.
+    """
+    from scheduler.handoff import split_submission, validate_v4
     from scheduler.spec import validate_spec
     from scheduler.timeutil import now_ms, parse_duration_ms, to_iso
 
@@ -78,7 +85,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
     if many and not items:
         raise SchedulerError("VALIDATION_FAILED", "an empty array holds no job", details=[])
     now = now_ms()
-    specs, details = [], []
+    specs, details, submissions = [], [], []
     for index, item in enumerate(items):
         if isinstance(item, dict) and (at is not None or in_ is not None):
             item = dict(item)
@@ -87,7 +94,13 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
         if isinstance(item, dict) and allow_past:
             item = {**item, "allow_past_at": True}
         try:
+            item, submission = split_submission(item) if isinstance(item, dict) else (item, None)
             specs.append(validate_spec(item, now=now))
+            submissions.append(submission)
+            if submission is not None:
+                compiled = submission.payload.get("compiled") if isinstance(submission.payload, dict) else None
+                validate_v4(submission.payload, expected_digest=submission.digest, spec=specs[-1],
+                            job_id=compiled.get("job_id") if isinstance(compiled, dict) else None)
         except SchedulerError as exc:
             if not many:
                 raise
@@ -96,7 +109,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
     if details:
         raise SchedulerError("VALIDATION_FAILED", f"{len({d['index'] for d in details})} of {len(items)} job specs are invalid", details=details)
     _refuse_duplicate_names(specs, many)
-    return specs, many
+    return specs, many, submissions
 
 
 @jobs_group.command("validate")
@@ -104,7 +117,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None, a
 @allow_missing_plugins_option
 def jobs_validate(spec: str | None, file: str | None, stdin: bool, allow_missing_plugins: bool) -> None:
     """Validate a spec (object or array) without touching the database, as ``jobs add`` would."""
-    specs, many = _validate_many(read_json_input(spec, file, stdin))
+    specs, many, _subs = _validate_many(read_json_input(spec, file, stdin))
     _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     payload = {"valid": True, "jobs" if many else "job": [s.to_json() for s in specs] if many else specs[0].to_json()}
     emit(payload, lambda: click.echo(f"valid: {len(specs)} job spec(s)"))
@@ -124,7 +137,7 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
         raise SchedulerError("INVALID_ARGUMENT", "use --at or --in, not both")
     _one_shot_option(at, "--at")
     _one_shot_option(in_, "--in")
-    specs, many = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
+    specs, many, submissions = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
     _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     if dry_run:
         from scheduler.jobs import initial_schedule
@@ -140,7 +153,7 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
         return
     from scheduler.jobs import create_jobs, job_to_json
 
-    rows = create_jobs(open_ctx_store(), specs)
+    rows = create_jobs(open_ctx_store(), specs, submissions=submissions)
     views = [job_to_json(r) for r in rows]
     emit(
         {"jobs": views} if many else {"job": views[0]},
@@ -151,12 +164,21 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
 @jobs_group.command("list")
 @click.option("--enabled/--disabled", "enabled", default=None, help="Only enabled or only disabled jobs.")
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=None, help="At most N jobs.")
-def jobs_list(enabled: bool | None, limit: int | None) -> None:
+@click.option("--include-handoff-artifacts", "include_handoff", is_flag=True,
+              help="Add each handoff v4 job's artifact payload, re-validated; any bad artifact fails the whole listing.")
+def jobs_list(enabled: bool | None, limit: int | None, include_handoff: bool) -> None:
     """List jobs with their state and next run."""
     from scheduler.jobs import job_to_json, list_jobs
 
     with open_ctx_store().read() as tx:
-        views = [job_to_json(r) for r in list_jobs(tx, enabled=enabled, limit=limit)]
+        rows = list_jobs(tx, enabled=enabled, limit=limit)
+        views = [job_to_json(r) for r in rows]
+        if include_handoff:
+            from scheduler.handoff import hydrate
+
+            for row, view in zip(rows, views, strict=True):
+                if row.get("handoff_version") == 4:
+                    view["handoff_artifact_payload"] = hydrate(tx, row)
     emit(
         {"jobs": views},
         lambda: table(
@@ -188,6 +210,30 @@ def jobs_get(job: str) -> None:
     with open_ctx_store().read() as tx:
         view = job_to_json(resolve_job(tx, job))
     emit({"job": view}, lambda: kv(view.items()))
+
+
+@jobs_group.command("artifact")
+@click.argument("job")
+@click.option("--run", "run_id", default=None, help="The artifact a run of this job was bound to, instead of the job's current one.")
+def jobs_artifact(job: str, run_id: str | None) -> None:
+    """Print a job's execution artifact as its canonical JSON (its SHA-256 is the digest), re-validated first."""
+    from scheduler.execution_artifacts import artifact_to_json, load_artifact
+    from scheduler.jobs import resolve_job
+    from scheduler.runs import get_run
+
+    with open_ctx_store().read() as tx:
+        row = resolve_job(tx, job)
+        digest = row["artifact_digest"]
+        if run_id is not None:
+            run = get_run(tx, run_id)
+            if run["job_id"] != row["id"]:
+                raise SchedulerError("NOT_FOUND", f"run {run_id} is not a run of job {row['name']!r}")
+            digest = run["artifact_digest"]
+            if digest is None:
+                raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"run {run_id} predates execution artifacts: it has no binding")
+        artifact = load_artifact(tx, digest)
+    # Exactly the canonical bytes when piped (so `| sha256sum` gives the digest); a newline on a terminal.
+    emit({"artifact": artifact_to_json(artifact)}, lambda: click.echo(artifact["payload_text"], nl=sys.stdout.isatty()))
 
 
 @jobs_group.command("update")

@@ -80,6 +80,17 @@ def status_cmd() -> None:
     emit({"status": status}, human)
 
 
+def _artifact_check(store: Any) -> dict[str, Any]:
+    """Every stored execution artifact still hashes to its digest, and every job still matches its artifact."""
+    from scheduler.execution_artifacts import verify_stored
+
+    with store.read() as tx:
+        problems = verify_stored(tx)
+        count = tx.scalar("SELECT COUNT(*) FROM execution_artifacts")
+    detail = "; ".join(f"{p.get('job') or p['digest']}: {p['code']}" for p in problems[:5]) or f"{count} verified"
+    return {"check": "execution_artifacts", "ok": not problems, "detail": detail, "problems": problems}
+
+
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
@@ -95,6 +106,7 @@ def doctor_cmd() -> None:
                        "detail": f"{status['queue']['expired_claims']} expired claim(s)"})
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
+        checks.append(_artifact_check(store))
     except SchedulerError as exc:
         checks.append({"check": "open", "ok": False, "detail": f"{exc.code}: {exc.message}"})
     try:

@@ -26,13 +26,14 @@ from importlib import resources
 from typing import Any, NamedTuple, Protocol
 
 from scheduler.errors import SchedulerError
-from scheduler.store import schema
+from scheduler.store import legacy_tables, schema
 from scheduler.store.base import Params
 from scheduler.store.schema import BIGINT, SCHEMA_VERSION, TEXT, Column
 
 __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "DropColumn", "DropIndex", "DropTrigger", "Migration",
-    "MoveExecutorFields", "SchemaConnection", "StepHook", "UpgradeFailed", "WidenCheck", "migrate",
+    "MoveExecutorFields", "CreateTable", "DropEmptyTable", "BindArtifacts", "SchemaConnection", "StepHook",
+    "UpgradeFailed", "WidenCheck", "migrate",
     "schema_fingerprint", "schema_statements", "schema_text", "upgrade",
 ]
 
@@ -300,7 +301,73 @@ class MoveExecutorFields(NamedTuple):
                 conn.execute("UPDATE runs SET executor_handle = ? WHERE id = ?", (v3_executor_handle(row), row["id"]))
 
 
-Step = AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields
+class CreateTable(NamedTuple):
+    """Create a table of the current schema (with its indexes and guards) that later steps of a migration fill."""
+
+    table: str
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        for statement in schema.statements_for((schema.table(self.table),), conn.dialect):
+            conn.execute(statement)
+
+
+class DropEmptyTable(NamedTuple):
+    """Drop a table no released kernel ever wrote (a placeholder whose layout changed); refuse when it holds rows.
+
+    Only the old layout is dropped: when ``old_column`` is given, a table without it is
+    left alone (so running the step again is harmless). The schema applied after the
+    migrations re-creates the table in its current layout when it still exists there.
+    """
+
+    #: The layout dropped (``scheduler.store.legacy_tables``), kept for the record.
+    before: schema.Table
+    old_column: str | None = None
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        table = self.before.name
+        columns = conn.columns(table)
+        if not columns or (self.old_column is not None and self.old_column not in columns):
+            return
+        rows = conn.all(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]
+        if rows:
+            raise ValueError(f"{table} holds {rows} row(s) no kernel version wrote; move them aside before upgrading")
+        conn.execute(f"DROP TABLE {table}")
+
+
+class BindArtifacts(NamedTuple):
+    """v4 data move: give every job its native execution artifact, and bind its open work to it.
+
+    Open dispatches and unfinished runs are bound to the job's artifact (they were queued
+    for the job as it is); finished runs keep no binding (they predate artifacts).
+    """
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        from scheduler.canonical import canonical_json
+        from scheduler.execution_artifacts import native_payload
+        from scheduler.spec import spec_from_row
+
+        for job in conn.all("SELECT * FROM jobs WHERE artifact_digest IS NULL"):
+            payload = native_payload(spec_from_row(job), job["id"])
+            text = canonical_json(payload)
+            digest = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+            conn.execute(
+                "INSERT INTO execution_artifacts(digest, kind, job_id, payload, payload_bytes, created_at)"
+                " VALUES (?, 'native', ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                (digest, job["id"], text, len(text.encode("utf-8")), job["updated_at"]),
+            )
+            conn.execute("UPDATE jobs SET artifact_digest = ? WHERE id = ?", (digest, job["id"]))
+            conn.execute("UPDATE job_dispatch_queue SET artifact_digest = ? WHERE job_id = ? AND artifact_digest IS NULL"
+                         " AND status IN ('pending', 'claimed')", (digest, job["id"]))
+            conn.execute("UPDATE runs SET artifact_digest = ? WHERE job_id = ? AND artifact_digest IS NULL"
+                         " AND status IN ('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked')",
+                         (digest, job["id"]))
+
+
+Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields | CreateTable | DropEmptyTable
+        | BindArtifacts)
 
 
 class Migration(NamedTuple):
@@ -317,6 +384,11 @@ def _current(table: str, column: str) -> Column:
 
 
 _PROCESS_STATES_V2 = ("running", "terminated", "gone", "unknown")
+
+#: Placeholder tables (never written by a released kernel) rebuilt by v4 with artifact bindings.
+_PLACEHOLDER_TABLES = (legacy_tables.APPROVALS_V3, legacy_tables.EVIDENCE_RECORDS_V3, legacy_tables.PROVIDER_SESSIONS_V3,
+                       legacy_tables.CREDENTIAL_PRESENTATIONS_V3, legacy_tables.AUTHORIZATION_PROOF_REPLAY_V3)
+_OLD_DIGEST = Column("handoff_artifact_digest", TEXT)
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -358,6 +430,26 @@ MIGRATIONS: tuple[Migration, ...] = (
                 "WHEN OLD.status = 'delivered' AND NEW.status <> 'delivered'\n"
                 "BEGIN\n    SELECT RAISE(ABORT, 'OUTBOX_DELIVERED: a delivered part is never re-sent');\nEND",
             ),
+        ),
+    ),
+    Migration(
+        4,
+        "execution artifacts: one table of immutable canonical artifacts, digest bindings on jobs, dispatches, runs, events",
+        (
+            CreateTable("execution_artifacts"),
+            DropEmptyTable(legacy_tables.HANDOFF_ARTIFACTS_V3),
+            *(DropEmptyTable(t, old_column="handoff_artifact_digest") for t in _PLACEHOLDER_TABLES),
+            AddColumn("jobs", _current("jobs", "artifact_digest")),
+            AddColumn("jobs", _current("jobs", "handoff_version")),
+            AddColumn("jobs", _current("jobs", "effective_task_hash")),
+            AddColumn("job_dispatch_queue", _current("job_dispatch_queue", "artifact_digest")),
+            AddColumn("job_dispatch_queue", _current("job_dispatch_queue", "source_artifact_digest")),
+            AddColumn("runs", _current("runs", "artifact_digest")),
+            AddColumn("runs", _current("runs", "source_run_id")),
+            AddColumn("runs", _current("runs", "source_artifact_digest")),
+            AddColumn("runtime_events", _current("runtime_events", "artifact_digest")),
+            *(DropColumn(t, _OLD_DIGEST) for t in ("jobs", "job_dispatch_queue", "runs", "runtime_events")),
+            BindArtifacts(),
         ),
     ),
 )

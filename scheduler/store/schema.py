@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
@@ -196,6 +196,24 @@ _OUTPUT_FORMATS = ("text", "json", "ndjson")
 _RISK_LEVELS = ("low", "medium", "high", "critical")
 
 
+def digest_check(column: str) -> str:
+    """CHECK text holding ``column`` to the one stored digest form, ``sha256:`` and 64 hex digits."""
+    return f"{column} LIKE 'sha256:%' AND length({column}) = 71"
+
+
+def artifact_column(name: str = "artifact_digest", *, comment: str | None = None) -> Column:
+    """A column binding a row to an execution artifact: digest form checked, the artifact kept while referenced."""
+    return Column(name, TEXT, references="execution_artifacts(digest)", check=f"{name} IS NULL OR ({digest_check(name)})",
+                  comment=comment)
+
+
+def binding_guard(table: str, noun: str, columns: tuple[str, ...]) -> Guard:
+    """Once ``table``'s row is bound to an artifact, its binding ``columns`` never change."""
+    changed = " OR ".join(f"NEW.{c} IS DISTINCT FROM OLD.{c}" for c in columns)
+    return Guard(f"{table}_binding_immutable", "UPDATE", f"ARTIFACT_BINDING_IMMUTABLE: {noun} artifact binding never changes",
+                 of=columns, when=f"OLD.artifact_digest IS NOT NULL AND ({changed})")
+
+
 def _in(values: tuple[str, ...]) -> str:
     return ", ".join(_literal(v) for v in values)
 
@@ -206,6 +224,22 @@ TABLES: tuple[Table, ...] = (
         Column("name", TEXT, not_null=True),
         Column("applied_at", BIGINT, not_null=True),
     )),
+    Table(
+        "execution_artifacts",
+        (
+            Column("digest", TEXT, primary_key=True, check=digest_check("digest"),
+                   comment="sha256:<hex> of payload (json-sort-v1 canonical JSON); the one stored digest form"),
+            Column("kind", TEXT, not_null=True, choices=("native", "handoff-v4")),
+            Column("job_id", TEXT, comment="the job it was made for (no foreign key: an artifact outlives its job's edits)"),
+            Column("payload", TEXT, not_null=True),
+            Column("payload_bytes", BIGINT, not_null=True, check="payload_bytes > 0"),
+            Column("created_at", BIGINT, not_null=True),
+        ),
+        indexes=(Index("execution_artifacts_job_idx", "job_id, created_at"),),
+        guards=(no_update("execution_artifacts", "ARTIFACT_IMMUTABLE: execution artifacts cannot be updated"),),
+        comment="Execution artifacts: each job's execution contract as canonical JSON, stored once by digest.\n"
+                "Immutable; foreign keys from jobs, dispatches, runs and events keep a referenced one from deletion.",
+    ),
     Table(
         "jobs",
         (
@@ -258,7 +292,9 @@ TABLES: tuple[Table, ...] = (
             Column("watchdog_alert_channel", TEXT),
             Column("watchdog_alert_to", TEXT),
             Column("watchdog_self_destruct", FLAG, not_null=True, default=0),
-            Column("handoff_artifact_digest", TEXT, comment="runtime bookkeeping (owned by the kernel, never by a spec)"),
+            artifact_column(comment="runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact"),
+            Column("handoff_version", INT, check="handoff_version IS NULL OR handoff_version = 4"),
+            Column("effective_task_hash", TEXT, check=f"effective_task_hash IS NULL OR ({digest_check('effective_task_hash')})"),
             Column("created_at", BIGINT, not_null=True),
             Column("updated_at", BIGINT, not_null=True),
             Column("next_run_at", BIGINT),
@@ -285,6 +321,13 @@ TABLES: tuple[Table, ...] = (
             Index("jobs_missing_next_idx", "id", "enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every')",
                   comment="Recurring jobs that lost their next run (direct SQL, an old import): found without a scan, "
                           "repaired by recovery."),
+        ),
+        guards=(
+            Guard("jobs_handoff_no_downgrade", "UPDATE",
+                  "HANDOFF_ARTIFACT_DOWNGRADE_REFUSED: a handoff v4 job stays bound to a v4 artifact",
+                  of=("handoff_version", "effective_task_hash", "artifact_digest"),
+                  when="OLD.handoff_version = 4 AND (NEW.handoff_version IS NULL OR NEW.handoff_version <> 4"
+                       " OR NEW.effective_task_hash IS NULL OR NEW.artifact_digest IS NULL)"),
         ),
         comment="Jobs: one row per job spec field (see `scheduler schema jobs`) plus runtime bookkeeping.",
     ),
@@ -326,7 +369,8 @@ TABLES: tuple[Table, ...] = (
             Column("source_run_id", TEXT),
             Column("requested_by", TEXT),
             Column("cancel_reason", TEXT),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(comment="execution artifact binding: the job's artifact when the work was queued; chain, retry and replay work also bind their source run and its artifact"),
+            artifact_column("source_artifact_digest"),
         ),
         constraints=(
             "CHECK (status <> 'claimed' OR (claim_owner IS NOT NULL AND claim_token IS NOT NULL AND claim_expires_at IS NOT NULL))",
@@ -337,6 +381,7 @@ TABLES: tuple[Table, ...] = (
             Index("dispatch_claimed_idx", "claim_expires_at", "status = 'claimed'"),
             Index("dispatch_job_idx", "job_id, status"),
         ),
+        guards=(binding_guard("job_dispatch_queue", "a dispatch's", ("artifact_digest", "source_run_id", "source_artifact_digest")),),
         comment="Durable dispatch queue. Scheduled slots have deterministic ids, so materialising\n"
                 "the same slot twice is a no-op (INSERT ... ON CONFLICT DO NOTHING).",
     ),
@@ -399,7 +444,9 @@ TABLES: tuple[Table, ...] = (
             Column("verify_json", TEXT),
             Column("env_policy_warning", TEXT),
             Column("usage_json", TEXT),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(comment="execution artifact binding (from the dispatch), with the source run of chain, retry and replay work"),
+            Column("source_run_id", TEXT),
+            artifact_column("source_artifact_digest"),
         ),
         constraints=("CHECK (finished_at IS NULL OR started_at IS NULL OR finished_at >= started_at)",),
         indexes=(
@@ -411,6 +458,7 @@ TABLES: tuple[Table, ...] = (
             Guard("runs_terminal_is_final", "UPDATE", "RUN_TERMINAL: a terminal run status never changes", of=("status",),
                   when=f"OLD.status IN ({_in(_TERMINAL_RUN_STATUSES)}) AND NEW.status <> OLD.status",
                   comment="A run reaches a terminal status once. Terminal rows may gain audit fields but never change status."),
+            binding_guard("runs", "a run's", ("artifact_digest", "source_run_id", "source_artifact_digest")),
         ),
         comment="Runs: one row per attempt to execute a job.",
     ),
@@ -440,9 +488,12 @@ TABLES: tuple[Table, ...] = (
             Column("proof_not_before", BIGINT),
             Column("proof_expires_at", BIGINT),
             Column("proof_clock_skew_ms", BIGINT),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(),
+            Column("source_run_id", TEXT),
+            artifact_column("source_artifact_digest"),
         ),
         indexes=(Index("approvals_status_idx", "status, expires_at"),),
+        guards=(binding_guard("approvals", "an approval's", ("artifact_digest", "source_run_id", "source_artifact_digest")),),
     ),
     Table(
         "delivery_outbox",
@@ -510,18 +561,6 @@ TABLES: tuple[Table, ...] = (
         comment="Completion delivery ownership, scoped to (task label, session, run).",
     ),
     Table(
-        "handoff_artifacts",
-        (
-            Column("digest", TEXT, primary_key=True, check="length(digest) = 64"),
-            Column("schema_name", TEXT, not_null=True),
-            Column("schema_version", BIGINT, not_null=True),
-            Column("payload", TEXT, not_null=True),
-            Column("created_at", BIGINT, not_null=True),
-        ),
-        guards=append_only("handoff_artifacts", "ARTIFACT_IMMUTABLE", "handoff artifacts"),
-        comment="Immutable handoff artifacts keyed by the SHA-256 of their canonical (json-sort-v1) payload.",
-    ),
-    Table(
         "evidence_records",
         (
             Column("id", TEXT, primary_key=True),
@@ -532,7 +571,7 @@ TABLES: tuple[Table, ...] = (
             Column("payload_sha256", TEXT, not_null=True, check="length(payload_sha256) = 64"),
             Column("canonical_payload", TEXT, not_null=True),
             Column("envelope", TEXT),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(),
             Column("verification", TEXT),
             Column("verified", FLAG, not_null=True, default=0),
             Column("created_at", BIGINT, not_null=True),
@@ -550,7 +589,7 @@ TABLES: tuple[Table, ...] = (
             Column("run_id", TEXT),
             Column("dispatch_id", TEXT),
             Column("actor", TEXT),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(),
             Column("data", TEXT),
         ),
         indexes=(
@@ -566,7 +605,7 @@ TABLES: tuple[Table, ...] = (
             Column("id", TEXT, primary_key=True),
             Column("provider", TEXT, not_null=True),
             Column("session_key", TEXT, not_null=True),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(),
             Column("runtime_instance", TEXT),
             Column("state", TEXT),
             Column("expires_at", BIGINT),
@@ -574,7 +613,7 @@ TABLES: tuple[Table, ...] = (
             Column("created_at", BIGINT, not_null=True),
             Column("updated_at", BIGINT, not_null=True),
         ),
-        constraints=("UNIQUE (provider, session_key, handoff_artifact_digest)",),
+        constraints=("UNIQUE (provider, session_key, artifact_digest)",),
         comment="Resumable provider sessions scoped to an exact artifact and runtime instance.",
     ),
     Table(
@@ -590,7 +629,7 @@ TABLES: tuple[Table, ...] = (
             Column("cardinality", TEXT, not_null=True, default="one", choices=("one", "many")),
             Column("required", FLAG, not_null=True, default=1),
             Column("status", TEXT, not_null=True, default="materialized", choices=("materialized", "cleaned", "failed")),
-            Column("handoff_artifact_digest", TEXT),
+            artifact_column(),
             Column("materialized_at", BIGINT, not_null=True),
             Column("cleaned_at", BIGINT),
         ),
@@ -600,7 +639,7 @@ TABLES: tuple[Table, ...] = (
         "authorization_proof_replay",
         (
             Column("proof_id", TEXT, primary_key=True),
-            Column("handoff_artifact_digest", TEXT, not_null=True),
+            Column("artifact_digest", TEXT, not_null=True, references="execution_artifacts(digest)", check=digest_check("artifact_digest")),
             Column("run_id", TEXT),
             Column("claimed_at", BIGINT, not_null=True),
             Column("expires_at", BIGINT),

@@ -11,7 +11,7 @@ from scheduler.api import SchedulerError
 
 pytestmark = pytest.mark.postgres
 
-DIGEST = "a" * 64
+DIGEST = "sha256:" + "a" * 64
 
 
 def _refused(store: PostgresStore, statement: str, params: tuple[Any, ...] = ()) -> SchedulerError:
@@ -26,13 +26,16 @@ def _write(store: PostgresStore, statement: str, params: tuple[Any, ...] = ()) -
         return tx.execute(statement, params)
 
 
-def test_handoff_artifacts_are_immutable(store: PostgresStore) -> None:
-    _write(store, "INSERT INTO handoff_artifacts VALUES (?, 'handoff', 4, '{}', 1)", (DIGEST,))
-    assert _refused(store, "UPDATE handoff_artifacts SET payload = '{\"x\":1}'").message.startswith("ARTIFACT_IMMUTABLE:")
-    assert _refused(store, "DELETE FROM handoff_artifacts WHERE digest = ?", (DIGEST,)).message.startswith("ARTIFACT_IMMUTABLE:")
-    assert _refused(store, "TRUNCATE handoff_artifacts").message.startswith("ARTIFACT_IMMUTABLE:")
+def test_execution_artifacts_are_immutable_and_kept_while_referenced(store: PostgresStore) -> None:
+    _write(store, "INSERT INTO execution_artifacts VALUES (?, 'native', NULL, '{}', 2, 1)", (DIGEST,))
+    assert _refused(store, "UPDATE execution_artifacts SET payload = '{\"x\":1}'").message.startswith("ARTIFACT_IMMUTABLE:")
+    _write(store, "INSERT INTO runtime_events(at, kind, artifact_digest) VALUES (1, 'bound', ?)", (DIGEST,))
+    _refused(store, "DELETE FROM execution_artifacts WHERE digest = ?", (DIGEST,))  # an event references it
+    with pytest.raises(Exception, match="foreign key"), store.transaction() as tx:  # PostgreSQL refuses it itself
+        tx.execute("TRUNCATE execution_artifacts")
     with store.read() as tx:
-        assert tx.one("SELECT payload FROM handoff_artifacts") == {"payload": "{}"}
+        assert tx.one("SELECT payload FROM execution_artifacts") == {"payload": "{}"}
+    _refused(store, "INSERT INTO execution_artifacts VALUES ('sha256:short', 'native', NULL, '{}', 2, 1)")
 
 
 def test_runtime_events_are_append_only(store: PostgresStore) -> None:
@@ -50,7 +53,7 @@ def test_evidence_records_cannot_be_updated(store: PostgresStore) -> None:
         store,
         "INSERT INTO evidence_records(id, run_id, provider, methods, payload_sha256, canonical_payload, created_at)"
         " VALUES ('e1', 'r1', 'checksum', '[]', ?, '{}', 1)",
-        (DIGEST,),
+        ("a" * 64,),
     )
     assert _refused(store, "UPDATE evidence_records SET verified = 1").message.startswith("EVIDENCE_IMMUTABLE:")
 

@@ -1,0 +1,50 @@
+"""``scheduler handoff compile``: turn a job spec into one carrying a handoff v4 artifact, ready for ``jobs add``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import click
+
+from scheduler.cli.input import read_json_input
+from scheduler.cli.jobs_cmd import spec_source
+from scheduler.cli.output import emit
+from scheduler.errors import SchedulerError
+
+
+@click.group("handoff")
+def handoff_group() -> None:
+    """Compile handoff v4 artifacts (the portable, digest-bound form of a job)."""
+
+
+@handoff_group.command("compile")
+@spec_source
+@click.option("--job-id", "job_id", default=None, help="The id the job will get (default: a new UUID).")
+@click.option("--workflow", "workflow_id", default="default", show_default=True, help="Workflow id recorded in the artifact's manifest.")
+@click.option("--task", "task_id", default=None, help="Task id recorded in the manifest (default: the job's name).")
+def handoff_compile(spec: str | None, file: str | None, stdin: bool, job_id: str | None, workflow_id: str,
+                    task_id: str | None) -> None:
+    """Validate one job spec and print it with its handoff v4 artifact and the three binding fields.
+
+    The output is a job spec ``jobs add`` accepts as it is: the artifact is re-checked there
+    against the spec (any edit to either is refused). Never opens the database.
+    """
+    from scheduler.handoff import compile_v4
+    from scheduler.spec import spec_to_input, validate_spec
+
+    doc = read_json_input(spec, file, stdin)
+    if not isinstance(doc, dict):
+        raise SchedulerError("INVALID_ARGUMENT", "handoff compile takes one job spec object")
+    job = validate_spec(doc)
+    payload = compile_v4(job, job_id=job_id or str(uuid.uuid4()), workflow_id=workflow_id, task_id=task_id or job.name)
+    from scheduler.canonical import canonical_digest
+
+    out: dict[str, Any] = {
+        **spec_to_input(job),
+        "handoff_version": 4,
+        "handoff_artifact_digest": canonical_digest(payload),
+        "effective_task_hash": payload["compiled"]["effective_task_hash"],
+        "handoff_artifact_payload": payload,
+    }
+    emit({"job": out}, lambda: click.echo(__import__("json").dumps(out, indent=2, ensure_ascii=False)))
