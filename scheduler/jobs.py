@@ -247,7 +247,9 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
                          data={"previous": row["artifact_digest"], "current": values["artifact_digest"]})
         if superseded or schedule_changed:
             reason = "job updated: execution contract changed" if superseded else "job updated: schedule changed"
-            cancel_pending_work(tx, row["id"], reason=reason, now=now, actor=os_identity())
+            # Work queued for the superseded contract goes, manual requests included; a schedule change
+            # drops the slots of the old schedule but keeps what an operator asked for by hand.
+            cancel_pending_work(tx, row["id"], reason=reason, now=now, actor=os_identity(), include_manual=superseded)
         append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
         out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
     store.notify_change()

@@ -39,7 +39,7 @@ def refused(store: Any, sql: str, params: tuple = (), tag: str = "") -> Schedule
 
 
 def test_a_new_job_is_bound_to_its_canonical_artifact(store: Any) -> None:
-    job = add_job(store, name="report", payload_message="echo:hi", run_timeout_ms=5000, constraints={"max_tokens": 10})
+    job = add_job(store, name="report", payload_message="echo:hi", run_timeout_ms=5000, output_format="json")
     digest = job["artifact_digest"]
     assert is_digest(digest)
     with store.read() as tx:
@@ -50,7 +50,7 @@ def test_a_new_job_is_bound_to_its_canonical_artifact(store: Any) -> None:
     assert artifact["payload_text"] == canonical_json(payload)
     assert "sha256:" + hashlib.sha256(artifact["payload_text"].encode()).hexdigest() == digest
     assert payload["job_id"] == job["id"] and payload["runtime"] == {"timeout_ms": 5000}
-    assert payload["target"]["executor"] == "testkit" and payload["constraints"] == {"max_tokens": 10}
+    assert payload["target"]["executor"] == "testkit" and payload["output"] == {"format": "json"}
     assert "echo:hi" not in artifact["payload_text"]  # the command is a digest, never raw text
     assert payload["command"]["payload_sha256"] == "sha256:" + hashlib.sha256(b"echo:hi").hexdigest()
     assert event["artifact_digest"] == digest
