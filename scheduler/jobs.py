@@ -118,12 +118,7 @@ def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | 
     if submission is None:
         digest = put_artifact(tx, native_payload(spec, job_id), kind="native", job_id=job_id, now=now)
         return {"artifact_digest": digest, "handoff_version": None, "effective_task_hash": None}
-    from scheduler.handoff import validate_v4
-
-    digest = validate_v4(submission.payload, expected_digest=submission.digest, spec=spec, job_id=job_id)
-    if submission.effective_task_hash != submission.payload["compiled"]["effective_task_hash"]:
-        raise SchedulerError("HANDOFF_ARTIFACT_MISMATCH", "effective_task_hash does not match the artifact's compiled.effective_task_hash",
-                             details=[{"field": "effective_task_hash", "code": "HANDOFF_ARTIFACT_MISMATCH", "error": "differs"}])
+    digest = submission.verify(spec, job_id=job_id)
     put_artifact(tx, submission.payload, kind="handoff-v4", job_id=job_id, now=now)
     return {"artifact_digest": digest, "handoff_version": 4, "effective_task_hash": submission.effective_task_hash}
 
@@ -259,10 +254,7 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
 def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, submission: Submission | None,
                      now: int) -> dict[str, Any]:
     """The artifact columns of an updated job: unchanged, a new native artifact, or a replacement v4 artifact."""
-    if submission is not None:
-        if _submitted_job_id(submission) != row["id"]:
-            raise SchedulerError("HANDOFF_ARTIFACT_MISMATCH", f"the artifact was compiled for job {_submitted_job_id(submission)!r},"
-                                 f" not {row['id']!r}")
+    if submission is not None:  # verified against this job's id: an artifact compiled for another job is refused
         return _bind_artifact(tx, spec, row["id"], submission, now)
     if row.get("handoff_version") == 4:
         from scheduler.handoff import job_binding_digest
@@ -270,7 +262,7 @@ def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, s
         if job_binding_digest(spec) != job_binding_digest(old):
             raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v4 artifact:"
                                  " changing its bound fields needs a replacement artifact in the same update")
-        return {}
+        return {"artifact_digest": row["artifact_digest"]}
     return _bind_artifact(tx, spec, row["id"], None, now)
 
 

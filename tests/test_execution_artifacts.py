@@ -174,6 +174,9 @@ def test_disabling_keeps_the_artifact_and_enabling_requires_the_job_to_match_it(
         set_enabled(store, job["id"], True)
     assert err.value.code == "EXECUTION_ARTIFACT_MISMATCH"
     assert job_row(store, job["id"])["enabled"] == 0
+    rebound = update_job(store, job["id"], {})  # re-saving the edited row binds the artifact it now projects to
+    assert rebound["artifact_digest"] != job["artifact_digest"]
+    assert set_enabled(store, job["id"], True)["enabled"] == 1
 
 
 def test_a_job_edited_outside_the_scheduler_never_runs(store: Any, dispatcher: Any, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from typing import Any
 
 import click
 
@@ -30,21 +30,11 @@ def handoff_compile(spec: str | None, file: str | None, stdin: bool, job_id: str
     The output is a job spec ``jobs add`` accepts as it is: the artifact is re-checked there
     against the spec (any edit to either is refused). Never opens the database.
     """
-    from scheduler.handoff import compile_v4
-    from scheduler.spec import spec_to_input, validate_spec
+    from scheduler.handoff import compile_submission
 
     doc = read_json_input(spec, file, stdin)
     if not isinstance(doc, dict):
         raise SchedulerError("INVALID_ARGUMENT", "handoff compile takes one job spec object")
-    job = validate_spec(doc)
-    payload = compile_v4(job, job_id=job_id or str(uuid.uuid4()), workflow_id=workflow_id, task_id=task_id or job.name)
-    from scheduler.canonical import canonical_digest
-
-    out: dict[str, Any] = {
-        **spec_to_input(job),
-        "handoff_version": 4,
-        "handoff_artifact_digest": canonical_digest(payload),
-        "effective_task_hash": payload["compiled"]["effective_task_hash"],
-        "handoff_artifact_payload": payload,
-    }
-    emit({"job": out}, lambda: click.echo(__import__("json").dumps(out, indent=2, ensure_ascii=False)))
+    name = doc.get("name") if isinstance(doc.get("name"), str) else "task"
+    out = compile_submission(doc, job_id=job_id or str(uuid.uuid4()), workflow_id=workflow_id, task_id=task_id or name)
+    emit({"job": out}, lambda: click.echo(json.dumps(out, indent=2, ensure_ascii=False)))

@@ -86,7 +86,15 @@ CAPABILITIES = {
     "approval_scope_enforcement": False,
     "multipart_delivery_checkpoints": False,
     "evidence_generation": False,
-    "handoff_v4_artifact": False,
+    "execution_artifacts": {"canonicalization": "json-sort-v1", "digest": "sha256", "kinds": ["native", "handoff-v4"]},
+    "handoff_v4_artifact": True,
+    "handoff_version": "4",
+    # The contract a handoff v4 artifact must declare exactly (docs/handoff-v4.md).
+    "handoff_contract": {
+        "artifact_schema": "openclaw.scheduler.handoff-artifact", "artifact_schema_version": 1, "scheduler_schema_min": 29,
+        "canonicalization": "json-sort-v1", "canonicalization_version": 1, "digest": "sha256", "undefined": "null",
+        "execution_binding_version": 2, "scheduler_job_binding_version": 1,
+    },
     "completion_delivery_scope": "run",
 }
 

@@ -76,7 +76,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
     Returns the specs, whether the input was an array, and per spec the handoff v4
     submission it carried (or None), already checked against that spec.
     """
-    from scheduler.handoff import split_submission, validate_v4
+    from scheduler.handoff import split_submission
     from scheduler.spec import validate_spec
     from scheduler.timeutil import now_ms, parse_duration_ms, to_iso
 
@@ -99,8 +99,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
             submissions.append(submission)
             if submission is not None:
                 compiled = submission.payload.get("compiled") if isinstance(submission.payload, dict) else None
-                validate_v4(submission.payload, expected_digest=submission.digest, spec=specs[-1],
-                            job_id=compiled.get("job_id") if isinstance(compiled, dict) else None)
+                submission.verify(specs[-1], job_id=compiled.get("job_id") if isinstance(compiled, dict) else None)
         except SchedulerError as exc:
             if not many:
                 raise
