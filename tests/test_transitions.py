@@ -318,10 +318,15 @@ def test_auto_pause_cancels_pending_work_exactly_like_disable(store):
 
 def test_update_delete_and_jobs_cancel_use_the_same_pending_work_cancel(store):
     updated = _pending_work(store)
-    update_job(store, updated["job"]["id"], {"payload_message": "ok"}, hooks=hooks_with())
+    update_job(store, updated["job"]["id"], {"description": "cosmetic"}, hooks=hooks_with())  # not the contract: nothing ends
     out = _outcome(store, updated)
     assert (out["waiting_run"], out["run_approval"], out["job_approval"], out["dispatch:manual"]) == (
-        "cancelled", "cancelled", "cancelled", "pending")
+        "awaiting_approval", "pending", "pending", "pending")
+    update_job(store, updated["job"]["id"], {"payload_message": "ok"}, hooks=hooks_with())
+    out = _outcome(store, updated)
+    # a new contract supersedes the artifact all of this was bound to, manual requests included
+    assert (out["waiting_run"], out["run_approval"], out["job_approval"], out["dispatch:manual"]) == (
+        "cancelled", "cancelled", "cancelled", "cancelled")
     cancelled = _pending_work(store)
     result = cancel_job(store, cancelled["job"]["id"], reason="stop", hooks=hooks_with())
     out = _outcome(store, cancelled)
