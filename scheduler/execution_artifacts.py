@@ -170,15 +170,28 @@ def expected_digest(tx: Tx, row: dict[str, Any]) -> str:
     Native jobs recompute their projection; handoff v4 jobs recompute the job binding
     and check it against their stored artifact (``scheduler.handoff``).
     """
-    from scheduler.spec import spec_from_row
+    from scheduler.spec import SPEC_COLUMN_ORDER, spec_from_row
 
-    spec = spec_from_row(row)
     if row.get("handoff_version") == 4:
         from scheduler.handoff import check_bound_job
 
-        check_bound_job(tx, row, spec)
+        check_bound_job(tx, row, spec_from_row(row))
         return row["artifact_digest"]
-    return native_digest(spec, row["id"])
+    # The projection is a pure function of the row's spec columns: remember it per exact row
+    # content, so the check before every run costs a lookup, not a canonicalisation.
+    key = (row["id"], *(row.get(name) for name in SPEC_COLUMN_ORDER))
+    digest = _NATIVE_DIGESTS.get(key)
+    if digest is None:
+        digest = native_digest(spec_from_row(row), row["id"])
+        if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
+            _NATIVE_DIGESTS.clear()
+        _NATIVE_DIGESTS[key] = digest
+    return digest
+
+
+#: ``(job id, spec column values...) -> native digest``; bounded, cleared when full.
+_NATIVE_DIGESTS: dict[tuple[Any, ...], str] = {}
+_NATIVE_DIGESTS_MAX = 4096
 
 
 def check_job(tx: Tx, row: dict[str, Any]) -> str:

@@ -188,6 +188,8 @@ class JobSpec:
 
 SPEC_FIELDS: tuple[attrs.Attribute, ...] = attrs.fields(JobSpec)
 SPEC_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in SPEC_FIELDS)
+#: The spec fields (one stored column each) in declaration order.
+SPEC_COLUMN_ORDER: tuple[str, ...] = tuple(f.name for f in SPEC_FIELDS)
 
 
 def _default(f: attrs.Attribute) -> Any:

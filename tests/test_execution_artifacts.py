@@ -211,6 +211,16 @@ def job_status(store: Any, dispatch_id: str) -> str | None:
         return tx.scalar("SELECT status FROM job_dispatch_queue WHERE id = ?", (dispatch_id,))
 
 
+def test_the_remembered_projection_never_hides_an_edit(store: Any) -> None:
+    job = add_job(store, payload_message="ok")
+    row = job_row(store, job["id"])
+    assert check_job(None, row) == check_job(None, dict(row)) == job["artifact_digest"]  # type: ignore[arg-type]
+    for column, value in (("payload_message", "echo:x"), ("executor_options", '{"a":1}'), ("approval_required", 1)):
+        with pytest.raises(SchedulerError) as err:
+            check_job(None, {**row, column: value})  # type: ignore[arg-type]
+        assert err.value.code == "EXECUTION_ARTIFACT_MISMATCH", column
+
+
 def test_check_job_reports_a_missing_binding(store: Any) -> None:
     job = add_job(store, payload_message="ok")
     row = {**job_row(store, job["id"]), "artifact_digest": None}
