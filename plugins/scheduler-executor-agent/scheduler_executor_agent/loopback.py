@@ -58,6 +58,8 @@ class Reply:
     cut_after: int | None = None
     #: After this many content events: send an event that is not JSON.
     malformed_after: int | None = None
+    #: After this many content events: send an error object, as servers do when generation fails mid-way.
+    error_after: int | None = None
     #: After this many content events: send nothing more until the client goes away (at most ``hang_s``).
     hang_after: int | None = None
     hang_s: float = 60.0
@@ -237,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if reply.malformed_after is not None and i == reply.malformed_after:
                 event(b'{"choices": [ {"delta": broken')
+            if reply.error_after is not None and i == reply.error_after:
+                event({"error": {"message": "generation failed: context length exceeded", "code": 400}})
             if reply.hang_after is not None and i >= reply.hang_after:
                 if self._client_gone(reply.hang_s):
                     self._gone()
