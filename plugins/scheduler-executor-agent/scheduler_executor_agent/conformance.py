@@ -49,19 +49,27 @@ _MODEL: LoopbackModel | None = None
 
 
 def scripted_endpoint() -> LoopbackModel:
-    """The process's scripted model, started on first use; the endpoint ``default`` points at it."""
+    """The process's scripted model, started on first use."""
     global _MODEL
     with _LOCK:
         if _MODEL is None:
             _MODEL = LoopbackModel().start()
-        os.environ[ENV_BASE_URL] = _MODEL.base_url
-        os.environ[ENV_MODEL] = "conformance-model"
-        os.environ[ENV_API_KEY] = CONFORMANCE_KEY
         return _MODEL
 
 
+def point_default_endpoint_at(model: LoopbackModel) -> None:
+    """Make the endpoint ``default`` of this process the scripted model (the plain variables)."""
+    os.environ[ENV_BASE_URL] = model.base_url
+    os.environ[ENV_MODEL] = "conformance-model"
+    os.environ[ENV_API_KEY] = CONFORMANCE_KEY
+
+
 class AgentPayloadAdapter:
-    """Behaviours as scripted agent turns (see the module docstring)."""
+    """Behaviours as scripted agent turns (see the module docstring).
+
+    The scripted model starts with the adapter; the process environment is pointed at it
+    each time a case's payload is written, right before the engine runs that case.
+    """
 
     languages: frozenset[str] = frozenset()
 
@@ -69,6 +77,7 @@ class AgentPayloadAdapter:
         self.model = scripted_endpoint()
 
     def conformance_payload(self, behaviour: Any) -> dict[str, Any]:
+        point_default_endpoint_at(self.model)
         if behaviour.case_id in NEEDS_EXIT_STATUS:
             raise NotImplementedError("the case expects exit_code 0, a process exit status; an agent turn has none "
                                       "(its behaviour is checked by the agent's own executor.agent.* cases)")
@@ -98,4 +107,5 @@ class AgentPayloadAdapter:
         }
 
 
-__all__ = ["AgentPayloadAdapter", "CASES_DIR", "CONFORMANCE_KEY", "NEEDS_EXIT_STATUS", "scripted_endpoint"]
+__all__ = ["AgentPayloadAdapter", "CASES_DIR", "CONFORMANCE_KEY", "NEEDS_EXIT_STATUS", "point_default_endpoint_at",
+           "scripted_endpoint"]
