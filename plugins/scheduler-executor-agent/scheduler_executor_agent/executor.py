@@ -100,7 +100,9 @@ class AgentExecutor:
     """Executor driver ``agent`` (the default for ``session_target: isolated``)."""
 
     plugin_api = PLUGIN_API_VERSION
-    capabilities = frozenset({"timeout", "cancel", "output-capture", "structured-output", "token-cap", "cost-cap"})
+    #: ``agent-turn`` is informational (not in KNOWN_CAPABILITIES): the work is one chat-completions turn, with no
+    #: process and no exit status; the agent's own conformance cases require it, so no other executor runs them.
+    capabilities = frozenset({"timeout", "cancel", "output-capture", "structured-output", "token-cap", "cost-cap", "agent-turn"})
     options_class = AgentOptions
     settings_class = AgentSettings
 
@@ -110,8 +112,7 @@ class AgentExecutor:
         self.gateways = CapabilityCache()
 
     def configure(self, settings: AgentSettings) -> None:
-        """The loader validated ``[executors.agent]`` once; runs read it again so a change applies to the next run."""
-        self._loaded_settings = settings
+        """The loader validated ``[executors.agent]`` once; each run reads it again, so a change applies to the next run."""
 
     # -- recovery --------------------------------------------------------------------------------
 
