@@ -1,0 +1,146 @@
+"""HTTP failure classification, ``Retry-After`` parsing and attachment reading for the OpenClaw channel.
+
+Every failure becomes a ``TransientDeliveryError`` (worth retrying: timeouts, connection
+resets, 408, 429, 5xx) or a ``PermanentDeliveryError`` (retrying cannot help: other 4xx,
+rejected credentials, a redirect, a bad URL), with a stable ``OPENCLAW_*`` code. Messages
+name the endpoint by scheme, host and port only: URLs often carry tokens in their path or
+query, and nothing secret may reach an exception message or a log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from scheduler.api import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+
+PREFIX = "OPENCLAW"
+_SNIPPET = 200
+
+
+def endpoint_label(url: str) -> str:
+    """``scheme://host[:port]`` of a URL: what messages show instead of the URL."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}"
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def _snippet(body: bytes) -> str:
+    text = body[:_SNIPPET * 4].decode("utf-8", "replace").strip().replace("\n", " ")
+    return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
+
+
+def error_for_status(status: int, headers: Mapping[str, str], body: bytes, where: str) -> DeliveryError | None:
+    """The delivery error an HTTP answer means, or None for a 2xx."""
+    if 200 <= status < 300:
+        return None
+    said = _snippet(body)
+    detail = f"{where} answered HTTP {status}" + (f": {said}" if said else "")
+    if status == 429:
+        return TransientDeliveryError(detail, code=f"{PREFIX}_RATE_LIMITED",
+                                      retry_after_s=retry_after_seconds(headers.get("retry-after")))
+    if status == 408:
+        return TransientDeliveryError(detail, code=f"{PREFIX}_TIMEOUT", retry_after_s=retry_after_seconds(headers.get("retry-after")))
+    if status >= 500:
+        return TransientDeliveryError(detail, code=f"{PREFIX}_SERVER_ERROR",
+                                      retry_after_s=retry_after_seconds(headers.get("retry-after")))
+    if status in (401, 403):
+        return PermanentDeliveryError(detail, code=f"{PREFIX}_AUTH_FAILED")
+    if 300 <= status < 400:
+        return PermanentDeliveryError(f"{where} answered HTTP {status} (a redirect; redirects are not followed:"
+                                      " configure the final URL)", code=f"{PREFIX}_REDIRECTED")
+    return PermanentDeliveryError(detail, code=f"{PREFIX}_REJECTED")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def error_for_exception(exc: Exception, where: str) -> DeliveryError:
+    """The delivery error an ``httpx`` exception means (the exception text is not repeated: it may hold the URL)."""
+    import httpx
+
+    name = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return TransientDeliveryError(f"{where} did not answer in time ({name})", code=f"{PREFIX}_TIMEOUT")
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return PermanentDeliveryError(f"{where}: the URL cannot be used ({name})", code=f"{PREFIX}_TARGET_INVALID")
+    if _caused_by(exc, ssl.SSLCertVerificationError):
+        return PermanentDeliveryError(f"{where}: TLS certificate verification failed", code=f"{PREFIX}_TLS_FAILED")
+    if isinstance(exc, httpx.TransportError):
+        return TransientDeliveryError(f"{where}: connection failed ({name})", code=f"{PREFIX}_CONNECTION_FAILED")
+    return TransientDeliveryError(f"{where}: request failed ({name})", code=f"{PREFIX}_CONNECTION_FAILED")
+
+
+def read_attachment(attachment: Mapping[str, Any], *, max_bytes: int) -> tuple[str, str, bytes]:
+    """``(name, mime_type, content)`` of one outbox attachment, its size and SHA-256 checked.
+
+    The kernel stages attachments as ``{"name", "mime_type", "size_bytes", "sha256"}`` plus
+    either ``content`` (bytes) or ``path`` (a file it controls). Anything missing, too large
+    or not matching its digest is a permanent failure: retrying cannot repair it.
+    """
+    name = str(attachment.get("name") or "attachment")
+    mime = str(attachment.get("mime_type") or "application/octet-stream")
+    content = attachment.get("content")
+    if content is None:
+        path = attachment.get("path")
+        if not path:
+            raise PermanentDeliveryError(f"attachment {name!r} has neither content nor path", code=f"{PREFIX}_ATTACHMENT_INVALID")
+        try:
+            size = Path(path).stat().st_size
+            if size > max_bytes:
+                raise PermanentDeliveryError(f"attachment {name!r} is {size} bytes, over the channel's limit of {max_bytes}",
+                                             code=f"{PREFIX}_ATTACHMENT_TOO_LARGE")
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise PermanentDeliveryError(f"attachment {name!r} cannot be read: {exc.strerror or type(exc).__name__}",
+                                         code=f"{PREFIX}_ATTACHMENT_INVALID") from None
+    elif isinstance(content, str):
+        data = content.encode("utf-8")
+    else:
+        data = bytes(content)
+    if len(data) > max_bytes:
+        raise PermanentDeliveryError(f"attachment {name!r} is {len(data)} bytes, over the channel's limit of {max_bytes}",
+                                     code=f"{PREFIX}_ATTACHMENT_TOO_LARGE")
+    expected_size = attachment.get("size_bytes")
+    if expected_size is not None and int(expected_size) != len(data):
+        raise PermanentDeliveryError(f"attachment {name!r} is {len(data)} bytes, staged as {expected_size}",
+                                     code=f"{PREFIX}_ATTACHMENT_INVALID")
+    expected = attachment.get("sha256")
+    if expected and hashlib.sha256(data).hexdigest() != str(expected).lower().removeprefix("sha256:"):
+        raise PermanentDeliveryError(f"attachment {name!r} does not match its staged SHA-256", code=f"{PREFIX}_ATTACHMENT_INVALID")
+    return name, mime, data
