@@ -153,7 +153,7 @@ CREATE TABLE IF NOT EXISTS job_dispatch_queue (
     id                      TEXT    PRIMARY KEY,
     job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
     kind                    TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'done', 'cancelled', 'failed')),
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'awaiting_approval', 'done', 'cancelled', 'failed')),
     due_at                  INTEGER NOT NULL,
     created_at              INTEGER NOT NULL,
     updated_at              INTEGER NOT NULL,
@@ -268,39 +268,61 @@ BEGIN
     SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: a run''s artifact binding never changes');
 END;
 
+-- Approval gates: one row per gated run, versioned, bound to the run's execution artifact.
 CREATE TABLE IF NOT EXISTS approvals (
     id                      TEXT    PRIMARY KEY,
     job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
     run_id                  TEXT    REFERENCES runs(id) ON DELETE CASCADE,
     dispatch_id             TEXT,
-    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatching', 'dispatched')),
+    -- why the gate opened: the job's approval_required, or an authorization decision `escalate`
+    gate_kind               TEXT    NOT NULL DEFAULT 'job' CHECK (gate_kind IN ('job', 'authorization')),
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatched')),
+    -- compare-and-swap version: every transition is `... WHERE status = ? AND version = ?`, version + 1
     version                 INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
+    -- snapshots of the job when the gate opened
     risk_level              TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
     approver_scope          TEXT,
-    contract_sha256         TEXT    NOT NULL,
+    timeout_action          TEXT    NOT NULL DEFAULT 'reject' CHECK (timeout_action IN ('reject', 'approve')),
     requested_at            INTEGER NOT NULL,
     expires_at              INTEGER,
+    -- the deciding OS account (name) and its uid; the system for timeouts
     decided_by              TEXT,
+    decided_uid             INTEGER,
+    note                    TEXT,
     decision_reason         TEXT,
     approved_at             INTEGER,
     rejected_at             INTEGER,
     cancelled_at            INTEGER,
     timed_out_at            INTEGER,
-    dispatching_at          INTEGER,
     dispatched_at           INTEGER,
     proof_not_before        INTEGER,
     proof_expires_at        INTEGER,
     proof_clock_skew_ms     INTEGER,
-    artifact_digest         TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    -- the execution contract approved: the run's artifact
+    artifact_digest         TEXT    NOT NULL REFERENCES execution_artifacts(digest) CHECK (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71),
     source_run_id           TEXT,
     source_artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (source_artifact_digest IS NULL OR (source_artifact_digest LIKE 'sha256:%' AND length(source_artifact_digest) = 71))
 );
 CREATE INDEX IF NOT EXISTS approvals_status_idx ON approvals(status, expires_at);
+CREATE INDEX IF NOT EXISTS approvals_job_idx ON approvals(job_id, status);
+CREATE INDEX IF NOT EXISTS approvals_run_idx ON approvals(run_id);
 CREATE TRIGGER IF NOT EXISTS approvals_binding_immutable
 BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON approvals
 WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest OR NEW.source_run_id IS DISTINCT FROM OLD.source_run_id OR NEW.source_artifact_digest IS DISTINCT FROM OLD.source_artifact_digest)
 BEGIN
     SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: an approval''s artifact binding never changes');
+END;
+CREATE TRIGGER IF NOT EXISTS approvals_decision_is_final
+BEFORE UPDATE OF status ON approvals
+WHEN OLD.status IN ('rejected', 'cancelled', 'timed_out', 'dispatched') AND NEW.status <> OLD.status
+BEGIN
+    SELECT RAISE(ABORT, 'APPROVAL_FINAL: a decided approval never changes its decision');
+END;
+CREATE TRIGGER IF NOT EXISTS approvals_version_advances
+BEFORE UPDATE OF status ON approvals
+WHEN NEW.status <> OLD.status AND NEW.version <= OLD.version
+BEGIN
+    SELECT RAISE(ABORT, 'APPROVAL_VERSION: every approval change advances its version');
 END;
 
 -- Delivery outbox: the only durable route for external channel output.

@@ -206,7 +206,7 @@ def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int
         body += f"\nError: {run['error_message']}"
     if run.get("summary"):
         body += f"\n\n{run['summary']}"
-    _outbox(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now)
+    enqueue_message(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now)
 
 
 #: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
@@ -235,7 +235,7 @@ def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor:
         return
     if job["watchdog_alert_channel"] and watchdog_alerts(run["status"], run["error_code"]):
         body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
-        _outbox(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
+        enqueue_message(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
     if run["status"] == "ok" and job["watchdog_self_destruct"]:
         reason = "watchdog self-destructed after a passing check"
         tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
@@ -244,7 +244,8 @@ def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor:
         append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
 
 
-def _outbox(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int) -> None:
+def enqueue_message(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int) -> None:
+    """One outbox message (one part) about ``run`` for ``channel``; idempotent on ``group`` (the only way out to a channel)."""
     key = f"{group}:part:1/1"
     tx.execute(
         "INSERT INTO delivery_outbox(id, run_id, job_id, channel, target, idempotency_key, group_key, part_index, part_count, body,"

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import attrs
 
 from scheduler import lease as leases
+from scheduler.approvals import expire_due as expire_due_approvals
 from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
@@ -540,6 +541,7 @@ class Dispatcher:
                 committed = self._complete(finished, now=tick_now)
                 if claim:
                     created = materialize_due(self.store, now=tick_now)
+                    expire_due_approvals(tx, now=tick_now)  # timeouts release or cancel their runs before claiming
                     if free > 0:
                         started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto, check_lease=False)
                     due = None if started else next_due(tx)  # with new runs started, the loop comes straight back anyway

@@ -48,10 +48,11 @@ def slot_dispatch_id(job_id: str, kind: str, slot_ms: int) -> str:
 
 
 def next_due(tx: Tx) -> int | None:
-    """Earliest time anything is due: a job's next run or a pending dispatch (two index lookups)."""
+    """Earliest time anything is due: a job's next run, a pending dispatch, an approval's timeout (three index lookups)."""
     a = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")
     b = tx.scalar("SELECT MIN(due_at) FROM job_dispatch_queue WHERE status = 'pending'")
-    values = [v for v in (a, b) if v is not None]
+    c = tx.scalar("SELECT MIN(expires_at) FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL")
+    values = [v for v in (a, b, c) if v is not None]
     return min(values) if values else None
 
 
@@ -212,9 +213,9 @@ def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[st
         job = resolve_job(tx, ref)
         if not job["enabled"]:
             raise SchedulerError("JOB_DISABLED", f"job {job['name']!r} is {'paused' if job['paused_at'] else 'disabled'}; enable it first")
-        running = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (job["id"],))
+        running = active_runs(tx, job["id"])
         if running and job["overlap_policy"] == "skip":
-            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job['name']!r} is running and its overlap_policy is skip")
+            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job['name']!r} is running (or awaiting approval) and its overlap_policy is skip")
         dispatch_id = f"{job['id']}:manual:{uuid.uuid4().hex}"
         insert_dispatch(tx, id=dispatch_id, job_id=job["id"], kind="manual", due_at=now, now=now, requested_by=os_identity())
         append_event(tx, "dispatch.manual", job_id=job["id"], dispatch_id=dispatch_id, actor=os_identity(), at=now)
@@ -254,7 +255,7 @@ def claim_and_start(
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
         candidates = tx.all(
-            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest FROM job_dispatch_queue"
+            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, run_id FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
         )
@@ -266,15 +267,14 @@ def claim_and_start(
             if job is None:
                 continue
             if not job["enabled"] and d["kind"] != "manual":
-                transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], reason="job disabled", now=now, actor=lease.owner)
+                _drop_dispatch(tx, d, job, "job disabled", now, lease)
                 continue
             if d["artifact_digest"] != job["artifact_digest"]:  # the job changed; its update should have cancelled this
-                transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], now=now, actor=lease.owner,
-                                            reason=f"bound to superseded execution artifact {d['artifact_digest']}")
+                _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d['artifact_digest']}", now, lease)
                 continue
             if job["id"] in deferred_jobs:
                 continue
-            running = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (job["id"],))
+            running = active_runs(tx, job["id"], other_than_dispatch=d["id"])
             policy = job["overlap_policy"]
             if running and policy != "allow" and d["kind"] not in ("retry",):
                 waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job["id"],))
@@ -297,6 +297,33 @@ def claim_and_start(
     return started
 
 
+def active_runs(tx: Tx, job_id: str, *, other_than_dispatch: str | None = None) -> int:
+    """Runs of a job that count against ``overlap_policy``: running, and waiting at (or past) an approval gate.
+
+    ``other_than_dispatch`` leaves out the run of that dispatch (an approved run being resumed is not its own overlap).
+    """
+    return tx.scalar(
+        "SELECT COUNT(*) FROM runs WHERE job_id = ? AND status IN ('running', 'awaiting_approval', 'approved')"
+        " AND (dispatch_id IS NULL OR dispatch_id <> ?)",
+        (job_id, other_than_dispatch or ""),
+    )
+
+
+def _drop_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, now: int, lease: Lease) -> None:
+    """Cancel a due dispatch that must not run, with the approved run waiting on it (if any)."""
+    waiting = _waiting_run(tx, d)
+    if waiting is not None:
+        transitions.cancel_waiting_run(tx, waiting, reason=reason, actor=lease.owner, now=now)
+    transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], reason=reason, now=now, actor=lease.owner)
+
+
+def _waiting_run(tx: Tx, d: dict[str, Any]) -> dict[str, Any] | None:
+    """The approved run a re-queued dispatch carries (None for a dispatch that has not been claimed before)."""
+    if not d.get("run_id"):
+        return None
+    return tx.one("SELECT * FROM runs WHERE id = ? AND status = 'approved'", (d["run_id"],))
+
+
 def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, now: int, lease: Lease) -> None:
     """A due dispatch that must not run: its row is done and a ``skipped`` run says why."""
     if transitions.finish_dispatch(tx, d["id"], "done", now=now):
@@ -304,6 +331,19 @@ def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, 
 
 
 def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | None:
+    """Claim ``d`` and start its run; or open the approval gate; or resume the run its approval released.
+
+    None when nothing is to execute now (no longer ours, or waiting for a decision).
+    """
+    approved = _waiting_run(tx, d)
+    if approved is not None:
+        if not transitions.claim_dispatch(tx, d["id"], lease, run_id=approved["id"], claim_token=secrets.token_hex(8),
+                                          expires_at=now + CLAIM_TTL_MS, now=now):
+            return None
+        if not transitions.dispatch_approved_run(tx, lease, approved, now=now):
+            return None
+        return StartedRun(run_id=approved["id"], dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=approved["attempt"],
+                          scheduled_for=approved["scheduled_for"], started_at=now, parent_run_id=approved["parent_run_id"])
     run_id = str(uuid.uuid4())
     attempt, parent_run_id, retry_of = 1, None, None
     if d["kind"] == "retry" and d["source_run_id"]:
@@ -316,6 +356,13 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
     if not transitions.claim_dispatch(tx, d["id"], lease, run_id=run_id, claim_token=secrets.token_hex(8),
                                       expires_at=now + CLAIM_TTL_MS, now=now):
         return None  # no longer pending: someone else's (never a run without its claim)
+    if job["approval_required"]:  # nothing of the payload runs before a decision (scheduler.approvals)
+        from scheduler.approvals import open_gate
+
+        open_gate(tx, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
+                  scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of, replay_of_run_id=replay_of,
+                  now=now, actor=lease.owner)
+        return None
     transitions.start_run(tx, lease, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
                           scheduled_for=d["due_at"], executor=executor_name_of(job), parent_run_id=parent_run_id,
                           retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now)

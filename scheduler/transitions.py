@@ -5,7 +5,7 @@ running run, on the owning dispatcher's fence), its runtime event in the same
 transaction, and, for runs, an observer notification queued to fire once that
 transaction has committed. The other kernel modules (queue, completion, cancel,
 recovery, jobs, the dispatcher) decide *which* transition happens; only this
-module writes ``runs.status`` and ``job_dispatch_queue.status``.
+module writes ``runs.status``, ``job_dispatch_queue.status`` and ``approvals.status``.
 
 Runs::
 
@@ -14,6 +14,9 @@ Runs::
     running   -> ok|error|timeout|cancelled       finish_run       (completion, owner + token)
     running   -> error (COMPLETION_FAILED)        fail_completion  (owner + token)
     pending|awaiting_approval|approved -> cancelled   cancel_waiting_run
+    (new)     -> awaiting_approval                open_approval_gate  (claim of a gated job's dispatch)
+    awaiting_approval -> approved | cancelled     decide_approval  (approve; reject or time out)
+    approved  -> running                          dispatch_approved_run (claim again, under the claimer's fence)
     running   -> recovery_blocked                 block_recovery   (the dead owner's token)
     running|recovery_blocked -> crashed           crash_run        (the dead owner's token)
 
@@ -22,8 +25,17 @@ Dispatch rows::
     (new) -> pending              insert_dispatch (idempotent: deterministic ids)
     pending -> claimed            claim_dispatch
     claimed -> pending            release_expired_claims
+    claimed -> awaiting_approval  open_approval_gate
+    awaiting_approval -> pending  decide_approval (approved: claimed again by one dispatcher)
     pending|claimed -> done|failed   finish_dispatch
     pending -> cancelled          cancel_dispatch, cancel_pending_work
+    pending|claimed|awaiting_approval -> cancelled   cancel_waiting_run (with its run)
+
+Approvals (``approvals.status``, compare-and-swap on ``version``)::
+
+    (new) -> pending -> approved -> dispatched      open_approval_gate, decide_approval, dispatch_approved_run
+             pending -> rejected | timed_out        decide_approval
+    pending|approved -> cancelled                   cancel_waiting_run, cancel_pending_work
 
 Observer hooks (``scheduler_run_state_changed``, and ``scheduler_run_completed`` for
 every terminal status) fire after commit, in the process that committed: open the
@@ -371,11 +383,13 @@ def request_cancel(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: st
     return changed == 1
 
 
-def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: str | None, now: int) -> bool:
+def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: str | None, now: int,
+                       error_code: str | None = None) -> bool:
     """``pending``/``awaiting_approval``/``approved`` -> ``cancelled``, with its dispatch row and open approvals.
 
     No executor holds a waiting run, so it ends at once. The request fields are filled
-    in unless an earlier request already did.
+    in unless an earlier request already did; ``error_code`` says why when a gate ended it
+    (``APPROVAL_REJECTED``, ``APPROVAL_TIMED_OUT``).
     """
     old = run["status"]
     if old not in CANCEL_DIRECTLY:
@@ -384,16 +398,17 @@ def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor
     changed = tx.execute(
         "UPDATE runs SET status = 'cancelled', finished_at = ?, terminal_at = ?,"
         " cancel_requested_at = COALESCE(cancel_requested_at, ?), cancel_requested_by = COALESCE(cancel_requested_by, ?),"
-        " cancel_reason = COALESCE(cancel_reason, ?),"
+        " cancel_reason = COALESCE(cancel_reason, ?), error_code = COALESCE(?, error_code),"
         " process_state = CASE WHEN process_state = 'running' THEN 'unknown' ELSE process_state END"
         " WHERE id = ? AND status = ?",
-        (now, now, now, actor, why, run["id"], old),
+        (now, now, now, actor, why, error_code, run["id"], old),
     )
     if changed != 1:
         return False
     if run.get("dispatch_id"):
         tx.execute(
-            "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE id = ? AND status IN ('pending', 'claimed')",
+            "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE id = ?"
+            " AND status IN ('pending', 'claimed', 'awaiting_approval')",
             (why, now, run["dispatch_id"]),
         )
     tx.execute(
@@ -404,6 +419,112 @@ def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor
     append_event(tx, "run.cancelled", job_id=run["job_id"], run_id=run["id"], dispatch_id=run.get("dispatch_id"), actor=actor,
                  at=now, data={"reason": why, "from": old})
     _notify(run["id"], run["job_id"], old, "cancelled", now)
+    return True
+
+
+# -- the approval gate ------------------------------------------------------------------------------
+
+
+def open_approval_gate(
+    tx: Tx, *, run_id: str, approval_id: str, job: dict[str, Any], dispatch_id: str, dispatch_kind: str, attempt: int,
+    scheduled_for: int, executor: str | None, parent_run_id: str | None, retry_of_run_id: str | None,
+    replay_of_run_id: str | None, now: int, actor: str | None, gate_kind: str = "job", risk_level: str | None = None,
+) -> None:
+    """claimed dispatch -> ``awaiting_approval``; (new) run -> ``awaiting_approval``; (new) approval ``pending``.
+
+    The caller claimed the dispatch in this transaction (so exactly one dispatcher opens the
+    gate). The approval snapshots the job's risk level, approver scope and timeout, and binds
+    the dispatch's execution artifact and source run. A scoped gate never auto-approves.
+    """
+    tx.execute(
+        "UPDATE job_dispatch_queue SET status = 'awaiting_approval', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
+        " claim_expires_at = NULL, updated_at = ? WHERE id = ? AND status = 'claimed'",
+        (now, dispatch_id),
+    )
+    tx.execute(
+        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, parent_run_id,"
+        " retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format, artifact_digest, source_run_id,"
+        " source_artifact_digest)"
+        " SELECT ?, ?, ?, ?, 'awaiting_approval', ?, ?, ?, ?, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id,"
+        " d.source_artifact_digest FROM job_dispatch_queue d WHERE d.id = ?",
+        (run_id, job["id"], dispatch_id, dispatch_kind, attempt, scheduled_for, now, parent_run_id, retry_of_run_id,
+         replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"], dispatch_id),
+    )
+    scope = job.get("approval_approver_scope")
+    timeout_action = "reject" if scope else job["approval_timeout_action"]
+    tx.execute(
+        "INSERT INTO approvals(id, job_id, run_id, dispatch_id, gate_kind, status, version, risk_level, approver_scope,"
+        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest)"
+        " SELECT ?, ?, ?, ?, ?, 'pending', 1, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id, d.source_artifact_digest"
+        " FROM job_dispatch_queue d WHERE d.id = ?",
+        (approval_id, job["id"], run_id, dispatch_id, gate_kind, risk_level or job["approval_risk_level"], scope, timeout_action,
+         now, now + int(job["approval_timeout_s"]) * 1000, dispatch_id),
+    )
+    append_event(tx, "approval.requested", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
+                 data={"approval_id": approval_id, "gate": gate_kind, "risk_level": risk_level or job["approval_risk_level"],
+                       "approver_scope": scope, "kind": dispatch_kind, "attempt": attempt})
+    _notify(run_id, job["id"], None, "awaiting_approval", now)
+
+
+#: Decisions an approval can take while ``pending``, and the column recording when.
+_DECISION_COLUMNS = {"approved": "approved_at", "rejected": "rejected_at", "timed_out": "timed_out_at"}
+
+
+def decide_approval(
+    tx: Tx, approval: dict[str, Any], decision: str, *, actor: str, uid: int | None, note: str | None, now: int,
+) -> bool:
+    """``pending`` -> ``approved`` | ``rejected`` | ``timed_out`` by compare-and-swap on the approval's version.
+
+    False when the approval is no longer the ``pending`` version the caller read (someone
+    else decided first). Approving makes the run ``approved`` and its dispatch ``pending``
+    again, so one dispatcher claims and starts it; rejecting or timing out ends the run
+    ``cancelled`` (``APPROVAL_REJECTED`` / ``APPROVAL_TIMED_OUT``) with its dispatch.
+    """
+    column = _DECISION_COLUMNS[decision]
+    changed = tx.execute(
+        f"UPDATE approvals SET status = ?, version = version + 1, decided_by = ?, decided_uid = ?, note = ?, {column} = ?"
+        " WHERE id = ? AND status = 'pending' AND version = ?",
+        (decision, actor, uid, note, now, approval["id"], approval["version"]),
+    )
+    if changed != 1:
+        return False
+    run = tx.one("SELECT id, job_id, status, dispatch_id FROM runs WHERE id = ?", (approval["run_id"],))
+    append_event(tx, f"approval.{decision}", job_id=approval["job_id"], run_id=approval["run_id"],
+                 dispatch_id=approval["dispatch_id"], actor=actor, at=now,
+                 data={"approval_id": approval["id"], "uid": uid, "note": note, "artifact_digest": approval["artifact_digest"]})
+    if run is None:
+        return True
+    if decision == "approved":
+        if tx.execute("UPDATE runs SET status = 'approved' WHERE id = ? AND status = 'awaiting_approval'", (run["id"],)) == 1:
+            tx.execute("UPDATE job_dispatch_queue SET status = 'pending', updated_at = ? WHERE id = ? AND status = 'awaiting_approval'",
+                       (now, run["dispatch_id"]))
+            _notify(run["id"], run["job_id"], "awaiting_approval", "approved", now)
+        return True
+    code = "APPROVAL_REJECTED" if decision == "rejected" else "APPROVAL_TIMED_OUT"
+    why = f"approval rejected by {actor}" if decision == "rejected" else "approval timed out"
+    cancel_waiting_run(tx, run, reason=why + (f": {note}" if note else ""), actor=actor, now=now, error_code=code)
+    return True
+
+
+def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int) -> bool:
+    """``approved`` -> ``running`` under ``lease``'s fence, its approval ``approved`` -> ``dispatched`` (once).
+
+    The caller claimed the run's dispatch in this transaction. False (nothing changed) when
+    the approval is no longer ``approved`` or the run no longer waits.
+    """
+    approval = tx.one("SELECT id, version FROM approvals WHERE run_id = ? AND status = 'approved'", (run["id"],))
+    if approval is None:
+        return False
+    if tx.execute("UPDATE approvals SET status = 'dispatched', version = version + 1, dispatched_at = ?"
+                  " WHERE id = ? AND status = 'approved' AND version = ?", (now, approval["id"], approval["version"])) != 1:
+        return False
+    if tx.execute("UPDATE runs SET status = 'running', started_at = ?, dispatcher_owner = ?, dispatcher_token = ?"
+                  " WHERE id = ? AND status = 'approved'", (now, lease.owner, lease.token, run["id"])) != 1:
+        raise StaleFence(f"run {run['id']} stopped waiting while its approval was being dispatched")
+    append_event(tx, "run.started", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"], actor=lease.owner,
+                 at=now, data={"kind": run["dispatch_kind"], "attempt": run["attempt"], "token": lease.token,
+                               "approval_id": approval["id"]})
+    _notify(run["id"], run["job_id"], "approved", "running", now)
     return True
 
 
@@ -513,11 +634,14 @@ __all__ = [
     "claim_dispatch",
     "committing",
     "crash_run",
+    "decide_approval",
+    "dispatch_approved_run",
     "fail_completion",
     "fenced_update",
     "finish_dispatch",
     "finish_run",
     "insert_dispatch",
+    "open_approval_gate",
     "record_skipped",
     "release_expired_claims",
     "request_cancel",

@@ -110,11 +110,11 @@ def test_bindings_on_dispatches_runs_and_approvals_never_change(store: Any, disp
     refused(store, "UPDATE runs SET artifact_digest = ? WHERE id = ?", (other, run["id"]), "ARTIFACT_BINDING_IMMUTABLE")
     refused(store, "UPDATE runs SET artifact_digest = NULL WHERE id = ?", (run["id"],), "ARTIFACT_BINDING_IMMUTABLE")
     with store.transaction() as tx:
-        tx.execute("INSERT INTO approvals(id, job_id, run_id, status, risk_level, contract_sha256, requested_at, artifact_digest)"
-                   " VALUES ('a1', ?, ?, 'pending', 'low', ?, 1, ?)", (job["id"], run["id"], "x", job["artifact_digest"]))
+        tx.execute("INSERT INTO approvals(id, job_id, run_id, status, risk_level, requested_at, artifact_digest)"
+                   " VALUES ('a1', ?, ?, 'pending', 'low', 1, ?)", (job["id"], run["id"], job["artifact_digest"]))
     refused(store, "UPDATE approvals SET artifact_digest = ? WHERE id = 'a1'", (other,), "ARTIFACT_BINDING_IMMUTABLE")
     with store.transaction() as tx:  # everything else about the row may still change
-        assert tx.execute("UPDATE approvals SET status = 'cancelled' WHERE id = 'a1'") == 1
+        assert tx.execute("UPDATE approvals SET status = 'cancelled', version = version + 1 WHERE id = 'a1'") == 1
 
 
 def test_runs_and_their_events_carry_the_digest_and_chains_and_retries_bind_their_source(store: Any, dispatcher: Any) -> None:

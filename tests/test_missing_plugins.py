@@ -57,7 +57,7 @@ def jobs_in(db: Path) -> list[str]:
 
 @pytest.mark.parametrize("fields, code, field", [
     ({"executor": "nosuch"}, "EXECUTOR_NOT_AVAILABLE", "executor"),
-    ({"session_target": "isolated"}, "EXECUTOR_NOT_AVAILABLE", "executor"),   # implies the `agent` executor
+    ({"session_target": "main"}, "EXECUTOR_NOT_AVAILABLE", "executor"),   # implies the `main-session` executor (not built yet)
     ({"delivery_mode": "always", "delivery_channel": "nosuch-chat", "delivery_to": "#ops"}, "CHANNEL_NOT_AVAILABLE", "delivery_channel"),
     ({"job_type": "watchdog", "watchdog_alert_channel": "nosuch-pager"}, "CHANNEL_NOT_AVAILABLE", "watchdog_alert_channel"),
 ], ids=["executor", "implied-executor", "delivery-channel", "watchdog-channel"])
@@ -170,7 +170,7 @@ def test_update_refuses_naming_a_missing_plugin_and_changes_nothing(tmp_path: Pa
     ok(sub("--db", db, "jobs", "add", spec("upd", executor="testkit")))
     before = ok(sub("--db", db, "jobs", "get", "upd"))["job"]
     refused(sub("--db", db, "jobs", "update", "upd", '{"executor": "nosuch"}'), "EXECUTOR_NOT_AVAILABLE")
-    refused(sub("--db", db, "jobs", "update", "upd", '{"session_target": "isolated", "executor": null}'), "EXECUTOR_NOT_AVAILABLE")
+    refused(sub("--db", db, "jobs", "update", "upd", '{"session_target": "main", "executor": null}'), "EXECUTOR_NOT_AVAILABLE")
     refused(sub("--db", db, "jobs", "update", "upd", '{"delivery_mode": "always", "delivery_channel": "nosuch-chat"}'),
             "CHANNEL_NOT_AVAILABLE")
     assert ok(sub("--db", db, "jobs", "get", "upd"))["job"] == before
@@ -215,16 +215,16 @@ def test_a_new_kind_of_reference_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_schedule_add_follows_the_missing_plugin_rule(tmp_path) -> None:
-    """`schedule add --target isolated` needs the `agent` executor like `jobs add` does."""
+    """`schedule add --target main` needs the `main-session` executor like `jobs add` does."""
     import json as _json
 
     from scheduler.testing import run_cli
 
     db = str(tmp_path / "s.db")
-    code, out, _ = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "isolated", db=db)
+    code, out, _ = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "main", db=db)
     assert code == 1 and _json.loads(out)["code"] == "EXECUTOR_NOT_AVAILABLE"
     code, out, _ = run_cli("--json", "jobs", "list", db=db)
     assert _json.loads(out)["jobs"] == []
-    code, out, err = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "isolated",
+    code, out, err = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "main",
                              "--allow-missing-plugins", db=db)
     assert code == 0, err

@@ -110,8 +110,9 @@ def insert_approval(store, job_id: str, run_id: str | None, status: str = "pendi
     approval_id = str(uuid.uuid4())
     with store.transaction() as tx:
         tx.execute(
-            "INSERT INTO approvals(id, job_id, run_id, status, risk_level, contract_sha256, requested_at)"
-            " VALUES (?, ?, ?, ?, 'high', 'abc', ?)", (approval_id, job_id, run_id, status, now_ms()))
+            "INSERT INTO approvals(id, job_id, run_id, status, risk_level, requested_at, artifact_digest)"
+            " VALUES (?, ?, ?, ?, 'high', ?, (SELECT artifact_digest FROM jobs WHERE id = ?))",
+            (approval_id, job_id, run_id, status, now_ms(), job_id))
     return approval_id
 
 

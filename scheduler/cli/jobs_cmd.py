@@ -358,6 +358,26 @@ def jobs_run(job: str) -> None:
     emit({"dispatch": row}, lambda: click.echo(f"queued manual run of {job} (dispatch {row['id']})"))
 
 
+@jobs_group.command("approve")
+@click.argument("job")
+@click.option("--note", default=None, help="Why (recorded with your OS identity).")
+def jobs_approve(job: str, note: str | None) -> None:
+    """Approve the job's one pending approval (APPROVAL_AMBIGUOUS when it has several: use `approvals approve ID`)."""
+    from scheduler.cli.approvals_cmd import decide_for_job
+
+    decide_for_job(job, "approved", note)
+
+
+@jobs_group.command("reject")
+@click.argument("job")
+@click.option("--note", default=None, help="Why (recorded with your OS identity).")
+def jobs_reject(job: str, note: str | None) -> None:
+    """Reject the job's one pending approval (APPROVAL_AMBIGUOUS when it has several: use `approvals reject ID`)."""
+    from scheduler.cli.approvals_cmd import decide_for_job
+
+    decide_for_job(job, "rejected", note)
+
+
 @jobs_group.command("cancel")
 @click.argument("job")
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")

@@ -32,6 +32,8 @@ def collect_status(store: Any) -> dict[str, Any]:
         blocked = tx.all("SELECT id, job_id, error_message FROM runs WHERE status = 'recovery_blocked'")
         outbox = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM delivery_outbox GROUP BY status")}
         approvals = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM approvals GROUP BY status")}
+        # pending past their timeout: decided by the next dispatcher pass; many, or old ones, mean no dispatcher runs
+        overdue = tx.scalar("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at <= ?", (now,))
         jobs = {r["state"]: r["n"] for r in tx.all(
             "SELECT CASE WHEN enabled = 1 THEN 'enabled' WHEN paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS state,"
             " COUNT(*) AS n FROM jobs GROUP BY 1")}
@@ -48,7 +50,7 @@ def collect_status(store: Any) -> dict[str, Any]:
         "recovery_blocked": blocked,
         "cancel_requests_pending": cancels,
         "outbox": outbox,
-        "approvals": approvals,
+        "approvals": {**approvals, "expired_pending": overdue},
         "recent_skips": [{**s, "created_at": to_iso(s["created_at"])} for s in skipped],
         "next_run_at": to_iso(nxt),
     }
@@ -71,6 +73,7 @@ def status_cmd() -> None:
             ("runs", ", ".join(f"{n} {k}" for k, n in status["runs"].items()) or "none"),
             ("recovery blocked", len(status["recovery_blocked"])),
             ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
+            ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
         ])
         if status["recent_skips"]:
             click.echo("recent skipped slots:")
@@ -107,6 +110,10 @@ def doctor_cmd() -> None:
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
         checks.append(_artifact_check(store))
+        overdue = status["approvals"]["expired_pending"]
+        checks.append({"check": "approvals", "ok": overdue == 0,
+                       "detail": f"{status['approvals'].get('pending', 0)} pending, {overdue} past their timeout"
+                                 + (" (is a dispatcher running?)" if overdue else "")})
     except SchedulerError as exc:
         checks.append({"check": "open", "ok": False, "detail": f"{exc.code}: {exc.message}"})
     try:

@@ -434,7 +434,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         4,
-        "execution artifacts: one table of immutable canonical artifacts, digest bindings on jobs, dispatches, runs, events",
+        "execution artifacts (one table of immutable canonical artifacts, digest bindings on jobs, dispatches, runs,"
+        " events) and the approval gate (versioned approvals, dispatches awaiting approval)",
         (
             CreateTable("execution_artifacts"),
             DropEmptyTable(legacy_tables.HANDOFF_ARTIFACTS_V3),
@@ -449,6 +450,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             AddColumn("runs", _current("runs", "source_artifact_digest")),
             AddColumn("runtime_events", _current("runtime_events", "artifact_digest")),
             *(DropColumn(t, _OLD_DIGEST) for t in ("jobs", "job_dispatch_queue", "runs", "runtime_events")),
+            WidenCheck("job_dispatch_queue", _current("job_dispatch_queue", "status"),
+                       before=Column("status", TEXT, not_null=True, default="pending",
+                                     choices=("pending", "claimed", "done", "cancelled", "failed"))),
             BindArtifacts(),
         ),
     ),

@@ -1,0 +1,86 @@
+"""``scheduler approvals ...`` (list, show, approve, reject) and the ``jobs approve`` / ``jobs reject`` shortcuts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scheduler.cli.input import AsciiIntRange
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, kv, local_time, table
+
+_note_option = click.option("--note", default=None, help="Why (recorded with your OS identity and the approved artifact).")
+
+
+@click.group("approvals")
+def approvals_group() -> None:
+    """List and decide approval gates (the decision is recorded as the invoking OS account)."""
+
+
+@approvals_group.command("list")
+@click.option("--pending", is_flag=True, help="Only approvals waiting for a decision.")
+@click.option("--job", "job", default=None, help="Only this job's approvals (id or name).")
+@click.option("--limit", type=AsciiIntRange(1, 100000), default=100, show_default=True, help="At most N approvals.")
+def approvals_list(pending: bool, job: str | None, limit: int) -> None:
+    """Approvals, newest first."""
+    from scheduler.approvals import approval_to_json, list_approvals
+    from scheduler.jobs import resolve_job
+
+    with open_ctx_store().read() as tx:
+        job_id = resolve_job(tx, job)["id"] if job is not None else None
+        views = [approval_to_json(r) for r in list_approvals(tx, pending=pending, job_id=job_id, limit=limit)]
+    emit({"approvals": views}, lambda: table(
+        [(v["id"][:8], v["job_name"] or v["job_id"][:8], _status(v), v["risk_level"], v["approver_scope"] or "-",
+          local_time(v["created_at"]), local_time(v["expires_at"])) for v in views],
+        ["id", "job", "status", "risk", "approver", "requested", "expires"]))
+
+
+def _status(view: dict[str, Any]) -> str:
+    return "pending (expired)" if view["expired"] else view["status"]
+
+
+@approvals_group.command("show")
+@click.argument("approval_id")
+def approvals_show(approval_id: str) -> None:
+    """Everything about one approval (id or a unique prefix of at least 8 characters)."""
+    from scheduler.approvals import approval_to_json, get_approval
+
+    with open_ctx_store().read() as tx:
+        view = approval_to_json(get_approval(tx, approval_id))
+    emit({"approval": view}, lambda: kv(view.items()))
+
+
+def _decide(approval_id: str, decision: str, note: str | None) -> None:
+    from scheduler.approvals import approval_to_json, decide
+
+    view = approval_to_json(decide(open_ctx_store(), approval_id, decision, note=note))
+    verb = "approved" if decision == "approved" else "rejected"
+    emit({"approval": view}, lambda: click.echo(f"{verb} approval {view['id']} of job {view['job_name'] or view['job_id']}"
+                                                f" (run {view['run_id'][:8] if view['run_id'] else '-'})"))
+
+
+@approvals_group.command("approve")
+@click.argument("approval_id")
+@_note_option
+def approvals_approve(approval_id: str, note: str | None) -> None:
+    """Approve a pending approval: its run starts at once (an idle dispatcher is woken)."""
+    _decide(approval_id, "approved", note)
+
+
+@approvals_group.command("reject")
+@click.argument("approval_id")
+@_note_option
+def approvals_reject(approval_id: str, note: str | None) -> None:
+    """Reject a pending approval: its run ends cancelled (APPROVAL_REJECTED) and nothing of it executes."""
+    _decide(approval_id, "rejected", note)
+
+
+def decide_for_job(job: str, decision: str, note: str | None) -> None:
+    """``jobs approve`` / ``jobs reject``: decide the job's one pending approval."""
+    from scheduler.approvals import pending_for_job
+    from scheduler.jobs import resolve_job
+
+    with open_ctx_store().read() as tx:
+        approval_id = pending_for_job(tx, resolve_job(tx, job)["id"])["id"]
+    _decide(approval_id, decision, note)
