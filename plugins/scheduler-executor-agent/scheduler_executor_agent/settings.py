@@ -27,7 +27,6 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
@@ -218,7 +217,3 @@ def state_dir(settings: AgentSettings, environ: Mapping[str, str]) -> Path:
     root = Path(base) if os.path.isabs(base) else Path("~/.local/state").expanduser()
     return root / "scheduler" / "agent"
 
-
-def describe(settings: AgentSettings) -> dict[str, Any]:
-    """Endpoint names and the URL of each, for messages (never keys)."""
-    return {"endpoints": sorted(settings.endpoint_urls), "default_endpoint": settings.default_endpoint}
