@@ -1,0 +1,112 @@
+"""Fixtures: evidence payloads built the way the kernel builds them, and the provider loaded through its entry
+point with a real settings file (API, Protocol and settings checks, ``configure``), as the kernel loads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.api import EvidencePayload, reload_settings
+from scheduler.testing import isolate_settings, load_provider
+
+
+def _canonical(document: dict[str, Any]) -> bytes:
+    # For ASCII keys, integers and strings, sorted-key compact JSON *is* json-sort-v1: an independent oracle.
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def payload_for(document: dict[str, Any]) -> EvidencePayload:
+    canonical = _canonical(document)
+    return EvidencePayload(document=document, canonical=canonical, digest="sha256:" + hashlib.sha256(canonical).hexdigest())
+
+
+def run_document(run_id: str = "run-1", **result: Any) -> dict[str, Any]:
+    """A payload document shaped like the kernel's: bindings, lineage, the result's digests."""
+    return {
+        "schema": "scheduler.evidence.payload",
+        "version": 1,
+        "run_id": run_id,
+        "job_id": "job-1",
+        "dispatch_id": "job-1:schedule:1767225600000",
+        "attempt": 1,
+        "artifact_digest": "sha256:" + "a" * 64,
+        "actor": {"dispatcher_owner": "host:123", "dispatcher_token": 7},
+        "result": {"status": "ok", "exit_code": 0, "stdout_sha256": "sha256:" + "b" * 64, "stdout_bytes": 12,
+                   "stderr_sha256": "sha256:" + "c" * 64, "stderr_bytes": 0, **result},
+    }
+
+
+@pytest.fixture
+def make_payload() -> Callable[..., EvidencePayload]:
+    """``make_payload(run_id=..., **result)``: an ``EvidencePayload`` for a run document."""
+    return lambda run_id="run-1", **result: payload_for(run_document(run_id, **result))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(type(value))
+
+
+@pytest.fixture
+def load_evidence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``load_evidence(name, **settings)``: write ``[providers.NAME]`` and load the driver through its entry point."""
+    isolate_settings(monkeypatch, tmp_path / "xdg")
+
+    def load(name: str, **settings: Any) -> Any:
+        path = tmp_path / "scheduler.toml"
+        lines = [f"[providers.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
+        path.write_text("\n".join(lines) + "\n")
+        monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
+        reload_settings()
+        return load_provider("evidence", name)
+
+    yield load
+    reload_settings()
+
+
+class Keys:
+    """Real ed25519 keys made by ssh-keygen in tmp_path, and an allowed-signers file trusting some of them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.alice = self.make("alice")          # trusted for principal alice
+        self.carol = self.make("carol")          # trusted for principal carol
+        self.mallory = self.make("mallory")      # trusted for nobody
+        self.allowed_signers = root / "allowed_signers"
+        self.allowed_signers.write_text(
+            f"alice@example.org {self.public('alice')}\ncarol@example.org {self.public('carol')}\n")
+
+    def make(self, name: str, passphrase: str = "") -> Path:
+        path = self.root / name
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(path)],
+                       check=True, capture_output=True, timeout=30)
+        return path
+
+    def public(self, name: str) -> str:
+        return (self.root / f"{name}.pub").read_text().strip()
+
+    def fingerprint(self, name: str) -> str:
+        out = subprocess.run(["ssh-keygen", "-E", "sha256", "-lf", str(self.root / name)], check=True,
+                             capture_output=True, text=True, timeout=30).stdout
+        return out.split()[1]
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return Keys(tmp_path / "keys")
