@@ -266,6 +266,7 @@ def test_recovery_and_a_failed_completion_notify_observers(store, hooked):
 def _pending_work(store) -> dict[str, Any]:
     """A job with every kind of pending work: a scheduled and a manual dispatch, a waiting run, approvals."""
     job = add_job(store, schedule_kind="every", schedule_every="1h", payload_message="fail", max_consecutive_failures=1,
+                  overlap_policy="allow",  # the manual run below starts beside the run awaiting approval
                   max_retries=0)
     later = now_ms() + 3_600_000
     ids = {"scheduled": f"{job['id']}:schedule:{later}", "manual": f"{job['id']}:manual:x", "waiting": f"{job['id']}:schedule:w"}
