@@ -27,6 +27,7 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("executor", "shell"),
     ("executor", "hello"),
     ("executor", "python"),
+    ("executor", "agent"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"
