@@ -1062,7 +1062,7 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
     assert ci.main(out=out) == 0
     assert _last_line(out.getvalue()) == "0 passed, 0 failed, 1 skipped"
     monkeypatch.delenv(ci.PROVIDERS_ENV)
-    assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python")]
+    assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python"), ("executor", "agent")]
 
 
 # --------------------------------------------------------------------------- pytest adapter
