@@ -3,7 +3,8 @@
 Everything a third-party executor, channel, evidence, credential or authorization
 provider needs is importable from here: the provider Protocols and the types they
 exchange with the kernel, ``RunControl``, the output stream recorder and the
-structured-output parser, the error type and the registry of kernel error codes,
+structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (what evidence
+and artifacts are bound by), the error type and the registry of kernel error codes,
 ``hookimpl`` for pluggy hook modules, option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
@@ -17,6 +18,16 @@ from __future__ import annotations
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.artifacts import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder, read_artifact
+from scheduler.canonical import (
+    CANONICALIZATION,
+    UNDEFINED,
+    canonical_bytes,
+    canonical_digest,
+    canonical_json,
+    hash_bytes,
+    hash_text,
+    is_digest,
+)
 from scheduler.errors import ErrorCode, SchedulerError
 from scheduler.execution import (
     EXECUTION_STATUSES,
@@ -65,11 +76,19 @@ from scheduler.structured import structured_from_capture, unparsed_record
 from scheduler.timeutil import now_ms, to_iso
 
 __all__ = [
+    "CANONICALIZATION",
+    "UNDEFINED",
     "AuthorizationDecision",
     "AuthorizationProvider",
     "AuthorizationRequest",
     "CancellationToken",
     "Channel",
+    "canonical_bytes",
+    "canonical_digest",
+    "canonical_json",
+    "hash_bytes",
+    "hash_text",
+    "is_digest",
     "ChannelLimits",
     "Constraints",
     "CredentialBinding",
