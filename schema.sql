@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 4
+-- Schema version: 5
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -345,6 +345,11 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
     claim_token       TEXT,
     claim_expires_at  INTEGER,
     last_error        TEXT,
+    -- what the consumer recorded: the channel's error code, its receipt
+    error_code        TEXT,
+    last_attempt_at   INTEGER,
+    receipt_id        TEXT,
+    receipt_json      TEXT,
     delivered_at      INTEGER,
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL,
@@ -352,6 +357,9 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
     UNIQUE (group_key, part_index)
 );
 CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE status = 'pending';
+-- Expired claims (a dispatcher died between sending and recording) are found without a scan.
+CREATE INDEX IF NOT EXISTS outbox_claimed_idx ON delivery_outbox(claim_expires_at) WHERE status = 'claimed';
+CREATE INDEX IF NOT EXISTS outbox_job_idx ON delivery_outbox(job_id, status);
 -- A delivered part is final: never sent again, never rewritten.
 CREATE TRIGGER IF NOT EXISTS outbox_delivered_immutable
 BEFORE UPDATE ON delivery_outbox

@@ -26,7 +26,7 @@ from scheduler.transitions import committing, insert_dispatch
 #: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
 RUN_FIELDS_FOR_CONSEQUENCES = (
     "id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms, error_code, error_message,"
-    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee"
+    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256, stdout_artifact"
 )
 
 #: Longest backoff between retries, whatever the attempt number.
@@ -206,7 +206,10 @@ def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int
         body += f"\nError: {run['error_message']}"
     if run.get("summary"):
         body += f"\n\n{run['summary']}"
-    enqueue_message(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now)
+    from scheduler.delivery import output_attachments
+
+    attachments = output_attachments(run, job["delivery_channel"], body)
+    enqueue_message(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now, attachments=attachments)
 
 
 #: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
@@ -244,12 +247,9 @@ def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor:
         append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
 
 
-def enqueue_message(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int) -> None:
-    """One outbox message (one part) about ``run`` for ``channel``; idempotent on ``group`` (the only way out to a channel)."""
-    key = f"{group}:part:1/1"
-    tx.execute(
-        "INSERT INTO delivery_outbox(id, run_id, job_id, channel, target, idempotency_key, group_key, part_index, part_count, body,"
-        " status, due_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 1, ?, 'pending', ?, ?, ?)"
-        " ON CONFLICT (idempotency_key) DO NOTHING",
-        (key, run["id"], run["job_id"], channel, target, key, group, body, now, now, now),
-    )
+def enqueue_message(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int,
+                    *, attachments: tuple[dict[str, Any], ...] = ()) -> None:
+    """One outbox message about ``run`` for ``channel``, split by its limits; idempotent on ``group`` (the only way out)."""
+    from scheduler.delivery import enqueue
+
+    enqueue(tx, run, channel, target, body, group, now, attachments=attachments)

@@ -260,6 +260,8 @@ class Dispatcher:
         self._released = False
         self._renew_thread: threading.Thread | None = None
         self._renew_stop = threading.Event()
+        #: The outbox consumer (``scheduler.delivery``), started with the lease.
+        self.delivery: Any = None
         self._busy_since: float | None = None
         self._busy_backoff = 0.0
         self.stats = {"started": 0, "finished": 0, "skipped_commits": 0, "abandoned": 0, "late_results_discarded": 0}
@@ -396,6 +398,10 @@ class Dispatcher:
         self._renew_thread = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
         self._renew_thread.start()
         self._recover()
+        from scheduler.delivery import DeliveryWorker
+
+        self.delivery = DeliveryWorker(self.store, self.owner, artifacts_root=self.artifacts_root, say=self.say)
+        self.delivery.start()
 
     def _renew_loop(self) -> None:
         """Renew the lease every third of its TTL until shutdown stops this thread.
@@ -561,6 +567,8 @@ class Dispatcher:
         self._forget([item for item in finished if item[0].run_id not in retried])
         if created:
             self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
+        if self.delivery is not None:
+            self.delivery.wake()  # completions and approval gates may have enqueued outbox parts
         for s in started:  # first: a run committed as running must reach a worker whatever happens next
             self._submit(s)
         for s, run in committed:
@@ -943,6 +951,8 @@ class Dispatcher:
         before the lease is released (never after another dispatcher took over).
         """
         clean = self.lease is not None and self._lost is None
+        if self.delivery is not None:  # a part being sent finishes; a claim left behind expires and is taken over
+            self.delivery.stop()
         self._renew_stop.set()
         if self._renew_thread is not None and self._renew_thread is not threading.current_thread():
             self._renew_thread.join(RENEW_JOIN_S)

@@ -155,3 +155,19 @@ def executor_options_for(executor: Any, spec: Any) -> Any:
         return build_options(cls, spec.executor_options, "executor_options")
     except SchedulerError as exc:
         raise SchedulerError("EXECUTOR_OPTIONS_INVALID", exc.message, details=exc.details) from None
+
+
+def channel_options_for(channel: Any, raw: Any) -> Any:
+    """A channel's options instance for a part (from the job's stored ``delivery_options``); None without an options class.
+
+    ``DELIVERY_OPTIONS_INVALID`` when the stored object no longer fits the channel's class.
+    """
+    cls = getattr(channel, "options_class", None)
+    if cls is None:
+        if raw:
+            raise SchedulerError("DELIVERY_OPTIONS_INVALID", "the channel takes no delivery_options")
+        return None
+    try:
+        return build_options(cls, raw or {}, "delivery_options")
+    except SchedulerError as exc:
+        raise SchedulerError("DELIVERY_OPTIONS_INVALID", exc.message, details=exc.details) from None

@@ -26,6 +26,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("scheduler.cli.status_cmd", "status_cmd", "Lease, queue, runs and recovery state at a glance."),
     "doctor": ("scheduler.cli.status_cmd", "doctor_cmd", "Check database health and plugins; exit 1 when unhealthy."),
     "jobs": ("scheduler.cli.jobs_cmd", "jobs_group", "Create, inspect and change jobs."),
+    "deliveries": ("scheduler.cli.deliveries_cmd", "deliveries_group", "Inspect the delivery outbox; re-arm failed parts."),
     "approvals": ("scheduler.cli.approvals_cmd", "approvals_group", "List and decide approval gates."),
     "handoff": ("scheduler.cli.handoff_cmd", "handoff_group", "Compile handoff v4 artifacts for jobs."),
     "runs": ("scheduler.cli.runs_cmd", "runs_group", "Inspect runs and their output."),

@@ -110,6 +110,10 @@ def doctor_cmd() -> None:
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
         checks.append(_artifact_check(store))
+        failed = status["outbox"].get("failed", 0)
+        checks.append({"check": "deliveries", "ok": True, "warning": bool(failed),
+                       "detail": f"warning: {failed} failed part(s): `scheduler deliveries list --status failed`"
+                                 if failed else f"{status['outbox'].get('pending', 0)} pending, none failed"})
         overdue = status["approvals"]["expired_pending"]
         checks.append({"check": "approvals", "ok": overdue == 0,
                        "detail": f"{status['approvals'].get('pending', 0)} pending, {overdue} past their timeout"

@@ -38,8 +38,24 @@ class StorageSettings:
         "doc": "Permissions of files and directories the scheduler creates: private 0600/0700, group 0660/2770 (setgid)."})
 
 
+@attrs.frozen(kw_only=True)
+class DeliverySettings:
+    """``[delivery]``: how the dispatcher's outbox consumer sends parts through channel plugins."""
+
+    claim_ttl_ms: int = attrs.field(default=60_000, metadata={
+        "minimum": 100, "maximum": 3_600_000,
+        "doc": "How long a claimed part belongs to one dispatcher; an expired claim (a dead dispatcher) is taken over."})
+    retry_base_ms: int = attrs.field(default=2_000, metadata={
+        "minimum": 1, "maximum": 86_400_000, "doc": "Backoff before the first retry of a transient failure; doubles per attempt (with jitter)."})
+    retry_max_ms: int = attrs.field(default=900_000, metadata={
+        "minimum": 1, "maximum": 86_400_000, "doc": "Longest backoff between two attempts (a channel's Retry-After is honoured above it)."})
+    max_attempts: int = attrs.field(default=5, metadata={
+        "minimum": 1, "maximum": 1000, "doc": "Attempts per part before it is `failed` (set on each new part)."})
+    batch: int = attrs.field(default=20, metadata={"minimum": 1, "maximum": 1000, "doc": "Parts claimed per consumer pass."})
+
+
 #: The kernel tables of the settings file, in display order.
-KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings}
+KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.

@@ -20,7 +20,7 @@ import attrs
 
 from scheduler.errors import SchedulerError
 from scheduler.options import option_problems
-from scheduler.settings.kernel import KERNEL_TABLES, RETIRED_ENV, DispatcherSettings, StorageSettings
+from scheduler.settings.kernel import KERNEL_TABLES, RETIRED_ENV, DeliverySettings, DispatcherSettings, StorageSettings
 from scheduler.settings.secret import SecretRef, not_a_reference
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
@@ -262,6 +262,11 @@ class Settings:
     def storage(self) -> StorageSettings:
         """``[storage]``."""
         return typing.cast(StorageSettings, self.kernel["storage"].value)
+
+    @property
+    def delivery(self) -> DeliverySettings:
+        """``[delivery]``."""
+        return typing.cast(DeliverySettings, self.kernel["delivery"].value)
 
     def plugin_table(self, section: str, name: str) -> dict[str, Any]:
         """The file's ``[SECTION.NAME]`` table as written (empty when absent)."""

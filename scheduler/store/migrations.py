@@ -456,6 +456,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             BindArtifacts(),
         ),
     ),
+    Migration(
+        5,
+        "delivery consumer: outbox receipts, error codes and attempt times; claimed and per-job indexes",
+        (
+            AddColumn("delivery_outbox", _current("delivery_outbox", "error_code")),
+            AddColumn("delivery_outbox", _current("delivery_outbox", "last_attempt_at")),
+            AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_id")),
+            AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_json")),
+        ),
+    ),
 )
 
 #: Test hook: called with (version, step_index) before each step; lets tests interrupt a migration.

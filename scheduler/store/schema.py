@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
@@ -533,12 +533,21 @@ TABLES: tuple[Table, ...] = (
             Column("claim_token", TEXT),
             Column("claim_expires_at", BIGINT),
             Column("last_error", TEXT),
+            Column("error_code", TEXT, comment="what the consumer recorded: the channel's error code, its receipt"),
+            Column("last_attempt_at", BIGINT),
+            Column("receipt_id", TEXT),
+            Column("receipt_json", TEXT),
             Column("delivered_at", BIGINT),
             Column("created_at", BIGINT, not_null=True),
             Column("updated_at", BIGINT, not_null=True),
         ),
         constraints=("CHECK (part_index <= part_count)", "UNIQUE (group_key, part_index)"),
-        indexes=(Index("outbox_due_idx", "due_at", "status = 'pending'"),),
+        indexes=(
+            Index("outbox_due_idx", "due_at", "status = 'pending'"),
+            Index("outbox_claimed_idx", "claim_expires_at", "status = 'claimed'",
+                  comment="Expired claims (a dispatcher died between sending and recording) are found without a scan."),
+            Index("outbox_job_idx", "job_id, status"),
+        ),
         guards=(
             Guard("outbox_delivered_immutable", "UPDATE", "OUTBOX_DELIVERED: a delivered part is final and never re-sent",
                   when="OLD.status = 'delivered'", comment="A delivered part is final: never sent again, never rewritten."),
