@@ -1,0 +1,141 @@
+"""Delivery through a real ``scheduler run`` process: faults, and ``kill -9`` between sending and recording.
+
+The loopback receiver is an idempotent Standard Webhooks receiver: it verifies each
+signature, keeps the ``webhook-id`` values it accepted, answers 200 to a repeat without
+accepting it again, and counts the repeats. So the tests can tell "shown once" (what a
+channel honouring idempotency keys gives) from "sent twice" (what a key-less channel
+would show).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kernel_testing import add_job, wait_for
+from test_dispatcher_process import Proc
+
+from scheduler.queue import enqueue_manual
+from scheduler.store import open_store
+from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
+
+SECRET = "whsec_" + base64.b64encode(b"fedcba9876543210fedcba9876543210").decode()
+
+
+class IdempotentReceiver:
+    """Accepts each ``webhook-id`` once; counts repeats; can hold a request until released."""
+
+    def __init__(self) -> None:
+        self.server = LoopbackHTTPServer()
+        self.accepted: list[str] = []
+        self.repeats = 0
+        self.hold_first = threading.Event()  # set: the next new request is held until ``release`` is set
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.faults: list[Reply] = []
+        self.server.default("/hook", self._answer)
+
+    def _answer(self, request: Recorded) -> Reply:
+        from standardwebhooks import Webhook
+
+        Webhook(SECRET).verify(request.body, {k: request.headers[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})
+        if self.faults:
+            return self.faults.pop(0)
+        key = request.headers["webhook-id"]
+        if key in self.accepted:
+            self.repeats += 1
+            return Reply(json={"duplicate": True})
+        self.accepted.append(key)
+        if self.hold_first.is_set():
+            self.hold_first.clear()
+            self.holding.set()
+            self.release.wait(30)
+        return Reply(json={"ok": True})
+
+
+@pytest.fixture
+def receiver() -> Any:
+    r = IdempotentReceiver()
+    yield r
+    r.release.set()
+    r.server.close()
+
+
+def settings_env(tmp_path: Path, *, claim_ttl_ms: int = 1000) -> dict[str, str]:
+    config = tmp_path / "scheduler.toml"
+    config.write_text('[channels.webhook]\nsecret = {credential = "env:TEST_WEBHOOK_SECRET"}\nmax_chars = 100\ntimeout_s = 3\n'
+                      f"[delivery]\nretry_base_ms = 50\nretry_max_ms = 300\nclaim_ttl_ms = {claim_ttl_ms}\n")
+    return {"SCHEDULER_CONFIG": str(config), "TEST_WEBHOOK_SECRET": SECRET}
+
+
+def outbox(store: Any, job_id: str) -> list[dict[str, Any]]:
+    with store.read() as tx:
+        return tx.all("SELECT * FROM delivery_outbox WHERE job_id = ? ORDER BY part_index", (job_id,))
+
+
+def test_faults_through_scheduler_run_end_delivered_or_visibly_failed(tmp_path: Path, receiver: IdempotentReceiver) -> None:
+    db = tmp_path / "scheduler.db"
+    store = open_store(db)
+    receiver.faults = [Reply(status=500), Reply(status=429, headers={"retry-after": "1"}), Reply(action="reset"),
+                       Reply(action="hang", seconds=5)]
+    recovers = add_job(store, payload_message="echo:" + "r" * 250, delivery_mode="always", delivery_channel="webhook",
+                       delivery_to=f"{receiver.server.url}/hook")
+    enqueue_manual(store, recovers["id"])
+    proc = Proc(db, log=tmp_path / "dispatcher.log", env=settings_env(tmp_path))
+    try:
+        proc.wait_ready()
+        wait_for(lambda: (rows := outbox(store, recovers["id"])) and all(r["status"] == "delivered" for r in rows), timeout=40,
+                 what="delivered after 500, 429, reset and a hang")
+        rows = outbox(store, recovers["id"])
+        assert receiver.accepted == [r["idempotency_key"] for r in rows] and receiver.repeats == 0
+        assert rows[0]["attempts"] == 5  # four faults, then delivered
+        receiver.server.default("/hook", Reply(status=410))  # gone for good: a permanent failure, visible
+        gone = add_job(store, payload_message="echo:x", delivery_mode="always", delivery_channel="webhook",
+                       delivery_to=f"{receiver.server.url}/hook")
+        enqueue_manual(store, gone["id"])
+        (failed,) = wait_for(lambda: [r for r in outbox(store, gone["id"]) if r["status"] == "failed"], timeout=20, what="failed")
+        assert failed["attempts"] == 1 and failed["error_code"]
+    finally:
+        proc.kill(15)
+        proc.p.wait(20)
+        proc.close()
+        store.close()
+
+
+def test_kill9_between_sending_and_recording_resends_with_the_same_key(tmp_path: Path, receiver: IdempotentReceiver) -> None:
+    db = tmp_path / "scheduler.db"
+    store = open_store(db)
+    job = add_job(store, payload_message="echo:" + "k" * 250, delivery_mode="always", delivery_channel="webhook",
+                  delivery_to=f"{receiver.server.url}/hook")
+    receiver.hold_first.set()
+    enqueue_manual(store, job["id"])
+    env = settings_env(tmp_path)
+    first = Proc(db, log=tmp_path / "first.log", env=env)
+    try:
+        first.wait_ready()
+        assert receiver.holding.wait(20), first.output()
+        first.kill()  # the receiver has accepted part 1; the dispatcher dies before recording it
+        first.p.wait(10)
+    finally:
+        first.close()
+    receiver.release.set()
+    claimed = outbox(store, job["id"])
+    assert claimed[0]["status"] == "claimed" and len(receiver.accepted) == 1
+    second = Proc(db, log=tmp_path / "second.log", env=env)
+    try:
+        second.wait_ready()
+        wait_for(lambda: all(r["status"] == "delivered" for r in outbox(store, job["id"])), timeout=30, what="all delivered")
+    finally:
+        second.kill(15)
+        second.p.wait(20)
+        second.close()
+    rows = outbox(store, job["id"])
+    # every part shown once; part 1 was sent twice with one key, and the receiver dropped the repeat
+    assert receiver.accepted == [r["idempotency_key"] for r in rows]
+    assert receiver.repeats == 1 and rows[0]["attempts"] == 2
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'delivery.claim_taken_over'") == 1
+    store.close()
