@@ -11,7 +11,10 @@
 * ``hooks_with(module)``, ``load_provider(kind, name)`` and ``run_cli(*args)``: a hook module,
   a provider and the CLI exactly as the kernel uses them;
 * the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
-  plugin's tests to run the stock conformance corpus against your provider.
+  plugin's tests to run the stock conformance corpus against your provider; the
+  executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
+  channel service-adapter types (``LoopbackHttpService``, ``ServiceAnswer``,
+  ``ReceivedMessage`` ...) for your conformance adapter.
 
 ``scheduler.testing.fixtures`` turns these into pytest fixtures
 (``pytest_plugins = ["scheduler.testing.fixtures"]`` in a ``conftest.py``).
@@ -211,7 +214,7 @@ def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
 
 
 #: Environment prefixes of settings overrides (``SCHEDULER_<SECTION>_...``) and the settings file variable.
-_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_EXECUTORS_", "SCHEDULER_CHANNELS_",
+_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_DELIVERY_", "SCHEDULER_EXECUTORS_", "SCHEDULER_CHANNELS_",
                       "SCHEDULER_PROVIDERS_")
 
 
@@ -229,14 +232,17 @@ def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
 
 
 #: Conformance names re-exported here, imported on first use: the pytest base classes (they pull
-#: in pytest) and the payload-adapter types (``scheduler.conformance.payload``).
+#: in pytest), the payload-adapter types (``scheduler.conformance.payload``) and the channel
+#: service-adapter types (``scheduler.conformance.service``).
 _CONFORMANCE_PYTEST = ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
                        "CredentialProviderConformance", "AuthorizationProviderConformance")
 _CONFORMANCE_PAYLOAD = ("Behaviour", "PosixShellPayloads", "RawPayload", "Step")
+_CONFORMANCE_SERVICE = ("HttpReply", "HttpRequest", "LoopbackHttpService", "ReceivedFile", "ReceivedMessage",
+                        "ServiceAnswer", "ServiceRequest")
 
 
 def __getattr__(name: str) -> Any:
-    """The conformance names (pytest base classes, payload-adapter types), imported on first use."""
+    """The conformance names (pytest base classes, payload- and service-adapter types), imported on first use."""
     if name in _CONFORMANCE_PYTEST:
         from scheduler.conformance import pytest_plugin
 
@@ -245,6 +251,10 @@ def __getattr__(name: str) -> Any:
         from scheduler.conformance import payload
 
         return getattr(payload, name)
+    if name in _CONFORMANCE_SERVICE:
+        from scheduler.conformance import service
+
+        return getattr(service, name)
     if name == "run_conformance":
         from scheduler.conformance.engine import run_kind
 
