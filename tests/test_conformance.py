@@ -1,8 +1,9 @@
-"""Tests for the conformance engine, its fixtures, payload adapters, CLI, CI runner and pytest adapter.
+"""Tests for the conformance engine, its fixtures, payload and service adapters, CLI, CI runner and pytest adapter.
 
 Real parts throughout: the fixtures on disk, entry-point loading of the test-only
-``scheduler-executor-broken`` distribution (side-loaded from ``tests/support/``), real
-subprocesses and process groups in the honest reference executor below, and real
+``scheduler-executor-broken`` and ``scheduler-channel-broken`` distributions (side-loaded
+from ``tests/support/``), real subprocesses and process groups in the honest reference
+executor below, real loopback HTTP servers behind the honest reference channel, and real
 ``python -m`` / ``pytest`` child processes.
 """
 
@@ -44,10 +45,23 @@ from scheduler.conformance.engine import (
     run_case,
     run_kind,
 )
+from scheduler.conformance.channel import fill_body
 from scheduler.conformance.payload import ACTIONS, Behaviour, PosixShellPayloads, Step
+from scheduler.conformance.pytest_plugin import ChannelConformance
+from scheduler.conformance.service import (
+    ANSWERS,
+    HttpRequest,
+    HttpStandIn,
+    ReceivedFile,
+    ReceivedMessage,
+    ServiceAnswer,
+    ServiceRequest,
+)
 from scheduler.errors import SchedulerError
 from scheduler.execution import ExecutionResult, StreamCapture
+from scheduler.plugins.protocols import ChannelLimits, DeliveryReceipt, PermanentDeliveryError, TransientDeliveryError
 from scheduler.processes import group_alive, kill_group, process_identity
+from scheduler.settings import SecretRef
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "conformance-fixtures"
@@ -65,20 +79,23 @@ _SIDELOADED: list[str] = []
 
 @pytest.fixture(scope="module")
 def broken_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The broken test distribution, visible to entry-point discovery for this module only.
+    """The broken test distributions (executors and channels), visible to entry-point discovery for this module only.
 
-    It is side-loaded (a dist-info on sys.path), never installed, so a user's
+    They are side-loaded (a dist-info on sys.path), never installed, so a user's
     environment never carries deliberately broken plugins.
     """
     from kernel_testing import sideload_distribution
 
-    paths = sideload_distribution(REPO / "tests" / "support" / "scheduler-executor-broken", tmp_path_factory.mktemp("sideload"))
+    paths: list[str] = []
+    for dist in ("scheduler-executor-broken", "scheduler-channel-broken"):
+        paths += sideload_distribution(REPO / "tests" / "support" / dist, tmp_path_factory.mktemp("sideload"))
     with pytest.MonkeyPatch.context() as mp:
         for entry in reversed(paths):
             mp.syspath_prepend(entry)
         _SIDELOADED[:] = paths
         names = {ep.name for ep in entry_points(group="scheduler.executors")}
         assert {"broken", "broken-import", "broken-api"} <= names
+        assert {"broken", "broken-unadapted"} <= {ep.name for ep in entry_points(group="scheduler.channels")}
         yield
         _SIDELOADED.clear()
 
@@ -268,16 +285,18 @@ def test_every_fixture_file_validates_against_the_schema(path: Path) -> None:
 
 def test_only_the_v2_format_is_shipped() -> None:
     """v1 executor cases (shell payloads with flat executor fields) are retired: their jobs no longer validate under plugin
-    API 2. What remains under v1 is the handoff v4 conformance fixture (format version 1), which is not an executor corpus."""
+    API 2. What remains under v1 is the handoff v4 conformance fixture (format version 1), which is not a case corpus.
+    Every kind's cases are v2 (channel cases too, though issue 16 named ``v1/channel/``)."""
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v1", "v2"]
     assert sorted(p.name for p in (FIXTURES / "v1").iterdir()) == ["handoff"]
+    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "executor"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
     ids = [case["id"] for path in _fixture_files() for case in json.loads(path.read_text())["cases"]]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     assert len(load_corpus()) == len(ids)
-    assert all(i.startswith("executor.") for i in ids)  # kind names are singular, ids start with the kind
+    assert all(c.id.startswith(f"{c.kind}.") for c in load_corpus())  # kind names are singular, ids start with the kind
 
 
 def test_the_schema_steps_are_the_engine_actions() -> None:
@@ -405,7 +424,7 @@ MUTATIONS = {
     ),
     "raw-payload-outside-its-language-directory": ("env.json", _move_raw_case_into_portable, "belongs in executor/posix-shell/"),
     "duplicate-id": ("env.json", lambda d: d["cases"][0].update(id="executor.exit-zero-stdout"), "duplicate case id"),
-    "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="channel"), "does not match the file kind"),
+    "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="evidence"), "does not match the file kind"),
     "invalid-job-spec": ("env.json", lambda d: d["cases"][0]["input"].update(job={"run_timeout": 5}), "run_timeout"),
     "not-json": ("env.json", None, "not valid JSON"),
 }
@@ -933,16 +952,16 @@ def test_group_gone_catches_and_cleans_up_a_leaked_process_group(tmp_path: Path)
 
 def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
     root = _copy_corpus(tmp_path)
-    (root / "v2" / "channel").mkdir()
-    (root / "v2" / "channel" / "basic.json").write_text(
+    (root / "v2" / "evidence").mkdir()
+    (root / "v2" / "evidence" / "basic.json").write_text(
         json.dumps(
             {
-                "kind": "channel",
+                "kind": "evidence",
                 "cases": [
                     {
-                        "id": "channel.deliver-once",
+                        "id": "evidence.attest-once",
                         "description": "d",
-                        "kind": "channel",
+                        "kind": "evidence",
                         "polarity": "positive",
                         "input": {},
                         "expect": {},
@@ -951,8 +970,8 @@ def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
             }
         )
     )
-    report = run_kind("channel", "webhook", provider=object(), root=root)
-    assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind channel" in report.error["message"]
+    report = run_kind("evidence", "checksum", provider=object(), root=root)
+    assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind evidence" in report.error["message"]
     assert report.failed == 1 and report.results == () and not report.ok
     empty = run_kind("authorization", "opa", provider=object(), root=root)
     assert empty.ok and empty.summary_line() == "0 passed, 0 failed, 0 skipped"
@@ -1062,7 +1081,9 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
     assert ci.main(out=out) == 0
     assert _last_line(out.getvalue()) == "0 passed, 0 failed, 1 skipped"
     monkeypatch.delenv(ci.PROVIDERS_ENV)
-    assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python"), ("executor", "agent")]
+    assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python"), ("executor", "agent"),
+                                     ("channel", "webhook"), ("channel", "slack"), ("channel", "telegram"), ("channel", "email"),
+                                     ("channel", "openclaw")]
 
 
 # --------------------------------------------------------------------------- pytest adapter
@@ -1078,7 +1099,7 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
             import subprocess
 
             from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, StreamCapture
-            from scheduler.testing import ExecutorConformance, PosixShellPayloads
+            from scheduler.testing import ChannelConformance, ExecutorConformance, PosixShellPayloads
 
 
             class Honest:
@@ -1104,6 +1125,10 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
 
             class TestBrokenApi(ExecutorConformance):
                 provider_name = "broken-api"
+
+
+            class TestUnadaptedChannel(ChannelConformance):
+                provider_name = "broken-unadapted"
 
 
             class TestHonestWithoutAdapter(ExecutorConformance):
@@ -1143,11 +1168,14 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
     assert out.count("TestBrokenApi::test_case[") == 1 and "PLUGIN_API_MISMATCH" in out
     assert "FAILED test_plugin_conformance.py::TestHonestWithoutAdapter::test_case[provider-load]" in out
     assert "CONFORMANCE_NO_PAYLOAD_ADAPTER" in out
+    assert "FAILED test_plugin_conformance.py::TestUnadaptedChannel::test_case[provider-load]" in out
+    assert out.count("TestUnadaptedChannel::test_case[") == 1 and "CONFORMANCE_NO_SERVICE_ADAPTER" in out
     assert "provider does not declare capability process-group" in out
     summary = _last_line(out)
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped)", summary)}
-    # Broken: 3 failed; BrokenApi: 1; without adapter: 1; Honest: 3 passed + 1 skipped; the ids fixture test passes.
-    assert counts == {"failed": 5, "passed": 4, "skipped": 1}, summary
+    # Broken: 3 failed; BrokenApi: 1; unadapted channel: 1; without adapter: 1; Honest: 3 passed + 1 skipped; the ids
+    # fixture test passes.
+    assert counts == {"failed": 6, "passed": 4, "skipped": 1}, summary
 
 
 def test_engine_cli_and_ci_do_not_import_pytest() -> None:
@@ -1157,3 +1185,542 @@ def test_engine_cli_and_ci_do_not_import_pytest() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_child_env(), check=False, timeout=60)
     assert proc.returncode == 0
+
+
+# --------------------------------------------------------------------------- channels: an honest reference channel
+
+CHANNEL_CAPS = frozenset({"attachments", "idempotency-keys"})
+
+
+@attrs.frozen(kw_only=True)
+class RefChannelSettings:
+    """``[channels.reference]``: the service root, the bearer token, the answer timeout."""
+
+    url: str | None = None
+    token: SecretRef | None = attrs.field(default=None, metadata={"secret": True})
+    timeout_s: float = attrs.field(default=2.0, metadata={"minimum": 0.01})
+
+
+class ReferenceChannel:
+    """A small but honest channel: one JSON POST per part to ``<url>/messages``, every failure classified.
+
+    429 and 5xx are transient (``Retry-After`` honoured), other refusals permanent, anything
+    on the wire (a timeout, a reset, half an answer) transient; files only when it declares
+    ``attachments``, the part's key as ``Idempotency-Key`` when it declares ``idempotency-keys``.
+    """
+
+    plugin_api = PLUGIN_API_VERSION
+    settings_class = RefChannelSettings
+
+    def __init__(self, capabilities: frozenset[str] = CHANNEL_CAPS) -> None:
+        self.capabilities = frozenset(capabilities)
+        files = "attachments" in self.capabilities
+        self.limits = ChannelLimits(max_chars=1000, max_parts=5, supports_attachments=files,
+                                    max_attachment_bytes=4096 if files else 0)
+        self._settings = RefChannelSettings()
+
+    def configure(self, settings: RefChannelSettings) -> None:
+        self._settings = settings
+
+    def post(self, part: Any, token: str) -> Any:
+        import base64
+        import urllib.request
+
+        files = [{"name": a["name"], "content_base64": base64.b64encode(a["content"]).decode()} for a in part.attachments]
+        headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+        if "idempotency-keys" in self.capabilities:
+            headers["idempotency-key"] = part.idempotency_key
+        request = urllib.request.Request(f"{self._settings.url}/messages", headers=headers,
+                                         data=json.dumps({"text": part.body, "files": files}).encode())
+        with urllib.request.urlopen(request, timeout=self._settings.timeout_s) as response:
+            return json.loads(response.read())
+
+    def send(self, part: Any, route: Any) -> Any:
+        import http.client
+        import urllib.error
+
+        if part.attachments and not self.limits.supports_attachments:
+            raise PermanentDeliveryError("this channel sends no files", code="REF_ATTACHMENTS_UNSUPPORTED")
+        token = self._settings.token.resolve() if self._settings.token else ""
+        try:
+            answer = self.post(part, token)
+        except urllib.error.HTTPError as exc:
+            said = f"the service answered HTTP {exc.code}"
+            if exc.code == 429 or exc.code >= 500:
+                retry = exc.headers.get("retry-after")
+                raise TransientDeliveryError(said, code="REF_RETRY", retry_after_s=float(retry) if retry else None) from None
+            raise PermanentDeliveryError(said, code="REF_AUTH" if exc.code in (401, 403) else "REF_REJECTED") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise TransientDeliveryError(f"no answer from the service ({type(exc).__name__})", code="REF_CONNECTION") from None
+        return DeliveryReceipt(receipt_id=part.idempotency_key, details={"answer": answer})
+
+
+class _RefStandIn(HttpStandIn):
+    """The reference channel's service: checks the token, reads the JSON message."""
+
+    def __init__(self, request: ServiceRequest, timeout_s: float | None = None) -> None:
+        super().__init__()
+        self.token = f"ref-token-{uuid.uuid4().hex}"
+        variable = f"SCHEDULER_CONFORMANCE_REF_TOKEN_{uuid.uuid4().hex[:8].upper()}"
+        self.secrets = {variable: self.token}
+        self.settings = {"url": self.url, "token": {"credential": f"env:{variable}"},
+                         "timeout_s": timeout_s or request.timeout_s}
+
+    def message_of(self, request: HttpRequest) -> ReceivedMessage:
+        import base64
+
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            raise ValueError("no bearer token")
+        data = request.json()
+        files = tuple(ReceivedFile(name=f["name"], content=base64.b64decode(f["content_base64"])) for f in data["files"])
+        return ReceivedMessage(text=data["text"], idempotency_key=request.headers.get("idempotency-key"), files=files)
+
+
+class ReferenceService:
+    """The reference channel's service adapter."""
+
+    def conformance_service(self, request: ServiceRequest) -> _RefStandIn:
+        return _RefStandIn(request)
+
+
+def _channel_report(channel: Any = None, **kwargs: Any) -> Any:
+    kwargs.setdefault("service_adapter", ReferenceService())
+    return run_kind("channel", "reference", channel or ReferenceChannel(), **kwargs)
+
+
+def _channel_case(case_id: str) -> Case:
+    return next(c for c in load_cases("channel") if c.id == case_id)
+
+
+class TestReferenceChannelConformance(ChannelConformance):
+    """The pytest base class for channels, as a channel distribution uses it, on the honest reference channel."""
+
+    service_adapter = ReferenceService
+
+    def make_provider(self) -> Any:
+        return ReferenceChannel()
+
+
+# --------------------------------------------------------------------------- channels: the corpus
+
+
+def test_channel_corpus_covers_the_required_cases() -> None:
+    cases = {c.id: c for c in load_cases("channel")}
+    assert all(c.source.startswith("v2/channel/") and c.source.count("/") == 2 for c in cases.values())
+    answers = {i: [a["answer"] for a in c.input.get("answers", [{"answer": "accept"}])] for i, c in cases.items()}
+    outcomes = {i: c.expect["outcome"] for i, c in cases.items()}
+    assert {i: (answers[i], outcomes[i]) for i in cases if cases[i].polarity == "negative"} == {
+        "channel.rate-limited-retry-after": (["rate_limit"], "transient"),
+        "channel.rate-limited-transient": (["rate_limit"], "transient"),
+        "channel.server-error-transient": (["server_error"], "transient"),
+        "channel.timeout-transient": (["timeout"], "transient"),
+        "channel.connection-reset-transient": (["reset"], "transient"),
+        "channel.rejected-permanent": (["reject"], "permanent"),
+        "channel.auth-rejected-permanent": (["auth_reject"], "permanent"),
+        "channel.attachments-refused-without-support": (["accept"], "permanent"),
+    }
+    assert all(outcomes[i] == "delivered" for i in cases if cases[i].polarity == "positive")
+    assert not any("error_code" in c.expect for c in cases.values())  # a channel's codes are its own
+    limited = cases["channel.rate-limited-retry-after"]
+    assert limited.input["answers"] == [{"answer": "rate_limit", "retry_after_s": 7}] and limited.expect["retry_after_s"] == 7
+    assert "retry_after_s" not in cases["channel.rate-limited-transient"].input["answers"][0]
+    plain = cases["channel.deliver-plain"].expect
+    assert plain["delivered_messages"] == 1 and plain["body_whole"] is True
+    assert cases["channel.body-at-max-chars-whole"].input["part"]["body"] == {"fill": "max_chars"}
+    assert cases["channel.body-at-max-chars-whole"].expect["body_whole"] is True
+    requires = {i: set(c.requires) for i, c in cases.items()}
+    assert requires["channel.idempotency-key-carried"] == {"idempotency-keys"}
+    assert cases["channel.idempotency-key-carried"].expect["idempotency_key_carried"] is True
+    retried = cases["channel.idempotency-key-stable-across-retries"]
+    assert answers[retried.id] == ["server_error", "accept"] and retried.expect["idempotency_key_carried"] is True
+    assert requires["channel.attachments-delivered"] == {"attachments"}
+    assert cases["channel.attachments-delivered"].expect["attachments_delivered"] is True
+    files = cases["channel.attachments-delivered"].input["part"]["attachments"]
+    assert bytes.fromhex(files[1]["hex"]) == bytes(range(256))
+    assert cases["channel.attachments-refused-without-support"].input["unless_declared"] == ["attachments"]
+    assert cases["channel.timeout-transient"].expect["max_duration_ms"] == 20000
+    no_capability = sorted(i for i, r in requires.items() if not r)
+    assert len(no_capability) >= 11, no_capability  # what every channel, even a capability-less one, is held to
+
+
+def test_the_schema_answers_are_the_engine_answers() -> None:
+    schema = load_schema()
+    assert set(schema["$defs"]["service_answer"]["properties"]["answer"]["enum"]) == set(ANSWERS)
+
+
+@pytest.mark.parametrize("chars", [1, 5, 6, 57, 100, 4000, 4096, 100_000])
+def test_fill_body_is_exactly_max_chars(chars: int) -> None:
+    body = fill_body(chars)
+    assert len(body) == chars and body.endswith("<end>"[:chars] if chars <= 5 else "<end>")
+    assert all(ord(c) < 0x10000 for c in body)  # UTF-16 length = character count (Telegram counts UTF-16 units)
+    assert max(len(line) for line in body.splitlines()) < 100  # fits an SMTP line
+    assert body == fill_body(chars)  # deterministic
+
+
+def _mutate_channel(root: Path, filename: str, change: Any) -> None:
+    path = root / "v2" / "channel" / filename
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+CHANNEL_MUTATIONS = {
+    "unknown-expect-key": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["expect"].update(body_whol=True),
+                           "body_whol"),
+    "unknown-input-key": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["input"].update(answer="accept"),
+                          "answer"),
+    "positive-not-delivered": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["expect"].update(outcome="transient"),
+                               "delivered"),
+    "negative-delivered": ("failures.json",
+                           lambda d: _case(d, "channel.rejected-permanent")["expect"].update(outcome="delivered"),
+                           "outcome"),
+    "unknown-answer": ("failures.json",
+                       lambda d: _case(d, "channel.rejected-permanent")["input"].update(answers=[{"answer": "explode"}]),
+                       "explode"),
+    "retry-after-on-a-500": ("failures.json", lambda d: _case(d, "channel.server-error-transient")["input"].update(
+        answers=[{"answer": "server_error", "retry_after_s": 3}]), "retry_after_s"),
+    "accept-before-the-last-answer": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["input"].update(
+        answers=[{"answer": "accept"}, {"answer": "accept"}]), "only the last answer"),
+    "reject-before-the-last-answer": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["input"].update(
+        answers=[{"answer": "reject"}, {"answer": "accept"}]), "only the last answer"),
+    "index-past-count": ("basic.json", lambda d: _case(d, "channel.part-of-several")["input"]["part"].update(index=4),
+                         "past its count"),
+    "retry-after-expected-without-one": ("failures.json", lambda d: _case(d, "channel.rate-limited-transient")["expect"].update(
+        retry_after_s=3), "retry_after_s needs"),
+    "delivered-after-a-refusal": ("failures.json", lambda d: _case(d, "channel.rejected-permanent").update(
+        polarity="positive", expect={"outcome": "delivered"}), "the last answer is 'reject'"),
+    "attachment-text-and-hex": ("files.json", lambda d: _case(d, "channel.attachments-refused-without-support")["input"][
+        "part"]["attachments"][0].update(hex="00"), "attachments"),
+    "channel-case-with-an-executor-field": ("basic.json", lambda d: _case(d, "channel.deliver-plain")["input"].update(
+        behaviour=[{"stdout": "x"}]), "behaviour"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_MUTATIONS))
+def test_a_mutated_channel_fixture_is_rejected(tmp_path: Path, name: str) -> None:
+    filename, change, needle = CHANNEL_MUTATIONS[name]
+    root = _copy_corpus(tmp_path)
+    _mutate_channel(root, filename, change)
+    with pytest.raises(SchedulerError) as info:
+        load_cases("channel", root)
+    assert info.value.code == "CONFORMANCE_FIXTURE_INVALID"
+    assert f"v2/channel/{filename}" in info.value.message
+    assert needle in info.value.message + json.dumps(info.value.details)
+
+
+# --------------------------------------------------------------------------- channels: the engine
+
+
+def test_the_reference_channel_passes_every_case_it_can_run() -> None:
+    report = _channel_report()
+    assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
+    skipped = {r.id: r.message for r in report.results if r.outcome == "skipped"}
+    assert skipped == {"channel.attachments-refused-without-support":
+                       "the channel declares attachments; this case is for channels that do not"}
+    assert report.passed == len(load_cases("channel")) - 1
+    bare = _channel_report(ReferenceChannel(frozenset()))
+    assert bare.ok, [r.to_json() for r in bare.results if r.outcome == "failed"]
+    assert {r.id for r in bare.results if r.outcome == "skipped"} == {
+        "channel.attachments-delivered", "channel.idempotency-key-carried", "channel.idempotency-key-stable-across-retries"}
+    assert next(r for r in bare.results if r.id == "channel.attachments-refused-without-support").outcome == "passed"
+
+
+def test_broken_channel_is_reported_as_failing(broken_installed: None) -> None:
+    report = run_kind("channel", "broken")  # its service adapter: entry point scheduler.conformance_adapters:broken
+    assert report.error is None and not report.ok
+    assert report.passed + report.failed + report.skipped == len(load_cases("channel"))
+    by_id = {r.id: r for r in report.results}
+    assert {i for i, r in by_id.items() if r.outcome == "passed"} == {
+        "channel.deliver-plain", "channel.unicode-body-intact", "channel.part-of-several"}
+    assert report.failed == len(load_cases("channel")) - 4 and report.skipped == 1
+    messages = {i: r.message for i, r in by_id.items()}
+    swallowed = "got a receipt although the service accepted no message: a failure swallowed"
+    for case_id in ("channel.rate-limited-retry-after", "channel.server-error-transient", "channel.rejected-permanent"):
+        assert swallowed in messages[case_id], messages[case_id]
+        assert "a secret of the channel's settings appears in a log record emitted while sending" in messages[case_id]
+    assert "send() raised TimeoutError" in messages["channel.timeout-transient"]
+    assert "must be a TransientDeliveryError or a PermanentDeliveryError" in messages["channel.timeout-transient"]
+    assert "send() raised ConnectionResetError" in messages["channel.connection-reset-transient"]
+    assert "a secret of the channel's settings appears in the error" in messages["channel.auth-rejected-permanent"]
+    assert "did not arrive whole in one message (the longest text the service accepted has 480 characters)" in messages[
+        "channel.body-at-max-chars-whole"]
+    assert "attachment 'conformance-bytes.bin' did not reach the service" in messages["channel.attachments-delivered"]
+    assert "carried the idempotency key None" in messages["channel.idempotency-key-carried"]
+    assert "attempt 1 (server_error): expected a TransientDeliveryError" in messages[
+        "channel.idempotency-key-stable-across-retries"]
+    auth = by_id["channel.auth-rejected-permanent"]
+    assert "<secret>" in auth.observed["result"] and auth.observed["leaking_log_records"]  # shown redacted
+    assert auth.observed["secrets"][0].startswith("SCHEDULER_CONFORMANCE_BROKEN_TOKEN_")  # named, never its value
+    seen = by_id["channel.attachments-delivered"].observed["attempts"][0]["service_saw"]
+    assert seen == [{"text": "conformance attachments", "idempotency_key": None, "files": [], "accepted": True}]
+    as_json = report.to_json()
+    assert as_json["code"] == "CONFORMANCE_FAILED"
+    json.dumps(as_json)
+
+
+def test_a_channel_without_a_service_adapter_is_one_failure(broken_installed: None) -> None:
+    report = run_kind("channel", "broken-unadapted")
+    assert report.error["code"] == "CONFORMANCE_NO_SERVICE_ADAPTER" and report.results == () and report.failed == 1
+    assert "conformance_service(request)" in report.error["message"]
+    assert "scheduler.conformance_adapters" in report.error["message"]
+    bare = run_kind("channel", "reference", ReferenceChannel())
+    assert bare.error["code"] == "CONFORMANCE_NO_SERVICE_ADAPTER" and "channel 'reference'" in bare.error["message"]
+    for spec, needle in (("no_such_module_xyz:Service", "ModuleNotFoundError"), ("json:dumps", "no conformance_service"),
+                         ("missing-colon", "not MODULE:ATTR")):
+        bad = run_kind("channel", "reference", ReferenceChannel(), service_adapter=spec)
+        assert bad.error["code"] == "CONFORMANCE_ADAPTER_INVALID" and needle in bad.error["message"], bad.error
+        assert bad.error["message"].startswith("service adapter")
+
+
+def test_service_adapters_are_found_by_kind(broken_installed: None) -> None:
+    """Executors and channels share scheduler.conformance_adapters: a name's adapter is picked by the kind's method."""
+    from scheduler.conformance.payload import adapter_from_entry_points, resolve_payload_adapter
+    from scheduler.conformance.service import resolve_service_adapter
+
+    found = adapter_from_entry_points("broken", "conformance_service", "service")
+    assert type(found).__name__ == "BrokenService"
+    with pytest.raises(SchedulerError) as info:
+        adapter_from_entry_points("broken", "conformance_payload", "payload")
+    assert info.value.code == "CONFORMANCE_ADAPTER_INVALID" and "has no conformance_payload() method" in info.value.message
+    assert adapter_from_entry_points("no-such-adapter", "conformance_service", "service") is None
+    assert type(resolve_service_adapter("broken", object())).__name__ == "BrokenService"
+    from scheduler.plugins.loader import load_provider
+
+    broken_executor = load_provider("executor", "broken")
+    assert resolve_payload_adapter("broken", broken_executor) is broken_executor  # its own method comes first
+
+    class SelfServing(ReferenceChannel):
+        def conformance_service(self, request: ServiceRequest) -> Any:
+            return _RefStandIn(request)
+
+    own = run_kind("channel", "self-serving", SelfServing(), filter="channel.deliver-plain")
+    assert own.ok and own.passed == 1
+
+
+class _Adapter:
+    """A service adapter built from a function of the request (and of the reference stand-in)."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def conformance_service(self, request: ServiceRequest) -> Any:
+        return self.make(request)
+
+
+def _one(case_id: str, *, tmp_path: Path, channel: Any = None, make: Any = None) -> Any:
+    """Run one stock channel case against ``channel`` (the reference one by default) and a stand-in made by ``make``."""
+    adapter = _Adapter(make) if make is not None else ReferenceService()
+    return run_case(channel or ReferenceChannel(), _channel_case(case_id), tmp_path, name="reference", service_adapter=adapter)
+
+
+def test_service_adapters_that_decline_or_misbehave(tmp_path: Path) -> None:
+    def declines_timeouts(request: ServiceRequest) -> Any:
+        if any(a.kind == "timeout" for a in request.answers):
+            raise NotImplementedError("this service never hangs")
+        return _RefStandIn(request)
+
+    report = _channel_report(service_adapter=_Adapter(declines_timeouts))
+    assert report.ok
+    assert next(r for r in report.results if r.id == "channel.timeout-transient").message == (
+        "service adapter _Adapter cannot give this case's answers: this service never hangs")
+
+    class NoResets(_RefStandIn):
+        def respond_with(self, answer: ServiceAnswer) -> None:
+            if answer.kind == "reset":
+                raise NotImplementedError("resets cannot be staged")
+            super().respond_with(answer)
+
+    skipped = _one("channel.connection-reset-transient", make=NoResets, tmp_path=tmp_path)
+    assert skipped.outcome == "skipped" and skipped.message.endswith("cannot give the answer reset: resets cannot be staged")
+
+    def crashes(request: ServiceRequest) -> Any:
+        raise RuntimeError("adapter bug")
+
+    for make, needle in (
+        (crashes, "service adapter _Adapter raised RuntimeError: adapter bug"),
+        (lambda r: object(), "a stand-in without settings, secrets, target, options, respond_with, received, close"),
+    ):
+        result = _one("channel.deliver-plain", make=make, tmp_path=tmp_path)
+        assert result.outcome == "failed" and needle in result.message, result.message
+
+    def with_settings(**changes: Any) -> Any:
+        def make(request: ServiceRequest) -> Any:
+            stand_in = _RefStandIn(request)
+            for key, value in changes.items():
+                setattr(stand_in, key, {**getattr(stand_in, key), **value} if isinstance(value, dict) else value)
+            return stand_in
+
+        return make
+
+    unknown = _one("channel.deliver-plain", make=with_settings(settings={"nope": 1}), tmp_path=tmp_path)
+    assert unknown.outcome == "failed" and "do not validate against RefChannelSettings" in unknown.message
+    assert "channels.reference.nope" in unknown.message
+    literal = _one("channel.deliver-plain", make=with_settings(settings={"token": "literal-secret-text"}), tmp_path=tmp_path)
+    assert literal.outcome == "failed" and "channels.reference.token" in literal.message
+    options = _one("channel.deliver-plain", make=with_settings(options={"x": 1}), tmp_path=tmp_path)
+    assert options.outcome == "failed" and "delivery_options do not validate: DELIVERY_OPTIONS_INVALID" in options.message
+
+    class NoSettings(ReferenceChannel):
+        settings_class = None  # type: ignore[assignment]
+
+    refused = _one("channel.deliver-plain", channel=NoSettings(), tmp_path=tmp_path)
+    assert refused.outcome == "failed" and "declares no settings_class" in refused.message
+
+    class Confused(_RefStandIn):
+        def message_of(self, request: HttpRequest) -> ReceivedMessage:
+            raise ValueError("cannot read that")
+
+    confused = _one("channel.deliver-plain", make=Confused, tmp_path=tmp_path)
+    assert confused.outcome == "failed" and "the stand-in: POST /messages: ValueError: cannot read that" in confused.message
+
+
+def test_secrets_never_reach_errors_receipts_or_logs(tmp_path: Path) -> None:
+    import logging
+
+    class LogsToken(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            logging.getLogger("reference.channel").info("sending with %s", self._settings.token.resolve())
+            return super().send(part, route)
+
+    class TokenInError(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            try:
+                return super().send(part, route)
+            except PermanentDeliveryError as exc:
+                raise PermanentDeliveryError(f"{exc.message} for {self._settings.token.resolve()}", code=exc.code) from None
+
+    class TokenInReceipt(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            receipt = super().send(part, route)
+            return DeliveryReceipt(receipt_id=receipt.receipt_id, details={"auth": self._settings.token.resolve()})
+
+    for channel, case_id, where in (
+        (LogsToken(), "channel.deliver-plain", "a log record emitted while sending"),
+        (TokenInError(), "channel.auth-rejected-permanent", "the error (message, code or args)"),
+        (TokenInReceipt(), "channel.deliver-plain", "the receipt"),
+    ):
+        tokens: list[str] = []
+
+        def make(request: ServiceRequest) -> Any:
+            stand_in = _RefStandIn(request)
+            tokens.append(stand_in.token)
+            return stand_in
+
+        result = _one(case_id, channel=channel, make=make, tmp_path=tmp_path)
+        assert result.outcome == "failed" and f"a secret of the channel's settings appears in {where}" in result.message
+        assert tokens and tokens[0] not in json.dumps(result.to_json())  # the report itself shows it redacted
+    quiet = logging.getLogger()
+    assert not any(isinstance(h, logging.Handler) and type(h).__name__ == "_Capture" for h in quiet.handlers)
+
+
+def test_a_send_that_does_not_return_fails_within_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.conformance import channel as channel_adapter
+
+    monkeypatch.setattr(channel_adapter, "SEND_LIMIT_MS", 1000)
+    started = time.monotonic()
+    result = _one("channel.timeout-transient", make=lambda r: _RefStandIn(r, timeout_s=60), tmp_path=tmp_path)
+    assert result.outcome == "failed" and "send() did not return within" in result.message
+    assert "the channel must give up on its own" in result.message
+    assert time.monotonic() - started < 10
+
+
+def test_what_every_channel_case_checks(tmp_path: Path) -> None:
+    class NarrowedByConfigure(ReferenceChannel):
+        def configure(self, settings: RefChannelSettings) -> None:
+            super().configure(settings)
+            self.capabilities = frozenset()
+
+    narrowed = _one("channel.attachments-delivered", channel=NarrowedByConfigure(), tmp_path=tmp_path)
+    assert narrowed.outcome == "skipped" and "configured for its stand-in, the channel does not declare" in narrowed.message
+
+    class BadLimits(ReferenceChannel):
+        limits = "many"  # type: ignore[assignment]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.limits = "many"  # type: ignore[assignment]
+
+    bad = _one("channel.deliver-plain", channel=BadLimits(), tmp_path=tmp_path)
+    assert bad.outcome == "failed" and bad.message == "limits is str, not a ChannelLimits"
+
+    claims = ReferenceChannel()
+    claims.limits = attrs.evolve(claims.limits, supports_attachments=False, max_attachment_bytes=0)
+    inconsistent = _one("channel.attachments-delivered", channel=claims, tmp_path=tmp_path)
+    assert inconsistent.outcome == "failed"
+    assert "declares the attachments capability but limits.supports_attachments is False" in inconsistent.message
+
+    class RaisesSchedulerError(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            raise SchedulerError("SECRET_UNRESOLVED", "secret env:X does not exist")
+
+    wrong_type = _one("channel.rejected-permanent", channel=RaisesSchedulerError(), tmp_path=tmp_path)
+    assert wrong_type.outcome == "failed" and "send() raised SchedulerError [SECRET_UNRESOLVED]" in wrong_type.message
+
+    class LowerCaseCode(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            raise PermanentDeliveryError("refused", code="refused")
+
+    lower = _one("channel.rejected-permanent", channel=LowerCaseCode(), tmp_path=tmp_path)
+    assert lower.outcome == "failed" and "error code 'refused' is not UPPER_SNAKE" in lower.message
+
+    class NoRetryAfter(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            try:
+                return super().send(part, route)
+            except TransientDeliveryError as exc:
+                raise TransientDeliveryError(exc.message, code=exc.code) from None
+
+    forgets = _one("channel.rate-limited-retry-after", channel=NoRetryAfter(), tmp_path=tmp_path)
+    assert forgets.outcome == "failed"
+    assert "retry_after_s: expected 7 (the service said Retry-After: 7), got None" in forgets.message
+
+    class Permanent500(ReferenceChannel):
+        def send(self, part: Any, route: Any) -> Any:
+            try:
+                return super().send(part, route)
+            except TransientDeliveryError as exc:
+                raise PermanentDeliveryError(exc.message, code=exc.code) from None
+
+    too_final = _one("channel.server-error-transient", channel=Permanent500(), tmp_path=tmp_path)
+    assert too_final.outcome == "failed" and too_final.message.startswith(
+        "expected a TransientDeliveryError (the service answered server_error), got PermanentDeliveryError [REF_RETRY]")
+    assert too_final.observed["attempts"][0]["service_saw"][0]["accepted"] is False
+
+
+def test_http_stand_in_reads_forms(tmp_path: Path) -> None:
+    boundary = "xYz"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"chat_id\"\r\n\r\n42\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"document\"; filename=\"a.bin\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + bytes(range(256)) + f"\r\n--{boundary}--\r\n".encode()
+    request = HttpRequest(method="POST", path="/x", query={}, headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+                          body=body)
+    fields, files = request.form()
+    assert fields == {"chat_id": "42"} and files == {"document": ("a.bin", "application/octet-stream", bytes(range(256)))}
+    plain = HttpRequest(method="POST", path="/x", query={}, headers={"content-type": "application/x-www-form-urlencoded"},
+                        body=b"a=1&b=%C3%BC&c=")
+    assert plain.form() == ({"a": "1", "b": "ü", "c": ""}, {})
+
+
+def test_cli_channel_run_and_list(broken_installed: None) -> None:
+    result = CliRunner().invoke(conformance_group, ["run", "channel", "broken"])
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.rstrip("\n").splitlines()
+    assert SUMMARY_RE.match(lines[-1]) and lines[-1].endswith("1 skipped")
+    assert all(re.match(r"^((PASS|FAIL|SKIP) channel\.|     (result|attempts|part|limits|secrets|leaking_log_records): )", line)
+               for line in lines[:-1]), lines
+    listed = CliRunner().invoke(conformance_group, ["list", "channel"])
+    assert listed.exit_code == 0
+    assert "channel.attachments-refused-without-support  (negative)  [unless it declares attachments]" in listed.stdout
+    assert "channel.idempotency-key-carried  (positive)  [requires idempotency-keys]" in listed.stdout
+    unadapted = CliRunner().invoke(conformance_group, ["run", "channel", "broken-unadapted"])
+    assert unadapted.exit_code == 1 and unadapted.stdout == "0 passed, 1 failed, 0 skipped\n"
+    assert "CONFORMANCE_NO_SERVICE_ADAPTER" in unadapted.stderr
+
+
+def test_ci_runs_a_channel(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ci.PROVIDERS_ENV, "channel:broken,channel:broken-unadapted")
+    out = io.StringIO()
+    assert ci.main(out=out) == 1
+    text = out.getvalue()
+    assert "== conformance channel broken" in text and "FAIL channel.rate-limited-retry-after: " in text
+    assert text.count("FAIL channel broken-unadapted: CONFORMANCE_NO_SERVICE_ADAPTER") == 1

@@ -2,7 +2,10 @@
 
 ``engine`` loads and runs the cases (no pytest), ``payload`` holds the executor
 payload-adapter types (a case describes a behaviour, each executor's adapter writes it
-in its own payload language), ``cli`` is the ``scheduler conformance`` command group,
+in its own payload language), ``service`` the channel service-adapter types (a case
+describes what the service answers, each channel's adapter starts a loopback stand-in of
+its service), ``channel`` the engine's adapter for kind ``channel`` (registered on
+import, here), ``cli`` is the ``scheduler conformance`` command group,
 ``ci`` runs every first-party provider, and ``pytest_plugin`` is the opt-in pytest
 adapter for plugin authors (re-exported by ``scheduler.testing``).
 """
@@ -29,20 +32,41 @@ from scheduler.conformance.engine import (
     select_cases,
 )
 from scheduler.conformance.payload import ADAPTER_GROUP, Behaviour, PosixShellPayloads, RawPayload, Step
+from scheduler.conformance.service import (
+    ANSWERS,
+    HttpReply,
+    HttpRequest,
+    HttpStandIn,
+    ReceivedFile,
+    ReceivedMessage,
+    ServiceAnswer,
+    ServiceRequest,
+)
+
+# Registers the channel kind's adapter (the executor's is registered by the engine module itself).
+from scheduler.conformance import channel as _channel  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ADAPTERS",
     "ADAPTER_GROUP",
+    "ANSWERS",
     "FIXTURES_ENV",
     "FIXTURE_VERSION",
     "Behaviour",
     "Case",
     "CaseCheck",
     "CaseResult",
+    "HttpReply",
+    "HttpRequest",
+    "HttpStandIn",
     "KindAdapter",
     "PosixShellPayloads",
     "RawPayload",
+    "ReceivedFile",
+    "ReceivedMessage",
     "Report",
+    "ServiceAnswer",
+    "ServiceRequest",
     "Step",
     "extra_fixture_dirs",
     "fixtures_root",

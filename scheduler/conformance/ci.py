@@ -8,7 +8,8 @@ the list (to run a subset locally); ``SCHEDULER_CONFORMANCE_FIXTURES`` adds case
 directories to the stock corpus for every provider. Prints each report (a failed case
 with what the provider reported) and a final combined line
 ``N passed, N failed, N skipped``; exits 1 on any failure. A provider that cannot be
-loaded, or an executor without a payload adapter, is one failure, never one per case.
+loaded, an executor without a payload adapter or a channel without a service adapter, is
+one failure, never one per case.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import TextIO
 from scheduler.conformance.cli import result_line
 from scheduler.conformance.engine import Report, run_kind
 
-#: (kind, driver name) of every first-party provider the fixtures apply to, and of the example
+#: (kind, driver name) of every first-party provider the fixtures apply to (each channel sends
+#: to the loopback stand-in its distribution's service adapter starts), and of the example
 #: executors of examples/plugin-walkthrough/ (which promise to pass the corpus too). Add a pair
 #: when a distribution under plugins/, providers/ or examples/ gains fixtures for its kind.
 FIRST_PARTY: tuple[tuple[str, str], ...] = (
@@ -28,6 +30,11 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("executor", "hello"),
     ("executor", "python"),
     ("executor", "agent"),
+    ("channel", "webhook"),
+    ("channel", "slack"),
+    ("channel", "telegram"),
+    ("channel", "email"),
+    ("channel", "openclaw"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"

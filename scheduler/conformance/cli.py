@@ -4,7 +4,7 @@ The lead attaches ``conformance_group`` to the root CLI; it also runs on its own
 as ``python -m scheduler.conformance.cli``. Human output is one line per case
 (``PASS id``, ``FAIL id: message``, ``SKIP id: reason``; a failure is followed by
 indented lines with what the provider reported: result, stderr, stdout, the payload
-it was given) with the summary line ``N passed, N failed, N skipped`` last; ``--json``
+it was given; for a channel each attempt and what its service stand-in saw) with the summary line ``N passed, N failed, N skipped`` last; ``--json``
 prints one JSON object. A run that cannot start (the provider does not load, no
 payload adapter, invalid fixtures) is one error on stderr and one failure in the summary.
 """
@@ -81,7 +81,8 @@ _FIXTURES_HELP = (
     "--adapter",
     "adapter",
     metavar="MODULE:ATTR",
-    help="Executor payload adapter to use instead of the executor's own or its scheduler.conformance_adapters entry point.",
+    help="Executor payload adapter, or channel service adapter, to use instead of the provider's own or its "
+    "scheduler.conformance_adapters entry point.",
 )
 @click.pass_context
 def run_command(
@@ -131,6 +132,8 @@ def list_command(ctx: click.Context, kind: str | None, as_json_flag: bool, fixtu
         return
     for case in cases:
         requires = f"  [requires {', '.join(case.requires)}]" if case.requires else ""
+        unless = case.input.get("unless_declared") if case.kind == "channel" else None
+        requires += f"  [unless it declares {', '.join(unless)}]" if unless else ""
         language = (case.input.get("payload") or {}).get("language")
         raw = f"  [{language} payload]" if language else ""
         click.echo(f"{case.id}  ({case.polarity}){requires}{raw}")

@@ -14,10 +14,13 @@ by ``$SCHEDULER_CONFORMANCE_FIXTURES`` (``os.pathsep``-separated) or passed as
 
 Executor cases describe a behaviour; the executor's payload adapter
 (``scheduler.conformance.payload``) writes it in the executor's payload language.
+Channel cases describe what the service answers; the channel's service adapter
+(``scheduler.conformance.service``) starts a loopback stand-in of its service.
 
 Running cases is kind-specific, so each kind has a ``KindAdapter`` registered in
-``ADAPTERS``; only ``executor`` has one today. This module deliberately does not
-import pytest (``pytest_plugin`` is the opt-in pytest adapter).
+``ADAPTERS``: ``executor`` (below) and ``channel`` (``scheduler.conformance.channel``,
+registered when the package is imported). This module deliberately does not import
+pytest (``pytest_plugin`` is the opt-in pytest adapter).
 """
 
 from __future__ import annotations
@@ -134,7 +137,8 @@ class Report:
 
     ``error`` is set (``{"code", "message"}``) when the run could not start at all:
     the provider failed to load, the fixtures are invalid, the kind has no adapter,
-    an executor has no payload adapter, or a filter selected nothing. That counts as
+    an executor has no payload adapter, a channel no service adapter, or a filter
+    selected nothing. That counts as
     exactly one failure (``failed == 1``) and no case results, so a broken provider
     never looks clean and never floods the output with one identical line per case.
     """
@@ -438,7 +442,11 @@ def _elapsed_ms(start: float) -> int:
 
 
 def prepare(kind: str, name: str | None, provider: Any, payload_adapter: Any = None) -> Any:
-    """The per-provider context of a kind's adapter (executors: the payload adapter); raises ``SchedulerError``.
+    """The per-provider context of a kind's adapter (executors: the payload adapter; channels: the service adapter).
+
+    ``payload_adapter`` is the kind's adapter given explicitly (an executor's payload
+    adapter or a channel's service adapter; None: found as the kind finds it). Raises
+    ``SchedulerError``.
 
     It first holds a provider object built in process (``make_provider``, ``provider=``) to
     what loading checks (``plugin_api`` major, ``capabilities`` a set of strings), so an
@@ -464,13 +472,15 @@ def run_case(
     *,
     name: str | None = None,
     payload_adapter: Any = None,
+    service_adapter: Any = None,
     context: Any = _UNSET,
 ) -> CaseResult:
     """Run one case against an already loaded provider in ``workdir`` (an empty directory the case may use).
 
     Skips when the provider does not declare every capability the case requires, or
-    when its payload adapter cannot express the case. ``context`` is what ``prepare``
-    returned (computed here from ``name`` and ``payload_adapter`` when not given).
+    when its payload (service) adapter cannot express the case. ``context`` is what
+    ``prepare`` returned (computed here from ``name`` and ``payload_adapter`` /
+    ``service_adapter`` when not given).
     Never raises: any exception, from the provider or the engine, is a failed case
     whose message names it.
     """
@@ -495,7 +505,7 @@ def run_case(
             )
         if context is _UNSET:
             try:
-                context = adapter.prepare(name, provider, payload_adapter)
+                context = adapter.prepare(name, provider, payload_adapter if payload_adapter is not None else service_adapter)
             except SchedulerError as exc:
                 return CaseResult(
                     id=case.id, outcome="failed", message=f"{exc.code}: {exc.message}", duration_ms=_elapsed_ms(start)
@@ -534,6 +544,7 @@ def run_kind(
     root: PathLike | None = None,
     extra: Iterable[PathLike] = (),
     payload_adapter: Any = None,
+    service_adapter: Any = None,
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> Report:
     """Run every (selected) case of ``kind`` against the provider ``name`` and return the report.
@@ -541,8 +552,9 @@ def run_kind(
     The provider is loaded through its entry point (``load_provider``) unless one is
     given; ``extra`` adds fixture directories to the stock corpus (as
     ``$SCHEDULER_CONFORMANCE_FIXTURES`` does); ``payload_adapter`` (an object, a class
-    or ``MODULE:ATTR``) overrides how an executor's adapter is found. A load failure,
-    invalid fixtures, an unsupported kind, a missing payload adapter or a ``filter``
+    or ``MODULE:ATTR``) overrides how an executor's adapter is found, ``service_adapter``
+    how a channel's is (either name is accepted for either kind). A load failure,
+    invalid fixtures, an unsupported kind, a missing payload or service adapter or a ``filter``
     that selects nothing (``CONFORMANCE_NO_CASES``) produce a report with ``error``
     set, counted as one failure, never a traceback. ``on_result`` is called after each
     case (the CLI streams its lines through it).
@@ -571,7 +583,7 @@ def run_kind(
                 kind, name, "PLUGIN_LOAD_FAILED", f"{kind} driver {name!r} failed to load: {type(exc).__name__}: {exc}"
             )
     try:
-        context = prepare(kind, name, provider, payload_adapter)
+        context = prepare(kind, name, provider, payload_adapter if payload_adapter is not None else service_adapter)
     except SchedulerError as exc:
         return _start_failure(kind, name, exc.code, exc.message)
     results: list[CaseResult] = []

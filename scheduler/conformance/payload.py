@@ -197,24 +197,57 @@ def _instantiate(obj: Any) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-def import_adapter(spec: str) -> Any:
-    """Import ``MODULE:ATTR`` (``--adapter``) and return the adapter object; ``CONFORMANCE_ADAPTER_INVALID`` if that fails."""
+def load_adapter_spec(spec: str, what: str = "payload") -> Any:
+    """Import ``MODULE:ATTR`` and return the object (a class is instantiated); ``CONFORMANCE_ADAPTER_INVALID`` if that fails.
+
+    ``what`` names the kind of adapter in messages (``payload`` for executors, ``service`` for channels).
+    """
     import importlib
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"payload adapter {spec!r} is not MODULE:ATTR")
+        raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"{what} adapter {spec!r} is not MODULE:ATTR")
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
-        return check_adapter(_instantiate(target), spec)
-    except SchedulerError:
-        raise
+        return _instantiate(target)
     except Exception as exc:  # noqa: BLE001 - any import problem is the adapter's
         raise SchedulerError(
-            "CONFORMANCE_ADAPTER_INVALID", f"payload adapter {spec!r} could not be loaded: {type(exc).__name__}: {exc}"
+            "CONFORMANCE_ADAPTER_INVALID", f"{what} adapter {spec!r} could not be loaded: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def import_adapter(spec: str) -> Any:
+    """Import ``MODULE:ATTR`` (``--adapter``) and return the adapter object; ``CONFORMANCE_ADAPTER_INVALID`` if that fails."""
+    return check_adapter(load_adapter_spec(spec, "payload"), spec)
+
+
+def adapter_from_entry_points(name: str, method: str, what: str) -> Any:
+    """The adapter registered as ``name`` in ``scheduler.conformance_adapters`` that has ``method``; None when none is.
+
+    Executors and channels share the group, so an executor and a channel of the same name
+    may both register one: every entry point of that name is loaded and the first with the
+    kind's method wins. One that fails to load, or only ones without the method, are
+    ``CONFORMANCE_ADAPTER_INVALID``.
+    """
+    from scheduler.plugins.loader import dist_name, entry_points_of
+
+    failures: list[str] = []
+    for ep in (ep for ep in entry_points_of(ADAPTER_GROUP) if ep.name == name):
+        # Not load_driver: an adapter is not a provider (no plugin_api); the entry point's target is loaded as is.
+        where = f"entry point {ADAPTER_GROUP}:{name} ({ep.value}) from {dist_name(ep)}"
+        try:
+            adapter = _instantiate(ep.load())
+        except Exception as exc:  # noqa: BLE001 - an adapter that cannot be loaded or built is reported, not raised
+            failures.append(f"{what} adapter {where} failed to load: {type(exc).__name__}: {exc}")
+            continue
+        if callable(getattr(adapter, method, None)):
+            return adapter
+        failures.append(f"{what} adapter {where} has no {method}() method")
+    if failures:
+        raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", "; ".join(failures))
+    return None
 
 
 def check_adapter(adapter: Any, where: str) -> Any:
@@ -240,19 +273,9 @@ def resolve_payload_adapter(name: str | None, provider: Any, explicit: Any = Non
     if callable(getattr(provider, "conformance_payload", None)):
         return provider
     if name:
-        from scheduler.plugins.loader import dist_name, entry_points_of
-
-        matches = [ep for ep in entry_points_of(ADAPTER_GROUP) if ep.name == name]
-        if matches:
-            # Not load_driver: an adapter is not a provider (no plugin_api); the entry point's target is loaded as is.
-            where = f"entry point {ADAPTER_GROUP}:{name} ({matches[0].value}) from {dist_name(matches[0])}"
-            try:
-                adapter = _instantiate(matches[0].load())
-            except Exception as exc:  # noqa: BLE001 - an adapter that cannot be loaded or built is reported, not raised
-                raise SchedulerError(
-                    "CONFORMANCE_ADAPTER_INVALID", f"payload adapter {where} failed to load: {type(exc).__name__}: {exc}"
-                ) from None
-            return check_adapter(adapter, where)
+        found = adapter_from_entry_points(name, "conformance_payload", "payload")
+        if found is not None:
+            return found
     label = f"executor {name!r}" if name else f"executor {type(provider).__name__}"
     raise SchedulerError(
         "CONFORMANCE_NO_PAYLOAD_ADAPTER",
@@ -271,7 +294,9 @@ __all__ = [
     "PosixShellPayloads",
     "RawPayload",
     "Step",
+    "adapter_from_entry_points",
     "check_adapter",
     "import_adapter",
+    "load_adapter_spec",
     "resolve_payload_adapter",
 ]

@@ -2,7 +2,7 @@
 
 Usage in a plugin's ``tests/test_conformance.py`` (import the classes from ``scheduler.testing``)::
 
-    from scheduler.testing import ExecutorConformance
+    from scheduler.testing import ChannelConformance, ExecutorConformance
 
     class TestShellConformance(ExecutorConformance):
         provider_name = "shell"                 # loaded through its entry point, as production does
@@ -16,13 +16,17 @@ Usage in a plugin's ``tests/test_conformance.py`` (import the classes from ``sch
         def make_provider(self):
             return MyExecutor()
 
+    class TestWebhookConformance(ChannelConformance):
+        provider_name = "webhook"               # its service adapter: entry point scheduler.conformance_adapters:webhook
+
 Importing a base class is enough: the parametrisation lives in the class's own
 ``pytest_generate_tests``. Listing ``pytest_plugins = ["scheduler.conformance.pytest_plugin"]``
 additionally gives the ``conformance_case_ids`` fixture and a header line. A case a
-provider lacks the capabilities for, or that its payload adapter cannot express, is
-skipped with the reason; a failed case fails with the engine's message and what the
-provider reported. A provider that cannot be built or loaded (or an executor without a
-payload adapter) is **one** failing test, ``test_case[provider-load]``, not one per case.
+provider lacks the capabilities for, or that its payload (service) adapter cannot
+express, is skipped with the reason; a failed case fails with the engine's message and
+what the provider reported. A provider that cannot be built or loaded (or an executor
+without a payload adapter, a channel without a service adapter) is **one** failing test,
+``test_case[provider-load]``, not one per case.
 """
 
 from __future__ import annotations
@@ -163,9 +167,24 @@ class ExecutorConformance(_ProviderConformance):
 
 
 class ChannelConformance(_ProviderConformance):
-    """Conformance cases for ``scheduler.channels`` providers."""
+    """Conformance cases for ``scheduler.channels`` providers.
+
+    ``service_adapter`` (an object, a class or ``"module:attr"``) names the adapter that
+    starts a loopback stand-in of the channel's service for each case; left ``None``, the
+    channel's own ``conformance_service`` method or its ``scheduler.conformance_adapters``
+    entry point is used.
+    """
 
     kind: ClassVar[str] = "channel"
+    service_adapter: ClassVar[Any] = None
+
+    def make_service_adapter(self) -> Any:
+        """``service_adapter`` (None: let the engine find it)."""
+        return type(self).service_adapter
+
+    def make_payload_adapter(self) -> Any:
+        """The kind's adapter handed to the engine: for a channel, its service adapter."""
+        return self.make_service_adapter()
 
 
 class EvidenceProviderConformance(_ProviderConformance):

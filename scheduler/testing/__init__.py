@@ -13,7 +13,7 @@
 * the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
   plugin's tests to run the stock conformance corpus against your provider; the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
-  channel service-adapter types (``LoopbackHttpService``, ``ServiceAnswer``,
+  channel service-adapter types (``HttpStandIn``, ``ServiceAnswer``,
   ``ReceivedMessage`` ...) for your conformance adapter.
 
 ``scheduler.testing.fixtures`` turns these into pytest fixtures
@@ -237,7 +237,7 @@ def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
 _CONFORMANCE_PYTEST = ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
                        "CredentialProviderConformance", "AuthorizationProviderConformance")
 _CONFORMANCE_PAYLOAD = ("Behaviour", "PosixShellPayloads", "RawPayload", "Step")
-_CONFORMANCE_SERVICE = ("HttpReply", "HttpRequest", "LoopbackHttpService", "ReceivedFile", "ReceivedMessage",
+_CONFORMANCE_SERVICE = ("HttpReply", "HttpRequest", "HttpStandIn", "ReceivedFile", "ReceivedMessage",
                         "ServiceAnswer", "ServiceRequest")
 
 
