@@ -33,6 +33,7 @@ BENCHMARKS = {
     "cli": "bench.cli_start",
     "postgres": "bench.postgres",
     "soak": "bench.soak",
+    "delivery": "bench.delivery",
 }
 
 
