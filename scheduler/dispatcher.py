@@ -528,6 +528,8 @@ class Dispatcher:
         finished = self._take_finished()
         if not claim and not finished:
             return CANCEL_CHECK_MS / 1000
+        if self.delivery is not None:
+            self.delivery.wake()  # a pass runs on every change another process commits (a re-armed or new part too)
         if not finished:
             with self.store.read() as tx:
                 due = next_due(tx)
@@ -568,7 +570,7 @@ class Dispatcher:
         if created:
             self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
         if self.delivery is not None:
-            self.delivery.wake()  # completions and approval gates may have enqueued outbox parts
+            self.delivery.wake()  # completions and approval gates of this pass may have enqueued outbox parts
         for s in started:  # first: a run committed as running must reach a worker whatever happens next
             self._submit(s)
         for s, run in committed:
