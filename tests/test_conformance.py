@@ -33,6 +33,7 @@ from click.testing import CliRunner
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.conformance import ci
+from scheduler.conformance.channel import fill_body
 from scheduler.conformance.cli import conformance_group, result_line
 from scheduler.conformance.engine import (
     FIXTURES_ENV,
@@ -45,7 +46,6 @@ from scheduler.conformance.engine import (
     run_case,
     run_kind,
 )
-from scheduler.conformance.channel import fill_body
 from scheduler.conformance.payload import ACTIONS, Behaviour, PosixShellPayloads, Step
 from scheduler.conformance.pytest_plugin import ChannelConformance
 from scheduler.conformance.service import (
@@ -1601,7 +1601,7 @@ def test_secrets_never_reach_errors_receipts_or_logs(tmp_path: Path) -> None:
     ):
         tokens: list[str] = []
 
-        def make(request: ServiceRequest) -> Any:
+        def make(request: ServiceRequest, tokens: list[str] = tokens) -> Any:
             stand_in = _RefStandIn(request)
             tokens.append(stand_in.token)
             return stand_in

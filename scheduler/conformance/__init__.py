@@ -44,7 +44,7 @@ from scheduler.conformance.service import (
 )
 
 # Registers the channel kind's adapter (the executor's is registered by the engine module itself).
-from scheduler.conformance import channel as _channel  # noqa: E402,F401  isort: skip
+from scheduler.conformance import channel as _channel  # noqa: F401  isort: skip
 
 __all__ = [
     "ADAPTERS",

@@ -196,7 +196,7 @@ def _run_channel_case(provider: Any, case: Case, workdir: Path, context: Any) ->
     request = ServiceRequest(case_id=case.id, channel=context.name, answers=answers, workdir=workdir,
                              timeout_s=CHANNEL_TIMEOUT_S)
     try:
-        stand_in = getattr(adapter, "conformance_service")(request)
+        stand_in = adapter.conformance_service(request)
     except NotImplementedError as exc:
         return CaseCheck(skipped=f"service adapter {label} cannot give this case's answers: {exc or 'no reason given'}")
     except Exception as exc:  # noqa: BLE001 - an adapter bug fails the case, never the run
@@ -204,8 +204,8 @@ def _run_channel_case(provider: Any, case: Case, workdir: Path, context: Any) ->
     try:
         missing = [m for m in STAND_IN_MEMBERS if not hasattr(stand_in, m)]
         if missing:
-            return CaseCheck(problems=(f"service adapter {label} returned {type(stand_in).__name__}, a stand-in without "
-                                       f"{', '.join(missing)}",))
+            without = ", ".join(missing)
+            return CaseCheck(problems=(f"service adapter {label} returned {type(stand_in).__name__}, a stand-in without {without}",))
         return _run_with_stand_in(provider, case, context, stand_in, answers)
     finally:
         with contextlib.suppress(Exception):
@@ -476,14 +476,14 @@ def _shape_problems(attempt: _Attempt) -> list[str]:
     from scheduler.plugins.protocols import DeliveryError, DeliveryReceipt
 
     if attempt.hung:
-        return [f"send() did not return within {attempt.duration_ms} ms (the stand-in was told: {attempt.answer.kind}); "
-                "the channel must give up on its own (a timeout of its own)"]
+        return [(f"send() did not return within {attempt.duration_ms} ms (the stand-in was told: {attempt.answer.kind}); "
+                 "the channel must give up on its own (a timeout of its own)")]
     error, result = attempt.error, attempt.result
     if error is not None:
         if not isinstance(error, DeliveryError) or attempt.outcome is None:
             code = f" [{error.code}]" if isinstance(error, SchedulerError) else ""
-            return [f"send() raised {type(error).__name__}{code}: {error} -- a failure must be a TransientDeliveryError or "
-                    "a PermanentDeliveryError"]
+            return [(f"send() raised {type(error).__name__}{code}: {error} -- a failure must be a TransientDeliveryError or "
+                     "a PermanentDeliveryError")]
         problems = []
         if not isinstance(error.code, str) or not _ERROR_CODE.match(error.code):
             problems.append(f"error code {error.code!r} is not UPPER_SNAKE")
@@ -554,11 +554,10 @@ def _compare(case: Case, part: Any, limits: Any, declared: set[str], attempts: l
         count = sum(1 for m in seen if m.accepted)
         if count != expect["delivered_messages"]:
             problems.append(f"the service accepted {count} message(s), expected {expect['delivered_messages']}")
-    if expect.get("body_whole") and got == "delivered":
-        if not any(part.body in m.text for m in accepted_now):
-            longest = max((len(m.text) for m in accepted_now), default=0)
-            problems.append(f"the body ({len(part.body)} characters, within limits.max_chars={limits.max_chars}) did not "
-                            f"arrive whole in one message (the longest text the service accepted has {longest} characters)")
+    if expect.get("body_whole") and got == "delivered" and not any(part.body in m.text for m in accepted_now):
+        longest = max((len(m.text) for m in accepted_now), default=0)
+        problems.append(f"the body ({len(part.body)} characters, within limits.max_chars={limits.max_chars}) did not "
+                        f"arrive whole in one message (the longest text the service accepted has {longest} characters)")
     if expect.get("idempotency_key_carried"):
         if not seen:
             problems.append("the service saw no message, so no idempotency key either")
