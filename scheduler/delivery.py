@@ -105,21 +105,22 @@ def channel_limits(name: str) -> ChannelLimits:
 
 
 def split_body(body: str, limits: ChannelLimits, *, run_id: str | None = None) -> list[str]:
-    """``body`` cut into at most ``limits.max_parts`` parts of at most ``limits.max_chars`` characters.
+    """``body`` cut into at most ``limits.max_parts`` parts of at most ``limits.max_chars`` characters (UTF-16 units).
 
     Cuts fall on line ends where a line end is in the second half of a part, so lines stay
     whole; the cut is deterministic (a retry of the enqueue makes the same parts). What does
     not fit in ``max_parts`` is dropped with a note naming the run whose output it was.
     """
-    size = max(1, limits.max_chars)
+    size = max(2, limits.max_chars)
     parts: list[str] = []
     rest = body
     while rest:
-        if len(rest) <= size:
+        fit = _fitting(rest, size)
+        if fit == len(rest):
             parts.append(rest)
             break
-        cut = rest.rfind("\n", size // 2, size)
-        cut = cut + 1 if cut != -1 else size
+        cut = rest.rfind("\n", fit // 2, fit)
+        cut = cut + 1 if cut != -1 else fit
         parts.append(rest[:cut])
         rest = rest[cut:]
     if not parts:
@@ -130,9 +131,26 @@ def split_body(body: str, limits: ChannelLimits, *, run_id: str | None = None) -
         room = max(0, size - len(TRUNCATION_NOTE.format(more=len(body), run=run_id or "-")))
         kept[-1] = kept[-1][:room]
         note = TRUNCATION_NOTE.format(more=len(body) - sum(len(p) for p in kept), run=run_id or "-")
-        kept[-1] = (kept[-1] + note)[:size]  # a limit shorter than the note keeps what of it fits
+        last = kept[-1] + note
+        kept[-1] = last[:_fitting(last, size)]  # a limit shorter than the note keeps what of it fits
         parts = kept
     return parts
+
+
+def _fitting(text: str, units: int) -> int:
+    """How many characters of ``text`` fit in ``units`` UTF-16 code units (what services such as Telegram count).
+
+    A character outside the Basic Multilingual Plane (most emoji) takes two units, so a part
+    is never longer than its channel's limit in either measure.
+    """
+    if len(text) <= units and text.isascii():
+        return len(text)
+    used = 0
+    for i, ch in enumerate(text):
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > units:
+            return i
+    return len(text)
 
 
 def enqueue(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int,

@@ -75,6 +75,9 @@ def test_split_body_is_deterministic_keeps_lines_and_bounds_parts() -> None:
     cut = split_body("y" * 300, ChannelLimits(max_chars=120, max_parts=1), run_id="r-1")
     assert len(cut) == 1 and len(cut[0]) <= 120 and cut[0].startswith("y") and "scheduler runs output r-1" in cut[0]
     assert split_body("", limits) == [""]
+    emoji = "\U0001F600" * 7  # 7 characters, 14 UTF-16 units: Telegram counts units, so 10 is the real limit
+    split = split_body(emoji, limits)
+    assert "".join(split) == emoji and all(len(p.encode("utf-16-le")) // 2 <= 10 for p in split) and len(split) == 2
 
 
 def test_backoff_doubles_with_jitter_and_honours_retry_after() -> None:
