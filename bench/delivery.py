@@ -501,8 +501,8 @@ def render(res: dict[str, Any]) -> str:
         ("Latency is `delivered_at − created_at` of each outbox row (the kernel's millisecond clock). The paced rows are "
         f"{p['paced']} messages each, sent to the first repetition's dispatcher after its backlog drained. A run's result "
         "message is enqueued by the dispatcher, which wakes its consumer after the commit; a part committed by another "
-        f"process is found at the consumer's next look, at most {res.get('consumer_max_sleep_s', 1.0):g} s after its last "
-        "pass when the outbox was empty (`scheduler.delivery.MAX_SLEEP_S`); that is also the pick-up delay above."),
+        "process wakes the dispatcher (change detection), which wakes its consumer at once; without a wake-up the consumer "
+        f"looks at least every {res.get('consumer_max_sleep_s', 1.0):g} s (`scheduler.delivery.MAX_SLEEP_S`)."),
     ]
     if res.get("plot"):
         out += ["", f"![delivery]({res['plot']})"]
