@@ -52,18 +52,16 @@ of them is one failure, ``CONFORMANCE_NO_SERVICE_ADAPTER``.
 from __future__ import annotations
 
 import json
-import socket
-import struct
 import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import attrs
 
 from scheduler.errors import SchedulerError
+from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 #: The method every service adapter has.
 SERVICE_METHOD = "conformance_service"
@@ -229,14 +227,12 @@ class HttpStandIn:
         self.answer = ServiceAnswer(kind="accept")
         self._messages: list[ReceivedMessage] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._server = _start_server(self)
+        self._server = LoopbackHTTPServer(self._answer, request_queue_size=64, thread_name="conformance-stand-in")
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` (no trailing slash)."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._server.url
 
     def respond_with(self, answer: ServiceAnswer) -> None:
         """Answer the next delivery attempt(s) with ``answer``."""
@@ -291,11 +287,17 @@ class HttpStandIn:
 
     def close(self) -> None:
         """Stop the server and release every hanging request."""
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
     # -- plumbing, used by the handler thread
+
+    def _answer(self, recorded: Recorded) -> Reply:
+        """The loopback server's catch-all: every request, whatever its path, is one call of ``handle``."""
+        request = HttpRequest(method=recorded.method, path=recorded.path, query=recorded.query,
+                              headers=recorded.headers, body=recorded.body)
+        reply = self._dispatch(request)
+        return Reply(status=reply.status, json=reply.json, body=reply.body, headers=dict(reply.headers),
+                     action=reply.action, seconds=self.hang_s)
 
     def _dispatch(self, request: HttpRequest) -> HttpReply:
         with self._lock:
@@ -306,57 +308,6 @@ class HttpStandIn:
             with self._lock:
                 self.problems.append(f"{request.method} {request.path}: {type(exc).__name__}: {exc}")
             return HttpReply(status=400, json={"ok": False, "error": "the stand-in could not read the request"})
-
-
-def _start_server(owner: HttpStandIn) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *_args: Any) -> None:
-            pass  # request lines hold URL paths, which may hold secrets
-
-        def _handle(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            body = self.rfile.read(length) if length else b""
-            split = urlsplit(self.path)
-            request = HttpRequest(method=self.command, path=split.path, query=parse_qs(split.query),
-                                  headers={k.lower(): v for k, v in self.headers.items()}, body=body)
-            reply = owner._dispatch(request)
-            if reply.action == "hang":
-                owner._stop.wait(owner.hang_s)
-                self.close_connection = True
-                return
-            payload = json.dumps(reply.json).encode() if reply.json is not None else reply.body
-            self.send_response(reply.status)
-            headers = {"content-type": "application/json" if reply.json is not None else "text/plain", **reply.headers}
-            for name, value in headers.items():
-                self.send_header(name, value)
-            if reply.action == "reset":
-                self.send_header("content-length", str(len(payload) + 1000))
-                self.end_headers()
-                self.wfile.write(payload[: max(1, len(payload) // 2)])
-                self.wfile.flush()
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.connection.close()
-                self.close_connection = True
-                return
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        request_queue_size = 64
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            pass  # resets and client timeouts end connections abruptly on purpose
-
-    server = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="conformance-stand-in",
-                     daemon=True).start()
-    return server
 
 
 # --------------------------------------------------------------------------- finding a channel's adapter

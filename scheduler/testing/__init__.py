@@ -10,6 +10,9 @@
   ``temporary_postgres_schema()``: real databases (PostgreSQL tests skip with the reason);
 * ``hooks_with(module)``, ``load_provider(kind, name)`` and ``run_cli(*args)``: a hook module,
   a provider and the CLI exactly as the kernel uses them;
+* ``isolate_settings``, ``write_settings(path, tables)``, ``toml_value(value)`` and
+  ``provider_loader(monkeypatch, tmp_path, kind)``: a real settings file, and a provider
+  loaded through its entry point with the ``[SECTION.NAME]`` table a test gives it;
 * the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
   plugin's tests to run the stock conformance corpus against your provider; the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
@@ -23,11 +26,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -231,6 +235,77 @@ def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
     return config_home
 
 
+def toml_value(value: Any) -> str:
+    """A TOML literal for a str / bool / int / float / list / dict (inline table) value.
+
+    Enough TOML for a test's settings tables, so no TOML writer is needed (the standard
+    library only reads TOML); ``TypeError`` for anything else.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(type(value))
+
+
+def write_settings(path: Path, tables: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write a settings file holding ``tables`` (``{"channels.webhook": {"url": ...}}`` → ``[channels.webhook]``).
+
+    Tests load plugins from a real settings file rather than from objects they build, so the
+    file's parsing, the settings class's validation and ``configure`` all run as in production.
+    Returns ``path``.
+    """
+    lines: list[str] = []
+    for table, values in tables.items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{table}]")
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextmanager
+def provider_loader(monkeypatch: Any, tmp_path: Path, kind: str) -> Iterator[Callable[..., Any]]:
+    """Yield ``load(name, **settings)``: a ``kind`` provider loaded through its entry point with those settings.
+
+    Each call writes ``[SECTION.NAME]`` (``[channels.NAME]``, ``[providers.NAME]`` ... as the
+    kind's settings section is named) to ``tmp_path/scheduler.toml``, points
+    ``SCHEDULER_CONFIG`` at it, reloads the settings and calls ``load_provider(kind, name)``:
+    the API, Protocol and settings checks and ``configure`` run as the kernel runs them.
+    Settings from outside the test are kept out (``isolate_settings``); on exit every loaded
+    provider with a ``close`` method is closed and the settings cache is reset. Wrap it in a
+    fixture: ``with provider_loader(monkeypatch, tmp_path, "channel") as load: yield load``.
+    """
+    from scheduler.plugins.protocols import SETTINGS_SECTIONS
+    from scheduler.settings import reload_settings
+
+    section = SETTINGS_SECTIONS[kind]
+    isolate_settings(monkeypatch, tmp_path / "xdg")
+    loaded: list[Any] = []
+
+    def load(name: str, **settings: Any) -> Any:
+        path = write_settings(tmp_path / "scheduler.toml", {f"{section}.{name}": settings})
+        monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
+        reload_settings()
+        provider = load_provider(kind, name)
+        loaded.append(provider)
+        return provider
+
+    try:
+        yield load
+    finally:
+        for provider in loaded:
+            getattr(provider, "close", lambda: None)()
+        reload_settings()
+
+
 #: Conformance names re-exported here, imported on first use: the pytest base classes (they pull
 #: in pytest), the payload-adapter types (``scheduler.conformance.payload``) and the channel
 #: service-adapter types (``scheduler.conformance.service``).
@@ -273,9 +348,12 @@ __all__ = [
     "make_request",
     "postgres_unavailable_reason",
     "postgres_url",
+    "provider_loader",
     "run_cli",
     "run_rows",
     "sqlite_store",
     "temporary_postgres_schema",
+    "toml_value",
     "wait_for",
+    "write_settings",
 ]

@@ -2,7 +2,9 @@
 
 Channel, gateway and provider tests point their plugin at it (``server.url``) instead of
 mocking HTTP: a scripted reply can answer with any status and headers, hang past the
-client's timeout, or reset the connection mid-body.
+client's timeout, or reset the connection mid-body. Given a ``catch_all`` function, the server
+answers every request (any path, any method) with what that function returns instead of
+the per-path script: the channel conformance stand-in (``HttpStandIn``) is built that way.
 """
 
 from __future__ import annotations
@@ -55,12 +57,20 @@ def _as_reply(value: Any) -> Reply:
 
 
 class LoopbackHTTPServer:
-    """A threaded HTTP/1.1 server on 127.0.0.1 (port 0) with a per-path script of replies."""
+    """A threaded HTTP/1.1 server on 127.0.0.1 (port 0) with a per-path script of replies.
+
+    ``catch_all(request) -> Behaviour``, when given, answers every request instead of the
+    per-path script (``queue`` / ``default`` are then unused); ``request_queue_size`` is the
+    listen backlog. A ``hang`` reply holds the connection for its ``seconds`` (released early
+    by ``close``).
+    """
 
     Reply = Reply
 
-    def __init__(self) -> None:
+    def __init__(self, catch_all: Callable[[Recorded], Behaviour] | None = None, *, request_queue_size: int = 128,
+                 thread_name: str | None = None) -> None:
         self.requests: list[Recorded] = []
+        self._catch_all = catch_all
         self._queued: dict[str, deque[Behaviour]] = {}
         self._defaults: dict[str, Behaviour] = {}
         self._lock = threading.Lock()
@@ -71,7 +81,7 @@ class LoopbackHTTPServer:
             protocol_version = "HTTP/1.1"
 
             def log_message(self, *_args: Any) -> None:
-                pass
+                pass  # request lines hold URL paths, which may hold secrets
 
             def _handle(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
@@ -103,17 +113,19 @@ class LoopbackHTTPServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_POST = do_PUT = _handle
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
-            request_queue_size = 128
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # resets and client timeouts end connections abruptly on purpose
 
+        Server.request_queue_size = request_queue_size  # the listen backlog
+
         self._server = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=thread_name, daemon=True)
         self._thread.start()
 
     @property
@@ -133,6 +145,10 @@ class LoopbackHTTPServer:
             self._defaults[path] = behaviour
 
     def _take(self, request: Recorded) -> Behaviour:
+        if self._catch_all is not None:
+            with self._lock:
+                self.requests.append(request)
+            return self._catch_all(request)  # outside the lock: it may take its time, or take its own locks
         with self._lock:
             self.requests.append(request)
             queued = self._queued.get(request.path)

@@ -4,7 +4,6 @@ with openssl, and the channel loaded through its entry point with a real setting
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
 import ssl
@@ -18,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.api import reload_settings
-from scheduler.testing import isolate_settings, load_provider
+from scheduler.testing import provider_loader
 
 USER, PASSWORD = "mailer", "s3cret-Pa55word-value"
 
@@ -151,38 +149,9 @@ def silent_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(type(value))
-
-
 @pytest.fixture
 def load_channel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``load_channel(name, **settings)``: write ``[channels.NAME]`` to a real settings file and load the driver
     through its entry point (API, Protocol and settings checks, ``configure``), as the kernel does."""
-    isolate_settings(monkeypatch, tmp_path / "xdg")
-    loaded: list[Any] = []
-
-    def load(name: str, **settings: Any) -> Any:
-        path = tmp_path / "scheduler.toml"
-        lines = [f"[channels.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
-        path.write_text("\n".join(lines) + "\n")
-        monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
-        reload_settings()
-        channel = load_provider("channel", name)
-        loaded.append(channel)
-        return channel
-
-    yield load
-    for channel in loaded:
-        getattr(channel, "close", lambda: None)()
-    reload_settings()
+    with provider_loader(monkeypatch, tmp_path, "channel") as load:
+        yield load

@@ -3,193 +3,27 @@ loaded through its entry point with a real settings file, exactly as the kernel 
 
 from __future__ import annotations
 
-import json
-import socket
-import struct
-import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from scheduler.api import reload_settings
-from scheduler.testing import isolate_settings, load_provider
-
-
-@dataclass
-class Recorded:
-    """One request the server received."""
-
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass
-class Reply:
-    """What the server does with one request: answer, hang past the client's timeout, or reset mid-body."""
-
-    status: int = 200
-    json: Any = None
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    action: str = "respond"  # respond | hang | reset
-    seconds: float = 0.0
-
-
-#: A reply, its keyword arguments as a dict, or a function of the request returning either.
-Behaviour = Reply | dict[str, Any] | Callable[[Recorded], Any]
-
-
-def _as_reply(value: Any) -> Reply:
-    return Reply(**value) if isinstance(value, dict) else value
-
-
-class LoopbackServer:
-    """A threaded HTTP/1.1 server on 127.0.0.1 (port 0) with a per-path script of replies."""
-
-    Reply = Reply
-
-    def __init__(self) -> None:
-        self.requests: list[Recorded] = []
-        self._queued: dict[str, deque[Behaviour]] = {}
-        self._defaults: dict[str, Behaviour] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
-                split = urlsplit(self.path)
-                request = Recorded(self.command, split.path, parse_qs(split.query),
-                                   {k.lower(): v for k, v in self.headers.items()}, body)
-                behaviour = owner._take(request)
-                reply = _as_reply(behaviour(request) if callable(behaviour) else behaviour)
-                if reply.action == "hang":
-                    owner._stop.wait(reply.seconds)
-                    self.close_connection = True
-                    return
-                payload = json.dumps(reply.json).encode() if reply.json is not None else reply.body
-                self.send_response(reply.status)
-                headers = {"content-type": "application/json" if reply.json is not None else "text/plain", **reply.headers}
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                if reply.action == "reset":
-                    self.send_header("content-length", str(len(payload) + 1000))
-                    self.end_headers()
-                    self.wfile.write(payload[: max(1, len(payload) // 2)])
-                    self.wfile.flush()
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.connection.close()
-                    self.close_connection = True
-                    return
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            do_GET = do_POST = do_PUT = _handle
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                pass  # resets and client timeouts end connections abruptly on purpose
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def queue(self, path: str, *behaviours: Behaviour) -> None:
-        """Answer the next requests to ``path`` with these, in order (then the path's default)."""
-        with self._lock:
-            self._queued.setdefault(path, deque()).extend(behaviours)
-
-    def default(self, path: str, behaviour: Behaviour) -> None:
-        """Answer every request to ``path`` with this once its queue is empty."""
-        with self._lock:
-            self._defaults[path] = behaviour
-
-    def _take(self, request: Recorded) -> Behaviour:
-        with self._lock:
-            self.requests.append(request)
-            queued = self._queued.get(request.path)
-            if queued:
-                return queued.popleft()
-            return self._defaults.get(request.path, Reply(json={"ok": True}))
-
-    def to(self, path: str) -> list[Recorded]:
-        """Requests received on ``path``."""
-        with self._lock:
-            return [r for r in self.requests if r.path == path]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
+from scheduler.testing import provider_loader
+from scheduler.testing.http import LoopbackHTTPServer
 
 
 @pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    srv = LoopbackServer()
+def server() -> Iterator[LoopbackHTTPServer]:
+    """A scripted HTTP/1.1 server on 127.0.0.1 (``server.url``, ``server.queue(path, ...)``, ``server.to(path)``)."""
+    srv = LoopbackHTTPServer()
     yield srv
     srv.close()
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(type(value))
 
 
 @pytest.fixture
 def load_channel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``load_channel(name, **settings)``: write ``[channels.NAME]`` to a real settings file and load the driver
     through its entry point (API, Protocol and settings checks, ``configure``), as the kernel does."""
-    isolate_settings(monkeypatch, tmp_path / "xdg")
-    loaded: list[Any] = []
-
-    def load(name: str, **settings: Any) -> Any:
-        path = tmp_path / "scheduler.toml"
-        lines = [f"[channels.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
-        path.write_text("\n".join(lines) + "\n")
-        monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
-        reload_settings()
-        channel = load_provider("channel", name)
-        loaded.append(channel)
-        return channel
-
-    yield load
-    for channel in loaded:
-        getattr(channel, "close", lambda: None)()
-    reload_settings()
+    with provider_loader(monkeypatch, tmp_path, "channel") as load:
+        yield load

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.api import EvidencePayload, reload_settings
-from scheduler.testing import isolate_settings, load_provider
+from scheduler.api import EvidencePayload
+from scheduler.testing import provider_loader
 
 
 def _canonical(document: dict[str, Any]) -> bytes:
@@ -47,32 +47,8 @@ def make_payload() -> Callable[..., EvidencePayload]:
     return lambda run_id="run-1", **result: payload_for(run_document(run_id, **result))
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
-
-
 @pytest.fixture
 def load_evidence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``load_evidence(name, **settings)``: write ``[providers.NAME]`` and load the driver through its entry point."""
-    isolate_settings(monkeypatch, tmp_path / "xdg")
-
-    def load(name: str, **settings: Any) -> Any:
-        path = tmp_path / "scheduler.toml"
-        lines = [f"[providers.{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
-        path.write_text("\n".join(lines) + "\n")
-        monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
-        reload_settings()
-        return load_provider("evidence", name)
-
-    yield load
-    reload_settings()
+    with provider_loader(monkeypatch, tmp_path, "evidence") as load:
+        yield load

@@ -10,25 +10,11 @@ from typing import Any
 import pytest
 
 from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, reload_settings
+from scheduler import testing
 from scheduler.testing import isolate_settings, load_provider
 
 #: The secret every test hands around; no message, detail, log line or metadata may contain it.
 SECRET = "s3cr3t-Local-7f9a2c1e"
-
-
-def toml_value(value: Any) -> str:
-    """A TOML literal for str / bool / int / float / list / dict (inline table) values."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +52,7 @@ def write_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[
     """``write_settings({"providers.file": {...}, ...})``: a real settings file, selected by ``SCHEDULER_CONFIG``."""
 
     def write(tables: dict[str, dict[str, Any]]) -> Path:
-        path = tmp_path / "scheduler.toml"
-        lines: list[str] = []
-        for table, values in tables.items():
-            lines.append(f"[{table}]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
-        path.write_text("\n".join(lines) + "\n")
+        path = testing.write_settings(tmp_path / "scheduler.toml", tables)
         monkeypatch.setenv("SCHEDULER_CONFIG", str(path))
         reload_settings()
         return path
