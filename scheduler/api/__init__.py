@@ -4,7 +4,8 @@ Everything a third-party executor, channel, evidence, credential or authorizatio
 provider needs is importable from here: the provider Protocols and the types they
 exchange with the kernel, ``RunControl``, the output stream recorder and the
 structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (what evidence
-and artifacts are bound by), the error type and the registry of kernel error codes,
+and artifacts are bound by), the checks every evidence provider makes of its payload and
+envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), the error type and the registry of kernel error codes,
 ``hookimpl`` for pluggy hook modules, option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
@@ -29,6 +30,21 @@ from scheduler.canonical import (
     is_digest,
 )
 from scheduler.errors import ErrorCode, SchedulerError
+from scheduler.evidence_payload import (
+    PAYLOAD_FORMAT,
+    CheckedPayload,
+    EvidenceFailure,
+    StrictJSONError,
+    check_bound_payload,
+    check_keys,
+    check_payload,
+    check_requested_methods,
+    declared_options,
+    envelope_parts,
+    parse_canonical,
+    requested_methods,
+    strict_json,
+)
 from scheduler.execution import (
     EXECUTION_STATUSES,
     CancellationToken,
@@ -109,6 +125,20 @@ __all__ = [
     "EvidencePayload",
     "EvidenceProvider",
     "EvidenceVerification",
+    # evidence-provider checks (scheduler.evidence_payload)
+    "PAYLOAD_FORMAT",
+    "CheckedPayload",
+    "EvidenceFailure",
+    "StrictJSONError",
+    "check_bound_payload",
+    "check_keys",
+    "check_payload",
+    "check_requested_methods",
+    "declared_options",
+    "envelope_parts",
+    "parse_canonical",
+    "requested_methods",
+    "strict_json",
     "ExecutionRequest",
     "ExecutionResult",
     "Executor",

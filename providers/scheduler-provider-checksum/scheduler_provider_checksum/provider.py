@@ -14,22 +14,20 @@ from typing import Any
 import attrs
 
 from scheduler.api import (
+    CANONICALIZATION,
+    PAYLOAD_FORMAT,
     PLUGIN_API_VERSION,
     EvidenceDeclaration,
     EvidenceEnvelope,
+    EvidenceFailure,
     EvidencePayload,
     EvidenceVerification,
-)
-from scheduler_provider_checksum._evidence import (
-    CANONICALIZATION,
-    PAYLOAD_FORMAT,
-    EvidenceFailure,
     check_bound_payload,
     check_keys,
+    check_payload,
     check_requested_methods,
     declared_options,
     envelope_parts,
-    normalise_payload,
 )
 
 __version__ = "0.1.0"
@@ -65,7 +63,7 @@ class ChecksumProvider:
     def attest(self, payload: EvidencePayload | bytes, declaration: EvidenceDeclaration) -> EvidenceEnvelope:
         """The SHA-256 envelope of the payload's canonical bytes; ``SchedulerError`` (fail closed) when it cannot be made."""
         try:
-            checked = normalise_payload(payload)
+            checked = check_payload(payload)
             declared_options(declaration, None, PROVIDER)
             check_requested_methods(declaration, self.methods, PROVIDER)
         except EvidenceFailure as failure:
@@ -109,7 +107,7 @@ class ChecksumProvider:
                               ("payload_format", PAYLOAD_FORMAT)):
             if data[key] != expected:
                 raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", f"the envelope's {key} is {data[key]!r}, not {expected!r}")
-        checked = normalise_payload(payload)
+        checked = check_payload(payload)
         check_bound_payload(digest, checked)
         size = data["payload_bytes"]
         if not isinstance(size, int) or isinstance(size, bool) or size != len(checked.canonical):

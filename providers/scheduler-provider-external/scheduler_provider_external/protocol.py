@@ -28,12 +28,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler_provider_external._evidence import (
-    PAYLOAD_FORMAT,
+from scheduler.api import (
     CANONICALIZATION,
-    CanonicalError,
+    PAYLOAD_FORMAT,
+    CheckedPayload,
     EvidenceFailure,
-    Payload,
+    SchedulerError,
+    StrictJSONError,
     canonical_bytes,
     strict_json,
 )
@@ -47,7 +48,7 @@ _COMMON = ("schema", "version", "request_id", "operation", "ok")
 _TEXT_LIMIT = 500
 
 
-def request(operation: str, request_id: str, payload: Payload, method: str | None, params: Mapping[str, str],
+def request(operation: str, request_id: str, payload: CheckedPayload, method: str | None, params: Mapping[str, str],
             attestation: Mapping[str, Any] | None = None) -> bytes:
     """The request body for ``operation``."""
     body: dict[str, Any] = {
@@ -92,7 +93,7 @@ def parse_answer(raw: bytes) -> dict[str, Any]:
         raise _invalid("is empty")
     try:
         value = strict_json(stripped)
-    except CanonicalError as exc:  # duplicate keys say two things at once; NaN/Infinity are not JSON
+    except StrictJSONError as exc:  # duplicate keys say two things at once; NaN/Infinity are not JSON
         if str(exc).startswith("duplicate key"):
             raise _ambiguous(f"repeats a field ({exc})") from None
         raise _invalid(f"is not plain JSON ({exc})") from None
@@ -139,7 +140,7 @@ def _refusal(answer: Mapping[str, Any]) -> tuple[str, str]:
     return code, _text(error)
 
 
-def _bound(answer: Mapping[str, Any], payload: Payload, methods: frozenset[str], requested: str | None) -> str:
+def _bound(answer: Mapping[str, Any], payload: CheckedPayload, methods: frozenset[str], requested: str | None) -> str:
     if answer["payload_digest"] != payload.digest:
         raise EvidenceFailure("EVIDENCE_EXTERNAL_ANSWER_MISMATCH", "the attestor answered for another payload (payload_digest differs)")
     method = answer["method"]
@@ -153,7 +154,7 @@ def _bound(answer: Mapping[str, Any], payload: Payload, methods: frozenset[str],
     return method
 
 
-def attest_answer(raw: bytes, request_id: str, payload: Payload, methods: frozenset[str],
+def attest_answer(raw: bytes, request_id: str, payload: CheckedPayload, methods: frozenset[str],
                   requested: str | None, max_attestation: int) -> tuple[str, dict[str, Any]]:
     """``(method, attestation)`` from an attest answer; a coded ``EvidenceFailure`` otherwise."""
     answer = parse_answer(raw)
@@ -168,14 +169,14 @@ def attest_answer(raw: bytes, request_id: str, payload: Payload, methods: frozen
         raise _invalid("has no attestation object")
     try:
         size = len(canonical_bytes(attestation))
-    except CanonicalError as exc:
+    except SchedulerError as exc:
         raise _invalid(f"has an attestation with no canonical form ({exc})") from None
     if size > max_attestation:
         raise EvidenceFailure("EVIDENCE_EXTERNAL_ANSWER_TOO_LARGE", f"the attestation is {size} bytes, over {max_attestation}")
     return method, attestation
 
 
-def verify_answer(raw: bytes, request_id: str, payload: Payload, methods: frozenset[str], requested: str) -> tuple[bool, str | None, str | None]:
+def verify_answer(raw: bytes, request_id: str, payload: CheckedPayload, methods: frozenset[str], requested: str) -> tuple[bool, str | None, str | None]:
     """``(verified, code, reason)`` from a verify answer; a coded ``EvidenceFailure`` when the answer itself is bad."""
     answer = parse_answer(raw)
     _common(answer, "verify", request_id)

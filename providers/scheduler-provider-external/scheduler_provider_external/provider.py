@@ -21,26 +21,24 @@ from typing import Any
 import attrs
 
 from scheduler.api import (
+    PAYLOAD_FORMAT,
     PLUGIN_API_VERSION,
     EvidenceDeclaration,
     EvidenceEnvelope,
+    EvidenceFailure,
     EvidencePayload,
     EvidenceVerification,
     SchedulerError,
     SecretRef,
-)
-from scheduler_provider_external import protocol
-from scheduler_provider_external._evidence import (
-    PAYLOAD_FORMAT,
-    EvidenceFailure,
     check_bound_payload,
     check_keys,
+    check_payload,
     check_requested_methods,
     declared_options,
     envelope_parts,
-    normalise_payload,
     requested_methods,
 )
+from scheduler_provider_external import protocol
 from scheduler_provider_external.transport import HttpAttestor, endpoint_label, run_command
 
 __version__ = "0.1.0"
@@ -196,7 +194,7 @@ class ExternalProvider:
             raise failure.error() from None
 
     def _attest(self, payload: Any, declaration: Any) -> EvidenceEnvelope:
-        checked = normalise_payload(payload)
+        checked = check_payload(payload)
         options: ExternalOptions = declared_options(declaration, ExternalOptions, PROVIDER)
         check_requested_methods(declaration, self.methods, PROVIDER)
         requested = options.method or next(iter(requested_methods(declaration)), None)
@@ -252,7 +250,7 @@ class ExternalProvider:
             raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", f"unsupported payload_format {data['payload_format']!r}")
         if not isinstance(data["attestor"], str) or not isinstance(data["attestation"], dict) or not data["attestation"]:
             raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", "the envelope's attestor or attestation is malformed")
-        checked = normalise_payload(payload)
+        checked = check_payload(payload)
         check_bound_payload(digest, checked)
         request_id = uuid.uuid4().hex
         body = protocol.request("verify", request_id, checked, method, options.params, data["attestation"])

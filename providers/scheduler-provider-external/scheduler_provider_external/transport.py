@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler_provider_external._evidence import EvidenceFailure, minimal_env, run_bounded, snippet
+from scheduler.api import EvidenceFailure
+from scheduler.api.process import minimal_env, run_bounded, snippet
 
 
 def endpoint_label(url: str) -> str:

@@ -24,31 +24,26 @@ from typing import Any
 import attrs
 
 from scheduler.api import (
+    PAYLOAD_FORMAT,
     PLUGIN_API_VERSION,
+    CheckedPayload,
     EvidenceDeclaration,
     EvidenceEnvelope,
+    EvidenceFailure,
     EvidencePayload,
     EvidenceVerification,
-)
-from scheduler_provider_ssh._evidence import (
-    PAYLOAD_FORMAT,
-    CanonicalError,
-    Completed,
-    EvidenceFailure,
-    Payload,
+    SchedulerError,
     canonical_bytes,
     check_bound_payload,
     check_keys,
+    check_payload,
     check_requested_methods,
     declared_options,
     envelope_parts,
-    minimal_env,
-    normalise_payload,
+    hash_bytes,
     parse_canonical,
-    run_bounded,
-    sha256_digest,
-    snippet,
 )
+from scheduler.api.process import Completed, minimal_env, run_bounded, snippet
 from scheduler_provider_ssh.sshfiles import FINGERPRINT_RE, check_private_key, parse_signature
 
 __version__ = "0.1.0"
@@ -172,7 +167,7 @@ class SshProvider:
 
     def _attest(self, payload: Any, declaration: Any) -> EvidenceEnvelope:
         s = self._settings
-        checked = normalise_payload(payload)
+        checked = check_payload(payload)
         options: SshOptions = declared_options(declaration, SshOptions, PROVIDER)
         check_requested_methods(declaration, self.methods, PROVIDER)
         keygen = self._keygen()
@@ -275,18 +270,18 @@ class SshProvider:
             raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", "the envelope's key_fingerprint is not a SHA256 fingerprint")
         if not _PRINCIPAL.fullmatch(data["principal"]) or not _NAMESPACE.fullmatch(data["namespace"]):
             raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", "the envelope's principal or namespace is not well-formed")
-        checked = normalise_payload(payload)
+        checked = check_payload(payload)
         check_bound_payload(digest, checked)
         self._check(envelope, checked, options, self._trust_file(options), self._keygen())
 
-    def _check(self, envelope: EvidenceEnvelope | Any, checked: Payload, options: SshOptions, trust: str, keygen: str) -> None:
+    def _check(self, envelope: EvidenceEnvelope | Any, checked: CheckedPayload, options: SshOptions, trust: str, keygen: str) -> None:
         """The checks shared by verification and the self-check after signing (structure already checked)."""
         s = self._settings
         data = envelope.data if isinstance(envelope, EvidenceEnvelope) else envelope["data"]
         signed = data["signed_payload"].encode("utf-8")
         if signed != checked.canonical:
             raise EvidenceFailure("EVIDENCE_SIGNED_PAYLOAD_MISMATCH", "the signed payload is not the payload being verified")
-        if sha256_digest(signed) != data["payload_digest"]:
+        if hash_bytes(signed) != data["payload_digest"]:
             raise EvidenceFailure("EVIDENCE_DIGEST_MISMATCH", "the signed payload's SHA-256 is not the envelope's payload_digest")
         parse_canonical(signed, "the signed payload")
         namespace = self._namespace(options, checked)
@@ -309,7 +304,7 @@ class SshProvider:
                                   f"the signature was made by key {signature.fingerprint}, the envelope names {data['key_fingerprint']}")
         try:
             document = canonical_bytes({k: data[k] for k in SIGNED_KEYS})
-        except CanonicalError as exc:
+        except SchedulerError as exc:
             raise EvidenceFailure("EVIDENCE_ENVELOPE_INVALID", f"the envelope has no canonical form: {exc}") from None
         with tempfile.TemporaryDirectory(prefix="scheduler-ssh-evidence-") as tmp:
             sig_path = os.path.join(tmp, "evidence.sig")
@@ -341,7 +336,7 @@ class SshProvider:
 
     # -- configuration ----------------------------------------------------------------------------
 
-    def _namespace(self, options: SshOptions, payload: Payload) -> str:
+    def _namespace(self, options: SshOptions, payload: CheckedPayload) -> str:
         if options.namespace or self._settings.namespace:
             return options.namespace or self._settings.namespace  # type: ignore[return-value]
         return AGENTCLI_NAMESPACE if payload.document.get("schema") == AGENTCLI_PAYLOAD_SCHEMA else DEFAULT_NAMESPACE

@@ -21,7 +21,7 @@ import stat
 
 import attrs
 
-from scheduler_provider_ssh._evidence import EvidenceFailure
+from scheduler.api import EvidenceFailure
 
 ARMOR_BEGIN = "-----BEGIN SSH SIGNATURE-----"
 ARMOR_END = "-----END SSH SIGNATURE-----"
