@@ -5,7 +5,10 @@ provider needs is importable from here: the provider Protocols and the types the
 exchange with the kernel, ``RunControl``, the output stream recorder and the
 structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (what evidence
 and artifacts are bound by), the checks every evidence provider makes of its payload and
-envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), the error type and the registry of kernel error codes,
+envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), what
+every HTTP channel does with failures and attachments (``error_for_status``,
+``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``;
+``scheduler.channel_support``), the error type and the registry of kernel error codes,
 ``hookimpl`` for pluggy hook modules, option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
@@ -28,6 +31,13 @@ from scheduler.canonical import (
     hash_bytes,
     hash_text,
     is_digest,
+)
+from scheduler.channel_support import (
+    endpoint_label,
+    error_for_exception,
+    error_for_status,
+    read_attachment,
+    retry_after_seconds,
 )
 from scheduler.errors import ErrorCode, SchedulerError
 from scheduler.evidence_payload import (
@@ -157,6 +167,12 @@ __all__ = [
     "StreamCapture",
     "StreamRecorder",
     "TransientDeliveryError",
+    # channel helpers (scheduler.channel_support)
+    "endpoint_label",
+    "error_for_exception",
+    "error_for_status",
+    "read_attachment",
+    "retry_after_seconds",
     "build_options",
     "catalogue",
     "hookimpl",

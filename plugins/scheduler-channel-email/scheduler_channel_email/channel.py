@@ -37,8 +37,8 @@ from scheduler.api import (
     SecretRef,
     TransientDeliveryError,
     build_options,
+    read_attachment,
 )
-from scheduler_channel_email._attachments import read_attachment
 
 __version__ = "0.1.0"
 

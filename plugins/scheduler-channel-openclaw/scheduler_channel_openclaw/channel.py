@@ -30,10 +30,15 @@ from scheduler.api import (
     SecretRef,
     TransientDeliveryError,
     build_options,
+    endpoint_label,
+    error_for_exception,
+    error_for_status,
 )
-from scheduler_channel_openclaw._http import PREFIX, endpoint_label, error_for_exception, error_for_status
 
 __version__ = "0.1.0"
+
+#: The prefix of this channel's error codes (``OPENCLAW_RATE_LIMITED`` ...).
+PREFIX = "OPENCLAW"
 
 DEFAULT_GATEWAY = "http://127.0.0.1:18789"
 #: Gateway-side chunking aims at 4096; leave room for a part prefix.
@@ -239,7 +244,7 @@ class OpenClawChannel:
         try:
             response = self._http().post(url, content=json.dumps(request, ensure_ascii=False).encode("utf-8"), headers=headers)
         except Exception as exc:  # classified; the exception text is not repeated
-            raise error_for_exception(exc, where) from None
+            raise error_for_exception(exc, where, prefix=PREFIX) from None
         error = self._answer_error(response, where)
         if error is not None:
             if token:
@@ -260,7 +265,7 @@ class OpenClawChannel:
             if 200 <= status < 300:
                 return TransientDeliveryError(f"{where} answered HTTP {status} without a tool answer",
                                               code=f"{PREFIX}_SERVER_ERROR")
-            return error_for_status(status, response.headers, response.content, where)
+            return error_for_status(status, response.headers, response.content, where, prefix=PREFIX)
         error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
         kind, said = str(error.get("type") or ""), " ".join(str(error.get("message") or "").split())[:300]
         if status == 404:
@@ -269,7 +274,7 @@ class OpenClawChannel:
         if status in (401, 403):
             return PermanentDeliveryError(f"{where} refused the token (HTTP {status})", code=f"{PREFIX}_AUTH_FAILED")
         if not 200 <= status < 300 and status not in (400,):
-            return error_for_status(status, response.headers, response.content, where)
+            return error_for_status(status, response.headers, response.content, where, prefix=PREFIX)
         if answer.get("ok") is not True:
             detail = f"{where}: {kind or 'error'}" + (f": {said}" if said else "")
             if status == 400 and _INVALID_REQUEST.search(kind):

@@ -35,9 +35,6 @@ from scheduler.api import (
     SecretRef,
     TransientDeliveryError,
     build_options,
-)
-from scheduler_channel_slack._http import (
-    PREFIX,
     endpoint_label,
     error_for_exception,
     error_for_status,
@@ -46,6 +43,9 @@ from scheduler_channel_slack._http import (
 )
 
 __version__ = "0.1.0"
+
+#: The prefix of this channel's error codes (``SLACK_RATE_LIMITED`` ...).
+PREFIX = "SLACK"
 
 #: Slack advises at most 4,000 characters of ``text`` per message (it truncates past 40,000).
 DEFAULT_MAX_CHARS = 4000
@@ -240,7 +240,7 @@ class SlackChannel:
         try:
             return self._http().post(url, **kwargs)
         except Exception as exc:  # classified; the exception text may hold a secret URL
-            raise error_for_exception(exc, where) from None
+            raise error_for_exception(exc, where, prefix=PREFIX) from None
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -274,7 +274,7 @@ class SlackChannel:
         payload = {"text": part.body, **self._message_fields(options)}
         response = self._post(url, where, content=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
                               headers={"content-type": "application/json; charset=utf-8"})
-        error = error_for_status(response.status_code, response.headers, response.content, where)
+        error = error_for_status(response.status_code, response.headers, response.content, where, prefix=PREFIX)
         if error is not None:
             reason = response.content[:100].decode("utf-8", "replace").strip()
             if isinstance(error, PermanentDeliveryError) and (response.status_code in (404, 410) or reason in CHANNEL_ERRORS):
@@ -300,7 +300,7 @@ class SlackChannel:
                                   headers=headers)
         else:
             response = self._post(url, f"slack {method}", data=form, headers=headers)
-        error = error_for_status(response.status_code, response.headers, response.content, f"slack {method}")
+        error = error_for_status(response.status_code, response.headers, response.content, f"slack {method}", prefix=PREFIX)
         if error is not None:
             raise error
         try:
@@ -322,7 +322,7 @@ class SlackChannel:
         if _channel_problem(channel):
             raise PermanentDeliveryError("the delivery target must be a Slack channel id such as C0123456789",
                                          code=f"{PREFIX}_TARGET_INVALID")
-        files = [read_attachment(a, max_bytes=self.limits.max_attachment_bytes) for a in part.attachments]
+        files = [read_attachment(a, max_bytes=self.limits.max_attachment_bytes, prefix=PREFIX) for a in part.attachments]
         if not files and not part.body.strip():
             raise PermanentDeliveryError("the part has neither text nor files", code=f"{PREFIX}_EMPTY")
         token = self._token()
@@ -347,7 +347,7 @@ class SlackChannel:
             # The upload URL is pre-signed: the bot token is not sent there.
             response = self._post(upload_url, where, content=data, headers={"content-type": mime},
                                   timeout=self._upload_timeout())
-            error = error_for_status(response.status_code, response.headers, response.content, where)
+            error = error_for_status(response.status_code, response.headers, response.content, where, prefix=PREFIX)
             if error is not None:
                 raise error
             uploaded.append({"id": file_id, "title": name})

@@ -27,9 +27,6 @@ from scheduler.api import (
     SecretRef,
     TransientDeliveryError,
     build_options,
-)
-from scheduler_channel_telegram._http import (
-    PREFIX,
     endpoint_label,
     error_for_exception,
     read_attachment,
@@ -37,6 +34,9 @@ from scheduler_channel_telegram._http import (
 )
 
 __version__ = "0.1.0"
+
+#: The prefix of this channel's error codes (``TELEGRAM_RATE_LIMITED`` ...).
+PREFIX = "TELEGRAM"
 
 #: Telegram's limit for one text message (characters after entity parsing).
 MAX_MESSAGE_CHARS = 4096
@@ -238,7 +238,7 @@ class TelegramChannel:
         try:
             response = self._http().post(url, **kwargs)
         except Exception as exc:  # classified; the exception text may contain the URL, hence the token
-            raise error_for_exception(exc, f"telegram {method} at {endpoint_label(url)}") from None
+            raise error_for_exception(exc, f"telegram {method} at {endpoint_label(url)}", prefix=PREFIX) from None
         error = _answer_error(method, response.status_code, response.headers, response.content)
         if error is not None:
             error.args = (error.message.replace(token, "<redacted>"),)
@@ -257,7 +257,7 @@ class TelegramChannel:
         if _chat_problem(chat):
             raise PermanentDeliveryError("the delivery target must be a numeric chat id or @channelusername",
                                          code=f"{PREFIX}_TARGET_INVALID")
-        files = [read_attachment(a, max_bytes=self.limits.max_attachment_bytes) for a in part.attachments]
+        files = [read_attachment(a, max_bytes=self.limits.max_attachment_bytes, prefix=PREFIX) for a in part.attachments]
         text = part.body
         if _utf16_len(text) > MAX_MESSAGE_CHARS:
             raise PermanentDeliveryError(f"the part has {_utf16_len(text)} UTF-16 units, over Telegram's {MAX_MESSAGE_CHARS}",

@@ -31,9 +31,6 @@ from scheduler.api import (
     SchedulerError,
     SecretRef,
     build_options,
-)
-from scheduler_channel_webhook._http import (
-    PREFIX,
     endpoint_label,
     error_for_exception,
     error_for_status,
@@ -41,6 +38,9 @@ from scheduler_channel_webhook._http import (
 )
 
 __version__ = "0.1.0"
+
+#: The prefix of this channel's error codes (``WEBHOOK_RATE_LIMITED`` ...).
+PREFIX = "WEBHOOK"
 
 DEFAULT_MAX_CHARS = 100_000
 DEFAULT_MAX_ATTACHMENT_BYTES = 1024 * 1024
@@ -214,7 +214,7 @@ class WebhookChannel:
         now = datetime.now(timezone.utc).replace(microsecond=0)
         attachments = []
         for attachment in part.attachments:
-            name, mime, data = read_attachment(attachment, max_bytes=self.limits.max_attachment_bytes)
+            name, mime, data = read_attachment(attachment, max_bytes=self.limits.max_attachment_bytes, prefix=PREFIX)
             entry: dict[str, Any] = {"name": name, "mime_type": mime, "size_bytes": len(data),
                                      "sha256": attachment.get("sha256") or _sha256(data)}
             if options.include_attachment_content:
@@ -246,8 +246,8 @@ class WebhookChannel:
         try:
             response = self._http().post(url, content=body.encode("utf-8"), headers=headers)
         except Exception as exc:  # httpx errors: classified, the text (it may hold the URL) not repeated
-            raise error_for_exception(exc, where) from None
-        error = error_for_status(response.status_code, response.headers, response.content, where)
+            raise error_for_exception(exc, where, prefix=PREFIX) from None
+        error = error_for_status(response.status_code, response.headers, response.content, where, prefix=PREFIX)
         if error is not None:
             raise error
         return DeliveryReceipt(receipt_id=part.idempotency_key,

@@ -1,10 +1,21 @@
-"""HTTP failure classification, ``Retry-After`` parsing and attachment reading for the OpenClaw channel.
+"""What every HTTP delivery channel needs: failure classification, ``Retry-After``, redaction, attachments.
 
-Every failure becomes a ``TransientDeliveryError`` (worth retrying: timeouts, connection
-resets, 408, 429, 5xx) or a ``PermanentDeliveryError`` (retrying cannot help: other 4xx,
-rejected credentials, a redirect, a bad URL), with a stable ``OPENCLAW_*`` code. Messages
-name the endpoint by scheme, host and port only: URLs often carry tokens in their path or
-query, and nothing secret may reach an exception message or a log.
+A channel's ``send`` must end in a receipt, a ``TransientDeliveryError`` (worth retrying:
+timeouts, connection failures, 408, 429, 5xx, with ``retry_after_s`` from ``Retry-After``) or
+a ``PermanentDeliveryError`` (retrying cannot help: other 4xx, rejected credentials, a
+redirect, a bad URL, a bad attachment), with a stable ``<PREFIX>_*`` code of the channel's own
+(``WEBHOOK_RATE_LIMITED``, ``SLACK_AUTH_FAILED`` ...). Messages name the endpoint by scheme,
+host and port only (``endpoint_label``): URLs often carry tokens in their path or query, and
+nothing secret may reach an exception message or a log. The first-party channels (webhook,
+Slack, Telegram, OpenClaw, email) had one copy each of this; ``scheduler.api`` exports it:
+
+* ``endpoint_label(url)``, ``retry_after_seconds(header)``;
+* ``error_for_status(status, headers, body, where, prefix=...)``: the error an HTTP answer
+  means, None for a 2xx;
+* ``error_for_exception(exc, where, prefix=...)``: the error an ``httpx`` exception means
+  (``httpx`` is imported when called: it is not a kernel dependency);
+* ``read_attachment(attachment, max_bytes=..., prefix=...)``: ``(name, mime_type, content)``
+  of a staged outbox attachment, its size and SHA-256 checked.
 """
 
 from __future__ import annotations
@@ -18,9 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler.api import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from scheduler.plugins.protocols import DeliveryError, PermanentDeliveryError, TransientDeliveryError
 
-PREFIX = "OPENCLAW"
 _SNIPPET = 200
 
 
@@ -53,30 +63,32 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 
 def _snippet(body: bytes) -> str:
+    """A short single-line excerpt of a response body for an error message."""
     text = body[:_SNIPPET * 4].decode("utf-8", "replace").strip().replace("\n", " ")
     return text[:_SNIPPET] + ("..." if len(text) > _SNIPPET else "")
 
 
-def error_for_status(status: int, headers: Mapping[str, str], body: bytes, where: str) -> DeliveryError | None:
-    """The delivery error an HTTP answer means, or None for a 2xx."""
+def error_for_status(status: int, headers: Mapping[str, str], body: bytes, where: str, *, prefix: str) -> DeliveryError | None:
+    """The delivery error an HTTP answer means (codes ``PREFIX_RATE_LIMITED``, ``_TIMEOUT``, ``_SERVER_ERROR``,
+    ``_AUTH_FAILED``, ``_REDIRECTED``, ``_REJECTED``), or None for a 2xx."""
     if 200 <= status < 300:
         return None
     said = _snippet(body)
     detail = f"{where} answered HTTP {status}" + (f": {said}" if said else "")
     if status == 429:
-        return TransientDeliveryError(detail, code=f"{PREFIX}_RATE_LIMITED",
+        return TransientDeliveryError(detail, code=f"{prefix}_RATE_LIMITED",
                                       retry_after_s=retry_after_seconds(headers.get("retry-after")))
     if status == 408:
-        return TransientDeliveryError(detail, code=f"{PREFIX}_TIMEOUT", retry_after_s=retry_after_seconds(headers.get("retry-after")))
+        return TransientDeliveryError(detail, code=f"{prefix}_TIMEOUT", retry_after_s=retry_after_seconds(headers.get("retry-after")))
     if status >= 500:
-        return TransientDeliveryError(detail, code=f"{PREFIX}_SERVER_ERROR",
+        return TransientDeliveryError(detail, code=f"{prefix}_SERVER_ERROR",
                                       retry_after_s=retry_after_seconds(headers.get("retry-after")))
     if status in (401, 403):
-        return PermanentDeliveryError(detail, code=f"{PREFIX}_AUTH_FAILED")
+        return PermanentDeliveryError(detail, code=f"{prefix}_AUTH_FAILED")
     if 300 <= status < 400:
         return PermanentDeliveryError(f"{where} answered HTTP {status} (a redirect; redirects are not followed:"
-                                      " configure the final URL)", code=f"{PREFIX}_REDIRECTED")
-    return PermanentDeliveryError(detail, code=f"{PREFIX}_REJECTED")
+                                      " configure the final URL)", code=f"{prefix}_REDIRECTED")
+    return PermanentDeliveryError(detail, code=f"{prefix}_REJECTED")
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -90,23 +102,26 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
-def error_for_exception(exc: Exception, where: str) -> DeliveryError:
-    """The delivery error an ``httpx`` exception means (the exception text is not repeated: it may hold the URL)."""
+def error_for_exception(exc: Exception, where: str, *, prefix: str) -> DeliveryError:
+    """The delivery error an ``httpx`` exception means (the exception text is not repeated: it may hold the URL).
+
+    ``httpx`` is imported here, not at module level: it is the HTTP channels' dependency, not the kernel's.
+    """
     import httpx
 
     name = type(exc).__name__
     if isinstance(exc, httpx.TimeoutException):
-        return TransientDeliveryError(f"{where} did not answer in time ({name})", code=f"{PREFIX}_TIMEOUT")
+        return TransientDeliveryError(f"{where} did not answer in time ({name})", code=f"{prefix}_TIMEOUT")
     if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-        return PermanentDeliveryError(f"{where}: the URL cannot be used ({name})", code=f"{PREFIX}_TARGET_INVALID")
+        return PermanentDeliveryError(f"{where}: the URL cannot be used ({name})", code=f"{prefix}_TARGET_INVALID")
     if _caused_by(exc, ssl.SSLCertVerificationError):
-        return PermanentDeliveryError(f"{where}: TLS certificate verification failed", code=f"{PREFIX}_TLS_FAILED")
+        return PermanentDeliveryError(f"{where}: TLS certificate verification failed", code=f"{prefix}_TLS_FAILED")
     if isinstance(exc, httpx.TransportError):
-        return TransientDeliveryError(f"{where}: connection failed ({name})", code=f"{PREFIX}_CONNECTION_FAILED")
-    return TransientDeliveryError(f"{where}: request failed ({name})", code=f"{PREFIX}_CONNECTION_FAILED")
+        return TransientDeliveryError(f"{where}: connection failed ({name})", code=f"{prefix}_CONNECTION_FAILED")
+    return TransientDeliveryError(f"{where}: request failed ({name})", code=f"{prefix}_CONNECTION_FAILED")
 
 
-def read_attachment(attachment: Mapping[str, Any], *, max_bytes: int) -> tuple[str, str, bytes]:
+def read_attachment(attachment: Mapping[str, Any], *, max_bytes: int, prefix: str) -> tuple[str, str, bytes]:
     """``(name, mime_type, content)`` of one outbox attachment, its size and SHA-256 checked.
 
     The kernel stages attachments as ``{"name", "mime_type", "size_bytes", "sha256"}`` plus
@@ -119,28 +134,31 @@ def read_attachment(attachment: Mapping[str, Any], *, max_bytes: int) -> tuple[s
     if content is None:
         path = attachment.get("path")
         if not path:
-            raise PermanentDeliveryError(f"attachment {name!r} has neither content nor path", code=f"{PREFIX}_ATTACHMENT_INVALID")
+            raise PermanentDeliveryError(f"attachment {name!r} has neither content nor path", code=f"{prefix}_ATTACHMENT_INVALID")
         try:
             size = Path(path).stat().st_size
             if size > max_bytes:
                 raise PermanentDeliveryError(f"attachment {name!r} is {size} bytes, over the channel's limit of {max_bytes}",
-                                             code=f"{PREFIX}_ATTACHMENT_TOO_LARGE")
+                                             code=f"{prefix}_ATTACHMENT_TOO_LARGE")
             data = Path(path).read_bytes()
         except OSError as exc:
             raise PermanentDeliveryError(f"attachment {name!r} cannot be read: {exc.strerror or type(exc).__name__}",
-                                         code=f"{PREFIX}_ATTACHMENT_INVALID") from None
+                                         code=f"{prefix}_ATTACHMENT_INVALID") from None
     elif isinstance(content, str):
         data = content.encode("utf-8")
     else:
         data = bytes(content)
     if len(data) > max_bytes:
         raise PermanentDeliveryError(f"attachment {name!r} is {len(data)} bytes, over the channel's limit of {max_bytes}",
-                                     code=f"{PREFIX}_ATTACHMENT_TOO_LARGE")
+                                     code=f"{prefix}_ATTACHMENT_TOO_LARGE")
     expected_size = attachment.get("size_bytes")
     if expected_size is not None and int(expected_size) != len(data):
         raise PermanentDeliveryError(f"attachment {name!r} is {len(data)} bytes, staged as {expected_size}",
-                                     code=f"{PREFIX}_ATTACHMENT_INVALID")
+                                     code=f"{prefix}_ATTACHMENT_INVALID")
     expected = attachment.get("sha256")
     if expected and hashlib.sha256(data).hexdigest() != str(expected).lower().removeprefix("sha256:"):
-        raise PermanentDeliveryError(f"attachment {name!r} does not match its staged SHA-256", code=f"{PREFIX}_ATTACHMENT_INVALID")
+        raise PermanentDeliveryError(f"attachment {name!r} does not match its staged SHA-256", code=f"{prefix}_ATTACHMENT_INVALID")
     return name, mime, data
+
+
+__all__ = ["endpoint_label", "error_for_exception", "error_for_status", "read_attachment", "retry_after_seconds"]
