@@ -325,6 +325,20 @@ BEGIN
     SELECT RAISE(ABORT, 'APPROVAL_VERSION: every approval change advances its version');
 END;
 
+-- What an executor keeps for a job between runs (an agent's conversation), written only by the completion
+-- transaction of an ok run and handed to the next run: shared by every dispatcher, lost by no crash.
+CREATE TABLE IF NOT EXISTS executor_state (
+    job_id       TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    executor     TEXT    NOT NULL,
+    -- a JSON object the executor returned as ExecutionResult.state
+    state        TEXT    NOT NULL,
+    state_bytes  INTEGER NOT NULL CHECK (state_bytes >= 0),
+    -- the ok run whose completion kept it
+    run_id       TEXT,
+    updated_at   INTEGER NOT NULL,
+    PRIMARY KEY (job_id, executor)
+);
+
 -- Delivery outbox: the only durable route for external channel output.
 CREATE TABLE IF NOT EXISTS delivery_outbox (
     id                TEXT    PRIMARY KEY,

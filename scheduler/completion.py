@@ -11,6 +11,7 @@ which also queues the observer notifications fired after commit.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler import transitions
@@ -98,8 +99,39 @@ def complete_run(
                                      returning=RUN_FIELDS_FOR_CONSEQUENCES)
         if run is None:
             raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
+        if result.state is not None and run["status"] == "ok":
+            keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
         apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner)
     return run
+
+
+def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, actor: str | None) -> bool:
+    """Keep an ok run's ``ExecutionResult.state`` for its job's next run (replacing the last); False when refused.
+
+    A state that is not a JSON object, or is larger than ``MAX_EXECUTOR_STATE_BYTES``, is not
+    kept (an event says why) and the previous one stays: a run never loses what an earlier
+    one kept by returning something unusable.
+    """
+    from scheduler.execution import MAX_EXECUTOR_STATE_BYTES
+
+    executor = tx.scalar("SELECT executor FROM runs WHERE id = ?", (run["id"],)) or ""
+    try:
+        text = json.dumps(dict(state), sort_keys=True, allow_nan=False) if isinstance(state, Mapping) else None
+    except (TypeError, ValueError):
+        text = None
+    size = len(text.encode("utf-8")) if text is not None else 0
+    if text is None or size > MAX_EXECUTOR_STATE_BYTES:
+        why = "not a JSON object" if text is None else f"{size} bytes is more than {MAX_EXECUTOR_STATE_BYTES}"
+        append_event(tx, "executor_state.refused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
+                     data={"executor": executor, "reason": why})
+        return False
+    tx.execute(
+        "INSERT INTO executor_state(job_id, executor, state, state_bytes, run_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (job_id, executor) DO UPDATE SET state = excluded.state, state_bytes = excluded.state_bytes,"
+        " run_id = excluded.run_id, updated_at = excluded.updated_at",
+        (run["job_id"], executor, text, size, run["id"], now),
+    )
+    return True
 
 
 def apply_consequences(

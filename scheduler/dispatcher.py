@@ -37,7 +37,14 @@ from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
-from scheduler.execution import EXECUTION_STATUSES, CancellationToken, ExecutionResult, RecoveryRequest
+from scheduler.execution import (
+    EXECUTION_STATUSES,
+    SOURCE_OUTPUT_CHARS,
+    CancellationToken,
+    ExecutionResult,
+    RecoveryRequest,
+    TriggerContext,
+)
 from scheduler.plugins.hooks import Hooks
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
@@ -854,9 +861,11 @@ class Dispatcher:
         try:
             self._check_artifact(s)
             executor = self._executor(spec.executor_name())
+            trigger, state = self._run_context(s, spec.executor_name())
             request = request_for(
                 executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
                 started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
+                trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"),
             )
             result = executor.execute(request, control)
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
@@ -870,6 +879,25 @@ class Dispatcher:
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
         self._finished.put((s, result))  # the loop commits it (group commit), under its fence
         self._wake.set()
+
+    def _run_context(self, s: StartedRun, executor: str) -> tuple[TriggerContext, dict[str, Any] | None]:
+        """The attempt's trigger context (with the run it follows and a bounded excerpt of its output) and the
+        state the executor kept for this job after its last ok run: one read."""
+        source, state = None, None
+        with self.store.read() as tx:
+            if s.source_run_id:
+                source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
+            row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job["id"], executor))
+        if row is not None:
+            state = json.loads(row["state"])
+        output = (source or {}).get("stdout_excerpt") or None
+        trigger = TriggerContext(
+            dispatch_kind=s.dispatch_kind, attempt=s.attempt, source_run_id=s.source_run_id,
+            source_status=source["status"] if source else None, source_error_code=source["error_code"] if source else None,
+            source_output=output[:SOURCE_OUTPUT_CHARS] if output else None,
+            source_output_truncated=bool(output and len(output) > SOURCE_OUTPUT_CHARS),
+        )
+        return trigger, state
 
     def _check_artifact(self, s: StartedRun) -> None:
         """The run pipeline's artifact check: the job as claimed still projects to the artifact it is bound to.

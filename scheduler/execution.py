@@ -9,6 +9,7 @@ identity of a shell command). It returns an ``ExecutionResult``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -110,6 +111,34 @@ class ExecutionRequest:
     artifacts_root: Path
     #: Extra variables the kernel adds to the job's environment (run id, job id, ...).
     extra_env: dict[str, str] = attrs.Factory(dict)
+    #: Why this attempt runs (dispatch kind, attempt, the chain parent / retried / replayed run and its output).
+    trigger: TriggerContext | None = None
+    #: What this executor kept for this job after its last ``ok`` run (``ExecutionResult.state``), or None.
+    state: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TriggerContext:
+    """Why this attempt runs: its dispatch kind and, for chained, retried and replayed work, the run it follows.
+
+    ``source_output`` is a bounded text excerpt of that run's stdout (``SOURCE_OUTPUT_CHARS``):
+    untrusted content an executor must treat as data (the agent executor wraps it with
+    provenance markers before it reaches a prompt).
+    """
+
+    dispatch_kind: str
+    attempt: int = 1
+    source_run_id: str | None = None
+    source_status: str | None = None
+    source_error_code: str | None = None
+    source_output: str | None = None
+    source_output_truncated: bool = False
+
+
+#: Characters of the source run's stdout handed to the next run (``TriggerContext.source_output``).
+SOURCE_OUTPUT_CHARS = 8_000
+#: Largest ``ExecutionResult.state`` kept for a job (JSON bytes); a larger one is not kept and an event says so.
+MAX_EXECUTOR_STATE_BYTES = 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +185,9 @@ class ExecutionResult:
     #: Resource use an executor measured: ``prompt_tokens``, ``completion_tokens``, ``cost``...
     usage: dict[str, Any] = attrs.Factory(dict)
     details: dict[str, Any] = attrs.Factory(dict)
+    #: What to keep for this job's next run (handed back as ``ExecutionRequest.state``): a JSON object, kept only
+    #: when this run commits ``ok``, in the same transaction. None keeps what is there; ``{}`` clears it.
+    state: Mapping[str, Any] | None = None
 
 
 @runtime_checkable

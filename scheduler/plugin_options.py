@@ -91,17 +91,28 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
 
 
 def constraint_problems(spec: Any, executor: Any) -> list[dict[str, str]]:
-    """One problem per constraint the executor's capabilities cannot enforce (never run unenforced)."""
+    """One problem per demand the executor's capabilities cannot meet: constraints, and a ``verify_shell`` check.
+
+    Nothing is run unenforced: a job asking for what its executor cannot do is refused.
+    """
     from scheduler.spec import constraints_of
 
-    missing = sorted(constraints_of(spec).required_capabilities() - set(getattr(executor, "capabilities", ())))
-    if not missing:
-        return []
-    return [{
-        "field": "constraints",
-        "code": "CONSTRAINT_UNENFORCEABLE",
-        "error": f"executor {spec.executor_name()!r} cannot enforce this; it lacks the capabilities: {', '.join(missing)}",
-    }]
+    capabilities = set(getattr(executor, "capabilities", ()))
+    problems = []
+    missing = sorted(constraints_of(spec).required_capabilities() - capabilities)
+    if missing:
+        problems.append({
+            "field": "constraints",
+            "code": "CONSTRAINT_UNENFORCEABLE",
+            "error": f"executor {spec.executor_name()!r} cannot enforce this; it lacks the capabilities: {', '.join(missing)}",
+        })
+    if spec.verify_shell is not None and "verify" not in capabilities:  # a check nobody runs would pass silently
+        problems.append({
+            "field": "verify_shell",
+            "code": "CONSTRAINT_UNENFORCEABLE",
+            "error": f"executor {spec.executor_name()!r} does not run verification checks (it lacks the capability verify)",
+        })
+    return problems
 
 
 def request_for(
@@ -116,6 +127,9 @@ def request_for(
     scheduled_for_ms: int | None = None,
     dispatch_kind: str = "manual",
     credentials: tuple[Any, ...] = (),
+    trigger: Any = None,
+    state: Any = None,
+    artifact_digest: str | None = None,
 ) -> Any:
     """The ``ExecutionRequest`` of one attempt: the one builder the dispatcher, the conformance engine and
     ``scheduler.testing`` share (options validated by ``executor``, constraints, deadline, kernel variables).
@@ -129,6 +143,7 @@ def request_for(
     return ExecutionRequest(
         run_id=run_id, job_id=job_id, job=spec, options=executor_options_for(executor, spec) if executor is not None else None,
         constraints=constraints_of(spec), credentials=credentials, dispatch_kind=dispatch_kind, attempt=attempt,
+        trigger=trigger, state=state, artifact_digest=artifact_digest,
         scheduled_for_ms=scheduled_for_ms, started_at_ms=started_at_ms, deadline_ms=started_at_ms + spec.run_timeout_ms,
         artifacts_dir=run_dir(artifacts_root, run_id, create=False), artifacts_root=artifacts_root,
         extra_env={"SCHEDULER_RUN_ID": run_id, "SCHEDULER_JOB_ID": job_id, "SCHEDULER_JOB_NAME": spec.name,

@@ -236,6 +236,8 @@ class StartedRun:
     scheduled_for: int
     started_at: int
     parent_run_id: str | None
+    #: The run this one follows (chain parent, retried or replayed run), for the executor's trigger context.
+    source_run_id: str | None = None
 
 
 def claim_and_start(
@@ -343,7 +345,8 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
         if not transitions.dispatch_approved_run(tx, lease, approved, now=now):
             return None
         return StartedRun(run_id=approved["id"], dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=approved["attempt"],
-                          scheduled_for=approved["scheduled_for"], started_at=now, parent_run_id=approved["parent_run_id"])
+                          scheduled_for=approved["scheduled_for"], started_at=now, parent_run_id=approved["parent_run_id"],
+                          source_run_id=approved["source_run_id"])
     run_id = str(uuid.uuid4())
     attempt, parent_run_id, retry_of = 1, None, None
     if d["kind"] == "retry" and d["source_run_id"]:
@@ -367,7 +370,7 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
                           scheduled_for=d["due_at"], executor=executor_name_of(job), parent_run_id=parent_run_id,
                           retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now)
     return StartedRun(run_id=run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=attempt,
-                      scheduled_for=d["due_at"], started_at=now, parent_run_id=parent_run_id)
+                      scheduled_for=d["due_at"], started_at=now, parent_run_id=parent_run_id, source_run_id=d["source_run_id"])
 
 
 def release_expired_claims(store: Store, *, now: int | None = None) -> int:

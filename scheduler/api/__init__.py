@@ -66,6 +66,7 @@ from scheduler.execution import (
     RecoveryRequest,
     RunControl,
     StreamCapture,
+    TriggerContext,
 )
 from scheduler.options import build_options, catalogue, options_to_json
 from scheduler.plugins.hookspecs import hookimpl
@@ -165,6 +166,7 @@ __all__ = [
     "SchedulerError",
     "SecretRef",
     "StreamCapture",
+    "TriggerContext",
     "StreamRecorder",
     "TransientDeliveryError",
     # channel helpers (scheduler.channel_support)

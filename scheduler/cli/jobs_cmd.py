@@ -58,6 +58,23 @@ def _refuse_duplicate_names(specs: list[Any], many: bool) -> None:
         raise SchedulerError("NAME_CONFLICT", f"the array names a job more than once: {names}", details=details)
 
 
+#: Provenance the CLI may give a job: ``static`` (the operator's own job files) is trusted above a user's.
+CLI_PROVENANCE = ("user_added", "external")
+
+
+def _refuse_trusted_provenance(item: Any) -> None:
+    """``PROVENANCE_NOT_ALLOWED``: a job added or changed from the CLI cannot claim ``static`` provenance.
+
+    Trust-dependent checks (the agent executor's prompt-injection patterns) apply to
+    ``user_added`` and ``external`` jobs; claiming ``static`` would switch them off.
+    """
+    if isinstance(item, dict) and item.get("provenance") not in (None, *CLI_PROVENANCE):
+        raise SchedulerError("VALIDATION_FAILED", "invalid job spec: provenance", details=[{
+            "field": "provenance", "code": "PROVENANCE_NOT_ALLOWED",
+            "error": f"the CLI sets provenance {' or '.join(CLI_PROVENANCE)}; {item.get('provenance')!r} is reserved for the"
+                     " operator's job files"}])
+
+
 def _one_shot_option(value: str | None, option: str) -> None:
     """Refuse an empty ``--at``/``--in``: it would otherwise be ignored and the job silently become manual."""
     if value is not None and not value.strip():
@@ -95,6 +112,7 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
             item = {**item, "allow_past_at": True}
         try:
             item, submission = split_submission(item) if isinstance(item, dict) else (item, None)
+            _refuse_trusted_provenance(item)
             specs.append(validate_spec(item, now=now))
             submissions.append(submission)
             if submission is not None:
@@ -246,6 +264,7 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
     from scheduler.spec import spec_from_row
 
     patch = read_json_input(spec, file, stdin, what="update")
+    _refuse_trusted_provenance(patch)
     store = open_ctx_store()
     # update_job merges the patch into the stored spec and validates the result; the plugin rule
     # reads that merged spec inside the same (outer) transaction, so a refusal stores nothing and

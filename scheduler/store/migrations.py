@@ -458,12 +458,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         5,
-        "delivery consumer: outbox receipts, error codes and attempt times; claimed and per-job indexes",
+        "delivery consumer (outbox receipts, error codes, attempt times, indexes) and executor state kept between runs",
         (
             AddColumn("delivery_outbox", _current("delivery_outbox", "error_code")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "last_attempt_at")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_id")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_json")),
+            CreateTable("executor_state"),
         ),
     ),
 )

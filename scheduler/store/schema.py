@@ -513,6 +513,20 @@ TABLES: tuple[Table, ...] = (
         comment="Approval gates: one row per gated run, versioned, bound to the run's execution artifact.",
     ),
     Table(
+        "executor_state",
+        (
+            Column("job_id", TEXT, not_null=True, references="jobs(id) ON DELETE CASCADE"),
+            Column("executor", TEXT, not_null=True),
+            Column("state", TEXT, not_null=True, comment="a JSON object the executor returned as ExecutionResult.state"),
+            Column("state_bytes", BIGINT, not_null=True, check="state_bytes >= 0"),
+            Column("run_id", TEXT, comment="the ok run whose completion kept it"),
+            Column("updated_at", BIGINT, not_null=True),
+        ),
+        constraints=("PRIMARY KEY (job_id, executor)",),
+        comment="What an executor keeps for a job between runs (an agent's conversation), written only by the completion\n"
+                "transaction of an ok run and handed to the next run: shared by every dispatcher, lost by no crash.",
+    ),
+    Table(
         "delivery_outbox",
         (
             Column("id", TEXT, primary_key=True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -52,9 +53,11 @@ class TestkitExecutor:
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
         out: list[str] = []
 
+        keep: dict[str, object] | None = None
+
         def result(status: str, **kw: object) -> ExecutionResult:
             text = "\n".join(out)
-            return ExecutionResult(status=status, stdout=_capture(text), summary=text, **kw)  # type: ignore[arg-type]
+            return ExecutionResult(status=status, stdout=_capture(text), summary=text, state=keep, **kw)  # type: ignore[arg-type]
 
         for step in (s.strip() for s in request.job.payload_message.split(";")):
             name, _, arg = step.partition(":")
@@ -62,6 +65,15 @@ class TestkitExecutor:
                 continue
             if name == "echo":
                 out.append(arg)
+            elif name == "keep":  # keep:KEY=VALUE adds to the state handed to the job's next run
+                key, _, value = arg.partition("=")
+                keep = {**dict(request.state or {}), **(keep or {}), key: value}
+            elif name == "show-state":
+                out.append(json.dumps(dict(request.state) if request.state is not None else None, sort_keys=True))
+            elif name == "show-trigger":
+                t = request.trigger
+                out.append(json.dumps(None if t is None else {"kind": t.dispatch_kind, "attempt": t.attempt, "source": t.source_run_id,
+                                                              "status": t.source_status, "output": t.source_output}, sort_keys=True))
             elif name == "fail":
                 return result("error", error_code=arg or "TESTKIT_FAIL", error_message="testkit failure", exit_code=1)
             elif name == "flaky":
