@@ -34,6 +34,7 @@ BENCHMARKS = {
     "postgres": "bench.postgres",
     "soak": "bench.soak",
     "delivery": "bench.delivery",
+    "agent": "bench.agent",
 }
 
 
