@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- plugin-owned per-job options (JSON objects validated by the named plugin's options class)
     executor_options          TEXT    NOT NULL DEFAULT '{}',
     delivery_options          TEXT    NOT NULL DEFAULT '{}',
+    notify                    INTEGER NOT NULL DEFAULT 1 CHECK (notify IN (0, 1)),
     -- what the job demands its executor enforce (JSON); governance compares it with capabilities
     constraints               TEXT    NOT NULL DEFAULT '{}',
     payload_message           TEXT    NOT NULL,

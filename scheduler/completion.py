@@ -156,6 +156,7 @@ def apply_consequences(
     job = _update_job_counters(tx, run, now, actor)
     if job is None:
         return
+    _notify(tx, job, run, now)
     if status == "cancelled":
         return  # cancellation won: no retry, no child, no delivery
     # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
@@ -186,7 +187,7 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | Non
         "   ELSE consecutive_failures END, updated_at = ? WHERE id = ?"
         " RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries,"
         " retry_backoff_ms, delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to,"
-        " watchdog_self_destruct",
+        " watchdog_self_destruct, notify",
         (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], outcome, now,
          run["job_id"]),
     )
@@ -201,8 +202,37 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | Non
         )
         transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
         append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], actor=actor, at=now, data={"failures": failures})
-        job = {**job, "enabled": 0}
+        job = {**job, "enabled": 0, "auto_paused": reason}
     return job
+
+
+def _notify(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox.
+
+    Jobs with ``notify: false`` opt out. Events: ``completed`` (ok), ``failed`` (error or
+    timeout), ``paused`` (this failure auto-paused the job).
+    """
+    if not job.get("notify", 1):
+        return
+    from scheduler.settings import current_settings
+
+    cfg = current_settings().notifications
+    if not cfg.routes:
+        return
+    events = []
+    if run["status"] == "ok" and "completed" in cfg.events:
+        events.append(("completed", f"[Job completed] {job['name']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"))
+    elif run["status"] in FAILURES and "failed" in cfg.events:
+        body = f"[Job failed] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
+        if run.get("error_message"):
+            body += f"\nError: {run['error_message']}"
+        events.append(("failed", body))
+    if job.get("auto_paused") and "paused" in cfg.events:
+        events.append(("paused", f"[Job paused] {job['name']}: {job['auto_paused']}\nResume: scheduler jobs enable {job['name']}"))
+    for event, body in events:
+        for index, route in enumerate(cfg.routes):
+            channel, _, target = route.partition(":")
+            enqueue_message(tx, run, channel, target or None, body, f"{run['id']}:notify:{event}:{index}", now)
 
 
 def _outcome_matches(trigger_on: str | None, status: str) -> bool:

@@ -148,6 +148,7 @@ class JobSpec:
     delivery_channel: str | None = _f(None, kind="driver", doc="Channel driver for delivery (required unless delivery_mode=none).")
     delivery_to: str | None = _f(None, kind="str", doc="Channel-specific destination.")
     delivery_options: dict = _f(attrs.Factory(dict), kind="options", doc="Options of the delivery channel, validated by that plugin.")
+    notify: bool = _f(True, kind="bool", doc="Send the settings file's `[notifications]` about this job's runs (false: opt out).")
     output_format: str = _f("text", kind="choice", choices=("text", "json", "ndjson"), doc="How stdout is parsed into structured output.")
     verify_shell: str | None = _f(None, kind="str", doc="Shell check run after a successful command.")
     verify_timeout_s: int = _f(60, kind="int", minimum=1, maximum=86_400, doc="Limit of the verification check.")

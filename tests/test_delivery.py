@@ -216,3 +216,41 @@ def test_large_offloaded_output_travels_as_a_checked_attachment(store: Any, disp
     (attachment,) = last["attachments"]
     content = base64.b64decode(attachment["content_base64"])
     assert content == big.read_bytes() and attachment["sha256"] == run["stdout_sha256"] and run["stdout_artifact"]
+
+
+def test_notifications_go_to_the_settings_routes_unless_the_job_opts_out(store: Any, dispatcher: Any, receiver: LoopbackHTTPServer,
+                                                                         tmp_path: Path) -> None:
+    config = Path(os.environ["SCHEDULER_CONFIG"])
+    config.write_text(config.read_text() + f'[notifications]\nroutes = ["webhook:{receiver.url}/ops"]\n'
+                      'events = ["completed", "failed", "paused"]\n')
+    reload_settings()
+    failing = add_job(store, name="breaks", payload_message="fail", max_consecutive_failures=1)
+    quiet = add_job(store, name="quiet", payload_message="fail", notify=False)
+    fine = add_job(store, name="fine", payload_message="ok")
+    for job in (failing, quiet, fine):
+        enqueue_manual(store, job["id"])
+    dispatcher()
+    wait_for(lambda: len(receiver.to("/ops")) == 3, what="three notifications")
+    time.sleep(0.3)
+    bodies = sorted(r.json()["data"]["body"].splitlines()[0] for r in receiver.to("/ops"))
+    assert bodies == ["[Job completed] fine", "[Job failed] breaks", "[Job paused] breaks: auto-paused after 1 consecutive failures"]
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM delivery_outbox WHERE job_id = ?", (quiet["id"],)) == 0
+
+
+def test_notification_settings_are_checked() -> None:
+    from scheduler.settings import load_settings
+
+    for bad in ('routes = ["NOT A ROUTE"]', 'events = ["failed", "exploded"]'):
+        with pytest.raises(SchedulerError) as err:
+            load_settings({"SCHEDULER_CONFIG": _write_config(f"[notifications]\n{bad}\n")})
+        assert err.value.code == "CONFIG_INVALID"
+
+
+def _write_config(text: str) -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".toml")
+    os.write(fd, text.encode())
+    os.close(fd)
+    return path

@@ -203,7 +203,7 @@ OTHER_VALUES: dict[str, Any] = {
     "session_target": "isolated", "executor": "other-executor", "executor_options": {"mode": "fast"},
     "constraints": {"sandbox": True}, "run_timeout_ms": 30001, "max_retries": 2, "retry_backoff_ms": 1000,
     "overlap_policy": "queue", "queue_limit": 3, "max_consecutive_failures": 9, "delivery_guarantee": "at-least-once",
-    "delivery_mode": "always", "delivery_channel": "chat", "delivery_to": "ops", "delivery_options": {"thread": "t"},
+    "delivery_mode": "always", "delivery_channel": "chat", "delivery_to": "ops", "delivery_options": {"thread": "t"}, "notify": False,
     "output_format": "json", "verify_shell": "true", "verify_timeout_s": 5, "verify_on_failure": "warn",
     "approval_required": False, "approval_timeout_s": 60, "approval_timeout_action": "approve", "approval_risk_level": "high",
     "approval_approver_scope": "ops", "watchdog_alert_channel": "chat", "watchdog_alert_to": "ops",

@@ -1,12 +1,13 @@
-"""The kernel's own settings tables: ``[dispatcher]`` and ``[storage]``.
+"""The kernel's own settings tables: ``[dispatcher]``, ``[storage]``, ``[delivery]`` and ``[notifications]``.
 
 ``scheduler run`` takes its defaults from ``[dispatcher]`` (its flags still win);
-the queue reads ``misfire_grace_ms`` and the SQLite store ``sqlite_synchronous``.
+the queue reads ``misfire_grace_ms`` and the SQLite store ``sqlite_synchronous``; the
+outbox consumer reads ``[delivery]``; completion reads ``[notifications]``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -54,8 +55,36 @@ class DeliverySettings:
     batch: int = attrs.field(default=20, metadata={"minimum": 1, "maximum": 1000, "doc": "Parts claimed per consumer pass."})
 
 
+#: What ``[notifications]`` can announce: a run that ended ok, one that failed (error or timeout), a job auto-paused.
+NOTIFICATION_EVENTS = ("completed", "failed", "paused")
+
+
+def _check_routes(_instance: Any, _attribute: Any, routes: tuple[str, ...]) -> None:
+    for route in routes:
+        channel = route.split(":", 1)[0]
+        if not channel or not channel.replace("-", "").replace("_", "").replace(".", "").isalnum() or channel != channel.lower():
+            raise ValueError(f"route {route!r} must be CHANNEL or CHANNEL:DESTINATION (a channel driver name first)")
+
+
+def _check_events(_instance: Any, _attribute: Any, events: tuple[str, ...]) -> None:
+    unknown = [e for e in events if e not in NOTIFICATION_EVENTS]
+    if unknown:
+        raise ValueError(f"unknown event(s) {', '.join(unknown)}; known: {', '.join(NOTIFICATION_EVENTS)}")
+
+
+@attrs.frozen(kw_only=True)
+class NotificationSettings:
+    """``[notifications]``: messages about every job's runs, sent through the delivery outbox to these routes."""
+
+    routes: tuple[str, ...] = attrs.field(default=(), validator=_check_routes, metadata={
+        "doc": "Where to send them: `CHANNEL` or `CHANNEL:DESTINATION` (e.g. `webhook:https://ops.example/hook`); none: off."})
+    events: tuple[str, ...] = attrs.field(default=("failed", "paused"), validator=_check_events, metadata={
+        "doc": "Which to send: `completed` (a run ended ok), `failed` (error or timeout), `paused` (auto-paused after failures)."})
+
+
 #: The kernel tables of the settings file, in display order.
-KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings}
+KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
+                                  "notifications": NotificationSettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.

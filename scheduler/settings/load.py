@@ -20,7 +20,14 @@ import attrs
 
 from scheduler.errors import SchedulerError
 from scheduler.options import option_problems
-from scheduler.settings.kernel import KERNEL_TABLES, RETIRED_ENV, DeliverySettings, DispatcherSettings, StorageSettings
+from scheduler.settings.kernel import (
+    KERNEL_TABLES,
+    RETIRED_ENV,
+    DeliverySettings,
+    DispatcherSettings,
+    NotificationSettings,
+    StorageSettings,
+)
 from scheduler.settings.secret import SecretRef, not_a_reference
 
 CONFIG_ENV = "SCHEDULER_CONFIG"
@@ -262,6 +269,11 @@ class Settings:
     def storage(self) -> StorageSettings:
         """``[storage]``."""
         return typing.cast(StorageSettings, self.kernel["storage"].value)
+
+    @property
+    def notifications(self) -> NotificationSettings:
+        """``[notifications]``."""
+        return typing.cast(NotificationSettings, self.kernel["notifications"].value)
 
     @property
     def delivery(self) -> DeliverySettings:

@@ -458,13 +458,15 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         5,
-        "delivery consumer (outbox receipts, error codes, attempt times, indexes) and executor state kept between runs",
+        "delivery consumer (outbox receipts, error codes, attempt times, indexes), executor state kept between runs,"
+        " the per-job notifications opt-out",
         (
             AddColumn("delivery_outbox", _current("delivery_outbox", "error_code")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "last_attempt_at")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_id")),
             AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_json")),
             CreateTable("executor_state"),
+            AddColumn("jobs", _current("jobs", "notify")),
         ),
     ),
 )

@@ -263,6 +263,7 @@ TABLES: tuple[Table, ...] = (
             Column("executor_options", TEXT, not_null=True, default="{}",
                    comment="plugin-owned per-job options (JSON objects validated by the named plugin's options class)"),
             Column("delivery_options", TEXT, not_null=True, default="{}"),
+            Column("notify", FLAG, not_null=True, default=1),
             Column("constraints", TEXT, not_null=True, default="{}",
                    comment="what the job demands its executor enforce (JSON); governance compares it with capabilities"),
             Column("payload_message", TEXT, not_null=True),

@@ -218,7 +218,7 @@ def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
 
 
 #: Environment prefixes of settings overrides (``SCHEDULER_<SECTION>_...``) and the settings file variable.
-_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_DELIVERY_", "SCHEDULER_EXECUTORS_",
+_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_DELIVERY_", "SCHEDULER_NOTIFICATIONS_", "SCHEDULER_EXECUTORS_",
                       "SCHEDULER_CHANNELS_", "SCHEDULER_PROVIDERS_")
 
 
