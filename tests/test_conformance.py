@@ -1082,6 +1082,7 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
     assert _last_line(out.getvalue()) == "0 passed, 0 failed, 1 skipped"
     monkeypatch.delenv(ci.PROVIDERS_ENV)
     assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python"), ("executor", "agent"),
+                                     ("executor", "main-session"),
                                      ("channel", "webhook"), ("channel", "slack"), ("channel", "telegram"), ("channel", "email"),
                                      ("channel", "openclaw")]
 

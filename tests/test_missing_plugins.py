@@ -55,25 +55,31 @@ def jobs_in(db: Path) -> list[str]:
 # --- add ------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, code, field", [
-    ({"executor": "nosuch"}, "EXECUTOR_NOT_AVAILABLE", "executor"),
-    ({"session_target": "main"}, "EXECUTOR_NOT_AVAILABLE", "executor"),   # implies the `main-session` executor (not built yet)
-    ({"delivery_mode": "always", "delivery_channel": "nosuch-chat", "delivery_to": "#ops"}, "CHANNEL_NOT_AVAILABLE", "delivery_channel"),
-    ({"job_type": "watchdog", "watchdog_alert_channel": "nosuch-pager"}, "CHANNEL_NOT_AVAILABLE", "watchdog_alert_channel"),
+#: Every target's default executor is installed here; a host without one is a host where it is switched off.
+WITHOUT_MAIN_SESSION = {"SCHEDULER_DISABLE_PLUGINS": "main-session"}
+
+
+@pytest.mark.parametrize("fields, code, field, reason, env", [
+    ({"executor": "nosuch"}, "EXECUTOR_NOT_AVAILABLE", "executor", "not installed", None),
+    ({"session_target": "main"}, "EXECUTOR_NOT_AVAILABLE", "executor", "disabled", WITHOUT_MAIN_SESSION),  # implied executor
+    ({"delivery_mode": "always", "delivery_channel": "nosuch-chat", "delivery_to": "#ops"}, "CHANNEL_NOT_AVAILABLE",
+     "delivery_channel", "not installed", None),
+    ({"job_type": "watchdog", "watchdog_alert_channel": "nosuch-pager"}, "CHANNEL_NOT_AVAILABLE", "watchdog_alert_channel",
+     "not installed", None),
 ], ids=["executor", "implied-executor", "delivery-channel", "watchdog-channel"])
-def test_add_refuses_a_plugin_that_is_not_installed_and_stores_nothing(fields: dict[str, Any], code: str, field: str,
-                                                                       tmp_path: Path) -> None:
+def test_add_refuses_a_plugin_that_is_not_installed_and_stores_nothing(fields: dict[str, Any], code: str, field: str, reason: str,
+                                                                       env: dict[str, str] | None, tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    doc = refused(sub("--db", str(db), "jobs", "add", spec("needs-plugin", **fields)), code)
-    assert [(d["field"], d["code"], d["reason"]) for d in doc["details"]] == [(field, code, "not installed")]
+    doc = refused(sub("--db", str(db), "jobs", "add", spec("needs-plugin", **fields), env=env), code)
+    assert [(d["field"], d["code"], d["reason"]) for d in doc["details"]] == [(field, code, reason)]
     assert "--allow-missing-plugins" in doc["error"]
     assert not db.exists()  # refused before the database is opened
-    stored = ok(sub("--db", str(db), "jobs", "add", "--allow-missing-plugins", spec("needs-plugin", **fields)))["job"]
+    stored = ok(sub("--db", str(db), "jobs", "add", "--allow-missing-plugins", spec("needs-plugin", **fields), env=env))["job"]
     assert stored["name"] == "needs-plugin" and jobs_in(db) == ["needs-plugin"]
 
 
 def test_an_implied_executor_says_where_its_name_comes_from() -> None:
-    doc = refused(sub("jobs", "validate", spec(session_target="main")), "EXECUTOR_NOT_AVAILABLE")
+    doc = refused(sub("jobs", "validate", spec(session_target="main"), env=WITHOUT_MAIN_SESSION), "EXECUTOR_NOT_AVAILABLE")
     assert "'main-session'" in doc["error"] and "session_target=main" in doc["error"]
 
 
@@ -170,7 +176,8 @@ def test_update_refuses_naming_a_missing_plugin_and_changes_nothing(tmp_path: Pa
     ok(sub("--db", db, "jobs", "add", spec("upd", executor="testkit")))
     before = ok(sub("--db", db, "jobs", "get", "upd"))["job"]
     refused(sub("--db", db, "jobs", "update", "upd", '{"executor": "nosuch"}'), "EXECUTOR_NOT_AVAILABLE")
-    refused(sub("--db", db, "jobs", "update", "upd", '{"session_target": "main", "executor": null}'), "EXECUTOR_NOT_AVAILABLE")
+    refused(sub("--db", db, "jobs", "update", "upd", '{"session_target": "main", "executor": null}', env=WITHOUT_MAIN_SESSION),
+            "EXECUTOR_NOT_AVAILABLE")
     refused(sub("--db", db, "jobs", "update", "upd", '{"delivery_mode": "always", "delivery_channel": "nosuch-chat"}'),
             "CHANNEL_NOT_AVAILABLE")
     assert ok(sub("--db", db, "jobs", "get", "upd"))["job"] == before
@@ -214,12 +221,13 @@ def test_a_new_kind_of_reference_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
     assert info.value.code == "EVIDENCE_NOT_AVAILABLE" and info.value.details[0]["field"] == "evidence.provider"
 
 
-def test_schedule_add_follows_the_missing_plugin_rule(tmp_path) -> None:
+def test_schedule_add_follows_the_missing_plugin_rule(tmp_path, monkeypatch) -> None:
     """`schedule add --target main` needs the `main-session` executor like `jobs add` does."""
     import json as _json
 
     from scheduler.testing import run_cli
 
+    monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "main-session")
     db = str(tmp_path / "s.db")
     code, out, _ = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "main", db=db)
     assert code == 1 and _json.loads(out)["code"] == "EXECUTOR_NOT_AVAILABLE"

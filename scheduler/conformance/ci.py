@@ -30,6 +30,7 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("executor", "hello"),
     ("executor", "python"),
     ("executor", "agent"),
+    ("executor", "main-session"),
     ("channel", "webhook"),
     ("channel", "slack"),
     ("channel", "telegram"),
