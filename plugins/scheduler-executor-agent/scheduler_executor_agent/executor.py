@@ -49,7 +49,6 @@ from scheduler_executor_agent.settings import (
     price_of,
     resolve_endpoint,
     resolve_settings,
-    state_dir,
 )
 
 #: Longest discovery request (it never holds a turn up for long; failures mean "no capabilities").
@@ -180,12 +179,9 @@ class AgentExecutor:
         heartbeat = prompts.heartbeat_for(request, settings.workspace, options.heartbeat_file, settings.heartbeat_max_bytes)
         built = prompts.assemble(request, heartbeat=heartbeat)
         details.update(built.details)
-        store = None
-        history: list[sessions.Message] = []
+        history: list[sessions.Message] | None = None
         if options.context_mode == "session":
-            store = sessions.FileConversationStore(state_dir(settings, environ), max_turns=settings.session_max_turns,
-                                                   max_bytes=settings.session_max_bytes)
-            history = store.load(key)
+            history = sessions.from_state(request.state, key)
             details.update(sessions.describe(history))
 
         api_key = endpoint.resolve_key(environ)
@@ -205,7 +201,7 @@ class AgentExecutor:
                                      " were not sent", details={"credentials": sorted(env_inject)})
             headers["x-openclaw-env-inject"] = _encode_env(env_inject)
 
-        body = self._body(options, model, history, built.text, constraints, price)
+        body = self._body(options, model, history or [], built.text, constraints, price)
         if control.is_cancelled():
             return _cancelled(control, details, "before the turn was sent")
         handle = {"kind": "agent-turn", "request_id": headers["x-request-id"], "endpoint": endpoint.name, "model": model,
@@ -216,7 +212,7 @@ class AgentExecutor:
         except SchedulerError as exc:
             return _result("error", exc.code, exc.message, {**details, "fenced": True})
         return self._turn(request, control, settings, endpoint, model, price, headers, body, api_key, built.text,
-                          store, key, details)
+                          history, key, details)
 
     def _headers(self, request: ExecutionRequest, options: AgentOptions, key: str, api_key: str | None) -> dict[str, str]:
         headers = {
@@ -259,8 +255,10 @@ class AgentExecutor:
 
     def _turn(self, request: ExecutionRequest, control: RunControl, settings: AgentSettings, endpoint: Endpoint, model: str,
               price: tuple[float, float] | None, headers: dict[str, str], body: dict[str, Any], api_key: str | None,
-              prompt_text: str, store: sessions.FileConversationStore | None, key: str,
+              prompt_text: str, history: list[sessions.Message] | None, key: str,
               details: dict[str, Any]) -> ExecutionResult:
+        """Send the turn; on ``ok`` in session mode the result's ``state`` is the conversation with this turn added
+        (the kernel keeps it only when it commits the run ``ok``; any other end keeps the previous one)."""
         from scheduler_executor_agent.client import Limits, Turn
 
         job = request.job
@@ -280,7 +278,7 @@ class AgentExecutor:
         turn = Turn(url=endpoint.chat_url, headers=headers, body=body, limits=limits, stdout=sinks["stdout"],
                     stderr=sinks["stderr"], is_cancelled=control.is_cancelled, wait_cancelled=control.wait_cancelled,
                     on_event=control.event, secrets_to_hide=(api_key or "",),
-                    keep_text_bytes=settings.session_max_bytes if store is not None else 0)
+                    keep_text_bytes=settings.session_max_bytes if history is not None else 0)
         out = turn.run()
         stdout, stderr = sinks["stdout"].finish(), sinks["stderr"].finish()
         details.update(attempts=out.attempts, streamed=out.streamed, finish_reason=out.finish_reason)
@@ -315,13 +313,15 @@ class AgentExecutor:
         else:
             structured = structured_from_capture(job.output_format, stdout, root=request.artifacts_root,
                                                  head=sinks["stdout"].head)
-        if status == "ok" and store is not None:
+        state = None
+        if status == "ok" and history is not None:
             reply = turn.text() + ("" if out.text_complete else "\n[reply truncated in the session history]")
-            sessions.stage(request.run_id, store, key,
-                           [{"role": "user", "content": prompt_text}, {"role": "assistant", "content": reply}])
-            details["session_staged"] = True
+            state = sessions.to_state(key, [*history, {"role": "user", "content": prompt_text},
+                                            {"role": "assistant", "content": reply}],
+                                      max_turns=settings.session_max_turns, max_bytes=settings.session_max_bytes)
+            details["session_turns"] = state["turns"]
         return ExecutionResult(status=status, error_code=code, error_message=message, stdout=stdout, stderr=stderr,
-                               structured=structured, summary=stdout.excerpt, usage=usage, details=details)
+                               structured=structured, summary=stdout.excerpt, usage=usage, details=details, state=state)
 
     @staticmethod
     def _usage(out: Any, price: tuple[float, float] | None, endpoint: Endpoint, model: str) -> dict[str, Any]:

@@ -1,42 +1,37 @@
-"""``context_mode=session``: a job's conversation, kept per session key and bounded.
+"""``context_mode=session``: a job's conversation, kept by the kernel as this executor's state for the job.
 
-The kernel has no place yet where a plugin keeps per-job state inside the scheduler's
-database (committed with the run); until it has, conversations live behind the small
-``ConversationStore`` interface, implemented here by ``FileConversationStore`` (one JSON
-file per session key under the state directory, 0600, replaced atomically under a lock).
+The conversation travels with the run: the kernel hands the state the executor kept after
+the job's last ``ok`` run as ``ExecutionRequest.state``, and a successful turn returns the
+updated conversation as ``ExecutionResult.state``. The kernel keeps it in its own database
+(``executor_state``), in the transaction that commits the run ``ok``, so only **finished**
+turns are ever resumed: a failed run's half turn, a cancellation that won or a lost lease
+commit no state, and the next run sees the conversation as it was. Being in the scheduler's
+database, a session survives a crash and is shared by every dispatcher of that database
+(PostgreSQL included).
 
-Only **finished** turns are resumed. A run's turn is *staged* in memory when the executor
-returns ``ok``; the hook module (``scheduler_executor_agent.hooks``) promotes it into the
-conversation once the kernel has committed the run as ``ok`` and drops it for any other
-final status (cancellation won, the lease was lost, a failed run's half turn). Staging
-lives in the dispatcher process that ran the turn, which is the process that commits it.
+The state is ``{"version": 1, "session_key": ..., "turns": n, "messages": [...]}``, bounded
+by ``session_max_turns`` and ``session_max_bytes`` (oldest whole turns trimmed; the newest
+always stays) and, whatever the settings, by the kernel's limit of a kept state
+(``MAX_EXECUTOR_STATE_BYTES`` of JSON): a turn that alone would pass it is shortened.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
-import os
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 Message = dict[str, str]
 
-
-class ConversationStore(Protocol):
-    """Where finished turns of a session live (swap in a kernel-backed store once the kernel has one)."""
-
-    def load(self, key: str) -> list[Message]:
-        """The messages of the finished turns of ``key``, oldest first (empty when none)."""
-
-    def append(self, key: str, messages: list[Message]) -> None:
-        """Add one finished turn (its user and assistant messages), trimming the oldest turns to the bounds."""
+#: Version of the state this module writes (a state of another version starts afresh).
+STATE_VERSION = 1
+#: The kernel's limit of a kept state (``scheduler.execution.MAX_EXECUTOR_STATE_BYTES``, not exported by
+#: ``scheduler.api``): a larger state is refused and the previous one stays, so the session would stop advancing.
+MAX_EXECUTOR_STATE_BYTES = 1024 * 1024
+#: JSON bytes a kept conversation may use: the kernel's limit less room for the envelope.
+STATE_BUDGET_BYTES = MAX_EXECUTOR_STATE_BYTES - 4096
+_ROLES = frozenset({"user", "assistant"})
+_CUT_MARK = "\n[shortened to fit the session state]"
 
 
 def _turns(messages: list[Message]) -> list[list[Message]]:
@@ -53,6 +48,11 @@ def _size(messages: list[Message]) -> int:
     return sum(len(m.get("content", "").encode("utf-8")) for m in messages)
 
 
+def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as the kernel measures a kept state (``json.dumps``, ASCII escapes)."""
+    return len(json.dumps(value, sort_keys=True).encode("utf-8"))
+
+
 def trim(messages: list[Message], *, max_turns: int, max_bytes: int) -> list[Message]:
     """Keep the newest turns within ``max_turns`` and ``max_bytes`` (whole turns only; the newest always stays)."""
     turns = _turns(messages)[-max_turns:]
@@ -61,85 +61,47 @@ def trim(messages: list[Message], *, max_turns: int, max_bytes: int) -> list[Mes
     return [m for t in turns for m in t]
 
 
-class FileConversationStore:
-    """Conversations as files: ``<dir>/sessions/<sha256(key)>.json``, private to the scheduler's user."""
-
-    def __init__(self, directory: Path, *, max_turns: int, max_bytes: int) -> None:
-        self.directory = Path(directory) / "sessions"
-        self.max_turns = max_turns
-        self.max_bytes = max_bytes
-
-    def _path(self, key: str) -> Path:
-        return self.directory / (hashlib.sha256(key.encode("utf-8")).hexdigest()[:40] + ".json")
-
-    def load(self, key: str) -> list[Message]:
-        try:
-            data = json.loads(self._path(key).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError):
-            return []  # an unreadable conversation starts afresh rather than failing every run
-        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("messages"), list):
-            return []
-        return [m for m in data["messages"] if isinstance(m, dict) and isinstance(m.get("content"), str)]
-
-    @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(str(self._path(key)) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def append(self, key: str, messages: list[Message]) -> None:
-        with self._locked(key):
-            current = self.load(key) + list(messages)
-            kept = trim(current, max_turns=self.max_turns, max_bytes=self.max_bytes)
-            path = self._path(key)
-            tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"key": key, "updated_at": int(time.time() * 1000), "turns": len(_turns(kept)),
-                           "messages": kept}, fh)
-            os.replace(tmp, path)
+def _shorten(turn: list[Message], budget: int) -> list[Message]:
+    """One turn cut down (longest message first, marked) until its JSON fits ``budget`` bytes."""
+    turn = [dict(m) for m in turn]
+    while _json_size(turn) > budget:
+        longest = max(turn, key=lambda m: len(m.get("content", "")))
+        content = longest.get("content", "")
+        if not content or content == _CUT_MARK:
+            break
+        excess = _json_size(turn) - budget
+        body = content[:-len(_CUT_MARK)] if content.endswith(_CUT_MARK) else content
+        # a character is at most 12 JSON bytes (an escaped surrogate pair): cutting excess/12 + 64 always makes progress
+        keep = max(0, len(body) - excess // 12 - 64)
+        longest["content"] = body[:keep] + _CUT_MARK
+    return turn
 
 
-# -- staging: turns waiting for their run's commit ----------------------------------------------
-
-_STAGED: OrderedDict[str, tuple[ConversationStore, str, list[Message]]] = OrderedDict()
-_STAGED_LOCK = threading.Lock()
-#: Staged turns kept at most (a run whose end is never committed here must not hold memory forever).
-MAX_STAGED = 1024
-
-
-def stage(run_id: str, store: ConversationStore, key: str, messages: list[Message]) -> None:
-    """Hold a finished turn until the kernel commits its run (``settle``)."""
-    with _STAGED_LOCK:
-        _STAGED[run_id] = (store, key, messages)
-        while len(_STAGED) > MAX_STAGED:
-            _STAGED.popitem(last=False)
+def fit(messages: list[Message], *, max_turns: int, max_bytes: int, budget: int = STATE_BUDGET_BYTES) -> list[Message]:
+    """``trim``, then drop (or, for the newest alone, shorten) turns until the JSON fits the kernel's limit."""
+    turns = _turns(trim(messages, max_turns=max_turns, max_bytes=max_bytes))
+    while len(turns) > 1 and _json_size(turns) > budget:
+        turns.pop(0)
+    if turns and _json_size(turns) > budget:
+        turns = [_shorten(turns[0], budget)]
+    return [m for t in turns for m in t]
 
 
-def settle(run_id: str, status: str) -> bool:
-    """The run's final status is committed: promote its staged turn when ``ok``, drop it otherwise.
-
-    Returns True when a turn was appended to its conversation.
-    """
-    with _STAGED_LOCK:
-        staged = _STAGED.pop(run_id, None)
-    if staged is None or status != "ok":
-        return False
-    store, key, messages = staged
-    store.append(key, messages)
-    return True
+def from_state(state: Mapping[str, Any] | None, key: str) -> list[Message]:
+    """The finished turns kept for ``key`` (oldest first); empty for no state, another key or an unusable state."""
+    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION or state.get("session_key") != key:
+        return []
+    messages = state.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [{"role": m["role"], "content": m["content"]} for m in messages
+            if isinstance(m, Mapping) and m.get("role") in _ROLES and isinstance(m.get("content"), str)]
 
 
-def staged_run_ids() -> list[str]:
-    """Runs whose turn waits for its commit (for tests and diagnostics)."""
-    with _STAGED_LOCK:
-        return list(_STAGED)
+def to_state(key: str, messages: list[Message], *, max_turns: int, max_bytes: int) -> dict[str, Any]:
+    """The state to keep after a successful turn: the conversation bounded by the settings and the kernel's limit."""
+    kept = fit(messages, max_turns=max_turns, max_bytes=max_bytes)
+    return {"version": STATE_VERSION, "session_key": key, "turns": len(_turns(kept)), "messages": kept}
 
 
 def session_key(agent_id: str, job_id: str) -> str:

@@ -26,7 +26,6 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import attrs
@@ -123,7 +122,9 @@ class AgentSettings:
     workspace: str | None = attrs.field(default=None, metadata={
         "check": _check_dir, "doc": "Directory heartbeat files are read from; a path resolving outside it is refused."})
     state_dir: str | None = attrs.field(default=None, metadata={
-        "check": _check_dir, "doc": "Where session conversations are kept (default $XDG_STATE_HOME/scheduler/agent)."})
+        "check": _check_dir,
+        "doc": "No longer used: session conversations are kept by the kernel (executor_state); accepted so older settings"
+               " files stay valid."})
     idle_timeout_s: float = attrs.field(default=120.0, metadata={
         "minimum": 0.05, "maximum": 86_400, "doc": "A response that sends no byte for this long is abandoned (AGENT_IDLE_TIMEOUT)."})
     connect_timeout_s: float = attrs.field(default=10.0, metadata={
@@ -139,7 +140,8 @@ class AgentSettings:
     session_max_turns: int = attrs.field(default=20, metadata={
         "minimum": 1, "maximum": 1000, "doc": "context_mode=session: turns kept per job (oldest trimmed)."})
     session_max_bytes: int = attrs.field(default=256 * 1024, metadata={
-        "minimum": 1024, "maximum": 64 * 1024 * 1024, "doc": "context_mode=session: bytes of conversation kept per job."})
+        "minimum": 1024, "maximum": 1024 * 1024,
+        "doc": "context_mode=session: bytes of conversation kept per job (the kernel keeps at most 1 MiB of state)."})
     discovery_ttl_s: float = attrs.field(default=300.0, metadata={
         "minimum": 0, "maximum": 86_400, "doc": "How long a gateway's /v1/info or /health capabilities are cached."})
 
@@ -207,13 +209,3 @@ def price_of(settings: AgentSettings, endpoint: str, model: str) -> tuple[float,
     """USD per million (prompt, completion) tokens of ``model`` on ``endpoint`` (``ENDPOINT:MODEL`` first)."""
     text = settings.prices.get(f"{endpoint}:{model}") or settings.prices.get(model)
     return parse_price(text) if text else None
-
-
-def state_dir(settings: AgentSettings, environ: Mapping[str, str]) -> Path:
-    """Where session conversations live: the setting, else ``$XDG_STATE_HOME/scheduler/agent``."""
-    if settings.state_dir:
-        return Path(settings.state_dir).expanduser()
-    base = environ.get("XDG_STATE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path("~/.local/state").expanduser()
-    return root / "scheduler" / "agent"
-

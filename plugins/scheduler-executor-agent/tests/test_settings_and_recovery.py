@@ -7,16 +7,15 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from scheduler_executor_agent import AgentExecutor, hooks, sessions
+from scheduler_executor_agent import AgentExecutor, sessions
 from scheduler_executor_agent.loopback import LoopbackModel, Reply
 from scheduler_executor_agent.settings import resolve_endpoint, resolve_settings
 
 from scheduler.api import RecoveryRequest, SchedulerError
 from scheduler.api.process import process_identity
-from scheduler.testing import hooks_with, run_cli
+from scheduler.testing import run_cli
 
 
 def test_named_endpoints_from_the_settings_file(run_turn, settings_file, monkeypatch) -> None:
@@ -88,9 +87,14 @@ def test_scheduler_config_shows_references_only(settings_file, monkeypatch) -> N
     assert "env:HOSTED_KEY" in out and "real-secret-789" not in out
 
 
-def test_a_bad_settings_table_fails_the_run_with_its_key(settings_file, run_turn, model) -> None:
+def test_a_bad_settings_table_fails_the_run_with_its_key(settings_file, run_turn, model, artifacts_root) -> None:
+    from scheduler.testing import LocalRunControl, make_request
+
+    # the request is built first: building it loads the executor, and the kernel remembers a failed load for a few
+    # seconds (skipping constraint checks of jobs added meanwhile in this process)
+    request = make_request("Say hello.", artifacts_root=artifacts_root, session_target="isolated")
     settings_file("[executors.agent]\nmax_attempts = 0\n")
-    r = run_turn().result
+    r = run_turn.executor.execute(request, LocalRunControl())
     assert r.error_code == "CONFIG_INVALID" and "max_attempts" in r.error_message and model.chat_requests() == []
 
 
@@ -106,25 +110,30 @@ def test_trim_keeps_whole_newest_turns() -> None:
     assert sessions.trim(turns[-2:], max_turns=1, max_bytes=1) == turns[-2:]  # the newest turn always stays
 
 
-def test_the_hook_promotes_only_committed_ok_runs(tmp_path: Path) -> None:
-    store = sessions.FileConversationStore(tmp_path, max_turns=5, max_bytes=10_000)
-    facade = hooks_with(hooks)
+def test_the_state_is_the_bounded_conversation_of_its_session_key() -> None:
     turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    sessions.stage("run-a", store, "k", turn)
-    sessions.stage("run-b", store, "k", [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "half"}])
-    facade.run_state_changed("run-a", "job", None, "running", 1)  # a start changes nothing
-    assert store.load("k") == []
-    facade.run_state_changed("run-b", "job", "running", "cancelled", 2)  # cancellation won: dropped
-    facade.run_state_changed("run-a", "job", "running", "ok", 3)
-    assert store.load("k") == turn and sessions.staged_run_ids() == []
-    facade.run_state_changed("unrelated", "job", "running", "ok", 4)  # not ours: nothing happens
+    state = sessions.to_state("agent:main:scheduler:j", turn * 3, max_turns=2, max_bytes=10_000)
+    assert state == {"version": 1, "session_key": "agent:main:scheduler:j", "turns": 2, "messages": turn * 2}
+    assert sessions.from_state(state, "agent:main:scheduler:j") == turn * 2
+    assert sessions.from_state(state, "agent:ops:scheduler:j") == []  # another agent_id: another conversation
+    assert sessions.from_state(None, "k") == []
+    for unusable in ({"version": 2, "session_key": "k", "messages": turn}, {"session_key": "k", "messages": "x"},
+                     {"version": 1, "session_key": "k", "messages": [{"role": "system", "content": "x"}, 3]}):
+        assert sessions.from_state(unusable, "k") == []  # an unusable state starts afresh rather than failing every run
 
 
-def test_a_corrupt_conversation_starts_afresh(tmp_path: Path) -> None:
-    store = sessions.FileConversationStore(tmp_path, max_turns=5, max_bytes=10_000)
-    store.append("k", [{"role": "user", "content": "q"}])
-    next(Path(tmp_path, "sessions").glob("*.json")).write_text("{broken")
-    assert store.load("k") == []
+def test_the_state_always_fits_the_kernels_limit() -> None:
+    limit = sessions.MAX_EXECUTOR_STATE_BYTES
+    # 4-byte characters become 12 JSON bytes (escaped surrogate pairs): 300 KiB of them is ~900 KiB of JSON per turn
+    heavy = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\U0001f600" * 75_000}]
+    state = sessions.to_state("k", heavy * 3, max_turns=10, max_bytes=1024 * 1024)
+    assert state["turns"] == 1 and len(json.dumps(state, sort_keys=True).encode()) <= limit
+    # a single turn larger than the limit is shortened (marked), never refused by the kernel
+    huge = [{"role": "user", "content": "\"" * 700_000}, {"role": "assistant", "content": "é" * 400_000}]
+    state = sessions.to_state("k", huge, max_turns=10, max_bytes=1024 * 1024)
+    size = len(json.dumps(state, sort_keys=True).encode())
+    assert size <= limit and size > limit // 2
+    assert all(m["content"].endswith("[shortened to fit the session state]") for m in state["messages"])
 
 
 # -- recover -----------------------------------------------------------------------------------------

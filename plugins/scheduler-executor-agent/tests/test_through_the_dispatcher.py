@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scheduler_executor_agent import sessions
 from scheduler_executor_agent.loopback import Reply
 
 from scheduler.testing import RunningDispatcher, add_job, run_cli, run_rows, sqlite_store, wait_for
@@ -108,37 +107,6 @@ def test_a_blocked_prompt_fails_the_run_without_a_request(model, db, store, disp
     assert (run["status"], run["error_code"]) == ("error", "PROMPT_INJECTION_BLOCKED")
     assert "ignore-previous" in run["error_message"] and model.chat_requests() == []
     assert run["executor_handle"] is None  # nothing was sent, so nothing can be left behind
-
-
-def test_session_resume_across_three_runs(model, db, store, dispatcher, tmp_path, settings_file) -> None:
-    settings_file(f'[executors.agent]\nstate_dir = "{tmp_path / "agent-state"}"\nsession_max_turns = 2\n')
-    job = add_job(store, name="diary", session_target="isolated", executor=None, payload_message="Add today's entry.",
-                  executor_options={"context_mode": "session"})
-    model.enqueue(Reply(chunks=["entry one"]))
-    _run(db, store, job, 1)
-    model.enqueue(Reply(chunks=["half an entry", "..."], cut_after=1))  # a failed run's half turn is never resumed
-    _run(db, store, job, 2)
-    model.enqueue(Reply(chunks=["entry two"]))
-    _run(db, store, job, 3)
-    model.enqueue(Reply(chunks=["entry three"]))
-    runs = _run(db, store, job, 4)
-    assert [r["status"] for r in runs] == ["ok", "error", "ok", "ok"]
-    first, failed, second, third = (r.body["messages"] for r in model.chat_requests())
-    assert len(first) == 1 and len(failed) == 3 and len(second) == 3 and len(third) == 5
-    assert [m["role"] for m in third] == ["user", "assistant", "user", "assistant", "user"]
-    assert third[1]["content"] == "entry one" and third[3]["content"] == "entry two"
-    assert "half an entry" not in json.dumps(third)
-    assert second[1]["content"] == "entry one"  # the failed run added nothing
-    # bounded: with session_max_turns = 2 the oldest turn goes once a third is stored
-    model.enqueue(Reply(chunks=["entry four"]))
-    _run(db, store, job, 5)
-    fourth = model.chat_requests()[-1].body["messages"]
-    assert [m["content"] for m in fourth if m["role"] == "assistant"] == ["entry two", "entry three"]
-    assert sessions.staged_run_ids() == []
-    files = list((tmp_path / "agent-state" / "sessions").glob("*.json"))
-    assert len(files) == 1 and (files[0].stat().st_mode & 0o777) == 0o600
-    view = _cli(db, "runs", "get", runs[-1]["id"])["run"]
-    assert view["status"] == "ok"
 
 
 def test_an_unconfigured_endpoint_is_a_coded_error(db, store, dispatcher) -> None:

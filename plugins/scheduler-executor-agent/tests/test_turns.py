@@ -265,8 +265,19 @@ def test_the_governance_accepts_caps_for_this_executor(model, run_turn) -> None:
     assert run_turn(constraints={"max_tokens": 100}).result.status == "ok"
 
 
-def test_verify_shell_is_refused_not_ignored(model, run_turn) -> None:
-    r = run_turn(verify_shell="test -f /tmp/x").result
+def test_verify_shell_is_refused_not_ignored(model, run_turn, artifacts_root) -> None:
+    import attrs
+
+    from scheduler.api import SchedulerError
+    from scheduler.testing import make_request
+
+    with pytest.raises(SchedulerError) as exc:  # the kernel refuses such a job when it is added
+        make_request("x", artifacts_root=artifacts_root, session_target="isolated", verify_shell="test -f /tmp/x")
+    assert [(d["field"], d["code"]) for d in exc.value.details] == [("verify_shell", "CONSTRAINT_UNENFORCEABLE")]
+    # and a job stored before that rule fails its run rather than skipping the check
+    request = make_request("x", artifacts_root=artifacts_root, session_target="isolated")
+    request = attrs.evolve(request, job=attrs.evolve(request.job, verify_shell="test -f /tmp/x"))
+    r = run_turn.executor.execute(request, LocalRunControl())
     assert r.error_code == "AGENT_VERIFY_UNSUPPORTED" and model.chat_requests() == []
 
 
