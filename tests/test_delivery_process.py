@@ -87,7 +87,7 @@ def test_faults_through_scheduler_run_end_delivered_or_visibly_failed(tmp_path: 
     proc = Proc(db, log=tmp_path / "dispatcher.log", env=settings_env(tmp_path))
     try:
         proc.wait_ready()
-        wait_for(lambda: (rows := outbox(store, recovers["id"])) and all(r["status"] == "delivered" for r in rows), timeout=40,
+        wait_for(lambda: (rows := outbox(store, recovers["id"])) and all(r["status"] == "delivered" for r in rows), timeout=90,
                  what="delivered after 500, 429, reset and a hang")
         rows = outbox(store, recovers["id"])
         assert receiver.accepted == [r["idempotency_key"] for r in rows] and receiver.repeats == 0
