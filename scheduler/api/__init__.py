@@ -8,7 +8,9 @@ and artifacts are bound by), the checks every evidence provider makes of its pay
 envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), what
 every HTTP channel does with failures and attachments (``error_for_status``,
 ``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``;
-``scheduler.channel_support``), the error type and the registry of kernel error codes,
+``scheduler.channel_support``), what every executor that prompts a language model does with
+untrusted text (``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``;
+``scheduler.prompt_safety``), the error type and the registry of kernel error codes,
 ``hookimpl`` for pluggy hook modules, option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
@@ -97,6 +99,7 @@ from scheduler.plugins.protocols import (
     RevokeResult,
     TransientDeliveryError,
 )
+from scheduler.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
 from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
 from scheduler.spec import JobSpec
 from scheduler.structured import structured_from_capture, unparsed_record
@@ -175,6 +178,11 @@ __all__ = [
     "error_for_status",
     "read_attachment",
     "retry_after_seconds",
+    # prompt sanitising and injection patterns (scheduler.prompt_safety)
+    "INJECTION_PATTERNS",
+    "find_injection",
+    "fold_text",
+    "sanitise_text",
     "build_options",
     "catalogue",
     "hookimpl",
