@@ -13,6 +13,10 @@
 * ``isolate_settings``, ``write_settings(path, tables)``, ``toml_value(value)`` and
   ``provider_loader(monkeypatch, tmp_path, kind)``: a real settings file, and a provider
   loaded through its entry point with the ``[SECTION.NAME]`` table a test gives it;
+* ``evidence_run_document(run_id, **result)``, ``evidence_payload_for(document)`` and
+  ``make_evidence_payload(run_id, **result)``: evidence payloads shaped like the kernel's,
+  canonicalised by an independent oracle (``scheduler.testing.evidence`` has them as the
+  ``make_payload`` and ``load_evidence`` fixtures);
 * the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
   plugin's tests to run the stock conformance corpus against your provider; the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
@@ -306,6 +310,45 @@ def provider_loader(monkeypatch: Any, tmp_path: Path, kind: str) -> Iterator[Cal
         reload_settings()
 
 
+def evidence_run_document(run_id: str = "run-1", **result: Any) -> dict[str, Any]:
+    """A payload document shaped like the kernel's: bindings, lineage, the result's digests.
+
+    ``result`` overrides or adds fields of the ``result`` object (``status``, ``exit_code`` ...).
+    """
+    return {
+        "schema": "scheduler.evidence.payload",
+        "version": 1,
+        "run_id": run_id,
+        "job_id": "job-1",
+        "dispatch_id": "job-1:schedule:1767225600000",
+        "attempt": 1,
+        "artifact_digest": "sha256:" + "a" * 64,
+        "actor": {"dispatcher_owner": "host:123", "dispatcher_token": 7},
+        "result": {"status": "ok", "exit_code": 0, "stdout_sha256": "sha256:" + "b" * 64, "stdout_bytes": 12,
+                   "stderr_sha256": "sha256:" + "c" * 64, "stderr_bytes": 0, **result},
+    }
+
+
+def evidence_payload_for(document: dict[str, Any]) -> Any:
+    """The ``EvidencePayload`` of ``document``: its canonical bytes and their ``sha256:`` digest.
+
+    The bytes are sorted-key compact JSON, not the kernel's canonicaliser: for ASCII keys,
+    integers and strings that *is* json-sort-v1, so it is an independent oracle for a
+    provider's checks.
+    """
+    import hashlib
+
+    from scheduler.plugins.protocols import EvidencePayload
+
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return EvidencePayload(document=document, canonical=canonical, digest="sha256:" + hashlib.sha256(canonical).hexdigest())
+
+
+def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
+    """``evidence_payload_for(evidence_run_document(run_id, **result))``: an ``EvidencePayload`` for a run."""
+    return evidence_payload_for(evidence_run_document(run_id, **result))
+
+
 #: Conformance names re-exported here, imported on first use: the pytest base classes (they pull
 #: in pytest), the payload-adapter types (``scheduler.conformance.payload``) and the channel
 #: service-adapter types (``scheduler.conformance.service``).
@@ -342,9 +385,12 @@ __all__ = [
     "LocalRunControl",
     "RunningDispatcher",
     "add_job",
+    "evidence_payload_for",
+    "evidence_run_document",
     "hooks_with",
     "isolate_settings",
     "load_provider",
+    "make_evidence_payload",
     "make_request",
     "postgres_unavailable_reason",
     "postgres_url",
