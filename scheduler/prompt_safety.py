@@ -51,7 +51,8 @@ INJECTION_PATTERNS: dict[str, re.Pattern[str]] = {
         r"<\|\s*(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id)\s*\|>"),
     "ignore-previous": re.compile(
         r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+|the\s+|your\s+)*(?:previous|prior|above|earlier|preceding)\b"),
-    "override-instructions": re.compile(r"\boverride\s+(?:all\s+|the\s+|your\s+|any\s+)*(?:instructions|rules|system\s+prompt)\b"),
+    "override-instructions": re.compile(
+        r"\boverride\s+(?:all\s+|the\s+|your\s+|any\s+)*(?:instructions|rules|system\s+prompt)\b"),
     "new-instructions": re.compile(r"\bnew\s+instructions\s*:"),
     "you-are-now": re.compile(r"\byou\s+are\s+now\b"),
     "act-as": re.compile(r"\bact\s+as\b"),

@@ -341,7 +341,8 @@ def evidence_payload_for(document: dict[str, Any]) -> Any:
     from scheduler.plugins.protocols import EvidencePayload
 
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    return EvidencePayload(document=document, canonical=canonical, digest="sha256:" + hashlib.sha256(canonical).hexdigest())
+    digest = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    return EvidencePayload(document=document, canonical=canonical, digest=digest)
 
 
 def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
