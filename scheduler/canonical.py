@@ -175,8 +175,15 @@ def _key_order(key: str) -> tuple[int, int, bytes]:
     return (1, 0, key.encode("utf-16-be", "surrogatepass"))
 
 
+def _plain_key(key: Any) -> bool:
+    """A key whose place needs no work: ASCII (code point order is UTF-16 order), not an array index, not ``__proto__``."""
+    return type(key) is str and key.isascii() and not (key[:1].isdigit() and key.isdigit()) and key != "__proto__"
+
+
 def _sorted_keys(value: dict[Any, Any]) -> list[tuple[str, str]]:
     """``(key as written, key in value)`` in the reference's order, refusing keys JavaScript cannot hold."""
+    if all(_plain_key(key) for key in value):  # the common case (artifacts, evidence): a plain sort, same order
+        return [(key, key) for key in sorted(value)]
     keys: dict[str, str] = {}
     for key in value:
         if not isinstance(key, str):

@@ -56,6 +56,9 @@ MAX_SLEEP_S = 1.0
 #: Longest part body recorded in the message when the channel declares no limit.
 TRUNCATION_NOTE = "\n[… {more} more characters not delivered; the whole output: scheduler runs output {run}]"
 
+#: Set when this process enqueued parts: the dispatcher wakes its consumer after the pass that committed them.
+parts_enqueued = threading.Event()
+
 _channels: dict[str, Any] = {}
 _channels_for: Any = None
 _channels_lock = threading.Lock()
@@ -182,6 +185,8 @@ def enqueue(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body:
                     (str(uuid.uuid4()), key, ordinal, att["name"], att["mime_type"], att["size_bytes"], att["sha256"],
                      att.get("content"), att.get("path"), now),
                 )
+    if created:
+        parts_enqueued.set()
     return created
 
 

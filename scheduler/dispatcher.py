@@ -33,6 +33,7 @@ import attrs
 
 from scheduler import lease as leases
 from scheduler.approvals import expire_due as expire_due_approvals
+from scheduler.delivery import parts_enqueued as delivery_parts_enqueued
 from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
@@ -535,12 +536,12 @@ class Dispatcher:
         finished = self._take_finished()
         if not claim and not finished:
             return CANCEL_CHECK_MS / 1000
-        if self.delivery is not None:
-            self.delivery.wake()  # a pass runs on every change another process commits (a re-armed or new part too)
         if not finished:
             with self.store.read() as tx:
                 due = next_due(tx)
             if due is None or due > tick_now:
+                if self.delivery is not None:  # an idle pass follows a change another process committed (a part, perhaps)
+                    self.delivery.wake()
                 return MAX_SLEEP_S if due is None else min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
         with self._active_lock:
             free = self.config.concurrency - len(self._active) + len(finished)
@@ -576,8 +577,9 @@ class Dispatcher:
         self._forget([item for item in finished if item[0].run_id not in retried])
         if created:
             self.store.notify_change()  # other dispatchers (PostgreSQL) may claim the new slots too
-        if self.delivery is not None:
-            self.delivery.wake()  # completions and approval gates of this pass may have enqueued outbox parts
+        if self.delivery is not None and delivery_parts_enqueued.is_set():
+            delivery_parts_enqueued.clear()
+            self.delivery.wake()  # completions and approval gates of this pass enqueued outbox parts
         for s in started:  # first: a run committed as running must reach a worker whatever happens next
             self._submit(s)
         for s, run in committed:
@@ -861,7 +863,7 @@ class Dispatcher:
         try:
             self._check_artifact(s)
             executor = self._executor(spec.executor_name())
-            trigger, state = self._run_context(s, spec.executor_name())
+            trigger, state = self._run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
             request = request_for(
                 executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
                 started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
@@ -880,14 +882,16 @@ class Dispatcher:
         self._finished.put((s, result))  # the loop commits it (group commit), under its fence
         self._wake.set()
 
-    def _run_context(self, s: StartedRun, executor: str) -> tuple[TriggerContext, dict[str, Any] | None]:
+    def _run_context(self, s: StartedRun, executor: str, keeps_state: bool) -> tuple[TriggerContext, dict[str, Any] | None]:
         """The attempt's trigger context (with the run it follows and a bounded excerpt of its output) and the
-        state the executor kept for this job after its last ok run: one read."""
-        source, state = None, None
-        with self.store.read() as tx:
-            if s.source_run_id:
-                source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
-            row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job["id"], executor))
+        state the executor kept for this job after its last ok run (executors declaring ``state``): one read, or none."""
+        source, state, row = None, None, None
+        if s.source_run_id or keeps_state:
+            with self.store.read() as tx:
+                if s.source_run_id:
+                    source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
+                if keeps_state:
+                    row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job["id"], executor))
         if row is not None:
             state = json.loads(row["state"])
         output = (source or {}).get("stdout_excerpt") or None

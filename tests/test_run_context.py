@@ -37,7 +37,7 @@ def test_a_chained_child_and_a_retry_see_the_run_they_follow(store: Any, dispatc
 
 
 def test_state_is_kept_only_from_ok_runs_and_handed_to_the_next(store: Any, dispatcher: Any) -> None:
-    job = add_job(store, name="stateful", payload_message="show-state;keep:turns=1")
+    job = add_job(store, name="stateful", executor="testkit-stateful", payload_message="show-state;keep:turns=1")
     enqueue_manual(store, job["id"])
     dispatcher()
     wait_for(lambda: outputs(store, job["id"]) == [("ok", "null")], what="first run: nothing kept yet")
@@ -53,7 +53,7 @@ def test_state_is_kept_only_from_ok_runs_and_handed_to_the_next(store: Any, disp
     assert states == [None, {"turns": "1"}, {"turns": "1"}]  # the failed run's "2" was never kept
     with store.read() as tx:
         row = tx.one("SELECT executor, state, run_id FROM executor_state WHERE job_id = ?", (job["id"],))
-    assert row["executor"] == "testkit" and json.loads(row["state"]) == {"turns": "1"}
+    assert row["executor"] == "testkit-stateful" and json.loads(row["state"]) == {"turns": "1"}
     assert row["run_id"] == run_rows(store, job["id"])[0]["id"]
 
 

@@ -29,7 +29,7 @@ from scheduler.execution import ExecutionRequest, ExecutionResult, RecoveryOutco
 #: declare others (they are informational); these are the ones decisions read.
 KNOWN_CAPABILITIES = frozenset({
     # executors
-    "process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy", "recover",
+    "process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy", "recover", "state",
     "sandbox", "network-restriction", "path-restriction", "token-cap", "cost-cap", "stdin", "credentials-env",
     "credentials-file", "credentials-stdin",
     # channels

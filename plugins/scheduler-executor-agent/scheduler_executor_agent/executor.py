@@ -101,7 +101,8 @@ class AgentExecutor:
     plugin_api = PLUGIN_API_VERSION
     #: ``agent-turn`` is informational (not in KNOWN_CAPABILITIES): the work is one chat-completions turn, with no
     #: process and no exit status; the agent's own conformance cases require it, so no other executor runs them.
-    capabilities = frozenset({"timeout", "cancel", "output-capture", "structured-output", "token-cap", "cost-cap", "agent-turn"})
+    capabilities = frozenset({"timeout", "cancel", "output-capture", "structured-output", "token-cap", "cost-cap", "agent-turn",
+                              "state"})
     options_class = AgentOptions
     settings_class = AgentSettings
 

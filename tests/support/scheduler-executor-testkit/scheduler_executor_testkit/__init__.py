@@ -114,4 +114,10 @@ class TestkitExecutor:
         return result("ok", exit_code=0)
 
 
-__all__ = ["TestkitExecutor", "signal"]
+class StatefulTestkitExecutor(TestkitExecutor):
+    """The testkit declaring ``state``: the kernel hands it what its last ok run kept (``keep:``, ``show-state``)."""
+
+    capabilities = TestkitExecutor.capabilities | {"state"}
+
+
+__all__ = ["StatefulTestkitExecutor", "TestkitExecutor", "signal"]
