@@ -248,7 +248,7 @@ def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int) ->
                 if row["status"] == "claimed":
                     append_event(tx, "delivery.claim_taken_over", job_id=row["job_id"], run_id=row["run_id"], actor=owner, at=now,
                                  data={"part": row["id"], "previous_owner": row["claim_owner"]})
-                claimed.append({**row, "claim_token": token, "attempts": row["attempts"] + 1,
+                claimed.append({**row, "claim_token": token, "claim_expires_at": now + ttl_ms, "attempts": row["attempts"] + 1,
                                 "attachments": tx.all("SELECT * FROM delivery_attachments WHERE outbox_id = ? ORDER BY ordinal",
                                                       (row["id"],)),
                                 "delivery_options": _job_delivery_options(tx, row)})
@@ -370,6 +370,19 @@ def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner:
     return changed == 1
 
 
+def release(store: Store, parts: list[dict[str, Any]]) -> int:
+    """Hand claimed parts back unsent (``pending`` again, the attempt not counted); returns how many were still ours."""
+    released = 0
+    with store.transaction() as tx:
+        for part in parts:
+            released += tx.execute(
+                "UPDATE delivery_outbox SET status = 'pending', attempts = attempts - 1, claim_owner = NULL, claim_token = NULL,"
+                " claim_expires_at = NULL WHERE id = ? AND status = 'claimed' AND claim_token = ?",
+                (part["id"], part["claim_token"]),
+            )
+    return released
+
+
 def retry_failed(store: Store, ref: str, *, actor: str, now: int | None = None) -> dict[str, Any]:
     """``deliveries retry``: re-arm a failed part with fresh attempts, with every failed part of its message.
 
@@ -486,8 +499,11 @@ class DeliveryWorker:
         if due is None or due > now:
             return MAX_SLEEP_S if due is None else min(max(0.0, (due - now) / 1000), MAX_SLEEP_S)
         parts = claim_due(self.store, self.owner, now=now, limit=cfg.batch, ttl_ms=cfg.claim_ttl_ms)
-        for part in parts:
-            if self._stop.is_set():
+        for index, part in enumerate(parts):
+            if self._stop.is_set() or now_ms() > part["claim_expires_at"] - cfg.claim_ttl_ms // 2:
+                # Sending under a claim about to expire could race the dispatcher that takes it over (a part
+                # shown twice): hand the rest of the batch back unsent, to be claimed afresh.
+                release(self.store, parts[index:])
                 break
             result = send_part(part, self.artifacts_root)
             if record(self.store, part, result, owner=self.owner):

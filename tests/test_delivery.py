@@ -254,3 +254,28 @@ def _write_config(text: str) -> str:
     os.write(fd, text.encode())
     os.close(fd)
     return path
+
+
+@pytest.mark.postgres
+def test_two_consumers_on_postgres_share_the_outbox_and_send_each_part_once(pg_url: str, receiver: LoopbackHTTPServer) -> None:
+    from scheduler.delivery import DeliveryWorker
+    from scheduler.store import open_store
+
+    stores = [open_store(pg_url) for _ in range(2)]
+    job = add_job(stores[0], payload_message="ok")
+    with stores[0].transaction() as tx:
+        for i in range(40):
+            enqueue(tx, {"id": None, "job_id": job["id"]}, "webhook", f"{receiver.url}/hook", f"message {i}", f"g{i}", now_ms())
+    workers = [DeliveryWorker(s, f"owner-{n}") for n, s in enumerate(stores)]
+    for w in workers:
+        w.start()
+    try:
+        wait_for(lambda: all(r["status"] == "delivered" for r in parts(stores[0], job["id"])), timeout=30, what="40 delivered")
+    finally:
+        for w in workers:
+            w.stop()
+    ids = [r.headers["webhook-id"] for r in verified(receiver)]
+    assert len(ids) == 40 and len(set(ids)) == 40  # every part once: SKIP LOCKED claims never overlap
+    assert all(w.stats["delivered"] > 0 for w in workers), [w.stats for w in workers]  # both took a share
+    for s in stores:
+        s.close()
