@@ -15,13 +15,16 @@ Slack, Telegram, OpenClaw, email) had one copy each of this; ``scheduler.api`` e
 * ``error_for_exception(exc, where, prefix=...)``: the error an ``httpx`` exception means
   (``httpx`` is imported when called: it is not a kernel dependency);
 * ``read_attachment(attachment, max_bytes=..., prefix=...)``: ``(name, mime_type, content)``
-  of a staged outbox attachment, its size and SHA-256 checked.
+  of a staged outbox attachment, its size and SHA-256 checked;
+* ``PooledHttpClient(user_agent, timeout_s, connect_timeout_s)``: the channel's one pooled
+  ``httpx.Client``, made on first use, never following redirects.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ssl
+import threading
 import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
@@ -161,4 +164,48 @@ def read_attachment(attachment: Mapping[str, Any], *, max_bytes: int, prefix: st
     return name, mime, data
 
 
-__all__ = ["endpoint_label", "error_for_exception", "error_for_status", "read_attachment", "retry_after_seconds"]
+class PooledHttpClient:
+    """One lazily made, shared ``httpx.Client`` for a channel: ``get()`` it per request, ``close()`` it on shutdown.
+
+    Reusing one client keeps connections (and TLS sessions) alive across sends instead of
+    reconnecting each time. It is made on the first ``get()``, under a lock so concurrent sends
+    share one, because ``httpx`` is imported only then: it is not a kernel import-time
+    dependency. It never follows redirects (a redirect is a ``*_REDIRECTED`` refusal, see
+    ``error_for_status``: following one could carry a token to another host) and sends
+    ``user_agent``. After ``close()`` the next ``get()`` makes a fresh client. A channel whose
+    settings change closes its pool and makes a new one with the new timeouts.
+    """
+
+    def __init__(self, user_agent: str, timeout_s: float, connect_timeout_s: float) -> None:
+        self._user_agent = user_agent
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The pooled ``httpx.Client``, made now if there is none."""
+        with self._lock:
+            if self._client is None:
+                import httpx
+
+                self._client = httpx.Client(timeout=httpx.Timeout(self._timeout_s, connect=self._connect_timeout_s),
+                                            follow_redirects=False, headers={"user-agent": self._user_agent})
+            return self._client
+
+    def close(self) -> None:
+        """Close the pooled connections, if any (a later ``get()`` opens new ones)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+__all__ = [
+    "PooledHttpClient",
+    "endpoint_label",
+    "error_for_exception",
+    "error_for_status",
+    "read_attachment",
+    "retry_after_seconds",
+]

@@ -7,7 +7,8 @@ structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (w
 and artifacts are bound by), the checks every evidence provider makes of its payload and
 envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), what
 every HTTP channel does with failures and attachments (``error_for_status``,
-``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``;
+``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``,
+``PooledHttpClient``;
 ``scheduler.channel_support``), what every executor that prompts a language model does with
 untrusted text (``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``;
 ``scheduler.prompt_safety``), the error type and the registry of kernel error codes,
@@ -35,6 +36,7 @@ from scheduler.canonical import (
     is_digest,
 )
 from scheduler.channel_support import (
+    PooledHttpClient,
     endpoint_label,
     error_for_exception,
     error_for_status,
@@ -173,6 +175,7 @@ __all__ = [
     "StreamRecorder",
     "TransientDeliveryError",
     # channel helpers (scheduler.channel_support)
+    "PooledHttpClient",
     "endpoint_label",
     "error_for_exception",
     "error_for_status",

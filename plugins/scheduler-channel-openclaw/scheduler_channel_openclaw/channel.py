@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any
 
 import attrs
@@ -26,6 +25,7 @@ from scheduler.api import (
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
+    PooledHttpClient,
     SchedulerError,
     SecretRef,
     TransientDeliveryError,
@@ -36,6 +36,7 @@ from scheduler.api import (
 )
 
 __version__ = "0.1.0"
+_USER_AGENT = f"scheduler-channel-openclaw/{__version__}"
 
 #: The prefix of this channel's error codes (``OPENCLAW_RATE_LIMITED`` ...).
 PREFIX = "OPENCLAW"
@@ -159,32 +160,18 @@ class OpenClawChannel:
 
     def __init__(self) -> None:
         self._settings = OpenClawSettings()
-        self._client: Any = None
-        self._lock = threading.Lock()
+        self._pool = PooledHttpClient(_USER_AGENT, self._settings.timeout_s, self._settings.connect_timeout_s)
 
     def configure(self, settings: OpenClawSettings) -> None:
         """Take the validated ``[channels.openclaw]`` settings (the loader calls this once)."""
         self._settings = settings
         self.limits = attrs.evolve(type(self).limits, max_chars=settings.max_chars)
         self.close()
+        self._pool = PooledHttpClient(_USER_AGENT, settings.timeout_s, settings.connect_timeout_s)
 
     def close(self) -> None:
         """Close the pooled HTTP connections."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _http(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import httpx
-
-                s = self._settings
-                self._client = httpx.Client(timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
-                                            follow_redirects=False,
-                                            headers={"user-agent": f"scheduler-channel-openclaw/{__version__}"})
-            return self._client
+        self._pool.close()
 
     def _token(self) -> str | None:
         ref = self._settings.token
@@ -242,7 +229,8 @@ class OpenClawChannel:
         url = f"{s.gateway_url.rstrip('/')}/tools/invoke"
         where = f"openclaw gateway {endpoint_label(url)}"
         try:
-            response = self._http().post(url, content=json.dumps(request, ensure_ascii=False).encode("utf-8"), headers=headers)
+            content = json.dumps(request, ensure_ascii=False).encode("utf-8")
+            response = self._pool.get().post(url, content=content, headers=headers)
         except Exception as exc:  # classified; the exception text is not repeated
             raise error_for_exception(exc, where, prefix=PREFIX) from None
         error = self._answer_error(response, where)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from typing import Any, Literal
 
 import attrs
@@ -31,6 +30,7 @@ from scheduler.api import (
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
+    PooledHttpClient,
     SchedulerError,
     SecretRef,
     TransientDeliveryError,
@@ -43,6 +43,7 @@ from scheduler.api import (
 )
 
 __version__ = "0.1.0"
+_USER_AGENT = f"scheduler-channel-slack/{__version__}"
 
 #: The prefix of this channel's error codes (``SLACK_RATE_LIMITED`` ...).
 PREFIX = "SLACK"
@@ -192,8 +193,7 @@ class SlackChannel:
 
     def __init__(self) -> None:
         self._settings = SlackSettings()
-        self._client: Any = None
-        self._lock = threading.Lock()
+        self._pool = PooledHttpClient(_USER_AGENT, self._settings.timeout_s, self._settings.connect_timeout_s)
         _install_log_redaction()
 
     @property
@@ -212,24 +212,11 @@ class SlackChannel:
         self.limits = attrs.evolve(type(self).limits, max_chars=settings.max_chars, supports_attachments=api,
                                    max_attachment_bytes=settings.max_attachment_bytes if api else 0)
         self.close()
+        self._pool = PooledHttpClient(_USER_AGENT, settings.timeout_s, settings.connect_timeout_s)
 
     def close(self) -> None:
         """Close the pooled HTTP connections."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _http(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import httpx
-
-                s = self._settings
-                self._client = httpx.Client(timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
-                                            follow_redirects=False,
-                                            headers={"user-agent": f"scheduler-channel-slack/{__version__}"})
-            return self._client
+        self._pool.close()
 
     def _upload_timeout(self) -> Any:
         import httpx
@@ -238,7 +225,7 @@ class SlackChannel:
 
     def _post(self, url: str, where: str, **kwargs: Any) -> Any:
         try:
-            return self._http().post(url, **kwargs)
+            return self._pool.get().post(url, **kwargs)
         except Exception as exc:  # classified; the exception text may hold a secret URL
             raise error_for_exception(exc, where, prefix=PREFIX) from None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from typing import Any, Literal
 
 import attrs
@@ -23,6 +22,7 @@ from scheduler.api import (
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
+    PooledHttpClient,
     SchedulerError,
     SecretRef,
     TransientDeliveryError,
@@ -34,6 +34,7 @@ from scheduler.api import (
 )
 
 __version__ = "0.1.0"
+_USER_AGENT = f"scheduler-channel-telegram/{__version__}"
 
 #: The prefix of this channel's error codes (``TELEGRAM_RATE_LIMITED`` ...).
 PREFIX = "TELEGRAM"
@@ -183,8 +184,7 @@ class TelegramChannel:
 
     def __init__(self) -> None:
         self._settings = TelegramSettings()
-        self._client: Any = None
-        self._lock = threading.Lock()
+        self._pool = PooledHttpClient(_USER_AGENT, self._settings.timeout_s, self._settings.connect_timeout_s)
         _install_log_redaction()
 
     def configure(self, settings: TelegramSettings) -> None:
@@ -192,24 +192,11 @@ class TelegramChannel:
         self._settings = settings
         self.limits = attrs.evolve(type(self).limits, max_attachment_bytes=settings.max_attachment_bytes)
         self.close()
+        self._pool = PooledHttpClient(_USER_AGENT, settings.timeout_s, settings.connect_timeout_s)
 
     def close(self) -> None:
         """Close the pooled HTTP connections."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _http(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import httpx
-
-                s = self._settings
-                self._client = httpx.Client(timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
-                                            follow_redirects=False,
-                                            headers={"user-agent": f"scheduler-channel-telegram/{__version__}"})
-            return self._client
+        self._pool.close()
 
     def _token(self) -> str:
         ref = self._settings.token
@@ -236,7 +223,7 @@ class TelegramChannel:
             s = self._settings
             kwargs["timeout"] = httpx.Timeout(s.upload_timeout_s, connect=s.connect_timeout_s)
         try:
-            response = self._http().post(url, **kwargs)
+            response = self._pool.get().post(url, **kwargs)
         except Exception as exc:  # classified; the exception text may contain the URL, hence the token
             raise error_for_exception(exc, f"telegram {method} at {endpoint_label(url)}", prefix=PREFIX) from None
         error = _answer_error(method, response.status_code, response.headers, response.content)

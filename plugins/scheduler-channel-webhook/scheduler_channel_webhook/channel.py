@@ -14,7 +14,6 @@ import base64
 import binascii
 import json
 import re
-import threading
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +27,7 @@ from scheduler.api import (
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
+    PooledHttpClient,
     SchedulerError,
     SecretRef,
     build_options,
@@ -38,6 +38,7 @@ from scheduler.api import (
 )
 
 __version__ = "0.1.0"
+_USER_AGENT = f"scheduler-channel-webhook/{__version__}"
 
 #: The prefix of this channel's error codes (``WEBHOOK_RATE_LIMITED`` ...).
 PREFIX = "WEBHOOK"
@@ -171,8 +172,7 @@ class WebhookChannel:
 
     def __init__(self) -> None:
         self._settings = WebhookSettings()
-        self._client: Any = None
-        self._lock = threading.Lock()
+        self._pool = PooledHttpClient(_USER_AGENT, self._settings.timeout_s, self._settings.connect_timeout_s)
 
     def configure(self, settings: WebhookSettings) -> None:
         """Take the validated ``[channels.webhook]`` settings (the loader calls this once)."""
@@ -180,24 +180,11 @@ class WebhookChannel:
         self.limits = attrs.evolve(type(self).limits, max_chars=settings.max_chars,
                                    max_attachment_bytes=settings.max_attachment_bytes)
         self.close()
+        self._pool = PooledHttpClient(_USER_AGENT, settings.timeout_s, settings.connect_timeout_s)
 
     def close(self) -> None:
         """Close the pooled HTTP connections (a later ``send`` opens new ones)."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _http(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                import httpx
-
-                s = self._settings
-                self._client = httpx.Client(timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
-                                            follow_redirects=False,
-                                            headers={"user-agent": f"scheduler-channel-webhook/{__version__}"})
-            return self._client
+        self._pool.close()
 
     def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
         """POST one part; raise ``TransientDeliveryError`` / ``PermanentDeliveryError`` when it did not go out."""
@@ -244,7 +231,7 @@ class WebhookChannel:
             "idempotency-key": part.idempotency_key,
         }
         try:
-            response = self._http().post(url, content=body.encode("utf-8"), headers=headers)
+            response = self._pool.get().post(url, content=body.encode("utf-8"), headers=headers)
         except Exception as exc:  # httpx errors: classified, the text (it may hold the URL) not repeated
             raise error_for_exception(exc, where, prefix=PREFIX) from None
         error = error_for_status(response.status_code, response.headers, response.content, where, prefix=PREFIX)
