@@ -44,6 +44,7 @@ from scheduler.channel_support import (
     retry_after_seconds,
 )
 from scheduler.errors import ErrorCode, SchedulerError
+from scheduler.http_request import AbortableRequest
 from scheduler.evidence_payload import (
     PAYLOAD_FORMAT,
     CheckedPayload,
@@ -108,6 +109,7 @@ from scheduler.structured import structured_from_capture, unparsed_record
 from scheduler.timeutil import now_ms, to_iso
 
 __all__ = [
+    "AbortableRequest",
     "CANONICALIZATION",
     "UNDEFINED",
     "AuthorizationDecision",

@@ -22,13 +22,14 @@ import json
 import math
 import queue
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+
+from scheduler.api import AbortableRequest
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
 POLL_S = 0.05
@@ -86,59 +87,6 @@ class Outcome:
         if price is None or self.prompt_tokens is None or self.completion_tokens is None:
             return None
         return (self.prompt_tokens * price[0] + self.completion_tokens * price[1]) / 1_000_000
-
-
-class _Attempt(threading.Thread):
-    """One HTTP request in a helper thread; ``abort()`` shuts its socket down from the supervising thread."""
-
-    def __init__(self, client: Any, url: str, headers: dict[str, str], body: dict[str, Any]) -> None:
-        super().__init__(name="agent-http", daemon=True)
-        self.client, self.url, self.headers, self.body = client, url, headers, body
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.aborted = threading.Event()
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def _trace(self, name: str, info: dict[str, Any]) -> None:
-        if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:
-            return
-        with self._lock:
-            self._sockets.append(sock)
-        if self.aborted.is_set():
-            self._shutdown(sock)
-
-    @staticmethod
-    def _shutdown(sock: socket.socket) -> None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def run(self) -> None:
-        try:
-            with self.client.stream("POST", self.url, headers=self.headers, json=self.body,
-                                    extensions={"trace": self._trace}) as response:
-                self.events.put(("head", response))
-                for chunk in response.iter_bytes():
-                    if self.aborted.is_set():
-                        return
-                    self.events.put(("data", chunk))
-            self.events.put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor
-            if not self.aborted.is_set():
-                self.events.put(("fail", exc))
-
-    def abort(self) -> None:
-        """Stop now: the server sees the connection close, the helper's blocked read returns."""
-        self.aborted.set()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            self._shutdown(sock)
 
 
 class SSEParser:
@@ -318,7 +266,7 @@ class Turn:
         with httpx.Client(timeout=timeout, follow_redirects=False, verify=_tls_context()) as client:
             while True:
                 self.out.attempts += 1
-                attempt = _Attempt(client, self.url, self.headers, self.body)
+                attempt = AbortableRequest(client, self.url, self.headers, self.body, name="agent-http")
                 attempt.start()
                 try:
                     retry_wait = self._one_attempt(attempt)
@@ -347,7 +295,7 @@ class Turn:
                                       "status": self.out.http_status})
         return wait
 
-    def _one_attempt(self, attempt: _Attempt) -> float | None:
+    def _one_attempt(self, attempt: AbortableRequest) -> float | None:
         """Run one attempt to its end; the wait before a retry, or None when the turn is decided."""
         last_byte = self.clock()
         head = None
@@ -390,7 +338,7 @@ class Turn:
         self._fail(reason, code, message)
         return None
 
-    def _excerpt(self, attempt: _Attempt) -> str | tuple[str, str, str]:
+    def _excerpt(self, attempt: AbortableRequest) -> str | tuple[str, str, str]:
         """Up to ``EXCERPT_BYTES`` of an error response, as text with the key redacted (or why it stopped)."""
         data = bytearray()
         last_byte = self.clock()
@@ -412,7 +360,7 @@ class Turn:
 
     # -- a 200 reply ---------------------------------------------------------------------------
 
-    def _read_stream(self, attempt: _Attempt) -> None:
+    def _read_stream(self, attempt: AbortableRequest) -> None:
         parser = SSEParser(self.limits.max_output_bytes + LINE_SLACK)
         last_byte = self.clock()
         while True:
@@ -494,7 +442,7 @@ class Turn:
             return self._malformed(f"an event does not follow the chat-completions format: {exc}")
         return self._check_caps()
 
-    def _read_json(self, attempt: _Attempt) -> None:
+    def _read_json(self, attempt: AbortableRequest) -> None:
         body = bytearray()
         limit = self.limits.max_output_bytes * 2 + LINE_SLACK
         last_byte = self.clock()

@@ -6,8 +6,7 @@ supervisor checks cancellation and the run deadline. Stopping shuts the request'
 down (``shutdown(SHUT_RDWR)`` on the socket httpcore reports through its ``trace``
 extension), which wakes the helper out of its read and tells the server at once.
 
-The socket trick is COPIED (much reduced) from ``scheduler_executor_agent.client._Attempt``;
-the kernel should offer an abortable HTTP request (``scheduler.api.http``) instead.
+The helper thread is the kernel's ``scheduler.api.AbortableRequest``, shared with the agent executor.
 
 Nothing is retried: the main session is a conversation, and a request that may have
 reached it must not be delivered twice (the job's ``max_retries`` is the retry policy).
@@ -17,66 +16,16 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from scheduler.api import AbortableRequest
+
 POLL_S = 0.05
 EXCERPT_CHARS = 300
-
-
-class _Request(threading.Thread):
-    def __init__(self, client: Any, url: str, headers: dict[str, str], body: dict[str, Any]) -> None:
-        super().__init__(name="main-session-http", daemon=True)
-        self.client, self.url, self.headers, self.body = client, url, headers, body
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.aborted = threading.Event()
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def _trace(self, name: str, info: dict[str, Any]) -> None:
-        if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:
-            return
-        with self._lock:
-            self._sockets.append(sock)
-        if self.aborted.is_set():
-            _shutdown(sock)
-
-    def run(self) -> None:
-        try:
-            with self.client.stream("POST", self.url, headers=self.headers, json=self.body,
-                                    extensions={"trace": self._trace}) as response:
-                self.events.put(("head", response))
-                for chunk in response.iter_bytes():
-                    if self.aborted.is_set():
-                        return
-                    self.events.put(("data", chunk))
-            self.events.put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor
-            if not self.aborted.is_set():
-                self.events.put(("fail", exc))
-
-    def abort(self) -> None:
-        self.aborted.set()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 @attrs.define(kw_only=True)
@@ -132,7 +81,7 @@ def send(*, url: str, headers: dict[str, str], body: dict[str, Any], deadline: f
     timeout = httpx.Timeout(connect=min(connect_timeout_s, remaining), read=remaining + 5, write=remaining + 5,
                             pool=connect_timeout_s)
     with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-        request = _Request(client, url, headers, body)
+        request = AbortableRequest(client, url, headers, body, name="main-session-http")
         request.start()
         try:
             head = None
