@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 5
+-- Schema version: 6
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -94,6 +94,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     watchdog_alert_channel    TEXT,
     watchdog_alert_to         TEXT,
     watchdog_self_destruct    INTEGER NOT NULL DEFAULT 0 CHECK (watchdog_self_destruct IN (0, 1)),
+    -- who the run acts as (JSON: subject, trust level, delegation policy); NULL: the job's owner
+    identity                  TEXT,
+    -- credential bindings (JSON list of name, provider, ref, present): names and references, never values
+    credentials               TEXT    NOT NULL DEFAULT '[]',
+    child_credential_policy   TEXT    NOT NULL DEFAULT 'none' CHECK (child_credential_policy IN ('none', 'inherit', 'downscope', 'independent')),
+    -- the evidence declaration (JSON: provider, methods, provider_config, payload, verify, ...)
+    evidence                  TEXT,
+    evidence_ref              TEXT,
     -- runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact
     artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     handoff_version           INTEGER CHECK (handoff_version IS NULL OR handoff_version = 4),
@@ -246,6 +254,15 @@ CREATE TABLE IF NOT EXISTS runs (
     verify_json               TEXT,
     env_policy_warning        TEXT,
     usage_json                TEXT,
+    -- pipeline outcomes before execution (JSON): resolved identity and trust, delegation, governance
+    identity_json             TEXT,
+    trust_level               TEXT    CHECK (trust_level IS NULL OR trust_level IN ('untrusted', 'user', 'operator', 'system')),
+    delegation_json           TEXT,
+    governance_json           TEXT,
+    -- what was presented (names, media, digests, redactions): never a value
+    credentials_json          TEXT,
+    -- the run's evidence row, when its job declares evidence
+    evidence_status           TEXT    CHECK (evidence_status IS NULL OR evidence_status IN ('attested', 'verified', 'failed', 'interrupted')),
     -- execution artifact binding (from the dispatch), with the source run of chain, retry and replay work
     artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     source_run_id             TEXT,
@@ -425,12 +442,51 @@ CREATE TABLE IF NOT EXISTS evidence_records (
     artifact_digest    TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     verification       TEXT,
     verified           INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
-    created_at         INTEGER NOT NULL
+    created_at         INTEGER NOT NULL,
+    status             TEXT    NOT NULL DEFAULT 'attested' CHECK (status IN ('attested', 'failed', 'interrupted')),
+    error_code         TEXT,
+    evidence_ref       TEXT,
+    declaration        TEXT,
+    source_run_id      TEXT,
+    retention_policy   TEXT,
+    -- NULL: kept forever; before this time the row cannot be deleted
+    retention_until    INTEGER
 );
+CREATE INDEX IF NOT EXISTS evidence_records_job_idx ON evidence_records(job_id, created_at);
 CREATE TRIGGER IF NOT EXISTS evidence_records_no_update
 BEFORE UPDATE ON evidence_records
 BEGIN
     SELECT RAISE(ABORT, 'EVIDENCE_IMMUTABLE: evidence records cannot be updated');
+END;
+-- Evidence outlives its run: deletable only once its retention deadline has passed.
+CREATE TRIGGER IF NOT EXISTS evidence_records_retained
+BEFORE DELETE ON evidence_records
+WHEN OLD.retention_until IS NULL OR OLD.retention_until > CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+BEGIN
+    SELECT RAISE(ABORT, 'EVIDENCE_RETAINED: evidence records cannot be deleted before their retention ends');
+END;
+
+-- What is left of a pruned run whose evidence is retained.
+CREATE TABLE IF NOT EXISTS run_tombstones (
+    run_id           TEXT    PRIMARY KEY,
+    job_id           TEXT,
+    job_name         TEXT,
+    status           TEXT,
+    artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    evidence_id      TEXT,
+    finished_at      INTEGER,
+    pruned_at        INTEGER NOT NULL,
+    reason           TEXT
+);
+CREATE TRIGGER IF NOT EXISTS run_tombstones_no_update
+BEFORE UPDATE ON run_tombstones
+BEGIN
+    SELECT RAISE(ABORT, 'TOMBSTONE_APPEND_ONLY: run tombstones cannot be updated');
+END;
+CREATE TRIGGER IF NOT EXISTS run_tombstones_no_delete
+BEFORE DELETE ON run_tombstones
+BEGIN
+    SELECT RAISE(ABORT, 'TOMBSTONE_APPEND_ONLY: run tombstones cannot be deleted');
 END;
 
 -- Append-only audit trail of every transition.
@@ -443,7 +499,10 @@ CREATE TABLE IF NOT EXISTS runtime_events (
     dispatch_id      TEXT,
     actor            TEXT,
     artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
-    data             TEXT
+    data             TEXT,
+    -- who the run acted as (kind:name) and its trust level, on events of a run
+    principal        TEXT,
+    trust_level      TEXT
 );
 CREATE INDEX IF NOT EXISTS runtime_events_run_idx ON runtime_events(run_id) WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runtime_events_job_idx ON runtime_events(job_id, at);
@@ -470,25 +529,35 @@ CREATE TABLE IF NOT EXISTS provider_sessions (
     revoked_at        INTEGER,
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL,
+    scopes            TEXT,
+    status            TEXT    NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'expired', 'revoked', 'revoke_failed')),
+    refresh_after     INTEGER,
     UNIQUE (provider, session_key, artifact_digest)
 );
 
 -- Credential release bookkeeping. There is deliberately no column for the value.
 CREATE TABLE IF NOT EXISTS credential_presentations (
-    id               TEXT    PRIMARY KEY,
-    run_id           TEXT,
-    binding_name     TEXT    NOT NULL,
-    provider         TEXT    NOT NULL,
-    medium           TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
-    env_key          TEXT,
-    file_name        TEXT,
-    cardinality      TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
-    required         INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
-    status           TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'failed')),
-    artifact_digest  TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
-    materialized_at  INTEGER NOT NULL,
-    cleaned_at       INTEGER
+    id                   TEXT    PRIMARY KEY,
+    run_id               TEXT,
+    binding_name         TEXT    NOT NULL,
+    provider             TEXT    NOT NULL,
+    medium               TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
+    env_key              TEXT,
+    file_name            TEXT,
+    cardinality          TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
+    required             INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
+    status               TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'recovery_cleaned', 'failed')),
+    artifact_digest      TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
+    materialized_at      INTEGER NOT NULL,
+    cleaned_at           INTEGER,
+    presented_sha256     TEXT,
+    -- the private directory a file presentation lives in (recovery removes it)
+    temp_path            TEXT,
+    provider_session_id  TEXT,
+    expires_at           INTEGER,
+    last_error           TEXT
 );
+CREATE INDEX IF NOT EXISTS credential_presentations_run_idx ON credential_presentations(run_id, status);
 
 -- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
 CREATE TABLE IF NOT EXISTS authorization_proof_replay (

@@ -107,8 +107,9 @@ class AddColumn(NamedTuple):
     column: Column
 
     def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        if self.column.name not in conn.columns(self.table):
+        """Run the step on the caller's open transaction (a missing table is left to the schema, which creates it whole)."""
+        columns = conn.columns(self.table)
+        if columns and self.column.name not in columns:
             conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {self.column.definition(conn.dialect)}")
 
 
@@ -467,6 +468,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             AddColumn("delivery_outbox", _current("delivery_outbox", "receipt_json")),
             CreateTable("executor_state"),
             AddColumn("jobs", _current("jobs", "notify")),
+        ),
+    ),
+    Migration(
+        6,
+        "identity, credentials and governance (job fields, run outcomes, presentation bookkeeping, provider sessions)"
+        " and evidence (job declarations, evidence status and retention, run tombstones)",
+        (
+            *(AddColumn("jobs", _current("jobs", c)) for c in (
+                "identity", "credentials", "child_credential_policy", "evidence", "evidence_ref")),
+            *(AddColumn("runs", _current("runs", c)) for c in (
+                "identity_json", "trust_level", "delegation_json", "governance_json", "credentials_json", "evidence_status")),
+            *(AddColumn("runtime_events", _current("runtime_events", c)) for c in ("principal", "trust_level")),
+            *(AddColumn("evidence_records", _current("evidence_records", c)) for c in (
+                "status", "error_code", "evidence_ref", "declaration", "source_run_id", "retention_policy", "retention_until")),
+            *(AddColumn("provider_sessions", _current("provider_sessions", c)) for c in ("scopes", "status", "refresh_after")),
+            *(AddColumn("credential_presentations", _current("credential_presentations", c)) for c in (
+                "presented_sha256", "temp_path", "provider_session_id", "expires_at", "last_error")),
+            WidenCheck("credential_presentations", _current("credential_presentations", "status"),
+                       before=Column("status", TEXT, not_null=True, default="materialized",
+                                     choices=("materialized", "cleaned", "failed"))),
+            CreateTable("run_tombstones"),
         ),
     ),
 )

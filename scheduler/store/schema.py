@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
@@ -194,6 +194,7 @@ _DISPATCH_KINDS = ("schedule", "at", "manual", "chain", "retry")
 _GUARANTEES = ("at-most-once", "at-least-once")
 _OUTPUT_FORMATS = ("text", "json", "ndjson")
 _RISK_LEVELS = ("low", "medium", "high", "critical")
+_PRESENTATION_STATUSES = ("materialized", "cleaned", "recovery_cleaned", "failed")
 
 
 def digest_check(column: str) -> str:
@@ -293,6 +294,13 @@ TABLES: tuple[Table, ...] = (
             Column("watchdog_alert_channel", TEXT),
             Column("watchdog_alert_to", TEXT),
             Column("watchdog_self_destruct", FLAG, not_null=True, default=0),
+            Column("identity", TEXT, comment="who the run acts as (JSON: subject, trust level, delegation policy); NULL: the job's owner"),
+            Column("credentials", TEXT, not_null=True, default="[]",
+                   comment="credential bindings (JSON list of name, provider, ref, present): names and references, never values"),
+            Column("child_credential_policy", TEXT, not_null=True, default="none",
+                   choices=("none", "inherit", "downscope", "independent")),
+            Column("evidence", TEXT, comment="the evidence declaration (JSON: provider, methods, provider_config, payload, verify, ...)"),
+            Column("evidence_ref", TEXT),
             artifact_column(comment="runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact"),
             Column("handoff_version", INT, check="handoff_version IS NULL OR handoff_version = 4"),
             Column("effective_task_hash", TEXT, check=f"effective_task_hash IS NULL OR ({digest_check('effective_task_hash')})"),
@@ -446,6 +454,13 @@ TABLES: tuple[Table, ...] = (
             Column("verify_json", TEXT),
             Column("env_policy_warning", TEXT),
             Column("usage_json", TEXT),
+            Column("identity_json", TEXT, comment="pipeline outcomes before execution (JSON): resolved identity and trust, delegation, governance"),
+            Column("trust_level", TEXT, choices=("untrusted", "user", "operator", "system")),
+            Column("delegation_json", TEXT),
+            Column("governance_json", TEXT),
+            Column("credentials_json", TEXT, comment="what was presented (names, media, digests, redactions): never a value"),
+            Column("evidence_status", TEXT, choices=("attested", "verified", "failed", "interrupted"),
+                   comment="the run's evidence row, when its job declares evidence"),
             artifact_column(comment="execution artifact binding (from the dispatch), with the source run of chain, retry and replay work"),
             Column("source_run_id", TEXT),
             artifact_column("source_artifact_digest"),
@@ -616,9 +631,38 @@ TABLES: tuple[Table, ...] = (
             Column("verification", TEXT),
             Column("verified", FLAG, not_null=True, default=0),
             Column("created_at", BIGINT, not_null=True),
+            Column("status", TEXT, not_null=True, default="attested", choices=("attested", "failed", "interrupted")),
+            Column("error_code", TEXT),
+            Column("evidence_ref", TEXT),
+            Column("declaration", TEXT),
+            Column("source_run_id", TEXT),
+            Column("retention_policy", TEXT),
+            Column("retention_until", BIGINT, comment="NULL: kept forever; before this time the row cannot be deleted"),
         ),
-        guards=(no_update("evidence_records", "EVIDENCE_IMMUTABLE: evidence records cannot be updated"),),
+        indexes=(Index("evidence_records_job_idx", "job_id, created_at"),),
+        guards=(
+            no_update("evidence_records", "EVIDENCE_IMMUTABLE: evidence records cannot be updated"),
+            Guard("evidence_records_retained", "DELETE", "EVIDENCE_RETAINED: evidence records cannot be deleted before their retention ends",
+                  when="OLD.retention_until IS NULL OR OLD.retention_until > {now_ms}",
+                  comment="Evidence outlives its run: deletable only once its retention deadline has passed."),
+        ),
         comment="One immutable evidence row per run.",
+    ),
+    Table(
+        "run_tombstones",
+        (
+            Column("run_id", TEXT, primary_key=True),
+            Column("job_id", TEXT),
+            Column("job_name", TEXT),
+            Column("status", TEXT),
+            artifact_column(),
+            Column("evidence_id", TEXT),
+            Column("finished_at", BIGINT),
+            Column("pruned_at", BIGINT, not_null=True),
+            Column("reason", TEXT),
+        ),
+        guards=append_only("run_tombstones", "TOMBSTONE_APPEND_ONLY", "run tombstones"),
+        comment="What is left of a pruned run whose evidence is retained.",
     ),
     Table(
         "runtime_events",
@@ -632,6 +676,8 @@ TABLES: tuple[Table, ...] = (
             Column("actor", TEXT),
             artifact_column(),
             Column("data", TEXT),
+            Column("principal", TEXT, comment="who the run acted as (kind:name) and its trust level, on events of a run"),
+            Column("trust_level", TEXT),
         ),
         indexes=(
             Index("runtime_events_run_idx", "run_id", "run_id IS NOT NULL"),
@@ -653,6 +699,9 @@ TABLES: tuple[Table, ...] = (
             Column("revoked_at", BIGINT),
             Column("created_at", BIGINT, not_null=True),
             Column("updated_at", BIGINT, not_null=True),
+            Column("scopes", TEXT),
+            Column("status", TEXT, not_null=True, default="active", choices=("active", "expired", "revoked", "revoke_failed")),
+            Column("refresh_after", BIGINT),
         ),
         constraints=("UNIQUE (provider, session_key, artifact_digest)",),
         comment="Resumable provider sessions scoped to an exact artifact and runtime instance.",
@@ -669,11 +718,17 @@ TABLES: tuple[Table, ...] = (
             Column("file_name", TEXT),
             Column("cardinality", TEXT, not_null=True, default="one", choices=("one", "many")),
             Column("required", FLAG, not_null=True, default=1),
-            Column("status", TEXT, not_null=True, default="materialized", choices=("materialized", "cleaned", "failed")),
+            Column("status", TEXT, not_null=True, default="materialized", choices=_PRESENTATION_STATUSES),
             artifact_column(),
             Column("materialized_at", BIGINT, not_null=True),
             Column("cleaned_at", BIGINT),
+            Column("presented_sha256", TEXT),
+            Column("temp_path", TEXT, comment="the private directory a file presentation lives in (recovery removes it)"),
+            Column("provider_session_id", TEXT),
+            Column("expires_at", BIGINT),
+            Column("last_error", TEXT),
         ),
+        indexes=(Index("credential_presentations_run_idx", "run_id, status"),),
         comment="Credential release bookkeeping. There is deliberately no column for the value.",
     ),
     Table(
@@ -752,7 +807,16 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+#: What ``{now_ms}`` in a guard's ``when`` becomes: the current time in epoch milliseconds, per dialect.
+_NOW_MS = {
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+    "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+}
+
+
 def _guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
+    if g.when and "{now_ms}" in g.when:
+        g = g._replace(when=g.when.replace("{now_ms}", _NOW_MS[dialect]))
     if dialect == "sqlite":
         when = f"\nWHEN {g.when}" if g.when else ""
         return [f"CREATE TRIGGER IF NOT EXISTS {g.name}\n{_guard_event(t, g)}{when}\n"
