@@ -19,6 +19,7 @@ from scheduler.conditions import condition_matches
 from scheduler.events import append_event
 from scheduler.execution import ExecutionResult
 from scheduler.lease import Lease, assert_live
+from scheduler.pipeline import RunOutcomes
 from scheduler.runs import FAILURES, StaleFence
 from scheduler.store.base import Store, Tx
 from scheduler.timeutil import now_ms
@@ -77,16 +78,21 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
 
 
 def complete_run(
-    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None, check_lease: bool = True
+    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None, check_lease: bool = True,
+    outcomes: RunOutcomes | None = None,
 ) -> dict[str, Any]:
     """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
 
     ``check_lease=False`` is for a caller that already asserted the lease in the same
     transaction (the dispatcher's group commit); the run's owner/token compare-and-swap
     is always done. Observers hear of the run once the (outermost) transaction committed.
+    ``outcomes`` (the pipeline's decisions: run columns, events, the evidence row) commit
+    in the same transaction.
     """
     now = now_ms() if now is None else now
     values = result_columns(result)
+    if outcomes is not None:
+        values.update(outcomes.columns)
     message = values.pop("error_message")
     # The executor returned, so the work it recorded has ended; a worker the dispatcher cut
     # loose (``abandoned``) may still be running it: that is not known.
@@ -101,8 +107,21 @@ def complete_run(
             raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
         if result.state is not None and run["status"] == "ok":
             keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
-        apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner)
+        if outcomes is not None:
+            commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+        apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
+                           suppress=outcomes is not None and outcomes.suppress_consequences)
     return run
+
+
+def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, *, now: int, actor: str | None) -> None:
+    """Write the pipeline's events and evidence row for ``run`` inside its completion transaction."""
+    for kind, data in outcomes.events:
+        append_event(tx, kind, job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data=data)
+    if outcomes.evidence is not None:
+        from scheduler.evidence import insert_record
+
+        insert_record(tx, run, outcomes.evidence, now=now)
 
 
 def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, actor: str | None) -> bool:
@@ -136,12 +155,13 @@ def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, ac
 
 def apply_consequences(
     tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
-    actor: str | None = None,
+    actor: str | None = None, suppress: bool = False,
 ) -> None:
     """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
 
     ``actor`` is the dispatcher committing it (the run's owner, or the recovering
-    dispatcher after a crash); the ``run.finished`` event names it.
+    dispatcher after a crash); the ``run.finished`` event names it. ``suppress`` (a run
+    whose required evidence failed) counts the run but sends nothing and starts nothing.
     """
     status = run["status"]
     transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None)
@@ -154,7 +174,7 @@ def apply_consequences(
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
                  actor=actor, at=now, data=data)
     job = _update_job_counters(tx, run, now, actor)
-    if job is None:
+    if job is None or suppress:
         return
     _notify(tx, job, run, now)
     if status == "cancelled":

@@ -637,7 +637,8 @@ class Dispatcher:
         done = []
         for s, result in finished:
             try:
-                done.append((s, complete_run(self.store, self.lease, s.run_id, result, now=now, check_lease=False)))
+                done.append((s, complete_run(self.store, self.lease, s.run_id, result, now=now, check_lease=False,
+                                             outcomes=s.outcomes)))
             except StaleFence as exc:
                 self.stats["skipped_commits"] += 1
                 self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
@@ -859,17 +860,24 @@ class Dispatcher:
         return cached
 
     def _execute(self, s: StartedRun, control: DbRunControl) -> None:
+        """One run through the pipeline (see ``scheduler.pipeline``): the decisions before execution, the
+        credentials around it, the executor, then evidence; every step records into ``s.outcomes``."""
+        from scheduler import credentials, evidence, governance, identity
+
         spec = spec_from_row(s.job)
         try:
             self._check_artifact(s)
             executor = self._executor(spec.executor_name())
+            governance.evaluate(spec, executor, s.outcomes)
+            identity.resolve(self.store, s, spec, s.outcomes)
             trigger, state = self._run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
-            request = request_for(
-                executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
-                started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
-                trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"),
-            )
-            result = executor.execute(request, control)
+            with credentials.presented(self.store, s, spec, executor, s.outcomes) as presented:
+                request = request_for(
+                    executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
+                    started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
+                    trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"), credentials=presented,
+                )
+                result = executor.execute(request, control)
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
                 result = ExecutionResult(status="error", error_code="EXECUTOR_INVALID_RESULT",
                                          error_message=f"executor {spec.executor_name()!r} returned {type(result).__name__}")
@@ -879,6 +887,12 @@ class Dispatcher:
         except Exception as exc:
             log.exception("executor crashed")
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
+        try:
+            result = evidence.attest_run(self.store, s, spec, result, s.outcomes)
+        except Exception as exc:  # noqa: BLE001 - attestation must never leave a run unfinished
+            log.exception("evidence attestation of run %s crashed", s.run_id)
+            result = ExecutionResult(status="error", error_code="EVIDENCE_ATTESTATION_FAILED",
+                                     error_message=f"evidence attestation crashed: {type(exc).__name__}: {exc}")
         self._finished.put((s, result))  # the loop commits it (group commit), under its fence
         self._wake.set()
 

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from scheduler import transitions
+from scheduler.pipeline import RunOutcomes
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event, os_identity
 from scheduler.jobs import resolve_job
@@ -238,6 +239,8 @@ class StartedRun:
     parent_run_id: str | None
     #: The run this one follows (chain parent, retried or replayed run), for the executor's trigger context.
     source_run_id: str | None = None
+    #: What the pipeline's steps decide for this run (filled by its worker, committed with its terminal state).
+    outcomes: RunOutcomes = attrs.Factory(RunOutcomes)
 
 
 def claim_and_start(
