@@ -82,9 +82,18 @@ class NotificationSettings:
         "doc": "Which to send: `completed` (a run ended ok), `failed` (error or timeout), `paused` (auto-paused after failures)."})
 
 
+@attrs.frozen(kw_only=True)
+class EvidenceSettings:
+    """``[evidence]``: host-side evidence settings (the in-toto export's signing key)."""
+
+    export_key: str | None = attrs.field(default=None, metadata={
+        "doc": "PEM file of the Ed25519 private key that signs `runs evidence --export in-toto` (unencrypted PKCS#8); "
+               "unset: export is refused (EVIDENCE_EXPORT_KEY_MISSING)."})
+
+
 #: The kernel tables of the settings file, in display order.
 KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
-                                  "notifications": NotificationSettings}
+                                  "notifications": NotificationSettings, "evidence": EvidenceSettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.
