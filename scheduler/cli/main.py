@@ -33,6 +33,12 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "schedule": ("scheduler.cli.schedule_cmd", "schedule_group", "Preview schedules; quick cron jobs (add/list/show/remove)."),
     "run": ("scheduler.cli.run_cmd", "run_cmd", "Run the dispatcher in the foreground."),
     "conformance": ("scheduler.conformance.cli", "conformance_group", "Run provider conformance cases."),
+    "backup": ("scheduler.cli.backup_cmd", "backup_cmd", "Copy the live SQLite database and its artifacts to a directory."),
+    "restore": ("scheduler.cli.backup_cmd", "restore_cmd", "Replace the database with a backup (refused while a dispatcher holds it)."),
+    "service": ("scheduler.cli.service_cmd", "service_group", "Install, inspect or remove the systemd unit for `scheduler run`."),
+    "apply": ("scheduler.cli.apply_cmd", "apply_cmd", "Make the stored jobs match a job file (TOML or JSON), in one transaction."),
+    "export": ("scheduler.cli.apply_cmd", "export_cmd", "Write the stored jobs as a job file that apply takes back unchanged."),
+    "import": ("scheduler.cli.import_cmd", "import_group", "Import jobs from OpenClaw cron or a crontab."),
 }
 
 
@@ -105,7 +111,7 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
 #: so they work while another process holds the write lock. ``doctor`` is not one: it repairs.
 READ_ONLY_COMMANDS = frozenset({
     "jobs list", "jobs get", "jobs tree", "jobs next", "runs list", "runs get", "runs output", "runs events",
-    "schedule list", "schedule show", "status",
+    "schedule list", "schedule show", "status", "export",
 })
 
 
