@@ -107,13 +107,21 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
             "risk_level": spec.approval_risk_level,
             "approver_scope": spec.approval_approver_scope,
         },
+        # The normalised identity declaration (scheduler.identity), null when the job declares none.
+        "identity": spec.identity,
         # Declarations whose job fields arrive with later features: null / empty until then.
-        "identity": None,
-        "credential_presentation": {"bindings": []},
+        # The normalised credential bindings (references, never values); the child policy only when not "none",
+        # so a job without credentials keeps its digest.
+        "credential_presentation": {
+            "bindings": redact_secrets(list(getattr(spec, "credentials", None) or [])),
+            **({"child_policy": spec.child_credential_policy} if getattr(spec, "child_credential_policy", "none") != "none"
+               else {}),
+        },
         "authorization_ref": None,
         "authorization": None,
         "authorization_proof": None,
-        "evidence": None,
+        # The normalised evidence declaration with its evidence_ref (scheduler.evidence_declaration), null when none.
+        "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if getattr(spec, "evidence", None) else None,
     }
 
 

@@ -84,9 +84,20 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
                 normalised[field] = options_to_json(cls(**kwargs))
             except (TypeError, ValueError) as exc:
                 problems.append({"field": field, "code": "INVALID_VALUE", "error": str(exc)})
+    if getattr(spec, "evidence", None):  # the declaration against its provider: methods it performs, its provider_config
+        from scheduler.evidence_declaration import provider_problems
+
+        evidence, found = provider_problems(spec.evidence, _provider)
+        problems += found
+        if evidence is not None:
+            normalised["evidence"] = evidence
     executor = _provider("executor", spec.executor_name())
     if executor is not None:
         problems += constraint_problems(spec, executor)
+    if getattr(spec, "credentials", None):
+        from scheduler.credential_bindings import credential_problems
+
+        problems += credential_problems(spec, executor)
     return normalised, problems
 
 

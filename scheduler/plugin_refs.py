@@ -99,6 +99,9 @@ SPEC_REFERENCES: tuple[Callable[[Any], Iterable[PluginRef]], ...] = (
     _executor,
     _field("channel", "delivery_channel"),
     _field("channel", "watchdog_alert_channel"),
+    lambda s: [PluginRef("evidence", s.evidence["provider"], "evidence.provider")] if getattr(s, "evidence", None) else [],
+    lambda s: [PluginRef("credential", b["provider"], f"credentials[{i}].provider")
+               for i, b in enumerate(getattr(s, "credentials", None) or [])],
 )
 
 

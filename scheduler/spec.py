@@ -131,6 +131,21 @@ class JobSpec:
         doc="What the executor must enforce: `sandbox`, `network` (none, loopback), `allowed_paths`, `max_tokens`, `max_cost`."
         " A job whose executor lacks the matching capability is refused (CONSTRAINT_UNENFORCEABLE).",
     )
+    identity: dict | None = _f(
+        None, kind="identity",
+        doc="Who the run acts as (docs/identity.md): `subject` {kind: user|service|agent|workload, principal},"
+        " `trust` {level: untrusted|user|operator|system}, `delegation` {mode: none|inherit|on-behalf-of, max_depth,"
+        " allowed_delegators}. Unset: the job itself (`job:NAME`) at trust `user`.",
+    )
+    credentials: list = _f(
+        attrs.Factory(list), kind="credentials",
+        doc="Credential bindings (docs/credentials.md): a list of {name, provider, ref, present {medium: env|file|stdin, key?,"
+        " file_name?}, required?, options?}; values are resolved by the provider at run time and never stored.",
+    )
+    child_credential_policy: str = _f(
+        "none", kind="choice", choices=("none", "inherit", "downscope", "independent"),
+        doc="What this job's chained children may present of its credentials (docs/credentials.md).",
+    )
     run_timeout_ms: int = _f(300_000, kind="int", minimum=1, maximum=7 * 86_400_000, doc="Wall-clock limit of one run in milliseconds.")
     max_retries: int = _f(0, kind="int", minimum=0, maximum=100, doc="Retries after a failed run (exponential backoff).")
     retry_backoff_ms: int = _f(30_000, kind="int", minimum=0, maximum=86_400_000, doc="Base backoff before the first retry; doubles per retry.")
@@ -161,6 +176,12 @@ class JobSpec:
     watchdog_alert_channel: str | None = _f(None, kind="driver", doc="Watchdog: channel that receives the alert.")
     watchdog_alert_to: str | None = _f(None, kind="str", doc="Watchdog: destination of the alert.")
     watchdog_self_destruct: bool = _f(False, kind="bool", doc="Watchdog: disable the job (kept, with its history; `jobs enable` re-arms it) after its first passing check.")
+    evidence: dict | None = _f(
+        None, kind="evidence",
+        doc="Evidence of every run (docs/evidence.md): `provider` (default checksum), `methods`, `provider_config`,"
+        " `payload` {bind, context, format}, `verify` {required}, `collect`, `retention`. Unset: no evidence.",
+    )
+    evidence_ref: str | None = _f(None, kind="evidence_ref", doc="A label (<= 256 chars) carried into each evidence row; only with evidence.")
 
     def executor_name(self) -> str:
         """The executor driver this job runs on."""
@@ -251,6 +272,31 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
         return dict(value)
     if kind == "constraints":
         return _check_constraints(value, errors)
+    if kind == "evidence":
+        from scheduler.evidence_declaration import normalise as normalise_evidence
+
+        evidence, found = normalise_evidence(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return evidence
+    if kind == "evidence_ref":
+        from scheduler.evidence_declaration import check_evidence_ref
+
+        found = check_evidence_ref(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return None if found else value
+    if kind == "credentials":
+        from scheduler.credential_bindings import check_bindings
+
+        return check_bindings(value, errors.add)
+    if kind == "identity":
+        from scheduler.identity import normalise_declaration
+
+        declaration, problems = normalise_declaration(value, name)
+        for p in problems:
+            errors.add(p["field"], p["error"], p["code"])
+        return declaration
     if kind == "bool":
         if not isinstance(value, bool):
             errors.add(name, "must be true or false", "INVALID_TYPE")
@@ -472,9 +518,14 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
         errors.add("job_type", "watchdog jobs run on the shell target", "CONFLICT")
     if v.get("approval_approver_scope") and v.get("approval_timeout_action") == "approve":
         errors.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
+    if v.get("credentials") and v.get("session_target") == "main":
+        errors.add("credentials", "the main session refuses credentials (it is shared and outlives the run)",
+                   "CREDENTIAL_MEDIUM_UNSUPPORTED")
+    if v.get("evidence_ref") is not None and v.get("evidence") is None and not errors.has("evidence"):
+        errors.add("evidence_ref", "is only valid with evidence", "CONFLICT")
 
 
-_JSON_KINDS = frozenset({"options", "constraints"})
+_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials"})
 
 
 def spec_to_row(spec: JobSpec) -> dict[str, Any]:
@@ -485,7 +536,7 @@ def spec_to_row(spec: JobSpec) -> dict[str, Any]:
         if kind == "bool":
             row[f.name] = int(row[f.name])
         elif kind in _JSON_KINDS:
-            row[f.name] = json.dumps(row[f.name], sort_keys=True)
+            row[f.name] = None if row[f.name] is None else json.dumps(row[f.name], sort_keys=True)
     return row
 
 

@@ -149,12 +149,17 @@ class EvidencePayload:
 
 @attrs.frozen(kw_only=True)
 class EvidenceDeclaration:
-    """A job's ``evidence`` block: which provider, whether verification is required, its options."""
+    """A job's ``evidence`` block: which provider, whether verification is required, its options.
+
+    ``methods`` are the methods the job asks for (empty: the provider's own); a provider
+    refuses a method it does not perform (``check_requested_methods``), never downgrades.
+    """
 
     provider: str
     required: bool = False
     verify: bool = False
     options: Any = None
+    methods: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -196,7 +201,11 @@ class EvidenceProvider(Protocol):
 
 @attrs.frozen(kw_only=True)
 class CredentialPresent:
-    """How a credential reaches the run: an environment variable, a 0600 file, or standard input."""
+    """How a credential reaches the run: an environment variable, a 0600 file, or standard input.
+
+    ``key`` is the variable of an ``env`` presentation; ``file_name`` the name of a ``file``
+    presentation inside the run's private directory (default: the binding's name).
+    """
 
     medium: Literal["env", "file", "stdin"]
     key: str | None = None
@@ -205,7 +214,11 @@ class CredentialPresent:
 
 @attrs.frozen(kw_only=True)
 class CredentialBinding:
-    """One entry of a job's ``credentials`` list."""
+    """One entry of a job's ``credentials`` list: which provider resolves ``ref``, and how the value is presented.
+
+    ``options`` is the provider's validated ``options_class`` instance (None without one).
+    A binding always stands for exactly one value (cardinality ``one``).
+    """
 
     name: str
     provider: str
@@ -215,27 +228,81 @@ class CredentialBinding:
     options: Any = None
 
 
+#: ``provider_sessions.status`` values a provider may set through ``ProviderSessions.mark_session``.
+SESSION_STATUSES = ("active", "expired", "revoked", "revoke_failed")
+
+
+@runtime_checkable
+class ProviderSessions(Protocol):
+    """The kernel's bookkeeping of a credential provider's cached sessions (``CredentialContext.sessions``).
+
+    A provider that caches something across runs (an OAuth2 token) reports each session
+    here, so operators can see what is live, until when, and what a revocation did. Only a
+    hashed cache key (``sha256:<64 hex>``), scopes, times and a status are stored; the
+    kernel refuses anything else (``PROVIDER_SESSION_INVALID``), so no token can end up in
+    the database. The kernel's implementation is ``scheduler.provider_sessions``.
+    """
+
+    def record_session(self, provider: str, session_key: str, *, scopes: Any = (), expires_at_ms: int | None = None,
+                       refresh_after_ms: int | None = None) -> str:
+        """A new (or renewed) live session: status ``active``; returns the row id."""
+
+    def mark_session(self, provider: str, session_key: str, status: str) -> bool:
+        """Set a session's status (``expired``, ``revoked``, ``revoke_failed``, ``active``); False when unknown."""
+
+
 @attrs.frozen(kw_only=True)
 class CredentialContext:
-    """Who asks, for which run and which execution contract."""
+    """Who asks, for which run and which execution contract.
+
+    ``sessions`` is the kernel's ``ProviderSessions`` bookkeeping of cached provider
+    sessions (None where there is no database, e.g. settings references).
+    """
 
     run_id: str
     job_id: str
     attempt: int = 1
     artifact_digest: str | None = None
     identity: Mapping[str, Any] | None = None
+    #: The run this one follows (a chain parent), and the job it belongs to, when the credential flows down a chain.
+    source_run_id: str | None = None
+    source_job_id: str | None = None
+    sessions: ProviderSessions | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True, repr=False)
 class ResolvedCredential:
-    """A credential value held only in memory. ``repr`` never shows the value."""
+    """A provider's answer to ``resolve``: a value held only in memory, and what it was resolved for.
+
+    The kernel exposes the value only when the answer matches the binding it asked about:
+    ``name``, ``medium``, ``key``, ``file_name``, ``cardinality`` (always ``one``) and
+    ``required`` must equal the binding's (build the answer with ``for_binding``; an answer
+    that does not say what it is for is refused, ``CREDENTIAL_BINDING_MISMATCH``). A value
+    whose ``expires_at_ms`` has passed is never presented (``CREDENTIAL_EXPIRED``);
+    ``refresh_after_ms`` tells a caching provider when to fetch a new one. ``repr`` never
+    shows the value, and ``metadata`` must never hold it either.
+    """
 
     value: str | bytes
     expires_at_ms: int | None = None
     metadata: Mapping[str, Any] = attrs.Factory(dict)
+    name: str | None = None
+    medium: str | None = None
+    key: str | None = None
+    file_name: str | None = None
+    cardinality: Literal["one", "many"] = "one"
+    required: bool | None = None
+    refresh_after_ms: int | None = None
+
+    @classmethod
+    def for_binding(cls, binding: CredentialBinding, value: str | bytes, **kwargs: Any) -> ResolvedCredential:
+        """The answer for ``binding``: its name, medium, key, file name and required state echoed with ``value``."""
+        present = binding.present
+        return cls(value=value, name=binding.name, medium=present.medium, key=present.key, file_name=present.file_name,
+                   required=binding.required, **kwargs)
 
     def __repr__(self) -> str:
-        return f"ResolvedCredential(value=<redacted>, expires_at_ms={self.expires_at_ms!r})"
+        return f"ResolvedCredential(name={self.name!r}, value=<redacted>, expires_at_ms={self.expires_at_ms!r})"
 
 
 @attrs.frozen(kw_only=True)
@@ -247,20 +314,43 @@ class RefreshResult:
     reason: str | None = None
 
 
+#: The explicit answers of ``revoke``.
+REVOKE_CODES = ("revoked", "not_revoked", "unsupported")
+
+
 @attrs.frozen(kw_only=True)
 class RevokeResult:
-    """Outcome of ``revoke``."""
+    """Outcome of ``revoke``: ``revoked``, ``not_revoked`` (with a reason) or ``unsupported``.
+
+    ``code`` may be omitted: it is then ``revoked`` when ``revoked`` is true, ``unsupported``
+    when the reason starts with ``CREDENTIAL_REVOKE_UNSUPPORTED``, else ``not_revoked``.
+    Anything but ``revoked`` means the credential may still be valid (fail closed).
+    """
 
     revoked: bool
     reason: str | None = None
+    code: Literal["revoked", "not_revoked", "unsupported"] | None = None
+
+    @property
+    def outcome(self) -> str:
+        """The explicit answer (``revoked`` only when both ``revoked`` and ``code`` agree)."""
+        if self.code is not None:
+            return self.code if (self.code == "revoked") == bool(self.revoked) else "not_revoked"
+        if self.revoked:
+            return "revoked"
+        return "unsupported" if (self.reason or "").startswith("CREDENTIAL_REVOKE_UNSUPPORTED") else "not_revoked"
 
 
 @runtime_checkable
 class CredentialProvider(Protocol):
     """Resolves credential bindings to values at run time (group ``scheduler.credential_providers``).
 
-    Optional members (declare the matching capability): ``refresh(credential, binding,
-    context) -> RefreshResult`` and ``revoke(credential, binding, context) -> RevokeResult``.
+    ``resolve`` returns ``ResolvedCredential.for_binding(binding, value, expires_at_ms=...)``
+    or raises ``SchedulerError`` with a ``CREDENTIAL_*`` code; the kernel bounds the call in
+    time. Optional members (declare the matching capability): ``options_class`` (the
+    binding's ``options`` object), ``refresh(credential, binding, context) -> RefreshResult``
+    (``refresh``) and ``revoke(credential, binding, context) -> RevokeResult`` (``revoke``).
+    See docs/credentials.md.
     """
 
     plugin_api: int
@@ -343,7 +433,7 @@ __all__ = [
     "CredentialBinding", "CredentialContext", "CredentialPresent", "CredentialProvider", "DeliveryError", "DeliveryPart",
     "DeliveryReceipt", "DeliveryRoute", "EvidenceDeclaration", "EvidenceEnvelope", "EvidencePayload", "EvidenceProvider",
     "EvidenceVerification", "ExecutionRequest", "ExecutionResult", "Executor", "GROUPS", "KNOWN_CAPABILITIES",
-    "PROVIDER_KINDS", "PermanentDeliveryError", "RecoveryOutcome", "RecoveryRequest", "RefreshResult", "ResolvedCredential",
-    "RevokeResult", "RunControl", "SETTINGS_SECTIONS", "TransientDeliveryError",
+    "PROVIDER_KINDS", "PermanentDeliveryError", "ProviderSessions", "REVOKE_CODES", "RecoveryOutcome", "RecoveryRequest", "RefreshResult",
+    "ResolvedCredential", "RevokeResult", "RunControl", "SESSION_STATUSES", "SETTINGS_SECTIONS", "TransientDeliveryError",
 ]
 
