@@ -96,12 +96,15 @@ from scheduler.plugins.protocols import (
     EvidenceProvider,
     EvidenceVerification,
     Executor,
+    SESSION_STATUSES,
     PermanentDeliveryError,
+    ProviderSessions,
     RefreshResult,
     ResolvedCredential,
     RevokeResult,
     TransientDeliveryError,
 )
+from scheduler.provider_sessions import MemoryProviderSessions
 from scheduler.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
 from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
 from scheduler.spec import JobSpec
@@ -164,6 +167,9 @@ __all__ = [
     "KNOWN_CAPABILITIES",
     "PLUGIN_API_VERSION",
     "PermanentDeliveryError",
+    "ProviderSessions",
+    "MemoryProviderSessions",
+    "SESSION_STATUSES",
     "RecoveryOutcome",
     "RecoveryRequest",
     "RefreshResult",

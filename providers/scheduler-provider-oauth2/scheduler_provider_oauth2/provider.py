@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -199,9 +199,9 @@ class OAuth2CredentialProvider:
         with self._client_lock(client.name):
             cached = self._cache.get(key)
             if cached is not None and self._now_ms() < cached.refresh_after_ms:
-                return self._credential(client, cached, cached=True)
-            token = self._fetch_into_cache(settings, client, scopes, key, binding)
-            return self._credential(client, token, cached=False)
+                return self._credential(client, cached, binding, cached=True)
+            token = self._fetch_into_cache(settings, client, scopes, key, binding, context)
+            return self._credential(client, token, binding, cached=False)
 
     def refresh(self, credential: ResolvedCredential, binding: CredentialBinding, context: CredentialContext) -> RefreshResult:
         """A new token now, before the refresh point; a token another run already fetched is shared, not refetched."""
@@ -213,45 +213,58 @@ class OAuth2CredentialProvider:
                 cached = self._cache.get(key)
                 if (cached is not None and self._now_ms() < cached.refresh_after_ms
                         and not _same(cached.access_token, credential.value)):
-                    return RefreshResult(refreshed=True, credential=self._credential(client, cached, cached=True))
-                token = self._fetch_into_cache(settings, client, scopes, key, binding)
-                return RefreshResult(refreshed=True, credential=self._credential(client, token, cached=False))
+                    return RefreshResult(refreshed=True, credential=self._credential(client, cached, binding, cached=True))
+                token = self._fetch_into_cache(settings, client, scopes, key, binding, context)
+                return RefreshResult(refreshed=True, credential=self._credential(client, token, binding, cached=False))
         except CredentialError as exc:
             return RefreshResult(refreshed=False, reason=f"{exc.code}: {exc.message}")
 
     def revoke(self, credential: ResolvedCredential, binding: CredentialBinding, context: CredentialContext) -> RevokeResult:
         """RFC 7009 revocation of the access token; ``revoked=True`` only on an explicit 200 from the endpoint."""
         value = credential.value.decode("utf-8", "replace") if isinstance(credential.value, bytes) else credential.value
+        dropped: list[str] = []
         with self._lock:  # whatever the endpoint says, this token is never presented again
             for key in [k for k, t in self._cache.items() if _same(t.access_token, value)]:
+                dropped.append(key)
                 del self._cache[key]
+        session = credential.metadata.get("cache_key_hash") if isinstance(credential.metadata, Mapping) else None
+        sessions = {k for k in [*dropped, session] if isinstance(k, str)}
+        result = self._revoke(credential, binding, value)
+        for key in sorted(sessions):  # the kernel's record says what became of each session the token stood for
+            _mark(context, key, "revoked" if result.outcome == "revoked" else "revoke_failed")
+        return result
+
+    def _revoke(self, credential: ResolvedCredential, binding: CredentialBinding, value: str) -> RevokeResult:
         try:
             settings, client = self._client(binding)
         except CredentialError as exc:
-            return RevokeResult(revoked=False, reason=f"{exc.code}: {exc.message}")
+            return RevokeResult(revoked=False, code="not_revoked", reason=f"{exc.code}: {exc.message}")
         if not client.revocation_url:
-            return RevokeResult(revoked=False, reason=f"CREDENTIAL_REVOKE_UNSUPPORTED: client {client.name!r} has no "
-                                "revocation_url")
+            return RevokeResult(revoked=False, code="unsupported", reason=f"CREDENTIAL_REVOKE_UNSUPPORTED: client "
+                                f"{client.name!r} has no revocation_url")
         try:
             status = self._post_revocation(settings, client, value)
         except CredentialError as exc:
-            return RevokeResult(revoked=False, reason=f"{exc.code}: {exc.message}")
+            return RevokeResult(revoked=False, code="not_revoked", reason=f"{exc.code}: {exc.message}")
         where = shown_url(client.revocation_url)
         if status == 200:
             log.debug("oauth2 client %s: token revoked at %s", client.name, where)
-            return RevokeResult(revoked=True)
+            return RevokeResult(revoked=True, code="revoked")
         if status >= 500 or status in _TRANSIENT_STATUS:
             code = "CREDENTIAL_REVOKE_UNAVAILABLE"
         elif 400 <= status < 500:
             code = "CREDENTIAL_REVOKE_REJECTED"
         else:
             code = "CREDENTIAL_REVOKE_INDETERMINATE"
-        return RevokeResult(revoked=False, reason=f"{code}: {where} answered HTTP {status}; the token is not known to be revoked")
+        return RevokeResult(revoked=False, code="not_revoked",
+                            reason=f"{code}: {where} answered HTTP {status}; the token is not known to be revoked")
 
     # -- the token endpoint ------------------------------------------------------------------------
 
-    def _credential(self, client: Client, token: CachedToken, *, cached: bool) -> ResolvedCredential:
-        return ResolvedCredential(value=token.access_token, expires_at_ms=token.expires_at_ms, metadata={
+    def _credential(self, client: Client, token: CachedToken, binding: CredentialBinding, *, cached: bool) -> ResolvedCredential:
+        """The answer for ``binding`` (name, medium, key, file name and required echoed, as the kernel checks)."""
+        return ResolvedCredential.for_binding(
+            binding, token.access_token, expires_at_ms=token.expires_at_ms, refresh_after_ms=token.refresh_after_ms, metadata={
             "provider": "oauth2",
             "client": client.name,
             "grant": client.grant,
@@ -265,19 +278,30 @@ class OAuth2CredentialProvider:
             "expiry_assumed": token.expiry_assumed,
             "cached": cached,
             "rotation": self._rotations.get(client.name, 0),
-        })
+            })
 
     def _fetch_into_cache(self, settings: OAuth2Settings, client: Client, scopes: tuple[str, ...], key: str,
-                          binding: CredentialBinding) -> CachedToken:
-        """Fetch a token (caller holds the client's lock), cache it, or drop an expired cached one and raise."""
+                          binding: CredentialBinding, context: CredentialContext) -> CachedToken:
+        """Fetch a token (caller holds the client's lock), record its session, cache it; or drop an expired one and raise.
+
+        The session is recorded (``context.sessions``) before the token is cached: if the
+        kernel cannot record it, the token is neither cached nor presented.
+        """
         try:
             token = self._fetch(settings, client, scopes, key, binding)
         except CredentialError:
             with self._lock:
                 old = self._cache.get(key)
-                if old is not None and self._now_ms() >= old.expires_at_ms:
+                expired = old is not None and self._now_ms() >= old.expires_at_ms
+                if expired:
                     del self._cache[key]
+            if expired:
+                _mark(context, key, "expired")
             raise
+        sessions = getattr(context, "sessions", None)
+        if sessions is not None:
+            sessions.record_session("oauth2", key, scopes=token.scope.split(), expires_at_ms=token.expires_at_ms,
+                                    refresh_after_ms=token.refresh_after_ms)
         with self._lock:
             self._cache[key] = token
         return token
@@ -459,6 +483,17 @@ def _tls_context(ca_bundle: str | None) -> Any:
     import ssl
 
     return ssl.create_default_context(cafile=ca_bundle)
+
+
+def _mark(context: CredentialContext, key: str, status: str) -> None:
+    """Tell the kernel's session record (when there is one) what became of a session; a failure to record is logged."""
+    sessions = getattr(context, "sessions", None)
+    if sessions is None:
+        return
+    try:
+        sessions.mark_session("oauth2", key, status)
+    except SchedulerError as exc:
+        log.warning("oauth2: could not mark session %s %s: %s", key[:19], status, exc.code)
 
 
 def _same(a: str, b: str | bytes) -> bool:
