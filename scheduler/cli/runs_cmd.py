@@ -131,3 +131,33 @@ def runs_events(run_id: str) -> None:
         events = [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (run["id"],))]
     emit({"events": events}, lambda: table([(local_time(e["at"]), e["kind"], e["actor"], e["data"]) for e in events],
                                            ["at", "event", "actor", "data"]))
+
+
+@runs_group.command("prune")
+@click.option("--older-than", "older_than", required=True, help="Prune terminal runs that ended longer ago than this (e.g. 30d).")
+@click.option("--job", default=None, help="Only runs of this job (id or name).")
+@click.option("--dry-run", is_flag=True, help="Say what would be pruned; change nothing.")
+def runs_prune(older_than: str, job: str | None, dry_run: bool) -> None:
+    """Delete old terminal runs nothing pending references, and their output files.
+
+    Retained evidence is kept (a run tombstone records the pruned run); evidence past its
+    retention is deleted with its run. One runtime event (``runs.pruned``) records the prune.
+    """
+    from scheduler.artifacts import default_artifacts_root
+    from scheduler.jobs import resolve_job
+    from scheduler.pruning import prune_runs
+    from scheduler.timeutil import parse_duration_ms
+
+    older_than_ms = parse_duration_ms(older_than, field="--older-than")
+    store = open_ctx_store()
+    job_id = None
+    if job is not None:
+        with store.read() as tx:
+            job_id = resolve_job(tx, job)["id"]
+    report = prune_runs(store, older_than_ms=older_than_ms, job_id=job_id, dry_run=dry_run,
+                        artifacts_root=default_artifacts_root(store.local_path))
+    view = report.to_json()
+    emit(view, lambda: click.echo(
+        f"{'would prune' if dry_run else 'pruned'} {view['pruned']} run(s): {view['tombstoned']} tombstoned with retained evidence,"
+        f" {view['evidence_deleted']} with expired evidence deleted, {len(view['skipped'])} skipped"
+        + ("" if dry_run else f", {view['files_removed']} output file(s) removed")))
