@@ -260,6 +260,10 @@ class Dispatcher:
         self._stop = threading.Event()
         #: A second stop request: cancel running work now instead of waiting out the grace period.
         self._hurry = threading.Event()
+        #: SIGHUP: reload the settings file on the loop's next pass (``request_reload``).
+        self._reload = threading.Event()
+        #: ``scheduler.metrics.DispatcherMetrics`` when ``scheduler run --metrics-port`` serves them, else None.
+        self.metrics: Any = None
         self._lost: str | None = None
         self._executors: dict[str, Any] = {}
         self._executors_lock = threading.Lock()
@@ -287,6 +291,35 @@ class Dispatcher:
             self._hurry.set()
         self._stop.set()
         self._wake.set()
+
+    def request_reload(self, *_args: Any) -> None:
+        """Reload the settings file (SIGHUP, ``systemctl reload``) on the loop's next pass.
+
+        Safe in a signal handler: it only sets events; the loop does the reading, so a
+        handler never runs inside the settings lock.
+        """
+        self._reload.set()
+        self._wake.set()
+
+    def _reload_settings(self) -> None:
+        """Re-read and validate the settings; invalid ones are logged and the previous settings kept.
+
+        On success executors are loaded afresh for the next runs (plugin settings are given
+        at load); running runs keep the executor they started with. ``[dispatcher]``
+        concurrency, lease TTL and grace are fixed for the process (flags win): restart for those.
+        """
+        from scheduler.settings.load import replace_settings
+
+        self._reload.clear()
+        try:
+            fresh = replace_settings()
+        except SchedulerError as exc:
+            log.error("settings reload failed, keeping the previous settings: %s", exc.message)
+            self.say(f"{_clock()} settings reload failed ({exc.code}), keeping the previous settings: {exc.message}")
+            return
+        with self._executors_lock:
+            self._executors.clear()
+        self.say(f"{_clock()} settings reloaded from {fresh.file.source}")
 
     def stuck_workers(self) -> int:
         """Workers still inside an executor (after ``run`` returned: ones that ignored cancellation)."""
@@ -491,6 +524,8 @@ class Dispatcher:
             while not self._stop.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     break
+                if self._reload.is_set():
+                    self._reload_settings()
                 try:
                     if time.monotonic() >= next_recovery:
                         self._recover()
@@ -689,6 +724,8 @@ class Dispatcher:
     def _report(self, s: StartedRun, run: dict[str, Any]) -> None:
         """After a completion committed: count it and print it (observers were told by ``committing``)."""
         self.stats["finished"] += 1
+        if self.metrics is not None:
+            self.metrics.observe(s, run)
         took = run["duration_ms"] or 0
         detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
         self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
@@ -1044,6 +1081,7 @@ def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResul
 
 
 def install_signal_handlers(dispatcher: Dispatcher) -> None:
-    """SIGTERM and SIGINT stop claiming and start the graceful shutdown."""
+    """SIGTERM and SIGINT stop claiming and start the graceful shutdown; SIGHUP reloads the settings file."""
     signal.signal(signal.SIGTERM, dispatcher.request_stop)
     signal.signal(signal.SIGINT, dispatcher.request_stop)
+    signal.signal(signal.SIGHUP, dispatcher.request_reload)

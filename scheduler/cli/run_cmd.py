@@ -30,7 +30,11 @@ from scheduler.timeutil import parse_duration_ms
 @click.option("--duration", default=None, help="Stop by itself after this long (e.g. 30s); default: run until stopped.")
 @click.option("--shared/--exclusive", "shared", default=None,
               help="Share the database with other dispatchers (PostgreSQL default) or be the only one (SQLite default).")
-def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, duration: str | None, shared: bool | None) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this port (0: any free port, printed at start); default: off.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint listens on.")
+def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, duration: str | None, shared: bool | None,
+            metrics_port: int | None, metrics_host: str) -> None:
     """Run the dispatcher until SIGTERM/SIGINT (or --duration)."""
     from scheduler.dispatcher import Dispatcher, DispatcherConfig, install_signal_handlers
     from scheduler.settings import current_settings
@@ -46,6 +50,12 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
     quiet = json_mode()
     dispatcher = Dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
     install_signal_handlers(dispatcher)
+    if metrics_port is not None:  # prometheus_client is imported only here
+        from scheduler.metrics import DispatcherMetrics
+
+        dispatcher.metrics = DispatcherMetrics(dispatcher)
+        bound = dispatcher.metrics.start(metrics_host, metrics_port)
+        dispatcher.say(f"metrics on http://{metrics_host}:{bound}/metrics")
     try:
         dispatcher.run(duration_s=parse_duration_ms(duration, field="--duration") / 1000 if duration else None)
     except SchedulerError as exc:

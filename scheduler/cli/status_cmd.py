@@ -56,10 +56,47 @@ def collect_status(store: Any) -> dict[str, Any]:
     }
 
 
+def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Why ``status --check`` fails (empty: healthy): each ``{"check", "reason", ...}`` from one ``collect_status``.
+
+    No live dispatcher lease (or one whose holder is a dead process on this host), runs in
+    ``recovery_blocked``, failed outbox parts, approvals pending past their timeout. Meant
+    for cron, systemd and monitors: it only reads.
+    """
+    from scheduler.lease import owner_is_dead_local_process
+
+    reasons: list[dict[str, Any]] = []
+    live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
+    alive = [l for l in live if not owner_is_dead_local_process(l["owner"])]
+    if not alive:
+        dead = ", ".join(f"pid {l['pid']}" for l in live)
+        reasons.append({"check": "dispatcher", "reason": f"dispatcher gone ({dead} no longer runs; its lease has not expired yet)"
+                        if live else "no live dispatcher holds the lease"})
+    if status["recovery_blocked"]:
+        reasons.append({"check": "recovery_blocked", "count": len(status["recovery_blocked"]),
+                        "runs": [r["id"] for r in status["recovery_blocked"]],
+                        "reason": f"{len(status['recovery_blocked'])} run(s) recovery_blocked"})
+    failed = status["outbox"].get("failed", 0)
+    if failed:
+        reasons.append({"check": "outbox", "count": failed, "reason": f"{failed} delivery part(s) failed"})
+    overdue = status["approvals"].get("expired_pending", 0)
+    if overdue:
+        reasons.append({"check": "approvals", "count": overdue, "reason": f"{overdue} approval(s) pending past their timeout"})
+    return reasons
+
+
 @click.command("status")
-def status_cmd() -> None:
+@click.option("--check", is_flag=True,
+              help="Health check for monitors: exit 0 printing `ok`, else non-zero with a one-line reason (HEALTH_CHECK_FAILED).")
+def status_cmd(check: bool) -> None:
     """Lease, queue, runs and recovery state at a glance."""
     status = collect_status(open_ctx_store())
+    if check:
+        reasons = check_reasons(status)
+        if reasons:
+            raise SchedulerError("HEALTH_CHECK_FAILED", "; ".join(r["reason"] for r in reasons), details=reasons)
+        emit({"healthy": True, "reasons": []}, lambda: click.echo("ok"))
+        return
 
     def human() -> None:
         live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]

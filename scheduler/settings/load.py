@@ -355,6 +355,20 @@ def reload_settings() -> None:
         _plugin_cache.clear()
 
 
+def replace_settings() -> Settings:
+    """Load and validate the settings now and make them this process's settings (a SIGHUP reload).
+
+    Unlike ``reload_settings`` nothing is forgotten before the new settings are known to
+    be valid: ``CONFIG_INVALID`` leaves the previous settings (and plugin settings) in place.
+    """
+    global _current
+    fresh = load_settings()
+    with _lock:
+        _current = fresh
+        _plugin_cache.clear()
+    return fresh
+
+
 def section_of(kind: str) -> str:
     """The settings section of a provider kind (``executor`` -> ``executors``); a section name is returned as is."""
     if kind in PLUGIN_SECTIONS:
