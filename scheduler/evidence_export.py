@@ -217,7 +217,7 @@ def write_export(envelope: Mapping[str, Any], output: str | os.PathLike[str]) ->
     import json
     import tempfile
 
-    target = Path(os.fspath(output)).expanduser()
+    target = Path(os.fspath(output)).expanduser().absolute()
     data = (json.dumps(dict(envelope), indent=2, sort_keys=True) + "\n").encode("utf-8")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".export-", dir=target.parent if str(target.parent) else ".")

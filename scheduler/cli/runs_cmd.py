@@ -120,6 +120,55 @@ def runs_cancel(run_id: str, reason: str | None) -> None:
     emit(result, lambda: click.echo(f"run {full_id[:8]}: {result['outcome']}"))
 
 
+def evidence_run_id(store, ref: str) -> str:
+    """The full run id ``runs evidence`` works on: a run (id or unique prefix), else a pruned run's evidence row."""
+    with store.read() as tx:
+        try:
+            return _resolve_run(tx, ref)["id"]
+        except SchedulerError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            if tx.one("SELECT run_id FROM evidence_records WHERE run_id = ?", (ref,)) is not None:
+                return ref
+            if tx.one("SELECT run_id FROM run_tombstones WHERE run_id = ?", (ref,)) is not None:
+                return ref
+            raise
+
+
+@runs_group.command("evidence")
+@click.argument("run_id", required=False)
+@click.option("--all", "all_runs", is_flag=True, help="Re-verify every run with evidence (a summary; exit 1 if any is invalid).")
+@click.option("--since", default=None, help="With --all: only evidence since this instant (ISO-8601) or duration ago (7d).")
+@click.option("--export", "export_format", type=click.Choice(["in-toto"]), default=None,
+              help="Write the run's verified evidence as a signed in-toto attestation (DSSE, [evidence] export_key).")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="With --export: write the envelope to FILE.")
+def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_format: str | None, output: str | None) -> None:
+    """Re-verify one run's evidence from history alone: its own artifact, its output files, its envelope.
+
+    Exit 0 with ``{"ok": true, "verified": true, "provider": ..., "method": ...}``, or non-zero
+    with the first failure's ``EVIDENCE_*`` code (docs/evidence.md). A pruned run's retained
+    evidence still verifies (the run-row and output checks are then skipped, and said so).
+    ``--all`` re-verifies many (``--since``); ``--export in-toto`` exports one (docs/evidence.md).
+    """
+    from scheduler.evidence import verify_run
+
+    store = open_ctx_store()
+    if all_runs or since is not None or export_format is not None or output is not None:
+        from scheduler.cli.evidence_extras import evidence_extras
+
+        evidence_extras(store, run_id, all_runs=all_runs, since=since, export_format=export_format, output=output,
+                        resolve=lambda ref: evidence_run_id(store, ref))
+        return
+    if run_id is None:
+        raise SchedulerError("INVALID_ARGUMENT", "runs evidence needs a RUN_ID (or --all)")
+    check = verify_run(store, evidence_run_id(store, run_id))
+    if not check.verified:
+        raise check.error()
+    view = {k: v for k, v in check.to_json().items() if k != "ok"}
+    emit(view, lambda: kv([("run", check.run_id), ("verified", "yes"), ("provider", check.provider), ("method", check.method),
+                           *((name, outcome) for name, outcome in check.checks.items())]))
+
+
 @runs_group.command("events")
 @click.argument("run_id")
 def runs_events(run_id: str) -> None:
