@@ -123,6 +123,9 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did
+            from scheduler.evidence import record_interrupted
+
+            record_interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run gets its terminal evidence
             if replay:
                 d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh["dispatch_id"],))
                 count = (d["replay_count"] if d else 0) + 1

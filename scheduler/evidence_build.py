@@ -1,0 +1,141 @@
+"""The evidence payload of a run, built from its persisted run row and its execution artifact alone.
+
+One function, ``build_document(run, artifact, duration_ms=...)``, serves both ends:
+
+* the worker, before the completion transaction, passes the run row it claimed (read back
+  from the database) overlaid with ``scheduler.completion.result_columns(result)`` and the
+  pipeline's ``outcomes.columns``, i.e. exactly the values completion is about to write;
+* re-verification (``scheduler.evidence_verify``) passes the stored run row, and must get
+  the same document, hence the same json-sort-v1 bytes.
+
+So the document holds only run fields that are fixed before the completion transaction:
+ids, attempt, slot and start time, lineage, the fence (owner and token), the command
+projection and the evidence declaration from the run's own artifact, the result (status,
+error code, exit code, signal, timeout, SHA-256 and size of the *complete* stdout and
+stderr as the stream recorder hashed them, offloaded or not, the structured-output digest),
+the post-success verification record, and the trust outcomes present (identity, trust
+level, delegation, governance, credential presentation).
+
+Not in it: ``finished_at``, ``terminal_at`` and the run's ``duration_ms``, which the
+completion transaction sets after attestation. The payload's ``result.duration_ms`` is
+measured when the worker attests (execution and verification, from ``started_at``); it is
+therefore at most the run's recorded ``duration_ms`` and re-verification checks exactly that.
+Error *messages* are not in it either (completion may append "cancellation won").
+
+Secret-like keys (``scheduler.execution_artifacts.SECRET_KEY_RE``) inside the verification
+record and the outcomes become ``{"redacted": true, "value_hash": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+PAYLOAD_SCHEMA = "scheduler.evidence.payload"
+PAYLOAD_VERSION = 1
+
+#: Run columns holding a JSON outcome of the pipeline, and their name in the payload's ``outcomes``.
+OUTCOME_COLUMNS = (
+    ("identity_json", "identity"),
+    ("trust_level", "trust_level"),
+    ("delegation_json", "delegation"),
+    ("governance_json", "governance"),
+    ("credentials_json", "credential_presentation"),
+)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _digest(value: Any) -> Any:
+    """A stored digest in the one payload form: ``sha256:<hex>`` (bare hex gets the prefix; None stays None)."""
+    if isinstance(value, str) and _HEX64.fullmatch(value):
+        return "sha256:" + value
+    return value
+
+
+def _parsed(value: Any) -> Any:
+    """A JSON text column parsed (a value that is not JSON text is kept as it is)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *, duration_ms: int | None) -> dict[str, Any]:
+    """The evidence payload document of ``run`` (a run row as completion writes it) bound to its ``artifact`` payload.
+
+    ``artifact`` is the parsed execution artifact the run is bound to (None when the run has
+    none: the payload then says so). Deterministic: the same row and artifact give the same
+    document, so its canonical bytes can be rebuilt later from history.
+    """
+    from scheduler.execution_artifacts import redact_secrets
+
+    art = artifact or {}
+    status = run.get("status")
+    outcomes: dict[str, Any] = {}
+    for column, name in OUTCOME_COLUMNS:
+        value = run.get(column)
+        if value is not None:
+            outcomes[name] = redact_secrets(_parsed(value))
+    verification = None
+    if run.get("verify_status") is not None or run.get("verify_json") is not None:
+        verification = {"status": run.get("verify_status"), "record": redact_secrets(_parsed(run.get("verify_json")))}
+    structured = None
+    if run.get("output_format") is not None:
+        structured = {
+            "format": run.get("output_format"),
+            "valid": _flag(run.get("output_valid")),
+            "bytes": run.get("output_bytes"),
+            "sha256": _digest(run.get("output_sha256")),
+        }
+    return {
+        "schema": PAYLOAD_SCHEMA,
+        "version": PAYLOAD_VERSION,
+        "canonicalization": "json-sort-v1",
+        "run_id": run.get("id"),
+        "job_id": run.get("job_id"),
+        "dispatch_id": run.get("dispatch_id"),
+        "dispatch_kind": run.get("dispatch_kind"),
+        "attempt": run.get("attempt"),
+        "scheduled_for": run.get("scheduled_for"),
+        "started_at": run.get("started_at"),
+        "executor": run.get("executor"),
+        "artifact_digest": run.get("artifact_digest"),
+        "lineage": {
+            "source_run_id": run.get("source_run_id"),
+            "source_artifact_digest": run.get("source_artifact_digest"),
+            "parent_run_id": run.get("parent_run_id"),
+            "retry_of_run_id": run.get("retry_of_run_id"),
+            "replay_of_run_id": run.get("replay_of_run_id"),
+        },
+        "actor": {"dispatcher_owner": run.get("dispatcher_owner"), "dispatcher_token": run.get("dispatcher_token")},
+        "command": art.get("command"),
+        "target": art.get("target"),
+        "declaration": art.get("evidence"),
+        "result": {
+            "status": status,
+            "error_code": run.get("error_code"),
+            "exit_code": run.get("exit_code"),
+            "signal": run.get("process_signal"),
+            "timed_out": status == "timeout",
+            "duration_ms": duration_ms,
+            "stdout_sha256": _digest(run.get("stdout_sha256")),
+            "stdout_bytes": run.get("stdout_bytes"),
+            "stderr_sha256": _digest(run.get("stderr_sha256")),
+            "stderr_bytes": run.get("stderr_bytes"),
+            "structured": structured,
+        },
+        "verification": verification,
+        "outcomes": outcomes,
+    }
+
+
+__all__ = ["OUTCOME_COLUMNS", "PAYLOAD_SCHEMA", "PAYLOAD_VERSION", "build_document"]
