@@ -83,15 +83,20 @@ def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
     return row
 
 
-def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: Submission | None = None) -> dict[str, Any]:
+def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: Submission | None = None,
+            job_id: str | None = None) -> dict[str, Any]:
     if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
         raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
     row = spec_to_row(spec)
     row["parent_id"] = parent_id
     next_run, anchor = initial_schedule(spec, now)
-    job_id = _submitted_job_id(submission) if submission is not None else str(uuid.uuid4())
-    if submission is not None and tx.one("SELECT id FROM jobs WHERE id = ?", (job_id,)):
-        raise SchedulerError("JOB_ID_CONFLICT", f"a job with id {job_id!r} (the artifact's compiled.job_id) already exists")
+    if job_id is not None and not _JOB_ID_RE.fullmatch(job_id):
+        raise SchedulerError("INVALID_ARGUMENT", f"job id {job_id!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    explicit = submission is not None or job_id is not None
+    job_id = _submitted_job_id(submission) if submission is not None else job_id or str(uuid.uuid4())
+    if explicit and tx.one("SELECT id FROM jobs WHERE id = ?", (job_id,)):
+        why = " (the artifact's compiled.job_id)" if submission is not None else ""
+        raise SchedulerError("JOB_ID_CONFLICT", f"a job with id {job_id!r}{why} already exists")
     row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
     row.update(_bind_artifact(tx, spec, job_id, submission, now))
     cols = list(row)
@@ -153,22 +158,26 @@ def _subtree_depth(tx: Tx, job_id: str) -> int:
 
 
 def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
-                submissions: list[Submission | None] | None = None) -> list[dict[str, Any]]:
+                submissions: list[Submission | None] | None = None,
+                job_ids: list[str | None] | None = None) -> list[dict[str, Any]]:
     """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch.
 
     Each job gets its execution artifact first (``submissions[i]``, a handoff v4 artifact
     submitted with spec ``i``, is accepted only when it agrees exactly with that spec).
+    ``job_ids[i]`` gives spec ``i`` a chosen id instead of a random one (an importer's
+    ``openclaw-cron:<id>``, so a second import recognises it); ``JOB_ID_CONFLICT`` if taken.
     """
     now = now_ms() if now is None else now
     created: list[dict[str, Any]] = []
     subs = submissions or [None] * len(specs)
+    ids = job_ids or [None] * len(specs)
     with store.transaction() as tx:
         for spec, submission in zip(specs, subs, strict=True):
             parent_id = None
             if spec.parent_id is not None:
                 parent_id = resolve_job(tx, spec.parent_id)["id"]
                 _check_chain(tx, None, parent_id)
-            created.append(_insert(tx, spec, now, parent_id, submission))
+            created.append(_insert(tx, spec, now, parent_id, submission, ids[len(created)]))
     store.notify_change()
     return created
 
