@@ -188,6 +188,7 @@ class _Presentation:
 
     def _context(self) -> Any:
         from scheduler.plugins.protocols import CredentialContext
+        from scheduler.provider_sessions import StoreProviderSessions
 
         identity = self.outcomes.identity
         if identity is not None and not isinstance(identity, Mapping):
@@ -196,7 +197,8 @@ class _Presentation:
                                  artifact_digest=self.started.job.get("artifact_digest"),
                                  identity=identity if isinstance(identity, Mapping) else None,
                                  source_run_id=self.started.parent_run_id if self.policy != "independent" else None,
-                                 source_job_id=self.started.job.get("parent_id") if self.policy not in (None, "independent") else None)
+                                 source_job_id=self.started.job.get("parent_id") if self.policy not in (None, "independent") else None,
+                                 sessions=StoreProviderSessions(self.store))  # provider_sessions bookkeeping (OAuth2 tokens)
 
     def _resolve_one(self, binding: Any, context: Any) -> tuple[Any, bytes]:
         """The provider's checked answer and the value's bytes, or ``SchedulerError`` (``CREDENTIAL_*``)."""
@@ -465,7 +467,7 @@ def remove_directory(path: str) -> str | None:
             return f"CREDENTIAL_CLEANUP_FAILED: cannot remove {path}: {exc.strerror or type(exc).__name__}"
         return None
     errors: list[str] = []
-    shutil.rmtree(path, onexc=lambda _fn, p, exc: errors.append(f"{p}: {getattr(exc, 'strerror', None) or exc}"))
+    shutil.rmtree(path, onerror=lambda _fn, p, info: errors.append(f"{p}: {getattr(info[1], 'strerror', None) or info[1]}"))
     if errors or os.path.lexists(path):
         return f"CREDENTIAL_CLEANUP_FAILED: cannot remove {path}: {errors[0] if errors else 'still there'}"
     return None
@@ -507,4 +509,7 @@ def presented(store: Any, started: Any, spec: Any, executor: Any, outcomes: RunO
                                  f"credentials could not be presented: {type(exc).__name__}") from None
         yield credentials
     finally:
-        presentation.cleanup()
+        try:
+            presentation.cleanup()
+        except Exception:  # noqa: BLE001 - cleanup must not turn the run's own result into a crash
+            log.exception("credential cleanup of run %s failed; recovery removes what is left", started.run_id)

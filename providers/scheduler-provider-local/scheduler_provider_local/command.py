@@ -270,4 +270,4 @@ class CommandCredentialProvider:
             raise CredentialError(failed.code, f"credential {binding.name!r}: {failed.message}",
                                   details={"binding": binding.name, "provider": "command", "ref": binding.ref,
                                            **failed.details}) from None
-        return ResolvedCredential(value=value, metadata=metadata)
+        return ResolvedCredential.for_binding(binding, value, metadata=metadata)

@@ -79,4 +79,4 @@ class EnvCredentialProvider:
                                   "dispatcher's environment", details=where)
         if value == "":
             raise CredentialError("CREDENTIAL_EMPTY", f"credential {binding.name!r}: variable {name} is empty", details=where)
-        return ResolvedCredential(value=value, metadata={"provider": "env", "source": f"env:{name}"})
+        return ResolvedCredential.for_binding(binding, value, metadata={"provider": "env", "source": f"env:{name}"})

@@ -219,4 +219,4 @@ class FileCredentialProvider:
         except FileRefused as refused:
             raise CredentialError(refused.code, f"credential {binding.name!r}: {refused.message}",
                                   details={"binding": binding.name, "provider": "file", "ref": binding.ref, **refused.details}) from None
-        return ResolvedCredential(value=value, metadata=metadata)
+        return ResolvedCredential.for_binding(binding, value, metadata=metadata)
