@@ -513,3 +513,90 @@ def presented(store: Any, started: Any, spec: Any, executor: Any, outcomes: RunO
             presentation.cleanup()
         except Exception:  # noqa: BLE001 - cleanup must not turn the run's own result into a crash
             log.exception("credential cleanup of run %s failed; recovery removes what is left", started.run_id)
+
+
+# -- recovery after kill -9 --------------------------------------------------------------------------------------
+
+
+def _safe_run_directory(path: str) -> bool:
+    """Whether ``path`` is a directory this module makes (a tampered row must never make recovery remove anything else)."""
+    return os.path.isabs(path) and os.path.basename(path.rstrip(os.sep)).startswith(DIR_PREFIX) and ".." not in path.split(os.sep)
+
+
+def recover_presentations(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+    """Clean what a dead run presented: remove its files, mark its ``materialized`` rows ``recovery_cleaned``.
+
+    Returns ``(True, None)`` when cleanup is proven (nothing left, or every file removed) and
+    ``(False, reason)`` when it is not: a file directory on another host, a path this module
+    did not make, or one that exists and cannot be removed (those rows become ``failed`` with
+    the reason). Env and stdin presentations died with the dead process's memory.
+    """
+    import socket
+
+    from scheduler.lease import owner_host
+
+    with store.read() as tx:
+        rows = tx.all("SELECT id, temp_path FROM credential_presentations WHERE run_id = ? AND status = 'materialized'",
+                      (run["id"],))
+    if not rows:
+        return True, None
+    host = owner_host(run.get("dispatcher_owner"))
+    failed: dict[str, str] = {}
+    for path in sorted({r["temp_path"] for r in rows if r["temp_path"]}):
+        if host is not None and host != socket.gethostname():
+            problem = f"CREDENTIAL_CLEANUP_FAILED: {path} is on host {host}; it cannot be removed from here"
+        elif not _safe_run_directory(path):
+            problem = f"CREDENTIAL_CLEANUP_FAILED: {path} is not a credential run directory; it was left alone"
+        else:
+            problem = remove_directory(path)
+        if problem:
+            for r in rows:
+                if r["temp_path"] == path:
+                    failed[r["id"]] = problem
+    now = _now_ms()
+    with store.transaction() as tx:
+        for r in rows:
+            if r["id"] in failed:
+                tx.execute("UPDATE credential_presentations SET status = 'failed', last_error = ? WHERE id = ?"
+                           " AND status = 'materialized'", (failed[r["id"]], r["id"]))
+            else:
+                tx.execute("UPDATE credential_presentations SET status = 'recovery_cleaned', cleaned_at = ? WHERE id = ?"
+                           " AND status = 'materialized'", (now, r["id"]))
+    if failed:
+        return False, sorted(set(failed.values()))[0]
+    return True, None
+
+
+def retry_failed_cleanup(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+    """A blocked run's second chance: its ``failed`` rows are tried again (the operator may have fixed the cause)."""
+    with store.transaction() as tx:
+        tx.execute("UPDATE credential_presentations SET status = 'materialized' WHERE run_id = ? AND status = 'failed'"
+                   " AND last_error LIKE 'CREDENTIAL_CLEANUP_FAILED%'", (run["id"],))
+    return recover_presentations(store, run)
+
+
+def block_job_for_credentials(tx: Any, run: dict[str, Any], reason: str, *, actor: str, now: int) -> None:
+    """Pause the job of a run whose credential cleanup cannot be proven, with the reason (``jobs enable`` re-arms it)."""
+    from scheduler.events import append_event
+
+    paused = f"recovery blocked: {reason}"
+    changed = tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ? AND enabled = 1",
+                         (now, paused[:1000], now, run["job_id"]))
+    if changed:
+        append_event(tx, "job.paused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
+                     data={"reason": "credential cleanup not proven", "detail": reason})
+
+
+def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
+    """Clean presentations left ``materialized`` by finished runs whose dispatcher is gone (a worker abandoned at
+    shutdown that never got to its cleanup); returns the run ids swept."""
+    now = _now_ms() if now is None else now
+    with store.read() as tx:
+        runs = tx.all(
+            "SELECT DISTINCT r.id, r.dispatcher_owner FROM credential_presentations p JOIN runs r ON r.id = p.run_id"
+            " WHERE p.status = 'materialized' AND r.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')"
+            " AND NOT EXISTS (SELECT 1 FROM dispatcher_leases l WHERE l.owner = r.dispatcher_owner"
+            " AND l.token = r.dispatcher_token AND l.expires_at > ?)", (now,))
+    for run in runs:
+        recover_presentations(store, run)
+    return [r["id"] for r in runs]

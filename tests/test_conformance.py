@@ -289,7 +289,7 @@ def test_only_the_v2_format_is_shipped() -> None:
     Every kind's cases are v2 (channel cases too, though issue 16 named ``v1/channel/``)."""
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v1", "v2"]
     assert sorted(p.name for p in (FIXTURES / "v1").iterdir()) == ["handoff"]
-    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "executor"]
+    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "credential", "executor"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
@@ -1084,7 +1084,8 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
     assert ci.providers_to_run() == [("executor", "shell"), ("executor", "hello"), ("executor", "python"), ("executor", "agent"),
                                      ("executor", "main-session"),
                                      ("channel", "webhook"), ("channel", "slack"), ("channel", "telegram"), ("channel", "email"),
-                                     ("channel", "openclaw")]
+                                     ("channel", "openclaw"), ("credential", "env"), ("credential", "file"),
+                                     ("credential", "command"), ("credential", "oauth2")]
 
 
 # --------------------------------------------------------------------------- pytest adapter

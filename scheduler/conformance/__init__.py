@@ -45,6 +45,8 @@ from scheduler.conformance.service import (
 
 # Registers the channel kind's adapter (the executor's is registered by the engine module itself).
 from scheduler.conformance import channel as _channel  # noqa: F401  isort: skip
+# ... and the credential kind's (a stand-in source per case, resolved through the kernel's own checks).
+from scheduler.conformance import credential as _credential  # noqa: F401  isort: skip
 
 __all__ = [
     "ADAPTERS",

@@ -36,6 +36,10 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("channel", "telegram"),
     ("channel", "email"),
     ("channel", "openclaw"),
+    ("credential", "env"),
+    ("credential", "file"),
+    ("credential", "command"),
+    ("credential", "oauth2"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"
