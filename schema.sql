@@ -257,6 +257,8 @@ CREATE TABLE IF NOT EXISTS runs (
     -- pipeline outcomes before execution (JSON): resolved identity and trust, delegation, governance
     identity_json             TEXT,
     trust_level               TEXT    CHECK (trust_level IS NULL OR trust_level IN ('untrusted', 'user', 'operator', 'system')),
+    -- who the run acted as (KIND:NAME), copied onto each of its events
+    principal                 TEXT,
     delegation_json           TEXT,
     governance_json           TEXT,
     -- what was presented (names, media, digests, redactions): never a value

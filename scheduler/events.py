@@ -38,12 +38,16 @@ def append_event(
 
     The event carries the execution artifact digest of what it is about: ``artifact_digest``
     when given, else the run's binding, else the dispatch's, else the job's current artifact
-    (looked up in the same statement, so every caller gets it without passing it).
+    (looked up in the same statement, so every caller gets it without passing it). An event of
+    a run also carries who the run acts as (``principal``, ``trust_level``) once its identity is
+    recorded on the run (``scheduler.identity``; the completion transaction writes it before
+    its events), read in the same statement: no caller passes it and no query is added.
     """
     tx.execute(
-        "INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, artifact_digest, data)"
+        "INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, artifact_digest, data, principal, trust_level)"
         " VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, (SELECT artifact_digest FROM runs WHERE id = ?),"
-        " (SELECT artifact_digest FROM job_dispatch_queue WHERE id = ?), (SELECT artifact_digest FROM jobs WHERE id = ?)), ?)",
+        " (SELECT artifact_digest FROM job_dispatch_queue WHERE id = ?), (SELECT artifact_digest FROM jobs WHERE id = ?)), ?,"
+        " (SELECT principal FROM runs WHERE id = ?), (SELECT trust_level FROM runs WHERE id = ?))",
         (
             now_ms() if at is None else at,
             kind,
@@ -56,6 +60,8 @@ def append_event(
             dispatch_id,
             job_id,
             json.dumps(data, sort_keys=True, default=str) if data else None,
+            run_id,
+            run_id,
         ),
     )
 

@@ -75,6 +75,20 @@ def _refuse_trusted_provenance(item: Any) -> None:
                      " operator's job files"}])
 
 
+def _check_levels(store: Any, specs: list[Any], many: bool, *, previous: Any = None) -> None:
+    """The invoking account may give a job at most its own trust level (``scheduler.identity.check_invoker``)."""
+    from scheduler.identity import check_invoker, invoker
+
+    who = invoker(store)
+    for index, spec in enumerate(specs):
+        try:
+            check_invoker(spec, who, previous=previous)
+        except SchedulerError as exc:
+            if many and isinstance(exc.details, dict):
+                exc.details["index"] = index
+            raise
+
+
 def _one_shot_option(value: str | None, option: str) -> None:
     """Refuse an empty ``--at``/``--in``: it would otherwise be ignored and the job silently become manual."""
     if value is not None and not value.strip():
@@ -170,7 +184,9 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
         return
     from scheduler.jobs import create_jobs, job_to_json
 
-    rows = create_jobs(open_ctx_store(), specs, submissions=submissions)
+    store = open_ctx_store()
+    _check_levels(store, specs, many)
+    rows = create_jobs(store, specs, submissions=submissions)
     views = [job_to_json(r) for r in rows]
     emit(
         {"jobs": views} if many else {"job": views[0]},
@@ -273,6 +289,7 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
     with store.transaction() as tx:
         before = spec_from_row(resolve_job(tx, job))
         row = update_job(store, job, patch)
+        _check_levels(store, [spec_from_row(row)], False, previous=before)  # refused: the update rolls back
         if not allow_missing_plugins:
             require_plugins([spec_from_row(row)], previous=[before])
     view = job_to_json(row)

@@ -91,9 +91,33 @@ class EvidenceSettings:
                "unset: export is refused (EVIDENCE_EXPORT_KEY_MISSING)."})
 
 
+def _check_accounts(_instance: Any, _attribute: Any, entries: tuple[str, ...]) -> None:
+    for entry in entries:
+        if not entry or entry != entry.strip() or (entry.startswith("uid:") and not entry[4:].isdigit()):
+            raise ValueError(f"{entry!r} must be a local account name or uid:N")
+
+
+@attrs.frozen(kw_only=True)
+class IdentitySettings:
+    """``[identity]``: the trust level an invoking OS account may give the jobs it adds (see docs/identity.md).
+
+    The lists grant a level only when read from a settings file owned by root or by the
+    database's owner that nobody else can write; a ``SCHEDULER_IDENTITY_*`` variable or the
+    invoker's own file grants nothing. Root is always ``system``, the database file's owner ``operator``.
+    """
+
+    operators: tuple[str, ...] = attrs.field(default=(), validator=_check_accounts, metadata={
+        "doc": "Accounts (name or uid:N) that may add `operator` jobs, besides the database file's owner."})
+    system_users: tuple[str, ...] = attrs.field(default=(), validator=_check_accounts, metadata={
+        "doc": "Accounts (name or uid:N) that may add `system` jobs, besides root."})
+    default_level: Literal["untrusted", "user"] = attrs.field(default="user", metadata={
+        "doc": "Level of every other account: `user`, or `untrusted` (it can only lower)."})
+
+
 #: The kernel tables of the settings file, in display order.
 KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
-                                  "notifications": NotificationSettings, "evidence": EvidenceSettings}
+                                  "notifications": NotificationSettings, "evidence": EvidenceSettings,
+                                  "identity": IdentitySettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.

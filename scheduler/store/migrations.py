@@ -478,7 +478,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             *(AddColumn("jobs", _current("jobs", c)) for c in (
                 "identity", "credentials", "child_credential_policy", "evidence", "evidence_ref")),
             *(AddColumn("runs", _current("runs", c)) for c in (
-                "identity_json", "trust_level", "delegation_json", "governance_json", "credentials_json", "evidence_status")),
+                "identity_json", "trust_level", "principal", "delegation_json", "governance_json", "credentials_json",
+                "evidence_status")),
             *(AddColumn("runtime_events", _current("runtime_events", c)) for c in ("principal", "trust_level")),
             *(AddColumn("evidence_records", _current("evidence_records", c)) for c in (
                 "status", "error_code", "evidence_ref", "declaration", "source_run_id", "retention_policy", "retention_until")),

@@ -456,6 +456,7 @@ TABLES: tuple[Table, ...] = (
             Column("usage_json", TEXT),
             Column("identity_json", TEXT, comment="pipeline outcomes before execution (JSON): resolved identity and trust, delegation, governance"),
             Column("trust_level", TEXT, choices=("untrusted", "user", "operator", "system")),
+            Column("principal", TEXT, comment="who the run acted as (KIND:NAME), copied onto each of its events"),
             Column("delegation_json", TEXT),
             Column("governance_json", TEXT),
             Column("credentials_json", TEXT, comment="what was presented (names, media, digests, redactions): never a value"),
