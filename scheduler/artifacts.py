@@ -19,11 +19,14 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from scheduler import filemodes
 from scheduler.errors import SchedulerError
 from scheduler.execution import StreamCapture
+
+if TYPE_CHECKING:
+    from scheduler.redaction import Redactions
 
 #: Bytes of each stream kept in the database row.
 DEFAULT_EXCERPT_BYTES = 64 * 1024
@@ -83,7 +86,10 @@ class StreamRecorder:
         excerpt_bytes: int = DEFAULT_EXCERPT_BYTES,
         offload_bytes: int = DEFAULT_OFFLOAD_BYTES,
         cap_bytes: int | None = None,
+        redactions: Redactions | None = None,
     ) -> None:
+        """``redactions`` (``ExecutionRequest.redactions``): credential values replaced by ``[REDACTED:<name>]``
+        before anything is counted, hashed, buffered or offloaded; None takes the plain path (no scanning)."""
         self._root = root
         self._path = directory / name
         self._excerpt_limit = excerpt_bytes
@@ -96,9 +102,30 @@ class StreamRecorder:
         self.limit_exceeded = False
         #: Why the artifact file could not be written, if it could not (``finish`` does not retry).
         self.offload_error: OSError | None = None
+        self._redactor = redactions.stream() if redactions is not None else None
+        self._head: bytes | None = None
+
+    @property
+    def head(self) -> bytes:
+        """The whole recorded (redacted) stream while it is at most ``offload_bytes`` long, else ``b""`` (read the
+        artifact): what a structured-output parser may read in memory, never the unredacted input."""
+        if self._head is not None:
+            return self._head
+        return bytes(self._buffer) if self._file is None else b""
+
+    @property
+    def redaction_counts(self) -> dict[str, int]:
+        """Occurrences replaced so far, per credential binding name (never a value)."""
+        return dict(self._redactor.counts) if self._redactor is not None else {}
 
     def write(self, chunk: bytes) -> bool:
         """Record a chunk; False once the per-stream cap is exceeded (the caller should stop the process)."""
+        if self._redactor is not None and chunk:
+            chunk = self._redactor.feed(chunk)  # the tail that may start a secret stays back until the next chunk
+        return self._record(chunk)
+
+    def _record(self, chunk: bytes) -> bool:
+        """Count, hash and keep (buffer or file) bytes that are final: already redacted."""
         if not chunk:
             return not self.limit_exceeded
         if self._cap is not None and self._size + len(chunk) > self._cap:
@@ -137,6 +164,13 @@ class StreamRecorder:
         stream byte for byte (``excerpt_is_exact``): a small binary or cut-off stream
         would otherwise survive only as a lossy excerpt.
         """
+        if self._redactor is not None:
+            try:
+                self._record(self._redactor.flush())
+            except OSError:
+                pass  # offload_error is set: described below like any failed offload
+        if self._head is None:
+            self._head = bytes(self._buffer) if self._file is None else b""
         exact = len(self._buffer) <= self._excerpt_limit and excerpt_is_exact(bytes(self._buffer))
         if self._file is None and not exact and self.offload_error is None:
             try:
@@ -157,6 +191,7 @@ class StreamRecorder:
             truncated=self._size > len(excerpt_bytes) or (artifact is None and not exact),
             artifact=artifact,
             limit_exceeded=self.limit_exceeded,
+            redactions=self.redaction_counts,
         )
 
 

@@ -9,13 +9,18 @@ identity of a shell command). It returns an ``ExecutionResult``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
 from scheduler.spec import JobSpec
+
+if TYPE_CHECKING:
+    from scheduler.artifacts import StreamRecorder
+    from scheduler.redaction import Redactions
 
 #: Terminal statuses an executor may report.
 EXECUTION_STATUSES = ("ok", "error", "timeout", "cancelled")
@@ -31,6 +36,8 @@ class StreamCapture:
     truncated: bool = False
     artifact: str | None = None  # path relative to the artifacts root, when the full stream was offloaded
     limit_exceeded: bool = False
+    #: Credential values replaced by ``[REDACTED:<name>]`` in this stream: count per binding name (never a value).
+    redactions: Mapping[str, int] = attrs.Factory(dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -115,6 +122,24 @@ class ExecutionRequest:
     trigger: TriggerContext | None = None
     #: What this executor kept for this job after its last ``ok`` run (``ExecutionResult.state``), or None.
     state: Mapping[str, Any] | None = None
+
+    @functools.cached_property
+    def redactions(self) -> Redactions | None:
+        """What output recorders must redact: the presented credential values (``scheduler.redaction``), compiled
+        once per request; None without credentials (no import, no scanning: the plain path)."""
+        if not self.credentials:
+            return None
+        from scheduler.redaction import redactions_for
+
+        return redactions_for(self.credentials)
+
+    def stream_recorder(self, name: str, **limits: Any) -> StreamRecorder:
+        """The ``StreamRecorder`` for output stream ``name`` of this run, redacting its credentials: the one line
+        every executor uses (``limits``: ``excerpt_bytes``, ``offload_bytes``, ``cap_bytes``)."""
+        from scheduler.artifacts import StreamRecorder
+
+        return StreamRecorder(root=self.artifacts_root, directory=self.artifacts_dir, name=name,
+                              redactions=self.redactions, **limits)
 
 
 @attrs.frozen(kw_only=True)

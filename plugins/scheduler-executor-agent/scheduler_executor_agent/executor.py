@@ -56,22 +56,15 @@ DISCOVERY_TIMEOUT_S = 3.0
 
 
 class RecorderSink:
-    """A ``StreamRecorder`` plus the raw head of the stream while it is small (structured output needs bytes)."""
+    """A ``StreamRecorder`` and the head of the stream as recorded (redacted) while it is small (structured
+    output needs bytes)."""
 
     def __init__(self, recorder: StreamRecorder, keep_bytes: int) -> None:
         self.recorder = recorder
         self._keep = keep_bytes
-        self._head = bytearray()
-        self._overflow = False
         self.error: OSError | None = None
 
     def write(self, data: bytes) -> bool:
-        if not self._overflow:
-            if len(self._head) + len(data) <= self._keep:
-                self._head.extend(data)
-            else:
-                self._overflow = True
-                self._head.clear()
         try:
             return self.recorder.write(data)
         except OSError as exc:  # the artifact disk: reported as OUTPUT_CAPTURE_FAILED, never silent
@@ -80,7 +73,8 @@ class RecorderSink:
 
     @property
     def head(self) -> bytes:
-        return bytes(self._head)
+        head = self.recorder.head
+        return head if len(head) <= self._keep else b""
 
     def finish(self) -> StreamCapture:
         return self.recorder.finish()
@@ -264,9 +258,8 @@ class AgentExecutor:
 
         job = request.job
         sinks = {
-            name: RecorderSink(StreamRecorder(root=request.artifacts_root, directory=request.artifacts_dir, name=name,
-                                              excerpt_bytes=DEFAULT_EXCERPT_BYTES, offload_bytes=DEFAULT_OFFLOAD_BYTES,
-                                              cap_bytes=settings.max_output_bytes),
+            name: RecorderSink(request.stream_recorder(name, excerpt_bytes=DEFAULT_EXCERPT_BYTES,  # redacts credentials
+                                                       offload_bytes=DEFAULT_OFFLOAD_BYTES, cap_bytes=settings.max_output_bytes),
                                keep_bytes=DEFAULT_OFFLOAD_BYTES)
             for name in ("stdout", "stderr")
         }
@@ -317,6 +310,8 @@ class AgentExecutor:
         state = None
         if status == "ok" and history is not None:
             reply = turn.text() + ("" if out.text_complete else "\n[reply truncated in the session history]")
+            if request.redactions is not None:  # the kept conversation never holds a presented credential value
+                reply = request.redactions.redact(reply.encode("utf-8"))[0].decode("utf-8", errors="replace")
             state = sessions.to_state(key, [*history, {"role": "user", "content": prompt_text},
                                             {"role": "assistant", "content": reply}],
                                       max_turns=settings.session_max_turns, max_bytes=settings.session_max_bytes)

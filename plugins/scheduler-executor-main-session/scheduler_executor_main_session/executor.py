@@ -34,7 +34,6 @@ from scheduler.api import (
     RunControl,
     SchedulerError,
     StreamCapture,
-    StreamRecorder,
     now_ms,
     structured_from_capture,
 )
@@ -49,8 +48,7 @@ def main_session_key(agent_id: str) -> str:
 
 
 def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture:
-    recorder = StreamRecorder(root=request.artifacts_root, directory=request.artifacts_dir, name=name,
-                              excerpt_bytes=DEFAULT_EXCERPT_BYTES, offload_bytes=DEFAULT_OFFLOAD_BYTES)
+    recorder = request.stream_recorder(name, excerpt_bytes=DEFAULT_EXCERPT_BYTES, offload_bytes=DEFAULT_OFFLOAD_BYTES)
     try:
         recorder.write(data)
         return recorder.finish()
@@ -58,8 +56,11 @@ def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture
         raise SchedulerError("OUTPUT_CAPTURE_FAILED", f"recording {name} failed ({exc.strerror or exc})") from None
 
 
-def _head(data: bytes) -> bytes:
-    """What structured parsing reads in memory: the whole stream while it is small (else it reads the artifact)."""
+def _head(request: ExecutionRequest, data: bytes) -> bytes:
+    """What structured parsing reads in memory: the whole (redacted) stream while it is small (else it reads the
+    artifact). Credentials are refused before a turn, so there is nothing to redact today; the rule holds anyway."""
+    if request.redactions is not None:
+        data = request.redactions.redact(data)[0]
     return data if len(data) <= DEFAULT_OFFLOAD_BYTES else b""
 
 
@@ -198,7 +199,7 @@ class MainSessionExecutor:
         if reply.finish_reason:
             details["finish_reason"] = reply.finish_reason
         structured = structured_from_capture(request.job.output_format, stdout, root=request.artifacts_root,
-                                             head=_head(reply.content.encode("utf-8")))
+                                             head=_head(request, reply.content.encode("utf-8")))
         return ExecutionResult(status=status, error_code=reply.error_code, error_message=message, stdout=stdout,
                                stderr=stderr, structured=structured, summary=stdout.excerpt, usage=usage, details=details)
 
@@ -231,7 +232,7 @@ class MainSessionExecutor:
         if out.answer is not None:
             details["answer_keys"] = sorted(out.answer)[:20]
         structured = structured_from_capture(request.job.output_format, stdout, root=request.artifacts_root,
-                                             head=_head(out.stdout))
+                                             head=_head(request, out.stdout))
         return ExecutionResult(status=status, exit_code=out.exit_code, error_code=out.error_code, error_message=message,
                                stdout=stdout, stderr=stderr, structured=structured, summary=stdout.excerpt,
                                details=details)

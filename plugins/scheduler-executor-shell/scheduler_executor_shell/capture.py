@@ -14,7 +14,7 @@ import hashlib
 import os
 import selectors
 import threading
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from scheduler.api import StreamCapture, StreamRecorder
 
@@ -32,33 +32,27 @@ class Sink(Protocol):
 
 
 class RecorderSink:
-    """A ``StreamRecorder`` plus the raw head of the stream, kept while it is small.
+    """A ``StreamRecorder`` and the head of the stream as recorded, while it is small.
 
-    The recorder's excerpt is decoded text; structured-output parsing needs the raw
-    bytes. They are kept up to ``keep_bytes`` (the recorder's offload threshold):
+    The recorder's excerpt is decoded text; structured-output parsing needs the bytes.
+    The recorder keeps them (redacted: credential values are already replaced) while the
+    stream is within its offload threshold; ``head`` hands them out up to ``keep_bytes``:
     a stream that fits is whole in ``head``; a larger one is in the artifact file.
     """
 
     def __init__(self, recorder: StreamRecorder, *, keep_bytes: int) -> None:
         self.recorder = recorder
         self._keep = keep_bytes
-        self._head = bytearray()
-        self._overflow = False
 
     def write(self, chunk: bytes) -> bool:
         """Record a chunk; False once the recorder's cap is exceeded."""
-        if not self._overflow:
-            if len(self._head) + len(chunk) <= self._keep:
-                self._head.extend(chunk)
-            else:
-                self._overflow = True
-                self._head.clear()
         return self.recorder.write(chunk)
 
     @property
     def head(self) -> bytes:
-        """The raw stream if it stayed within ``keep_bytes``, else empty (read the artifact)."""
-        return bytes(self._head)
+        """The recorded stream if it stayed within ``keep_bytes``, else empty (read the artifact)."""
+        head = self.recorder.head
+        return head if len(head) <= self._keep else b""
 
     def finish(self) -> StreamCapture:
         """Close the recorder and describe the stream."""
@@ -66,17 +60,31 @@ class RecorderSink:
 
 
 class HashSink:
-    """Counts and hashes a stream without storing any of it (verification output)."""
+    """Counts and hashes a stream without storing any of it (verification output).
 
-    def __init__(self) -> None:
+    With ``redactions`` (``ExecutionRequest.redactions``) the count and digest cover the
+    redacted bytes, as for recorded output; call ``finish`` once the stream has ended.
+    """
+
+    def __init__(self, redactions: Any = None) -> None:
         self._hash = hashlib.sha256()
         self.bytes = 0
+        self._redactor = redactions.stream() if redactions is not None else None
 
     def write(self, chunk: bytes) -> bool:
         """Hash a chunk; never refuses."""
+        if self._redactor is not None:
+            chunk = self._redactor.feed(chunk)
         self._hash.update(chunk)
         self.bytes += len(chunk)
         return True
+
+    def finish(self) -> None:
+        """End of stream: account for the bytes a redactor still held back."""
+        if self._redactor is not None:
+            tail = self._redactor.flush()
+            self._hash.update(tail)
+            self.bytes += len(tail)
 
     @property
     def sha256(self) -> str:

@@ -39,7 +39,6 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    StreamRecorder,
     now_ms,
     plugin_settings,
     structured_from_capture,
@@ -172,10 +171,8 @@ class ShellExecutor:
 
         sinks = {
             name: RecorderSink(
-                StreamRecorder(
-                    root=request.artifacts_root,
-                    directory=request.artifacts_dir,
-                    name=name,
+                request.stream_recorder(  # redacts the run's presented credential values
+                    name,
                     excerpt_bytes=DEFAULT_EXCERPT_BYTES,
                     offload_bytes=DEFAULT_OFFLOAD_BYTES,
                     cap_bytes=settings.max_output_bytes,
@@ -248,7 +245,7 @@ class ShellExecutor:
         """Run ``verify_shell`` like the command (own group, env, cwd, cancellation); keep only an audit record."""
         job = request.job
         started_at, t0 = now_ms(), time.monotonic()
-        out, err = HashSink(), HashSink()
+        out, err = HashSink(request.redactions), HashSink(request.redactions)
         outcome = run_process(
             shell=settings.shell,
             payload=job.verify_shell or "",
@@ -261,6 +258,8 @@ class ShellExecutor:
             grace_s=settings.kill_grace_s,
             label="verify",
         )
+        out.finish()
+        err.finish()
         if outcome.reason == "exited":
             vstatus = "passed" if outcome.returncode == 0 else "failed"
         elif outcome.reason in ("timeout", "cancelled"):

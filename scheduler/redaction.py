@@ -1,0 +1,199 @@
+"""Output redaction: presented credential values never reach a run's recorded output.
+
+The kernel's ``StreamRecorder`` passes every chunk through a ``RedactionStream`` before it
+hashes, counts, buffers or offloads anything, so the stored excerpt, the artifact file, the
+SHA-256, the byte count, the structured-output parse and every delivery see only the
+redacted bytes. Each occurrence of a presented value is replaced by ``[REDACTED:<name>]``
+(``name`` is the binding's name), whichever ``write`` calls it was split across: the
+stream holds back the last ``longest pattern - 1`` bytes until the next chunk (or
+``flush``) decides them.
+
+Forms that are redacted (``forms_of``), for the value and, when it has surrounding
+whitespace (a file credential ending in a newline), for the value stripped too:
+
+* the raw UTF-8 bytes, at any length (fail closed: even a very short value is redacted);
+* as escaped inside a JSON string (``\\"``, ``\\\\``, ``\\n``, ``\\uXXXX``) and percent-encoded
+  (``quote(value, safe="")``), when those differ from the raw form;
+* for values of at least ``MIN_ENCODED_BYTES`` bytes (shorter encodings are too common in
+  ordinary text to remove): lower- and upper-case hex; standard and URL-safe base64, padded
+  and unpadded; and the base64 characters determined by the value alone at each of the three
+  byte alignments, so the value is caught inside a longer base64 text too (``user:token``
+  in an HTTP Basic header, ``echo $TOKEN | base64`` with its trailing newline). In that
+  embedded case up to one character on each side, which mixes in neighbouring bytes,
+  stays (at most 4 bits of the value each).
+
+Overlapping occurrences (one value's tail is another's head, or a value repeated with
+overlap) are merged into one span, replaced by the markers of every binding involved.
+This is a defence against accidental disclosure (a command echoing its token, a verbose
+HTTP client printing a header), not against a payload that deliberately transforms the
+value (reversed, split across lines, encrypted): the command is trusted with the value.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterable, Iterator
+from urllib.parse import quote
+
+import attrs
+
+#: Shortest value (bytes) whose hex and base64 forms are redacted as well as its raw bytes.
+MIN_ENCODED_BYTES = 6
+#: A merged span still growing at the end of a chunk is held back (not emitted) while it is at most this
+#: many bytes beyond the usual tail; past that (a pathological stream repeating a value) it is emitted.
+_MAX_CARRY_EXTRA = 64 * 1024
+
+
+def marker(name: str) -> bytes:
+    """The bytes that replace an occurrence of binding ``name``'s value: ``[REDACTED:<name>]``."""
+    return f"[REDACTED:{name}]".encode()
+
+
+def _base64_forms(value: bytes) -> set[bytes]:
+    """Standard and URL-safe base64 of ``value``: standalone (padded and unpadded) and the cores that appear
+    whatever bytes surround it in a longer encoded text (one per alignment ``value`` can start at)."""
+    forms: set[bytes] = set()
+    padded = base64.b64encode(value)
+    forms.update({padded, padded.rstrip(b"=")})
+    n = len(value)
+    for shift in (0, 1, 2):
+        encoded = base64.b64encode(b"\x00" * shift + value + b"\x00\x00")
+        # Character i covers bits [6i, 6i+6); the value's bits are [8*shift, 8*(shift+n)).
+        first = -(-8 * shift // 6)
+        last = (8 * (shift + n)) // 6  # exclusive
+        if last - first >= 4:
+            forms.add(encoded[first:last])
+    urlsafe = {f.replace(b"+", b"-").replace(b"/", b"_") for f in forms}
+    return forms | urlsafe
+
+
+def forms_of(value: str) -> set[bytes]:
+    """Every byte sequence redacted for one credential value (see the module docstring), empty for ``""``."""
+    forms: set[bytes] = set()
+    texts = {value}
+    if value.strip() and value.strip() != value:
+        texts.add(value.strip())
+    for text in texts:
+        raw = text.encode("utf-8")
+        if not raw:
+            continue
+        forms.add(raw)
+        forms.add(json.dumps(text)[1:-1].encode("ascii"))
+        forms.add(json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8"))
+        forms.add(quote(text, safe="").encode("ascii"))
+        if len(raw) >= MIN_ENCODED_BYTES:
+            forms.update({raw.hex().encode("ascii"), raw.hex().upper().encode("ascii")})
+            forms.update(_base64_forms(raw))
+    forms.discard(b"")
+    return forms
+
+
+@attrs.frozen(repr=False)
+class Redactions:
+    """The compiled patterns of one run's presented values: build with ``redactions_for``; start a stream with
+    ``stream()``. Holds derived forms of secret values, so it lives only as long as the run's request."""
+
+    pattern: re.Pattern[bytes]
+    #: Pattern bytes -> binding name (the first binding wins when two values share a form).
+    names: dict[bytes, str]
+    #: Length of the longest pattern: a stream holds back one byte less than this.
+    longest: int
+
+    def __repr__(self) -> str:
+        return f"Redactions(bindings={sorted(set(self.names.values()))!r}, patterns={len(self.names)})"
+
+    def stream(self) -> RedactionStream:
+        """A fresh streaming redactor for one output stream."""
+        return RedactionStream(self)
+
+    def redact(self, data: bytes) -> tuple[bytes, dict[str, int]]:
+        """Redact a whole byte string at once; returns the redacted bytes and the count per binding name."""
+        stream = self.stream()
+        out = stream.feed(data) + stream.flush()
+        return out, dict(stream.counts)
+
+
+def redactions_for(credentials: Iterable[object]) -> Redactions | None:
+    """The redactions for a run's ``CredentialPresentation`` s (anything with ``name`` and ``value``), or None
+    when none carries a value (then a recorder takes its plain path: no scanning at all)."""
+    names: dict[bytes, str] = {}
+    for credential in credentials:
+        value = getattr(credential, "value", None)
+        if not value:
+            continue
+        name = str(getattr(credential, "name", "") or "credential")
+        for form in forms_of(value):
+            names.setdefault(form, name)
+    if not names:
+        return None
+    ordered = sorted(names, key=lambda b: (-len(b), b))  # longest first: the longest form wins at a position
+    pattern = re.compile(b"|".join(re.escape(p) for p in ordered))
+    return Redactions(pattern=pattern, names=names, longest=len(ordered[0]))
+
+
+class RedactionStream:
+    """Redacts one stream fed in chunks: ``feed`` returns the bytes that are decided, ``flush`` the rest.
+
+    ``counts`` maps binding names to the number of spans replaced so far.
+    """
+
+    def __init__(self, redactions: Redactions) -> None:
+        self._r = redactions
+        self._pending = b""
+        self.counts: dict[str, int] = {}
+
+    def _spans(self, buf: bytes, limit: int) -> Iterator[tuple[int, int, list[str]]]:
+        """Merged spans ``(start, end, names)`` of occurrences starting before ``limit``, left to right."""
+        pattern, names = self._r.pattern, self._r.names
+        pos = 0
+        while True:
+            m = pattern.search(buf, pos)
+            if m is None or m.start() >= limit:
+                return
+            start, end = m.span()
+            found = [names[m.group()]]
+            p = start + 1
+            while p < end:  # an occurrence starting inside this one and reaching further extends the span
+                m2 = pattern.match(buf, p)
+                if m2 is not None and m2.end() > end:
+                    end = m2.end()
+                    name = names[m2.group()]
+                    if name not in found:
+                        found.append(name)
+                p += 1
+            yield start, end, found
+            pos = end
+
+    def _emit(self, buf: bytes, final: bool) -> bytes:
+        keep = 0 if final else self._r.longest - 1
+        safe_end = len(buf) - keep  # an occurrence starting before this is wholly inside buf
+        out = bytearray()
+        pos = 0
+        carry = max(safe_end, 0)
+        for start, end, found in self._spans(buf, safe_end):
+            if not final and end > safe_end and len(buf) - start <= keep + _MAX_CARRY_EXTRA:
+                carry = start  # an occurrence not yet complete might still extend this span: decide it later
+                break
+            out += buf[pos:start]
+            for name in found:
+                out += marker(name)
+                self.counts[name] = self.counts.get(name, 0) + 1
+            pos = end
+        else:
+            carry = max(carry, pos)
+        out += buf[pos:carry]
+        self._pending = buf[carry:]
+        return bytes(out)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take a chunk; return the redacted bytes that no later chunk can change (possibly empty)."""
+        if not chunk:
+            return b""
+        return self._emit(self._pending + chunk, final=False)
+
+    def flush(self) -> bytes:
+        """End of stream: the redacted remainder."""
+        buf, self._pending = self._pending, b""
+        return self._emit(buf, final=True) if buf else b""
