@@ -351,6 +351,10 @@ def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
         val = row.get(f.name)
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
+        elif f.metadata["kind"] == "identity" and isinstance(val, str):
+            import json
+
+            val = json.loads(val)  # the declaration as an object, as it was written
         out[f.name] = val
     out["artifact_digest"] = row.get("artifact_digest")
     out["handoff_version"] = row.get("handoff_version")
