@@ -104,9 +104,17 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
         fence_out(store, owner)
     for run in orphans:
         state, detail = _settle_process(run, kill_grace_s)
+        from scheduler.credentials import block_job_for_credentials, retry_failed_cleanup
+
+        cleaned, why = retry_failed_cleanup(store, run)  # the dead run's credential files (none: one read)
         now = now_ms()
         with committing(store, hooks) as tx:
             assert_live(tx, lease, now=now)
+            if not cleaned:
+                transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=why, message=why)
+                block_job_for_credentials(tx, run, why or "", actor=lease.owner, now=now)
+                report.append({"run_id": run["id"], "outcome": "recovery_blocked", "credentials": why})
+                continue
             if state == "blocked":
                 transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=detail)
                 report.append({"run_id": run["id"], "outcome": "recovery_blocked"})
@@ -135,6 +143,9 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
             # a replay stands in for a retry: both would run the work a third time
             apply_consequences(tx, fresh, now=now, allow_retry=not replay, actor=lease.owner)
             report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
+    from scheduler.credentials import sweep_presentations
+
+    sweep_presentations(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
     release_expired_claims(store)
     repair_missing_next_runs(store)
     return report

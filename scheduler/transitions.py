@@ -528,13 +528,14 @@ def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int
     return True
 
 
-def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail: str | None) -> bool:
-    """``running`` -> ``recovery_blocked``: the dead owner's work may still run and cannot be stopped (retried later)."""
+def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail: str | None, message: str | None = None) -> bool:
+    """``running`` -> ``recovery_blocked``: the dead owner's work may still run and cannot be stopped, or what it
+    left (credential files) cannot be proven removed (``message`` says which; retried later)."""
     changed = tx.execute(
-        "UPDATE runs SET status = 'recovery_blocked', error_code = 'RECOVERY_BLOCKED',"
-        " error_message = 'process group still alive and cannot be signalled'"
+        "UPDATE runs SET status = 'recovery_blocked', error_code = 'RECOVERY_BLOCKED', error_message = ?"
         " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?",
-        (run["id"], run["dispatcher_owner"], run["dispatcher_token"]),
+        (message or "process group still alive and cannot be signalled", run["id"], run["dispatcher_owner"],
+         run["dispatcher_token"]),
     )
     if changed != 1:
         return False
