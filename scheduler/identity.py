@@ -236,6 +236,11 @@ class ResolvedIdentity:
                 "trust_level": self.trust_level, "declared_level": self.declared_level, "source": self.source,
                 "depth": self.depth}
 
+    def as_mapping(self) -> dict[str, Any]:
+        """What providers receive (``CredentialContext.identity``, ``AuthorizationRequest.identity``): the run's
+        ``identity_json`` plus its ``delegation`` (``delegation_json``, or None when not delegated)."""
+        return {**self.to_json(), "delegation": self.delegation.to_json() if self.delegation is not None else None}
+
 
 def default_identity(job: dict[str, Any]) -> ResolvedIdentity:
     """The identity of a run of a job declaring none: the job itself (``job:<name>``) at trust ``user``."""

@@ -104,6 +104,7 @@ from scheduler.plugins.protocols import (
     RevokeResult,
     TransientDeliveryError,
 )
+from scheduler.identity import TRUST_LEVELS, Delegation, ResolvedIdentity
 from scheduler.provider_sessions import MemoryProviderSessions
 from scheduler.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
 from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
@@ -164,6 +165,10 @@ __all__ = [
     "ExecutionResult",
     "Executor",
     "JobSpec",
+    # who a run acts as (scheduler.identity): RunOutcomes.identity, as_mapping() for providers
+    "Delegation",
+    "ResolvedIdentity",
+    "TRUST_LEVELS",
     "KNOWN_CAPABILITIES",
     "PLUGIN_API_VERSION",
     "PermanentDeliveryError",
