@@ -325,3 +325,40 @@ def test_redactions_of_gives_every_presented_value() -> None:
     got = redactions_of((CredentialPresentation(name="a", medium="env", key="A", value="x1"),
                          CredentialPresentation(name="b", medium="file", key="CREDENTIAL_B_FILE", path="/p", value=b"\x00\xff")))
     assert got == (("a", b"x1"), ("b", b"\x00\xff"))
+
+
+# -- settings references through credential providers ------------------------------------------------------------
+
+
+def test_a_settings_reference_scheme_is_loaded_from_its_entry_point_only_when_used(tmp_path: Path) -> None:
+    """``{credential = "command:NAME"}`` resolves through scheduler-provider-local's ``command`` scheme, which the
+    kernel loads by entry point the first time a reference names it (a fresh process: nothing registered before)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[providers.command.commands]\nmytoken = "/bin/echo {SECRET}"\n')
+    script = textwrap.dedent("""
+        import sys
+        from scheduler.settings import secret
+        assert "command" not in secret.secret_schemes() and "scheduler_provider_local" not in sys.modules
+        ref = secret.SecretRef.parse("env:HOME")  # a built-in scheme loads nothing
+        assert "scheduler_provider_local" not in sys.modules
+        ref = secret.SecretRef.parse("command:mytoken")
+        value = ref.resolve()
+        try:
+            secret.SecretRef.parse("nosuchscheme:x")
+        except ValueError:
+            pass
+        else:
+            raise SystemExit("an unknown scheme was accepted")
+        print("ok", value == sys.argv[1], "command" in secret.secret_schemes())
+    """)
+    env = {**os.environ, "SCHEDULER_CONFIG": str(config)}
+    out = subprocess.run([sys.executable, "-c", script, SECRET], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "True", "True"]
+    disabled = subprocess.run([sys.executable, "-c", script, SECRET], capture_output=True, text=True, timeout=60,
+                              env={**env, "SCHEDULER_DISABLE_PLUGINS": "secret_schemes:command"})
+    assert disabled.returncode != 0 and "known schemes" in disabled.stderr  # switched off: the reference is refused

@@ -54,6 +54,46 @@ def register_secret_scheme(
     _SCHEMES[name] = SecretScheme(name=name, read=read, check=check)
 
 
+#: The entry-point group through which installed distributions offer more schemes (``command:``, ``oauth2:``).
+SCHEME_GROUP = "scheduler.secret_schemes"
+#: Scheme names looked up in ``SCHEME_GROUP`` and not found there (a miss is not looked up again in this process).
+_missing: set[str] = set()
+
+
+def load_scheme(name: str) -> bool:
+    """Register scheme ``name`` from the ``scheduler.secret_schemes`` entry point of that name; whether it now exists.
+
+    Called only when a reference names a scheme that is not registered yet, so settings
+    that use only ``env:``/``file:`` import nothing. The entry point's object carries
+    ``name`` (equal to the entry point's), ``read`` and optionally ``check``, as
+    ``SecretScheme`` does. A scheme switched off by ``SCHEDULER_DISABLE_PLUGINS``
+    (``secret_schemes:NAME``), absent, or broken stays unknown (the reference is refused).
+    """
+    if name in _SCHEMES:
+        return True
+    if name in _missing:
+        return False
+    from scheduler.plugins.loader import entry_points_of, is_disabled
+
+    found = [ep for ep in entry_points_of(SCHEME_GROUP) if ep.name == name]
+    if not found or is_disabled(SCHEME_GROUP, name):
+        _missing.add(name)
+        return False
+    try:
+        target = found[0].load()
+        read, check = getattr(target, "read"), getattr(target, "check", None)
+        if getattr(target, "name", name) != name or not callable(read) or (check is not None and not callable(check)):
+            raise TypeError("not a scheme (name, read, check)")
+    except Exception:  # noqa: BLE001 - a broken scheme is an unknown scheme: the reference is refused, never read
+        import logging
+
+        logging.getLogger(__name__).warning("secret scheme %r from %s cannot be loaded", name, SCHEME_GROUP, exc_info=True)
+        _missing.add(name)
+        return False
+    register_secret_scheme(name, read, check=check)
+    return True
+
+
 def secret_schemes() -> list[str]:
     """The registered scheme names, sorted (for messages and ``scheduler config``)."""
     return sorted(_SCHEMES)
@@ -76,7 +116,7 @@ class SecretRef:
     def parse(cls, reference: str) -> SecretRef:
         """A reference from its ``SCHEME:TARGET`` text; ``ValueError`` (never quoting the text) when it is not one."""
         match = _REFERENCE.match(reference) if isinstance(reference, str) else None
-        if match is None or match.group(1) not in _SCHEMES:
+        if match is None or (match.group(1) not in _SCHEMES and not load_scheme(match.group(1))):
             raise ValueError(not_a_reference())
         scheme = _SCHEMES[match.group(1)]
         problem = scheme.check(match.group(2)) if scheme.check else None
@@ -95,7 +135,7 @@ class SecretRef:
 
     def resolve(self) -> str:
         """Read the secret now; ``SECRET_UNRESOLVED`` naming the reference when it is missing, unreadable or empty."""
-        scheme = _SCHEMES.get(self.scheme)
+        scheme = _SCHEMES.get(self.scheme) or (_SCHEMES.get(self.scheme) if load_scheme(self.scheme) else None)
         if scheme is None:
             raise SchedulerError("SECRET_UNRESOLVED", f"secret {self.reference}: no scheme {self.scheme!r} is registered")
         try:
