@@ -318,4 +318,52 @@ def _check_provider(record: dict[str, Any], document: dict[str, Any], envelope: 
     return data.get("method") if isinstance(data, dict) else None
 
 
-__all__ = ["EvidenceCheck", "verify_run"]
+
+#: How many of the newest attested evidence rows ``doctor`` re-verifies (the reference checks the newest 500).
+DOCTOR_VERIFY_LIMIT = 200
+SAMPLES = 20
+
+
+def evidence_counts(tx: Any) -> dict[str, Any]:
+    """Cheap evidence counts for ``status``: rows by status, runs by ``evidence_status``, and runs whose row is missing.
+
+    No re-verification (``doctor`` does that); two aggregate queries and one anti-join on the
+    unique ``evidence_records.run_id``.
+    """
+    records = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM evidence_records GROUP BY status")}
+    runs = {r["evidence_status"]: r["n"] for r in tx.all(
+        "SELECT evidence_status, COUNT(*) AS n FROM runs WHERE evidence_status IS NOT NULL GROUP BY evidence_status")}
+    missing = tx.scalar("SELECT COUNT(*) FROM runs r WHERE r.evidence_status IS NOT NULL AND NOT EXISTS"
+                        " (SELECT 1 FROM evidence_records e WHERE e.run_id = r.id)")
+    return {"total": sum(records.values()), "records": records, "runs": runs, "missing": missing}
+
+
+def evidence_diagnostics(store: Any, *, limit: int = DOCTOR_VERIFY_LIMIT, artifacts_root: Path | None = None) -> dict[str, Any]:
+    """``doctor``'s evidence check: the newest ``limit`` attested rows re-verified, and runs whose row is missing.
+
+    ``{total, checked, unchecked, verification_complete, invalid, invalid_samples, missing, missing_samples,
+    not_attested}``; ``invalid`` and ``missing`` make the database unhealthy. Rows recording a failed or
+    interrupted attestation are outcomes, not integrity failures: counted as ``not_attested``.
+    """
+    with store.read() as tx:
+        counts = evidence_counts(tx)
+        attested = [r["run_id"] for r in tx.all(
+            "SELECT run_id FROM evidence_records WHERE status = 'attested' ORDER BY created_at DESC, run_id DESC LIMIT ?",
+            (int(limit),))]
+        total_attested = counts["records"].get("attested", 0)
+        missing = [r["id"] for r in tx.all(
+            "SELECT r.id FROM runs r WHERE r.evidence_status IS NOT NULL AND NOT EXISTS"
+            " (SELECT 1 FROM evidence_records e WHERE e.run_id = r.id) ORDER BY r.created_at DESC LIMIT ?", (SAMPLES,))]
+    invalid: list[dict[str, Any]] = []
+    for run_id in attested:
+        check = verify_run(store, run_id, artifacts_root=artifacts_root)
+        if not check.verified:
+            invalid.append({"run_id": run_id, "code": check.code, "error": check.message})
+    return {
+        "total": counts["total"], "checked": len(attested), "unchecked": total_attested - len(attested),
+        "verification_complete": len(attested) == total_attested, "invalid": len(invalid), "invalid_samples": invalid[:SAMPLES],
+        "missing": counts["missing"], "missing_samples": missing, "not_attested": counts["total"] - total_attested,
+    }
+
+
+__all__ = ["EvidenceCheck", "evidence_counts", "evidence_diagnostics", "verify_run"]

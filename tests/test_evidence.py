@@ -276,3 +276,46 @@ def test_an_evidence_row_cannot_be_deleted_before_its_retention_ends(store: Any,
         with store.transaction() as tx:
             tx.execute("UPDATE evidence_records SET retention_until = 1 WHERE run_id = ?", (kept["id"],))
     assert "EVIDENCE_IMMUTABLE" in immutable.value.message
+
+
+# -- status, doctor, capabilities ------------------------------------------------------------------------------
+
+
+def test_status_counts_and_doctor_reverifies(store: Any, store_url: str, dispatcher: Any, cli: Any) -> None:
+    dispatcher()
+    _job, good = run_job(store, name="good", payload_message="echo good", evidence={})
+    _job, bad = run_job(store, name="bad", payload_message="echo bad", evidence={})
+    status = cli("--json", "status").json["status"]["evidence"]
+    assert status == {"total": 2, "records": {"attested": 2}, "runs": {"attested": 2}, "missing": 0}, status
+
+    def evidence_check() -> dict[str, Any]:
+        out = cli("--json", "doctor").json
+        checks = out["checks"] if out.get("ok") else out["details"]
+        (check,) = [c for c in checks if c["check"] == "evidence"]
+        return check
+
+    healthy = evidence_check()
+    assert healthy["ok"] and healthy["evidence"]["checked"] == 2 and healthy["evidence"]["invalid"] == 0, healthy
+    with store.transaction() as tx:
+        unguarded(tx, store_url, *EVIDENCE_GUARDS)
+        tx.execute("UPDATE runs SET exit_code = 9 WHERE id = ?", (bad["id"],))
+        tx.execute("DELETE FROM evidence_records WHERE run_id = ?", (good["id"],))
+    assert cli("--json", "status").json["status"]["evidence"]["missing"] == 1
+    sick = evidence_check()
+    assert not sick["ok"] and sick["evidence"]["invalid"] == 1 and sick["evidence"]["missing"] == 1, sick
+    assert sick["evidence"]["invalid_samples"][0] == {**sick["evidence"]["invalid_samples"][0], "run_id": bad["id"],
+                                                      "code": "EVIDENCE_PAYLOAD_MISMATCH"}
+    assert sick["evidence"]["missing_samples"] == [good["id"]]
+    assert cli("--json", "doctor").code != 0
+
+
+def test_capabilities_report_the_seeds_evidence_values() -> None:
+    from scheduler.testing import run_cli
+
+    code, out, _err = run_cli("--json", "capabilities")
+    caps = json.loads(out)["capabilities"]
+    assert code == 0
+    assert caps["evidence_generation"] is True and caps["checksum_evidence_generation"] is True
+    assert caps["signed_or_provider_verified_evidence"] is True
+    assert caps["evidence_integrity"] == "artifact-bound-signed-or-provider-verified-v4"
+    assert "evidence_contract" not in caps  # the payload is the scheduler's own, not AgentCLI's (docs/evidence.md)

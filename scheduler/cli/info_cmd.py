@@ -86,7 +86,12 @@ CAPABILITIES = {
     "approval_scope_enforcement": True,
     "approvals": "runtime",
     "multipart_delivery_checkpoints": False,
-    "evidence_generation": False,
+    # The seed's evidence values (docs/evidence.md): every evidence job's run attested from its persisted run,
+    # bound to its execution artifact, by the checksum, ssh (signed) or external (provider-verified) provider.
+    "evidence_generation": True,
+    "checksum_evidence_generation": True,
+    "signed_or_provider_verified_evidence": True,
+    "evidence_integrity": "artifact-bound-signed-or-provider-verified-v4",
     "execution_artifacts": {"canonicalization": "json-sort-v1", "digest": "sha256", "kinds": ["native", "handoff-v4"]},
     "handoff_v4_artifact": True,
     "handoff_version": "4",

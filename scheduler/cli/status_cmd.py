@@ -40,6 +40,9 @@ def collect_status(store: Any) -> dict[str, Any]:
         skipped = tx.all("SELECT id, job_id, skip_reason, created_at FROM runs WHERE status = 'skipped' ORDER BY created_at DESC LIMIT 5")
         cancels = tx.scalar("SELECT COUNT(*) FROM runs WHERE cancel_requested_at IS NOT NULL AND status = 'running'")
         nxt = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")
+        from scheduler.evidence_verify import evidence_counts
+
+        evidence = evidence_counts(tx)  # counts only; `doctor` re-verifies
     return {
         "database": store.location,
         "schema_version": store.schema_version(),
@@ -53,6 +56,7 @@ def collect_status(store: Any) -> dict[str, Any]:
         "approvals": {**approvals, "expired_pending": overdue},
         "recent_skips": [{**s, "created_at": to_iso(s["created_at"])} for s in skipped],
         "next_run_at": to_iso(nxt),
+        "evidence": evidence,
     }
 
 
@@ -111,6 +115,8 @@ def status_cmd(check: bool) -> None:
             ("recovery blocked", len(status["recovery_blocked"])),
             ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
             ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
+            ("evidence", ", ".join(f"{n} {k}" for k, n in status["evidence"]["records"].items())
+             + (f", {status['evidence']['missing']} missing" if status["evidence"]["missing"] else "") or "none"),
         ])
         if status["recent_skips"]:
             click.echo("recent skipped slots:")
@@ -131,6 +137,18 @@ def _artifact_check(store: Any) -> dict[str, Any]:
     return {"check": "execution_artifacts", "ok": not problems, "detail": detail, "problems": problems}
 
 
+def _evidence_check(store: Any) -> dict[str, Any]:
+    """The newest evidence rows re-verified from history, and runs whose evidence row is missing (docs/evidence.md)."""
+    from scheduler.evidence_verify import evidence_diagnostics
+
+    diag = evidence_diagnostics(store)
+    bad = diag["invalid"] + diag["missing"]
+    samples = "; ".join(f"{s['run_id'][:8]}: {s['code']}" for s in diag["invalid_samples"][:5])
+    detail = (f"{diag['checked']} checked, {diag['invalid']} invalid, {diag['missing']} missing"
+              + (f" ({diag['unchecked']} older not checked)" if diag["unchecked"] else "") + (f": {samples}" if samples else ""))
+    return {"check": "evidence", "ok": not bad, "detail": detail, "evidence": diag}
+
+
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
@@ -147,6 +165,7 @@ def doctor_cmd() -> None:
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
         checks.append(_artifact_check(store))
+        checks.append(_evidence_check(store))
         failed = status["outbox"].get("failed", 0)
         checks.append({"check": "deliveries", "ok": True, "warning": bool(failed),
                        "detail": f"warning: {failed} failed part(s): `scheduler deliveries list --status failed`"
