@@ -309,3 +309,20 @@ def test_a_manual_run_of_a_delegating_job_acts_as_itself(store: Any, dispatcher:
     enqueue_manual(store, parent["id"])
     runs = finished(store, child["id"], count=2)
     assert (runs[1]["principal"], runs[1]["trust_level"]) == ("job:parent", "user")  # inherited from the parent job
+
+
+def test_resolving_without_a_delegating_declaration_never_touches_the_store() -> None:
+    """The hot path: no declaration, or mode none, resolves from the job row alone (the store here cannot be used)."""
+    from types import SimpleNamespace
+
+    from scheduler import identity
+    from scheduler.pipeline import RunOutcomes
+
+    for declared in (None, {"subject": {"kind": "agent", "principal": "a"}, "trust": {"level": "untrusted"}}):
+        spec = validate_spec({**spec_with(declared), "schedule_kind": "chain", "parent_id": "p"}, plugin_options=False)
+        started = SimpleNamespace(job={"id": "j1", "name": "j"}, source_run_id="some-parent-run")
+        outcomes = RunOutcomes()
+        identity.resolve(None, started, spec, outcomes)
+        assert outcomes.identity.principal == ("job:j" if declared is None else "agent:a")
+        assert outcomes.columns["trust_level"] == ("user" if declared is None else "untrusted")
+        assert outcomes.identity.as_mapping()["delegation"] is None
