@@ -362,3 +362,51 @@ def test_a_settings_reference_scheme_is_loaded_from_its_entry_point_only_when_us
     disabled = subprocess.run([sys.executable, "-c", script, SECRET], capture_output=True, text=True, timeout=60,
                               env={**env, "SCHEDULER_DISABLE_PLUGINS": "secret_schemes:command"})
     assert disabled.returncode != 0 and "known schemes" in disabled.stderr  # switched off: the reference is refused
+
+
+# -- chain children -------------------------------------------------------------------------------------------------
+
+
+def _chain(store: Any, dispatcher: Any, policy: str, child_bindings: list[dict[str, Any]], child_command: str) -> dict[str, Any]:
+    parent = add_job(store, executor="shell", payload_message="true", credentials=[binding()], child_credential_policy=policy)
+    child = add_job(store, executor="shell", schedule_kind="chain", parent_id=parent["id"], payload_message=child_command,
+                    credentials=child_bindings)
+    enqueue_manual(store, parent["id"])
+    d = dispatcher()
+    try:
+        (run,) = wait_for(lambda: [r for r in run_rows(store, child["id"]) if r["status"] in TERMINAL], timeout=30,
+                          what="the chained child")
+    finally:
+        d.stop()
+    return run
+
+
+SHA_CHECK = f'printf %s "$API_TOKEN" | sha256sum | grep -q {hashlib.sha256(SECRET.encode()).hexdigest()}'
+
+
+def test_inherit_gives_the_child_its_parents_credentials(store: Any, dispatcher: Any) -> None:
+    run = _chain(store, dispatcher, "inherit", [], SHA_CHECK)
+    assert run["status"] == "ok", run
+    assert [r["binding_name"] for r in presentations(store, run["id"])] == ["tok"]
+    assert "credential.inherited" in [e["kind"] for e in events(store, run["id"])]
+
+
+def test_none_and_independent_give_the_child_nothing_of_its_parent(store: Any, dispatcher: Any) -> None:
+    for policy in ("none", "independent"):
+        run = _chain(store, dispatcher, policy, [], 'test -z "${API_TOKEN:-}"')
+        assert run["status"] == "ok", (policy, run)
+        assert presentations(store, run["id"]) == [] and run["credentials_json"] is None
+
+
+def test_downscope_lets_the_child_use_only_what_the_parent_holds(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    run = _chain(store, dispatcher, "downscope", [binding(key="CHILD_TOKEN")], 'test -n "$CHILD_TOKEN"')
+    assert run["status"] == "ok", run
+    run = _chain(store, dispatcher, "downscope", [binding("other", provider="testcred", ref=f"value:{SECRET}", key="X_TOKEN")],
+                 f"touch {marker}")
+    assert (run["status"], run["error_code"]) == ("error", "CREDENTIAL_DOWNSCOPE_DENIED") and not marker.exists()
+
+
+def test_inherit_refuses_a_name_bound_twice(store: Any, dispatcher: Any) -> None:
+    run = _chain(store, dispatcher, "inherit", [binding(key="CHILD_TOKEN")], "true")
+    assert (run["status"], run["error_code"]) == ("error", "CREDENTIAL_DUPLICATE")
