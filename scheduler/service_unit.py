@@ -98,7 +98,8 @@ class UnitSpec:
             f"ExecStart={' '.join(_escape(a) for a in self.exec_start)}",
             "ExecReload=/bin/kill -HUP $MAINPID",
             env_lines,
-            f"WorkingDirectory={_escape(self.working_directory)}",
+            # a path setting takes the rest of the line literally (no quotes); only specifiers are escaped
+            f"WorkingDirectory={self.working_directory.replace('%', '%%')}",
             *([f"User={self.user}"] if self.user else []),
             "Restart=on-failure",
             "RestartSec=5s",
