@@ -918,6 +918,10 @@ class Dispatcher:
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
                 result = ExecutionResult(status="error", error_code="EXECUTOR_INVALID_RESULT",
                                          error_message=f"executor {spec.executor_name()!r} returned {type(result).__name__}")
+            elif presented:  # what output redaction replaced, recorded on the run: counts per binding, never a value
+                from scheduler.redaction import record_redactions
+
+                result = record_redactions(result, s.outcomes)
         except SchedulerError as exc:
             details = exc.details if isinstance(exc.details, dict) else {}
             result = ExecutionResult(status="error", error_code=exc.code, error_message=exc.message, details=details)

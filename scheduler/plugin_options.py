@@ -102,28 +102,13 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
 
 
 def constraint_problems(spec: Any, executor: Any) -> list[dict[str, str]]:
-    """One problem per demand the executor's capabilities cannot meet: constraints, and a ``verify_shell`` check.
-
-    Nothing is run unenforced: a job asking for what its executor cannot do is refused.
+    """What governance would deny (``SCHEDULER_GOVERNANCE_DENIED``): one problem per constraint, or ``verify_shell``
+    check, the executor's capabilities cannot enforce. ``scheduler.governance`` decides; credential media are
+    reported by the credential checks. Nothing is run unenforced: such a job is refused.
     """
-    from scheduler.spec import constraints_of
+    from scheduler.governance import problems
 
-    capabilities = set(getattr(executor, "capabilities", ()))
-    problems = []
-    missing = sorted(constraints_of(spec).required_capabilities() - capabilities)
-    if missing:
-        problems.append({
-            "field": "constraints",
-            "code": "CONSTRAINT_UNENFORCEABLE",
-            "error": f"executor {spec.executor_name()!r} cannot enforce this; it lacks the capabilities: {', '.join(missing)}",
-        })
-    if spec.verify_shell is not None and "verify" not in capabilities:  # a check nobody runs would pass silently
-        problems.append({
-            "field": "verify_shell",
-            "code": "CONSTRAINT_UNENFORCEABLE",
-            "error": f"executor {spec.executor_name()!r} does not run verification checks (it lacks the capability verify)",
-        })
-    return problems
+    return problems(spec, executor, credentials=False)
 
 
 def request_for(
@@ -167,11 +152,13 @@ def executor_options_for(executor: Any, spec: Any) -> Any:
 
     Raises ``EXECUTOR_OPTIONS_INVALID`` when the stored object no longer fits (the plugin
     changed, or the job was added while the plugin was missing) and
-    ``CONSTRAINT_UNENFORCEABLE`` when the executor cannot enforce the job's constraints.
+    ``SCHEDULER_GOVERNANCE_DENIED`` when the executor cannot enforce the job's constraints (the dispatcher's
+    governance step denies such a run first; this covers every other caller of ``request_for``).
     """
-    problems = constraint_problems(spec, executor)
-    if problems:
-        raise SchedulerError("CONSTRAINT_UNENFORCEABLE", problems[0]["error"], details=problems)
+    if spec.constraints or spec.verify_shell is not None:
+        problems = constraint_problems(spec, executor)
+        if problems:
+            raise SchedulerError("SCHEDULER_GOVERNANCE_DENIED", problems[0]["error"], details=problems)
     cls = getattr(executor, "options_class", None)
     if cls is None:
         if spec.executor_options:

@@ -35,6 +35,7 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import attrs
@@ -69,9 +70,21 @@ def _base64_forms(value: bytes) -> set[bytes]:
     return forms | urlsafe
 
 
-def forms_of(value: str) -> set[bytes]:
-    """Every byte sequence redacted for one credential value (see the module docstring), empty for ``""``."""
+def forms_of(value: str | bytes) -> set[bytes]:
+    """Every byte sequence redacted for one credential value (see the module docstring), empty for ``""``.
+
+    A ``bytes`` value (a binary file credential) that is not UTF-8 gets its raw, hex and base64 forms.
+    """
     forms: set[bytes] = set()
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            forms.add(value)
+            if len(value) >= MIN_ENCODED_BYTES:
+                forms.update({value.hex().encode("ascii"), value.hex().upper().encode("ascii")})
+                forms.update(_base64_forms(value))
+            return forms
     texts = {value}
     if value.strip() and value.strip() != value:
         texts.add(value.strip())
@@ -197,3 +210,23 @@ class RedactionStream:
         """End of stream: the redacted remainder."""
         buf, self._pending = self._pending, b""
         return self._emit(buf, final=True) if buf else b""
+
+
+def record_redactions(result: Any, outcomes: Any) -> Any:
+    """Record on the run what output redaction replaced (the dispatcher, for runs that were presented credentials).
+
+    Adds ``details["redactions"]`` (``{"stdout": {name: n}, "stderr": {...}, "total": {name: n}}``) to the
+    ``ExecutionResult`` and queues an ``output.redacted`` event with the same counts; returns the result
+    unchanged when nothing was replaced. Names and counts only, never a value or a form of one.
+    """
+    streams = {name: dict(capture.redactions) for name, capture in (("stdout", result.stdout), ("stderr", result.stderr))
+               if capture is not None and capture.redactions}
+    if not streams:
+        return result
+    total: dict[str, int] = {}
+    for counts in streams.values():
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + n
+    summary = {**streams, "total": dict(sorted(total.items()))}
+    outcomes.record("output.redacted", summary)
+    return attrs.evolve(result, details={**(result.details or {}), "redactions": summary})

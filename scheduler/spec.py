@@ -129,7 +129,7 @@ class JobSpec:
     constraints: dict = _f(
         attrs.Factory(dict), kind="constraints",
         doc="What the executor must enforce: `sandbox`, `network` (none, loopback), `allowed_paths`, `max_tokens`, `max_cost`."
-        " A job whose executor lacks the matching capability is refused (CONSTRAINT_UNENFORCEABLE).",
+        " A job whose executor lacks the matching capability is refused (SCHEDULER_GOVERNANCE_DENIED, docs/governance.md).",
     )
     identity: dict | None = _f(
         None, kind="identity",

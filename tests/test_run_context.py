@@ -77,7 +77,7 @@ def test_a_verify_check_the_executor_never_runs_is_refused(cli: Any) -> None:
     spec = {"name": "unchecked", "schedule_kind": "manual", "payload_message": "ok", "executor": "testkit", "verify_shell": "true"}
     out = cli("--json", "jobs", "add", json.dumps(spec))
     assert out.code != 0 and out.json["code"] == "VALIDATION_FAILED"
-    assert [(d["field"], d["code"]) for d in out.json["details"]] == [("verify_shell", "CONSTRAINT_UNENFORCEABLE")]
+    assert [(d["field"], d["code"]) for d in out.json["details"]] == [("verify_shell", "SCHEDULER_GOVERNANCE_DENIED")]
     shell = cli("--json", "jobs", "add", json.dumps({**spec, "executor": "shell"}))  # the shell executor runs the check
     assert shell.code == 0, shell
 

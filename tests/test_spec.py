@@ -376,8 +376,9 @@ def test_executor_options_are_validated_by_the_executor_plugin() -> None:
 def test_constraints_the_executor_cannot_enforce_are_refused() -> None:
     """Nothing accepted that is not enforced: the shell executor has no sandbox, network or token cap."""
     found = errors_of(spec(constraints={"sandbox": True, "network": "none"}))
-    assert [(d["field"], d["code"]) for d in found] == [("constraints", "CONSTRAINT_UNENFORCEABLE")]
-    assert "network-restriction" in found[0]["error"] and "sandbox" in found[0]["error"]
+    assert [(d["field"], d["code"]) for d in found] == [("constraints.sandbox", "SCHEDULER_GOVERNANCE_DENIED"),
+                                                        ("constraints.network", "SCHEDULER_GOVERNANCE_DENIED")]
+    assert "sandbox" in found[0]["error"] and "network-restriction" in found[1]["error"]
     assert codes(spec(constraints={"network": "anywhere"})) == {"constraints.network": "INVALID_CHOICE"}
     assert codes(spec(constraints={"allowed_paths": ["relative"]}, executor="nosuch")) == {
         "constraints.allowed_paths": "PATH_TRAVERSAL"}

@@ -124,7 +124,7 @@ def test_constraints_are_accepted_for_agent_jobs_and_refused_for_what_it_cannot_
     with pytest.raises(SchedulerError) as exc:
         add_job(store, name="sandboxed", session_target="isolated", executor=None, payload_message="x",
                 constraints={"sandbox": True})
-    assert "CONSTRAINT_UNENFORCEABLE" in json.dumps(exc.value.details)
+    assert "SCHEDULER_GOVERNANCE_DENIED" in json.dumps(exc.value.details)
 
 
 def test_a_real_scheduler_run_process(model, tmp_path, api_key) -> None:

@@ -273,7 +273,7 @@ def test_verify_shell_is_refused_not_ignored(model, run_turn, artifacts_root) ->
 
     with pytest.raises(SchedulerError) as exc:  # the kernel refuses such a job when it is added
         make_request("x", artifacts_root=artifacts_root, session_target="isolated", verify_shell="test -f /tmp/x")
-    assert [(d["field"], d["code"]) for d in exc.value.details] == [("verify_shell", "CONSTRAINT_UNENFORCEABLE")]
+    assert [(d["field"], d["code"]) for d in exc.value.details] == [("verify_shell", "SCHEDULER_GOVERNANCE_DENIED")]
     # and a job stored before that rule fails its run rather than skipping the check
     request = make_request("x", artifacts_root=artifacts_root, session_target="isolated")
     request = attrs.evolve(request, job=attrs.evolve(request.job, verify_shell="test -f /tmp/x"))

@@ -135,4 +135,4 @@ def test_constraints_it_cannot_enforce_are_refused(store) -> None:
         with pytest.raises(SchedulerError) as exc:
             add_job(store, name="capped-main", session_target="main", executor=None, payload_message="x",
                     constraints=constraints)
-        assert "CONSTRAINT_UNENFORCEABLE" in json.dumps(exc.value.details)
+        assert "SCHEDULER_GOVERNANCE_DENIED" in json.dumps(exc.value.details)
