@@ -68,6 +68,7 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "cancel_requested_at", "cancel_requested_by", "cancel_reason", "process_state",
         "stdout_bytes", "stderr_bytes", "stdout_sha256", "stderr_sha256", "output_format", "output_valid",
         "verify_status", "created_at", "terminal_at", "artifact_digest", "source_run_id", "source_artifact_digest",
+        "principal", "trust_level",
     ]
     if full:
         keys += [
@@ -87,6 +88,8 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         out["verification"] = json.loads(row["verify_json"]) if row.get("verify_json") else None
         out["executor_handle"] = json.loads(row["executor_handle"]) if row.get("executor_handle") else None
         out["usage"] = json.loads(row["usage_json"]) if row.get("usage_json") else None
+        out["identity"] = json.loads(row["identity_json"]) if row.get("identity_json") else None
+        out["delegation"] = json.loads(row["delegation_json"]) if row.get("delegation_json") else None
         for k in ("stdout_truncated", "stderr_truncated"):
             out[k] = bool(out[k])
     return out

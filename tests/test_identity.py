@@ -326,3 +326,16 @@ def test_resolving_without_a_delegating_declaration_never_touches_the_store() ->
         assert outcomes.identity.principal == ("job:j" if declared is None else "agent:a")
         assert outcomes.columns["trust_level"] == ("user" if declared is None else "untrusted")
         assert outcomes.identity.as_mapping()["delegation"] is None
+
+
+def test_runs_get_shows_who_the_run_acted_as(store: Any, dispatcher: Any, cli: Any) -> None:
+    parent = add_job(store, name="parent", payload_message="echo:go", identity=ident("service", "front", "operator"))
+    child = chain(store, parent, "child", "echo:child", ident("service", "worker", mode="on-behalf-of", allowed_delegators=["*"]))
+    dispatcher()
+    enqueue_manual(store, parent["id"])
+    (run,) = finished(store, child["id"])
+    shown = cli("--json", "runs", "get", run["id"])
+    assert shown.code == 0, shown
+    view = shown.json["run"]
+    assert (view["principal"], view["trust_level"]) == ("service:worker", "user")
+    assert view["identity"]["source"] == "delegated" and view["delegation"]["chain"] == ["service:front", "service:worker"]
