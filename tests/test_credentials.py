@@ -410,3 +410,18 @@ def test_downscope_lets_the_child_use_only_what_the_parent_holds(store: Any, dis
 def test_inherit_refuses_a_name_bound_twice(store: Any, dispatcher: Any) -> None:
     run = _chain(store, dispatcher, "inherit", [binding(key="CHILD_TOKEN")], "true")
     assert (run["status"], run["error_code"]) == ("error", "CREDENTIAL_DUPLICATE")
+
+
+def test_providers_see_the_identity_and_the_lineage_except_for_independent(store: Any, dispatcher: Any) -> None:
+    import scheduler_credential_testkit as kit
+
+    seen: dict[str, Any] = {}
+    for policy in ("none", "independent"):
+        kit.SEEN.clear()
+        run = _chain(store, dispatcher, policy, [binding("own", provider="testcred", ref=f"value:{SECRET}", key="OWN")], "true")
+        assert run["status"] == "ok", run
+        (context,) = [c for c in kit.SEEN if c.run_id == run["id"]]
+        seen[policy] = context
+        assert context.identity is not None and context.job_id == run["job_id"]
+    assert seen["none"].source_run_id is not None and seen["none"].source_job_id is not None
+    assert seen["independent"].source_run_id is None and seen["independent"].source_job_id is None
