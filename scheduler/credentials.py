@@ -499,7 +499,11 @@ def presented(store: Any, started: Any, spec: Any, executor: Any, outcomes: RunO
     try:
         try:
             presentation.resolve_all()
-            presentation.write_rows()
+            try:
+                presentation.write_rows()
+            except Exception as exc:  # a busy or lost database: nothing may be presented unrecorded
+                raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", "the credential presentations could not be recorded: "
+                                     f"{getattr(exc, 'code', None) or type(exc).__name__}") from None
             credentials = presentation.materialise()
         except SchedulerError:
             raise
