@@ -113,6 +113,8 @@ class Redactions:
     names: dict[bytes, str]
     #: Length of the longest pattern: a stream holds back one byte less than this.
     longest: int
+    #: The patterns, longest first (at one position the longest wins).
+    ordered: tuple[bytes, ...] = ()
 
     def __repr__(self) -> str:
         return f"Redactions(bindings={sorted(set(self.names.values()))!r}, patterns={len(self.names)})"
@@ -143,7 +145,7 @@ def redactions_for(credentials: Iterable[object]) -> Redactions | None:
         return None
     ordered = sorted(names, key=lambda b: (-len(b), b))  # longest first: the longest form wins at a position
     pattern = re.compile(b"|".join(re.escape(p) for p in ordered))
-    return Redactions(pattern=pattern, names=names, longest=len(ordered[0]))
+    return Redactions(pattern=pattern, names=names, longest=len(ordered[0]), ordered=tuple(ordered))
 
 
 class RedactionStream:
@@ -159,14 +161,23 @@ class RedactionStream:
 
     def _spans(self, buf: bytes, limit: int) -> Iterator[tuple[int, int, list[str]]]:
         """Merged spans ``(start, end, names)`` of occurrences starting before ``limit``, left to right."""
-        pattern, names = self._r.pattern, self._r.names
+        pattern, names, ordered = self._r.pattern, self._r.names, self._r.ordered
+        # Finding each pattern with bytes.find (C speed) beats one regex alternation scanned position by position
+        # several times over; a chunk holding none of them costs one find per pattern.
+        following = {p: buf.find(p) for p in ordered}
         pos = 0
         while True:
-            m = pattern.search(buf, pos)
-            if m is None or m.start() >= limit:
+            start, hit = -1, b""
+            for p in ordered:
+                i = following[p]
+                if 0 <= i < pos:
+                    i = following[p] = buf.find(p, pos)
+                if i >= 0 and (start < 0 or i < start):  # longest first: at a tie the longer pattern stays
+                    start, hit = i, p
+            if start < 0 or start >= limit:
                 return
-            start, end = m.span()
-            found = [names[m.group()]]
+            end = start + len(hit)
+            found = [names[hit]]
             p = start + 1
             while p < end:  # an occurrence starting inside this one and reaching further extends the span
                 m2 = pattern.match(buf, p)
@@ -182,23 +193,25 @@ class RedactionStream:
     def _emit(self, buf: bytes, final: bool) -> bytes:
         keep = 0 if final else self._r.longest - 1
         safe_end = len(buf) - keep  # an occurrence starting before this is wholly inside buf
-        out = bytearray()
+        out: list[bytes] = []
         pos = 0
         carry = max(safe_end, 0)
         for start, end, found in self._spans(buf, safe_end):
             if not final and end > safe_end and len(buf) - start <= keep + _MAX_CARRY_EXTRA:
                 carry = start  # an occurrence not yet complete might still extend this span: decide it later
                 break
-            out += buf[pos:start]
+            out.append(buf[pos:start])
             for name in found:
-                out += marker(name)
+                out.append(marker(name))
                 self.counts[name] = self.counts.get(name, 0) + 1
             pos = end
         else:
             carry = max(carry, pos)
-        out += buf[pos:carry]
         self._pending = buf[carry:]
-        return bytes(out)
+        if not out:
+            return buf[:carry] if carry < len(buf) else buf
+        out.append(buf[pos:carry])
+        return b"".join(out)
 
     def feed(self, chunk: bytes) -> bytes:
         """Take a chunk; return the redacted bytes that no later chunk can change (possibly empty)."""
