@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 6
+-- Schema version: 7
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -102,6 +102,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- the evidence declaration (JSON: provider, methods, provider_config, payload, verify, ...)
     evidence                  TEXT,
     evidence_ref              TEXT,
+    -- <provider>:<policy-ref> decided before every run (authorization providers)
+    authorization_ref         TEXT,
+    -- how the authorization_ref provider is asked (JSON: provider_config, request, on_error)
+    "authorization"           TEXT,
+    -- the proof a run must present (JSON: method, source, issuer, keys, ...): never the proof itself
+    authorization_proof       TEXT,
     -- runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact
     artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     handoff_version           INTEGER CHECK (handoff_version IS NULL OR handoff_version = 4),
@@ -263,6 +269,10 @@ CREATE TABLE IF NOT EXISTS runs (
     governance_json           TEXT,
     -- what was presented (names, media, digests, redactions): never a value
     credentials_json          TEXT,
+    -- the authorization_ref decision (provider, policy ref, decision, reason)
+    authorization_json        TEXT,
+    -- the verified proof (method, proof id, key id, verified window and skew)
+    proof_json                TEXT,
     -- the run's evidence row, when its job declares evidence
     evidence_status           TEXT    CHECK (evidence_status IS NULL OR evidence_status IN ('attested', 'verified', 'failed', 'interrupted')),
     -- execution artifact binding (from the dispatch), with the source run of chain, retry and replay work
@@ -567,8 +577,36 @@ CREATE TABLE IF NOT EXISTS authorization_proof_replay (
     artifact_digest  TEXT    NOT NULL REFERENCES execution_artifacts(digest) CHECK (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71),
     run_id           TEXT,
     claimed_at       INTEGER NOT NULL,
-    expires_at       INTEGER
+    expires_at       INTEGER,
+    -- the dispatch that claimed the proof: its retries and replays reuse the claim
+    dispatch_id      TEXT,
+    job_id           TEXT,
+    method           TEXT,
+    key_id           TEXT
 );
+
+-- Revoked proofs and signing keys, checked before every use of a proof. Append-only.
+CREATE TABLE IF NOT EXISTS proof_revocations (
+    id          TEXT    PRIMARY KEY,
+    proof_id    TEXT,
+    key_id      TEXT,
+    reason      TEXT,
+    revoked_by  TEXT,
+    revoked_at  INTEGER NOT NULL,
+    CHECK (proof_id IS NOT NULL OR key_id IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS proof_revocations_proof_idx ON proof_revocations(proof_id);
+CREATE INDEX IF NOT EXISTS proof_revocations_key_idx ON proof_revocations(key_id);
+CREATE TRIGGER IF NOT EXISTS proof_revocations_no_update
+BEFORE UPDATE ON proof_revocations
+BEGIN
+    SELECT RAISE(ABORT, 'REVOCATIONS_APPEND_ONLY: proof revocations cannot be updated');
+END;
+CREATE TRIGGER IF NOT EXISTS proof_revocations_no_delete
+BEFORE DELETE ON proof_revocations
+BEGIN
+    SELECT RAISE(ABORT, 'REVOCATIONS_APPEND_ONLY: proof revocations cannot be deleted');
+END;
 
 -- Agent prompt messages. `prompt_claimed` means a dispatcher owns prompt injection.
 CREATE TABLE IF NOT EXISTS messages (

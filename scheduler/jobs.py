@@ -19,6 +19,7 @@ from scheduler.events import append_event, os_identity
 from scheduler.execution_artifacts import check_job, native_payload, put_artifact
 from scheduler.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.store.base import Store, Tx
+from scheduler.store.schema import quote_name
 from scheduler.timeutil import now_ms, to_iso
 from scheduler.transitions import cancel_pending_work, committing
 
@@ -100,7 +101,7 @@ def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: 
     row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
     row.update(_bind_artifact(tx, spec, job_id, submission, now))
     cols = list(row)
-    tx.execute(f"INSERT INTO jobs({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+    tx.execute(f"INSERT INTO jobs({', '.join(quote_name(c) for c in cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
     append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
     return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
 
@@ -243,7 +244,7 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         schedule_changed = bool(_SCHEDULE_FIELDS & set(changed))
         if schedule_changed:
             values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
-        assignments = ", ".join(f"{c} = ?" for c in values)
+        assignments = ", ".join(f"{quote_name(c)} = ?" for c in values)
         tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
         superseded = values["artifact_digest"] != row["artifact_digest"]
         if superseded:

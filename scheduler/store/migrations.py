@@ -492,6 +492,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             CreateTable("run_tombstones"),
         ),
     ),
+    Migration(
+        7,
+        "authorization: authorization_ref and proof declarations on jobs, decisions on runs, the proof replay ledger's"
+        " dispatch binding, proof revocations",
+        (
+            *(AddColumn("jobs", _current("jobs", c)) for c in ("authorization_ref", "authorization", "authorization_proof")),
+            *(AddColumn("runs", _current("runs", c)) for c in ("authorization_json", "proof_json")),
+            *(AddColumn("authorization_proof_replay", _current("authorization_proof_replay", c))
+              for c in ("dispatch_id", "job_id", "method", "key_id")),
+            CreateTable("proof_revocations"),
+        ),
+    ),
 )
 
 #: Test hook: called with (version, step_index) before each step; lets tests interrupt a migration.

@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
@@ -70,6 +70,15 @@ def _literal(value: str | int) -> str:
     if isinstance(value, int):
         return str(value)
     return "'" + value.replace("'", "''") + "'"
+
+
+#: Column names that are reserved words in a supported dialect (``authorization`` in PostgreSQL): always quoted.
+RESERVED_NAMES = frozenset({"authorization"})
+
+
+def quote_name(name: str) -> str:
+    """``name`` as written in SQL: double-quoted when it is a reserved word, else as is (both dialects accept it)."""
+    return f'"{name}"' if name in RESERVED_NAMES else name
 
 
 class Column(NamedTuple):
@@ -106,7 +115,7 @@ class Column(NamedTuple):
 
     def definition(self, dialect: str, *, name_width: int = 0, type_width: int = 0) -> str:
         """The column as it appears in ``CREATE TABLE`` / ``ALTER TABLE ... ADD COLUMN`` for ``dialect``."""
-        name = self.name.ljust(name_width)
+        name = quote_name(self.name).ljust(name_width)
         if self.type == SERIAL:
             if dialect == "sqlite":
                 return f"{name} {'INTEGER'.ljust(type_width)} PRIMARY KEY AUTOINCREMENT"
@@ -301,6 +310,9 @@ TABLES: tuple[Table, ...] = (
                    choices=("none", "inherit", "downscope", "independent")),
             Column("evidence", TEXT, comment="the evidence declaration (JSON: provider, methods, provider_config, payload, verify, ...)"),
             Column("evidence_ref", TEXT),
+            Column("authorization_ref", TEXT, comment="<provider>:<policy-ref> decided before every run (authorization providers)"),
+            Column("authorization", TEXT, comment="how the authorization_ref provider is asked (JSON: provider_config, request, on_error)"),
+            Column("authorization_proof", TEXT, comment="the proof a run must present (JSON: method, source, issuer, keys, ...): never the proof itself"),
             artifact_column(comment="runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact"),
             Column("handoff_version", INT, check="handoff_version IS NULL OR handoff_version = 4"),
             Column("effective_task_hash", TEXT, check=f"effective_task_hash IS NULL OR ({digest_check('effective_task_hash')})"),
@@ -460,6 +472,8 @@ TABLES: tuple[Table, ...] = (
             Column("delegation_json", TEXT),
             Column("governance_json", TEXT),
             Column("credentials_json", TEXT, comment="what was presented (names, media, digests, redactions): never a value"),
+            Column("authorization_json", TEXT, comment="the authorization_ref decision (provider, policy ref, decision, reason)"),
+            Column("proof_json", TEXT, comment="the verified proof (method, proof id, key id, verified window and skew)"),
             Column("evidence_status", TEXT, choices=("attested", "verified", "failed", "interrupted"),
                    comment="the run's evidence row, when its job declares evidence"),
             artifact_column(comment="execution artifact binding (from the dispatch), with the source run of chain, retry and replay work"),
@@ -740,8 +754,27 @@ TABLES: tuple[Table, ...] = (
             Column("run_id", TEXT),
             Column("claimed_at", BIGINT, not_null=True),
             Column("expires_at", BIGINT),
+            Column("dispatch_id", TEXT, comment="the dispatch that claimed the proof: its retries and replays reuse the claim"),
+            Column("job_id", TEXT),
+            Column("method", TEXT),
+            Column("key_id", TEXT),
         ),
         comment="Proof nonce / JTI claims: a proof is accepted once, for one artifact.",
+    ),
+    Table(
+        "proof_revocations",
+        (
+            Column("id", TEXT, primary_key=True),
+            Column("proof_id", TEXT),
+            Column("key_id", TEXT),
+            Column("reason", TEXT),
+            Column("revoked_by", TEXT),
+            Column("revoked_at", BIGINT, not_null=True),
+        ),
+        constraints=("CHECK (proof_id IS NOT NULL OR key_id IS NOT NULL)",),
+        indexes=(Index("proof_revocations_proof_idx", "proof_id"), Index("proof_revocations_key_idx", "key_id")),
+        guards=append_only("proof_revocations", "REVOCATIONS_APPEND_ONLY", "proof revocations"),
+        comment="Revoked proofs and signing keys, checked before every use of a proof. Append-only.",
     ),
     Table(
         "messages",
