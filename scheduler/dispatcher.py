@@ -899,7 +899,7 @@ class Dispatcher:
     def _execute(self, s: StartedRun, control: DbRunControl) -> None:
         """One run through the pipeline (see ``scheduler.pipeline``): the decisions before execution, the
         credentials around it, the executor, then evidence; every step records into ``s.outcomes``."""
-        from scheduler import credentials, evidence, governance, identity
+        from scheduler import authorization, credentials, evidence, governance, identity, proofs
 
         spec = spec_from_row(s.job)
         try:
@@ -907,6 +907,8 @@ class Dispatcher:
             executor = self._executor(spec.executor_name())
             governance.evaluate(spec, executor, s.outcomes)
             identity.resolve(self.store, s, spec, s.outcomes)
+            proofs.verify(self.store, s, spec, s.outcomes)
+            authorization.decide(self.store, s, spec, s.outcomes)
             trigger, state = self._run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
             with credentials.presented(self.store, s, spec, executor, s.outcomes) as presented:
                 request = request_for(
