@@ -90,7 +90,8 @@ def test_kill9_mid_run_then_restart_ends_runs_and_replays_per_guarantee(sqlite_s
     once, twice = tmp_path / "once.log", tmp_path / "twice.log"
     most = add_job(sqlite_store, name="at-most-once", payload_message=f"touch:{once};spawn:30")
     least = add_job(sqlite_store, name="at-least-once", payload_message=f"touch:{twice};spawn:30", delivery_guarantee="at-least-once")
-    a = start(db_path, procs, tmp_path)
+    # A long lease: the restart must take it over from the dead holder, not merely find it expired (a busy machine is slow).
+    a = start(db_path, procs, tmp_path, ttl="60s")
     a.wait_ready()
     enqueue_manual(sqlite_store, most["id"])
     enqueue_manual(sqlite_store, least["id"])
