@@ -67,12 +67,14 @@ def test_settings_references_resolve_through_the_local_providers(tmp_path, write
     assert secret not in json.dumps([a for a in answers if "value" not in a])
 
 
-def test_importing_the_package_registers_nothing(tmp_path) -> None:
+def test_importing_the_package_registers_nothing_and_the_kernel_loads_command_by_entry_point(tmp_path) -> None:
     code = ("import scheduler_provider_local, scheduler_provider_local.schemes\n"
+            "from scheduler.settings.secret import secret_schemes\n"
             "from scheduler.api import SecretRef\n"
-            "try:\n    SecretRef.parse('command:x')\nexcept ValueError as e:\n    print(e)\n")
+            "print(','.join(secret_schemes()))\n"
+            "print(SecretRef.parse('command:x').reference, ','.join(secret_schemes()))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "known schemes: env, file" in done.stdout, done.stderr
+    assert done.stdout.split() == ["env,file", "command:x", "command,env,file"], done.stderr
 
 
 def test_the_reader_directly(tmp_path, write_settings) -> None:
