@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 7
+-- Schema version: 8
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -108,6 +108,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     "authorization"           TEXT,
     -- the proof a run must present (JSON: method, source, issuer, keys, ...): never the proof itself
     authorization_proof       TEXT,
+    -- the job's run retention (JSON: keep_runs, max_age); NULL: the settings file's [retention]
+    retention                 TEXT,
     -- runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact
     artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     handoff_version           INTEGER CHECK (handoff_version IS NULL OR handoff_version = 4),
@@ -501,7 +503,32 @@ BEGIN
     SELECT RAISE(ABORT, 'TOMBSTONE_APPEND_ONLY: run tombstones cannot be deleted');
 END;
 
--- Append-only audit trail of every transition.
+-- One row per retention pass, written first by its pruning transaction. Append-only; the largest
+-- events_before is the runtime events' delete cutoff (never less than an hour old), so it only moves forward.
+CREATE TABLE IF NOT EXISTS prune_cutoffs (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    at             INTEGER NOT NULL,
+    actor          TEXT,
+    -- runtime events older than this may be deleted; NULL: this pass deletes none
+    events_before  INTEGER,
+    -- the retention rules of the pass (JSON)
+    rules          TEXT,
+    CHECK (events_before IS NULL OR events_before <= at - 3600000)
+);
+CREATE INDEX IF NOT EXISTS prune_cutoffs_events_idx ON prune_cutoffs(events_before);
+CREATE INDEX IF NOT EXISTS prune_cutoffs_at_idx ON prune_cutoffs(at);
+CREATE TRIGGER IF NOT EXISTS prune_cutoffs_no_update
+BEFORE UPDATE ON prune_cutoffs
+BEGIN
+    SELECT RAISE(ABORT, 'PRUNE_CUTOFFS_APPEND_ONLY: prune cutoffs cannot be updated');
+END;
+CREATE TRIGGER IF NOT EXISTS prune_cutoffs_no_delete
+BEFORE DELETE ON prune_cutoffs
+BEGIN
+    SELECT RAISE(ABORT, 'PRUNE_CUTOFFS_APPEND_ONLY: prune cutoffs cannot be deleted');
+END;
+
+-- Append-only audit trail of every transition; pruned only below a recorded prune cutoff.
 CREATE TABLE IF NOT EXISTS runtime_events (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
     at               INTEGER NOT NULL,
@@ -523,8 +550,10 @@ BEFORE UPDATE ON runtime_events
 BEGIN
     SELECT RAISE(ABORT, 'EVENTS_APPEND_ONLY: runtime events cannot be updated');
 END;
+-- Only events older than the newest prune cutoff (prune_cutoffs) may go: the retention path's.
 CREATE TRIGGER IF NOT EXISTS runtime_events_no_delete
 BEFORE DELETE ON runtime_events
+WHEN OLD.at >= (SELECT COALESCE(MAX(events_before), 0) FROM prune_cutoffs)
 BEGIN
     SELECT RAISE(ABORT, 'EVENTS_APPEND_ONLY: runtime events cannot be deleted');
 END;

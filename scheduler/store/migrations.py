@@ -32,7 +32,7 @@ from scheduler.store.schema import BIGINT, SCHEMA_VERSION, TEXT, Column
 
 __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "DropColumn", "DropIndex", "DropTrigger", "Migration",
-    "MoveExecutorFields", "CreateTable", "DropEmptyTable", "BindArtifacts", "SchemaConnection", "StepHook",
+    "MoveExecutorFields", "CreateTable", "DropEmptyTable", "BindArtifacts", "ReplaceGuard", "SchemaConnection", "StepHook",
     "UpgradeFailed", "WidenCheck", "migrate",
     "schema_fingerprint", "schema_statements", "schema_text", "upgrade",
 ]
@@ -367,8 +367,35 @@ class BindArtifacts(NamedTuple):
                          (digest, job["id"]))
 
 
+class ReplaceGuard(NamedTuple):
+    """Re-create guard ``guard`` of ``table`` as the current schema defines it (a changed ``when``).
+
+    SQLite's ``CREATE TRIGGER IF NOT EXISTS`` would keep the old text, so the trigger is
+    dropped and created again in the same transaction; running the step twice gives the same trigger.
+    """
+
+    table: str
+    guard: str
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        current = schema.table(self.table)
+        guard = next(g for g in current.guards if g.name == self.guard)
+        statements = schema.guard_statements(current, guard, conn.dialect)
+        if conn.dialect == "sqlite":
+            def words(sql: str) -> str:
+                return " ".join(sql.replace("IF NOT EXISTS ", "").split())
+
+            rows = conn.all("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", (self.guard,))
+            if rows and words(rows[0]["sql"]) == words(statements[0]):
+                return  # already the current guard
+            conn.execute(f"DROP TRIGGER IF EXISTS {self.guard}")
+        for statement in statements:  # PostgreSQL: CREATE OR REPLACE
+            conn.execute(statement)
+
+
 Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields | CreateTable | DropEmptyTable
-        | BindArtifacts)
+        | BindArtifacts | ReplaceGuard)
 
 
 class Migration(NamedTuple):
@@ -502,6 +529,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             *(AddColumn("authorization_proof_replay", _current("authorization_proof_replay", c))
               for c in ("dispatch_id", "job_id", "method", "key_id")),
             CreateTable("proof_revocations"),
+        ),
+    ),
+    Migration(
+        8,
+        "retention: per-job run retention, the append-only prune_cutoffs log, and a runtime events delete guard that"
+        " lets the pruning path delete events older than the newest recorded cutoff (and nothing else)",
+        (
+            AddColumn("jobs", _current("jobs", "retention")),
+            CreateTable("prune_cutoffs"),
+            # The unconditional guard (BEFORE DELETE ON runtime_events ... RAISE(ABORT, 'EVENTS_APPEND_ONLY: ...'))
+            # becomes the cutoff-aware one of the current schema.
+            ReplaceGuard("runtime_events", "runtime_events_no_delete"),
         ),
     ),
 )

@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
@@ -313,6 +313,7 @@ TABLES: tuple[Table, ...] = (
             Column("authorization_ref", TEXT, comment="<provider>:<policy-ref> decided before every run (authorization providers)"),
             Column("authorization", TEXT, comment="how the authorization_ref provider is asked (JSON: provider_config, request, on_error)"),
             Column("authorization_proof", TEXT, comment="the proof a run must present (JSON: method, source, issuer, keys, ...): never the proof itself"),
+            Column("retention", TEXT, comment="the job's run retention (JSON: keep_runs, max_age); NULL: the settings file's [retention]"),
             artifact_column(comment="runtime bookkeeping (owned by the kernel, never by a spec): the current execution artifact"),
             Column("handoff_version", INT, check="handoff_version IS NULL OR handoff_version = 4"),
             Column("effective_task_hash", TEXT, check=f"effective_task_hash IS NULL OR ({digest_check('effective_task_hash')})"),
@@ -680,6 +681,21 @@ TABLES: tuple[Table, ...] = (
         comment="What is left of a pruned run whose evidence is retained.",
     ),
     Table(
+        "prune_cutoffs",
+        (
+            Column("id", SERIAL),
+            Column("at", BIGINT, not_null=True),
+            Column("actor", TEXT),
+            Column("events_before", BIGINT, comment="runtime events older than this may be deleted; NULL: this pass deletes none"),
+            Column("rules", TEXT, comment="the retention rules of the pass (JSON)"),
+        ),
+        constraints=("CHECK (events_before IS NULL OR events_before <= at - 3600000)",),
+        indexes=(Index("prune_cutoffs_events_idx", "events_before"), Index("prune_cutoffs_at_idx", "at")),
+        guards=append_only("prune_cutoffs", "PRUNE_CUTOFFS_APPEND_ONLY", "prune cutoffs"),
+        comment="One row per retention pass, written first by its pruning transaction. Append-only; the largest\n"
+                "events_before is the runtime events' delete cutoff (never less than an hour old), so it only moves forward.",
+    ),
+    Table(
         "runtime_events",
         (
             Column("id", SERIAL),
@@ -698,8 +714,13 @@ TABLES: tuple[Table, ...] = (
             Index("runtime_events_run_idx", "run_id", "run_id IS NOT NULL"),
             Index("runtime_events_job_idx", "job_id, at"),
         ),
-        guards=append_only("runtime_events", "EVENTS_APPEND_ONLY", "runtime events"),
-        comment="Append-only audit trail of every transition.",
+        guards=(
+            no_update("runtime_events", "EVENTS_APPEND_ONLY: runtime events cannot be updated"),
+            Guard("runtime_events_no_delete", "DELETE", "EVENTS_APPEND_ONLY: runtime events cannot be deleted",
+                  when="OLD.at >= {events_cutoff}",
+                  comment="Only events older than the newest prune cutoff (prune_cutoffs) may go: the retention path's."),
+        ),
+        comment="Append-only audit trail of every transition; pruned only below a recorded prune cutoff.",
     ),
     Table(
         "provider_sessions",
@@ -846,11 +867,20 @@ _NOW_MS = {
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
     "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
 }
+#: The PL/pgSQL function giving the runtime events' delete cutoff (a PostgreSQL trigger's WHEN cannot hold a subquery).
+PG_EVENTS_CUTOFF_FUNCTION = "scheduler_events_cutoff"
+#: What ``{events_cutoff}`` in a guard's ``when`` becomes: the largest recorded ``prune_cutoffs.events_before`` (0: none).
+_EVENTS_CUTOFF = {
+    "sqlite": "(SELECT COALESCE(MAX(events_before), 0) FROM prune_cutoffs)",
+    "postgresql": f"{PG_EVENTS_CUTOFF_FUNCTION}()",
+}
 
 
 def _guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
     if g.when and "{now_ms}" in g.when:
         g = g._replace(when=g.when.replace("{now_ms}", _NOW_MS[dialect]))
+    if g.when and "{events_cutoff}" in g.when:
+        g = g._replace(when=g.when.replace("{events_cutoff}", _EVENTS_CUTOFF[dialect]))
     if dialect == "sqlite":
         when = f"\nWHEN {g.when}" if g.when else ""
         return [f"CREATE TRIGGER IF NOT EXISTS {g.name}\n{_guard_event(t, g)}{when}\n"
@@ -865,11 +895,25 @@ def _guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
     return out
 
 
+def guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
+    """The statements guard ``g`` of table ``t`` renders to in ``dialect`` (a migration re-creating a changed guard)."""
+    return _guard_statements(t, g, dialect)
+
+
 _PG_REFUSE = (
     f"CREATE OR REPLACE FUNCTION {PG_REFUSE_FUNCTION}() RETURNS trigger\n"
     "LANGUAGE plpgsql AS $$\n"
     "BEGIN\n"
     "    RAISE EXCEPTION '%', TG_ARGV[0] USING ERRCODE = 'integrity_constraint_violation';\n"
+    "END;\n"
+    "$$"
+)
+#: PL/pgSQL (its body is not checked against tables at creation, so it may precede prune_cutoffs).
+_PG_EVENTS_CUTOFF = (
+    f"CREATE OR REPLACE FUNCTION {PG_EVENTS_CUTOFF_FUNCTION}() RETURNS bigint\n"
+    "LANGUAGE plpgsql STABLE AS $$\n"
+    "BEGIN\n"
+    "    RETURN (SELECT COALESCE(MAX(events_before), 0) FROM prune_cutoffs);\n"
     "END;\n"
     "$$"
 )
@@ -883,7 +927,8 @@ def _groups(dialect: str, tables: tuple[Table, ...] = TABLES) -> list[list[tuple
     _check_dialect(dialect)
     out: list[list[tuple[list[str], str]]] = []
     if dialect == "postgresql":
-        out.append([(_comment("One guard function for every refusing trigger: the trigger passes its message."), _PG_REFUSE)])
+        out.append([(_comment("One guard function for every refusing trigger: the trigger passes its message."), _PG_REFUSE),
+                    (_comment("The runtime events' delete cutoff (see prune_cutoffs)."), _PG_EVENTS_CUTOFF)])
     for t in tables:
         group = [(_comment(t.comment), _create_table(t, dialect))]
         group.extend((_comment(ix.comment), _create_index(t, ix)) for ix in t.indexes)
