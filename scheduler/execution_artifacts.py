@@ -117,9 +117,11 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
             **({"child_policy": spec.child_credential_policy} if getattr(spec, "child_credential_policy", "none") != "none"
                else {}),
         },
-        "authorization_ref": None,
-        "authorization": None,
-        "authorization_proof": None,
+        # The job's policy decision point and how it is asked (scheduler.authorization, normalised), null when none.
+        "authorization_ref": getattr(spec, "authorization_ref", None),
+        "authorization": redact_secrets(spec.authorization) if getattr(spec, "authorization", None) else None,
+        # The normalised proof declaration (scheduler.proof_declaration: method, source, keys), never a proof; null when none.
+        "authorization_proof": getattr(spec, "authorization_proof", None),
         # The normalised evidence declaration with its evidence_ref (scheduler.evidence_declaration), null when none.
         "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if getattr(spec, "evidence", None) else None,
     }

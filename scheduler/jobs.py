@@ -352,7 +352,7 @@ def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
         val = row.get(f.name)
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
-        elif f.metadata["kind"] == "identity" and isinstance(val, str):
+        elif f.metadata["kind"] in ("identity", "authorization_proof") and isinstance(val, str):
             import json
 
             val = json.loads(val)  # the declaration as an object, as it was written

@@ -146,6 +146,12 @@ class JobSpec:
         "none", kind="choice", choices=("none", "inherit", "downscope", "independent"),
         doc="What this job's chained children may present of its credentials (docs/credentials.md).",
     )
+    authorization_proof: dict | None = _f(
+        None, kind="authorization_proof",
+        doc="The proof each dispatch must present (docs/proofs.md): `method` jwt|detached-signature|certificate, `source`"
+        " {env: NAME} or {file: PATH} read afresh per dispatch (never the proof itself), the method's keys/CA and"
+        " `clock_skew_s`. Verified, bound to the artifact, checked against revocations and claimed once before the payload.",
+    )
     run_timeout_ms: int = _f(300_000, kind="int", minimum=1, maximum=7 * 86_400_000, doc="Wall-clock limit of one run in milliseconds.")
     max_retries: int = _f(0, kind="int", minimum=0, maximum=100, doc="Retries after a failed run (exponential backoff).")
     retry_backoff_ms: int = _f(30_000, kind="int", minimum=0, maximum=86_400_000, doc="Base backoff before the first retry; doubles per retry.")
@@ -182,6 +188,17 @@ class JobSpec:
         " `payload` {bind, context, format}, `verify` {required}, `collect`, `retention`. Unset: no evidence.",
     )
     evidence_ref: str | None = _f(None, kind="evidence_ref", doc="A label (<= 256 chars) carried into each evidence row; only with evidence.")
+    authorization_ref: str | None = _f(
+        None, kind="authorization_ref",
+        doc="`<provider>:<policy-ref>` (<= 256 chars): the authorization provider decides permit, deny or escalate"
+        " before every run (docs/authorization.md); any failure denies. The provider must be installed.",
+    )
+    authorization: dict | None = _f(
+        None, kind="authorization",
+        doc="How the authorization_ref provider is asked: `provider_config` (its options), `request` {include: job, trigger,"
+        " artifact_digest, identity, proof}, `decision` (map an answer to permit|deny|escalate, only stricter),"
+        " `on_error` (deny only), `escalation` {risk_level}. Only with authorization_ref.",
+    )
 
     def executor_name(self) -> str:
         """The executor driver this job runs on."""
@@ -279,6 +296,17 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
         for p in found:
             errors.add(p["field"], p["error"], p["code"])
         return evidence
+    if kind in ("authorization_ref", "authorization"):
+        from scheduler.authorization import check_ref, normalise_declaration as normalise_authorization
+
+        if kind == "authorization_ref":
+            found = check_ref(value, name)
+            declared = None if found else value
+        else:
+            declared, found = normalise_authorization(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return declared
     if kind == "evidence_ref":
         from scheduler.evidence_declaration import check_evidence_ref
 
@@ -290,6 +318,13 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
         from scheduler.credential_bindings import check_bindings
 
         return check_bindings(value, errors.add)
+    if kind == "authorization_proof":
+        from scheduler.proof_declaration import normalise as normalise_proof
+
+        declaration, problems = normalise_proof(value, name)
+        for p in problems:
+            errors.add(p["field"], p["error"], p["code"])
+        return declaration
     if kind == "identity":
         from scheduler.identity import normalise_declaration
 
@@ -523,9 +558,11 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
                    "CREDENTIAL_MEDIUM_UNSUPPORTED")
     if v.get("evidence_ref") is not None and v.get("evidence") is None and not errors.has("evidence"):
         errors.add("evidence_ref", "is only valid with evidence", "CONFLICT")
+    if v.get("authorization") is not None and v.get("authorization_ref") is None and not errors.has("authorization_ref"):
+        errors.add("authorization", "is only valid with authorization_ref", "CONFLICT")
 
 
-_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials"})
+_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization"})
 
 
 def spec_to_row(spec: JobSpec) -> dict[str, Any]:
