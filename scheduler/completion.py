@@ -100,6 +100,10 @@ def complete_run(
     with committing(store) as tx:
         if check_lease:
             assert_live(tx, lease, now=now)
+        if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
+            gated = escalate_to_approval(tx, lease, run_id, outcomes, now=now)
+            if gated is not None:
+                return gated  # waiting for a decision: no terminal state, no consequences
         run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
                                      error_message=message, now=now, process_state=process_state,
                                      returning=RUN_FIELDS_FOR_CONSEQUENCES)
@@ -112,6 +116,34 @@ def complete_run(
         apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
                            suppress=outcomes is not None and outcomes.suppress_consequences)
     return run
+
+
+def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, *, now: int) -> dict[str, Any] | None:
+    """An authorization provider escalated: the run waits in ``awaiting_approval`` behind an approval of gate kind
+    ``authorization`` (``transitions.escalate_run``), with the pipeline's columns and events; an approval notice goes
+    out like a job gate's. None when the run is no longer ours or a cancel came first (the caller ends it as usual).
+    """
+    import uuid
+
+    escalate = outcomes.escalate or {}
+    approval_id = str(uuid.uuid4())
+    run = transitions.escalate_run(tx, run_id, owner=lease.owner, token=lease.token, values=dict(outcomes.columns),
+                                   approval_id=approval_id, gate_kind=escalate.get("gate_kind", "authorization"),
+                                   risk_level=escalate.get("risk_level") or "medium", reason=escalate.get("reason"), now=now)
+    if run is None:
+        return None
+    commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+    job = tx.one("SELECT id, name, delivery_mode, delivery_channel, delivery_to, approval_approver_scope FROM jobs WHERE id = ?",
+                 (run["job_id"],))
+    if job is not None and job["delivery_mode"] != "none" and job["delivery_channel"]:
+        scope = job["approval_approver_scope"]
+        body = (f"[Approval required] {job['name']} ({run['dispatch_kind']} run {run_id[:8]}), escalated by its authorization"
+                f" policy, risk {escalate.get('risk_level')}{f', approver {scope}' if scope else ''}."
+                f"{chr(10) + 'Reason: ' + escalate['reason'] if escalate.get('reason') else ''}\n"
+                f"Approve: scheduler approvals approve {approval_id}\nReject:  scheduler approvals reject {approval_id}")
+        enqueue_message(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"], body,
+                        f"{approval_id}:approval-notice", now)
+    return {**run, "approval_id": approval_id}
 
 
 def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, *, now: int, actor: str | None) -> None:

@@ -931,7 +931,8 @@ class Dispatcher:
             log.exception("executor crashed")
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
         try:
-            result = evidence.attest_run(self.store, s, spec, result, s.outcomes)
+            if s.outcomes.escalate is None:  # an escalated run is not finished: it waits for approval (no evidence yet)
+                result = evidence.attest_run(self.store, s, spec, result, s.outcomes)
         except Exception as exc:  # noqa: BLE001 - attestation must never leave a run unfinished
             log.exception("evidence attestation of run %s crashed", s.run_id)
             result = ExecutionResult(status="error", error_code="EVIDENCE_ATTESTATION_FAILED",

@@ -31,6 +31,9 @@ class RunOutcomes:
     suppress_consequences: bool = False
     #: The resolved identity (``scheduler.identity``), handed to later steps, evidence and events.
     identity: Any = None
+    #: Set by ``scheduler.authorization`` when its provider escalated (gate_kind, risk_level, reason): the completion
+    #: transaction opens an approval gate (run ``awaiting_approval``) instead of ending the run.
+    escalate: dict[str, Any] | None = None
 
     def record(self, kind: str, data: dict[str, Any]) -> None:
         """Queue a runtime event for the completion transaction."""

@@ -98,6 +98,13 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
         from scheduler.credential_bindings import credential_problems
 
         problems += credential_problems(spec, executor)
+    if getattr(spec, "authorization_ref", None):  # provider_config against its options_class, the policy's own check
+        from scheduler.authorization import provider_problems as authorization_problems
+
+        authorization, found = authorization_problems(spec, _provider)
+        problems += found
+        if authorization is not None:
+            normalised["authorization"] = authorization
     return normalised, problems
 
 

@@ -102,6 +102,8 @@ SPEC_REFERENCES: tuple[Callable[[Any], Iterable[PluginRef]], ...] = (
     lambda s: [PluginRef("evidence", s.evidence["provider"], "evidence.provider")] if getattr(s, "evidence", None) else [],
     lambda s: [PluginRef("credential", b["provider"], f"credentials[{i}].provider")
                for i, b in enumerate(getattr(s, "credentials", None) or [])],
+    lambda s: ([PluginRef("authorization", s.authorization_ref.partition(":")[0], "authorization_ref")]
+               if getattr(s, "authorization_ref", None) else []),
 )
 
 

@@ -17,6 +17,7 @@ Runs::
     (new)     -> awaiting_approval                open_approval_gate  (claim of a gated job's dispatch)
     awaiting_approval -> approved | cancelled     decide_approval  (approve; reject or time out)
     approved  -> running                          dispatch_approved_run (claim again, under the claimer's fence)
+    running   -> awaiting_approval                escalate_run     (an authorization provider escalated; owner + token)
     running   -> recovery_blocked                 block_recovery   (the dead owner's token)
     running|recovery_blocked -> crashed           crash_run        (the dead owner's token)
 
@@ -25,7 +26,7 @@ Dispatch rows::
     (new) -> pending              insert_dispatch (idempotent: deterministic ids)
     pending -> claimed            claim_dispatch
     claimed -> pending            release_expired_claims
-    claimed -> awaiting_approval  open_approval_gate
+    claimed -> awaiting_approval  open_approval_gate, escalate_run
     awaiting_approval -> pending  decide_approval (approved: claimed again by one dispatcher)
     pending|claimed -> done|failed   finish_dispatch
     pending -> cancelled          cancel_dispatch, cancel_pending_work
@@ -528,6 +529,51 @@ def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int
     return True
 
 
+def escalate_run(
+    tx: Tx, run_id: str, *, owner: str, token: int, values: dict[str, Any], approval_id: str, gate_kind: str,
+    risk_level: str, reason: str | None, now: int,
+) -> dict[str, Any] | None:
+    """``running`` -> ``awaiting_approval`` under the run's fence (an authorization provider escalated); its dispatch
+    ``claimed`` -> ``awaiting_approval``; (new) approval ``pending`` of ``gate_kind``.
+
+    Nothing of the payload ran. ``values`` are the run columns the pipeline decided so far
+    (``authorization_json``, ...). None (nothing changed) when the run is no longer ours or a
+    cancel request came first: the caller then ends it as usual. The approval snapshots the
+    job's approver scope and timeout like a job gate (``open_approval_gate``).
+    """
+    sets = "".join(f"{k} = ?, " for k in values)
+    run = tx.one(
+        f"UPDATE runs SET {sets}status = 'awaiting_approval' WHERE id = ? AND status = 'running'"
+        " AND dispatcher_owner = ? AND dispatcher_token = ? AND cancel_requested_at IS NULL"
+        " RETURNING id, job_id, dispatch_id, dispatch_kind, attempt, status, error_code, duration_ms",
+        [*values.values(), run_id, owner, token],
+    )
+    if run is None:
+        return None
+    job = tx.one("SELECT id, approval_approver_scope, approval_timeout_action, approval_timeout_s FROM jobs WHERE id = ?",
+                 (run["job_id"],))
+    tx.execute(
+        "UPDATE job_dispatch_queue SET status = 'awaiting_approval', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
+        " claim_expires_at = NULL, updated_at = ? WHERE id = ? AND status = 'claimed'",
+        (now, run["dispatch_id"]),
+    )
+    scope = job.get("approval_approver_scope") if job else None
+    timeout_action = "reject" if scope or job is None else job["approval_timeout_action"]
+    tx.execute(
+        "INSERT INTO approvals(id, job_id, run_id, dispatch_id, gate_kind, status, version, risk_level, approver_scope,"
+        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest)"
+        " SELECT ?, r.job_id, r.id, r.dispatch_id, ?, 'pending', 1, ?, ?, ?, ?, ?, r.artifact_digest, r.source_run_id,"
+        " r.source_artifact_digest FROM runs r WHERE r.id = ?",
+        (approval_id, gate_kind, risk_level, scope, timeout_action, now,
+         now + int(job["approval_timeout_s"] if job else 3600) * 1000, run_id),
+    )
+    append_event(tx, "approval.requested", job_id=run["job_id"], run_id=run_id, dispatch_id=run["dispatch_id"], actor=owner, at=now,
+                 data={"approval_id": approval_id, "gate": gate_kind, "risk_level": risk_level, "approver_scope": scope,
+                       "kind": run["dispatch_kind"], "attempt": run["attempt"], "reason": reason})
+    _notify(run_id, run["job_id"], "running", "awaiting_approval", now)
+    return run
+
+
 def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail: str | None, message: str | None = None) -> bool:
     """``running`` -> ``recovery_blocked``: the dead owner's work may still run and cannot be stopped, or what it
     left (credential files) cannot be proven removed (``message`` says which; retried later)."""
@@ -637,6 +683,7 @@ __all__ = [
     "crash_run",
     "decide_approval",
     "dispatch_approved_run",
+    "escalate_run",
     "fail_completion",
     "fenced_update",
     "finish_dispatch",

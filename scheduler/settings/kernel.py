@@ -114,10 +114,19 @@ class IdentitySettings:
         "doc": "Level of every other account: `user`, or `untrusted` (it can only lower)."})
 
 
+@attrs.frozen(kw_only=True)
+class AuthorizationSettings:
+    """``[authorization]``: how the kernel asks ``authorization_ref`` providers (docs/authorization.md)."""
+
+    timeout_s: float = attrs.field(default=10.0, metadata={
+        "minimum": 0.05, "maximum": 600,
+        "doc": "Longest an authorization provider may take to decide (also bounded by the run's timeout); later is a deny."})
+
+
 #: The kernel tables of the settings file, in display order.
 KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
                                   "notifications": NotificationSettings, "evidence": EvidenceSettings,
-                                  "identity": IdentitySettings}
+                                  "identity": IdentitySettings, "authorization": AuthorizationSettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.
