@@ -144,8 +144,9 @@ def build_spec(db: str, *, name: str = DEFAULT_UNIT, system: bool = False, confi
     name = check_unit_name(name)
     local = local_path_of(db)
     if local is None:
-        rest = db.split("://", 1)[1] if "://" in db else ""
-        if "@" in rest and ":" in rest.rsplit("@", 1)[0]:
+        from urllib.parse import urlsplit
+
+        if urlsplit(db).password is not None:
             raise SchedulerError("INVALID_ARGUMENT", "the database URL carries a password, which the unit file would expose:"
                                                      " keep it in ~/.pgpass (or PGPASSFILE) and pass the URL without it")
         db_value = db
