@@ -47,6 +47,8 @@ from scheduler.conformance.service import (
 from scheduler.conformance import channel as _channel  # noqa: F401  isort: skip
 # ... and the credential kind's (a stand-in source per case, resolved through the kernel's own checks).
 from scheduler.conformance import credential as _credential  # noqa: F401  isort: skip
+# ... and the evidence kind's (a setup per case: keys, trust or an attestor; attest, tamper, verify).
+from scheduler.conformance import evidence as _evidence  # noqa: F401  isort: skip
 
 __all__ = [
     "ADAPTERS",

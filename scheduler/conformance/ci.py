@@ -40,6 +40,9 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("credential", "file"),
     ("credential", "command"),
     ("credential", "oauth2"),
+    ("evidence", "checksum"),
+    ("evidence", "ssh"),
+    ("evidence", "external"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"

@@ -143,8 +143,10 @@ class SshProvider:
     """The ``ssh`` evidence provider (entry point ``scheduler.evidence_providers:ssh``). Stateless per call: thread-safe."""
 
     plugin_api = PLUGIN_API_VERSION
-    #: ``attest``: signs with ssh-keygen -Y sign; ``verify-evidence``: ssh-keygen -Y verify against the configured trust.
-    capabilities: frozenset[str] = frozenset({"attest", "verify-evidence"})
+    #: ``attest``: signs with ssh-keygen -Y sign; ``verify-evidence``: ssh-keygen -Y verify against the configured trust;
+    #: ``signed-evidence``: an envelope cannot be made or rewritten without a key the host trusts (conformance cases
+    #: about forged, truncated or wrongly-scoped signatures apply).
+    capabilities: frozenset[str] = frozenset({"attest", "verify-evidence", "signed-evidence"})
     methods: frozenset[str] = frozenset({METHOD})
     options_class = SshOptions
     settings_class = SshSettings

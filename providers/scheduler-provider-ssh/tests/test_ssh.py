@@ -70,7 +70,7 @@ def keygen_sign(key: Path, namespace: str, data: bytes) -> str:
 def test_loads_through_its_entry_point(ssh: Any) -> None:
     assert isinstance(ssh, EvidenceProvider)
     assert ssh.plugin_api == PLUGIN_API_VERSION
-    assert ssh.capabilities == frozenset({"attest", "verify-evidence"})
+    assert ssh.capabilities == frozenset({"attest", "verify-evidence", "signed-evidence"})
     assert ssh.methods == frozenset({"ssh-signature"})
     names = {row["name"] for row in catalogue(ssh.options_class)}
     assert names == {"key", "principal", "namespace", "allowed_signers"}

@@ -1,0 +1,559 @@
+"""The engine's adapter for kind ``evidence``: attest a payload through a provider, change something, verify.
+
+Per case, the provider's **setup adapter** prepares what the provider needs to attest and
+verify (nothing for a checksum; real ``ssh-keygen`` keys and allowed-signers files for
+SSH; a reference attestor for the external provider) for the case's ``signer``
+(``trusted``, ``untrusted_key``, ``other_principal``, ``other_namespace``) and says how
+to configure the provider. A setup adapter is any object with
+
+    conformance_setup(request: SetupRequest) -> setup
+
+and the setup has ``settings`` (the ``[providers.NAME]`` table used to attest),
+optionally ``verify_settings`` (the table used to verify; default: ``settings``),
+``provider_config`` (the job's ``evidence.provider_config``), ``secrets`` (environment
+variables set while the case runs), ``signature_field`` (the path, inside the envelope's
+``data``, of the signature or keyed attestation: truncated by ``signature_truncated``),
+``secret_values()`` (key material that must never appear in an envelope, an error, a
+verification or a log record) and ``close()``. A signer the adapter cannot set up raises
+``NotImplementedError("why")``: the case is skipped with that reason, never passed. The
+engine finds the adapter as the other kinds do: the one given (``--adapter MODULE:ATTR``),
+the provider's own ``conformance_setup`` method, the entry point named like the provider
+in ``scheduler.conformance_adapters``; else ``CONFORMANCE_NO_SETUP_ADAPTER``.
+
+A case attests a kernel-shaped payload (``EvidencePayload``: json-sort-v1 bytes and their
+digest) with the declaration the kernel would hand over, holds the envelope to the
+kernel's own acceptance checks (an ``EvidenceEnvelope`` of this provider for this payload,
+storable as canonical JSON), stores it as the kernel does and verifies the stored form,
+after the case's ``tamper``. Whatever the case expects, the engine also checks: ``verify``
+never raises and returns an ``EvidenceVerification`` naming the provider, a refusal has an
+``EVIDENCE_*`` code and a reason, an ``attest`` refusal is a ``SchedulerError`` with an
+``EVIDENCE_*`` code, and no secret value leaks. Before a negative verification counts,
+the untouched envelope must verify (with the signer's own settings): a provider that
+refuses everything proves nothing by refusing a tampered envelope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from scheduler.conformance.engine import _DRIVER_NAME, Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.errors import SchedulerError
+
+#: The method every setup adapter has.
+SETUP_METHOD = "conformance_setup"
+#: Who signs, as the verifier sees it (the schema's ``evidence_input.signer`` lists the same).
+SIGNERS: dict[str, str] = {
+    "trusted": "a key (or attestor) the verifier trusts, for the expected principal and namespace",
+    "untrusted_key": "a key the verifier does not trust (its trust holds another key)",
+    "other_principal": "a key the verifier trusts only for another principal",
+    "other_namespace": "a trusted key, signing in a namespace the verifier does not expect",
+}
+#: What the engine changes between attesting and verifying (``evidence_input.tamper``).
+TAMPERS: dict[str, str] = {
+    "none": "nothing",
+    "payload": "one value of the payload (the exit code), the envelope unchanged",
+    "payload_rebound": "the payload, and every copy of its digest and text in the envelope rewritten to match",
+    "transplant": "the envelope is the one attested for another run's payload",
+    "signature_truncated": "the signature (setup.signature_field) cut to half its length",
+    "provider_relabelled": "the envelope's provider renamed",
+    "foreign_envelope": "an envelope made by another provider",
+    "method_unknown": "the envelope's method replaced by one no provider performs",
+    "envelope_not_object": "the stored envelope is a JSON string, not an object",
+    "data_not_object": "the envelope's data is a string",
+    "data_field_added": "the envelope's data gains an unknown field",
+    "data_field_removed": "the envelope's data loses a field (not schema, version, method or payload_digest)",
+    "digest_malformed": "the envelope's payload_digest (both copies) is not sha256: and 64 hex digits",
+}
+#: What is wrong with the payload handed to ``attest`` (``evidence_input.payload_defect``).
+PAYLOAD_DEFECTS = ("noncanonical", "digest_wrong")
+#: How long one provider call may take before the engine gives up on it.
+CALL_LIMIT_S = 30.0
+#: A secret shorter than this is not searched for (it would match by accident).
+MIN_SECRET_CHARS = 8
+UNKNOWN_METHOD = "conformance-no-such-method"
+FOREIGN_PROVIDER = "conformance-foreign"
+
+_CODE = re.compile(r"^EVIDENCE_[A-Z0-9]+(_[A-Z0-9]+)*$")
+
+
+@attrs.frozen(kw_only=True)
+class SetupRequest:
+    """What a setup adapter is asked for: the case, who signs, and a directory (removed after the case)."""
+
+    case_id: str
+    provider: str
+    signer: str
+    workdir: Path
+
+
+def _codes(expect: dict[str, Any]) -> list[str]:
+    code = expect.get("error_code")
+    return [] if code is None else [code] if isinstance(code, str) else list(code)
+
+
+def _check_evidence_case(case: Case) -> None:
+    """What the schema cannot say: the expectation fits what the case does."""
+    inp, expect = case.input, case.expect
+    outcome = expect["outcome"]
+    if inp.get("payload_defect") or (inp.get("methods") and outcome == "attest_refused"):
+        if outcome != "attest_refused":
+            raise ValueError("a defective payload or an unsupported method must expect outcome attest_refused")
+    if outcome == "attest_refused" and inp.get("tamper", "none") != "none":
+        raise ValueError("an attest_refused case has no envelope to tamper with")
+    if (case.polarity == "positive") != (outcome == "verified"):
+        raise ValueError("a positive evidence case expects outcome verified, a negative one refused or attest_refused")
+    if case.polarity == "negative" and not _codes(expect):
+        raise ValueError("a negative evidence case names its error_code(s)")
+
+
+# --------------------------------------------------------------------------- per provider
+
+
+@attrs.frozen(kw_only=True)
+class _EvidenceContext:
+    name: str
+    adapter: Any
+
+
+def resolve_setup_adapter(name: str | None, provider: Any, explicit: Any = None) -> Any:
+    """The setup adapter of evidence provider ``name`` (explicit, the provider's own method, the entry point)."""
+    from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
+    from scheduler.conformance.service import _instantiate
+
+    if explicit is not None:
+        adapter = load_adapter_spec(explicit, "setup") if isinstance(explicit, str) else _instantiate(explicit)
+        if not callable(getattr(adapter, SETUP_METHOD, None)):
+            raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"setup adapter {explicit!r} has no {SETUP_METHOD}() method")
+        return adapter
+    if callable(getattr(provider, SETUP_METHOD, None)):
+        return provider
+    if name:
+        found = adapter_from_entry_points(name, SETUP_METHOD, "setup")
+        if found is not None:
+            return found
+    label = f"evidence provider {name!r}" if name else f"evidence provider {type(provider).__name__}"
+    raise SchedulerError(
+        "CONFORMANCE_NO_SETUP_ADAPTER",
+        f"{label} has no conformance setup adapter, so there are no keys, trust or attestor to attest and verify with: "
+        f"give the provider a {SETUP_METHOD}(request) method, register an entry point named "
+        f"{name or 'after the provider'!r} in the group scheduler.conformance_adapters, or pass one explicitly "
+        "(--adapter MODULE:ATTR)",
+    )
+
+
+def _prepare_evidence(name: str | None, provider: Any, adapter: Any) -> _EvidenceContext:
+    found = resolve_setup_adapter(name, provider, adapter)
+    return _EvidenceContext(name=name if name and _DRIVER_NAME.match(name) else "conformance-evidence", adapter=found)
+
+
+def _label(adapter: Any) -> str:
+    return adapter.__name__ if isinstance(adapter, type) else type(adapter).__name__
+
+
+# --------------------------------------------------------------------------- payloads and envelopes
+
+
+def _document(run_id: str, exit_code: int = 0) -> dict[str, Any]:
+    """A payload document shaped like the kernel's (``scheduler.evidence_build``), for run ``run_id``."""
+    return {
+        "schema": "scheduler.evidence.payload", "version": 1, "canonicalization": "json-sort-v1",
+        "run_id": run_id, "job_id": "00000000-0000-4000-8000-00000000c0de", "dispatch_id": f"job:manual:{run_id}",
+        "dispatch_kind": "manual", "attempt": 1, "scheduled_for": 1767225600000, "started_at": 1767225600012,
+        "executor": "shell", "artifact_digest": "sha256:" + "a" * 64,
+        "actor": {"dispatcher_owner": "conformance:1:ab12", "dispatcher_token": 7},
+        "command": {"kind": "shell", "payload_sha256": "sha256:" + "b" * 64, "payload_bytes": 18},
+        "result": {"status": "ok" if exit_code == 0 else "error", "error_code": None, "exit_code": exit_code,
+                   "signal": None, "timed_out": False, "duration_ms": 412, "stdout_sha256": "sha256:" + "c" * 64,
+                   "stdout_bytes": 12, "stderr_sha256": "sha256:" + "d" * 64, "stderr_bytes": 0},
+    }
+
+
+def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
+    """The ``EvidencePayload`` the kernel would hand over, or one with the case's defect."""
+    from scheduler.canonical import canonical_bytes, hash_bytes
+    from scheduler.plugins.protocols import EvidencePayload
+
+    canonical = canonical_bytes(document)
+    if defect == "noncanonical":  # the same JSON with one blank: not json-sort-v1, digest its own
+        spaced = canonical.replace(b'","', b'", "', 1)
+        return EvidencePayload(document=document, canonical=spaced, digest=hash_bytes(spaced))
+    if defect == "digest_wrong":
+        return EvidencePayload(document=document, canonical=canonical, digest=hash_bytes(canonical + b" "))
+    return EvidencePayload(document=document, canonical=canonical, digest=hash_bytes(canonical))
+
+
+def _declaration(name: str, options: Any, methods: Any) -> Any:
+    """The declaration the kernel hands a provider (``to_provider_declaration`` of a stored ``evidence`` block)."""
+    from scheduler.evidence import to_provider_declaration
+
+    return to_provider_declaration({"provider": name, "methods": list(methods or ()), "provider_config": dict(options or {}),
+                                    "verify": {"required": True}})
+
+
+def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
+    """The kernel's acceptance check of an attestation (``scheduler.evidence``): its own, for this payload, storable."""
+    from scheduler.evidence import envelope_json
+    from scheduler.plugins.protocols import EvidenceEnvelope
+
+    if not isinstance(envelope, EvidenceEnvelope):
+        return f"attest returned {type(envelope).__name__}, not an EvidenceEnvelope"
+    if envelope.provider != name:
+        return f"attest returned an envelope of provider {envelope.provider!r}, not {name!r}"
+    if envelope.payload_digest != payload.digest:
+        return "attest returned an envelope for another payload (its payload_digest is not the payload's)"
+    try:
+        envelope_json(envelope)
+    except Exception as exc:  # noqa: BLE001 - the kernel could not store it
+        return f"the envelope cannot be stored as canonical JSON: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _stored(envelope: Any) -> Any:
+    """The envelope as the evidence row stores it and re-verification reads it back (a JSON object)."""
+    from scheduler.evidence import envelope_json
+
+    return json.loads(envelope_json(envelope))
+
+
+def _as_given(stored: Any) -> Any:
+    """What re-verification hands ``verify`` for a stored envelope (``scheduler.evidence_verify``)."""
+    from scheduler.plugins.protocols import EvidenceEnvelope
+
+    keys = {"provider", "format", "payload_digest", "data"}
+    return EvidenceEnvelope(**stored) if isinstance(stored, dict) and set(stored) == keys else stored
+
+
+def _replace(value: Any, swaps: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return swaps.get(value, value)
+    if isinstance(value, dict):
+        return {k: _replace(v, swaps) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace(v, swaps) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- running one case
+
+
+class _Logs:
+    """Every log record emitted while a case runs."""
+
+    def __init__(self) -> None:
+        import logging
+
+        self.messages: list[str] = []
+        outer = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                with contextlib.suppress(Exception):
+                    outer.messages.append(f"{record.name}: {record.getMessage()}")
+
+        self.handler = Handler(logging.DEBUG)
+
+
+@contextlib.contextmanager
+def _capturing_logs() -> Any:
+    import logging
+
+    logs = _Logs()
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(logs.handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield logs
+    finally:
+        root.removeHandler(logs.handler)
+        root.setLevel(old)
+
+
+def _bounded(fn: Any) -> tuple[Any, BaseException | None, bool]:
+    """``fn()`` in a worker thread, at most ``CALL_LIMIT_S``: (result, exception, hung)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - the call's outcome
+            box["exc"] = exc
+
+    worker = threading.Thread(target=target, name="conformance-evidence", daemon=True)
+    worker.start()
+    worker.join(CALL_LIMIT_S)
+    return box.get("result"), box.get("exc"), worker.is_alive()
+
+
+def _configure(provider: Any, name: str, settings: Any, which: str) -> str | None:
+    """Validate a ``[providers.NAME]`` table from the setup like the loader does and hand it to ``configure``."""
+    table = dict(settings or {})
+    cls = getattr(provider, "settings_class", None)
+    if cls is None:
+        return f"the setup adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class" \
+            if table else None
+    from scheduler.settings.load import resolve_table
+
+    resolved, problems = resolve_table(f"providers.{name}", cls, table, "the conformance setup adapter", {})
+    if problems or resolved is None:
+        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
+        return f"the setup adapter's {which} do not validate against {cls.__name__}: {listed}"
+    configure = getattr(provider, "configure", None)
+    if callable(configure):
+        try:
+            configure(resolved.value)
+        except Exception as exc:  # noqa: BLE001 - the case's failure
+            return f"configure() refused the setup adapter's {which}: {type(exc).__name__}: {exc}"
+    return None
+
+
+@attrs.define
+class _Verdict:
+    """One ``verify`` call as the engine saw it."""
+
+    outcome: Any = None
+    error: BaseException | None = None
+    hung: bool = False
+
+    def describe(self) -> str:
+        if self.hung:
+            return f"verify did not return within {CALL_LIMIT_S:g} s"
+        if self.error is not None:
+            return f"verify raised {type(self.error).__name__}: {self.error}"
+        o = self.outcome
+        return f"verified={getattr(o, 'verified', None)!r} code={getattr(o, 'code', None)!r} reason={getattr(o, 'reason', None)!r}"
+
+
+def _verify(provider: Any, envelope: Any, payload: Any, declaration: Any) -> _Verdict:
+    result, error, hung = _bounded(lambda: provider.verify(envelope, payload, declaration))
+    return _Verdict(outcome=result, error=error, hung=hung)
+
+
+def _verdict_problems(verdict: _Verdict, name: str, what: str) -> list[str]:
+    """What every verification must be: returned (never raised), an EvidenceVerification of this provider, coherent."""
+    from scheduler.plugins.protocols import EvidenceVerification
+
+    if verdict.hung:
+        return [f"{what}: verify did not return within {CALL_LIMIT_S:g} s"]
+    if verdict.error is not None:
+        return [f"{what}: verify raised {type(verdict.error).__name__}: {verdict.error} (it must return "
+                "verified=False with a code, never raise)"]
+    o = verdict.outcome
+    if not isinstance(o, EvidenceVerification):
+        return [f"{what}: verify returned {type(o).__name__}, not an EvidenceVerification"]
+    problems = []
+    if o.provider != name:
+        problems.append(f"{what}: the verification names provider {o.provider!r}, not {name!r}")
+    if o.verified is True and o.code is not None:
+        problems.append(f"{what}: verified=True with a failure code {o.code!r} (ambiguous; the kernel counts it as not verified)")
+    if o.verified is not True:
+        if not _CODE.match(o.code or ""):
+            problems.append(f"{what}: a refusal's code {o.code!r} is not EVIDENCE_* UPPER_SNAKE")
+        if not (o.reason or "").strip():
+            problems.append(f"{what}: the refusal has no reason")
+    return problems
+
+
+def _passed(verdict: _Verdict, name: str) -> bool:
+    o = verdict.outcome
+    return verdict.error is None and not verdict.hung and getattr(o, "verified", None) is True and \
+        getattr(o, "code", None) is None and getattr(o, "provider", None) == name
+
+
+def _run_evidence_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:
+    """One case: the setup, the provider configured with it, attest, tamper, verify, the checks."""
+    adapter = context.adapter
+    request = SetupRequest(case_id=case.id, provider=context.name, signer=case.input.get("signer", "trusted"),
+                           workdir=workdir)
+    try:
+        setup = adapter.conformance_setup(request)
+    except NotImplementedError as exc:
+        return CaseCheck(skipped=f"setup adapter {_label(adapter)} cannot set up this case: {exc or 'no reason given'}")
+    except Exception as exc:  # noqa: BLE001 - an adapter bug fails the case
+        return CaseCheck(problems=(f"setup adapter {_label(adapter)} raised {type(exc).__name__}: {exc}",))
+    try:
+        secrets = {str(k): str(v) for k, v in dict(getattr(setup, "secrets", None) or {}).items()}
+        with _patched_environ(secrets), _capturing_logs() as logs:
+            problems, observed, texts = _run_with_setup(provider, case, context.name, setup)
+        values = [v for v in (getattr(setup, "secret_values", lambda: [])() or []) if len(v) >= MIN_SECRET_CHARS]
+        values += [v for v in secrets.values() if len(v) >= MIN_SECRET_CHARS]
+        texts["a log record"] = "\n".join(logs.messages)
+        problems += [f"a secret of the setup (key material) appears in {where}" for where, text in texts.items()
+                     if any(v in text for v in values)]
+        if problems:
+            return CaseCheck(problems=tuple(_redact(p, values) for p in problems),
+                             observed={k: _redact(str(v), values) for k, v in observed.items()})
+        return CaseCheck()
+    finally:
+        with contextlib.suppress(Exception):
+            setup.close()
+
+
+def _redact(text: str, values: list[str]) -> str:
+    for v in sorted(values, key=len, reverse=True):
+        text = text.replace(v, "<secret>")
+    return text
+
+
+def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """Attest, tamper, verify; returns (problems, observed, texts to search for secrets)."""
+    inp, expect = case.input, case.expect
+    codes = _codes(expect)
+    problems: list[str] = []
+    observed: dict[str, Any] = {}
+    texts: dict[str, str] = {}
+    problem = _configure(provider, name, getattr(setup, "settings", None), "settings")
+    if problem:
+        return [problem], observed, texts
+    declaration = _declaration(name, getattr(setup, "provider_config", None), inp.get("methods"))
+    run_id = str(uuid.uuid4())
+    document = _document(run_id)
+    payload = _payload(document, inp.get("payload_defect"))
+
+    envelope, error, hung = _bounded(lambda: provider.attest(payload, declaration))
+    if hung:
+        return [f"attest did not return within {CALL_LIMIT_S:g} s"], observed, texts
+    if error is not None:
+        code = getattr(error, "code", None)
+        observed["attest"] = f"{type(error).__name__}{f' [{code}]' if code else ''}: {error}"
+        texts["the attest error"] = "\n".join([str(error), repr(getattr(error, "args", ())),
+                                               json.dumps(getattr(error, "details", None), default=str)])
+        if not isinstance(error, SchedulerError):
+            problems.append(f"attest raised {type(error).__name__}: {error} -- a refusal must be a SchedulerError with an "
+                            "EVIDENCE_* code")
+        elif not _CODE.match(error.code or ""):
+            problems.append(f"attest refused with code {error.code!r}, not EVIDENCE_* UPPER_SNAKE")
+        elif not (error.message or "").strip():
+            problems.append("attest refused without a message")
+        if expect["outcome"] != "attest_refused":
+            problems.append(f"attest failed: {observed['attest']}")
+        elif codes and code not in codes:
+            problems.append(f"error_code: expected {' or '.join(codes)}, attest refused with {code!r}")
+        return problems, observed, texts
+    if expect["outcome"] == "attest_refused":
+        why = f"the payload is {inp['payload_defect']}" if inp.get("payload_defect") else \
+            f"the declaration asks for methods {inp.get('methods')}"
+        problems.append(f"attest returned an envelope, but it must refuse ({why}; expected {' or '.join(codes)})")
+        return problems, observed, texts
+    accepted = _accepted_problem(envelope, name, payload)
+    if accepted:
+        return [accepted], observed, texts
+    stored = _stored(envelope)
+    texts["the envelope"] = json.dumps(stored)
+    observed["envelope"] = json.dumps(stored)[:600]
+
+    tamper = inp.get("tamper", "none")
+    signer = inp.get("signer", "trusted")
+    if tamper != "none" or signer != "trusted":
+        # The untouched envelope must verify with the signer's own settings before a refusal means anything.
+        control = _verify(provider, _as_given(copy.deepcopy(stored)), payload, declaration)
+        if not _passed(control, name):
+            problems.append("the untouched envelope does not verify with the signer's own settings "
+                            f"({control.describe()}), so a refusal of the changed one proves nothing")
+            return problems, observed, texts
+    verify_settings = getattr(setup, "verify_settings", None)
+    if verify_settings is not None:
+        problem = _configure(provider, name, verify_settings, "verify_settings")
+        if problem:
+            return [problem], observed, texts
+
+    target_envelope, target_payload, problem = _tampered(provider, name, tamper, stored, payload, document, declaration, setup)
+    if problem:
+        return [problem], observed, texts
+    verdict = _verify(provider, target_envelope, target_payload, declaration)
+    observed["verify"] = verdict.describe()
+    texts["the verification"] = verdict.describe()
+    problems += _verdict_problems(verdict, name, "verify")
+    if problems:
+        return problems, observed, texts
+    outcome = verdict.outcome
+    if expect["outcome"] == "verified":
+        if not _passed(verdict, name):
+            problems.append(f"expected the envelope to verify, got {verdict.describe()}")
+    elif outcome.verified is True:
+        problems.append(f"the envelope verified, but it must be refused ({TAMPERS[tamper] if tamper != 'none' else SIGNERS[signer]};"
+                        f" expected {' or '.join(codes)})")
+    elif codes and outcome.code not in codes:
+        problems.append(f"error_code: expected {' or '.join(codes)}, got {outcome.code!r} ({outcome.reason})")
+    return problems, observed, texts
+
+
+def _tampered(provider: Any, name: str, tamper: str, stored: dict[str, Any], payload: Any, document: dict[str, Any],
+              declaration: Any, setup: Any) -> tuple[Any, Any, str | None]:
+    """(envelope as verify gets it, payload to verify against, a problem) after the case's ``tamper``."""
+    envelope = copy.deepcopy(stored)
+    data = envelope.get("data") if isinstance(envelope.get("data"), dict) else {}
+    if tamper == "none":
+        return _as_given(envelope), payload, None
+    if tamper == "payload":
+        return _as_given(envelope), _payload(_document(document["run_id"], exit_code=1)), None
+    if tamper == "payload_rebound":
+        other = _payload(_document(document["run_id"], exit_code=1))
+        swaps = {payload.digest: other.digest, payload.digest.removeprefix("sha256:"): other.digest.removeprefix("sha256:"),
+                 payload.canonical.decode("utf-8"): other.canonical.decode("utf-8")}
+        return _as_given(_replace(envelope, swaps)), other, None
+    if tamper == "transplant":
+        other = _payload(_document(str(uuid.uuid4())))
+        moved, error, hung = _bounded(lambda: provider.attest(other, declaration))
+        if hung or error is not None or _accepted_problem(moved, name, other):
+            return None, None, f"attesting the other run's payload failed: {error or 'no envelope'}"
+        return _as_given(_stored(moved)), payload, None
+    if tamper == "signature_truncated":
+        path = tuple(getattr(setup, "signature_field", None) or ())
+        holder: Any = data
+        for key in path[:-1]:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        if not path or not isinstance(holder, dict) or not isinstance(holder.get(path[-1]), str):
+            return None, None, (f"the setup names no signature_field holding a string in the envelope's data "
+                                f"(signature_field={path!r}), so the signature cannot be truncated")
+        holder[path[-1]] = holder[path[-1]][: len(holder[path[-1]]) // 2]
+        return _as_given(envelope), payload, None
+    if tamper == "provider_relabelled":
+        envelope["provider"] = FOREIGN_PROVIDER
+        return _as_given(envelope), payload, None
+    if tamper == "foreign_envelope":
+        fmt = "conformance.evidence.foreign"
+        foreign = {"provider": FOREIGN_PROVIDER, "format": fmt, "payload_digest": payload.digest,
+                   "data": {"schema": fmt, "version": 1, "method": "foreign", "payload_digest": payload.digest}}
+        return _as_given(foreign), payload, None
+    if tamper == "method_unknown":
+        data["method"] = UNKNOWN_METHOD
+        return _as_given(envelope), payload, None
+    if tamper == "envelope_not_object":
+        return json.dumps(envelope), payload, None
+    if tamper == "data_not_object":
+        envelope["data"] = json.dumps(data)
+        return envelope, payload, None
+    if tamper == "data_field_added":
+        data["conformance_extra"] = True
+        return _as_given(envelope), payload, None
+    if tamper == "data_field_removed":
+        removable = sorted(k for k in data if k not in ("schema", "version", "method", "payload_digest"))
+        if not removable:
+            return None, None, "the envelope's data has no field besides schema, version, method and payload_digest to remove"
+        del data[removable[-1]]
+        return _as_given(envelope), payload, None
+    if tamper == "digest_malformed":
+        bad = "sha256:" + "z" * 64
+        envelope["payload_digest"] = bad
+        if "payload_digest" in data:
+            data["payload_digest"] = bad
+        return _as_given(envelope), payload, None
+    return None, None, f"unknown tamper {tamper!r}"
+
+
+register_adapter(
+    KindAdapter(kind="evidence", check_case=_check_evidence_case, run=_run_evidence_case, prepare=_prepare_evidence)
+)
+
+
+__all__ = ["PAYLOAD_DEFECTS", "SETUP_METHOD", "SIGNERS", "TAMPERS", "SetupRequest", "resolve_setup_adapter"]
