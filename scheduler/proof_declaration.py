@@ -167,9 +167,9 @@ def recurring_warning(schedule_kind: str | None, declaration: dict[str, Any] | N
         return None
     source = declaration.get("source") or {}
     if "env" in source:
-        return (f"authorization_proof.source.env {source['env']} is fixed for the dispatcher's lifetime, but a {schedule_kind}"
-                " job dispatches many times and each proof id is accepted once: the second dispatch would present the same"
+        return (f"authorization_proof.source.env {source['env']} is fixed for the dispatcher's lifetime, but a recurring"
+                f" ({schedule_kind}) job dispatches many times and each proof id is accepted once: the second dispatch would present the same"
                 " proof and be denied PROOF_REPLAYED (the job quarantined). Use a file source that is refreshed before each slot")
     return (f"authorization_proof.source.file {source.get('file')} must be replaced with a freshly minted proof (new proof id)"
-            f" before every slot of this {schedule_kind} job: a proof id is accepted once, so a file that is not refreshed is"
+            f" before every slot of this recurring ({schedule_kind}) job: a proof id is accepted once, so a file that is not refreshed is"
             " denied PROOF_REPLAYED at the next dispatch (the job quarantined)")

@@ -151,7 +151,24 @@ def jobs_validate(spec: str | None, file: str | None, stdin: bool, allow_missing
     specs, many, _subs = _validate_many(read_json_input(spec, file, stdin))
     _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     payload = {"valid": True, "jobs" if many else "job": [s.to_json() for s in specs] if many else specs[0].to_json()}
-    emit(payload, lambda: click.echo(f"valid: {len(specs)} job spec(s)"))
+    proof_warnings = _proof_warnings(specs)
+    if proof_warnings:
+        payload["warnings"] = proof_warnings
+    emit(payload, lambda: [click.echo(f"valid: {len(specs)} job spec(s)"),
+                           *(click.echo(f"warning: {w['job']}: {w['warning']}", err=True) for w in proof_warnings)])
+
+
+def _proof_warnings(specs: list[Any]) -> list[dict[str, str]]:
+    """A recurring job whose proof source is not refreshed serves one dispatch (docs/proofs.md): say so."""
+    out = []
+    for s in specs:
+        if getattr(s, "authorization_proof", None):
+            from scheduler.proof_declaration import recurring_warning
+
+            text = recurring_warning(s.schedule_kind, s.authorization_proof)
+            if text:
+                out.append({"job": s.name, "field": "authorization_proof.source", "warning": text})
+    return out
 
 
 @jobs_group.command("add")

@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "jobs": ("scheduler.cli.jobs_cmd", "jobs_group", "Create, inspect and change jobs."),
     "deliveries": ("scheduler.cli.deliveries_cmd", "deliveries_group", "Inspect the delivery outbox; re-arm failed parts."),
     "approvals": ("scheduler.cli.approvals_cmd", "approvals_group", "List and decide approval gates."),
+    "proofs": ("scheduler.cli.proofs_cmd", "proofs_group", "Revoke authorization proofs or keys; list revocations and claims."),
     "handoff": ("scheduler.cli.handoff_cmd", "handoff_group", "Compile handoff v4 artifacts for jobs."),
     "runs": ("scheduler.cli.runs_cmd", "runs_group", "Inspect runs and their output."),
     "schedule": ("scheduler.cli.schedule_cmd", "schedule_group", "Preview schedules; quick cron jobs (add/list/show/remove)."),
