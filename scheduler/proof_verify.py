@@ -228,7 +228,7 @@ def _verify_jwt(declaration: dict[str, Any], token: str, artifact_digest: str | 
         raise fail("PROOF_ISSUER_MISMATCH", f"the JWT was not issued by {declaration['issuer']!r}") from None
     except jwt.MissingRequiredClaimError as exc:
         raise fail("PROOF_MALFORMED", f"the JWT lacks a required claim: {exc}") from None
-    except (jwt.InvalidAlgorithmError, jwt.InvalidKeyError) as exc:
+    except (jwt.InvalidAlgorithmError, jwt.InvalidKeyError, TypeError) as exc:  # TypeError: the key is not of the alg's type
         raise fail("PROOF_INVALID_SIGNATURE", f"the JWT cannot be verified with the declared key: {exc}") from None
     except jwt.PyJWTError as exc:
         raise fail("PROOF_MALFORMED", f"the JWT is not valid: {exc}") from None
