@@ -194,6 +194,9 @@ CREATE TABLE IF NOT EXISTS job_dispatch_queue (
 CREATE INDEX IF NOT EXISTS dispatch_pending_due_idx ON job_dispatch_queue(due_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
+-- Pruning asks whether any dispatch names a run as its run or its source (lineage).
+CREATE INDEX IF NOT EXISTS dispatch_run_idx ON job_dispatch_queue(run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dispatch_source_run_idx ON job_dispatch_queue(source_run_id) WHERE source_run_id IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS job_dispatch_queue_binding_immutable
 BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON job_dispatch_queue
 WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest OR NEW.source_run_id IS DISTINCT FROM OLD.source_run_id OR NEW.source_artifact_digest IS DISTINCT FROM OLD.source_artifact_digest)
@@ -406,6 +409,8 @@ CREATE INDEX IF NOT EXISTS outbox_due_idx ON delivery_outbox(due_at) WHERE statu
 -- Expired claims (a dispatcher died between sending and recording) are found without a scan.
 CREATE INDEX IF NOT EXISTS outbox_claimed_idx ON delivery_outbox(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS outbox_job_idx ON delivery_outbox(job_id, status);
+-- Pruning keeps a run while its parts may still be sent.
+CREATE INDEX IF NOT EXISTS outbox_run_idx ON delivery_outbox(run_id) WHERE run_id IS NOT NULL;
 -- A delivered part is final: never sent again, never rewritten.
 CREATE TRIGGER IF NOT EXISTS outbox_delivered_immutable
 BEFORE UPDATE ON delivery_outbox

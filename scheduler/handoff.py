@@ -75,7 +75,7 @@ PROOF_METHODS = frozenset({"jwt", "ed25519", "ssh-signature"})
 SUBMISSION_FIELDS = ("handoff_version", "handoff_artifact_digest", "effective_task_hash", "handoff_artifact_payload")
 
 #: Job fields outside the job binding: labels and state that may change without a new artifact.
-BINDING_EXCLUDED_FIELDS = ("name", "description", "enabled", "parent_id", "notify")
+BINDING_EXCLUDED_FIELDS = ("name", "description", "enabled", "parent_id", "notify", "retention")
 #: ``job_binding(spec)["invocation"]``: when and why the job runs.
 INVOCATION_FIELDS = (
     "schedule_kind", "schedule_cron", "schedule_every", "schedule_at", "schedule_tz", "dst_gap_policy",
@@ -446,7 +446,7 @@ def _check_payload(payload: Any) -> str:
 def job_binding(spec: JobSpec) -> dict[str, Any]:
     """The projection of the whole job that ``scheduler_job_binding.digest`` covers.
 
-    Everything except ``BINDING_EXCLUDED_FIELDS`` (name, description, enabled, parent_id, notify):
+    Everything except ``BINDING_EXCLUDED_FIELDS`` (name, description, enabled, parent_id, notify, retention):
     the execution sections, plus ``invocation`` (schedule and chain trigger), ``reliability``
     (retries, overlap, auto-pause, delivery guarantee) and ``lifecycle`` (job type,
     provenance). So a v4 job cannot change *when* or *how reliably* it runs, not only *what*

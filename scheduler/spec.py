@@ -188,6 +188,11 @@ class JobSpec:
         " `payload` {bind, context, format}, `verify` {required}, `collect`, `retention`. Unset: no evidence.",
     )
     evidence_ref: str | None = _f(None, kind="evidence_ref", doc="A label (<= 256 chars) carried into each evidence row; only with evidence.")
+    retention: dict | None = _f(
+        None, kind="retention",
+        doc="How long this job's runs are kept (docs/operations.md): `keep_runs` (newest N) and/or `max_age` (a duration,"
+        " or `forever`); each key set overrides the settings file's [retention] rule for this job. Not part of the artifact.",
+    )
     authorization_ref: str | None = _f(
         None, kind="authorization_ref",
         doc="`<provider>:<policy-ref>` (<= 256 chars): the authorization provider decides permit, deny or escalate"
@@ -325,6 +330,13 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
         for p in problems:
             errors.add(p["field"], p["error"], p["code"])
         return declaration
+    if kind == "retention":
+        from scheduler.retention import normalise_job_retention
+
+        retention, found = normalise_job_retention(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return retention
     if kind == "identity":
         from scheduler.identity import normalise_declaration
 
@@ -562,7 +574,8 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
         errors.add("authorization", "is only valid with authorization_ref", "CONFLICT")
 
 
-_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization"})
+_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization",
+                         "retention"})
 
 
 def spec_to_row(spec: JobSpec) -> dict[str, Any]:

@@ -183,30 +183,40 @@ def runs_events(run_id: str) -> None:
 
 
 @runs_group.command("prune")
-@click.option("--older-than", "older_than", required=True, help="Prune terminal runs that ended longer ago than this (e.g. 30d).")
-@click.option("--job", default=None, help="Only runs of this job (id or name).")
+@click.option("--older-than", "older_than", default=None,
+              help="Prune terminal runs that ended longer ago than this (e.g. 30d); default: [retention] max_run_age or the job's.")
+@click.option("--keep", type=AsciiIntRange(1, 10_000_000), default=None,
+              help="Keep each job's newest N terminal runs; default: [retention] keep_runs or the job's.")
+@click.option("--job", default=None, help="Only runs of this job (id or name); outbox, events, artifacts and orphans are left alone.")
 @click.option("--dry-run", is_flag=True, help="Say what would be pruned; change nothing.")
-def runs_prune(older_than: str, job: str | None, dry_run: bool) -> None:
-    """Delete old terminal runs nothing pending references, and their output files.
+def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_run: bool) -> None:
+    """Apply retention now: old runs nothing still needs and their files, settled outbox messages, old events,
+    unreferenced artifacts and orphaned output directories, by the same rules as the dispatcher's duty.
 
-    Retained evidence is kept (a run tombstone records the pruned run); evidence past its
-    retention is deleted with its run. One runtime event (``runs.pruned``) records the prune.
+    A run is kept while any rule keeps it (among its job's newest --keep, or younger than
+    --older-than); a flag wins over the job's ``retention`` field, which wins over the
+    settings file's ``[retention]``. Retained evidence is kept (a run tombstone records the
+    pruned run); evidence past its retention is deleted with its run. One runtime event
+    (``runs.pruned``) records the counts per table.
     """
     from scheduler.artifacts import default_artifacts_root
     from scheduler.jobs import resolve_job
     from scheduler.pruning import prune_runs
     from scheduler.timeutil import parse_duration_ms
 
-    older_than_ms = parse_duration_ms(older_than, field="--older-than")
+    older_than_ms = parse_duration_ms(older_than, field="--older-than") if older_than is not None else None
     store = open_ctx_store()
     job_id = None
     if job is not None:
         with store.read() as tx:
             job_id = resolve_job(tx, job)["id"]
-    report = prune_runs(store, older_than_ms=older_than_ms, job_id=job_id, dry_run=dry_run,
+    report = prune_runs(store, older_than_ms=older_than_ms, keep=keep, job_id=job_id, dry_run=dry_run,
                         artifacts_root=default_artifacts_root(store.local_path))
     view = report.to_json()
+    counts = view["counts"]
     emit(view, lambda: click.echo(
         f"{'would prune' if dry_run else 'pruned'} {view['pruned']} run(s): {view['tombstoned']} tombstoned with retained evidence,"
-        f" {view['evidence_deleted']} with expired evidence deleted, {len(view['skipped'])} skipped"
+        f" {view['evidence_deleted']} with expired evidence deleted, {len(view['skipped'])} skipped;"
+        f" {counts['delivery_outbox']} outbox part(s), {counts['runtime_events']} event(s),"
+        f" {counts['execution_artifacts']} artifact(s), {counts['orphaned_dirs']} orphaned output dir(s)"
         + ("" if dry_run else f", {view['files_removed']} output file(s) removed")))

@@ -123,10 +123,53 @@ class AuthorizationSettings:
         "doc": "Longest an authorization provider may take to decide (also bounded by the run's timeout); later is a deny."})
 
 
+def _check_duration(minimum_ms: int) -> Any:
+    """An attrs validator: unset, or a duration (``30d``, ``12h``) of at least ``minimum_ms``."""
+    def check(_instance: Any, attribute: Any, value: str | None) -> None:
+        if value is None:
+            return
+        from scheduler.errors import SchedulerError
+        from scheduler.timeutil import parse_duration_ms
+
+        try:
+            ms = parse_duration_ms(value, field=attribute.name)
+        except SchedulerError as exc:
+            raise ValueError(exc.message) from None
+        if ms < minimum_ms:
+            raise ValueError(f"{attribute.name} must be at least {minimum_ms // 1000}s")
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class RetentionSettings:
+    """``[retention]``: what the dispatcher's retention duty and ``runs prune`` delete (docs/operations.md).
+
+    Unset rules delete nothing: a run is kept while any set rule keeps it (among its job's
+    newest ``keep_runs``, or younger than ``max_run_age``); a job's ``retention`` field
+    overrides either rule for its runs.
+    """
+
+    keep_runs: int | None = attrs.field(default=None, metadata={
+        "minimum": 1, "maximum": 10_000_000, "doc": "Keep each job's newest N terminal runs (older ones may be pruned); unset: no count rule."})
+    max_run_age: str | None = attrs.field(default=None, validator=_check_duration(60_000), metadata={
+        "doc": "Terminal runs that ended longer ago than this may be pruned (e.g. `90d`); unset: no age rule."})
+    delivered_outbox_age: str | None = attrs.field(default=None, validator=_check_duration(60_000), metadata={
+        "doc": "Delete delivered and cancelled outbox messages (all parts settled) older than this; unset: kept."})
+    event_age: str | None = attrs.field(default=None, validator=_check_duration(3_600_000), metadata={
+        "doc": "Delete runtime events older than this (at least 1h; a prune cutoff is recorded first); unset: kept."})
+    interval: str = attrs.field(default="1h", validator=_check_duration(1_000), metadata={
+        "doc": "How often the dispatcher applies retention (one dispatcher per interval: the `maintenance` lease on PostgreSQL)."})
+    batch: int = attrs.field(default=500, metadata={
+        "minimum": 1, "maximum": 10_000, "doc": "Rows deleted per transaction, so a pass never holds a long write transaction."})
+    orphan_grace: str = attrs.field(default="1h", validator=_check_duration(1_000), metadata={
+        "doc": "An output directory with no run row is removed once it is older than this (a starting run's files come first)."})
+
+
 #: The kernel tables of the settings file, in display order.
 KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
                                   "notifications": NotificationSettings, "evidence": EvidenceSettings,
-                                  "identity": IdentitySettings, "authorization": AuthorizationSettings}
+                                  "identity": IdentitySettings, "authorization": AuthorizationSettings,
+                                  "retention": RetentionSettings}
 
 #: Environment variables read before the settings file existed, and the key that replaced each.
 #: Setting one is ``CONFIG_INVALID`` naming the new variable, so an old value is never silently ignored.

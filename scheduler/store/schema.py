@@ -403,6 +403,9 @@ TABLES: tuple[Table, ...] = (
                   comment="The claim query orders by (due_at, id): the index covers both, so a backlog is never sorted."),
             Index("dispatch_claimed_idx", "claim_expires_at", "status = 'claimed'"),
             Index("dispatch_job_idx", "job_id, status"),
+            Index("dispatch_run_idx", "run_id", "run_id IS NOT NULL",
+                  comment="Pruning asks whether any dispatch names a run as its run or its source (lineage)."),
+            Index("dispatch_source_run_idx", "source_run_id", "source_run_id IS NOT NULL"),
         ),
         guards=(binding_guard("job_dispatch_queue", "a dispatch's", ("artifact_digest", "source_run_id", "source_artifact_digest")),),
         comment="Durable dispatch queue. Scheduled slots have deterministic ids, so materialising\n"
@@ -593,6 +596,7 @@ TABLES: tuple[Table, ...] = (
             Index("outbox_claimed_idx", "claim_expires_at", "status = 'claimed'",
                   comment="Expired claims (a dispatcher died between sending and recording) are found without a scan."),
             Index("outbox_job_idx", "job_id, status"),
+            Index("outbox_run_idx", "run_id", "run_id IS NOT NULL", comment="Pruning keeps a run while its parts may still be sent."),
         ),
         guards=(
             Guard("outbox_delivered_immutable", "UPDATE", "OUTBOX_DELIVERED: a delivered part is final and never re-sent",
