@@ -416,3 +416,66 @@ def test_a_job_without_a_proof_touches_no_proof_table(store: Any) -> None:
     outcomes = RunOutcomes()
     proofs.verify(NoStore(), object(), spec, outcomes)
     assert outcomes.columns == {} and outcomes.events == []
+
+
+def test_after_an_approval_wait_the_recorded_window_and_revocations_are_rechecked(store: Any, dispatcher: Any,
+                                                                                    tmp_path: Path) -> None:
+    """A run resuming with a verified proof (its proof_json) is re-checked from the record: no source read, no new claim."""
+    from test_proofs_race import Started
+
+    from scheduler import proofs
+    from scheduler.pipeline import RunOutcomes
+    from scheduler.spec import spec_from_row
+
+    key = rsa_key()
+    job, source, _marker = proof_job(store, tmp_path, key)
+    source.write_text(mint_jwt(key, job["artifact_digest"], jti="gated", kid="gate-key"))
+    dispatcher()
+    enqueue_manual(store, job["id"])
+    (run,) = finished(store, job["id"])
+    source.unlink()  # the resumed run must not need its source again
+    spec = spec_from_row(job)
+    resumed = Started(run_id=run["id"], dispatch_id=run["dispatch_id"], job=job)
+    outcomes = RunOutcomes()
+    proofs.verify(store, resumed, spec, outcomes)
+    record = json.loads(outcomes.columns["proof_json"])
+    assert record["claim"] == "rechecked-after-approval" and record["proof_id"] == "gated"
+    assert proofs.approval_columns(outcomes) == {"proof_not_before": record["not_before"],
+                                                 "proof_expires_at": record["expires_at"], "proof_clock_skew_ms": 30_000}
+    with pytest.raises(SchedulerError) as err:  # the claim belongs to another dispatch
+        proofs.verify(store, Started(run_id=run["id"], dispatch_id="other:manual:x", job=job), spec, RunOutcomes())
+    assert err.value.code == "PROOF_REPLAYED"
+    proofs.revoke(store, proof_id=None, key_id="gate-key", reason="rotated while waiting", revoked_by="test")
+    with pytest.raises(SchedulerError) as err:
+        proofs.verify(store, resumed, spec, RunOutcomes())
+    assert err.value.code == "PROOF_REVOKED"
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM authorization_proof_replay") == 1
+
+
+def test_the_proofs_cli_and_the_validate_warning(tmp_path: Path) -> None:
+    import subprocess
+
+    from kernel_testing import scheduler_cmd
+
+    db = str(tmp_path / "cli.db")
+
+    def cli(*args: str) -> tuple[int, dict[str, Any]]:
+        done = subprocess.run([*scheduler_cmd(), "--db", db, *args, "--json"], capture_output=True, text=True)
+        return done.returncode, json.loads(done.stdout)
+
+    rc, out = cli("proofs", "revoke", "--proof-id", "p-1", "--reason", "leaked")
+    assert rc == 0 and out["revocation"]["proof_id"] == "p-1" and out["revocation"]["reason"] == "leaked"
+    rc, out = cli("proofs", "revoke", "--proof-id", "p-1", "--key-id", "k")
+    assert rc != 0 and out["code"] == "INVALID_ARGUMENT"
+    rc, out = cli("proofs", "revoke")
+    assert rc != 0 and out["code"] == "INVALID_ARGUMENT"
+    rc, out = cli("proofs", "list")
+    assert rc == 0 and [r["proof_id"] for r in out["revocations"]] == ["p-1"] and out["claims"] == []
+    proof = {"method": "jwt", "source": {"env": "P"}, "issuer": "i", "audience": "a", "public_key_file": "/k.pem"}
+    rc, out = cli("jobs", "validate", json.dumps({"name": "r", "schedule_kind": "every", "schedule_every": "1h",
+                                                  "payload_message": "true", "authorization_proof": proof}))
+    assert rc == 0 and out["warnings"][0]["field"] == "authorization_proof.source" and "PROOF_REPLAYED" in out["warnings"][0]["warning"]
+    rc, out = cli("jobs", "validate", json.dumps({"name": "m", "schedule_kind": "manual", "payload_message": "true",
+                                                  "authorization_proof": proof}))
+    assert rc == 0 and "warnings" not in out
