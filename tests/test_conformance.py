@@ -289,7 +289,7 @@ def test_only_the_v2_format_is_shipped() -> None:
     Every kind's cases are v2 (channel cases too, though issue 16 named ``v1/channel/``)."""
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v1", "v2"]
     assert sorted(p.name for p in (FIXTURES / "v1").iterdir()) == ["handoff"]
-    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "credential", "executor"]
+    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "credential", "evidence", "executor"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
@@ -424,7 +424,7 @@ MUTATIONS = {
     ),
     "raw-payload-outside-its-language-directory": ("env.json", _move_raw_case_into_portable, "belongs in executor/posix-shell/"),
     "duplicate-id": ("env.json", lambda d: d["cases"][0].update(id="executor.exit-zero-stdout"), "duplicate case id"),
-    "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="evidence"), "does not match the file kind"),
+    "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="authorization"), "does not match the file kind"),
     "invalid-job-spec": ("env.json", lambda d: d["cases"][0]["input"].update(job={"run_timeout": 5}), "run_timeout"),
     "not-json": ("env.json", None, "not valid JSON"),
 }
@@ -952,16 +952,16 @@ def test_group_gone_catches_and_cleans_up_a_leaked_process_group(tmp_path: Path)
 
 def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
     root = _copy_corpus(tmp_path)
-    (root / "v2" / "evidence").mkdir()
-    (root / "v2" / "evidence" / "basic.json").write_text(
+    (root / "v2" / "authorization").mkdir()
+    (root / "v2" / "authorization" / "basic.json").write_text(
         json.dumps(
             {
-                "kind": "evidence",
+                "kind": "authorization",
                 "cases": [
                     {
-                        "id": "evidence.attest-once",
+                        "id": "authorization.decide-once",
                         "description": "d",
-                        "kind": "evidence",
+                        "kind": "authorization",
                         "polarity": "positive",
                         "input": {},
                         "expect": {},
@@ -970,10 +970,10 @@ def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
             }
         )
     )
-    report = run_kind("evidence", "checksum", provider=object(), root=root)
-    assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind evidence" in report.error["message"]
+    report = run_kind("authorization", "opa", provider=object(), root=root)
+    assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind authorization" in report.error["message"]
     assert report.failed == 1 and report.results == () and not report.ok
-    empty = run_kind("authorization", "opa", provider=object(), root=root)
+    empty = run_kind("authorization", "opa", provider=object(), root=_copy_corpus(tmp_path / "stock"))
     assert empty.ok and empty.summary_line() == "0 passed, 0 failed, 0 skipped"
 
 
@@ -1085,7 +1085,8 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
                                      ("executor", "main-session"),
                                      ("channel", "webhook"), ("channel", "slack"), ("channel", "telegram"), ("channel", "email"),
                                      ("channel", "openclaw"), ("credential", "env"), ("credential", "file"),
-                                     ("credential", "command"), ("credential", "oauth2")]
+                                     ("credential", "command"), ("credential", "oauth2"), ("evidence", "checksum"),
+                                     ("evidence", "ssh"), ("evidence", "external")]
 
 
 # --------------------------------------------------------------------------- pytest adapter
