@@ -274,6 +274,8 @@ class Dispatcher:
         self._renew_stop = threading.Event()
         #: The outbox consumer (``scheduler.delivery``), started with the lease.
         self.delivery: Any = None
+        #: The retention duty's thread (``scheduler.retention``), started with the lease.
+        self.retention: Any = None
         self._busy_since: float | None = None
         self._busy_backoff = 0.0
         self.stats = {"started": 0, "finished": 0, "skipped_commits": 0, "abandoned": 0, "late_results_discarded": 0}
@@ -443,6 +445,12 @@ class Dispatcher:
 
         self.delivery = DeliveryWorker(self.store, self.owner, artifacts_root=self.artifacts_root, say=self.say)
         self.delivery.start()
+        from scheduler.retention import RetentionDuty
+
+        # Fenced by our own lease on SQLite, by the singleton maintenance lease (taken by recovery) on PostgreSQL.
+        self.retention = RetentionDuty(self.store, self.owner, lambda: self.lease if self.exclusive else self._maint,
+                                       artifacts_root=self.artifacts_root, say=self.say)
+        self.retention.start()
 
     def _renew_loop(self) -> None:
         """Renew the lease every third of its TTL until shutdown stops this thread.
@@ -1045,6 +1053,8 @@ class Dispatcher:
         clean = self.lease is not None and self._lost is None
         if self.delivery is not None:  # a part being sent finishes; a claim left behind expires and is taken over
             self.delivery.stop()
+        if self.retention is not None:  # stops after its current batch (each batch is its own transaction)
+            self.retention.stop()
         self._renew_stop.set()
         if self._renew_thread is not None and self._renew_thread is not threading.current_thread():
             self._renew_thread.join(RENEW_JOIN_S)

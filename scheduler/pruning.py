@@ -19,8 +19,8 @@ short write transaction (``[retention] batch`` rows, 500 by default), never one 
    evidence row, when its retention still runs, is KEPT and a ``run_tombstones`` row is
    written (``runs evidence RUN_ID`` still verifies it); expired evidence is deleted with
    the run (the ``evidence_records_retained`` guard refuses anything else); evidence whose
-   binding is broken keeps its run (``skipped``). The run's finished dispatch row goes with
-   it. After each batch commits, the runs' offloaded output files are removed.
+   binding is broken keeps its run (``skipped``). The run's finished dispatch row and its
+   settled (delivered or cancelled) outbox parts go with it. After each batch commits, the runs' offloaded output files are removed.
 3. **Outbox.** With ``delivered_outbox_age``: messages (every part of a group) all
    delivered or cancelled, last changed before the cutoff, with their attachments.
    Pending, claimed and failed parts are never deleted.
@@ -240,6 +240,10 @@ def _prune_batch(tx: Any, runs: list[dict[str, Any]], report: PruneReport, now: 
                 )
             elif record is not None:
                 tx.execute("DELETE FROM evidence_records WHERE id = ?", (record["id"],))
+            # Its settled delivery history goes with it (a delivered part is immutable, so its run_id could
+            # not be set NULL by the foreign key); parts that may still be sent keep the run (see _NEEDED).
+            report.outbox += tx.execute("DELETE FROM delivery_outbox WHERE run_id = ? AND status IN ('delivered', 'cancelled')",
+                                        (run["id"],))
             deleted = tx.execute(f"DELETE FROM runs WHERE id = ? AND status IN ({_in(TERMINAL)})", (run["id"],)) == 1
             if deleted and run.get("dispatch_id"):
                 report.dispatches += tx.execute(
