@@ -39,7 +39,7 @@ def test_teams_file_and_check_policy(tmp_path: Path) -> None:
 
 
 def test_loaded_through_its_entry_point() -> None:
-    from scheduler.plugins.loader import load_provider
+    from scheduler.testing import load_provider
 
     try:
         provider = load_provider("authorization", "teams")
