@@ -35,6 +35,7 @@ BENCHMARKS = {
     "soak": "bench.soak",
     "delivery": "bench.delivery",
     "agent": "bench.agent",
+    "evidence": "bench.evidence",
 }
 
 
