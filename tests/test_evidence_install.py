@@ -1,11 +1,18 @@
 """``pip install ./providers/scheduler-provider-ssh`` into a venv holding only the kernel and the shell executor.
 
 The first thing many users type. A fresh venv (no system site-packages) gets the kernel and
-the shell executor, then the SSH evidence provider, each installed by pip from a copy of
-this checkout (normal, non-editable installs; dependencies come from the package index or
-pip's cache). A real ``scheduler run`` process runs a job with SSH evidence signed by a real
+the shell executor, then the SSH evidence provider: normal, non-editable installs of wheels
+pip builds from a copy of this checkout (``pip wheel``: what ``pip install DIR`` does before it
+installs). A real ``scheduler run`` process runs a job with SSH evidence signed by a real
 ``ssh-keygen`` key, ``runs evidence`` verifies it; after ``pip uninstall`` of the provider,
 ``runs evidence`` says ``EVIDENCE_PROVIDER_NOT_LOADED`` with no traceback.
+
+Fast (about 80 s before, most of it pip waiting on the package index and ``ensurepip``): the
+venv is made ``--without-pip`` and the test's own pip installs into it (``pip --python``); the
+local distributions are built once, without build isolation or the index; the kernel's
+third-party dependencies are fetched once (``pip download``, while the wheels build) and
+every install runs ``--no-index`` from those two directories, so pip resolves exactly what
+the venv must hold and nothing else reaches it.
 """
 
 from __future__ import annotations
@@ -44,26 +51,50 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 240) -> subproce
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def _third_party_requirements() -> list[str]:
+    """The kernel's own dependencies, as its pyproject.toml declares them (what a kernel install pulls in)."""
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def _wheelhouses(sources: dict[str, Path], dest: Path, env: dict[str, str]) -> tuple[Path, Path]:
+    """(local wheels, third-party wheels): the three distributions built without isolation or the index, the kernel's
+    dependencies downloaded at the same time (two processes, so the download's waiting overlaps the builds)."""
+    pip = [sys.executable, "-m", "pip"]
+    local, deps = dest / "local", dest / "deps"
+    download = subprocess.Popen([*pip, "download", "-q", "-d", str(deps), *_third_party_requirements()], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    built = _run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(local),
+                  *(str(sources[k]) for k in ("kernel", "shell", "ssh"))], env)
+    _, err = download.communicate(timeout=240)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert download.returncode == 0, err[-3000:]
+    return local, deps
+
+
 def test_pip_install_ssh_provider_signs_verifies_and_uninstalls_cleanly(tmp_path: Path) -> None:
     sources = _copy_sources(tmp_path / "src")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120, capture_output=True)
     py, scheduler = str(venv / "bin" / "python"), str(venv / "bin" / "scheduler")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SCHEDULER_", "PYTHON", "VIRTUAL_ENV"))}
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}")
-    pip = [py, "-m", "pip", "install", "-q"]
-    # One build backend in the venv instead of a fresh isolated build environment per distribution (three fewer venvs).
-    done = _run([*pip, "setuptools>=77", "wheel"], env)
+    local, deps = _wheelhouses(sources, tmp_path / "wheels", env)
+    venv_pip = [sys.executable, "-m", "pip", "--python", py]
+    pip = [*venv_pip, "install", "-q", "--no-index", "--find-links", str(local), "--find-links", str(deps)]
+    done = _run([*pip, "scheduler-kernel", "scheduler-executor-shell"], env)
     assert done.returncode == 0, done.stderr[-3000:]
-    pip.append("--no-build-isolation")
-    done = _run([*pip, str(sources["kernel"]), str(sources["shell"])], env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    listed = _run([py, "-m", "pip", "list", "--format=json"], env)
+    listed = _run([*venv_pip, "list", "--format=json"], env)
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert {"scheduler-kernel", "scheduler-executor-shell"} <= names and not any(
         n.startswith("scheduler-provider") for n in names), names
-    done = _run([*pip, str(sources["ssh"])], env)
+    assert "pip" not in names and "setuptools" not in names, names  # nothing but what the kernel and the shell need
+    (ssh_wheel,) = local.glob("scheduler_provider_ssh-*.whl")
+    done = _run([*pip, str(ssh_wheel)], env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "scheduler-provider-ssh" in {p["name"].lower() for p in json.loads(_run([*venv_pip, "list", "--format=json"],
+                                                                                  env).stdout)}
 
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -92,7 +123,7 @@ def test_pip_install_ssh_provider_signs_verifies_and_uninstalls_cleanly(tmp_path
     view = json.loads(verified.stdout)
     assert (view["ok"], view["verified"], view["provider"], view["method"]) == (True, True, "ssh", "ssh-signature")
 
-    gone = _run([py, "-m", "pip", "uninstall", "-y", "-q", "scheduler-provider-ssh"], env)
+    gone = _run([*venv_pip, "uninstall", "-y", "-q", "scheduler-provider-ssh"], env)
     assert gone.returncode == 0, gone.stderr
     for argv in ([scheduler, "--json", "runs", "evidence", run_id], [scheduler, "runs", "evidence", run_id]):
         refused = _run(argv, env)
