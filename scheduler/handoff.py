@@ -68,8 +68,27 @@ COMPILED_TARGET = "scheduler"
 MANIFEST_VERSION = "scheduler-spec-1"
 #: Default ``compiled.source``: who compiled the artifact.
 COMPILER_SOURCE = "scheduler handoff compile"
-#: Authorization proof methods that can be bound to an artifact (anything else is a downgrade).
-PROOF_METHODS = frozenset({"jwt", "ed25519", "ssh-signature"})
+#: Authorization proof methods this kernel verifies, binds to the artifact, replay-protects and revocation-checks
+#: (``scheduler.proof_declaration.METHODS``); any other method (``none`` above all) is a downgrade.
+PROOF_METHODS = frozenset({"jwt", "detached-signature", "certificate"})
+#: The guarantees a proof declaration may state (AgentCLI's form). This kernel gives all three to every proof,
+#: so the compiled section never states them; a submitted one stating any of them other than ``true`` is a downgrade.
+PROOF_GUARANTEES = ("artifact_binding_required", "replay_protection", "revocation_check")
+
+#: The job fields of manifest version ``scheduler-spec-1``: ``JobSpec`` as it was when the first v4 artifacts were
+#: compiled (and the conformance fixture's digests were frozen). The manifest digest covers all of them, plus each
+#: field added later only when it differs from its default (``manifest_spec``), so adding a field leaves every
+#: existing manifest digest, hence every existing artifact digest, unchanged. Never edit this tuple.
+MANIFEST_V1_FIELDS = (
+    "name", "schedule_kind", "payload_message", "description", "enabled", "job_type", "provenance", "schedule_cron",
+    "schedule_every", "schedule_at", "schedule_tz", "dst_gap_policy", "dst_fold_policy", "misfire_policy", "allow_past_at",
+    "session_target", "executor", "executor_options", "constraints", "run_timeout_ms", "max_retries", "retry_backoff_ms",
+    "overlap_policy", "queue_limit", "max_consecutive_failures", "delivery_guarantee", "parent_id", "trigger_on",
+    "trigger_delay_s", "trigger_condition", "delivery_mode", "delivery_channel", "delivery_to", "delivery_options", "notify",
+    "output_format", "verify_shell", "verify_timeout_s", "verify_on_failure", "approval_required", "approval_timeout_s",
+    "approval_timeout_action", "approval_risk_level", "approval_approver_scope", "watchdog_alert_channel",
+    "watchdog_alert_to", "watchdog_self_destruct",
+)
 
 #: The job-spec keys that carry a handoff submission (they are not job fields).
 SUBMISSION_FIELDS = ("handoff_version", "handoff_artifact_digest", "effective_task_hash", "handoff_artifact_payload")
@@ -92,8 +111,12 @@ _HEADER_KEYS = (
     "schema", "artifact_schema_version", "handoff_version", "scheduler_schema_min", "canonicalization",
     "execution_binding_version", "scheduler_job_binding", "manifest", "compiled",
 )
-#: Sections that declare things this kernel does not enforce yet: present as null / empty, refused otherwise.
-_UNENFORCED = ("identity", "credential_presentation", "authorization_ref", "authorization", "authorization_proof", "evidence")
+#: The trust declarations: each is the job's own normalised declaration (``execution_sections``), null / empty when
+#: the job declares none, and held in step 4 to the rules of the kernel module that enforces it at run time.
+DECLARATION_SECTIONS = ("identity", "credential_presentation", "authorization_ref", "authorization", "authorization_proof",
+                        "evidence")
+#: ``credential_presentation.child_policy``: present only when the job's ``child_credential_policy`` is not ``none``.
+_CHILD_POLICIES = ("inherit", "downscope", "independent")
 
 
 # --------------------------------------------------------------------------- the artifact's shape
@@ -143,17 +166,6 @@ _DIGEST = _Shape("digest")
 _OPEN = _Shape("open")
 _OPEN_OR_NULL = _Shape("open", True)
 
-_PROOF = _obj({
-    "method": _str(),
-    "ref": _str(True),
-    "issuer": _str(True),
-    "audience": _str(True),
-    "artifact_binding_required": _BOOL,
-    "replay_protection": _BOOL,
-    "revocation_check": _BOOL,
-}, nullable=True)
-
-_PRESENTATION_BINDING = _obj({"name": _str(), "medium": _Shape("choice", choices=("env", "file", "stdin")), "key": _str(True)})
 
 ARTIFACT_SHAPE = _obj({
     "schema": _str(),
@@ -190,11 +202,15 @@ ARTIFACT_SHAPE = _obj({
         "risk_level": _choice("approval_risk_level"),
         "approver_scope": _str(True),
     }),
+    # The trust declarations are kernel-owned objects: step 1 checks only that they are objects (or null), step 3
+    # scans them for credential material, step 4 holds them to the kernel's own rules (``_declaration_problems``).
     "identity": _OPEN_OR_NULL,
-    "credential_presentation": _obj({"bindings": _Shape("array", item=_PRESENTATION_BINDING)}),
+    "credential_presentation": _obj({
+        "bindings": _Shape("array", item=_OPEN), "child_policy": _Shape("choice", choices=_CHILD_POLICIES),
+    }, optional=("child_policy",)),
     "authorization_ref": _str(True),
     "authorization": _OPEN_OR_NULL,
-    "authorization_proof": _PROOF,
+    "authorization_proof": _OPEN_OR_NULL,
     "evidence": _OPEN_OR_NULL,
 })
 
@@ -211,6 +227,11 @@ _RAW_NAMES = frozenset({
 #: Endings of normalised key names that name credential material (``github_token``, ``db_password``).
 _RAW_SUFFIXES = ("token", "secret", "password", "passwd", "privatekey", "apikey", "credential", "credentials", "rawvalue", "proofvalue")
 _PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+#: A compact JWS/JWT (``eyJ...`` header, ``eyJ...`` claims, signature): a bearer proof or token, never a reference.
+_COMPACT_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
+#: Keys (normalised like ``_RAW_NAMES``) that would put a proof itself into ``authorization_proof``
+#: (``scheduler.proof_declaration`` refuses them in a job too): proofs are read per dispatch from their source.
+_PROOF_VALUE_NAMES = frozenset({"proof", "jwt", "signature", "certificatechain", "proofvalue", "value"})
 
 
 def names_credential(key: str) -> bool:
@@ -221,6 +242,11 @@ def names_credential(key: str) -> bool:
     """
     norm = re.sub(r"[^a-z0-9]", "", key.lower())
     return norm in _RAW_NAMES or norm.endswith(_RAW_SUFFIXES) or SECRET_KEY_RE.search(key) is not None
+
+
+def _names_proof(path: str, key: str) -> bool:
+    """Whether ``key`` at ``path`` would hold an authorization proof itself (only inside ``authorization_proof``)."""
+    return path.startswith("authorization_proof.") and re.sub(r"[^a-z0-9]", "", key.lower()) in _PROOF_VALUE_NAMES
 
 
 def _harmless(value: Any) -> bool:
@@ -367,7 +393,7 @@ def _credentials(value: Any, shape: _Shape | None, path: str, out: list[dict[str
     are refused wherever they are.
     """
     if isinstance(value, str):
-        if _PEM_PRIVATE_KEY.search(value):
+        if _PEM_PRIVATE_KEY.search(value) or _COMPACT_JWT.search(value):
             out.append(_raw_problem(path))
     elif isinstance(value, list):
         item = shape.item if shape is not None else None
@@ -379,21 +405,99 @@ def _credentials(value: Any, shape: _Shape | None, path: str, out: list[dict[str
             where = _join(path, key)
             if known is not None:
                 _credentials(element, known.get(key), where, out)
-            elif isinstance(key, str) and names_credential(key) and not _harmless(element):
+            elif isinstance(key, str) and (names_credential(key) or _names_proof(where, key)) and not _harmless(element):
                 out.append(_raw_problem(where))
             elif not _harmless(element):
                 _credentials(element, None, where, out)
 
 
-def _proof_and_unenforced(payload: dict[str, Any]) -> None:
-    """Step 4: an authorization proof must be artifact-bound, replay-protected and revocable; unenforced sections are refused."""
+def _artifact_path(field: str, prefix: str = "", replace: str = "") -> str:
+    """A kernel validation field (``credentials[0].present.key``) as an artifact path (``credential_presentation.bindings.0.present.key``)."""
+    if prefix and field.startswith(prefix):
+        field = replace + field[len(prefix):]
+    return re.sub(r"\[(\d+)\]", r".\1", field)
+
+
+def _declaration_problems(payload: dict[str, Any]) -> list[dict[str, str]]:
+    """Step 4b: every declared section must be a declaration the kernel enforces, by the rules of the module that does.
+
+    Each section is checked by the kernel's own validator (``scheduler.identity``,
+    ``scheduler.credential_bindings``, ``scheduler.authorization``, ``scheduler.proof_declaration``,
+    ``scheduler.evidence_declaration``), so the handoff contract cannot drift from what runs enforce.
+    One problem per finding, each naming the artifact path and what the kernel says about it.
+    Those modules are imported only for sections that are declared: a v4 job without
+    declarations costs nothing here.
+    """
+    found: list[dict[str, str]] = []
+
+    def add(field: str, error: str) -> None:
+        found.append(_problem(field, "HANDOFF_ARTIFACT_UNSUPPORTED", f"{field}: {error}"))
+
+    def take(problems: Iterable[Mapping[str, str]], prefix: str = "", replace: str = "") -> None:
+        for p in problems:
+            add(_artifact_path(p["field"], prefix, replace), p["error"])
+
+    identity = payload["identity"]
+    if identity is not None:
+        from scheduler.identity import normalise_declaration as normalise_identity
+
+        take(normalise_identity(identity, "identity")[1])
+    bindings = payload["credential_presentation"]["bindings"]
+    if bindings:
+        from scheduler.credential_bindings import check_bindings
+
+        check_bindings(bindings, lambda field, message, code: add(
+            _artifact_path(field, "credentials", "credential_presentation.bindings"), message))
+    if "child_policy" in payload["credential_presentation"] and not bindings:
+        add("credential_presentation.child_policy", "a child credential policy without credential bindings hands nothing on")
+    ref, authorization = payload["authorization_ref"], payload["authorization"]
+    if ref is not None or authorization is not None:
+        from scheduler.authorization import check_ref, normalise_declaration as normalise_authorization
+
+        if ref is not None:
+            take(check_ref(ref, "authorization_ref"))
+        if authorization is not None:
+            take(normalise_authorization(authorization, "authorization")[1])
+            if ref is None:
+                add("authorization", "is only valid with authorization_ref (the provider it configures)")
+    proof = payload["authorization_proof"]
+    if proof is not None:
+        from scheduler.proof_declaration import normalise as normalise_proof
+
+        take(normalise_proof({k: v for k, v in proof.items() if k not in PROOF_GUARANTEES}, "authorization_proof")[1])
+        for key in PROOF_GUARANTEES:
+            if key in proof:
+                add(f"authorization_proof.{key}", "this scheduler gives every proof artifact binding, replay protection and"
+                                                  " revocation checks; its compiled declaration does not state them")
+    evidence = payload["evidence"]
+    if evidence is not None:
+        from scheduler.evidence_declaration import check_evidence_ref, normalise as normalise_evidence
+
+        declaration = {k: v for k, v in evidence.items() if k != "ref"}
+        take(normalise_evidence(declaration, "evidence")[1])
+        if "ref" not in evidence:
+            add("evidence.ref", "is required: the job's evidence_ref label, or null")
+        elif evidence["ref"] is not None:
+            take(check_evidence_ref(evidence["ref"], "evidence.ref"))
+    return found
+
+
+def _proof_and_declarations(payload: dict[str, Any]) -> None:
+    """Step 4: an authorization proof must be artifact-bound, replay-protected and revocable; every declaration enforceable.
+
+    4a (``HANDOFF_ARTIFACT_DOWNGRADE_REFUSED``): a proof whose method is not one this kernel
+    verifies (``none`` above all), or that states one of ``PROOF_GUARANTEES`` as anything but
+    true. 4b (``HANDOFF_ARTIFACT_UNSUPPORTED``): a declaration the kernel cannot enforce
+    (``_declaration_problems``), every one named.
+    """
     proof = payload["authorization_proof"]
     if proof is not None:
         weak = [
             _problem(f"authorization_proof.{key}", "HANDOFF_ARTIFACT_DOWNGRADE_REFUSED", f"authorization_proof.{key} must be true")
-            for key in ("artifact_binding_required", "replay_protection", "revocation_check") if proof[key] is not True
+            for key in PROOF_GUARANTEES if key in proof and proof[key] is not True
         ]
-        if proof["method"] not in PROOF_METHODS:
+        method = proof.get("method")
+        if not isinstance(method, str) or method not in PROOF_METHODS:
             weak.insert(0, _problem("authorization_proof.method", "HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
                                     f"authorization_proof.method must be one of {', '.join(sorted(PROOF_METHODS))}"))
         if weak:
@@ -403,17 +507,15 @@ def _proof_and_unenforced(payload: dict[str, Any]) -> None:
                 + "; ".join(p["error"] for p in weak),
                 details=weak,
             )
-    declared = [
-        name for name in _UNENFORCED
-        if (payload[name]["bindings"] if name == "credential_presentation" else payload[name] is not None)
-    ]
-    if declared:
+    found = _declaration_problems(payload)
+    if found:
+        sections = list(dict.fromkeys(p["field"].split(".")[0] for p in found))
         raise SchedulerError(
             "HANDOFF_ARTIFACT_UNSUPPORTED",
-            f"{', '.join(declared)} {'is' if len(declared) == 1 else 'are'} declared, but this scheduler does not"
-            " enforce such declarations yet (nothing is accepted that is not enforced)",
-            details=[_problem(name, "HANDOFF_ARTIFACT_UNSUPPORTED", f"{name} is not enforced by this scheduler")
-                     for name in declared],
+            f"{', '.join(sections)} {'declares' if len(sections) == 1 else 'declare'} what this scheduler cannot enforce"
+            f" (nothing is accepted that is not enforced): {found[0]['error']}"
+            + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
+            details=found,
         )
 
 
@@ -436,7 +538,7 @@ def _check_payload(payload: Any) -> str:
     _credentials(payload, ARTIFACT_SHAPE, "", problems)
     if problems:
         raise _fail("HANDOFF_ARTIFACT_INVALID", problems)
-    _proof_and_unenforced(payload)
+    _proof_and_declarations(payload)
     return text
 
 
@@ -480,9 +582,26 @@ def effective_task_hash(spec: JobSpec) -> str:
     return canonical_digest(execution_sections(spec))
 
 
+def manifest_spec(spec: JobSpec) -> dict[str, Any]:
+    """What the ``scheduler-spec-1`` manifest digest covers: the normalised spec (``JobSpec.to_json()``) with every
+    field of ``MANIFEST_V1_FIELDS``, plus each later field only when it differs from its default.
+
+    So a field added to ``JobSpec`` changes no digest of a job that leaves it at its default
+    (the frozen conformance digests and the artifacts of stored v4 jobs stay valid), while a job
+    that sets it gets a manifest digest that says so.
+    """
+    full = spec.to_json()
+    out = {name: full[name] for name in MANIFEST_V1_FIELDS}
+    for f in SPEC_FIELDS:
+        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+        if f.name not in out and getattr(spec, f.name) != default:
+            out[f.name] = full[f.name]
+    return out
+
+
 def spec_manifest(spec: JobSpec, *, workflow_id: str, task_id: str) -> dict[str, Any]:
-    """The manifest this scheduler writes when it compiles from a job spec: the normalised spec's digest."""
-    return {"version": MANIFEST_VERSION, "digest": canonical_digest(spec.to_json()), "workflow_id": workflow_id,
+    """The manifest this scheduler writes when it compiles from a job spec: the digest of ``manifest_spec(spec)``."""
+    return {"version": MANIFEST_VERSION, "digest": canonical_digest(manifest_spec(spec)), "workflow_id": workflow_id,
             "task_id": task_id}
 
 

@@ -23,6 +23,7 @@ from scheduler.errors import SchedulerError
 from scheduler.execution_artifacts import check_job, execution_sections, native_payload, put_artifact
 from scheduler.handoff import (
     BINDING_EXCLUDED_FIELDS,
+    MANIFEST_V1_FIELDS,
     SUBMISSION_FIELDS,
     Submission,
     check_bound_job,
@@ -32,6 +33,7 @@ from scheduler.handoff import (
     hydrate,
     job_binding,
     job_binding_digest,
+    manifest_spec,
     names_credential,
     split_submission,
     submission_fields,
@@ -42,6 +44,8 @@ from scheduler.spec import SPEC_FIELDS, JobSpec, spec_to_row, validate_spec
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_PATH = ROOT / "conformance-fixtures" / "v1" / "handoff" / "conformance.json"
 FIXTURE: dict[str, Any] = json.loads(FIXTURE_PATH.read_text(encoding="utf-8"))
+#: The positive artifact exactly as the revision that froze the digests compiled it (before the trust fields existed).
+FROZEN_ARTIFACT_TEXT = (FIXTURE_PATH.parent / "positive-artifact.json").read_text(encoding="utf-8")
 JOB_ID = FIXTURE["compile"]["job_id"]
 
 CODES = {
@@ -69,7 +73,9 @@ def apply_changes(payload: dict[str, Any], changes: list[dict[str, Any]]) -> dic
         *parents, last = change["path"]
         target = out
         for key in parents:
-            target = target[key]
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        if isinstance(target, list):
+            last = int(last)
         if change["op"] == "set":
             target[last] = copy.deepcopy(change["value"])
         elif change["op"] == "delete":
@@ -100,10 +106,42 @@ def with_changes(*changes: tuple[str, Any]) -> dict[str, Any]:
     return apply_changes(fixture_payload(), ops)
 
 
+#: Normalised declarations, as ``validate_spec`` stores them and ``execution_sections`` puts them in the artifact.
 GOOD_PROOF = {
-    "method": "ed25519", "ref": "proof-provider:deploy", "issuer": "https://issuer.example", "audience": "scheduler",
+    "method": "jwt", "source": {"env": "DEPLOY_PROOF"}, "clock_skew_s": 30, "issuer": "https://issuer.example",
+    "audience": "scheduler", "algorithms": ["ES256", "RS256"], "jwks_url": "https://issuer.example/jwks.json",
+}
+#: AgentCLI's proof form: what the reference's fixture uses for its downgrade case.
+AGENTCLI_PROOF = {
+    "method": "jwt", "ref": "proof-provider:deploy", "issuer": "https://issuer.example", "audience": "scheduler",
     "artifact_binding_required": True, "replay_protection": True, "revocation_check": True,
 }
+GOOD_IDENTITY = {"subject": {"kind": "service", "principal": "deploy-bot"}, "trust": {"level": "operator"},
+                 "delegation": {"mode": "none"}}
+GOOD_BINDING = {"name": "api", "provider": "env", "ref": "DEPLOY_API", "present": {"medium": "env", "key": "API_TOKEN"},
+                "required": True}
+GOOD_EVIDENCE = {"provider": "checksum", "methods": [], "provider_config": {},
+                 "payload": {"bind": ["command", "result"], "context": {"ticket": "OPS-1"}, "format": "canonical-json"},
+                 "verify": {"required": True}, "collect": ["stdout"], "retention": "30d"}
+GOOD_AUTHORIZATION = {"on_error": "deny", "request": {"include": ["job", "trigger"]}, "decision": {}, "provider_config": {}}
+#: The raw job fields that declare all of the above (``declared_spec``).
+DECLARED_FIELDS: dict[str, Any] = {
+    "identity": {"subject": {"kind": "service", "principal": "deploy-bot"}, "trust": {"level": "operator"}},
+    "credentials": [{"name": "api", "provider": "env", "ref": "DEPLOY_API", "present": {"medium": "env", "key": "API_TOKEN"}}],
+    "child_credential_policy": "inherit",
+    "authorization_ref": "policyfile:deploy",
+    "authorization": {"request": {"include": ["job", "trigger"]}},
+    "authorization_proof": {"method": "jwt", "source": {"env": "DEPLOY_PROOF"}, "issuer": "https://issuer.example",
+                            "audience": "scheduler", "jwks_url": "https://issuer.example/jwks.json"},
+    "evidence": {"provider": "checksum", "payload": {"bind": ["command", "result"], "context": {"ticket": "OPS-1"}},
+                 "verify": {"required": True}, "collect": ["stdout"], "retention": "30d"},
+    "evidence_ref": "soc2-deploy",
+}
+
+
+def declared_spec(**changes: Any) -> JobSpec:
+    """The fixture job declaring identity, credentials, authorization, a proof and evidence (kernel rules only)."""
+    return validate_spec({**FIXTURE["spec"], **DECLARED_FIELDS, **changes}, plugin_options=False)
 
 
 # --------------------------------------------------------------------------- the conformance fixture
@@ -190,8 +228,30 @@ def test_artifact_holds_the_header_and_every_execution_section() -> None:
     assert payload["scheduler_job_binding"] == {"version": 1, "digest": job_binding_digest(fixture_spec())}
     assert payload["compiled"] == {"target": "scheduler", "job_id": JOB_ID, "effective_task_hash": canonical_digest(sections),
                                    "source": "scheduler handoff compile"}
-    assert payload["manifest"] == {"version": "scheduler-spec-1", "digest": canonical_digest(fixture_spec().to_json()),
+    assert payload["manifest"] == {"version": "scheduler-spec-1", "digest": canonical_digest(manifest_spec(fixture_spec())),
                                    "workflow_id": "fixture", "task_id": "positive"}
+
+
+def test_the_frozen_artifact_is_byte_for_byte_what_the_compiler_still_writes() -> None:
+    """``positive-artifact.json`` was written by the revision that froze the digests; fields added since change nothing."""
+    assert canonical_digest(json.loads(FROZEN_ARTIFACT_TEXT)) == FIXTURE["expected"]["artifact_digest"]
+    assert canonical_json(fixture_payload()) == FROZEN_ARTIFACT_TEXT
+    frozen = json.loads(FROZEN_ARTIFACT_TEXT)
+    assert validate_v4(frozen, expected_digest=FIXTURE["expected"]["artifact_digest"], spec=fixture_spec(), job_id=JOB_ID)
+
+
+def test_the_manifest_covers_the_first_field_set_and_later_fields_only_when_set() -> None:
+    """``scheduler-spec-1``: every field of the first set; a field added later counts only when it is not its default."""
+    spec = fixture_spec()
+    covered = manifest_spec(spec)
+    assert set(covered) == set(MANIFEST_V1_FIELDS) and set(FIXTURE["spec"]) <= set(covered)
+    assert {"identity", "credentials", "evidence", "authorization_proof", "retention"}.isdisjoint(covered)
+    assert canonical_digest(covered) == FIXTURE["expected"]["manifest_digest"]
+    for name, value in (("identity", GOOD_IDENTITY), ("retention", {"keep_runs": 5}), ("evidence_ref", "x")):
+        changed = manifest_spec(attrs.evolve(spec, **{name: value}))
+        assert changed[name] == value and canonical_digest(changed) != FIXTURE["expected"]["manifest_digest"], name
+    # A field of the first set counts even at its default, exactly as before.
+    assert covered["notify"] is True and covered["description"] == FIXTURE["spec"]["description"]
 
 
 #: A different value for every job field (JobSpec is built without validation: only the projection matters here).
@@ -208,15 +268,21 @@ OTHER_VALUES: dict[str, Any] = {
     "approval_required": False, "approval_timeout_s": 60, "approval_timeout_action": "approve", "approval_risk_level": "high",
     "approval_approver_scope": "ops", "watchdog_alert_channel": "chat", "watchdog_alert_to": "ops",
     "watchdog_self_destruct": True, "job_type": "watchdog", "provenance": "external", "payload_message": "echo other",
+    # The trust declarations are bound through their execution sections; retention is the operator's housekeeping.
+    "identity": GOOD_IDENTITY, "credentials": [GOOD_BINDING], "child_credential_policy": "inherit",
+    "authorization_ref": "policyfile:deploy", "authorization": GOOD_AUTHORIZATION, "authorization_proof": GOOD_PROOF,
+    "evidence": GOOD_EVIDENCE, "evidence_ref": "soc2", "retention": {"keep_runs": 5},
 }
+#: Fields that only exist beside another one (``evidence_ref`` needs ``evidence``): changed on a spec that has it.
+ALONGSIDE: dict[str, dict[str, Any]] = {"evidence_ref": {"evidence": GOOD_EVIDENCE}}
 
 
 def test_every_job_field_is_bound_or_explicitly_excluded() -> None:
     """A new job field fails here until it is put in the binding projection or in BINDING_EXCLUDED_FIELDS."""
     assert set(OTHER_VALUES) == {f.name for f in SPEC_FIELDS}
-    spec = fixture_spec()
-    base = job_binding_digest(spec)
     for name, value in OTHER_VALUES.items():
+        spec = attrs.evolve(fixture_spec(), **ALONGSIDE.get(name, {}))
+        base = job_binding_digest(spec)
         assert getattr(spec, name) != value, name
         changed = job_binding_digest(attrs.evolve(spec, **{name: value}))
         if name in BINDING_EXCLUDED_FIELDS:
@@ -262,12 +328,13 @@ def test_unknown_keys_are_refused_at_every_level(path: str, field: str) -> None:
                               "error": f"{field} is not a known property of a handoff v4 artifact"}
 
 
-def test_unknown_keys_in_list_items_and_the_proof_are_refused() -> None:
-    binding = {"name": "api", "medium": "env", "key": "API_KEY_NAME", "extra": 1}
-    err = refused(with_changes(("credential_presentation.bindings", [binding])), "HANDOFF_ARTIFACT_INVALID")
-    assert err.details[0]["field"] == "credential_presentation.bindings.0.extra"
-    err = refused(with_changes(("authorization_proof", {**GOOD_PROOF, "nonce_window_s": 30})), "HANDOFF_ARTIFACT_INVALID")
-    assert err.details[0]["field"] == "authorization_proof.nonce_window_s"
+def test_unknown_keys_in_declarations_are_named_as_what_the_kernel_cannot_enforce() -> None:
+    """Declarations are the kernel's own objects: a key its validator does not know is not enforced, and named."""
+    binding = {**GOOD_BINDING, "extra": 1}
+    err = refused(with_changes(("credential_presentation.bindings", [binding])), "HANDOFF_ARTIFACT_UNSUPPORTED")
+    assert [d["field"] for d in err.details] == ["credential_presentation.bindings.0.extra"]
+    err = refused(with_changes(("authorization_proof", {**GOOD_PROOF, "nonce_window_s": 30})), "HANDOFF_ARTIFACT_UNSUPPORTED")
+    assert [d["field"] for d in err.details] == ["authorization_proof.nonce_window_s"]
 
 
 def test_an_unknown_key_holding_only_a_redacted_stand_in_is_just_unknown() -> None:
@@ -412,38 +479,179 @@ def test_the_compiler_refuses_what_it_cannot_redact() -> None:
     [
         ({"artifact_binding_required": False}, "authorization_proof.artifact_binding_required"),
         ({"replay_protection": False}, "authorization_proof.replay_protection"),
-        ({"revocation_check": False}, "authorization_proof.revocation_check"),
+        ({"revocation_check": None}, "authorization_proof.revocation_check"),
         ({"method": "none"}, "authorization_proof.method"),
         ({"method": "sha256"}, "authorization_proof.method"),
+        ({"method": ["jwt"]}, "authorization_proof.method"),
     ],
 )
-def test_weakened_proofs_are_downgrades(changes: dict[str, Any], field: str) -> None:
-    err = refused(with_changes(("authorization_proof", {**GOOD_PROOF, **changes})), "HANDOFF_ARTIFACT_DOWNGRADE_REFUSED")
+@pytest.mark.parametrize("base", [GOOD_PROOF, AGENTCLI_PROOF], ids=["kernel-form", "agentcli-form"])
+def test_weakened_proofs_are_downgrades(base: dict[str, Any], changes: dict[str, Any], field: str) -> None:
+    err = refused(with_changes(("authorization_proof", {**base, **changes})), "HANDOFF_ARTIFACT_DOWNGRADE_REFUSED")
     assert "authorization proofs require artifact binding, replay protection, and revocation" in err.message
     assert [d["field"] for d in err.details] == [field]
+
+
+def test_every_declaration_the_kernel_enforces_is_accepted_when_it_is_the_jobs_own() -> None:
+    """identity, credential bindings, authorization_ref/authorization, a proof and evidence: compiled, accepted, bound."""
+    spec = declared_spec()
+    payload = compile_v4(spec, **FIXTURE["compile"])
+    sections = execution_sections(spec)
+    assert payload["identity"] == GOOD_IDENTITY == sections["identity"]
+    assert payload["credential_presentation"] == {"bindings": [GOOD_BINDING], "child_policy": "inherit"}
+    assert payload["authorization_ref"] == "policyfile:deploy"
+    assert payload["authorization"] == {**GOOD_AUTHORIZATION}
+    assert payload["authorization_proof"] == GOOD_PROOF
+    assert payload["evidence"] == {**GOOD_EVIDENCE, "ref": "soc2-deploy"}
+    digest = canonical_digest(payload)
+    assert validate_v4(payload) == digest
+    assert validate_v4(json.loads(json.dumps(payload)), expected_digest=digest, spec=spec, job_id=JOB_ID) == digest
+    assert payload["manifest"]["digest"] == canonical_digest(manifest_spec(spec)) != FIXTURE["expected"]["manifest_digest"]
+    # Submitted the way `jobs add` receives it.
+    rest, sub = split_submission({**FIXTURE["spec"], **DECLARED_FIELDS, **submission_fields(payload)})
+    assert sub is not None and sub.verify(validate_spec(rest, plugin_options=False), job_id=JOB_ID) == digest
+
+
+def test_a_secret_like_provider_option_reaches_the_artifact_only_as_a_stand_in() -> None:
+    spec = declared_spec(credentials=[{**DECLARED_FIELDS["credentials"][0], "options": {"client_secret": "s3cret"}}])
+    payload = compile_v4(spec, **FIXTURE["compile"])
+    assert payload["credential_presentation"]["bindings"][0]["options"]["client_secret"]["redacted"] is True
+    assert "s3cret" not in canonical_json(payload)
+    assert validate_v4(payload, spec=spec, job_id=JOB_ID) == canonical_digest(payload)
 
 
 @pytest.mark.parametrize(
     ("path", "value"),
     [
-        ("authorization_proof", GOOD_PROOF),
-        ("identity", {"subject": "deploy-bot"}),
-        ("authorization_ref", "authz:deploy"),
-        ("authorization", {"provider": "opa"}),
-        ("evidence", {"provider": "ssh", "methods": ["ssh-signature"]}),
-        ("credential_presentation.bindings", [{"name": "api", "medium": "env", "key": "API_KEY_NAME"}]),
+        ("identity", {**GOOD_IDENTITY, "subject": {"kind": "user", "principal": "deploy-bot"}}),
+        ("identity.trust.level", "system"),
+        ("identity.delegation", {"mode": "inherit", "max_depth": 1, "allowed_delegators": ["*"]}),
+        ("credential_presentation.bindings.0.ref", "OTHER_API"),
+        ("credential_presentation.bindings.0.present.key", "API_KEY2"),
+        ("credential_presentation.child_policy", "independent"),
+        ("authorization_ref", "cedar:deploy"),
+        ("authorization.request.include", ["job"]),
+        ("authorization_proof.audience", "someone-else"),
+        ("authorization_proof.jwks_url", "https://attacker.example/jwks.json"),
+        ("evidence.verify.required", False),
+        ("evidence.ref", "other-label"),
+        ("evidence.retention", "1d"),
     ],
 )
-def test_declarations_this_kernel_does_not_enforce_are_unsupported(path: str, value: Any) -> None:
+def test_a_declaration_edited_behind_correct_hashes_is_a_mismatch_naming_the_path(path: str, value: Any) -> None:
+    """Exactly the job's own declaration, nothing weaker or stronger: every contract field is compared."""
+    spec = declared_spec()
+    payload = apply_changes(compile_v4(spec, **FIXTURE["compile"]), [{"op": "set", "path": path.split("."), "value": value}])
+    if payload == compile_v4(spec, **FIXTURE["compile"]):
+        pytest.fail(f"{path} = {value!r} is what the job compiles to; pick another value")
+    err = refused(payload, "HANDOFF_ARTIFACT_MISMATCH", spec=spec, job_id=JOB_ID)
+    assert err.details and all(d["field"] == path or d["field"].startswith(path + ".") for d in err.details), err.details
+
+
+@pytest.mark.parametrize(
+    "field", ["identity", "credentials", "child_credential_policy", "authorization_ref", "authorization",
+              "authorization_proof", "evidence", "evidence_ref"],
+)
+def test_a_job_whose_declaration_changed_after_compiling_is_a_binding_mismatch(field: str) -> None:
+    payload = compile_v4(declared_spec(), **FIXTURE["compile"])
+    default = next(f.default for f in SPEC_FIELDS if f.name == field)
+    changed = attrs.evolve(declared_spec(), **{field: default.factory() if isinstance(default, attrs.Factory) else default})
+    err = refused(payload, "HANDOFF_ARTIFACT_BINDING_MISMATCH", expected_digest=canonical_digest(payload), spec=changed)
+    assert err.details[0]["field"] == "scheduler_job_binding.digest"
+
+
+def test_a_job_without_declarations_never_loads_the_declaration_validators() -> None:
+    """The hot path: a v4 job that declares nothing is checked before every run without importing those modules."""
+    code = (
+        "import json, sys\n"
+        "from scheduler.spec import validate_spec\n"
+        "from scheduler.handoff import compile_v4, validate_v4\n"
+        f"fixture = json.load(open({str(FIXTURE_PATH)!r}))\n"
+        "spec = validate_spec(fixture['spec'], plugin_options=False)\n"
+        "before = set(sys.modules)\n"
+        "validate_v4(compile_v4(spec, **fixture['compile']), spec=spec)\n"
+        "names = ('scheduler.identity', 'scheduler.credential_bindings', 'scheduler.authorization',"
+        " 'scheduler.proof_declaration', 'scheduler.evidence_declaration')\n"
+        "print(json.dumps(sorted(n for n in names if n in sys.modules and n not in before)))\n"
+    )
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fields"),
+    [
+        # AgentCLI's identity keys: authentication, presentation and delegation chains are not this kernel's.
+        ("identity", {**GOOD_IDENTITY, "auth": {"mode": "oauth2"}, "presentation": {}},
+         ["identity.auth", "identity.presentation"]),
+        ("identity", {"subject": {"kind": "job", "principal": "x"}}, ["identity.subject.kind"]),
+        ("identity", {"trust": {"level": "root"}}, ["identity.trust.level"]),
+        ("identity", {"delegation": {"mode": "inherit"}}, ["identity.delegation.allowed_delegators"]),
+        # AgentCLI's presentation binding form names no provider and no reference to resolve.
+        ("credential_presentation.bindings", [{"name": "api", "medium": "env", "key": "API_KEY_NAME"}],
+         ["credential_presentation.bindings.0.key", "credential_presentation.bindings.0.medium",
+          "credential_presentation.bindings.0.present", "credential_presentation.bindings.0.provider",
+          "credential_presentation.bindings.0.ref"]),
+        ("credential_presentation.bindings", [{**GOOD_BINDING, "present": {"medium": "gateway-env-header"}}],
+         ["credential_presentation.bindings.0.present.medium"]),
+        ("credential_presentation.bindings", [{**GOOD_BINDING, "present": {"medium": "env", "key": "LD_PRELOAD"}}],
+         ["credential_presentation.bindings.0.present.key"]),
+        ("credential_presentation.bindings", [GOOD_BINDING, {**GOOD_BINDING, "name": "API"}],
+         ["credential_presentation.bindings.1.name", "credential_presentation.bindings.1.present"]),
+        ("credential_presentation.child_policy", "inherit", ["credential_presentation.child_policy"]),
+        ("authorization_ref", "no provider", ["authorization_ref"]),
+        ("authorization", GOOD_AUTHORIZATION, ["authorization"]),
+        ("authorization_proof", {**GOOD_PROOF, "algorithms": ["HS256"]}, ["authorization_proof.algorithms"]),
+        ("authorization_proof", {**GOOD_PROOF, "jwks_url": "http://idp.example/jwks"}, ["authorization_proof.jwks_url"]),
+        ("authorization_proof", {"method": "jwt", "source": {"env": "P"}, "issuer": "i", "audience": "a"},
+         ["authorization_proof"]),
+        ("authorization_proof", AGENTCLI_PROOF,
+         ["authorization_proof.ref", "authorization_proof.source", "authorization_proof",
+          "authorization_proof.artifact_binding_required", "authorization_proof.replay_protection",
+          "authorization_proof.revocation_check"]),
+        ("evidence", {"provider": "ssh", "methods": ["ssh-signature"]}, ["evidence.ref"]),
+        ("evidence", {"provider": "ssh", "methods": ["sha256"], "ref": None}, ["evidence.methods"]),
+        ("evidence", {"provider": "checksum", "format": "json", "ref": None}, ["evidence.format"]),
+        ("evidence", {"collect": ["stdout_content"], "ref": None}, ["evidence.collect"]),
+        ("evidence", {"retention": "forever-ish", "ref": None}, ["evidence.retention"]),
+    ],
+)
+def test_declarations_this_kernel_cannot_enforce_are_unsupported_and_named(path: str, value: Any, fields: list[str]) -> None:
     section = path.split(".")[0]
     err = refused(with_changes((path, value)), "HANDOFF_ARTIFACT_UNSUPPORTED")
-    assert err.message.startswith(f"{section} is declared") and "nothing is accepted that is not enforced" in err.message
-    assert err.details == [{"field": section, "code": "HANDOFF_ARTIFACT_UNSUPPORTED", "error": f"{section} is not enforced by this scheduler"}]
+    assert err.message.startswith(f"{section} declares what this scheduler cannot enforce (nothing is accepted that is not enforced)")
+    assert sorted(d["field"] for d in err.details) == sorted(fields), err.details
+    assert all(d["code"] == "HANDOFF_ARTIFACT_UNSUPPORTED" and d["error"].startswith(d["field"] + ": ") for d in err.details)
 
 
-def test_all_unenforced_sections_are_named() -> None:
-    err = refused(with_changes(("identity", {}), ("evidence", {})), "HANDOFF_ARTIFACT_UNSUPPORTED")
-    assert err.message.startswith("identity, evidence are declared")
+def test_every_section_that_cannot_be_enforced_is_named() -> None:
+    err = refused(with_changes(("identity", {"auth": {}}), ("evidence", {"unknown": 1, "ref": None})), "HANDOFF_ARTIFACT_UNSUPPORTED")
+    assert err.message.startswith("identity, evidence declare what this scheduler cannot enforce")
+    assert [d["field"] for d in err.details] == ["identity.auth", "evidence.unknown"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("authorization_proof", {**GOOD_PROOF, "proof": "abc.def.ghi"}, "authorization_proof.proof"),
+        ("authorization_proof", {**GOOD_PROOF, "signature": "-----BEGIN SSH SIGNATURE-----"}, "authorization_proof.signature"),
+        ("authorization_proof", {**GOOD_PROOF, "proof_value": "x"}, "authorization_proof.proof_value"),
+        ("authorization_proof", {**GOOD_PROOF, "JWT": "x"}, "authorization_proof.JWT"),
+        ("evidence", {**GOOD_EVIDENCE, "ref": None,
+                      "payload": {"bind": [], "context": {"note": "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJkZXBsb3kifQ.c2ln"},
+                                  "format": "canonical-json"}}, "evidence.payload.context.note"),
+        ("credential_presentation.bindings", [{**GOOD_BINDING, "options": {"client_secret": "hunter2"}}],
+         "credential_presentation.bindings.0.options.client_secret"),
+        ("credential_presentation.bindings", [{**GOOD_BINDING, "value": "hunter2"}], "credential_presentation.bindings.0.value"),
+        ("identity", {**GOOD_IDENTITY, "token": "hunter2"}, "identity.token"),
+        ("authorization", {**GOOD_AUTHORIZATION, "provider_config": {"api_key": "hunter2"}}, "authorization.provider_config.api_key"),
+    ],
+)
+def test_proofs_and_credential_values_in_declarations_are_raw_material(path: str, value: Any, field: str) -> None:
+    """Before anything is judged enforceable: a proof or a secret in a declaration is raw material (step 3)."""
+    err = refused(with_changes((path, value), ("authorization_ref", "policyfile:deploy")), "HANDOFF_ARTIFACT_INVALID")
+    assert [d["field"] for d in err.details] == [field] and err.details[0]["code"] == "RAW_CREDENTIAL"
+    assert "raw credential material" in err.message
 
 
 # --------------------------------------------------------------------------- steps 5 and 6: digest and job
