@@ -35,6 +35,8 @@ from typing import Any
 
 PAYLOAD_SCHEMA = "scheduler.evidence.payload"
 PAYLOAD_VERSION = 1
+#: ``schema`` of a handoff v4 artifact (``scheduler.handoff.ARTIFACT_SCHEMA``; not imported, to keep this module light).
+HANDOFF_ARTIFACT_SCHEMA = "openclaw.scheduler.handoff-artifact"
 
 #: Run columns holding a JSON outcome of the pipeline, and their name in the payload's ``outcomes``.
 OUTCOME_COLUMNS = (
@@ -135,6 +137,16 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
         },
         "verification": verification,
         "outcomes": outcomes,
+        # Only for a run bound to a handoff v4 artifact (the key is absent otherwise, so no other payload changes):
+        # the handoff bindings the reference's v4 payload carries, read from the artifact. Providers may key on it
+        # (the ssh provider signs in namespace ``agentcli`` by default, as AgentCLI's envelope does).
+        **({"handoff": {
+            "version": art["handoff_version"],
+            "manifest_digest": (art.get("manifest") or {}).get("digest"),
+            "workflow_id": (art.get("manifest") or {}).get("workflow_id"),
+            "task_id": (art.get("manifest") or {}).get("task_id"),
+            "effective_task_hash": (art.get("compiled") or {}).get("effective_task_hash"),
+        }} if art.get("schema") == HANDOFF_ARTIFACT_SCHEMA else {}),
     }
 
 

@@ -19,8 +19,10 @@ from kernel_testing import run_rows, wait_for
 from scheduler.queue import enqueue_manual
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = json.loads((ROOT / "conformance-fixtures" / "v1" / "handoff" / "conformance.json").read_text())
+FIXTURE_DIR = ROOT / "conformance-fixtures" / "v1" / "handoff"
+FIXTURE = json.loads((FIXTURE_DIR / "conformance.json").read_text())
 JOB_ID = "6d7c1c2a-8a54-4a39-9f3e-2f1d0c9b8a77"
+JOB_ID_FROZEN = FIXTURE["compile"]["job_id"]
 
 
 def plain_spec(**changes: Any) -> dict[str, Any]:
@@ -159,3 +161,107 @@ def test_a_tampered_or_missing_artifact_fails_the_whole_listing(cli: Any, store:
     conn.close()
     out = cli("--json", "jobs", "list", "--include-handoff-artifacts")
     assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_MISSING"
+
+
+# --------------------------------------------------------------------------- upgrades and the trust declarations
+
+
+def test_a_job_stored_before_the_trust_fields_keeps_validating_and_runs(cli: Any, store: Any, dispatcher: Any) -> None:
+    """The artifact the freezing revision compiled (``positive-artifact.json``, before identity, credentials,
+    authorization, proofs, evidence and retention were job fields) is still accepted, stored byte for byte,
+    re-checked before the run and bound to it: adding fields at their defaults changed no digest."""
+    frozen_text = (FIXTURE_DIR / "positive-artifact.json").read_text(encoding="utf-8")
+    digest = FIXTURE["expected"]["artifact_digest"]
+    doc = {**FIXTURE["spec"], "handoff_version": 4, "handoff_artifact_digest": digest,
+           "effective_task_hash": FIXTURE["expected"]["effective_task_hash"], "handoff_artifact_payload": json.loads(frozen_text)}
+    added = cli("--json", "jobs", "add", json.dumps(doc))
+    assert added.code == 0, added
+    assert added.json["job"]["id"] == JOB_ID_FROZEN and added.json["job"]["artifact_digest"] == digest
+    with store.transaction() as tx:  # the new columns as an upgraded row has them: never written
+        tx.execute("UPDATE jobs SET identity = NULL, authorization_proof = NULL, evidence = NULL, evidence_ref = NULL,"
+                   " retention = NULL, authorization_ref = NULL, \"authorization\" = NULL WHERE id = ?", (JOB_ID_FROZEN,))
+        assert tx.scalar("SELECT payload FROM execution_artifacts WHERE digest = ?", (digest,)) == frozen_text
+    assert cli("--json", "jobs", "list", "--include-handoff-artifacts").code == 0
+    enqueue_manual(store, JOB_ID_FROZEN)
+    d = dispatcher()
+    wait_for(lambda: cli("--json", "jobs", "approve", FIXTURE["spec"]["name"]).code == 0, what="the approval gate")
+    (run,) = wait_for(lambda: [r for r in run_rows(store, JOB_ID_FROZEN) if r["status"] in ("ok", "error")], what="run")
+    d.stop()
+    assert run["status"] == "ok", run
+    assert run["artifact_digest"] == digest
+
+
+def test_a_v4_job_declaring_identity_credentials_and_ssh_evidence_runs_them(
+    cli: Any, store: Any, dispatcher: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Accepted declarations are enforced: the run acts as the declared principal, gets the credential (and
+    only for the run), and its evidence is signed in namespace ``agentcli`` (the v4 default) and re-verifies."""
+    from evidence_support import SshKeys, evidence_row, use_settings
+
+    keys = SshKeys(tmp_path / "keys")
+    use_settings(monkeypatch, tmp_path, {"providers": {"ssh": keys.settings()}})
+    monkeypatch.setenv("H14_DEPLOY_API", "s3cret-value")
+    spec = {"name": "declared", "schedule_kind": "manual", "executor": "shell", "run_timeout_ms": 30000,
+            "payload_message": 'test "${#API_TOKEN}" = 12 && echo presented',
+            "identity": {"subject": {"kind": "service", "principal": "deploy-bot"}, "trust": {"level": "user"}},
+            "credentials": [{"name": "api", "provider": "env", "ref": "H14_DEPLOY_API",
+                             "present": {"medium": "env", "key": "API_TOKEN"}}],
+            "evidence": {"provider": "ssh", "verify": {"required": True}}, "evidence_ref": "handoff-v4"}
+    doc = compiled(cli, spec)
+    payload = doc["handoff_artifact_payload"]
+    assert payload["identity"]["subject"] == {"kind": "service", "principal": "deploy-bot"}
+    assert payload["credential_presentation"]["bindings"][0]["ref"] == "H14_DEPLOY_API"
+    assert payload["evidence"]["provider"] == "ssh" and payload["evidence"]["ref"] == "handoff-v4"
+    assert "s3cret" not in json.dumps(doc)
+    added = cli("--json", "jobs", "add", json.dumps(doc))
+    assert added.code == 0, added
+    enqueue_manual(store, JOB_ID)
+    d = dispatcher()
+    (run,) = wait_for(lambda: [r for r in run_rows(store, JOB_ID) if r["status"] in ("ok", "error")], what="declared run")
+    d.stop()
+    assert run["status"] == "ok", run
+    assert run["artifact_digest"] == doc["handoff_artifact_digest"]
+    assert run["principal"] == "service:deploy-bot" and run["trust_level"] == "user"
+    row = evidence_row(store, run["id"])
+    assert row is not None and row["status"] == "attested" and row["verified"]
+    envelope = json.loads(row["envelope"])
+    assert envelope["data"]["namespace"] == "agentcli" and envelope["data"]["schema"] == "agentcli.evidence.envelope"
+    document = json.loads(row["canonical_payload"])
+    assert document["handoff"] == {
+        "version": 4, "manifest_digest": payload["manifest"]["digest"], "workflow_id": "wf", "task_id": "t1",
+        "effective_task_hash": doc["effective_task_hash"]}
+    verified = cli("--json", "runs", "evidence", run["id"])
+    assert verified.code == 0 and verified.json["verified"] is True, verified
+    with store.read() as tx:
+        assert tx.scalar("SELECT status FROM credential_presentations WHERE run_id = ?", (run["id"],)) == "cleaned"
+    # A configured namespace still wins over the v4 default.
+    use_settings(monkeypatch, tmp_path, {"providers": {"ssh": {**keys.settings(), "namespace": "scheduler"}}})
+    enqueue_manual(store, JOB_ID)
+    d = dispatcher()
+    runs = wait_for(lambda: [r for r in run_rows(store, JOB_ID) if r["status"] in ("ok", "error")][1:] or None,
+                    what="second run")
+    d.stop()
+    second = evidence_row(store, runs[-1]["id"])
+    assert second is not None and json.loads(second["envelope"])["data"]["namespace"] == "scheduler"
+
+
+def test_a_v4_artifact_whose_declaration_differs_from_the_job_stores_nothing(cli: Any, store: Any) -> None:
+    spec = plain_spec(identity={"subject": {"kind": "service", "principal": "deploy-bot"}})
+    doc = compiled(cli, spec)
+    raised = copy.deepcopy(doc)
+    raised["handoff_artifact_payload"]["identity"]["trust"]["level"] = "system"
+    out = cli("--json", "jobs", "add", json.dumps(raised))
+    assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_DIGEST_MISMATCH"
+    from scheduler.canonical import canonical_digest
+
+    raised["handoff_artifact_digest"] = canonical_digest(raised["handoff_artifact_payload"])
+    out = cli("--json", "jobs", "add", json.dumps(raised))
+    assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_MISMATCH"
+    assert out.json["details"][0]["field"] == "identity.trust.level"
+    agentcli = copy.deepcopy(doc)
+    agentcli["handoff_artifact_payload"]["identity"]["auth"] = {"mode": "oauth2"}
+    agentcli["handoff_artifact_digest"] = canonical_digest(agentcli["handoff_artifact_payload"])
+    out = cli("--json", "jobs", "add", json.dumps(agentcli))
+    assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_UNSUPPORTED"
+    assert out.json["details"][0]["field"] == "identity.auth"
+    assert stored_counts(store) == (0, 0)

@@ -100,7 +100,7 @@ class SshOptions:
         "doc": "Signer identity recorded in the envelope and looked up in the allowed-signers file.",
         "check": _principal_problem})
     namespace: str | None = attrs.field(default=None, metadata={
-        "doc": "ssh-keygen -n namespace; default `scheduler`, `agentcli` for AgentCLI (handoff v4) payloads.",
+        "doc": "ssh-keygen -n namespace; default `scheduler`, `agentcli` for AgentCLI payloads and handoff v4 jobs.",
         "check": _namespace_problem})
     allowed_signers: str | None = attrs.field(default=None, metadata={
         "doc": "Allowed-signers file to verify with; must be listed in the settings' trusted_allowed_signers.",
@@ -116,7 +116,8 @@ class SshSettings:
     principal: str | None = attrs.field(default=None, metadata={
         "doc": "Default signer principal.", "check": _principal_problem})
     namespace: str | None = attrs.field(default=None, metadata={
-        "doc": "Default namespace (unset: `agentcli` for AgentCLI payloads, else `scheduler`).", "check": _namespace_problem})
+        "doc": "Default namespace (unset: `agentcli` for AgentCLI payloads and handoff v4 jobs, else `scheduler`).",
+        "check": _namespace_problem})
     allowed_signers: str | None = attrs.field(default=None, metadata={
         "doc": "The allowed-signers file verification trusts (ssh-keygen ALLOWED SIGNERS format).", "check": _path_problem})
     trusted_allowed_signers: list[str] = attrs.field(factory=list, metadata={
@@ -339,9 +340,13 @@ class SshProvider:
     # -- configuration ----------------------------------------------------------------------------
 
     def _namespace(self, options: SshOptions, payload: CheckedPayload) -> str:
+        """The job's or the settings' namespace; unset: ``agentcli`` for AgentCLI payloads and runs of handoff v4 jobs
+        (the payload's ``handoff.version`` is 4, as the reference's v4 envelope signs), else ``scheduler``."""
         if options.namespace or self._settings.namespace:
             return options.namespace or self._settings.namespace  # type: ignore[return-value]
-        return AGENTCLI_NAMESPACE if payload.document.get("schema") == AGENTCLI_PAYLOAD_SCHEMA else DEFAULT_NAMESPACE
+        handoff = payload.document.get("handoff")
+        v4 = isinstance(handoff, dict) and handoff.get("version") == 4
+        return AGENTCLI_NAMESPACE if v4 or payload.document.get("schema") == AGENTCLI_PAYLOAD_SCHEMA else DEFAULT_NAMESPACE
 
     def _trust_file(self, options: SshOptions) -> str:
         """The allowed-signers file to verify with: from the settings, or one the settings list as trusted."""
