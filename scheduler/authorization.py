@@ -210,12 +210,17 @@ def provider_problems(spec: Any, load: Any) -> tuple[dict[str, Any] | None, list
 
 def policy_problems(provider: Any, name: str, policy: str, options: Any) -> list[dict[str, str]]:
     """What the provider's optional ``check_policy(policy_ref, options)`` finds wrong with the policy (syntax errors,
-    a missing file), as ``AUTHORIZATION_POLICY_INVALID`` field problems; a crashing check is a problem too."""
+    a missing file), as ``AUTHORIZATION_POLICY_INVALID`` field problems; a crashing check is a problem too, and so
+    is one that does not finish within ``[authorization] timeout_s``."""
     check = getattr(provider, "check_policy", None)
     if check is None:
         return []
-    try:
-        found = list(check(policy, options) or ())
+    try:  # bounded like a decision: a check that hangs (a policy server that never answers) must not hang doctor
+        found = list(call_bounded(lambda: check(policy, options), timeout_s(), what=f"the policy check of {name!r}",
+                                  details={"provider": name, "policy_ref": policy}) or ())
+    except SchedulerError as exc:
+        found = [f"the policy check failed: {exc.message}" if exc.code == "AUTHORIZATION_TIMEOUT"
+                 else f"the policy check failed: {exc.code}: {exc.message}"]
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is reported, never a pass
         found = [f"the policy check failed: {type(exc).__name__}: {exc}"]
     return [{"field": "authorization_ref", "code": "AUTHORIZATION_POLICY_INVALID",
@@ -280,9 +285,54 @@ def call_bounded(fn: Any, limit_s: float, *, what: str, details: dict[str, Any])
     A late answer is never read: a hung provider cannot hold the run, and a permit that comes
     too late permits nothing.
     """
-    from scheduler.credentials import call_bounded as bounded
+    from scheduler.bounded import call_bounded as bounded
 
-    return bounded(fn, limit_s, code="AUTHORIZATION_TIMEOUT", what=what, details=details)
+    return bounded(fn, limit_s, code="AUTHORIZATION_TIMEOUT", what=what, details=details, name="authorization-decide")
+
+
+def check_answer(answer: Any, provider_name: str, where: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
+    """The kernel's check of a provider's answer: ``(decision, reason, details)`` of a well-formed
+    ``AuthorizationDecision``, else ``AUTHORIZATION_DECISION_INVALID``.
+
+    The decision is not yet checked against ``DECISIONS`` (a job's ``authorization.decision``
+    mapping may name other answers); ``details`` is made JSON-safe and capped, ``reason`` capped.
+    The conformance engine (``scheduler.conformance.authorization``) holds providers to this same check.
+    """
+    from scheduler.plugins.protocols import AuthorizationDecision
+
+    where = dict(where or {"provider": provider_name})
+    if not isinstance(answer, AuthorizationDecision):
+        raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
+                             f"authorization provider {provider_name!r} returned {type(answer).__name__},"
+                             " not an AuthorizationDecision", details=where)
+    decision, reason = answer.decision, answer.reason
+    if not isinstance(decision, str) or not isinstance(reason, str) or not 1 <= len(decision) <= 64:
+        raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
+                             f"authorization provider {provider_name!r} returned a malformed decision"
+                             f" ({type(decision).__name__} decision, {type(reason).__name__} reason)", details=where)
+    details = answer.details
+    try:
+        details = json.loads(json.dumps(dict(details or {}), sort_keys=True, default=str))
+    except (TypeError, ValueError):
+        details = {}
+    if len(json.dumps(details)) > 4096:
+        details = {"truncated": True}
+    return decision, reason[:MAX_REASON_CHARS], details
+
+
+def decide_with(provider: Any, started: Any, spec: Any, outcomes: RunOutcomes, *, limit_s: float | None = None,
+                on_request: Any = None) -> None:
+    """The pipeline step's decision for a run with an already loaded ``provider`` (no store: no approval resume).
+
+    Exactly what ``decide`` does after loading the provider: options through its
+    ``options_class``, the request per ``authorization.request.include``, the bounded call
+    (``limit_s``, else ``[authorization] timeout_s``, never past the run's timeout), the answer
+    check, the job's decision mapping, the record in ``outcomes``; raises ``SchedulerError``
+    (``AUTHORIZATION_DENIED``, ``..._ESCALATED``, ...) on anything but a permit. The conformance
+    engine runs providers through this, so it checks them with the kernel's code, not a copy.
+    """
+    ref = spec.authorization_ref
+    _Decision(None, started, spec, ref, outcomes).decide(lambda: provider, limit_s, on_request)
 
 
 class _Decision:
@@ -298,11 +348,21 @@ class _Decision:
     def run(self) -> None:
         if self._resume_approved():
             return
+        self.decide(lambda: authorization_provider(self.provider_name))
+
+    def decide(self, get_provider: Any, limit_s: float | None = None, on_request: Any = None) -> None:
+        """Ask the provider ``get_provider()`` returns, check and map its answer, record it (raises on anything but permit).
+
+        ``limit_s`` replaces ``[authorization] timeout_s`` (the conformance engine's own bound);
+        ``on_request(request)`` sees the request before the provider does (the engine keeps it).
+        """
         try:
-            provider = authorization_provider(self.provider_name)
+            provider = get_provider()
             options = self._options(provider)
             request = self._request(options)
-            answer = self._ask(provider, request)
+            if on_request is not None:
+                on_request(request)
+            answer = self._ask(provider, request, limit_s)
             provider_decision, reason, details = self._check(answer)
         except SchedulerError as exc:
             self._record("deny", provider_decision=None, reason=exc.message, code=exc.code,
@@ -390,9 +450,9 @@ class _Decision:
         return AuthorizationRequest(policy_ref=self.policy_ref, job=job, trigger=trigger, artifact_digest=digest,
                                     identity=identity, proof=proof, options=options)
 
-    def _ask(self, provider: Any, request: Any) -> Any:
+    def _ask(self, provider: Any, request: Any, limit_s: float | None = None) -> Any:
         left_s = (self.started.started_at + int(self.spec.run_timeout_ms) - int(time.time() * 1000)) / 1000.0
-        limit = min(timeout_s(), left_s)
+        limit = min(timeout_s() if limit_s is None else limit_s, left_s)
         if limit <= 0:
             raise SchedulerError("AUTHORIZATION_TIMEOUT", "no time left in the run's run_timeout_ms to ask the authorization provider",
                                  details=self._where())
@@ -411,25 +471,7 @@ class _Decision:
                                  details=self._where()) from None
 
     def _check(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
-        from scheduler.plugins.protocols import AuthorizationDecision
-
-        if not isinstance(answer, AuthorizationDecision):
-            raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
-                                 f"authorization provider {self.provider_name!r} returned {type(answer).__name__},"
-                                 " not an AuthorizationDecision", details=self._where())
-        decision, reason = answer.decision, answer.reason
-        if not isinstance(decision, str) or not isinstance(reason, str) or not 1 <= len(decision) <= 64:
-            raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
-                                 f"authorization provider {self.provider_name!r} returned a malformed decision"
-                                 f" ({type(decision).__name__} decision, {type(reason).__name__} reason)", details=self._where())
-        details = answer.details
-        try:
-            details = json.loads(json.dumps(dict(details or {}), sort_keys=True, default=str))
-        except (TypeError, ValueError):
-            details = {}
-        if len(json.dumps(details)) > 4096:
-            details = {"truncated": True}
-        return decision, reason[:MAX_REASON_CHARS], details
+        return check_answer(answer, self.provider_name, self._where())
 
     def _risk_level(self, details: dict[str, Any]) -> str:
         """The escalation's risk level: the declaration's, else the job's; a provider may raise it, never lower it."""
@@ -456,8 +498,11 @@ __all__ = [
     "INCLUDE_PARTS",
     "MAX_REF_CHARS",
     "authorization_provider",
+    "call_bounded",
+    "check_answer",
     "check_ref",
     "decide",
+    "decide_with",
     "declaration_of",
     "forget_providers",
     "normalise_declaration",

@@ -5,6 +5,8 @@ let a stuck or chatty helper hang or flood the scheduler: ``run_bounded`` starts
 own process group with a minimal environment (``minimal_env``), feeds it stdin, and kills
 the group at the deadline or once stdout passes its cap; ``snippet`` makes a short
 printable excerpt of its output for an error message. ``scheduler.api.process`` exports them.
+``call_bounded`` is the in-process counterpart: a provider call in a daemon thread, waited
+for at most a deadline (credential and authorization providers use it).
 """
 
 from __future__ import annotations
@@ -131,6 +133,36 @@ def run_bounded(argv: Sequence[str], data: bytes, *, timeout_s: float, max_stdou
                      timed_out=timed_out, oversized=over.is_set() or len(out) > max_stdout)
 
 
+def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: dict[str, Any],
+                 name: str = "bounded-call") -> Any:
+    """``fn()`` in a daemon thread, waited for at most ``timeout_s``: ``SchedulerError(code)`` when it takes longer.
+
+    The one bounded in-process call of the kernel (credential providers, authorization providers,
+    their conformance engines): a late answer is dropped (the thread is a daemon and its result is
+    never read), so a hung provider cannot hold the run, and a value or a permit that arrives too
+    late is never used. An exception ``fn`` raises in time is re-raised here.
+    """
+    from scheduler.errors import SchedulerError
+
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, daemon=True, name=name).start()
+    if not done.wait(max(0.0, timeout_s)):
+        raise SchedulerError(code, f"{what} did not answer within {timeout_s:.1f}s", details={**details, "timeout_s": timeout_s})
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def snippet(data: bytes, limit: int = 200) -> str:
     """A short, single-line, printable excerpt of a process's output for an error message."""
     text = data.decode("utf-8", "replace").strip()
@@ -138,4 +170,4 @@ def snippet(data: bytes, limit: int = 200) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
-__all__ = ["Completed", "minimal_env", "run_bounded", "snippet"]
+__all__ = ["Completed", "call_bounded", "minimal_env", "run_bounded", "snippet"]

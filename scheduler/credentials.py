@@ -116,28 +116,14 @@ def forget_providers() -> None:
 
 
 def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: dict[str, Any]) -> Any:
-    """``fn()`` in a helper thread, waited for at most ``timeout_s``: ``code`` when it takes longer.
+    """``fn()`` waited for at most ``timeout_s`` (``code`` when it takes longer): ``scheduler.bounded.call_bounded``.
 
-    A late answer is dropped (the thread is a daemon and its result is never read), so a
-    hung provider cannot hold the run, and a value that arrives too late is never presented.
+    A late answer is dropped, so a hung provider cannot hold the run, and a value that arrives
+    too late is never presented.
     """
-    box: dict[str, Any] = {}
-    done = threading.Event()
+    from scheduler.bounded import call_bounded as bounded
 
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=target, daemon=True, name="credential-resolve").start()
-    if not done.wait(max(0.0, timeout_s)):
-        raise SchedulerError(code, f"{what} did not answer within {timeout_s:.1f}s", details={**details, "timeout_s": timeout_s})
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return bounded(fn, timeout_s, code=code, what=what, details=details, name="credential-resolve")
 
 
 class _Presentation:

@@ -49,6 +49,8 @@ from scheduler.conformance import channel as _channel  # noqa: F401  isort: skip
 from scheduler.conformance import credential as _credential  # noqa: F401  isort: skip
 # ... and the evidence kind's (a setup per case: keys, trust or an attestor; attest, tamper, verify).
 from scheduler.conformance import evidence as _evidence  # noqa: F401  isort: skip
+# ... and the authorization kind's (a policy per case from the setup adapter, decided by the kernel's own step).
+from scheduler.conformance import authorization as _authorization  # noqa: F401  isort: skip
 
 __all__ = [
     "ADAPTERS",

@@ -43,6 +43,9 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("evidence", "checksum"),
     ("evidence", "ssh"),
     ("evidence", "external"),
+    ("authorization", "cedar"),
+    ("authorization", "policyfile"),
+    ("authorization", "teams"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"
