@@ -289,7 +289,7 @@ def test_only_the_v2_format_is_shipped() -> None:
     Every kind's cases are v2 (channel cases too, though issue 16 named ``v1/channel/``)."""
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v1", "v2"]
     assert sorted(p.name for p in (FIXTURES / "v1").iterdir()) == ["handoff"]
-    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["channel", "credential", "evidence", "executor"]
+    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["authorization", "channel", "credential", "evidence", "executor"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
@@ -424,7 +424,9 @@ MUTATIONS = {
     ),
     "raw-payload-outside-its-language-directory": ("env.json", _move_raw_case_into_portable, "belongs in executor/posix-shell/"),
     "duplicate-id": ("env.json", lambda d: d["cases"][0].update(id="executor.exit-zero-stdout"), "duplicate case id"),
-    "kind-mismatch": ("env.json", lambda d: d["cases"][0].update(kind="authorization"), "does not match the file kind"),
+    "kind-mismatch": ("env.json", lambda d: d["cases"].__setitem__(0, {
+        "id": "executor.kind-mismatch", "description": "d", "kind": "authorization", "polarity": "positive",
+        "input": {"policy": "permit"}, "expect": {"decision": "permit"}}), "does not match the file kind"),
     "invalid-job-spec": ("env.json", lambda d: d["cases"][0]["input"].update(job={"run_timeout": 5}), "run_timeout"),
     "not-json": ("env.json", None, "not valid JSON"),
 }
@@ -950,8 +952,12 @@ def test_group_gone_catches_and_cleans_up_a_leaked_process_group(tmp_path: Path)
     assert mine.outcome == "failed" and "no process group to check" in mine.message  # never its own group (we are still here)
 
 
-def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
+def test_kind_without_adapter_is_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.conformance.engine import ADAPTERS
+
+    monkeypatch.delitem(ADAPTERS, "authorization")  # every shipped kind has an adapter now: take one away
     root = _copy_corpus(tmp_path)
+    shutil.rmtree(root / "v2" / "authorization")
     (root / "v2" / "authorization").mkdir()
     (root / "v2" / "authorization" / "basic.json").write_text(
         json.dumps(
@@ -963,8 +969,8 @@ def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
                         "description": "d",
                         "kind": "authorization",
                         "polarity": "positive",
-                        "input": {},
-                        "expect": {},
+                        "input": {"policy": "permit"},
+                        "expect": {"decision": "permit"},
                     }
                 ],
             }
@@ -973,7 +979,9 @@ def test_kind_without_adapter_is_unsupported(tmp_path: Path) -> None:
     report = run_kind("authorization", "opa", provider=object(), root=root)
     assert report.error["code"] == "CONFORMANCE_KIND_UNSUPPORTED" and "no adapter for kind authorization" in report.error["message"]
     assert report.failed == 1 and report.results == () and not report.ok
-    empty = run_kind("authorization", "opa", provider=object(), root=_copy_corpus(tmp_path / "stock"))
+    stock = _copy_corpus(tmp_path / "stock")
+    shutil.rmtree(stock / "v2" / "authorization")
+    empty = run_kind("authorization", "opa", provider=object(), root=stock)
     assert empty.ok and empty.summary_line() == "0 passed, 0 failed, 0 skipped"
 
 
@@ -1086,7 +1094,8 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
                                      ("channel", "webhook"), ("channel", "slack"), ("channel", "telegram"), ("channel", "email"),
                                      ("channel", "openclaw"), ("credential", "env"), ("credential", "file"),
                                      ("credential", "command"), ("credential", "oauth2"), ("evidence", "checksum"),
-                                     ("evidence", "ssh"), ("evidence", "external")]
+                                     ("evidence", "ssh"), ("evidence", "external"), ("authorization", "cedar"),
+                                     ("authorization", "policyfile"), ("authorization", "teams")]
 
 
 # --------------------------------------------------------------------------- pytest adapter
