@@ -200,9 +200,19 @@ class CredentialProviderConformance(_ProviderConformance):
 
 
 class AuthorizationProviderConformance(_ProviderConformance):
-    """Conformance cases for ``scheduler.authorization_providers`` providers."""
+    """Conformance cases for ``scheduler.authorization_providers`` providers.
+
+    ``setup_adapter`` (an object, a class or ``"module:attr"``) names the adapter that writes
+    each case's policy in the provider's language; left ``None``, the provider's own
+    ``conformance_policy`` method or its ``scheduler.conformance_adapters`` entry point is used.
+    """
 
     kind: ClassVar[str] = "authorization"
+    setup_adapter: ClassVar[Any] = None
+
+    def make_payload_adapter(self) -> Any:
+        """The kind's adapter handed to the engine: for an authorization provider, its setup adapter."""
+        return type(self).setup_adapter
 
 
 @pytest.fixture
