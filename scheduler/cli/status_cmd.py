@@ -149,6 +149,38 @@ def _evidence_check(store: Any) -> dict[str, Any]:
     return {"check": "evidence", "ok": not bad, "detail": detail, "evidence": diag}
 
 
+def _authorization_check(store: Any) -> dict[str, Any] | None:
+    """Every enabled job's ``authorization_ref`` policy as its provider sees it now (``check_policy``: a Cedar syntax
+    error, a missing rules file), its ``provider_config`` against the provider's options, and the provider itself:
+    each problem names the job, since every run of that job would be denied. None when no job names one (no import)."""
+    with store.read() as tx:
+        rows = tx.all("SELECT * FROM jobs WHERE enabled = 1 AND authorization_ref IS NOT NULL ORDER BY name")
+    if not rows:
+        return None
+    from scheduler.authorization import authorization_provider, provider_problems, split_ref
+    from scheduler.spec import spec_from_row
+
+    problems: list[dict[str, str]] = []
+
+    def load(kind: str, name: str) -> Any:
+        return authorization_provider(name)
+
+    for row in rows:
+        spec = spec_from_row(row)
+        try:
+            _, found = provider_problems(spec, load)
+        except SchedulerError as exc:
+            found = [{"code": exc.code, "error": exc.message}]
+        except Exception as exc:  # noqa: BLE001 - a provider that breaks the check is a problem, never a pass
+            found = [{"code": "AUTHORIZATION_POLICY_INVALID", "error": f"{split_ref(spec.authorization_ref)[0]}: "
+                                                                     f"{type(exc).__name__}: {exc}"}]
+        problems += [{"job": row["name"], "authorization_ref": spec.authorization_ref, "code": p["code"], "error": p["error"]}
+                     for p in found]
+    detail = ("; ".join(f"job {p['job']}: {p['code']}: {p['error']}" for p in problems[:5])
+              + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")) or f"{len(rows)} job(s) checked"
+    return {"check": "authorization_policies", "ok": not problems, "detail": detail, "problems": problems}
+
+
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
@@ -166,6 +198,9 @@ def doctor_cmd() -> None:
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
         checks.append(_artifact_check(store))
         checks.append(_evidence_check(store))
+        authorization = _authorization_check(store)
+        if authorization is not None:
+            checks.append(authorization)
         failed = status["outbox"].get("failed", 0)
         checks.append({"check": "deliveries", "ok": True, "warning": bool(failed),
                        "detail": f"warning: {failed} failed part(s): `scheduler deliveries list --status failed`"
