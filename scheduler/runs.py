@@ -90,6 +90,8 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         out["usage"] = json.loads(row["usage_json"]) if row.get("usage_json") else None
         out["identity"] = json.loads(row["identity_json"]) if row.get("identity_json") else None
         out["delegation"] = json.loads(row["delegation_json"]) if row.get("delegation_json") else None
+        # The authorization_ref decision (docs/authorization.md): provider, policy ref, decision, reason, code.
+        out["authorization"] = json.loads(row["authorization_json"]) if row.get("authorization_json") else None
         for k in ("stdout_truncated", "stderr_truncated"):
             out[k] = bool(out[k])
     return out
