@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
+from scheduler.plugins.loaded import LoadedProviders
 from scheduler.timeutil import now_ms, to_iso
 
 if TYPE_CHECKING:
@@ -59,9 +60,8 @@ TRUNCATION_NOTE = "\n[… {more} more characters not delivered; the whole output
 #: Set when this process enqueued parts: the dispatcher wakes its consumer after the pass that committed them.
 parts_enqueued = threading.Event()
 
-_channels: dict[str, Any] = {}
-_channels_for: Any = None
-_channels_lock = threading.Lock()
+_channels = LoadedProviders("channel", unavailable_code="CHANNEL_NOT_AVAILABLE", noun="channel", retry_s=CHANNEL_RETRY_S,
+                            per_settings=True)
 
 
 def load_channel(name: str) -> Any:
@@ -69,31 +69,7 @@ def load_channel(name: str) -> Any:
 
     Instances are kept for the current settings: reloaded settings load the channels afresh.
     """
-    from scheduler.settings import current_settings
-
-    global _channels_for
-    settings = current_settings()
-    if _channels_for is not settings:
-        with _channels_lock:
-            _channels.clear()
-            _channels_for = settings
-    cached = _channels.get(name)
-    if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-        with _channels_lock:
-            cached = _channels.get(name)
-            if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-                from scheduler.plugins.loader import load_provider
-
-                try:
-                    cached = load_provider("channel", name)
-                except SchedulerError as exc:
-                    err = SchedulerError("CHANNEL_NOT_AVAILABLE", f"channel {name!r} is not available: {exc.message}",
-                                         details={"cause": exc.code})
-                    cached = (err, time.monotonic() + CHANNEL_RETRY_S)
-                _channels[name] = cached
-    if isinstance(cached, tuple):
-        raise cached[0]
-    return cached
+    return _channels.get(name)
 
 
 def channel_limits(name: str) -> ChannelLimits:

@@ -47,6 +47,7 @@ from scheduler.execution import (
     TriggerContext,
 )
 from scheduler.plugins.hooks import Hooks
+from scheduler.plugins.loaded import LoadedProviders
 from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
 from scheduler.recovery import recover
 from scheduler.runs import StaleFence
@@ -265,8 +266,8 @@ class Dispatcher:
         #: ``scheduler.metrics.DispatcherMetrics`` when ``scheduler run --metrics-port`` serves them, else None.
         self.metrics: Any = None
         self._lost: str | None = None
-        self._executors: dict[str, Any] = {}
-        self._executors_lock = threading.Lock()
+        self._executors = LoadedProviders("executor", unavailable_code="EXECUTOR_NOT_AVAILABLE", noun="executor",
+                                          retry_s=EXECUTOR_RETRY_S)
         self._cancels_checked_at = 0
         self._pidfile: Any = None
         self._released = False
@@ -319,8 +320,7 @@ class Dispatcher:
             log.error("settings reload failed, keeping the previous settings: %s", exc.message)
             self.say(f"{_clock()} settings reload failed ({exc.code}), keeping the previous settings: {exc.message}")
             return
-        with self._executors_lock:
-            self._executors.clear()
+        self._executors.forget()
         self.say(f"{_clock()} settings reloaded from {fresh.file.source}")
 
     def stuck_workers(self) -> int:
@@ -835,7 +835,7 @@ class Dispatcher:
         """
         if handle is None:
             return
-        executor = self._executors.get(spec_from_row(s.job).executor_name())
+        executor = self._executors.peek(spec_from_row(s.job).executor_name())
         recover_fn = getattr(executor, "recover", None)
         if recover_fn is None:
             return
@@ -879,30 +879,7 @@ class Dispatcher:
 
     def _executor(self, name: str) -> Any:
         """The loaded executor; a load failure is remembered for a short while, then retried (a fix may be installed)."""
-        cached = self._executors.get(name)
-        if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-            with self._executors_lock:  # workers starting together load a driver once
-                return self._load_executor(name)
-        if isinstance(cached, tuple):
-            raise cached[0]
-        return cached
-
-    def _load_executor(self, name: str) -> Any:
-        cached = self._executors.get(name)
-        if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-            from scheduler.plugins.loader import load_provider
-
-            try:
-                cached = load_provider("executor", name)
-            except SchedulerError as exc:
-                err = SchedulerError(
-                    "EXECUTOR_NOT_AVAILABLE", f"executor {name!r} is not available: {exc.message}", details={"cause": exc.code}
-                )
-                cached = (err, time.monotonic() + EXECUTOR_RETRY_S)
-            self._executors[name] = cached
-        if isinstance(cached, tuple):
-            raise cached[0]
-        return cached
+        return self._executors.get(name)
 
     def _execute(self, s: StartedRun, control: DbRunControl) -> None:
         """One run through the pipeline (see ``scheduler.pipeline``): the decisions before execution, the

@@ -31,6 +31,7 @@ from typing import Any
 
 from scheduler.execution import ExecutionResult
 from scheduler.pipeline import RunOutcomes
+from scheduler.plugins.loaded import LoadedProviders
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +154,19 @@ def _payload(store: Any, started: Any, result: ExecutionResult, outcomes: RunOut
             run.get("artifact_digest"), run.get("source_run_id"))
 
 
+#: Evidence providers loaded once per settings (loading one through its entry point costs milliseconds per run).
+PROVIDERS = LoadedProviders("evidence", unavailable_code="EVIDENCE_PROVIDER_NOT_LOADED", noun="evidence provider",
+                            per_settings=True)
+
+
 def _provider(name: str) -> Any:
-    """The evidence provider ``name`` loaded through its entry point (``plugin_api`` checked by the loader)."""
+    """The evidence provider ``name`` (``plugin_api`` checked by the loader), kept loaded for later runs."""
     from scheduler.errors import SchedulerError
-    from scheduler.plugins.loader import load_provider
 
     try:
-        return load_provider("evidence", name)
+        return PROVIDERS.get(name)
     except SchedulerError as exc:
-        raise _Failed("EVIDENCE_ATTESTATION_FAILED", "EVIDENCE_PROVIDER_NOT_LOADED",
-                      f"evidence provider {name!r} is not loaded: {exc.code}: {exc.message}") from None
+        raise _Failed("EVIDENCE_ATTESTATION_FAILED", "EVIDENCE_PROVIDER_NOT_LOADED", exc.message) from None
 
 
 def _verify(provider: Any, envelope: Any, payload: Any, decl: Any, name: str) -> dict[str, Any]:

@@ -284,16 +284,15 @@ def _check_outputs(root: Path, run: dict[str, Any], checks: dict[str, str]) -> N
 def _check_provider(record: dict[str, Any], document: dict[str, Any], envelope: dict[str, Any], checks: dict[str, str]) -> str | None:
     """The envelope verified by the provider that made it, loaded here (its trust from this host's settings)."""
     from scheduler.canonical import hash_bytes
-    from scheduler.evidence import to_provider_declaration
-    from scheduler.plugins.loader import load_provider
+    from scheduler.evidence import PROVIDERS, to_provider_declaration
     from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload
 
     name = record["provider"]
     try:
-        provider = load_provider("evidence", name)
+        provider = PROVIDERS.get(name)
     except SchedulerError as exc:
         raise _Fail("EVIDENCE_PROVIDER_NOT_LOADED", f"evidence provider {name!r} is not loaded here: {exc.message}",
-                    cause=exc.code) from None
+                    cause=(exc.details or {}).get("cause", exc.code)) from None
     try:
         declaration = json.loads(record.get("declaration") or "{}")
     except ValueError:

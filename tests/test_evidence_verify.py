@@ -77,6 +77,9 @@ def _tamper(case: str, store: Any, store_url: str, first: dict[str, Any], second
         out.unlink()
     elif case == "EVIDENCE_PROVIDER_NOT_LOADED":
         monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "scheduler.evidence_providers:checksum")
+        from scheduler.evidence import PROVIDERS
+
+        PROVIDERS.forget()  # this process loaded it for the run; a verifying process would start without it
     elif case == "EVIDENCE_RECORD_MISSING":
         _set(store, store_url, "DELETE FROM evidence_records WHERE run_id = ?", (first["id"],))
     elif case == "EVIDENCE_NOT_VERIFIED":
