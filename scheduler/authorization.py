@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from typing import Any
 
 from scheduler.errors import SchedulerError
 from scheduler.pipeline import RunOutcomes
+from scheduler.plugins.loaded import LoadedProviders
 
 #: Longest ``authorization_ref``.
 MAX_REF_CHARS = 256
@@ -55,8 +55,8 @@ PROVIDER_RETRY_S = 5.0
 #: The approval gate kind an escalation opens.
 GATE_KIND = "authorization"
 
-_providers: dict[str, Any] = {}
-_providers_lock = threading.Lock()
+_providers = LoadedProviders("authorization", unavailable_code="AUTHORIZATION_NOT_AVAILABLE", noun="authorization provider",
+                             retry_s=PROVIDER_RETRY_S)
 
 
 # -- the job fields -----------------------------------------------------------------------------
@@ -246,30 +246,12 @@ def decide(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
 def authorization_provider(name: str) -> Any:
     """The loaded provider ``name``, kept for the life of the process; ``AUTHORIZATION_NOT_AVAILABLE`` when it
     cannot be loaded (remembered for ``PROVIDER_RETRY_S``, then tried again: a fix may be installed)."""
-    cached = _providers.get(name)
-    if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-        with _providers_lock:
-            cached = _providers.get(name)
-            if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-                from scheduler.plugins.loader import load_provider
-
-                try:
-                    cached = load_provider("authorization", name)
-                except SchedulerError as exc:
-                    cached = (SchedulerError("AUTHORIZATION_NOT_AVAILABLE",
-                                             f"authorization provider {name!r} is not available: {exc.message}",
-                                             details={"provider": name, "cause": exc.code}),
-                              time.monotonic() + PROVIDER_RETRY_S)
-                _providers[name] = cached
-    if isinstance(cached, tuple):
-        raise cached[0]
-    return cached
+    return _providers.get(name)
 
 
 def forget_providers() -> None:
     """Drop the loaded providers (tests; a settings reload)."""
-    with _providers_lock:
-        _providers.clear()
+    _providers.forget()
 
 
 def timeout_s() -> float:

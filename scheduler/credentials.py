@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from typing import Any, Mapping
 
 from scheduler.errors import SchedulerError
 from scheduler.pipeline import RunOutcomes
+from scheduler.plugins.loaded import LoadedProviders
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ DIR_PREFIX = "scheduler-cred-"
 #: A provider that failed to load is not retried for this long (seconds).
 PROVIDER_RETRY_S = 5.0
 
-_providers: dict[str, Any] = {}
-_providers_lock = threading.Lock()
+_providers = LoadedProviders("credential", unavailable_code="CREDENTIAL_NOT_AVAILABLE", noun="credential provider",
+                             retry_s=PROVIDER_RETRY_S)
 
 
 def redactions_of(credentials: Any) -> tuple[tuple[str, bytes], ...]:
@@ -87,32 +87,12 @@ def credential_provider(name: str) -> Any:
 
     ``CREDENTIAL_NOT_AVAILABLE`` when it is not installed or fails to load (remembered briefly).
     """
-    cached = _providers.get(name)
-    if cached is not None and not (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-        if isinstance(cached, tuple):
-            raise cached[0]
-        return cached
-    with _providers_lock:
-        cached = _providers.get(name)
-        if cached is None or (isinstance(cached, tuple) and time.monotonic() >= cached[1]):
-            from scheduler.plugins.loader import load_provider
-
-            try:
-                cached = load_provider("credential", name)
-            except SchedulerError as exc:
-                cached = (SchedulerError("CREDENTIAL_NOT_AVAILABLE", f"credential provider {name!r} is not available: "
-                                         f"{exc.message}", details={"provider": name, "cause": exc.code}),
-                          time.monotonic() + PROVIDER_RETRY_S)
-            _providers[name] = cached
-    if isinstance(cached, tuple):
-        raise cached[0]
-    return cached
+    return _providers.get(name)
 
 
 def forget_providers() -> None:
     """Drop the loaded providers (tests; a settings reload)."""
-    with _providers_lock:
-        _providers.clear()
+    _providers.forget()
 
 
 def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: dict[str, Any]) -> Any:

@@ -32,7 +32,6 @@ import logging
 import random
 import secrets
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
