@@ -95,8 +95,11 @@ class AgentExecutor:
     plugin_api = PLUGIN_API_VERSION
     #: ``agent-turn`` is informational (not in KNOWN_CAPABILITIES): the work is one chat-completions turn, with no
     #: process and no exit status; the agent's own conformance cases require it, so no other executor runs them.
+    #: ``credentials-env`` is enforced at run time: the values go to the gateway only in ``x-openclaw-env-inject``,
+    #: and only when it (re-)declares ``chat-completions-env-inject-v1``; otherwise the run ends
+    #: ``GATEWAY_ENV_INJECT_UNSUPPORTED`` and nothing is sent. ``file`` and ``stdin`` are not claimed.
     capabilities = frozenset({"timeout", "cancel", "output-capture", "structured-output", "token-cap", "cost-cap", "agent-turn",
-                              "state"})
+                              "state", "credentials-env"})
     options_class = AgentOptions
     settings_class = AgentSettings
 
