@@ -38,6 +38,7 @@ from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
+from scheduler.fenced_writes import FencedWrite, FencedWriter
 from scheduler.execution import (
     EXECUTION_STATUSES,
     SOURCE_OUTPUT_CHARS,
@@ -204,13 +205,10 @@ class DbRunControl(CancellationToken):
         self.run_id = run_id
         self.job_id = job_id
 
-    def _fenced(self, values: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
-        lease = self._d.lease
-        assert lease is not None
-        with self._d.store.transaction() as tx:
-            leases.assert_live(tx, lease)
-            fenced_update(tx, self.run_id, lease.owner, lease.token, "running", values)
-            append_event(tx, kind, job_id=self.job_id, run_id=self.run_id, actor=lease.owner, data=data)
+    def _fenced(self, values: dict[str, Any] | None, kind: str, data: dict[str, Any] | None) -> None:
+        """Commit through the dispatcher's group writer (one transaction for what all workers wrote meanwhile);
+        returns once committed, raises ``STALE_FENCE`` / ``LEASE_LOST`` for this write alone (``fenced_writes``)."""
+        self._d.fenced_writes.write(FencedWrite(run_id=self.run_id, job_id=self.job_id, kind=kind, data=data, values=values))
 
     def record_handle(self, handle: dict[str, Any]) -> None:
         """Durably record the executor's handle on its work (before that work may act); fenced."""
@@ -227,8 +225,8 @@ class DbRunControl(CancellationToken):
             log.warning("could not record termination of run %s: %s", self.run_id, exc.message)
 
     def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
-        with self._d.store.transaction() as tx:
-            append_event(tx, kind, job_id=self.job_id, run_id=self.run_id, actor=self._d.owner, data=data)
+        """Append an audit event for this run; committed (grouped with other workers' writes) before it returns."""
+        self._fenced(None, kind, data)
 
 
 class Dispatcher:
@@ -249,6 +247,8 @@ class Dispatcher:
         self.say = say or (lambda _msg: None)
         self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.local_path)
         self._pool = WorkerPool(self.config.concurrency, "run")
+        #: Group commit of the workers' ``RunControl`` writes (its thread starts on the first one).
+        self.fenced_writes = FencedWriter(store, lambda: self.lease, self.owner)
         self._active: dict[str, _ActiveRun] = {}
         self._active_lock = threading.Lock()
         self._wake = threading.Event()

@@ -91,6 +91,25 @@ def group_alive(pgid: int) -> bool:
     return bool(live_group_members(pgid))
 
 
+def leftovers_after_reap(pgid: int) -> bool:
+    """After the group leader (PID ``pgid``) was reaped: whether members of its group may still exist.
+
+    The cheap check for the common path, with no ``/proc`` scan: ``killpg(pgid, 0)``
+    failing with ``ESRCH`` means the group is empty. While members exist the number
+    stays allocated (Linux never hands out a PID still used as a group id), so a
+    process now owning PID ``pgid`` proves the group had emptied and the number was
+    reused: not ours, never to be signalled. Otherwise True: members (live, or zombies
+    their new parent has not reaped yet; ``kill_group``/``group_alive`` tell those apart).
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a member exists but belongs to someone else (it changed its uid)
+    return process_identity(pgid) is None
+
+
 def _signal_group(pgid: int, signum: int) -> bool:
     """Send ``signum`` to the group; False if the group no longer exists."""
     try:

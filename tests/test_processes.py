@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from scheduler.processes import group_alive, kill_group, live_group_members, process_identity, same_process
+from scheduler.processes import (
+    group_alive,
+    kill_group,
+    leftovers_after_reap,
+    live_group_members,
+    process_identity,
+    same_process,
+)
 
 
 @pytest.fixture
@@ -76,3 +83,32 @@ def test_kill_group_of_missing_group() -> None:
     proc = subprocess.Popen(["true"], start_new_session=True)
     proc.wait()
     assert kill_group(proc.pid, 0.1) == "SIGTERM"
+
+
+def test_leftovers_after_reap_empty_group() -> None:
+    """A command whose whole group ended: the cheap check (one killpg, no /proc scan) says so once the leader is reaped."""
+    proc = subprocess.Popen(["sh", "-c", "true"], start_new_session=True)
+    proc.wait()
+    assert not leftovers_after_reap(proc.pid)
+
+
+def test_leftovers_after_reap_sees_a_daemonised_member(group_gone) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 100 >/dev/null 2>&1 & exit 0"], start_new_session=True)
+    proc.wait()
+    try:
+        assert leftovers_after_reap(proc.pid)
+        assert live_group_members(proc.pid) != []
+    finally:
+        kill_group(proc.pid, 1.0)
+    group_gone(proc.pid)
+
+
+def test_leftovers_after_reap_never_claims_a_reused_number() -> None:
+    """A live process owning the number leads its own group: the group id was reused, never ours to signal."""
+    other = subprocess.Popen(["sleep", "5"], start_new_session=True)
+    try:
+        assert group_alive(other.pid)
+        assert not leftovers_after_reap(other.pid)
+    finally:
+        other.kill()
+        other.wait()

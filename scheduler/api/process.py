@@ -9,6 +9,8 @@ example ``Popen.poll``) is called while waiting so your own child does not linge
 a zombie. It raises ``SchedulerError("PROCESS_GROUP_SURVIVED")`` when members remain
 even after SIGKILL (stuck in uninterruptible I/O). ``orphan_group_safe_to_kill`` is
 what a ``recover`` implementation asks before it signals a recorded group.
+``leftovers_after_reap(pgid)`` is the cheap check (one ``killpg``, no ``/proc`` scan) whether
+members of a group may remain once you reaped its leader.
 
 ``run_bounded(argv, data, timeout_s=..., max_stdout=..., env=minimal_env())`` runs a helper
 program (``ssh-keygen``, an attestor) with stdin, a deadline and output caps, killing its
@@ -22,10 +24,11 @@ from scheduler.bounded import Completed, minimal_env, run_bounded, snippet
 from scheduler.processes import (
     group_alive,
     kill_group,
+    leftovers_after_reap,
     live_group_members,
     orphan_group_safe_to_kill,
     process_identity,
     same_process,
 )
 
-__all__ = ["Completed", "minimal_env", "run_bounded", "snippet", "group_alive", "kill_group", "live_group_members", "orphan_group_safe_to_kill", "process_identity", "same_process"]
+__all__ = ["Completed", "minimal_env", "run_bounded", "snippet", "group_alive", "kill_group", "leftovers_after_reap", "live_group_members", "orphan_group_safe_to_kill", "process_identity", "same_process"]

@@ -116,6 +116,10 @@ class PipePump:
         self._stop = threading.Event()
         #: Set as soon as any sink refuses a chunk (its cap was exceeded).
         self.limit_exceeded = threading.Event()
+        #: Set when the pump ends (EOF on every output: the command is exiting) or a cap is exceeded:
+        #: what the waiting worker wakes on, instead of polling for the exit.
+        self.wake = threading.Event()
+        self._ended = False
         #: Names of the streams that exceeded their cap.
         self.exceeded: list[str] = []
         self.error: BaseException | None = None
@@ -127,8 +131,8 @@ class PipePump:
 
     @property
     def finished(self) -> bool:
-        """True once every output pipe reached EOF (or the pump was stopped)."""
-        return not self._thread.is_alive()
+        """True once every output pipe reached EOF (or the pump was stopped) and the pipes are closed."""
+        return self._ended
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for EOF on all outputs; True when the pump is done."""
@@ -170,6 +174,7 @@ class PipePump:
                     elif not sink.write(chunk) and not self.limit_exceeded.is_set():
                         self.exceeded.append(name)
                         self.limit_exceeded.set()
+                        self.wake.set()
         except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
             self.error = exc
         finally:
@@ -177,6 +182,8 @@ class PipePump:
             self._close_stdin()
             for pipe, _ in self._outputs.values():
                 pipe.close()
+            self._ended = True
+            self.wake.set()
 
     def _feed_stdin(self) -> bool:
         """Write the next chunk of stdin; True when all was written or the reader went away."""

@@ -3,17 +3,21 @@
 ``run_process`` is shared by the job's command and its ``verify_shell`` check. The
 order of events is what makes it safe to recover after a crash:
 
-1. spawn ``<shell> -c <gate>`` in a new session (own process group, ``pgid == pid``);
-   the gate script blocks on its first stdin line, so nothing of the payload has run;
-2. ``control.record_handle({"pid", "pgid", "start_time", "host"})``; if that raises (fence lost), the
-   gate is closed, the payload never starts, and the group is killed;
+1. spawn ``/bin/sh -c <gate>`` in a new session (own process group, ``pgid == pid``);
+   the gate script blocks on its first stdin line, so nothing of the payload has run
+   (``/bin/sh`` because it starts in a fraction of bash's time; the payload gets the
+   configured shell). If the dispatcher dies now, the gate reads EOF and exits 125;
+2. ``control.record_handle({"pid", "pgid", "start_time", "host", "step"})``: durable before it
+   returns (the dispatcher groups the handles of all its workers into one commit); if
+   it raises (fence lost), the gate is closed, the payload never starts, and the group is killed;
 3. open the gate: the wrapper ``exec``s the shell on the payload (same PID, same
    group, same start time) with stdin switched to ``/dev/null`` or the job's text;
 4. pump the pipes and wait for exit, deadline, cancellation or the output cap,
    polling ``control.wait_cancelled`` in short slices (at most ``WAIT_SLICE_S``);
 5. on deadline/cancel/cap: ``kill_group`` then ``control.record_termination``;
-   after a normal exit, group members left behind (daemonised background jobs) are
-   killed too, and recorded, so nothing of the run keeps running;
+   after a normal exit the leader is reaped and one ``killpg(pgid, 0)`` says whether
+   anything of the group is left (no ``/proc`` scan unless it is); members left behind
+   (daemonised background jobs) are killed too, and recorded, so nothing of the run keeps running;
 6. the pipe pump gets a bounded time to reach EOF; a pipe still held by a process
    that left the group (``setsid``) is abandoned rather than waited for.
 """
@@ -29,14 +33,18 @@ from collections.abc import Mapping
 import attrs
 
 from scheduler.api import RunControl, SchedulerError
-from scheduler.api.process import kill_group, live_group_members, process_identity
+from scheduler.api.process import kill_group, leftovers_after_reap, live_group_members, process_identity
 from scheduler_executor_shell.capture import PipePump, Sink
 
-#: Wrapper run by the shell: wait for the go-ahead line, pick stdin, then become the payload.
-#: ``$0`` is the shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
+#: Wrapper run by the gate shell: wait for the go-ahead line, pick stdin, then become the payload.
+#: ``$0`` is the payload's shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
 GATE_SCRIPT = 'IFS= read -r _ || exit 125; if [ "$2" = null ]; then exec </dev/null; fi; exec "$0" -c "$1"'
-#: Slice of each wait on the run control (cancellation latency).
+#: Shell that runs the gate: ``/bin/sh`` (dash starts several times faster than bash), else the payload's shell.
+GATE_SHELL = "/bin/sh"
+#: Longest slice of each wait for the command (cancellation latency).
 WAIT_SLICE_S = 0.05
+#: Once the pipes reached EOF: how often to look whether the leader has exited yet.
+EXIT_POLL_S = 0.0005
 #: How long to wait for the pipes after the group is gone before abandoning them.
 PIPE_DRAIN_S = 1.0
 #: After the leader exited with pipes still open: how often to look for live group members.
@@ -98,7 +106,8 @@ def run_process(
     ``deadline`` is a ``time.monotonic()`` instant. ``outputs`` maps "stdout" and
     "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events.
     """
-    argv = [shell, "-c", GATE_SCRIPT, shell, payload, "null" if stdin_data is None else "pipe"]
+    gate = GATE_SHELL if os.access(GATE_SHELL, os.X_OK) else shell
+    argv = [gate, "-c", GATE_SCRIPT, shell, payload, "null" if stdin_data is None else "pipe"]
     try:
         proc = subprocess.Popen(
             argv,
@@ -123,7 +132,7 @@ def run_process(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
     try:
-        control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname()})
+        control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label})
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
         outcome.reason = "record_failed"
         proc.stdin.close()  # the gate never opens: the payload does not start
@@ -139,7 +148,6 @@ def run_process(
         if not isinstance(exc, Exception):
             raise
         return outcome
-    _event(control, "shell.started", {"step": label, "pid": pid, "pgid": pgid, "identity": identity})
 
     pump = PipePump(
         {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
@@ -159,11 +167,14 @@ def run_process(
         raise
     if outcome.reason != "exited":
         _terminate(outcome, control, pgid, grace_s, proc, label)
-    elif live_group_members(pgid):
-        # The leader is still an unreaped zombie, so its PID cannot be reused as a group id
-        # meanwhile: anything live in the group was left behind and must not outlive the run.
-        outcome.leftovers_killed = True
-        _terminate(outcome, control, pgid, grace_s, proc, label)
+    else:
+        # Reaped now: while members remain the kernel keeps the number reserved as their group id,
+        # so one killpg tells an empty group (the common case) from leftovers without a /proc scan;
+        # the scan runs only to tell live leftovers from zombies a slow init has not reaped yet.
+        proc.wait()
+        if leftovers_after_reap(pgid) and live_group_members(pgid):
+            outcome.leftovers_killed = True  # left behind: must not outlive the run
+            _terminate(outcome, control, pgid, grace_s, proc, label)
     try:  # bounded only when SIGKILL did not work (a member stuck in the kernel)
         outcome.returncode = proc.wait(timeout=5.0 if "kill_error" in outcome.notes else None)
     except subprocess.TimeoutExpired:
@@ -184,10 +195,13 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
     member of the group is left (background children that keep writing are part of
     the run; a pipe held only by a process that left the group cannot be waited for).
     The leader is observed with ``waitid(WNOWAIT)`` so it stays unreaped, and its PID
-    reserved as the group id, until the group has been dealt with.
+    reserved as the group id, until the group has been dealt with. The worker sleeps on
+    the pump's ``wake`` event (EOF on the pipes: the command is exiting; or a cap was
+    exceeded) in slices, looking at the cancellation token between them, so a short
+    command is seen ending at once instead of at the next poll.
     """
     next_group_check = 0.0
-    slice_s = 0.002  # short commands end fast; the slice grows to WAIT_SLICE_S for long ones
+    slice_s = 0.002  # the slice grows to WAIT_SLICE_S for long commands (cancellation latency)
     while True:
         if pump.limit_exceeded.is_set():
             return "limit"
@@ -208,7 +222,13 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
         remaining = deadline - now
         if remaining <= 0:
             return "timeout"
-        if control.wait_cancelled(min(slice_s, remaining)):
+        if not pump.wake.is_set():
+            if pump.wake.wait(min(slice_s, remaining)):
+                slice_s = EXIT_POLL_S  # EOF: the leader is exiting; look again soon, then back off
+                continue
+            if control.is_cancelled():
+                return "cancelled"
+        elif control.wait_cancelled(min(slice_s, remaining)):
             return "cancelled"
         slice_s = min(slice_s * 2, WAIT_SLICE_S)
 
