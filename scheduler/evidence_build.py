@@ -34,7 +34,11 @@ from collections.abc import Mapping
 from typing import Any
 
 PAYLOAD_SCHEMA = "scheduler.evidence.payload"
-PAYLOAD_VERSION = 1
+#: The version the worker builds. Re-verification rebuilds a stored payload with the rules of the version it
+#: carries (``build_document(..., version=)``), so a payload attested by an older builder stays verifiable.
+PAYLOAD_VERSION = 2
+#: Every version ``build_document`` can build (1: before ``bind`` / ``collect`` shaped the payload).
+PAYLOAD_VERSIONS = (1, 2)
 #: ``schema`` of a handoff v4 artifact (``scheduler.handoff.ARTIFACT_SCHEMA``; not imported, to keep this module light).
 HANDOFF_ARTIFACT_SCHEMA = "openclaw.scheduler.handoff-artifact"
 
@@ -46,6 +50,25 @@ OUTCOME_COLUMNS = (
     ("governance_json", "governance"),
     ("credentials_json", "credential_presentation"),
 )
+
+#: Version 2 also binds the authorization decision and the verified proof (version 1 left them out).
+OUTCOME_COLUMNS_V2 = OUTCOME_COLUMNS + (("authorization_json", "authorization"), ("proof_json", "authorization_proof"))
+
+#: Bindings every payload enforces, whatever the declaration asks (the reference's core set): the run's ids
+#: (``run_id``, ``job_id``, ``dispatch_id``), ``command``, ``target`` (the contract), ``result`` and ``verification``.
+CORE_BINDINGS = ("command", "contract", "execution_id", "postcondition", "result")
+#: ``payload.bind`` names bound to an entry of the payload's ``outcomes`` (present when the run has it; when the
+#: declaration asks for it and the run has none, recorded as ``null``: the payload then binds its absence).
+OUTCOME_BINDINGS = {
+    "identity": "identity", "trust": "trust_level", "authorization": "authorization",
+    "authorization_proof": "authorization_proof", "delegation": "delegation", "credential_handoff": "credential_presentation",
+}
+#: ``collect`` names bound to an entry of ``outcomes`` (``result`` and ``exit_code`` are always in ``result``).
+OUTCOME_COLLECTS = {"identity": "identity", "authorization": "authorization", "governance": "governance"}
+#: ``collect`` names whose output excerpt goes into the payload's ``collected``.
+STREAM_COLLECTS = ("stdout", "stderr")
+#: At most this many UTF-8 bytes of a collected stream's stored (already redacted) excerpt enter the payload.
+COLLECT_EXCERPT_BYTES = 4096
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -71,22 +94,69 @@ def _flag(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
-def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *, duration_ms: int | None) -> dict[str, Any]:
+def requested_bindings(declaration: Mapping[str, Any] | None) -> list[str]:
+    """The ``payload.bind`` names a stored declaration asks for, sorted (the payload's ``bindings.requested``)."""
+    payload = (declaration or {}).get("payload") or {}
+    return sorted(set(payload.get("bind") or ()))
+
+
+def _excerpt(run: Mapping[str, Any], stream: str) -> dict[str, Any] | None:
+    """A collected stream: the head of its stored excerpt (at most ``COLLECT_EXCERPT_BYTES``), None when never captured.
+
+    The stored excerpt is what the stream recorder kept after redaction (every presented
+    credential value already replaced), so nothing here sees unredacted output. ``complete``
+    says whether the excerpt is the whole stream (its bytes hash to the stream's SHA-256).
+    """
+    import hashlib
+
+    text, size = run.get(f"{stream}_excerpt"), run.get(f"{stream}_bytes")
+    if text is None and size is None:
+        return None
+    raw = (text or "").encode("utf-8")[:COLLECT_EXCERPT_BYTES]
+    cut = raw.decode("utf-8", errors="ignore")  # never half a character
+    data = cut.encode("utf-8")
+    return {"excerpt": cut, "excerpt_bytes": len(data),
+            "complete": _digest(run.get(f"{stream}_sha256")) == "sha256:" + hashlib.sha256(data).hexdigest()}
+
+
+def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *, duration_ms: int | None,
+                   version: int = PAYLOAD_VERSION) -> dict[str, Any]:
     """The evidence payload document of ``run`` (a run row as completion writes it) bound to its ``artifact`` payload.
 
     ``artifact`` is the parsed execution artifact the run is bound to (None when the run has
     none: the payload then says so). Deterministic: the same row and artifact give the same
-    document, so its canonical bytes can be rebuilt later from history.
+    document, so its canonical bytes can be rebuilt later from history. ``version`` selects
+    the builder's rules (``PAYLOAD_VERSIONS``; re-verification passes the stored payload's);
+    another value is ``ValueError``.
     """
     from scheduler.execution_artifacts import redact_secrets
 
+    if version not in PAYLOAD_VERSIONS:
+        raise ValueError(f"evidence payload version {version!r} is not one of {PAYLOAD_VERSIONS}")
     art = artifact or {}
     status = run.get("status")
     outcomes: dict[str, Any] = {}
-    for column, name in OUTCOME_COLUMNS:
+    for column, name in (OUTCOME_COLUMNS if version == 1 else OUTCOME_COLUMNS_V2):
         value = run.get(column)
         if value is not None:
             outcomes[name] = redact_secrets(_parsed(value))
+    declared = art.get("evidence") or {}
+    extra: dict[str, Any] = {}
+    if version >= 2:
+        requested = requested_bindings(declared)
+        collect = set(declared.get("collect") or ())
+        for name in requested:  # asked for and absent: bound as null
+            if name in OUTCOME_BINDINGS:
+                outcomes.setdefault(OUTCOME_BINDINGS[name], None)
+        for name in sorted(collect & set(OUTCOME_COLLECTS)):
+            outcomes.setdefault(OUTCOME_COLLECTS[name], None)
+        present = {n for n, key in OUTCOME_BINDINGS.items() if outcomes.get(key) is not None}
+        if ((declared.get("payload") or {}).get("context")) is not None:
+            present.add("context")
+        extra = {
+            "bindings": {"requested": requested, "enforced": sorted(set(CORE_BINDINGS) | set(requested) | present)},
+            "collected": {name: _excerpt(run, name) for name in STREAM_COLLECTS if name in collect},
+        }
     verification = None
     if run.get("verify_status") is not None or run.get("verify_json") is not None:
         verification = {"status": run.get("verify_status"), "record": redact_secrets(_parsed(run.get("verify_json")))}
@@ -100,7 +170,7 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
         }
     return {
         "schema": PAYLOAD_SCHEMA,
-        "version": PAYLOAD_VERSION,
+        "version": version,
         "canonicalization": "json-sort-v1",
         "run_id": run.get("id"),
         "job_id": run.get("job_id"),
@@ -137,6 +207,7 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
         },
         "verification": verification,
         "outcomes": outcomes,
+        **extra,
         # Only for a run bound to a handoff v4 artifact (the key is absent otherwise, so no other payload changes):
         # the handoff bindings the reference's v4 payload carries, read from the artifact. Providers may key on it
         # (the ssh provider signs in namespace ``agentcli`` by default, as AgentCLI's envelope does).
@@ -150,4 +221,5 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
     }
 
 
-__all__ = ["OUTCOME_COLUMNS", "PAYLOAD_SCHEMA", "PAYLOAD_VERSION", "build_document"]
+__all__ = ["CORE_BINDINGS", "OUTCOME_COLUMNS", "PAYLOAD_SCHEMA", "PAYLOAD_VERSION", "PAYLOAD_VERSIONS", "build_document",
+           "requested_bindings"]

@@ -151,6 +151,13 @@ def _check_payload(record: dict[str, Any], checks: dict[str, str]) -> dict[str, 
         document = parse_canonical(data, "the stored payload")
     except EvidenceFailure as exc:
         raise _Fail("EVIDENCE_PAYLOAD_INVALID", exc.message, cause=exc.code) from None
+    from scheduler.evidence_build import PAYLOAD_SCHEMA, PAYLOAD_VERSIONS
+
+    version = document.get("version")
+    if document.get("schema") != PAYLOAD_SCHEMA or isinstance(version, bool) or version not in PAYLOAD_VERSIONS:
+        raise _Fail("EVIDENCE_PAYLOAD_INVALID", f"the stored payload is not a {PAYLOAD_SCHEMA} of a version this kernel"
+                                                f" builds ({', '.join(map(str, PAYLOAD_VERSIONS))}): schema"
+                                                f" {document.get('schema')!r}, version {version!r}")
     checks["payload_digest"] = "ok"
     return document
 
@@ -198,6 +205,15 @@ def _check_artifact(tx: Any, record: dict[str, Any], run: dict[str, Any] | None,
     for section, key in (("evidence", "declaration"), ("command", "command"), ("target", "target")):
         if artifact.get(section) != document.get(key):
             raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the payload's {key} is not the {section} of the run's artifact {digest}")
+    if document.get("version", 1) >= 2:  # what the declaration asked to bind, checked even when the run is gone
+        from scheduler.evidence_build import requested_bindings
+
+        bindings = document.get("bindings") if isinstance(document.get("bindings"), dict) else {}
+        requested = requested_bindings(artifact.get("evidence"))
+        enforced = bindings.get("enforced") if isinstance(bindings.get("enforced"), list) else []
+        if bindings.get("requested") != requested or not set(requested) <= set(enforced):
+            raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the payload's bindings are not those the declaration of the run's"
+                                                   f" artifact {digest} asks for ({', '.join(requested) or 'none'})")
     checks["artifact"] = "ok"
     return artifact
 
@@ -222,7 +238,7 @@ def _check_run_row(run: dict[str, Any], artifact: dict[str, Any] | None, documen
             and result.get("status") in ("ok", "error", "timeout")):
         row["status"] = result["status"]  # a cancel request won the completion after the worker attested
         checks["cancellation_won"] = "the run was attested, then a cancel request won its completion"
-    rebuilt = build_document(row, artifact, duration_ms=duration)
+    rebuilt = build_document(row, artifact, duration_ms=duration, version=document["version"])
     if canonical_bytes(rebuilt) != record["canonical_payload"].encode("utf-8"):
         diff = _differences(rebuilt, document)
         raise _Fail("EVIDENCE_PAYLOAD_MISMATCH", f"the stored run no longer matches its evidence payload ({', '.join(diff[:8])})",

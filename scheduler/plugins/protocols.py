@@ -35,7 +35,7 @@ KNOWN_CAPABILITIES = frozenset({
     # channels
     "attachments", "idempotency-keys", "threads",
     # evidence, credentials, authorization
-    "attest", "verify-evidence", "refresh", "revoke", "escalate",
+    "attest", "verify-evidence", "signed-evidence", "refresh", "revoke", "escalate",
 })
 
 
