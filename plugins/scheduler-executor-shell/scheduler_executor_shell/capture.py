@@ -1,10 +1,11 @@
 """Pumping a child's pipes: stdout and stderr read concurrently, stdin fed, no deadlock at any size.
 
-One background thread runs a ``selectors`` loop over all pipes of one process: it
-reads whatever stream has data (so a child blocked writing stderr never waits for
-stdout to finish) and writes stdin in non-blocking chunks. It stops at EOF on both
-output pipes, or when told to (``stop``), so an escaped grandchild holding a pipe
-open can never keep it alive. The pump alone reads and closes the pipes.
+One ``selectors`` loop over all pipes of one process (on the worker's own thread, or
+on a background thread once the worker must do something else): it reads whatever
+stream has data (so a child blocked writing stderr never waits for stdout to finish)
+and writes stdin in non-blocking chunks. It stops at EOF on both output pipes, or
+when told to (``stop``), so an escaped grandchild holding a pipe open can never keep
+it alive. The pump alone reads and closes the pipes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import os
 import selectors
 import threading
+import time
 from typing import IO, Any, Protocol
 
 from scheduler.api import StreamCapture, StreamRecorder
@@ -101,7 +103,15 @@ def _enlarge_pipe(fd: int) -> None:
 
 
 class PipePump:
-    """Drains a process's stdout/stderr into sinks and feeds its stdin, in one thread."""
+    """Drains a process's stdout/stderr into sinks and feeds its stdin: inline on the caller's thread, or on a thread of its own.
+
+    The worker that runs a command drives the selector itself (``step``), so a short
+    command costs no thread: the same ``select`` also watches ``exit_fd`` (a pidfd,
+    readable once the leader has exited, without reaping it), so the exit is seen the
+    moment it happens instead of at the next poll. When the worker has something else
+    to do while output must keep flowing (terminating the group), ``start`` hands the
+    rest of the loop to a background thread.
+    """
 
     def __init__(
         self,
@@ -109,81 +119,143 @@ class PipePump:
         *,
         stdin: IO[bytes] | None = None,
         stdin_data: bytes = b"",
+        exit_fd: int | None = None,
     ) -> None:
         self._outputs = outputs
         self._stdin = stdin
         self._stdin_data = memoryview(stdin_data)
+        self._exit_fd = exit_fd
         self._stop = threading.Event()
         #: Set as soon as any sink refuses a chunk (its cap was exceeded).
         self.limit_exceeded = threading.Event()
-        #: Set when the pump ends (EOF on every output: the command is exiting) or a cap is exceeded:
-        #: what the waiting worker wakes on, instead of polling for the exit.
-        self.wake = threading.Event()
+        #: True once ``exit_fd`` became readable: the leader exited (it is not reaped).
+        self.leader_exited = False
         self._ended = False
         #: Names of the streams that exceeded their cap.
         self.exceeded: list[str] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="shell-pipe-pump", daemon=True)
-
-    def start(self) -> None:
-        """Start pumping."""
-        self._thread.start()
+        self._sel: selectors.BaseSelector | None = None
+        self._readers = len(outputs)
+        self._thread: threading.Thread | None = None
 
     @property
-    def finished(self) -> bool:
-        """True once every output pipe reached EOF (or the pump was stopped) and the pipes are closed."""
-        return self._ended
+    def watches_exit(self) -> bool:
+        """True while ``exit_fd`` tells this pump about the leader's exit."""
+        return self._exit_fd is not None
 
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for EOF on all outputs; True when the pump is done."""
-        self._thread.join(max(0.0, timeout_s))
-        return not self._thread.is_alive()
-
-    def stop(self, timeout_s: float = 1.0) -> bool:
-        """Abandon the pipes (a process outside the group still holds them) and close them."""
-        self._stop.set()
-        return self.join(timeout_s)
-
-    def _run(self) -> None:
-        """The selector loop; closes every pipe when it ends, whatever the reason."""
-        sel = selectors.DefaultSelector()
-        try:
+    def _open(self) -> selectors.BaseSelector:
+        sel = self._sel
+        if sel is None:
+            sel = self._sel = selectors.DefaultSelector()
             for name, (pipe, sink) in self._outputs.items():
                 _enlarge_pipe(pipe.fileno())
                 sel.register(pipe.fileno(), selectors.EVENT_READ, (name, pipe, sink))
             if self._stdin is not None:
                 os.set_blocking(self._stdin.fileno(), False)
                 sel.register(self._stdin.fileno(), selectors.EVENT_WRITE, None)
-            readers = len(self._outputs)
-            while readers and not self._stop.is_set():
+            if self._exit_fd is not None:
+                sel.register(self._exit_fd, selectors.EVENT_READ, "exit")
+        return sel
+
+    def step(self, timeout_s: float) -> None:
+        """One round on the caller's thread: wait up to ``timeout_s`` for output, stdin room or the exit; handle it.
+
+        Errors are kept in ``error`` (the pipes are closed then); never raises.
+        """
+        if self._ended:
+            if timeout_s > 0:
+                self._stop.wait(timeout_s)
+            return
+        try:
+            sel = self._open()
+            if not self._readers and self.leader_exited:
+                self._teardown()
+                return
+            for key, _ in sel.select(max(0.0, timeout_s)):
+                self._handle(sel, key)
+            if not self._readers and (self.leader_exited or self._exit_fd is None):
+                self._teardown()
+        except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
+            self.error = exc
+            self._teardown()
+
+    def _handle(self, sel: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        if key.data == "exit":
+            sel.unregister(key.fd)
+            self.leader_exited = True
+            return
+        if key.data is None:
+            if self._feed_stdin():
+                sel.unregister(key.fd)
+                self._close_stdin()
+            return
+        name, pipe, sink = key.data
+        try:
+            chunk = os.read(key.fd, READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not chunk:
+            sel.unregister(key.fd)
+            pipe.close()
+            self._readers -= 1
+        elif not sink.write(chunk) and not self.limit_exceeded.is_set():
+            self.exceeded.append(name)
+            self.limit_exceeded.set()
+
+    def _teardown(self) -> None:
+        """Close the selector and every pipe; idempotent."""
+        if self._sel is not None:
+            self._sel.close()
+        self._close_stdin()
+        for pipe, _ in self._outputs.values():
+            pipe.close()
+        self._ended = True
+
+    def start(self) -> None:
+        """Go on pumping on a background thread (the caller no longer calls ``step``)."""
+        if self._thread is None and not self._ended:
+            self._thread = threading.Thread(target=self._run, name="shell-pipe-pump", daemon=True)
+            self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        """True once every output pipe reached EOF and was closed (or the pump was stopped)."""
+        return self._ended or not self._readers
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for EOF on all outputs; True when the pump is done."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+            return not self._thread.is_alive()
+        end = time.monotonic() + max(0.0, timeout_s)
+        while not self._ended and self._readers and not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self.step(min(left, POLL_S))
+        if not self._ended:
+            self._teardown()
+        return True
+
+    def stop(self, timeout_s: float = 1.0) -> bool:
+        """Abandon the pipes (a process outside the group still holds them) and close them."""
+        self._stop.set()
+        if self._thread is None:
+            self._teardown()
+            return True
+        return self.join(timeout_s)
+
+    def _run(self) -> None:
+        """The background loop: until EOF on every output or ``stop``; closes every pipe when it ends."""
+        try:
+            sel = self._open()
+            while self._readers and not self._stop.is_set():
                 for key, _ in sel.select(POLL_S):
-                    if key.data is None:
-                        if self._feed_stdin():
-                            sel.unregister(key.fd)
-                            self._close_stdin()
-                        continue
-                    name, pipe, sink = key.data
-                    try:
-                        chunk = os.read(key.fd, READ_CHUNK)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    if not chunk:
-                        sel.unregister(key.fd)
-                        pipe.close()
-                        readers -= 1
-                    elif not sink.write(chunk) and not self.limit_exceeded.is_set():
-                        self.exceeded.append(name)
-                        self.limit_exceeded.set()
-                        self.wake.set()
+                    self._handle(sel, key)
         except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
             self.error = exc
         finally:
-            sel.close()
-            self._close_stdin()
-            for pipe, _ in self._outputs.values():
-                pipe.close()
-            self._ended = True
-            self.wake.set()
+            self._teardown()
 
     def _feed_stdin(self) -> bool:
         """Write the next chunk of stdin; True when all was written or the reader went away."""

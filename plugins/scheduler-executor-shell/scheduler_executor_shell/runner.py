@@ -12,9 +12,11 @@ order of events is what makes it safe to recover after a crash:
    it raises (fence lost), the gate is closed, the payload never starts, and the group is killed;
 3. open the gate: the wrapper ``exec``s the shell on the payload (same PID, same
    group, same start time) with stdin switched to ``/dev/null`` or the job's text;
-4. pump the pipes and wait for exit, deadline, cancellation or the output cap,
-   polling ``control.wait_cancelled`` in short slices (at most ``WAIT_SLICE_S``);
-5. on deadline/cancel/cap: ``kill_group`` then ``control.record_termination``;
+4. pump the pipes on the worker's own thread (no thread per run) and wait for exit
+   (a pidfd in the same ``select``), deadline, cancellation or the output cap, looking
+   at the cancellation token at least every ``WAIT_SLICE_S``;
+5. on deadline/cancel/cap: the pump moves to a thread of its own (output keeps
+   flowing), ``kill_group``, then ``control.record_termination``;
    after a normal exit the leader is reaped and one ``killpg(pgid, 0)`` says whether
    anything of the group is left (no ``/proc`` scan unless it is); members left behind
    (daemonised background jobs) are killed too, and recorded, so nothing of the run keeps running;
@@ -43,12 +45,12 @@ GATE_SCRIPT = 'IFS= read -r _ || exit 125; if [ "$2" = null ]; then exec </dev/n
 GATE_SHELL = "/bin/sh"
 #: Longest slice of each wait for the command (cancellation latency).
 WAIT_SLICE_S = 0.05
-#: Once the pipes reached EOF: how often to look whether the leader has exited yet.
-EXIT_POLL_S = 0.0005
 #: How long to wait for the pipes after the group is gone before abandoning them.
 PIPE_DRAIN_S = 1.0
-#: After the leader exited with pipes still open: how often to look for live group members.
+#: After the leader exited with pipes still open: how often to look for live group members ...
 GROUP_CHECK_S = 0.25
+#: ... and when first (the pipes of a command that simply ended reach EOF within microseconds).
+FIRST_GROUP_CHECK_S = 0.01
 
 
 @attrs.define(kw_only=True)
@@ -149,23 +151,40 @@ def run_process(
             raise
         return outcome
 
-    pump = PipePump(
-        {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
-        stdin=proc.stdin,
-        stdin_data=b"\n" + (stdin_data or b""),
-    )
-    pump.start()
+    exit_fd = _pidfd(pid)
+    try:
+        pump = PipePump(
+            {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
+            stdin=proc.stdin,
+            stdin_data=b"\n" + (stdin_data or b""),
+            exit_fd=exit_fd,
+        )
+        _finish(outcome, pump, proc, deadline, control, grace_s, label)
+    finally:
+        if exit_fd is not None:
+            os.close(exit_fd)
+    return outcome
+
+
+def _finish(
+    outcome: ProcessOutcome, pump: PipePump, proc: subprocess.Popen, deadline: float, control: RunControl, grace_s: float,
+    label: str,
+) -> None:
+    """Steps 4-6 above: wait (this thread drives the pump), terminate when needed, reap, drain."""
+    pgid = proc.pid
     try:
         outcome.reason = _wait(proc, pump, deadline, control)
         if outcome.reason == "exited" and pump.error is not None:
             outcome.reason = "capture_failed"  # the pump failed just as the command ended
     except BaseException:
         outcome.reason = "error"
+        pump.start()
         _terminate(outcome, control, pgid, grace_s, proc, label)
         proc.wait()
         pump.stop()
         raise
     if outcome.reason != "exited":
+        pump.start()  # output keeps flowing on a thread of its own while the group is stopped
         _terminate(outcome, control, pgid, grace_s, proc, label)
     else:
         # Reaped now: while members remain the kernel keeps the number reserved as their group id,
@@ -174,6 +193,7 @@ def run_process(
         proc.wait()
         if leftovers_after_reap(pgid) and live_group_members(pgid):
             outcome.leftovers_killed = True  # left behind: must not outlive the run
+            pump.start()
             _terminate(outcome, control, pgid, grace_s, proc, label)
     try:  # bounded only when SIGKILL did not work (a member stuck in the kernel)
         outcome.returncode = proc.wait(timeout=5.0 if "kill_error" in outcome.notes else None)
@@ -185,7 +205,14 @@ def run_process(
     outcome.exceeded_streams = list(pump.exceeded)
     if pump.error is not None:
         outcome.notes["pump_error"] = repr(pump.error)
-    return outcome
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of our child (readable once it exits, without reaping it), or None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunControl) -> str:
@@ -194,11 +221,12 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
     "exited" means the leader exited and either both pipes reached EOF or no live
     member of the group is left (background children that keep writing are part of
     the run; a pipe held only by a process that left the group cannot be waited for).
-    The leader is observed with ``waitid(WNOWAIT)`` so it stays unreaped, and its PID
-    reserved as the group id, until the group has been dealt with. The worker sleeps on
-    the pump's ``wake`` event (EOF on the pipes: the command is exiting; or a cap was
-    exceeded) in slices, looking at the cancellation token between them, so a short
-    command is seen ending at once instead of at the next poll.
+    The leader stays unreaped, and its PID reserved as the group id, until the group
+    has been dealt with: its exit is seen through the pump's pidfd (or, on kernels
+    without pidfds, ``waitid(WNOWAIT)`` polls). This thread drives the pump: one
+    ``select`` over the pipes and the pidfd wakes on output, EOF or the exit, so a
+    short command is seen ending at once; between rounds (at most ``WAIT_SLICE_S``) it
+    looks at the deadline and the cancellation token.
     """
     next_group_check = 0.0
     slice_s = 0.002  # the slice grows to WAIT_SLICE_S for long commands (cancellation latency)
@@ -208,9 +236,11 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
         if pump.error is not None:
             return "capture_failed"
         now = time.monotonic()
-        if _leader_exited(proc.pid):
+        if pump.leader_exited if pump.watches_exit else _leader_exited(proc.pid):
             done = pump.finished
-            if not done and now >= next_group_check:
+            if not done and not next_group_check:  # the pipes reach EOF a moment after the exit: no scan yet
+                next_group_check = now + FIRST_GROUP_CHECK_S
+            elif not done and now >= next_group_check:
                 next_group_check = now + GROUP_CHECK_S
                 done = not live_group_members(proc.pid)
             if done:
@@ -222,12 +252,12 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
         remaining = deadline - now
         if remaining <= 0:
             return "timeout"
-        if not pump.wake.is_set():
-            if pump.wake.wait(min(slice_s, remaining)):
-                slice_s = EXIT_POLL_S  # EOF: the leader is exiting; look again soon, then back off
-                continue
-            if control.is_cancelled():
-                return "cancelled"
+        if control.is_cancelled():
+            return "cancelled"
+        if pump.watches_exit:
+            pump.step(min(WAIT_SLICE_S, remaining))  # wakes on output, EOF or the exit
+        elif not pump.finished:
+            pump.step(min(slice_s, remaining))
         elif control.wait_cancelled(min(slice_s, remaining)):
             return "cancelled"
         slice_s = min(slice_s * 2, WAIT_SLICE_S)
