@@ -16,7 +16,7 @@ from typing import Any
 
 from scheduler import transitions
 from scheduler.conditions import condition_matches
-from scheduler.events import append_event
+from scheduler.events import LOOKUP, append_event
 from scheduler.execution import ExecutionResult
 from scheduler.lease import Lease, assert_live
 from scheduler.pipeline import RunOutcomes
@@ -28,7 +28,8 @@ from scheduler.transitions import committing, insert_dispatch
 #: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
 RUN_FIELDS_FOR_CONSEQUENCES = (
     "id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms, error_code, error_message,"
-    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256, stdout_artifact"
+    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256, stdout_artifact,"
+    " artifact_digest, principal, trust_level"
 )
 
 #: Longest backoff between retries, whatever the attempt number.
@@ -125,11 +126,14 @@ def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcome
     """
     import uuid
 
+    from scheduler.proofs import approval_columns
+
     escalate = outcomes.escalate or {}
     approval_id = str(uuid.uuid4())
     run = transitions.escalate_run(tx, run_id, owner=lease.owner, token=lease.token, values=dict(outcomes.columns),
                                    approval_id=approval_id, gate_kind=escalate.get("gate_kind", "authorization"),
-                                   risk_level=escalate.get("risk_level") or "medium", reason=escalate.get("reason"), now=now)
+                                   risk_level=escalate.get("risk_level") or "medium", reason=escalate.get("reason"), now=now,
+                                   proof_window=approval_columns(outcomes))
     if run is None:
         return None
     commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
@@ -203,8 +207,10 @@ def apply_consequences(
         data["run_owner"] = run["dispatcher_owner"]  # recovery: the dead owner the run belonged to
     if details:
         data["details"] = details  # executor-reported metadata (never output text or secrets)
+    # The run's binding and identity came back with its terminal write: the event needs no lookups.
     append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
-                 actor=actor, at=now, data=data)
+                 actor=actor, at=now, data=data, artifact_digest=run.get("artifact_digest"),
+                 principal=run.get("principal", LOOKUP), trust_level=run.get("trust_level", LOOKUP))
     job = _update_job_counters(tx, run, now, actor)
     if job is None or suppress:
         return
@@ -239,7 +245,7 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | Non
         "   ELSE consecutive_failures END, updated_at = ? WHERE id = ?"
         " RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries,"
         " retry_backoff_ms, delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to,"
-        " watchdog_self_destruct, notify",
+        " watchdog_self_destruct, notify, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children",
         (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], outcome, now,
          run["job_id"]),
     )
@@ -296,6 +302,8 @@ def _outcome_matches(trigger_on: str | None, status: str) -> bool:
 
 
 def _trigger_children(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    if not job.get("has_children", True):  # the counters' RETURNING said so: no query for the common childless job
+        return
     children = tx.all("SELECT id, trigger_on, trigger_delay_s, trigger_condition, enabled FROM jobs WHERE parent_id = ?", (job["id"],))
     text = run.get("summary") or run.get("stdout_excerpt") or ""
     for child in children:

@@ -281,11 +281,13 @@ def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: 
 def start_run(
     tx: Tx, lease: Lease, *, run_id: str, job: dict[str, Any], dispatch_id: str, dispatch_kind: str, attempt: int,
     scheduled_for: int, executor: str | None, parent_run_id: str | None, retry_of_run_id: str | None,
-    replay_of_run_id: str | None, now: int,
+    replay_of_run_id: str | None, now: int, artifact_digest: str | None = None,
 ) -> None:
     """(new) -> ``running`` under ``lease``'s fence (the caller claimed its dispatch in this transaction).
 
     The run inherits its dispatch's artifact binding (artifact, source run, source artifact).
+    ``artifact_digest`` is the dispatch's binding when the caller read it (its ``run.started``
+    event then needs no lookups: a new run has no identity recorded yet).
     """
     tx.execute(
         "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
@@ -297,7 +299,8 @@ def start_run(
          retry_of_run_id, replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"], dispatch_id),
     )
     append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=lease.owner, at=now,
-                 data={"kind": dispatch_kind, "attempt": attempt, "token": lease.token})
+                 data={"kind": dispatch_kind, "attempt": attempt, "token": lease.token}, artifact_digest=artifact_digest,
+                 principal=None, trust_level=None)
     _notify(run_id, job["id"], None, "running", now)
 
 
@@ -531,7 +534,7 @@ def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int
 
 def escalate_run(
     tx: Tx, run_id: str, *, owner: str, token: int, values: dict[str, Any], approval_id: str, gate_kind: str,
-    risk_level: str, reason: str | None, now: int,
+    risk_level: str, reason: str | None, now: int, proof_window: dict[str, int | None] | None = None,
 ) -> dict[str, Any] | None:
     """``running`` -> ``awaiting_approval`` under the run's fence (an authorization provider escalated); its dispatch
     ``claimed`` -> ``awaiting_approval``; (new) approval ``pending`` of ``gate_kind``.
@@ -539,8 +542,11 @@ def escalate_run(
     Nothing of the payload ran. ``values`` are the run columns the pipeline decided so far
     (``authorization_json``, ...). None (nothing changed) when the run is no longer ours or a
     cancel request came first: the caller then ends it as usual. The approval snapshots the
-    job's approver scope and timeout like a job gate (``open_approval_gate``).
+    job's approver scope and timeout like a job gate (``open_approval_gate``), and
+    ``proof_window`` (``proofs.approval_columns``: the verified proof's ``proof_not_before``,
+    ``proof_expires_at``, ``proof_clock_skew_ms``) when the run verified a proof before escalating.
     """
+    window = proof_window or {}
     sets = "".join(f"{k} = ?, " for k in values)
     run = tx.one(
         f"UPDATE runs SET {sets}status = 'awaiting_approval' WHERE id = ? AND status = 'running'"
@@ -561,11 +567,13 @@ def escalate_run(
     timeout_action = "reject" if scope or job is None else job["approval_timeout_action"]
     tx.execute(
         "INSERT INTO approvals(id, job_id, run_id, dispatch_id, gate_kind, status, version, risk_level, approver_scope,"
-        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest)"
+        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest,"
+        " proof_not_before, proof_expires_at, proof_clock_skew_ms)"
         " SELECT ?, r.job_id, r.id, r.dispatch_id, ?, 'pending', 1, ?, ?, ?, ?, ?, r.artifact_digest, r.source_run_id,"
-        " r.source_artifact_digest FROM runs r WHERE r.id = ?",
+        " r.source_artifact_digest, ?, ?, ? FROM runs r WHERE r.id = ?",
         (approval_id, gate_kind, risk_level, scope, timeout_action, now,
-         now + int(job["approval_timeout_s"] if job else 3600) * 1000, run_id),
+         now + int(job["approval_timeout_s"] if job else 3600) * 1000, window.get("proof_not_before"),
+         window.get("proof_expires_at"), window.get("proof_clock_skew_ms"), run_id),
     )
     append_event(tx, "approval.requested", job_id=run["job_id"], run_id=run_id, dispatch_id=run["dispatch_id"], actor=owner, at=now,
                  data={"approval_id": approval_id, "gate": gate_kind, "risk_level": risk_level, "approver_scope": scope,
