@@ -715,14 +715,22 @@ class Dispatcher:
         assert self.lease is not None
         now = now_ms()
         message = f"completion failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"[:2000]
-        try:
-            with committing(self.store, self.hooks) as tx:
-                leases.assert_live(tx, self.lease)
-                fail_completion(tx, s.run_id, owner=self.lease.owner, token=self.lease.token, message=message, now=now)
-        except leases.LeaseLost:
-            raise
-        except Exception:
-            log.exception("could not record the failed completion of run %s; recovery will end it", s.run_id)
+        # An evidence job's run gets its terminal (interrupted) evidence row too; should that fail, the run still ends.
+        for with_evidence in ((True, False) if s.job.get("evidence") else (False,)):
+            try:
+                with committing(self.store, self.hooks) as tx:
+                    leases.assert_live(tx, self.lease)
+                    if fail_completion(tx, s.run_id, owner=self.lease.owner, token=self.lease.token, message=message,
+                                       now=now) and with_evidence:
+                        from scheduler.evidence import record_interrupted
+
+                        record_interrupted(tx, {"id": s.run_id}, now=now, actor=self.lease.owner, error_code="COMPLETION_FAILED")
+                return
+            except leases.LeaseLost:
+                raise
+            except Exception:
+                log.exception("could not record the failed completion of run %s%s", s.run_id,
+                              " with its interrupted evidence" if with_evidence else "; recovery will end it")
 
     def _forget(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> None:
         with self._active_lock:
@@ -819,6 +827,10 @@ class Dispatcher:
                               " its worker was abandoned",
             )
         e.abandoned = result
+        if s.job.get("evidence"):  # committed without its worker: an interrupted evidence row, as recovery gives
+            from scheduler.evidence import interrupt
+
+            interrupt(s.outcomes, result.error_code or "EXECUTOR_ABANDONED")
         self._abandoned.add(s.run_id)
         self.stats["abandoned"] += 1
         self.say(f"{_clock()} abandoning {s.job['name']} run {s.run_id[:8]}:"

@@ -121,8 +121,18 @@ def _attest(store: Any, started: Any, spec: Any, declaration: dict[str, Any], re
                                   error_message=f"{code}: {message}"[:4096])
         else:
             log.warning("evidence of run %s was not attested (%s: %s); the run keeps its status", started.run_id, code, message)
-    outcomes.evidence = record
+    if not (outcomes.evidence or {}).get("interrupted"):  # a run the dispatcher committed without us keeps that row
+        outcomes.evidence = record
     return result
+
+
+def interrupt(outcomes: RunOutcomes, code: str) -> None:
+    """The dispatcher commits this run without its worker (abandoned): the completion gives it an interrupted row.
+
+    Whatever the cut-loose worker attests later describes a result that is discarded, so it
+    never replaces this marker; ``insert_record`` turns it into ``record_interrupted``.
+    """
+    outcomes.evidence = {"interrupted": code}
 
 
 class _Failed(Exception):
@@ -205,8 +215,15 @@ def envelope_json(envelope: Any) -> str:
 
 
 def insert_record(tx: Any, run: dict[str, Any], record: dict[str, Any], *, now: int) -> None:
-    """Insert the run's evidence row inside its completion transaction (its retention deadline counted from ``now``)."""
+    """Insert the run's evidence row inside its completion transaction (its retention deadline counted from ``now``).
+
+    A record made by ``interrupt`` (an abandoned run) becomes the run's ``interrupted`` row instead.
+    """
     import uuid
+
+    if record.get("interrupted"):
+        record_interrupted(tx, run, now=now, actor=run.get("dispatcher_owner"), error_code=record["interrupted"])
+        return
 
     from scheduler.evidence_retention import retention_until
 
@@ -222,10 +239,13 @@ def insert_record(tx: Any, run: dict[str, Any], record: dict[str, Any], *, now: 
     )
 
 
-def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | None) -> bool:
-    """Give an interrupted run (crashed, recovered after ``kill -9``) of an evidence job its terminal evidence row.
+def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | None, error_code: str = "INTERRUPTED") -> bool:
+    """Give an interrupted run of an evidence job its terminal evidence row.
 
-    Called by crash recovery inside its transaction, after the run became ``crashed``. The
+    Called inside the transaction that ended the run without an attestation: crash recovery
+    (``crashed`` after ``kill -9``, ``error_code`` ``INTERRUPTED``), a failed completion
+    (``COMPLETION_FAILED``) and a run committed without its abandoned worker
+    (``EXECUTOR_ABANDONED`` / ``EXECUTOR_DEADLINE_EXCEEDED``). ``run`` needs only ``id``. The
     declaration is read from the run's own execution artifact (what the run executed under);
     a run of a job without evidence, or one that already has its row, gets nothing. The row is
     status ``interrupted`` with the payload of the run as recovered and no envelope (no
@@ -236,6 +256,8 @@ def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | N
     from scheduler.evidence_build import build_document
     from scheduler.execution_artifacts import load_artifact
 
+    if "artifact_digest" not in run or "job_id" not in run:
+        run = tx.one("SELECT id, job_id, artifact_digest FROM runs WHERE id = ?", (run["id"],)) or {}
     digest = run.get("artifact_digest")
     if not digest:
         return False
@@ -259,13 +281,14 @@ def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | N
         "provider": section.get("provider") or "checksum", "methods": list(section.get("methods") or []),
         "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"), "canonical_payload": canonical.decode("utf-8"),
         "envelope": None, "artifact_digest": digest, "verification": None, "verified": 0, "status": "interrupted",
-        "error_code": "INTERRUPTED", "evidence_ref": section.get("ref"),
+        "error_code": error_code, "evidence_ref": section.get("ref"),
         "declaration": canonical_json(declared),
         "source_run_id": row.get("source_run_id"), "retention_policy": section.get("retention"),
     }, now=now)
     tx.execute("UPDATE runs SET evidence_status = 'interrupted' WHERE id = ?", (run["id"],))
     append_event(tx, "evidence.interrupted", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
-                 data={"provider": section.get("provider"), "payload_sha256": hash_bytes(canonical).removeprefix("sha256:")})
+                 data={"provider": section.get("provider"), "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"),
+                       "code": error_code})
     return True
 
 
@@ -276,4 +299,5 @@ def verify_run(store: Any, run_id: str, **kwargs: Any) -> Any:
     return _verify_run(store, run_id, **kwargs)
 
 
-__all__ = ["attest_run", "envelope_json", "insert_record", "record_interrupted", "to_provider_declaration", "verify_run"]
+__all__ = ["attest_run", "envelope_json", "insert_record", "interrupt", "record_interrupted", "to_provider_declaration",
+           "verify_run"]
