@@ -36,6 +36,7 @@ BENCHMARKS = {
     "delivery": "bench.delivery",
     "agent": "bench.agent",
     "evidence": "bench.evidence",
+    "shell": "bench.shell",
 }
 
 

@@ -51,7 +51,7 @@ CONCURRENCY = 4
 
 def params(ctx: Context) -> dict[str, Any]:
     return {"jobs": 100 if ctx.quick else 600, "dispatchers": [1, 3] if ctx.quick else [1, 2, 3], "concurrency": CONCURRENCY,
-            "sleep_s": SLEEP_S}
+            "sleep_s": SLEEP_S, "noop_jobs": 300 if ctx.quick else 2000}
 
 
 def _candidates() -> list[str]:
@@ -135,18 +135,18 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> list[str]:
     return tails
 
 
-def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str, Any]:
+def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: str = f"sleep:{SLEEP_S}") -> dict[str, Any]:
     from scheduler.jobs import create_jobs
     from scheduler.store import open_store
     from scheduler.timeutil import now_ms
 
-    schema = f"bench_x_{os.getpid()}_{k}"
+    schema = f"bench_x_{os.getpid()}_{k}_{'noop' if payload == 'ok' else 'sleep'}"
     _drop_schema(base_url, schema)
     sep = "&" if "?" in base_url else "?"
     url = f"{base_url}{sep}schema={schema}"
     store = open_store(url)
     procs: list[subprocess.Popen[bytes]] = []
-    budget_s = jobs * SLEEP_S / CONCURRENCY / k + 60
+    budget_s = jobs * (SLEEP_S if payload != "ok" else 0.01) / CONCURRENCY / k + 60
     try:
         cmd = scheduler_cmd() + ["--db", url, "--json", "run", "--shared", "--concurrency", str(CONCURRENCY),
                                  "--duration", f"{int(budget_s) + 30}s"]
@@ -171,7 +171,7 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int) -> dict[str,
         cpu_before = sum(_proc_cpu_s(p.pid) for p in procs)
         busy_before, total_before = _machine_cpu()
         start_ms = now_ms()
-        create_jobs(store, at_job_specs(jobs, at_ms=start_ms, payload=f"sleep:{SLEEP_S}", prefix="pg"), now=start_ms)
+        create_jobs(store, at_job_specs(jobs, at_ms=start_ms, payload=payload, prefix="pg"), now=start_ms)
         end = time.monotonic() + budget_s
         done = 0
         while time.monotonic() < end:
@@ -219,6 +219,13 @@ def run(ctx: Context) -> dict[str, Any]:
     for r in rows:
         r["speedup"] = r["jobs_per_s"] / one
         r["efficiency"] = r["jobs_per_s"] / r["ideal_jobs_per_s"]
+    noop = []
+    for k in p["dispatchers"]:
+        ctx.say(f"postgres: {k} dispatcher(s), {p['noop_jobs']} no-op jobs")
+        noop.append(run_dispatchers(ctx, base_url, k, p["noop_jobs"], payload="ok"))
+        ctx.say(f"  {noop[-1]['jobs_per_s']:.1f} jobs/s (runs per dispatcher: {noop[-1]['shares']})")
+    for r in noop:
+        r["speedup"] = r["jobs_per_s"] / noop[0]["jobs_per_s"]
     import psycopg
 
     res: dict[str, Any] = {
@@ -226,6 +233,8 @@ def run(ctx: Context) -> dict[str, Any]:
         "server": _server_version(base_url, psycopg),
         "cores": os.cpu_count(),
         "rows": rows,
+        "noop_rows": noop,
+        "load_avg_at_end": [round(v, 2) for v in os.getloadavg()],
         "ratio": ratio(rows[-1]["jobs_per_s"], one),
         "goal": GOAL_RATIO,
     }
@@ -294,6 +303,22 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"3 dispatchers / 1 dispatcher: **{res['ratio']:.2f}x**, goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}.",
     ]
+    if res.get("noop_rows"):
+        out += [
+            "",
+            f"Aggregate no-op throughput (testkit `ok`, {p.get('noop_jobs', '?')} jobs, same procedure; with nothing to wait "
+            "for, this is what the dispatchers and PostgreSQL cost per run on this machine):",
+            "",
+            md_table(["dispatchers", "seconds", "jobs/s", "vs one", "runs per dispatcher", "dispatcher CPU ms/job",
+                      "machine CPU busy"],
+                     [(fmt(r["dispatchers"]), fmt(r["elapsed_s"], 2), fmt(r["jobs_per_s"], 1), f"{r['speedup']:.2f}x",
+                       " / ".join(str(s) for s in r["shares"]), fmt(r.get("dispatcher_cpu_ms_per_job"), 2),
+                       f"{r['machine_busy']:.0%}" if r.get("machine_busy") is not None else "—") for r in res["noop_rows"]]),
+        ]
+    if res.get("load_avg_at_end"):
+        out += ["", f"Load average (1, 5, 15 min) at the end: {res['load_avg_at_end']}."]
+    if res.get("profile"):
+        out += ["", res["profile"]]
     if res.get("plot"):
         out += ["", f"![postgres]({res['plot']})"]
     return "\n".join(out)
