@@ -24,6 +24,13 @@ Error *messages* are not in it either (completion may append "cancellation won")
 
 Secret-like keys (``scheduler.execution_artifacts.SECRET_KEY_RE``) inside the verification
 record and the outcomes become ``{"redacted": true, "value_hash": ...}``.
+
+Version 2 (``PAYLOAD_VERSION``) makes the declaration's ``payload.bind`` and ``collect``
+shape the document: ``bindings`` (``requested``: the declaration's names; ``enforced``: the
+core set, the requested names and every outcome present), a requested or collected outcome
+the run lacks bound as ``null``, the authorization decision and verified proof in
+``outcomes``, and ``collected`` with a bounded excerpt of each collected stream's stored
+(already redacted) excerpt. Version 1 payloads are rebuilt with version 1 rules.
 """
 
 from __future__ import annotations

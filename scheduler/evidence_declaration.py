@@ -21,9 +21,11 @@ ones the provider performs, and ``provider_config`` must validate against its
 ``options_class`` (normalised to its non-default values). A provider that is not installed is
 the kernel's one missing-plugin rule (``scheduler.plugin_refs``: ``EVIDENCE_NOT_AVAILABLE``).
 
-The kernel always binds every section it has into the payload (``bind`` is therefore a
-statement of what the declarer relies on, checked for known names, never a way to leave
-something out), and collects output as digests and sizes only, never as content.
+The kernel always binds every section it has into the payload, so ``bind`` never leaves
+something out: the payload records the requested names and the enforced ones (the core set,
+the requested, every outcome present) and binds a requested outcome the run lacks as
+``null``; ``collect`` of ``stdout`` / ``stderr`` puts a bounded excerpt of the stored,
+redacted output into the payload (``scheduler.evidence_build``, payload version 2).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ BIND_NAMES = frozenset({
     "execution_id", "command", "contract", "result", "postcondition", "identity", "trust", "authorization",
     "authorization_proof", "delegation", "credential_handoff", "context",
 })
-#: What a declaration may say it collects (always as digests and sizes, never content).
+#: What a declaration may say it collects (``stdout`` / ``stderr``: a bounded excerpt in the payload; see evidence_build).
 COLLECT_NAMES = frozenset({"result", "identity", "authorization", "governance", "stdout", "stderr", "exit_code"})
 PAYLOAD_FORMATS = {"canonical-json": "canonical-json", "json": "canonical-json"}
 DEFAULT_PROVIDER = "checksum"
