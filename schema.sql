@@ -604,6 +604,10 @@ CREATE TABLE IF NOT EXISTS credential_presentations (
     last_error           TEXT
 );
 CREATE INDEX IF NOT EXISTS credential_presentations_run_idx ON credential_presentations(run_id, status);
+-- The recovery sweep: presentations not cleaned yet (a handful at any time, whatever the history).
+CREATE INDEX IF NOT EXISTS credential_presentations_materialized_idx ON credential_presentations(status, run_id) WHERE status = 'materialized';
+-- status and doctor count cleanup failures without reading every presentation.
+CREATE INDEX IF NOT EXISTS credential_presentations_failed_idx ON credential_presentations(status, run_id) WHERE status = 'failed';
 
 -- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
 CREATE TABLE IF NOT EXISTS authorization_proof_replay (

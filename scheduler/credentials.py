@@ -569,4 +569,14 @@ def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
             " AND l.token = r.dispatcher_token AND l.expires_at > ?)", (now,))
     for run in runs:
         recover_presentations(store, run)
-    return [r["id"] for r in runs]
+    # Finished runs whose cleanup failed (a file that could not be removed): tried again each pass, so once the
+    # operator removed the directory (or fixed its permissions) the rows become ``recovery_cleaned`` and ``status
+    # --check`` is healthy again. Both reads use a partial index (``status = 'materialized'`` / ``'failed'``).
+    with store.read() as tx:
+        failed = tx.all(
+            "SELECT DISTINCT r.id, r.dispatcher_owner FROM credential_presentations p JOIN runs r ON r.id = p.run_id"
+            " WHERE p.status = 'failed' AND p.last_error LIKE 'CREDENTIAL_CLEANUP_FAILED%'"
+            " AND r.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')")
+    for run in failed:
+        retry_failed_cleanup(store, run)
+    return [r["id"] for r in runs] + [r["id"] for r in failed]

@@ -30,6 +30,8 @@ def collect_status(store: Any) -> dict[str, Any]:
         expired = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'claimed' AND claim_expires_at <= ?", (now,))
         runs = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")}
         blocked = tx.all("SELECT id, job_id, error_message FROM runs WHERE status = 'recovery_blocked'")
+        # credential cleanup that could not be proven (partial index on status = 'failed'): files may be left on disk
+        cleanup_failed = tx.scalar("SELECT COUNT(*) FROM credential_presentations WHERE status = 'failed'")
         outbox = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM delivery_outbox GROUP BY status")}
         approvals = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM approvals GROUP BY status")}
         # pending past their timeout: decided by the next dispatcher pass; many, or old ones, mean no dispatcher runs
@@ -51,6 +53,8 @@ def collect_status(store: Any) -> dict[str, Any]:
         "queue": {**queue, "expired_claims": expired},
         "runs": runs,
         "recovery_blocked": blocked,
+        "credentials": {"cleanup_failed": cleanup_failed,
+                        "runs_blocked": [r["id"] for r in blocked if (r["error_message"] or "").startswith("CREDENTIAL_")]},
         "cancel_requests_pending": cancels,
         "outbox": outbox,
         "approvals": {**approvals, "expired_pending": overdue},
@@ -64,7 +68,8 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
     """Why ``status --check`` fails (empty: healthy): each ``{"check", "reason", ...}`` from one ``collect_status``.
 
     No live dispatcher lease (or one whose holder is a dead process on this host), runs in
-    ``recovery_blocked``, failed outbox parts, approvals pending past their timeout. Meant
+    ``recovery_blocked``, credential cleanup failures (presentations ``failed``, runs blocked on a
+    ``CREDENTIAL_*`` cleanup), failed outbox parts, approvals pending past their timeout. Meant
     for cron, systemd and monitors: it only reads.
     """
     from scheduler.lease import owner_is_dead_local_process
@@ -80,6 +85,11 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
         reasons.append({"check": "recovery_blocked", "count": len(status["recovery_blocked"]),
                         "runs": [r["id"] for r in status["recovery_blocked"]],
                         "reason": f"{len(status['recovery_blocked'])} run(s) recovery_blocked"})
+    credentials = status["credentials"]
+    if credentials["cleanup_failed"] or credentials["runs_blocked"]:
+        reasons.append({"check": "credentials", "count": credentials["cleanup_failed"], "runs": credentials["runs_blocked"],
+                        "reason": f"{credentials['cleanup_failed']} credential presentation(s) not cleaned up,"
+                                  f" {len(credentials['runs_blocked'])} run(s) blocked on credential cleanup"})
     failed = status["outbox"].get("failed", 0)
     if failed:
         reasons.append({"check": "outbox", "count": failed, "reason": f"{failed} delivery part(s) failed"})
@@ -113,6 +123,8 @@ def status_cmd(check: bool) -> None:
             ("queue", ", ".join(f"{n} {k}" for k, n in status["queue"].items()) or "empty"),
             ("runs", ", ".join(f"{n} {k}" for k, n in status["runs"].items()) or "none"),
             ("recovery blocked", len(status["recovery_blocked"])),
+            ("credential cleanup", f"{status['credentials']['cleanup_failed']} failed, "
+                                   f"{len(status['credentials']['runs_blocked'])} run(s) blocked"),
             ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
             ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
             ("evidence", ", ".join(f"{n} {k}" for k, n in status["evidence"]["records"].items())
@@ -196,6 +208,12 @@ def doctor_cmd() -> None:
                        "detail": f"{status['queue']['expired_claims']} expired claim(s)"})
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
                        "detail": f"{len(status['recovery_blocked'])} run(s) blocked"})
+        credentials = status["credentials"]
+        checks.append({"check": "credentials", "ok": not (credentials["cleanup_failed"] or credentials["runs_blocked"]),
+                       "detail": f"{credentials['cleanup_failed']} presentation(s) failed cleanup,"
+                                 f" {len(credentials['runs_blocked'])} run(s) blocked on it"
+                                 + (" (remove what is left in the run's scheduler-cred-<run id> directory; recovery"
+                                    " retries each pass)" if credentials["cleanup_failed"] or credentials["runs_blocked"] else "")})
         checks.append(_artifact_check(store))
         checks.append(_evidence_check(store))
         authorization = _authorization_check(store)

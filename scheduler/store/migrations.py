@@ -541,6 +541,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             # The unconditional guard (BEFORE DELETE ON runtime_events ... RAISE(ABORT, 'EVENTS_APPEND_ONLY: ...'))
             # becomes the cutoff-aware one of the current schema.
             ReplaceGuard("runtime_events", "runtime_events_no_delete"),
+            # Also new in 8, created by the schema statements applied after the migrations (CREATE INDEX IF NOT
+            # EXISTS, on columns version 6 added): credential_presentations_materialized_idx (the recovery sweep's
+            # WHERE status = 'materialized') and credential_presentations_failed_idx (status/doctor counts).
         ),
     ),
 )

@@ -768,7 +768,13 @@ TABLES: tuple[Table, ...] = (
             Column("expires_at", BIGINT),
             Column("last_error", TEXT),
         ),
-        indexes=(Index("credential_presentations_run_idx", "run_id, status"),),
+        indexes=(
+            Index("credential_presentations_run_idx", "run_id, status"),
+            Index("credential_presentations_materialized_idx", "status, run_id", "status = 'materialized'",
+                  comment="The recovery sweep: presentations not cleaned yet (a handful at any time, whatever the history)."),
+            Index("credential_presentations_failed_idx", "status, run_id", "status = 'failed'",
+                  comment="status and doctor count cleanup failures without reading every presentation."),
+        ),
         comment="Credential release bookkeeping. There is deliberately no column for the value.",
     ),
     Table(
