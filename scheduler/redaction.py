@@ -230,16 +230,40 @@ def record_redactions(result: Any, outcomes: Any) -> Any:
 
     Adds ``details["redactions"]`` (``{"stdout": {name: n}, "stderr": {...}, "total": {name: n}}``) to the
     ``ExecutionResult`` and queues an ``output.redacted`` event with the same counts; returns the result
-    unchanged when nothing was replaced. Names and counts only, never a value or a form of one.
+    unchanged when nothing was replaced. The run's credentials summary (``runs.credentials_json``, written by
+    the credential step's cleanup, which has run by now) gets the counts too, so ``runs get`` shows them in
+    one place: ``redacted`` per presented binding and ``redactions`` (the summary above) at the top. Names and
+    counts only, never a value or a form of one.
     """
     streams = {name: dict(capture.redactions) for name, capture in (("stdout", result.stdout), ("stderr", result.stderr))
                if capture is not None and capture.redactions}
-    if not streams:
-        return result
     total: dict[str, int] = {}
     for counts in streams.values():
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n
     summary = {**streams, "total": dict(sorted(total.items()))}
+    _merge_into_credentials(outcomes, summary)
+    if not streams:
+        return result
     outcomes.record("output.redacted", summary)
     return attrs.evolve(result, details={**(result.details or {}), "redactions": summary})
+
+
+def _merge_into_credentials(outcomes: Any, summary: dict[str, Any]) -> None:
+    """Put the redaction counts into ``outcomes.columns["credentials_json"]`` (when the run has one): each presented
+    binding gets ``redacted`` (its total, 0 when nothing was replaced), the summary gets ``redactions``."""
+    text = outcomes.columns.get("credentials_json")
+    if not text:
+        return
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return
+    if not isinstance(record, dict):
+        return
+    total = summary.get("total") or {}
+    for binding in record.get("bindings") or ():
+        if isinstance(binding, dict) and binding.get("status") == "presented":
+            binding["redacted"] = int(total.get(binding.get("name"), 0))
+    record["redactions"] = summary
+    outcomes.columns["credentials_json"] = json.dumps(record, sort_keys=True, separators=(",", ":"))

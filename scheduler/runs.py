@@ -92,6 +92,8 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         out["delegation"] = json.loads(row["delegation_json"]) if row.get("delegation_json") else None
         # The authorization_ref decision (docs/authorization.md): provider, policy ref, decision, reason, code.
         out["authorization"] = json.loads(row["authorization_json"]) if row.get("authorization_json") else None
+        # The credentials summary (docs/credentials.md): per binding name, medium, status, digest, redaction counts; no value.
+        out["credentials"] = json.loads(row["credentials_json"]) if row.get("credentials_json") else None
         for k in ("stdout_truncated", "stderr_truncated"):
             out[k] = bool(out[k])
     return out
