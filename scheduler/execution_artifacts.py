@@ -109,21 +109,19 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
         },
         # The normalised identity declaration (scheduler.identity), null when the job declares none.
         "identity": spec.identity,
-        # Declarations whose job fields arrive with later features: null / empty until then.
         # The normalised credential bindings (references, never values); the child policy only when not "none",
         # so a job without credentials keeps its digest.
         "credential_presentation": {
-            "bindings": redact_secrets(list(getattr(spec, "credentials", None) or [])),
-            **({"child_policy": spec.child_credential_policy} if getattr(spec, "child_credential_policy", "none") != "none"
-               else {}),
+            "bindings": redact_secrets(list(spec.credentials or [])),
+            **({"child_policy": spec.child_credential_policy} if spec.child_credential_policy != "none" else {}),
         },
         # The job's policy decision point and how it is asked (scheduler.authorization, normalised), null when none.
-        "authorization_ref": getattr(spec, "authorization_ref", None),
-        "authorization": redact_secrets(spec.authorization) if getattr(spec, "authorization", None) else None,
+        "authorization_ref": spec.authorization_ref,
+        "authorization": redact_secrets(spec.authorization) if spec.authorization else None,
         # The normalised proof declaration (scheduler.proof_declaration: method, source, keys), never a proof; null when none.
-        "authorization_proof": getattr(spec, "authorization_proof", None),
+        "authorization_proof": spec.authorization_proof,
         # The normalised evidence declaration with its evidence_ref (scheduler.evidence_declaration), null when none.
-        "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if getattr(spec, "evidence", None) else None,
+        "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if spec.evidence else None,
     }
 
 

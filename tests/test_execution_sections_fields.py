@@ -1,0 +1,38 @@
+"""``execution_sections`` reads the trust declarations as JobSpec attributes, never with a silent default.
+
+Every JobSpec has ``credentials``, ``child_credential_policy``, ``authorization_ref``, ``authorization``,
+``authorization_proof``, ``evidence`` and ``evidence_ref``; an object that lacks one is not a job spec, and
+projecting it must fail loudly rather than produce a digest as if the field were unset (the digests
+themselves are pinned by tests/test_execution_artifacts.py and tests/test_handoff.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler.execution_artifacts import execution_sections
+from scheduler.spec import validate_spec
+
+FIELDS = ("credentials", "child_credential_policy", "authorization_ref", "authorization", "authorization_proof", "evidence")
+
+
+class Hiding:
+    """A JobSpec with one attribute taken away (everything else delegated)."""
+
+    def __init__(self, spec: Any, hidden: str) -> None:
+        self._spec, self._hidden = spec, hidden
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._hidden:
+            raise AttributeError(name)
+        return getattr(self._spec, name)
+
+
+@pytest.mark.parametrize("hidden", FIELDS)
+def test_a_spec_without_a_trust_field_is_refused_not_defaulted(hidden: str) -> None:
+    spec = validate_spec({"name": "s", "schedule_kind": "manual", "payload_message": "true"}, plugin_options=False)
+    assert execution_sections(Hiding(spec, "nothing")) == execution_sections(spec)
+    with pytest.raises(AttributeError):
+        execution_sections(Hiding(spec, hidden))
