@@ -49,7 +49,7 @@ from scheduler.execution import (
 )
 from scheduler.plugins.hooks import Hooks
 from scheduler.plugins.loaded import LoadedProviders
-from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due
+from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due, next_due_parts
 from scheduler.recovery import recover
 from scheduler.runs import StaleFence
 from scheduler.plugin_options import request_for
@@ -581,11 +581,17 @@ class Dispatcher:
             return CANCEL_CHECK_MS / 1000
         if not finished:
             with self.store.read() as tx:
-                due = next_due(tx)
+                jobs_due, dispatch_due, approval_due = next_due_parts(tx)
+            due = min((v for v in (jobs_due, dispatch_due, approval_due) if v is not None), default=None)
             if due is None or due > tick_now:
                 if self.delivery is not None:  # an idle pass follows a change another process committed (a part, perhaps)
                     self.delivery.wake()
                 return MAX_SLEEP_S if due is None else min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
+            if claim and not _reached(jobs_due, tick_now) and not _reached(approval_due, tick_now):
+                with self._active_lock:
+                    pool_full = len(self._active) >= self.config.concurrency
+                if pool_full:  # only dispatches are due and no worker could take one: a finishing run wakes us
+                    return MAX_SLEEP_S / 2
         with self._active_lock:
             free = self.config.concurrency - len(self._active) + len(finished)
         veto = self.hooks.dispatch_veto if self.hooks else None
@@ -1068,6 +1074,11 @@ class Dispatcher:
 
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def _reached(at_ms: int | None, now: int) -> bool:
+    """Whether an optional due time has come."""
+    return at_ms is not None and at_ms <= now
 
 
 def _past_deadline(entry: _ActiveRun, result: ExecutionResult) -> ExecutionResult:

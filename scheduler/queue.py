@@ -50,11 +50,19 @@ def slot_dispatch_id(job_id: str, kind: str, slot_ms: int) -> str:
 
 def next_due(tx: Tx) -> int | None:
     """Earliest time anything is due: a job's next run, a pending dispatch, an approval's timeout (three index lookups)."""
-    a = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")
-    b = tx.scalar("SELECT MIN(due_at) FROM job_dispatch_queue WHERE status = 'pending'")
-    c = tx.scalar("SELECT MIN(expires_at) FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL")
-    values = [v for v in (a, b, c) if v is not None]
+    values = [v for v in next_due_parts(tx) if v is not None]
     return min(values) if values else None
+
+
+def next_due_parts(tx: Tx) -> tuple[int | None, int | None, int | None]:
+    """``(a job's next run, a pending dispatch, an approval's timeout)``, each the earliest or None (``next_due``'s parts).
+
+    The dispatcher tells them apart: with every worker busy, due dispatches wait for a worker,
+    while due jobs and approval timeouts still need a pass.
+    """
+    return (tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL"),
+            tx.scalar("SELECT MIN(due_at) FROM job_dispatch_queue WHERE status = 'pending'"),
+            tx.scalar("SELECT MIN(expires_at) FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL"))
 
 
 @attrs.frozen
@@ -264,22 +272,30 @@ def claim_and_start(
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
         )
+        # Without row locks (SQLite) the write transaction is the only writer: the candidates' jobs and active runs
+        # are read in two statements for the whole batch. With row locks (PostgreSQL) each job is locked and then
+        # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
+        batch = _BatchReads(tx, candidates) if not tx.for_update and candidates else None
         deferred_jobs: set[str] = set()
         for d in candidates:
             if len(started) >= limit:
                 break
-            job = tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d["job_id"],))
+            job = batch.job(d["job_id"]) if batch else tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d["job_id"],))
             if job is None:
                 continue
             if not job["enabled"] and d["kind"] != "manual":
                 _drop_dispatch(tx, d, job, "job disabled", now, lease)
+                if batch:
+                    batch.forget(job["id"])  # a waiting run may have ended with it: count that job afresh
                 continue
             if d["artifact_digest"] != job["artifact_digest"]:  # the job changed; its update should have cancelled this
                 _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d['artifact_digest']}", now, lease)
+                if batch:
+                    batch.forget(job["id"])
                 continue
             if job["id"] in deferred_jobs:
                 continue
-            running = active_runs(tx, job["id"], other_than_dispatch=d["id"])
+            running = batch.active(job["id"], d["id"]) if batch else active_runs(tx, job["id"], other_than_dispatch=d["id"])
             policy = job["overlap_policy"]
             if running and policy != "allow" and d["kind"] not in ("retry",):
                 waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job["id"],))
@@ -295,11 +311,45 @@ def claim_and_start(
                 continue
             run = _start(tx, lease, d, job, now)
             if run is None:
+                if batch:
+                    batch.forget(job["id"])  # an approval gate opened: its waiting run counts from now on
                 continue
             started.append(run)
             if policy != "allow":
                 deferred_jobs.add(job["id"])
     return started
+
+
+#: The statuses ``active_runs`` counts against ``overlap_policy``.
+_ACTIVE = "('running', 'awaiting_approval', 'approved')"
+
+
+class _BatchReads:
+    """One claim pass's job rows and active runs, read once for all candidates (SQLite: the transaction is exclusive)."""
+
+    def __init__(self, tx: Tx, candidates: list[dict[str, Any]]) -> None:
+        self._tx = tx
+        ids = list(dict.fromkeys(d["job_id"] for d in candidates))
+        marks = ", ".join("?" for _ in ids)
+        self._jobs = {row["id"]: row for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids)}
+        self._active: dict[str, list[str | None]] = {job_id: [] for job_id in ids}
+        for row in tx.all(f"SELECT job_id, dispatch_id FROM runs WHERE job_id IN ({marks}) AND status IN {_ACTIVE}", ids):
+            self._active[row["job_id"]].append(row["dispatch_id"])
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job row as the pass read it (None: deleted)."""
+        return self._jobs.get(job_id)
+
+    def active(self, job_id: str, dispatch_id: str) -> int:
+        """``active_runs(tx, job_id, other_than_dispatch=dispatch_id)`` from the pass's read (or afresh once forgotten)."""
+        runs = self._active.get(job_id)
+        if runs is None:
+            return active_runs(self._tx, job_id, other_than_dispatch=dispatch_id)
+        return sum(1 for d in runs if d is None or d != dispatch_id)
+
+    def forget(self, job_id: str) -> None:
+        """This pass changed the job's runs: count them with a query from now on."""
+        self._active.pop(job_id, None)
 
 
 def active_runs(tx: Tx, job_id: str, *, other_than_dispatch: str | None = None) -> int:
@@ -371,7 +421,7 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
         return None
     transitions.start_run(tx, lease, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
                           scheduled_for=d["due_at"], executor=executor_name_of(job), parent_run_id=parent_run_id,
-                          retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now)
+                          retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now, artifact_digest=d["artifact_digest"])
     return StartedRun(run_id=run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=attempt,
                       scheduled_for=d["due_at"], started_at=now, parent_run_id=parent_run_id, source_run_id=d["source_run_id"])
 
@@ -393,6 +443,7 @@ __all__ = [
     "insert_dispatch",
     "materialize_due",
     "next_due",
+    "next_due_parts",
     "record_skip",
     "release_expired_claims",
     "slot_dispatch_id",

@@ -490,12 +490,21 @@ def test_stateful_commands_refuse_an_invalid_settings_file(tmp_path: Path) -> No
 def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from scheduler.store import open_store
 
-    monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / "s.toml", "[storage]\nsqlite_synchronous = \"FULL\"\n")))
+    monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_SYNCHRONOUS", raising=False)
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / "none.toml", "")))
+    reload_settings()
+    store = open_store(str(tmp_path / "default.db"))
+    try:
+        with store.transaction() as tx:
+            assert tx.scalar("PRAGMA synchronous") == 2  # FULL by default: a power loss keeps every committed claim
+    finally:
+        store.close()
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / "s.toml", "[storage]\nsqlite_synchronous = \"NORMAL\"\n")))
     reload_settings()
     store = open_store(str(tmp_path / "a.db"))
     try:
         with store.transaction() as tx:
-            assert tx.scalar("PRAGMA synchronous") == 2  # FULL
+            assert tx.scalar("PRAGMA synchronous") == 1  # NORMAL
     finally:
         store.close()
     monkeypatch.setenv("SCHEDULER_STORAGE_SQLITE_SYNCHRONOUS", "OFF")

@@ -32,7 +32,8 @@ class StorageSettings:
     """``[storage]``: how the stores open the database."""
 
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = attrs.field(
-        default="NORMAL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode)."})
+        default="FULL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode); FULL survives a power"
+                                         " loss with every commit, NORMAL may lose the last ones (docs/operations.md)."})
     sqlite_busy_timeout_ms: int = attrs.field(default=10_000, metadata={
         "minimum": 1, "maximum": 3_600_000, "doc": "How long a SQLite connection waits for another one's lock before DB_BUSY."})
     file_mode: Literal["private", "group"] = attrs.field(default="private", metadata={
