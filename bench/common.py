@@ -208,8 +208,8 @@ class CountingStore:
     """Wraps a store's ``transaction`` to count commits: outermost write transactions only.
 
     A nested ``transaction()`` joins the open one (no commit of its own), so it is not
-    counted; the nesting depth is read from the SQLite store's thread-local state
-    (bench-only peek at an internal).
+    counted; the nesting depth is read from the SQLite store's thread-local connection
+    slot (bench-only peek at an internal).
     """
 
     def __init__(self, store: Any) -> None:
@@ -217,7 +217,8 @@ class CountingStore:
         original = store.transaction
 
         def counted() -> Any:
-            if not getattr(store._local, "depth", 0):
+            slot = getattr(store._local, "slot", None)
+            if slot is None or not slot.depth:
                 self.count += 1
             return original()
 
