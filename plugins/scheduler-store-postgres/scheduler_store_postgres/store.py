@@ -4,7 +4,9 @@
   default) whose ``configure`` callback points ``search_path`` at the store's schema
   and installs the SQLite-compatible loaders; rows are dicts.
 * ``transaction()`` is one READ COMMITTED transaction on one pooled connection;
-  nested use in the same thread joins it. Claims lock rows with ``FOR UPDATE SKIP
+  nested use in the same thread joins it. Its ``BEGIN`` travels with the first
+  statement (one round trip less per transaction; a block that runs no statement
+  costs no round trip at all), then ``COMMIT``. Claims lock rows with ``FOR UPDATE SKIP
   LOCKED`` (``Tx.skip_locked``), so concurrent dispatchers never get the same row
   and never wait on each other.
 * ``read()`` is a REPEATABLE READ READ ONLY transaction: a consistent snapshot across
@@ -57,6 +59,9 @@ log = logging.getLogger(__name__)
 INIT_LOCK_TIMEOUT = "60s"
 #: ``CREATE OR REPLACE TRIGGER`` needs PostgreSQL 14.
 MIN_SERVER_VERSION = 140000
+#: How ``transaction()`` and ``read()`` open their transactions (sent with the block's first statement).
+_BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: Seconds a thread waits for a free pooled connection before ``DB_UNAVAILABLE``.
 POOL_TIMEOUT_S = 30.0
 _FINGERPRINT_PREFIX = "scheduler-store-postgres schema sha256="
@@ -71,18 +76,31 @@ class PgTx:
     #: Per-row decisions (a job's overlap policy): lock and wait, serialising dispatchers on that row.
     for_update = " FOR UPDATE"
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], begin: str | None = None) -> None:
         self._conn = conn
         #: The first statement error seen: PostgreSQL aborts the whole transaction on it.
         self.failure: SchedulerError | None = None
+        #: ``BEGIN ...`` still to send: it goes out with the first statement, in the same round trip.
+        self._begin = begin
+
+    @property
+    def begun(self) -> bool:
+        """True once the server holds an open transaction for this block (the first statement was sent)."""
+        return self._conn.info.transaction_status != pq.TransactionStatus.IDLE
 
     def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.ClientCursor[Any]:
         query, args = prepare(sql_text, params)
+        begin, self._begin = self._begin, None
+        if begin is not None:
+            # One round trip for both: client-side binding sends a simple query, which may hold several statements.
+            query = f"{begin}; {query}"
         # Client-side binding: values are merged as literals, so untyped uses such as
         # ``? IS NULL`` work as on SQLite (server-side binding cannot type a bare NULL).
         cur: psycopg.ClientCursor[Any] = psycopg.ClientCursor(self._conn, row_factory=dict_row if rows else tuple_row)
         try:
             cur.execute(query, args)  # type: ignore[arg-type]
+            if begin is not None:
+                cur.nextset()  # past BEGIN's result to the statement's
         except psycopg.Error as exc:
             cur.close()
             translated = translate_error(exc)
@@ -114,6 +132,16 @@ class PgTx:
         with self._run(sql, params, rows=False) as cur:
             row = cur.fetchone() if cur.description is not None else None
             return row[0] if row is not None else None
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End an open transaction after a failure; a broken connection is left to the pool, which discards it."""
+    if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error as exc:
+        log.debug("rollback failed (the pool discards the connection): %s", exc)
 
 
 def _fail(phase: str, location: str, exc: BaseException | str) -> SchedulerError:
@@ -392,33 +420,34 @@ class PostgresStore:
         pool = self._require_pool()
         try:
             with pool.connection() as conn:
-                if not write:
-                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                    conn.read_only = True
+                # The transaction is ours to frame: BEGIN rides with the first statement (one round trip
+                # less per transaction) and a block that ran no statement costs none at all.
+                conn.autocommit = True
                 try:
-                    with conn.transaction():
-                        tx = PgTx(conn)
-                        local.tx, local.depth, local.write = tx, 1, write
-                        try:
-                            yield tx
-                        finally:
-                            local.tx, local.depth, local.write = None, 0, False
-                        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-                            # The block swallowed a statement error; COMMIT would silently roll back.
-                            first = tx.failure or SchedulerError("DB_ERROR", "unknown statement error")
-                            raise SchedulerError(
-                                first.code,
-                                f"transaction rolled back: a statement in it failed ({first.message}); "
-                                "PostgreSQL cannot continue a transaction after an error",
-                                details=first.details,
-                            )
+                    tx = PgTx(conn, _BEGIN_WRITE if write else _BEGIN_READ)
+                    local.tx, local.depth, local.write = tx, 1, write
+                    try:
+                        yield tx
+                    except BaseException:
+                        _rollback(conn)
+                        raise
+                    finally:
+                        local.tx, local.depth, local.write = None, 0, False
+                    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                        # The block swallowed a statement error; COMMIT would silently roll back.
+                        _rollback(conn)
+                        first = tx.failure or SchedulerError("DB_ERROR", "unknown statement error")
+                        raise SchedulerError(
+                            first.code,
+                            f"transaction rolled back: a statement in it failed ({first.message}); "
+                            "PostgreSQL cannot continue a transaction after an error",
+                            details=first.details,
+                        )
+                    if tx.begun:
+                        conn.execute("COMMIT")
                 finally:
-                    if not write and not conn.closed:
-                        try:
-                            conn.isolation_level = None
-                            conn.read_only = None
-                        except psycopg.Error:  # pragma: no cover - broken connection; the pool discards it
-                            pass
+                    if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                        conn.autocommit = False  # as the pool's other users (health checks) expect it
         except psycopg.Error as exc:
             translated = translate_error(exc)
             if translated is not None:
