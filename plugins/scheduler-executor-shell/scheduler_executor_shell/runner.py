@@ -3,10 +3,12 @@
 ``run_process`` is shared by the job's command and its ``verify_shell`` check. The
 order of events is what makes it safe to recover after a crash:
 
-1. spawn ``/bin/sh -c <gate>`` in a new session (own process group, ``pgid == pid``);
-   the gate script blocks on its first stdin line, so nothing of the payload has run
-   (``/bin/sh`` because it starts in a fraction of bash's time; the payload gets the
-   configured shell). If the dispatcher dies now, the gate reads EOF and exits 125;
+1. spawn the gate in a new session (own process group, ``pgid == pid``): it blocks on
+   its first stdin line, so nothing of the payload has run. For bash (the default) the
+   gate runs inside the payload's own ``bash -c`` (sourced from a private pipe through
+   ``BASH_ENV``: one exec per run) and reports in on a second pipe before the gate
+   opens; for other shells ``/bin/sh -c <gate>`` execs the configured shell. If the
+   dispatcher dies now, the gate reads EOF and exits 125;
 2. ``control.record_handle({"pid", "pgid", "start_time", "host", "step"})``: durable before it
    returns (the dispatcher groups the handles of all its workers into one commit); if
    it raises (fence lost), the gate is closed, the payload never starts, and the group is killed;
@@ -27,6 +29,7 @@ order of events is what makes it safe to recover after a crash:
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import time
@@ -41,8 +44,11 @@ from scheduler_executor_shell.capture import PipePump, Sink
 #: Wrapper run by the gate shell: wait for the go-ahead line, pick stdin, then become the payload.
 #: ``$0`` is the payload's shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
 GATE_SCRIPT = 'IFS= read -r _ || exit 125; if [ "$2" = null ]; then exec </dev/null; fi; exec "$0" -c "$1"'
-#: Shell that runs the gate: ``/bin/sh`` (dash starts several times faster than bash), else the payload's shell.
+#: Shell that runs the gate when the payload's shell is not bash: ``/bin/sh`` (dash starts several times faster
+#: than bash), else the payload's shell. For bash the gate runs inside the payload's own bash (``_bash_gate``).
 GATE_SHELL = "/bin/sh"
+#: How long a bash gate may take to report in before the spawn counts as failed.
+GATE_READY_S = 10.0
 #: Longest slice of each wait for the command (cancellation latency).
 WAIT_SLICE_S = 0.05
 #: How long to wait for the pipes after the group is gone before abandoning them.
@@ -108,8 +114,15 @@ def run_process(
     ``deadline`` is a ``time.monotonic()`` instant. ``outputs`` maps "stdout" and
     "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events.
     """
-    gate = GATE_SHELL if os.access(GATE_SHELL, os.X_OK) else shell
-    argv = [gate, "-c", GATE_SCRIPT, shell, payload, "null" if stdin_data is None else "pipe"]
+    mode = "null" if stdin_data is None else "pipe"
+    env = dict(env)
+    gate_fds: tuple[int, int] | None = None  # (script read end, ready write end) of a bash gate, closed after the spawn
+    ready_r: int | None = None
+    if os.path.basename(shell) == "bash" and "BASH_ENV" not in env and os.path.isdir("/dev/fd"):
+        ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env)
+    else:
+        gate = GATE_SHELL if _gate_shell_usable() else shell
+        argv = [gate, "-c", GATE_SCRIPT, shell, payload, mode]
     try:
         proc = subprocess.Popen(
             argv,
@@ -117,16 +130,22 @@ def run_process(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
-            env=dict(env),
+            env=env,
             start_new_session=True,
             close_fds=True,
+            pass_fds=gate_fds or (),
         )
     except OSError as exc:
+        if ready_r is not None:
+            os.close(ready_r)
         if cwd is not None and not os.path.isdir(cwd):
             err = SchedulerError("WORKING_DIR_MISSING", f"working directory does not exist: {cwd}")
         else:
             err = SchedulerError("SHELL_SPAWN_FAILED", f"cannot start {shell}: {exc}")
         return ProcessOutcome(reason="spawn_failed", error=err)
+    finally:
+        for fd in gate_fds or ():
+            os.close(fd)
 
     pid = pgid = proc.pid  # start_new_session: the child called setsid() before exec
     identity = process_identity(pid)
@@ -149,6 +168,18 @@ def run_process(
         outcome.error = _error_of(exc, "RECORD_PROCESS_FAILED")
         if not isinstance(exc, Exception):
             raise
+        return outcome
+
+    if ready_r is not None and not _gate_reached(ready_r, deadline):
+        # The bash gate never reported in (cannot happen while /dev/fd works): whatever runs must not go on.
+        outcome.reason = "spawn_failed"
+        _terminate(outcome, control, pgid, grace_s, proc, label)
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.stderr.close()
+        outcome.returncode = proc.returncode
+        outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
         return outcome
 
     exit_fd = _pidfd(pid)
@@ -205,6 +236,49 @@ def _finish(
     outcome.exceeded_streams = list(pump.exceeded)
     if pump.error is not None:
         outcome.notes["pump_error"] = repr(pump.error)
+
+
+def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tuple[int, tuple[int, int], list[str]]:
+    """The gate inside the payload's own bash (one exec, not two): ``BASH_ENV`` names a pipe holding the gate.
+
+    Non-interactive bash sources ``$BASH_ENV`` before its ``-c`` string. The gate script
+    (read from ``/dev/fd/N``, a pipe only this spawn has) unsets ``BASH_ENV``, reports in
+    on a second pipe (so a shell that did not run it is noticed), closes both pipes and
+    blocks on the go-ahead line exactly as ``GATE_SCRIPT`` does; then the same bash runs
+    the payload as ``bash -c`` would (``$0``, exec of a last simple command, exit status).
+    Returns (ready read end, fds to pass, argv); ``env`` gets ``BASH_ENV``.
+    """
+    script_r, script_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    script = (
+        f"unset BASH_ENV; printf x >&{ready_w} || exit 125; exec {ready_w}>&- {script_r}<&-\n"
+        "IFS= read -r _ || exit 125\n" + ("exec </dev/null\n" if mode == "null" else "")
+    ).encode()
+    os.write(script_w, script)  # a few dozen bytes: always fits the pipe buffer
+    os.close(script_w)
+    env["BASH_ENV"] = f"/dev/fd/{script_r}"
+    return ready_r, (script_r, ready_w), [shell, "-c", payload]
+
+
+def _gate_reached(ready_r: int, deadline: float) -> bool:
+    """Wait (at most ``GATE_READY_S``, never past ``deadline``) for the bash gate's ready byte; closes ``ready_r``."""
+    try:
+        wait_s = max(0.0, min(GATE_READY_S, deadline - time.monotonic()))
+        ready, _, _ = select.select([ready_r], [], [], wait_s)
+        return bool(ready) and os.read(ready_r, 1) == b"x"
+    finally:
+        os.close(ready_r)
+
+
+_GATE_SHELL_OK: bool | None = None
+
+
+def _gate_shell_usable() -> bool:
+    """Whether ``GATE_SHELL`` is executable (looked up once per process)."""
+    global _GATE_SHELL_OK
+    if _GATE_SHELL_OK is None:
+        _GATE_SHELL_OK = os.access(GATE_SHELL, os.X_OK)
+    return _GATE_SHELL_OK
 
 
 def _pidfd(pid: int) -> int | None:

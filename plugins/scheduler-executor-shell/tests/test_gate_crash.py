@@ -16,6 +16,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from scheduler.api.process import group_alive
 
 _DISPATCHER = textwrap.dedent(
@@ -25,7 +27,7 @@ _DISPATCHER = textwrap.dedent(
     from scheduler_executor_shell.capture import HashSink
     from scheduler_executor_shell.runner import run_process
 
-    handle_file, marker = sys.argv[1], sys.argv[2]
+    handle_file, marker, shell = sys.argv[1], sys.argv[2], sys.argv[3]
 
     class Dying(LocalRunControl):
         def record_handle(self, handle):
@@ -33,16 +35,22 @@ _DISPATCHER = textwrap.dedent(
                 json.dump(handle, fh)
             os.kill(os.getpid(), signal.SIGKILL)  # dies before the commit could be acknowledged
 
-    run_process(shell="/bin/bash", payload=f"touch {marker}", cwd=None, env={"PATH": os.environ["PATH"]},
+    run_process(shell=shell, payload=f"touch {marker}", cwd=None, env={"PATH": os.environ["PATH"]},
                 stdin_data=None, outputs={"stdout": HashSink(), "stderr": HashSink()},
                 deadline=time.monotonic() + 30, control=Dying(), grace_s=1.0, label="command")
     """
 )
 
 
-def test_dispatcher_killed_before_the_handle_commit_never_runs_the_payload(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gate", ["bash", "sh"])
+def test_dispatcher_killed_before_the_handle_commit_never_runs_the_payload(tmp_path: Path, gate: str) -> None:
+    """Both gates: inside bash (BASH_ENV) and /bin/sh exec'ing another shell (a bash under another name here)."""
+    shell = "/bin/bash"
+    if gate == "sh":
+        shell = str(tmp_path / "othershell")
+        Path(shell).symlink_to("/bin/bash")
     handle_file, marker = tmp_path / "handle.json", tmp_path / "payload-ran"
-    proc = subprocess.run([sys.executable, "-c", _DISPATCHER, str(handle_file), str(marker)], timeout=60)
+    proc = subprocess.run([sys.executable, "-c", _DISPATCHER, str(handle_file), str(marker), shell], timeout=60)
     assert proc.returncode == -9
     handle = json.loads(handle_file.read_text())
     assert handle["pgid"] == handle["pid"] and handle["step"] == "command"
