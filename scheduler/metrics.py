@@ -144,8 +144,7 @@ class _StoreCollector:
         yield failures
         unavailable = GaugeMetricFamily("scheduler_executor_unavailable",
                                         "Executors the dispatcher currently fails to load (retried every 30 s).", labels=["executor"])
-        with d._executors_lock:
-            bad = [name for name, cached in d._executors.items() if isinstance(cached, tuple)]
+        bad = d._executors.failed()
         for name in bad:
             unavailable.add_metric([name], 1)
         yield unavailable

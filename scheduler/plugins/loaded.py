@@ -54,6 +54,11 @@ class LoadedProviders:
         cached = self._cache.get(name)
         return None if cached is None or type(cached) is _Failure else cached
 
+    def failed(self) -> list[str]:
+        """Names whose last load failed (their failure is remembered until a retry): what metrics and doctor report."""
+        with self._lock:
+            return sorted(name for name, cached in self._cache.items() if type(cached) is _Failure)
+
     def forget(self) -> None:
         """Drop every loaded provider and remembered failure (a settings reload, tests)."""
         with self._lock:
