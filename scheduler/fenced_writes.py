@@ -97,8 +97,15 @@ class FencedWriter:
             try:
                 self._commit_group(batch)
             except BaseException as exc:  # noqa: BLE001 - the group failed as a whole: each write on its own
+                if not isinstance(exc, Exception):  # an interrupt: nothing is acknowledged, every caller sees it
+                    for item in batch:
+                        item.error = exc
+                        item.done.set()
+                    with self._cond:
+                        self._running = False
+                    raise
                 if len(batch) == 1:
-                    batch[0].error = exc if isinstance(exc, Exception) else SchedulerError("RECORD_PROCESS_FAILED", repr(exc))
+                    batch[0].error = exc
                 else:
                     log.debug("group of %d fenced writes failed (%s); committing each on its own", len(batch), exc)
                     for item in batch:
