@@ -26,6 +26,7 @@ run: install
 	$(BIN)/scheduler --db $(DEMO_DB) run --duration 12s
 	$(BIN)/scheduler --db $(DEMO_DB) runs list --limit 20
 	$(BIN)/scheduler --db $(DEMO_DB) status
+	$(BIN)/scheduler --db $(DEMO_DB) runs evidence --all
 
 test: install
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests $(foreach d,$(DISTS),$(if $(wildcard $(dir $(d))tests),$(dir $(d))tests))
