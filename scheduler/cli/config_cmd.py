@@ -83,7 +83,7 @@ class NoSettings:
 def effective_settings() -> dict[str, Any]:
     """Validate the whole settings file (kernel and installed plugins): rows, warnings and the file; ``CONFIG_INVALID`` when bad."""
     from scheduler.settings import PLUGIN_SECTIONS, env_var, load_settings, resolve_plugin, section_of
-    from scheduler.settings.load import raise_invalid
+    from scheduler.settings.load import raise_invalid, setting_vars
 
     settings = load_settings()
     rows = [row for resolved in settings.kernel.values() for row in resolved.rows()]
@@ -96,7 +96,7 @@ def effective_settings() -> dict[str, Any]:
     for (section, name), group in sorted(known.items()):
         for plugin in group:
             cls = plugin.settings_class or NoSettings
-            known_vars.update(env_var(f"{section}.{name}.{f.name}") for f in attrs.fields(cls))
+            known_vars.update(setting_vars(f"{section}.{name}", cls, settings.plugin_table(section, name)))
             resolved, found = resolve_plugin(plugin.kind, plugin.name, cls, settings=settings)
             problems.extend(found)
             if resolved is not None and plugin is group[0]:  # providers of several kinds may share [providers.NAME]

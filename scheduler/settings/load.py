@@ -180,17 +180,30 @@ def _from_file(value: Any) -> SecretRef:
 
 @attrs.frozen(kw_only=True)
 class Resolved:
-    """One validated table: its instance and where each key's value came from (``default``, ``file:...``, ``env:...``)."""
+    """One validated table: its instance and where each key's value came from (``default``, ``file:...``, ``env:...``).
+
+    ``entries`` holds, per ``dict[str, SomeAttrsClass]`` field, each named sub-table's own
+    ``Resolved`` (``[providers.oauth2.clients.reports]``), so its keys keep their sources.
+    """
 
     key: str
     value: Any
     sources: Mapping[str, str]
+    entries: Mapping[str, Mapping[str, Resolved]] = attrs.field(factory=dict)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One ``{"key", "value", "source", "secret"}`` row per field, secrets as their reference."""
+        """One ``{"key", "value", "source", "secret"}`` row per field, secrets as their reference.
+
+        A table of named sub-tables contributes the rows of each entry
+        (``providers.oauth2.clients.reports.token_url``), or one row ``{}`` when it has none.
+        """
         hints = typing.get_type_hints(type(self.value))
         out = []
         for f in attrs.fields(type(self.value)):
+            if f.name in self.entries and self.entries[f.name]:
+                for entry in self.entries[f.name].values():
+                    out.extend(entry.rows())
+                continue
             value = getattr(self.value, f.name)
             if isinstance(value, SecretRef):
                 value = value.to_json()
@@ -201,14 +214,104 @@ class Resolved:
         return out
 
 
+#: The names of the entries of a table of named sub-tables (``[providers.oauth2.clients.NAME]``).
+ENTRY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+def entry_class(tp: Any) -> type | None:
+    """The attrs class of a ``dict[str, SomeAttrsClass]`` settings field (a table of named sub-tables), else None."""
+    tp = _strip_optional(tp)
+    if get_origin(tp) is dict:
+        args = get_args(tp)
+        if len(args) == 2 and args[0] is str and attrs.has(args[1]):
+            return typing.cast(type, args[1])
+    return None
+
+
+def setting_vars(key: str, cls: type, table: Any) -> dict[str, list[str]]:
+    """Every override variable a table of ``cls`` reads, with the key(s) it sets: ``{var: [dotted key, ...]}``.
+
+    A table of named sub-tables contributes ``env_var(KEY.FIELD.ENTRY.SUBKEY)`` for each
+    entry present in ``table`` (entries are declared in the file; a variable only
+    overrides one). Two keys that map to one variable (``a-b`` and ``a_b``) are both listed.
+    """
+    out: dict[str, list[str]] = {}
+    hints = typing.get_type_hints(cls)
+    table = table if isinstance(table, dict) else {}
+    for f in attrs.fields(cls):
+        sub = entry_class(hints[f.name])
+        if sub is None:
+            out.setdefault(env_var(f"{key}.{f.name}"), []).append(f"{key}.{f.name}")
+            continue
+        entries = table.get(f.name)
+        for entry, entry_table in (entries.items() if isinstance(entries, dict) else ()):
+            if isinstance(entry, str) and ENTRY_NAME.match(entry):
+                for var, keys in setting_vars(f"{key}.{f.name}.{entry}", sub, entry_table).items():
+                    out.setdefault(var, []).extend(keys)
+    return out
+
+
+def _entry_var_problems(key: str, cls: type, table: Any, file_source: str, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Override variables of a table's named sub-tables that set nothing, or more than one key: refused, never ignored."""
+    hints = typing.get_type_hints(cls)
+    nested = [f.name for f in attrs.fields(cls) if entry_class(hints[f.name]) is not None]
+    if not nested:
+        return []
+    claimed = setting_vars(key, cls, table)
+    problems = []
+    for name in nested:
+        field_var = env_var(f"{key}.{name}")
+        for var in sorted(environ):
+            if not environ[var] or not (var == field_var or var.startswith(field_var + "_")):
+                continue
+            keys = claimed.get(var, [])
+            if len(keys) > 1:
+                problems.append(problem(keys[0], f"env:{var}", "INVALID_VALUE",
+                                        f"{var} is ambiguous: it names {' and '.join(keys)} (rename one entry)"))
+            elif not keys:
+                problems.append(problem(f"{key}.{name}", f"env:{var}", "UNKNOWN_FIELD",
+                                        f"{var} overrides no key of an entry of [{key}.{name}]: an override sets one key "
+                                        f"of an entry declared in the settings file, "
+                                        f"{field_var}_<ENTRY>_<KEY> (declare the entry as [{key}.{name}.NAME] first)"))
+    return problems
+
+
+def _resolve_entries(
+    key: str, cls: type, entries: Any, file_source: str, environ: Mapping[str, str]
+) -> tuple[dict[str, Resolved] | None, list[dict[str, Any]]]:
+    """Validate a table of named sub-tables (``[KEY.NAME]``) entry by entry against ``cls``: (entries, problems)."""
+    if not isinstance(entries, dict):
+        return None, [problem(key, file_source, "INVALID_TYPE", f"[{key}] must hold named tables: [{key}.NAME]")]
+    found: dict[str, Resolved] = {}
+    problems: list[dict[str, Any]] = []
+    for entry, table in entries.items():
+        if not ENTRY_NAME.match(entry):
+            problems.append(problem(f"{key}.{entry}", file_source, "INVALID_VALUE",
+                                    "an entry name is 1-64 of a-z, 0-9, '_', '.', '-', starting with a letter or digit"))
+            continue
+        resolved, bad = resolve_table(f"{key}.{entry}", cls, table, file_source, environ, _top=False)
+        problems.extend(bad)
+        if resolved is not None:
+            found[entry] = resolved
+    return (None if problems else found), problems
+
+
 def resolve_table(
-    key: str, cls: type, table: Any, file_source: str, environ: Mapping[str, str]
+    key: str, cls: type, table: Any, file_source: str, environ: Mapping[str, str], *, _top: bool = True
 ) -> tuple[Resolved | None, list[dict[str, Any]]]:
-    """Validate one table (file values, then ``env_var`` overrides) against ``cls``: (result, problems)."""
+    """Validate one table (file values, then ``env_var`` overrides) against ``cls``: (result, problems).
+
+    A ``dict[str, SomeAttrsClass]`` field is a table of named sub-tables, each validated
+    against that class by the same rules (``[providers.oauth2.clients.reports]``, keys and
+    overrides named ``providers.oauth2.clients.reports.token_url``,
+    ``SCHEDULER_PROVIDERS_OAUTH2_CLIENTS_REPORTS_TOKEN_URL``).
+    """
     if not isinstance(table, dict):
         return None, [problem(key, file_source, "INVALID_TYPE", f"[{key}] must be a table")]
     fields = attrs.fields_dict(cls)
     hints = typing.get_type_hints(cls)
+    nested = {name: sub for name in fields if (sub := entry_class(hints[name])) is not None}
+    entries: dict[str, dict[str, Resolved]] = {}
     raw: dict[str, Any] = {}
     sources: dict[str, str] = {}
     problems: list[dict[str, Any]] = []
@@ -217,12 +320,22 @@ def resolve_table(
             known = ", ".join(sorted(fields)) or "none: this plugin declares no settings"
             problems.append(problem(f"{key}.{name}", file_source, "UNKNOWN_FIELD", f"unknown key {name!r} (known: {known})"))
             continue
+        sources[name] = file_source
+        if name in nested:
+            resolved_entries, found = _resolve_entries(f"{key}.{name}", nested[name], value, file_source, environ)
+            problems.extend(found)
+            if resolved_entries is not None:
+                entries[name] = resolved_entries
+            continue
         try:
             raw[name] = _from_file(value) if is_secret(fields[name], hints[name]) else value
         except ValueError as exc:
             problems.append(problem(f"{key}.{name}", file_source, "INVALID_VALUE", str(exc)))
-        sources[name] = file_source
+    if _top:
+        problems.extend(_entry_var_problems(key, cls, table, file_source, environ))
     for name, f in fields.items():
+        if name in nested:  # overridden entry by entry (checked above)
+            continue
         var = env_var(f"{key}.{name}")
         text = environ.get(var)
         if not text:  # unset or empty: not an override
@@ -236,7 +349,11 @@ def resolve_table(
     kwargs, checked = option_problems(cls, raw, key)
     for p in checked:
         name = p["field"][len(key) + 1:].split(".")[0]
+        if name in nested and p["code"] == "REQUIRED" and name in table:  # present: validated entry by entry
+            continue
         problems.append(problem(p["field"], sources.get(name, "default"), p["code"], p["error"]))
+    for name, found_entries in entries.items():
+        kwargs[name] = {entry: resolved.value for entry, resolved in found_entries.items()}
     for name, value in kwargs.items():
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(problem(f"{key}.{name}", sources.get(name, "default"), "INVALID_VALUE", "must be a finite number"))
@@ -247,7 +364,7 @@ def resolve_table(
     except (TypeError, ValueError) as exc:  # the class's own attrs validators
         where = "; ".join(sorted(set(sources.values()))) or "default"
         return None, [problem(key, where, "INVALID_VALUE", str(exc))]
-    return Resolved(key=key, value=instance, sources=sources), []
+    return Resolved(key=key, value=instance, sources=sources, entries=entries), []
 
 
 # -- the whole file --------------------------------------------------------------------------------
