@@ -52,7 +52,9 @@ from typing import Any
 
 import attrs
 
-from scheduler.conformance.engine import _DRIVER_NAME, Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
+from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
 from scheduler.errors import SchedulerError
 
 #: The method every setup adapter has.
@@ -105,20 +107,15 @@ class PolicyRequest:
         return f"{self.principal_kind}:{self.principal_name}"
 
 
-def _codes(expect: dict[str, Any]) -> list[str]:
-    code = expect.get("error_code")
-    return [] if code is None else [code] if isinstance(code, str) else list(code)
-
-
 def _check_authorization_case(case: Case) -> None:
     """What the schema cannot say: an expectation that fits the case."""
     inp, expect = case.input, case.expect
     decision = expect["decision"]
     if (case.polarity == "positive") != (decision == "permit"):
         raise ValueError("a positive authorization case expects decision permit, a negative one deny or escalate")
-    if decision == "permit" and _codes(expect):
+    if decision == "permit" and expected_codes(expect):
         raise ValueError("a permit has no error_code")
-    if decision != "permit" and not _codes(expect):
+    if decision != "permit" and not expected_codes(expect):
         raise ValueError("a negative authorization case names its error_code(s)")
     if "fault" in inp and (inp.get("policy") != "permit" or decision != "deny"):
         raise ValueError("a fault case starts from a permit policy and expects deny")
@@ -129,66 +126,14 @@ def _check_authorization_case(case: Case) -> None:
 # --------------------------------------------------------------------------- per provider
 
 
-@attrs.frozen(kw_only=True)
-class _AuthorizationContext:
-    name: str
-    adapter: Any
-
-
 def resolve_policy_adapter(name: str | None, provider: Any, explicit: Any = None) -> Any:
     """The setup adapter of authorization provider ``name`` (explicit, the provider's own method, the entry point)."""
-    from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
-    from scheduler.conformance.service import _instantiate
-
-    if explicit is not None:
-        adapter = load_adapter_spec(explicit, "setup") if isinstance(explicit, str) else _instantiate(explicit)
-        if not callable(getattr(adapter, POLICY_METHOD, None)):
-            raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"setup adapter {explicit!r} has no {POLICY_METHOD}() method")
-        return adapter
-    if callable(getattr(provider, POLICY_METHOD, None)):
-        return provider
-    if name:
-        found = adapter_from_entry_points(name, POLICY_METHOD, "setup")
-        if found is not None:
-            return found
-    label = f"authorization provider {name!r}" if name else f"authorization provider {type(provider).__name__}"
-    raise SchedulerError(
-        "CONFORMANCE_NO_SETUP_ADAPTER",
-        f"{label} has no conformance setup adapter, so there is no policy to decide by: give the provider a "
-        f"{POLICY_METHOD}(request) method, register an entry point named {name or 'after the provider'!r} in the group "
-        "scheduler.conformance_adapters, or pass one explicitly (--adapter MODULE:ATTR)",
-    )
+    return _resolve_adapter(name, provider, explicit, method=POLICY_METHOD, role="setup", subject="authorization",
+                            missing_code="CONFORMANCE_NO_SETUP_ADAPTER", missing_why="there is no policy to decide by")
 
 
-def _prepare_authorization(name: str | None, provider: Any, adapter: Any) -> _AuthorizationContext:
-    found = resolve_policy_adapter(name, provider, adapter)
-    return _AuthorizationContext(name=name if name and _DRIVER_NAME.match(name) else "conformance-authz", adapter=found)
-
-
-def _label(adapter: Any) -> str:
-    return adapter.__name__ if isinstance(adapter, type) else type(adapter).__name__
-
-
-def _configure(provider: Any, name: str, settings: Any) -> str | None:
-    """Validate the setup's ``[providers.NAME]`` table like the loader does and hand it to ``configure``."""
-    table = dict(settings or {})
-    cls = getattr(provider, "settings_class", None)
-    if cls is None:
-        return (f"the setup adapter gives settings ({', '.join(sorted(table))}) but the provider has no settings_class"
-                if table else None)
-    from scheduler.settings.load import resolve_table
-
-    resolved, problems = resolve_table(f"providers.{name}", cls, table, "the conformance setup adapter", {})
-    if problems or resolved is None:
-        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
-        return f"the setup adapter's settings do not validate against {cls.__name__}: {listed}"
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
-        try:
-            configure(resolved.value)
-        except Exception as exc:  # noqa: BLE001 - the case's failure
-            return f"configure() refused the setup adapter's settings: {type(exc).__name__}: {exc}"
-    return None
+def _prepare_authorization(name: str | None, provider: Any, adapter: Any) -> ProviderContext:
+    return provider_context(name, resolve_policy_adapter(name, provider, adapter), "conformance-authz")
 
 
 # --------------------------------------------------------------------------- faults
@@ -319,9 +264,9 @@ def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: A
     try:
         setup = getattr(adapter, POLICY_METHOD)(request)
     except NotImplementedError as exc:
-        return CaseCheck(skipped=f"setup adapter {_label(adapter)} cannot write this case's policy: {exc or 'no reason given'}")
+        return CaseCheck(skipped=f"setup adapter {adapter_label(adapter)} cannot write this case's policy: {exc or 'no reason given'}")
     except Exception as exc:  # noqa: BLE001 - an adapter bug fails the case
-        return CaseCheck(problems=(f"setup adapter {_label(adapter)} raised {type(exc).__name__}: {exc}",))
+        return CaseCheck(problems=(f"setup adapter {adapter_label(adapter)} raised {type(exc).__name__}: {exc}",))
     try:
         secrets = {str(k): str(v) for k, v in dict(getattr(setup, "secrets", None) or {}).items()}
         with _patched_environ(secrets):
@@ -334,7 +279,7 @@ def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: A
 def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> CaseCheck:
     from scheduler.authorization import policy_problems
 
-    problem = _configure(provider, context.name, getattr(setup, "settings", None))
+    problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
     if problem:
         return CaseCheck(problems=(problem,))
     try:
@@ -355,7 +300,7 @@ def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> Cas
     if asked.decision != expect["decision"]:
         problems.append(f"decision: expected {expect['decision']}, got {asked.decision}"
                         + (f" ({asked.code}: {asked.message})" if asked.code else ""))
-    codes = _codes(expect)
+    codes = expected_codes(expect)
     if codes and asked.code not in codes:
         problems.append(f"error_code: expected {' or '.join(codes)}, got {asked.code!r}")
     if "max_duration_ms" in expect and asked.duration_ms > expect["max_duration_ms"]:

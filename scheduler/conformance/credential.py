@@ -48,7 +48,9 @@ from typing import Any
 
 import attrs
 
-from scheduler.conformance.engine import _DRIVER_NAME, Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, provider_context
+from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
 from scheduler.errors import SchedulerError
 
 #: The method every source adapter has.
@@ -111,44 +113,15 @@ def _check_credential_case(case: Case) -> None:
 # --------------------------------------------------------------------------- per provider
 
 
-@attrs.frozen(kw_only=True)
-class _CredentialContext:
-    name: str
-    adapter: Any
-
-
 def resolve_source_adapter(name: str | None, provider: Any, explicit: Any = None) -> Any:
     """The source adapter of credential provider ``name`` (explicit, the provider's own method, the entry point)."""
-    from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
-    from scheduler.conformance.service import _instantiate
-
-    if explicit is not None:
-        adapter = load_adapter_spec(explicit, "source") if isinstance(explicit, str) else _instantiate(explicit)
-        if not callable(getattr(adapter, SOURCE_METHOD, None)):
-            raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"source adapter {explicit!r} has no {SOURCE_METHOD}() method")
-        return adapter
-    if callable(getattr(provider, SOURCE_METHOD, None)):
-        return provider
-    if name:
-        found = adapter_from_entry_points(name, SOURCE_METHOD, "source")
-        if found is not None:
-            return found
-    label = f"credential provider {name!r}" if name else f"credential provider {type(provider).__name__}"
-    raise SchedulerError(
-        "CONFORMANCE_NO_SOURCE_ADAPTER",
-        f"{label} has no conformance source adapter, so there is no stand-in credential source to resolve from: give the "
-        f"provider a {SOURCE_METHOD}(request) method, register an entry point named {name or 'after the provider'!r} in the "
-        "group scheduler.conformance_adapters, or pass one explicitly (--adapter MODULE:ATTR)",
-    )
+    return _resolve_adapter(name, provider, explicit, method=SOURCE_METHOD, role="source", subject="credential",
+                            missing_code="CONFORMANCE_NO_SOURCE_ADAPTER",
+                            missing_why="there is no stand-in credential source to resolve from")
 
 
-def _prepare_credential(name: str | None, provider: Any, adapter: Any) -> _CredentialContext:
-    found = resolve_source_adapter(name, provider, adapter)
-    return _CredentialContext(name=name if name and _DRIVER_NAME.match(name) else "conformance-credential", adapter=found)
-
-
-def _label(adapter: Any) -> str:
-    return adapter.__name__ if isinstance(adapter, type) else type(adapter).__name__
+def _prepare_credential(name: str | None, provider: Any, adapter: Any) -> ProviderContext:
+    return provider_context(name, resolve_source_adapter(name, provider, adapter), "conformance-credential")
 
 
 # --------------------------------------------------------------------------- running one case
@@ -178,28 +151,6 @@ def _capturing_logs() -> Iterator[_Logs]:
     finally:
         root.removeHandler(handler)
         root.setLevel(old)
-
-
-def _configure(provider: Any, name: str, settings: Any) -> str | None:
-    """Validate the stand-in's ``[providers.NAME]`` table like the loader does and hand it to ``configure``."""
-    table = dict(settings or {})
-    cls = getattr(provider, "settings_class", None)
-    if cls is None:
-        return f"the source adapter gives settings ({', '.join(sorted(table))}) but the provider has no settings_class" \
-            if table else None
-    from scheduler.settings.load import resolve_table
-
-    resolved, problems = resolve_table(f"providers.{name}", cls, table, "the conformance source adapter", {})
-    if problems or resolved is None:
-        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
-        return f"the source adapter's settings do not validate against {cls.__name__}: {listed}"
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
-        try:
-            configure(resolved.value)
-        except Exception as exc:  # noqa: BLE001 - the case's failure
-            return f"configure() refused the source adapter's settings: {type(exc).__name__}: {exc}"
-    return None
 
 
 def _binding(case: Case, provider: Any, name: str, ref: str) -> Any:
@@ -268,9 +219,9 @@ def _run_credential_case(provider: Any, case: Case, workdir: Path, context: Any)
     try:
         stand_in = adapter.conformance_source(request)
     except NotImplementedError as exc:
-        return CaseCheck(skipped=f"source adapter {_label(adapter)} cannot give this case's source: {exc or 'no reason given'}")
+        return CaseCheck(skipped=f"source adapter {adapter_label(adapter)} cannot give this case's source: {exc or 'no reason given'}")
     except Exception as exc:  # noqa: BLE001 - an adapter bug fails the case
-        return CaseCheck(problems=(f"source adapter {_label(adapter)} raised {type(exc).__name__}: {exc}",))
+        return CaseCheck(problems=(f"source adapter {adapter_label(adapter)} raised {type(exc).__name__}: {exc}",))
     try:
         return _run_with_source(provider, case, context, stand_in)
     finally:
@@ -290,7 +241,7 @@ def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> 
     secrets = {str(k): str(v) for k, v in dict(getattr(stand_in, "secrets", None) or {}).items()}
     expect = case.expect
     with _patched_environ(secrets):
-        problem = _configure(provider, context.name, getattr(stand_in, "settings", None))
+        problem = configure_provider(provider, context.name, getattr(stand_in, "settings", None), role="source")
         if problem:
             return CaseCheck(problems=(problem,))
         declared = set(getattr(provider, "capabilities", ()) or ())

@@ -45,7 +45,9 @@ from typing import Any
 
 import attrs
 
-from scheduler.conformance.engine import _DRIVER_NAME, Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
+from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
+from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
 from scheduler.errors import SchedulerError
 
 #: The method every setup adapter has.
@@ -95,11 +97,6 @@ class SetupRequest:
     workdir: Path
 
 
-def _codes(expect: dict[str, Any]) -> list[str]:
-    code = expect.get("error_code")
-    return [] if code is None else [code] if isinstance(code, str) else list(code)
-
-
 def _check_evidence_case(case: Case) -> None:
     """What the schema cannot say: the expectation fits what the case does."""
     inp, expect = case.input, case.expect
@@ -111,52 +108,22 @@ def _check_evidence_case(case: Case) -> None:
         raise ValueError("an attest_refused case has no envelope to tamper with")
     if (case.polarity == "positive") != (outcome == "verified"):
         raise ValueError("a positive evidence case expects outcome verified, a negative one refused or attest_refused")
-    if case.polarity == "negative" and not _codes(expect):
+    if case.polarity == "negative" and not expected_codes(expect):
         raise ValueError("a negative evidence case names its error_code(s)")
 
 
 # --------------------------------------------------------------------------- per provider
 
 
-@attrs.frozen(kw_only=True)
-class _EvidenceContext:
-    name: str
-    adapter: Any
-
-
 def resolve_setup_adapter(name: str | None, provider: Any, explicit: Any = None) -> Any:
     """The setup adapter of evidence provider ``name`` (explicit, the provider's own method, the entry point)."""
-    from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
-    from scheduler.conformance.service import _instantiate
-
-    if explicit is not None:
-        adapter = load_adapter_spec(explicit, "setup") if isinstance(explicit, str) else _instantiate(explicit)
-        if not callable(getattr(adapter, SETUP_METHOD, None)):
-            raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"setup adapter {explicit!r} has no {SETUP_METHOD}() method")
-        return adapter
-    if callable(getattr(provider, SETUP_METHOD, None)):
-        return provider
-    if name:
-        found = adapter_from_entry_points(name, SETUP_METHOD, "setup")
-        if found is not None:
-            return found
-    label = f"evidence provider {name!r}" if name else f"evidence provider {type(provider).__name__}"
-    raise SchedulerError(
-        "CONFORMANCE_NO_SETUP_ADAPTER",
-        f"{label} has no conformance setup adapter, so there are no keys, trust or attestor to attest and verify with: "
-        f"give the provider a {SETUP_METHOD}(request) method, register an entry point named "
-        f"{name or 'after the provider'!r} in the group scheduler.conformance_adapters, or pass one explicitly "
-        "(--adapter MODULE:ATTR)",
-    )
+    return _resolve_adapter(name, provider, explicit, method=SETUP_METHOD, role="setup", subject="evidence",
+                            missing_code="CONFORMANCE_NO_SETUP_ADAPTER",
+                            missing_why="there are no keys, trust or attestor to attest and verify with")
 
 
-def _prepare_evidence(name: str | None, provider: Any, adapter: Any) -> _EvidenceContext:
-    found = resolve_setup_adapter(name, provider, adapter)
-    return _EvidenceContext(name=name if name and _DRIVER_NAME.match(name) else "conformance-evidence", adapter=found)
-
-
-def _label(adapter: Any) -> str:
-    return adapter.__name__ if isinstance(adapter, type) else type(adapter).__name__
+def _prepare_evidence(name: str | None, provider: Any, adapter: Any) -> ProviderContext:
+    return provider_context(name, resolve_setup_adapter(name, provider, adapter), "conformance-evidence")
 
 
 # --------------------------------------------------------------------------- payloads and envelopes
@@ -294,28 +261,6 @@ def _bounded(fn: Any) -> tuple[Any, BaseException | None, bool]:
     return box.get("result"), box.get("exc"), worker.is_alive()
 
 
-def _configure(provider: Any, name: str, settings: Any, which: str) -> str | None:
-    """Validate a ``[providers.NAME]`` table from the setup like the loader does and hand it to ``configure``."""
-    table = dict(settings or {})
-    cls = getattr(provider, "settings_class", None)
-    if cls is None:
-        return f"the setup adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class" \
-            if table else None
-    from scheduler.settings.load import resolve_table
-
-    resolved, problems = resolve_table(f"providers.{name}", cls, table, "the conformance setup adapter", {})
-    if problems or resolved is None:
-        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
-        return f"the setup adapter's {which} do not validate against {cls.__name__}: {listed}"
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
-        try:
-            configure(resolved.value)
-        except Exception as exc:  # noqa: BLE001 - the case's failure
-            return f"configure() refused the setup adapter's {which}: {type(exc).__name__}: {exc}"
-    return None
-
-
 @attrs.define
 class _Verdict:
     """One ``verify`` call as the engine saw it."""
@@ -377,9 +322,9 @@ def _run_evidence_case(provider: Any, case: Case, workdir: Path, context: Any) -
     try:
         setup = adapter.conformance_setup(request)
     except NotImplementedError as exc:
-        return CaseCheck(skipped=f"setup adapter {_label(adapter)} cannot set up this case: {exc or 'no reason given'}")
+        return CaseCheck(skipped=f"setup adapter {adapter_label(adapter)} cannot set up this case: {exc or 'no reason given'}")
     except Exception as exc:  # noqa: BLE001 - an adapter bug fails the case
-        return CaseCheck(problems=(f"setup adapter {_label(adapter)} raised {type(exc).__name__}: {exc}",))
+        return CaseCheck(problems=(f"setup adapter {adapter_label(adapter)} raised {type(exc).__name__}: {exc}",))
     try:
         secrets = {str(k): str(v) for k, v in dict(getattr(setup, "secrets", None) or {}).items()}
         with _patched_environ(secrets), _capturing_logs() as logs:
@@ -407,11 +352,11 @@ def _redact(text: str, values: list[str]) -> str:
 def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[list[str], dict[str, Any], dict[str, str]]:
     """Attest, tamper, verify; returns (problems, observed, texts to search for secrets)."""
     inp, expect = case.input, case.expect
-    codes = _codes(expect)
+    codes = expected_codes(expect)
     problems: list[str] = []
     observed: dict[str, Any] = {}
     texts: dict[str, str] = {}
-    problem = _configure(provider, name, getattr(setup, "settings", None), "settings")
+    problem = configure_provider(provider, name, getattr(setup, "settings", None), role="setup")
     if problem:
         return [problem], observed, texts
     declaration = _declaration(name, getattr(setup, "provider_config", None), inp.get("methods"))
@@ -462,7 +407,7 @@ def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[l
             return problems, observed, texts
     verify_settings = getattr(setup, "verify_settings", None)
     if verify_settings is not None:
-        problem = _configure(provider, name, verify_settings, "verify_settings")
+        problem = configure_provider(provider, name, verify_settings, role="setup", which="verify_settings")
         if problem:
             return [problem], observed, texts
 
