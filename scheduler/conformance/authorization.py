@@ -107,6 +107,56 @@ class PolicyRequest:
         return f"{self.principal_kind}:{self.principal_name}"
 
 
+class PolicySetup:
+    """What a file-based setup adapter returns: a ``policy_dir`` and the ref of one policy in it.
+
+    ``close`` releases a FIFO (the ``slow`` policy) that a provider may still be blocked reading.
+    """
+
+    def __init__(self, policy_dir: Path, policy_ref: str, fifo: Path | None = None) -> None:
+        self.settings: dict[str, Any] = {"policy_dir": str(policy_dir)}
+        self.policy_ref = policy_ref
+        self.provider_config: dict[str, Any] = {}
+        self.secrets: dict[str, str] = {}
+        self.fifo = fifo
+
+    def close(self) -> None:
+        """Open the FIFO for writing and close it at once: a provider blocked reading it gets an empty file and returns."""
+        if self.fifo is None:
+            return
+        import os
+
+        with contextlib.suppress(OSError):
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            self.fifo.unlink()
+
+
+def write_policy_setup(request: PolicyRequest, policy_dir: Path, texts: dict[str, str], *, suffix: str, missing_ref: str,
+                       slow_fifo: Path) -> PolicySetup:
+    """The setup of a provider whose policies are files in ``policy_dir`` (``[providers.NAME] policy_dir``).
+
+    ``texts`` holds the provider's text for the written policies (``permit``, ``deny``,
+    ``escalate``, ``invalid``): the case's one is written as ``conformance{suffix}`` (ref
+    ``conformance``). ``missing`` refers to ``missing_ref``, which names nothing; ``slow`` makes
+    ``slow_fifo`` a FIFO (ref ``slow``), so reading it blocks until ``close``. Any other
+    policy raises ``NotImplementedError`` (the engine skips the case with the reason).
+    """
+    import os
+
+    if request.policy in texts:
+        (policy_dir / f"conformance{suffix}").write_text(texts[request.policy])
+        return PolicySetup(policy_dir, "conformance")
+    if request.policy == "missing":
+        return PolicySetup(policy_dir, missing_ref)
+    if request.policy == "slow":
+        slow_fifo.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(slow_fifo)
+        return PolicySetup(policy_dir, "slow", slow_fifo)
+    raise NotImplementedError(f"no policy file for {request.policy!r}")
+
+
 def _check_authorization_case(case: Case) -> None:
     """What the schema cannot say: an expectation that fits the case."""
     inp, expect = case.input, case.expect
@@ -378,4 +428,5 @@ register_adapter(
 )
 
 
-__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "POLICIES", "POLICY_METHOD", "PolicyRequest", "resolve_policy_adapter"]
+__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "POLICIES", "POLICY_METHOD", "PolicyRequest", "PolicySetup",
+           "resolve_policy_adapter", "write_policy_setup"]

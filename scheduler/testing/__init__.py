@@ -21,7 +21,8 @@
   plugin's tests to run the stock conformance corpus against your provider; the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
   channel service-adapter types (``HttpStandIn``, ``ServiceAnswer``,
-  ``ReceivedMessage`` ...) for your conformance adapter.
+  ``ReceivedMessage`` ...) and the authorization setup-adapter helpers (``PolicySetup``,
+  ``write_policy_setup``) for your conformance adapter.
 
 ``scheduler.testing.fixtures`` turns these into pytest fixtures
 (``pytest_plugins = ["scheduler.testing.fixtures"]`` in a ``conftest.py``).
@@ -358,6 +359,8 @@ _CONFORMANCE_PYTEST = ("ExecutorConformance", "ChannelConformance", "EvidencePro
 _CONFORMANCE_PAYLOAD = ("Behaviour", "PosixShellPayloads", "RawPayload", "Step")
 _CONFORMANCE_SERVICE = ("HttpReply", "HttpRequest", "HttpStandIn", "ReceivedFile", "ReceivedMessage",
                         "ServiceAnswer", "ServiceRequest")
+#: The authorization setup-adapter helpers for providers whose policies are files (``scheduler.conformance.authorization``).
+_CONFORMANCE_AUTHORIZATION = ("PolicySetup", "write_policy_setup")
 
 
 def __getattr__(name: str) -> Any:
@@ -374,6 +377,10 @@ def __getattr__(name: str) -> Any:
         from scheduler.conformance import service
 
         return getattr(service, name)
+    if name in _CONFORMANCE_AUTHORIZATION:
+        from scheduler.conformance import authorization
+
+        return getattr(authorization, name)
     if name == "run_conformance":
         from scheduler.conformance.engine import run_kind
 
