@@ -41,17 +41,11 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[TokenS
 timeout_s = 2
 trust_env = false
 
-[providers.oauth2.token_url]
-reports = "{state.url}/token"
-
-[providers.oauth2.client_id]
-reports = "reports-id"
-
-[providers.oauth2.client_secret]
-reports = "env:OAUTH2_E2E_SECRET"
-
-[providers.oauth2.scope]
-reports = "read"
+[providers.oauth2.clients.reports]
+token_url = "{state.url}/token"
+client_id = "reports-id"
+client_secret = {{credential = "env:OAUTH2_E2E_SECRET"}}
+scope = "read"
 """)
     monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
     monkeypatch.setenv(credentials.DIR_ENV, str(tmp_path))

@@ -16,10 +16,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from scheduler_provider_oauth2 import OAuth2CredentialProvider, OAuth2Settings
+from scheduler_provider_oauth2 import ClientSettings, OAuth2CredentialProvider, OAuth2Settings
 from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
 
-from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, MemoryProviderSessions, SchedulerError
+from scheduler.api import (
+    CredentialBinding,
+    CredentialContext,
+    CredentialPresent,
+    MemoryProviderSessions,
+    SchedulerError,
+    SecretRef,
+)
 from scheduler.provider_sessions import StoreProviderSessions, session_id
 
 
@@ -47,19 +54,14 @@ def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[TokenServer]:
 
 @pytest.fixture
 def make_provider(endpoint: TokenServer) -> Callable[..., OAuth2CredentialProvider]:
-    def make(clock: Any = None, **overrides: Any) -> OAuth2CredentialProvider:
-        values: dict[str, Any] = {
-            "token_url": {"reports": f"{endpoint.url}/token"},
-            "client_id": {"reports": "reports-id"},
-            "client_secret": {"reports": "env:OAUTH2_SESSIONS_SECRET"},
-            "scope": {"reports": "read write"},
-            "revocation_url": {"reports": f"{endpoint.url}/revoke"},
-            "timeout_s": 2.0,
-            "trust_env": False,
-            **overrides,
-        }
+    def make(clock: Any = None, revocation_url: str | None = "/revoke", **overrides: Any) -> OAuth2CredentialProvider:
+        """Client ``reports`` at the endpoint (``revocation_url=None``: none); ``overrides`` are provider-wide keys."""
+        client = ClientSettings(token_url=f"{endpoint.url}/token", client_id="reports-id",
+                                client_secret=SecretRef.parse("env:OAUTH2_SESSIONS_SECRET"), scope="read write",
+                                revocation_url=f"{endpoint.url}{revocation_url}" if revocation_url else None)
+        values: dict[str, Any] = {"timeout_s": 2.0, "trust_env": False, **overrides}
         provider = OAuth2CredentialProvider(clock=clock)
-        provider.configure(OAuth2Settings(**values))
+        provider.configure(OAuth2Settings(clients={"reports": client}, **values))
         return provider
 
     return make
@@ -160,7 +162,7 @@ def test_revocation_outcomes_reach_the_row(reply, outcome, status, store, make_p
 
 def test_without_a_revocation_url_the_answer_is_unsupported(store, make_provider, endpoint) -> None:
     sessions = StoreProviderSessions(store)
-    provider = make_provider(revocation_url={})
+    provider = make_provider(revocation_url=None)
     token = provider.resolve(BINDING, _context(sessions))
     result = provider.revoke(token, BINDING, _context(sessions))
     assert result.outcome == "unsupported" and not result.revoked and result.reason.startswith("CREDENTIAL_REVOKE_UNSUPPORTED")

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from scheduler_provider_oauth2.errors import CODES, REVOKE_CODES, CredentialError
 from scheduler_provider_oauth2.provider import CachedToken, OAuth2CredentialProvider
-from scheduler_provider_oauth2.settings import Client, OAuth2Options, OAuth2Settings
+from scheduler_provider_oauth2.settings import Client, ClientSettings, OAuth2Options, OAuth2Settings
 
 __all__ = [
     "CODES",
     "CachedToken",
     "Client",
+    "ClientSettings",
     "CredentialError",
     "OAuth2CredentialProvider",
     "OAuth2Options",

@@ -39,11 +39,13 @@ class _StandIn:
         self.ref = "absent" if request.source == "missing" else "conformance"
         url = self.server.url
         self.settings = {
-            "token_url": {"conformance": f"{url}/token"},
-            "client_id": {"conformance": "conformance-id"},
-            "client_secret": {"conformance": f"env:{SECRET_VAR}"},
-            "scope": {"conformance": "read"},
-            "revocation_url": {"conformance": f"{url}/revoke"},
+            "clients": {"conformance": {
+                "token_url": f"{url}/token",
+                "client_id": "conformance-id",
+                "client_secret": {"credential": f"env:{SECRET_VAR}"},
+                "scope": "read",
+                "revocation_url": f"{url}/revoke",
+            }},
             "timeout_s": request.timeout_s,
             "trust_env": False,
         }

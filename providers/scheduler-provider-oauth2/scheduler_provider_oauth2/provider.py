@@ -1,6 +1,6 @@
 """``OAuth2CredentialProvider``: access tokens from an OAuth 2.0 token endpoint, cached until their refresh point.
 
-The binding's ``ref`` names a client of ``[providers.oauth2]`` (see ``settings.py``).
+The binding's ``ref`` names a client ``[providers.oauth2.clients.NAME]`` (see ``settings.py``).
 Authlib's httpx ``OAuth2Client`` does the protocol work: the client-credentials and
 refresh-token grants (RFC 6749 sections 4.4 and 6), client authentication
 (``client_secret_basic``, ``client_secret_post``, ``none``) and token revocation (RFC 7009).
@@ -150,9 +150,9 @@ class OAuth2CredentialProvider:
         settings = self._current()
         client = client_of(settings, binding.ref)
         if client is None:
-            known = ", ".join(sorted(settings.token_url)) or "none configured"
+            known = ", ".join(sorted(settings.clients)) or "none configured"
             raise CredentialError("CREDENTIAL_NOT_FOUND", f"credential {binding.name!r}: no OAuth2 client "
-                                  f"{binding.ref!r} in [providers.oauth2] (known: {known})",
+                                  f"{binding.ref!r} in [providers.oauth2.clients] (known: {known})",
                                   details={"binding": binding.name, "provider": "oauth2", "ref": binding.ref})
         return settings, client
 

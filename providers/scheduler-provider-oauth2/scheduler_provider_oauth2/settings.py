@@ -1,26 +1,22 @@
-"""``[providers.oauth2]``: OAuth 2.0 clients, in a flat shape today's settings loader validates.
+"""``[providers.oauth2]``: provider-wide limits, and one table per OAuth 2.0 client.
 
-The loader accepts only flat field types (``str``, numbers, ``bool``, lists of
-strings, ``dict[str, str]``), so a nested ``[providers.oauth2.clients.NAME]`` table is
-refused (``CONFIG_INVALID``: "must be an object of strings"). The clients are
-therefore written *per property*: every per-client key is a table from client name to
-value, and the keys of ``token_url`` define the clients::
+Each client is a named table ``[providers.oauth2.clients.NAME]`` (the kernel's
+``dict[str, ClientSettings]`` settings type); a binding's ``ref`` names it::
 
     [providers.oauth2]
     timeout_s = 10
 
-    [providers.oauth2.token_url]
-    reports = "https://idp.example/oauth2/token"
-    [providers.oauth2.client_id]
-    reports = "scheduler-reports"
-    [providers.oauth2.client_secret]          # references only: env:, file:, or any registered scheme
-    reports = "env:REPORTS_CLIENT_SECRET"
-    [providers.oauth2.scope]
-    reports = "reports.read reports.write"
+    [providers.oauth2.clients.reports]
+    token_url = "https://idp.example/oauth2/token"
+    client_id = "scheduler-reports"
+    client_secret = {credential = "env:REPORTS_CLIENT_SECRET"}   # references only: env:, file:, or a registered scheme
+    scope = "reports.read reports.write"
 
-A client secret or refresh token is a *reference* (``env:NAME``, ``file:/path``),
-checked with ``SecretRef.parse`` at load, like the kernel's ``{credential = ...}``
-fields; literal text is refused without being quoted.
+The kernel validates every key of every client (types, choices, references, unknown
+keys as ``providers.oauth2.clients.reports.KEY``); ``ClientSettings`` adds the URL,
+scope and cross-key rules. A client secret or refresh token is a ``SecretRef``: literal
+text is refused at load without being quoted. One key of a client is overridden by
+``SCHEDULER_PROVIDERS_OAUTH2_CLIENTS_<CLIENT>_<KEY>`` (``-`` and ``.`` of the name as ``_``).
 """
 
 from __future__ import annotations
@@ -37,8 +33,6 @@ import attrs
 from scheduler.api import SecretRef
 
 CLIENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-GRANTS = ("client_credentials", "refresh_token")
-AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none")
 # RFC 6749 section 3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
 
@@ -84,76 +78,60 @@ def scope_tokens(text: str) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-def _each(check):  # type: ignore[no-untyped-def]
-    """A field check applying ``check(name, value)`` to every entry of a client-name table."""
-
-    def run(table: dict[str, str]) -> str | None:
-        for name, value in table.items():
-            if not CLIENT_NAME.match(name):
-                return f"client name {name!r} must match [a-z0-9][a-z0-9_.-]{{0,63}}"
-            problem = check(name, value)
-            if problem:
-                return problem
-        return None
-
-    return run
+def _url_check(value: str) -> str | None:
+    return url_problem(value)
 
 
-def _url_check(name: str, value: str) -> str | None:
-    problem = url_problem(value)
-    return f"{name}: {problem}" if problem else None
-
-
-def _reference_check(name: str, value: str) -> str | None:
-    try:
-        SecretRef.parse(value)
-    except ValueError as exc:  # the message never quotes the value: it may be a pasted secret
-        return f"{name}: {exc}"
-    return None
-
-
-def _choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    def check(name: str, value: str) -> str | None:
-        return None if value in choices else f"{name}: must be one of {', '.join(choices)}"
-
-    return check
-
-
-def _scope_check(name: str, value: str) -> str | None:
+def _scope_check(value: str) -> str | None:
     try:
         scope_tokens(value)
     except ValueError as exc:
-        return f"{name}: {exc}"
+        return str(exc)
     return None
 
 
-def _nonempty(name: str, value: str) -> str | None:
-    return None if value.strip() else f"{name}: must not be empty"
+def _nonempty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
 
 
-def _table(doc: str, check) -> attrs.Attribute:  # type: ignore[no-untyped-def, type-arg]
-    return attrs.field(factory=dict, metadata={"doc": doc, "check": _each(check)})
+@attrs.frozen(kw_only=True)
+class ClientSettings:
+    """``[providers.oauth2.clients.NAME]``: one OAuth 2.0 client. Messages name the key, never a value."""
+
+    token_url: str = attrs.field(metadata={"doc": "Token endpoint (https; http only on loopback).", "check": _url_check})
+    client_id: str = attrs.field(metadata={"doc": "The client_id.", "check": _nonempty})
+    client_secret: SecretRef | None = attrs.field(default=None, metadata={
+        "doc": "Reference to the client secret (env:NAME, file:/path, ...); required unless auth_method is none."})
+    auth_method: Literal["client_secret_basic", "client_secret_post", "none"] = attrs.field(
+        default="client_secret_basic", metadata={"doc": "Token endpoint authentication."})
+    grant: Literal["client_credentials", "refresh_token"] = attrs.field(
+        default="client_credentials", metadata={"doc": "The grant used to get tokens."})
+    refresh_token: SecretRef | None = attrs.field(default=None, metadata={
+        "doc": "Reference to the refresh token (refresh_token grant only)."})
+    scope: str = attrs.field(default="", metadata={
+        "doc": "Space-separated scopes requested; a binding may ask for a subset.", "check": _scope_check})
+    audience: str | None = attrs.field(default=None, metadata={
+        "doc": "Audience parameter sent with the token request.", "check": _nonempty})
+    revocation_url: str | None = attrs.field(default=None, metadata={
+        "doc": "RFC 7009 revocation endpoint (https); unset: revoke is unsupported.", "check": _url_check})
+
+    def __attrs_post_init__(self) -> None:
+        """Cross-key rules; the message names the key, never a value."""
+        if self.auth_method != "none" and self.client_secret is None:
+            raise ValueError(f"client_secret is required (auth_method {self.auth_method}); "
+                             "auth_method = \"none\" for a public client")
+        if self.grant == "refresh_token" and self.refresh_token is None:
+            raise ValueError("the refresh_token grant needs refresh_token")
+        if self.grant != "refresh_token" and self.refresh_token is not None:
+            raise ValueError(f"refresh_token is set but grant is {self.grant}")
 
 
 @attrs.frozen(kw_only=True)
 class OAuth2Settings:
-    """``[providers.oauth2]``: per-client tables keyed by client name, then provider-wide limits."""
+    """``[providers.oauth2]``: the clients by name, then provider-wide limits."""
 
-    token_url: dict[str, str] = _table("Client -> token endpoint (https; http only on loopback). Its keys define the clients.", _url_check)
-    client_id: dict[str, str] = _table("Client -> client_id (required for every client).", _nonempty)
-    client_secret: dict[str, str] = _table(
-        "Client -> reference to the client secret (env:NAME, file:/path, ...); required unless auth_method is none.",
-        _reference_check)
-    auth_method: dict[str, str] = _table(
-        "Client -> token endpoint authentication: client_secret_basic (default), client_secret_post or none.",
-        _choice(AUTH_METHODS))
-    grant: dict[str, str] = _table("Client -> grant: client_credentials (default) or refresh_token.", _choice(GRANTS))
-    refresh_token: dict[str, str] = _table("Client -> reference to the refresh token (refresh_token grant only).",
-                                           _reference_check)
-    scope: dict[str, str] = _table("Client -> space-separated scopes requested; a binding may ask for a subset.", _scope_check)
-    audience: dict[str, str] = _table("Client -> audience parameter sent with the token request.", _nonempty)
-    revocation_url: dict[str, str] = _table("Client -> RFC 7009 revocation endpoint (https); none: revoke is unsupported.",
-                                            _url_check)
+    clients: dict[str, ClientSettings] = attrs.field(factory=dict, metadata={
+        "doc": "One table per client, [providers.oauth2.clients.NAME]; a binding's ref names one."})
     timeout_s: float = attrs.field(default=10.0, metadata={
         "minimum": 0.1, "maximum": 300, "doc": "Seconds one token or revocation request may take (connect, write, read)."})
     refresh_margin_s: float = attrs.field(default=60.0, metadata={
@@ -164,25 +142,6 @@ class OAuth2Settings:
         "doc": "Honour HTTPS_PROXY / NO_PROXY / SSL_CERT_FILE from the dispatcher's environment."})
     ca_bundle: str | None = attrs.field(default=None, metadata={
         "doc": "CA bundle (PEM path) to verify the endpoints with instead of the system store."})
-
-    def __attrs_post_init__(self) -> None:
-        """Cross-key rules; the message names client and key, never a value."""
-        clients = set(self.token_url)
-        for key in ("client_id", "client_secret", "auth_method", "grant", "refresh_token", "scope", "audience", "revocation_url"):
-            unknown = sorted(set(getattr(self, key)) - clients)
-            if unknown:
-                raise ValueError(f"{key} names client(s) without a token_url: {', '.join(unknown)}")
-        for name in sorted(clients):
-            if name not in self.client_id:
-                raise ValueError(f"client {name!r} has no client_id")
-            method = self.auth_method.get(name, "client_secret_basic")
-            if method != "none" and name not in self.client_secret:
-                raise ValueError(f"client {name!r} has no client_secret (auth_method {method})")
-            grant = self.grant.get(name, "client_credentials")
-            if grant == "refresh_token" and name not in self.refresh_token:
-                raise ValueError(f"client {name!r} uses the refresh_token grant but has no refresh_token")
-            if grant != "refresh_token" and name in self.refresh_token:
-                raise ValueError(f"client {name!r} has a refresh_token but its grant is {grant}")
 
 
 @attrs.frozen(kw_only=True)
@@ -212,21 +171,20 @@ class Client:
 
 def client_of(settings: OAuth2Settings, name: str) -> Client | None:
     """The normalised client ``name``, or None when it is not configured."""
-    if name not in settings.token_url:
+    found = settings.clients.get(name)
+    if found is None:
         return None
-    secret = settings.client_secret.get(name)
-    refresh = settings.refresh_token.get(name)
     return Client(
         name=name,
-        token_url=settings.token_url[name],
-        client_id=settings.client_id[name],
-        secret=SecretRef.parse(secret) if secret else None,
-        auth_method=settings.auth_method.get(name, "client_secret_basic"),  # type: ignore[arg-type]
-        grant=settings.grant.get(name, "client_credentials"),  # type: ignore[arg-type]
-        refresh_token=SecretRef.parse(refresh) if refresh else None,
-        scopes=scope_tokens(settings.scope.get(name, "")),
-        audience=settings.audience.get(name),
-        revocation_url=settings.revocation_url.get(name),
+        token_url=found.token_url,
+        client_id=found.client_id,
+        secret=found.client_secret,
+        auth_method=found.auth_method,
+        grant=found.grant,
+        refresh_token=found.refresh_token,
+        scopes=scope_tokens(found.scope),
+        audience=found.audience,
+        revocation_url=found.revocation_url,
     )
 
 

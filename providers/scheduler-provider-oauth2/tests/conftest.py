@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
-from scheduler_provider_oauth2 import OAuth2CredentialProvider, OAuth2Settings
+from scheduler_provider_oauth2 import ClientSettings, OAuth2CredentialProvider, OAuth2Settings
 from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
 
-from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, reload_settings
+from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, SecretRef, reload_settings
 from scheduler.testing import isolate_settings
 
 
@@ -64,23 +65,34 @@ def clock() -> Clock:
     return Clock()
 
 
+#: Keys of one client (``ClientSettings``); any other override is a provider-wide key.
+CLIENT_KEYS = {f.name for f in attrs.fields(ClientSettings)}
+
+
 @pytest.fixture
 def settings_for(token_server: TokenServer, client_secret: str) -> Callable[..., OAuth2Settings]:
-    """``settings_for(**overrides)``: client ``reports`` (basic auth, scopes ``read write``) at the live endpoint."""
+    """``settings_for(**overrides)``: client ``reports`` (basic auth, scopes ``read write``) at the live endpoint.
+
+    An override named like a client key (``audience="..."``, ``revocation_url=None``) changes
+    client ``reports``, a reference given as text (``refresh_token="env:X"``) is parsed; any
+    other override is a provider-wide key (``timeout_s=0.3``).
+    """
     token_server.clients["reports-id"] = client_secret
 
     def make(**overrides: Any) -> OAuth2Settings:
-        values: dict[str, Any] = {
-            "token_url": {"reports": f"{token_server.url}/token"},
-            "client_id": {"reports": "reports-id"},
-            "client_secret": {"reports": "env:OAUTH2_TEST_SECRET"},
-            "scope": {"reports": "read write"},
-            "revocation_url": {"reports": f"{token_server.url}/revoke"},
-            "timeout_s": 2.0,
-            "trust_env": False,
+        client: dict[str, Any] = {
+            "token_url": f"{token_server.url}/token",
+            "client_id": "reports-id",
+            "client_secret": SecretRef.parse("env:OAUTH2_TEST_SECRET"),
+            "scope": "read write",
+            "revocation_url": f"{token_server.url}/revoke",
         }
-        values.update(overrides)
-        return OAuth2Settings(**values)
+        values: dict[str, Any] = {"timeout_s": 2.0, "trust_env": False}
+        for key, value in overrides.items():
+            if key in ("client_secret", "refresh_token") and isinstance(value, str):
+                value = SecretRef.parse(value)
+            (client if key in CLIENT_KEYS else values)[key] = value
+        return OAuth2Settings(clients={"reports": ClientSettings(**client)}, **values)
 
     return make
 

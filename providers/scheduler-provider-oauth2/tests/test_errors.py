@@ -65,7 +65,7 @@ def test_a_closed_port_is_a_transient_connection_failure(provider, binding, cont
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = provider(token_url={"reports": f"http://127.0.0.1:{port}/token"}, revocation_url={})
+    p = provider(token_url=f"http://127.0.0.1:{port}/token", revocation_url=None)
     with pytest.raises(SchedulerError) as info:
         p.resolve(binding(), context)
     assert info.value.code == "CREDENTIAL_OAUTH_UNAVAILABLE" and info.value.details["reason"] == "ConnectError"
@@ -104,7 +104,7 @@ def test_secrets_never_reach_the_logs(provider, binding, context, token_server, 
     caplog.set_level(logging.DEBUG)
     token_server.rotate = True
     monkeypatch.setenv("OAUTH2_TEST_RT", token_server.new_refresh_token("reports-id"))
-    p = provider(grant={"reports": "refresh_token"}, refresh_token={"reports": "env:OAUTH2_TEST_RT"})
+    p = provider(grant="refresh_token", refresh_token="env:OAUTH2_TEST_RT")
     first = p.resolve(binding(), context)
     p.refresh(first, binding(), context)
     token_server.token_script.extend([{"status": 400, "json": {"error": "invalid_grant"}}, {"status": 503, "body": b""}])

@@ -53,7 +53,7 @@ def test_a_slow_or_absent_revocation_endpoint(provider, binding, context, token_
 
 
 def test_no_revocation_url_is_unsupported(provider, binding, context, token_server) -> None:
-    p = provider(revocation_url={})
+    p = provider(revocation_url=None)
     token = p.resolve(binding(), context)
     result = p.revoke(token, binding(), context)
     assert result.revoked is False and result.reason.startswith("CREDENTIAL_REVOKE_UNSUPPORTED: ")

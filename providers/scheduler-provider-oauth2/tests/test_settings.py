@@ -1,4 +1,4 @@
-"""``[providers.oauth2]`` in a real settings file: the flat per-property shape, its checks, loading by entry point."""
+"""``[providers.oauth2]`` in a real settings file: one ``[providers.oauth2.clients.NAME]`` table per client, its checks, loading by entry point."""
 
 from __future__ import annotations
 
@@ -15,23 +15,19 @@ from scheduler.api import KNOWN_CAPABILITIES, PLUGIN_API_VERSION, CredentialProv
 from scheduler.testing import load_provider, run_cli
 
 
-def settings_text(url: str, extra: str = "") -> str:
+def settings_text(url: str, extra: str = "", *, client: str = "") -> str:
+    """Client ``reports`` at ``url``; ``client`` adds keys to its table, ``extra`` appends tables."""
     return f"""
 [providers.oauth2]
 timeout_s = 2
 trust_env = false
 
-[providers.oauth2.token_url]
-reports = "{url}/token"
-
-[providers.oauth2.client_id]
-reports = "reports-id"
-
-[providers.oauth2.client_secret]
-reports = "env:OAUTH2_TEST_SECRET"
-
-[providers.oauth2.scope]
-reports = "read write"
+[providers.oauth2.clients.reports]
+token_url = "{url}/token"
+client_id = "reports-id"
+client_secret = {{credential = "env:OAUTH2_TEST_SECRET"}}
+scope = "read write"
+{client}
 {extra}"""
 
 
@@ -48,56 +44,77 @@ def test_loaded_through_its_entry_point_from_the_settings_file(toml_file, token_
 
 
 def test_listed_by_plugins_list_and_shown_by_config(toml_file, token_server) -> None:
-    toml_file(settings_text(token_server.url))
+    path = toml_file(settings_text(token_server.url))
     code, out, err = run_cli("--json", "plugins", "list")
     assert code == 0, err
     (row,) = [r for r in json.loads(out)["plugins"] if r["name"] == "oauth2"]
     assert row["status"] == "ok" and row["distribution"] == "scheduler-provider-oauth2"
     code, out, err = run_cli("config")
     assert code == 0, err
-    assert "env:OAUTH2_TEST_SECRET" in out and "providers.oauth2.client_secret" in out
+    assert "<secret env:OAUTH2_TEST_SECRET>" in out and "providers.oauth2.clients.reports.client_secret" in out
+    code, out, err = run_cli("--json", "config")
+    assert code == 0, err
+    shown = json.loads(out)
+    key = "providers.oauth2.clients.reports.client_secret"
+    assert shown["config"][key] == {"credential": "env:OAUTH2_TEST_SECRET"} and shown["sources"][key] == f"file:{path}"
+    assert shown["config"]["providers.oauth2.clients.reports.auth_method"] == "client_secret_basic"
+    assert shown["sources"]["providers.oauth2.clients.reports.auth_method"] == "default"
+    assert shown["warnings"] == []
 
 
-def test_nested_client_tables_are_refused_by_the_kernel_loader(toml_file, token_server) -> None:
-    """Why the shape is flat: the loader takes only flat field types, so ``[providers.oauth2.clients.NAME]`` cannot work."""
-    toml_file(f'[providers.oauth2.clients.reports]\ntoken_url = "{token_server.url}/token"\n')
-    with pytest.raises(SchedulerError) as info:
-        load_provider("credential", "oauth2")
-    assert info.value.code == "CONFIG_INVALID" and "providers.oauth2.clients" in info.value.message
+def test_two_clients_each_with_its_own_table(toml_file, token_server, client_secret, monkeypatch, binding, context) -> None:
+    token_server.clients["reports-id"] = client_secret
+    token_server.public.add("billing-id")
+    toml_file(settings_text(token_server.url, f"""
+[providers.oauth2.clients.billing-eu]
+token_url = "{token_server.url}/token"
+client_id = "billing-id"
+auth_method = "none"
+"""))
+    provider = load_provider("credential", "oauth2")
+    assert provider.resolve(binding("billing-eu"), context).value == token_server.issued[0]
+    assert provider.resolve(binding("reports"), context).value == token_server.issued[1]
+    assert [s.client_id for s in token_server.seen] == ["billing-id", "reports-id"]
 
 
-@pytest.mark.parametrize(("extra", "fragment"), [
-    ('[providers.oauth2.client_secret]\nbilling = "env:X"\n', "client_secret names client(s) without a token_url: billing"),
-    ('[providers.oauth2.grant]\nreports = "password"\n', "must be one of client_credentials, refresh_token"),
-    ('[providers.oauth2.grant]\nreports = "refresh_token"\n', "has no refresh_token"),
-    ('[providers.oauth2.auth_method]\nreports = "private_key_jwt"\n', "must be one of"),
-    ('[providers.oauth2.revocation_url]\nreports = "http://idp.example/revoke"\n', "https"),
-    ('[providers.oauth2.revocation_url]\nreports = "https://user:pw@idp.example/revoke"\n', "must not carry credentials"),
-    ('[providers.oauth2.audience]\n"Bad Name" = "x"\n', "client name"),
+@pytest.mark.parametrize(("client", "extra", "key", "fragment"), [
+    ('grant = "password"', "", "providers.oauth2.clients.reports.grant", "must be one of client_credentials, refresh_token"),
+    ('grant = "refresh_token"', "", "providers.oauth2.clients.reports", "the refresh_token grant needs refresh_token"),
+    ('refresh_token = {credential = "env:RT"}', "", "providers.oauth2.clients.reports", "refresh_token is set but grant is"),
+    ('auth_method = "private_key_jwt"', "", "providers.oauth2.clients.reports.auth_method", "must be one of"),
+    ('revocation_url = "http://idp.example/revoke"', "", "providers.oauth2.clients.reports.revocation_url", "https"),
+    ('revocation_url = "https://user:pw@idp.example/revoke"', "", "providers.oauth2.clients.reports.revocation_url",
+     "must not carry credentials"),
+    ("", '[providers.oauth2.clients.billing]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\nauth_method = "none"\n'
+         'scope = "read \\\\ write"\n', "providers.oauth2.clients.billing.scope", "scope tokens"),
+    ('audience = " "', "", "providers.oauth2.clients.reports.audience", "must not be empty"),
+    ('tokn_url = "https://idp.example/token"', "", "providers.oauth2.clients.reports.tokn_url", "unknown key 'tokn_url'"),
+    ("", '[providers.oauth2.clients."Bad Name"]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\n',
+     "providers.oauth2.clients.Bad Name", "an entry name is"),
+    ("", '[providers.oauth2.clients.billing]\nclient_id = "x"\nauth_method = "none"\n',
+     "providers.oauth2.clients.billing.token_url", "is required"),
+    ("", '[providers.oauth2.clients.billing]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\n',
+     "providers.oauth2.clients.billing", "client_secret is required"),
+    ("", "[providers.oauth2.token_url]\nreports = \"https://idp.example/t\"\n", "providers.oauth2.token_url", "unknown key"),
 ])
-def test_bad_settings_name_the_key(extra, fragment, toml_file, token_server) -> None:
-    text = settings_text(token_server.url)
-    if extra.split("\n")[0] in text:  # replace a table that is already there
-        head = extra.split("\n")[0]
-        start = text.index(head)
-        end = text.index("\n\n", start) if "\n\n" in text[start:] else len(text)
-        text = text[:start] + text[end:]
-    toml_file(text + extra)
+def test_bad_settings_name_the_key(client, extra, key, fragment, toml_file, token_server) -> None:
+    toml_file(settings_text(token_server.url, extra, client=client))
     with pytest.raises(SchedulerError) as info:
         load_provider("credential", "oauth2")
     assert info.value.code == "CONFIG_INVALID" and fragment in info.value.message
+    assert key in [p["key"] for p in info.value.details]
 
 
 def test_a_literal_secret_is_refused_without_being_quoted(toml_file, token_server) -> None:
     pasted = "9f8e7d6c5b4a-pasted-client-secret"
-    text = settings_text(token_server.url).replace('"env:OAUTH2_TEST_SECRET"', f'"{pasted}"')
+    text = settings_text(token_server.url).replace('{credential = "env:OAUTH2_TEST_SECRET"}', f'"{pasted}"')
     toml_file(text)
     with pytest.raises(SchedulerError) as info:
         load_provider("credential", "oauth2")
-    assert info.value.code == "CONFIG_INVALID" and "providers.oauth2.client_secret" in info.value.message
+    assert info.value.code == "CONFIG_INVALID" and "providers.oauth2.clients.reports.client_secret" in info.value.message
     assert pasted not in info.value.message + json.dumps(info.value.details)
-    code, out, _ = run_cli("config", "--check")
-    assert pasted not in out
+    code, out, err = run_cli("--json", "config", "--check")
+    assert code == 1 and json.loads(out)["code"] == "CONFIG_INVALID" and pasted not in out + err
 
 
 def test_plain_http_is_only_for_loopback(toml_file) -> None:
@@ -106,11 +123,11 @@ def test_plain_http_is_only_for_loopback(toml_file) -> None:
         load_provider("credential", "oauth2")
 
 
-def test_environment_overrides_take_json_objects(toml_file, token_server, client_secret, monkeypatch, binding, context) -> None:
+def test_environment_overrides_one_key_of_a_client(toml_file, token_server, client_secret, monkeypatch, binding, context) -> None:
     token_server.clients["reports-id"] = client_secret
     toml_file(settings_text(token_server.url))
     monkeypatch.setenv("OTHER_SECRET_VAR", client_secret)
-    monkeypatch.setenv("SCHEDULER_PROVIDERS_OAUTH2_CLIENT_SECRET", '{"reports": "env:OTHER_SECRET_VAR"}')
+    monkeypatch.setenv("SCHEDULER_PROVIDERS_OAUTH2_CLIENTS_REPORTS_CLIENT_SECRET", "env:OTHER_SECRET_VAR")
     monkeypatch.delenv("OAUTH2_TEST_SECRET")
     provider = load_provider("credential", "oauth2")
     assert provider.resolve(binding(), context).value == token_server.issued[0]

@@ -141,7 +141,7 @@ def test_a_binding_may_narrow_the_scopes(provider, binding, context, token_serve
 
 
 def test_audience_is_sent(provider, binding, context, token_server) -> None:
-    p = provider(audience={"reports": "https://api.example"})
+    p = provider(audience="https://api.example")
     assert p.resolve(binding(), context).metadata["audience"] == "https://api.example"
     assert token_server.requests()[0].form["audience"] == "https://api.example"
 
@@ -150,9 +150,9 @@ def test_audience_is_sent(provider, binding, context, token_server) -> None:
 def test_client_authentication_methods(method, provider, binding, context, token_server, client_secret) -> None:
     if method == "none":
         token_server.public.add("reports-id")
-        p = provider(auth_method={"reports": "none"}, client_secret={})
+        p = provider(auth_method="none", client_secret=None)
     else:
-        p = provider(auth_method={"reports": method})
+        p = provider(auth_method=method)
     p.resolve(binding(), context)
     seen = token_server.requests()[0]
     assert seen.auth == ("post" if method == "client_secret_post" else "none") and seen.client_id == "reports-id"
@@ -166,7 +166,7 @@ def test_refresh_token_grant_uses_and_keeps_the_rotated_token(provider, binding,
     token_server.expires_in = 100
     configured = token_server.new_refresh_token("reports-id")
     monkeypatch.setenv("OAUTH2_TEST_RT", configured)
-    p = provider(grant={"reports": "refresh_token"}, refresh_token={"reports": "env:OAUTH2_TEST_RT"}, refresh_margin_s=10)
+    p = provider(grant="refresh_token", refresh_token="env:OAUTH2_TEST_RT", refresh_margin_s=10)
     first = p.resolve(binding(), context)
     assert first.metadata["grant"] == "refresh_token" and first.metadata["rotation"] == 1
     assert token_server.requests()[0].form["refresh_token"] == configured
@@ -180,7 +180,7 @@ def test_refresh_token_grant_uses_and_keeps_the_rotated_token(provider, binding,
 
 def test_refresh_token_reuse_is_a_permanent_invalid_grant(provider, binding, context, token_server, monkeypatch) -> None:
     monkeypatch.setenv("OAUTH2_TEST_RT", "rt-never-issued")
-    p = provider(grant={"reports": "refresh_token"}, refresh_token={"reports": "env:OAUTH2_TEST_RT"})
+    p = provider(grant="refresh_token", refresh_token="env:OAUTH2_TEST_RT")
     with pytest.raises(SchedulerError) as info:
         p.resolve(binding(), context)
     assert info.value.code == "CREDENTIAL_OAUTH_INVALID_GRANT" and not info.value.retryable
