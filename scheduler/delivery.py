@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scheduler.duty import DutyThread
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event
 from scheduler.plugins.loaded import LoadedProviders
@@ -416,52 +417,31 @@ def part_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     return out
 
 
-class DeliveryWorker:
+class DeliveryWorker(DutyThread):
     """The outbox consumer of one dispatcher: a thread that claims, sends and records until stopped.
 
     It sleeps until the earliest due part or expiring claim (at most ``MAX_SLEEP_S``), or
-    until ``wake()`` (the dispatcher calls it after committing new parts).
+    until ``wake()`` (the dispatcher calls it after committing new parts). ``stop`` ends it
+    after the part being sent (a claim left behind expires and is taken over later).
     """
+
+    thread_name = "scheduler-delivery"
 
     def __init__(self, store: Store, owner: str, *, artifacts_root: Any = None, say: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.owner = owner
         self.artifacts_root = artifacts_root
         self.say = say or (lambda _msg: None)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self.stats = {"delivered": 0, "retried": 0, "failed": 0}
 
-    def start(self) -> None:
-        """Start the consumer thread."""
-        self._thread = threading.Thread(target=self._loop, name="scheduler-delivery", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        """Look at the outbox now (new parts were committed)."""
-        self._wake.set()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the part being sent (a claim left behind expires and is taken over later)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sleep = self.run_once()
-            except SchedulerError as exc:
-                log.warning("delivery pass failed: %s: %s", exc.code, exc.message)
-                sleep = MAX_SLEEP_S
-            except Exception:  # noqa: BLE001 - the consumer must outlive a bad pass
-                log.exception("delivery pass crashed")
-                sleep = MAX_SLEEP_S
-            if sleep > 0:
-                self._wake.wait(sleep)
-            self._wake.clear()
+    def pass_failed(self, exc: Exception) -> float:
+        """A pass that raised is logged (with its traceback unless it is a SchedulerError); the next in ``MAX_SLEEP_S``."""
+        if isinstance(exc, SchedulerError):
+            log.warning("delivery pass failed: %s: %s", exc.code, exc.message)
+        else:
+            log.exception("delivery pass crashed")
+        return MAX_SLEEP_S
 
     def run_once(self) -> float:
         """One pass: claim due parts, send them, record the outcomes; return how long to sleep."""

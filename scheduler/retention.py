@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from scheduler.duty import DutyThread
 from scheduler.timeutil import format_duration_ms, now_ms, parse_duration_ms
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def interval_ms() -> int:
     return parse_duration_ms(current_settings().kernel["retention"].value.interval)
 
 
-class RetentionDuty:
+class RetentionDuty(DutyThread):
     """The dispatcher's retention thread: a pass every ``interval`` while ``lease()`` gives a lease to fence with.
 
     ``lease`` returns the lease the pass's transactions assert (the dispatcher's own on
@@ -179,47 +179,24 @@ class RetentionDuty:
     what it committed stays committed (every batch is whole).
     """
 
+    thread_name = "retention"
+    first_delay = 0.5  # first check soon after start: a dispatcher restarted after a long stop catches up
+
     def __init__(self, store: Any, owner: str, lease: Callable[[], Any], *, artifacts_root: Any,
                  say: Callable[[str], None] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.owner = owner
         self._lease = lease
         self.artifacts_root = artifacts_root
         self.say = say or (lambda _msg: None)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         #: Reports of the passes this duty ran (newest last, at most 20): for tests and ``status``.
         self.passes: list[Any] = []
 
-    def start(self) -> None:
-        """Start the thread (a daemon: it never holds a shutdown up beyond the batch it is in)."""
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        """Check now whether a pass is due (a lease was just taken, settings were reloaded)."""
-        self._wake.set()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the current batch."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        delay = 0.5  # first check soon after start: a dispatcher restarted after a long stop catches up
-        while not self._stop.is_set():
-            self._wake.wait(delay)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                delay = self.run_once()
-            except Exception as exc:  # noqa: BLE001 - a failed pass is retried next interval; the dispatcher keeps going
-                log.warning("retention pass failed: %s", getattr(exc, "message", exc))
-                delay = 30.0
+    def pass_failed(self, exc: Exception) -> float:
+        """A failed pass is logged and retried in 30 s (``wake()`` checks at once: a lease taken, settings reloaded)."""
+        log.warning("retention pass failed: %s", getattr(exc, "message", exc))
+        return 30.0
 
     def run_once(self) -> float:
         """Run a pass when one is due and this dispatcher holds the lease; seconds until the next check."""
