@@ -351,7 +351,8 @@ def resolve_table(
         name = p["field"][len(key) + 1:].split(".")[0]
         if name in nested and p["code"] == "REQUIRED" and name in table:  # present: validated entry by entry
             continue
-        problems.append(problem(p["field"], sources.get(name, "default"), p["code"], p["error"]))
+        missing_from = file_source if p["code"] == "REQUIRED" else "default"  # a required key is missing from the file
+        problems.append(problem(p["field"], sources.get(name, missing_from), p["code"], p["error"]))
     for name, found_entries in entries.items():
         kwargs[name] = {entry: resolved.value for entry, resolved in found_entries.items()}
     for name, value in kwargs.items():
