@@ -17,7 +17,11 @@ One override rule, generated from the declared fields: ``SCHEDULER_`` + the key
 upper-cased with ``.``/``-`` as ``_`` (``SCHEDULER_DISPATCHER_CONCURRENCY``,
 ``SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES``); the value is parsed per the
 field's type and an empty variable counts as unset. Precedence: override, file,
-default. Validation happens at load: an unknown table or key, a wrong type, a bad
+default. A plugin field typed ``dict[str, SomeAttrsClass]`` is a table of named tables
+(``[providers.oauth2.clients.NAME]``, names ``[a-z0-9][a-z0-9_.-]{0,63}``), each entry
+validated like a plugin table; one key of an entry declared in the file is overridden by
+the same rule (``SCHEDULER_PROVIDERS_OAUTH2_CLIENTS_REPORTS_TOKEN_URL``), and a variable
+under the field that sets no declared entry's key is refused. Validation happens at load: an unknown table or key, a wrong type, a bad
 value or malformed TOML is ``CONFIG_INVALID`` naming the key and the source. Plugin
 tables are validated against the plugin's ``settings_class`` when the plugin reads
 them and by ``scheduler config``; a table of a plugin that is not installed is a
