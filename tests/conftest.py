@@ -32,11 +32,16 @@ def pg_reason() -> str | None:
 
 @pytest.fixture(autouse=True)
 def _isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """No developer settings file or ``SCHEDULER_<SECTION>_*`` variable leaks into a test (subprocesses included)."""
+    """No developer settings file or ``SCHEDULER_<SECTION>_*`` variable leaks into a test (subprocesses included).
+
+    Nor a developer's ``$SCHEDULER_CONFORMANCE_FIXTURES``: it would add cases to every conformance run.
+    """
+    from scheduler.conformance.engine import FIXTURES_ENV
     from scheduler.settings import reload_settings
     from scheduler.testing import isolate_settings
 
     isolate_settings(monkeypatch, tmp_path / "xdg-config")
+    monkeypatch.delenv(FIXTURES_ENV, raising=False)
     yield
     reload_settings()
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest  # noqa: F401  (kept for helpers that skip)
@@ -39,3 +41,44 @@ def sideload_distribution(project_dir: Any, into: Any) -> list[str]:
         lines.extend(f"{name} = {target}" for name, target in eps.items())
     (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return [str(into), str(project_dir)]
+
+
+@contextlib.contextmanager
+def sideloaded(*project_dirs: Any, into: Any) -> Iterator[list[str]]:
+    """Side-load the test distributions ``project_dirs`` (``sideload_distribution``) on ``sys.path`` while the block runs.
+
+    Yields the sys.path entries; they are removed again when the block ends, so a module-
+    scoped fixture keeps its deliberately broken or test-only plugins to its own tests.
+    """
+    from pathlib import Path
+
+    paths: list[str] = []
+    for n, project_dir in enumerate(project_dirs):
+        paths += sideload_distribution(project_dir, Path(into) / str(n) if len(project_dirs) > 1 else into)
+    with pytest.MonkeyPatch.context() as mp:
+        for entry in reversed(paths):
+            mp.syspath_prepend(entry)
+        yield paths
+
+
+#: Run statuses that end a run (what the tests that run a job once wait for).
+TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
+
+
+def run_job_once(store: Any, dispatcher: Any, job: dict[str, Any], *, what: str = "the run to finish",
+                 **dispatcher_config: Any) -> dict[str, Any]:
+    """Enqueue a manual run of ``job``, start a real dispatcher (the ``dispatcher`` fixture), return the one finished run.
+
+    The dispatcher is stopped before returning, so the run's whole completion (credential
+    cleanup, summaries, evidence) has been committed when the caller looks at it.
+    """
+    from scheduler.queue import enqueue_manual
+
+    enqueue_manual(store, job["id"])
+    d = dispatcher(**dispatcher_config)
+    try:
+        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
+                          what=what)
+    finally:
+        d.stop()
+    return run

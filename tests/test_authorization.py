@@ -24,12 +24,9 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 @pytest.fixture(scope="module")
 def _sideloaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    from kernel_testing import sideload_distribution
+    from kernel_testing import sideloaded
 
-    paths = sideload_distribution(REPO / "tests" / "support" / "scheduler-authorization-testkit", tmp_path_factory.mktemp("site"))
-    with pytest.MonkeyPatch.context() as mp:
-        for entry in reversed(paths):
-            mp.syspath_prepend(entry)
+    with sideloaded(REPO / "tests" / "support" / "scheduler-authorization-testkit", into=tmp_path_factory.mktemp("site")) as paths:
         yield paths
 
 

@@ -84,26 +84,16 @@ def broken_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     They are side-loaded (a dist-info on sys.path), never installed, so a user's
     environment never carries deliberately broken plugins.
     """
-    from kernel_testing import sideload_distribution
+    from kernel_testing import sideloaded
 
-    paths: list[str] = []
-    for dist in ("scheduler-executor-broken", "scheduler-channel-broken"):
-        paths += sideload_distribution(REPO / "tests" / "support" / dist, tmp_path_factory.mktemp("sideload"))
-    with pytest.MonkeyPatch.context() as mp:
-        for entry in reversed(paths):
-            mp.syspath_prepend(entry)
+    dists = [REPO / "tests" / "support" / dist for dist in ("scheduler-executor-broken", "scheduler-channel-broken")]
+    with sideloaded(*dists, into=tmp_path_factory.mktemp("sideload")) as paths:
         _SIDELOADED[:] = paths
         names = {ep.name for ep in entry_points(group="scheduler.executors")}
         assert {"broken", "broken-import", "broken-api"} <= names
         assert {"broken", "broken-unadapted"} <= {ep.name for ep in entry_points(group="scheduler.channels")}
         yield
         _SIDELOADED.clear()
-
-
-@pytest.fixture(autouse=True)
-def _no_extra_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A developer's ``$SCHEDULER_CONFORMANCE_FIXTURES`` must not add cases to these tests."""
-    monkeypatch.delenv(FIXTURES_ENV, raising=False)
 
 
 def _child_env() -> dict[str, str]:

@@ -247,14 +247,11 @@ def test_broken_providers_are_reported_failing(provider: Any, must_fail: set[str
 
 @pytest.fixture
 def brokenauthz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from kernel_testing import sideload_distribution
+    from kernel_testing import sideloaded
 
     from scheduler import authorization
 
-    paths = sideload_distribution(REPO / "tests" / "support" / "scheduler-authorization-testkit", tmp_path_factory.mktemp("site"))
-    with pytest.MonkeyPatch.context() as mp:
-        for entry in reversed(paths):
-            mp.syspath_prepend(entry)
+    with sideloaded(REPO / "tests" / "support" / "scheduler-authorization-testkit", into=tmp_path_factory.mktemp("site")):
         authorization.forget_providers()
         yield
     authorization.forget_providers()

@@ -28,11 +28,6 @@ from scheduler.errors import SchedulerError
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _no_extra_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FIXTURES_ENV, raising=False)
-
-
 def _outcomes(report: Any) -> dict[str, str]:
     return {r.id: r.outcome for r in report.results}
 

@@ -10,15 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from scheduler.conformance import credential as engine
-from scheduler.conformance.engine import FIXTURES_ENV, run_kind
-
-
-@pytest.fixture(autouse=True)
-def _no_extra_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FIXTURES_ENV, raising=False)
+from scheduler.conformance.engine import run_kind
 
 
 class DelayedOAuth2Source:

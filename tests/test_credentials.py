@@ -17,24 +17,20 @@ from typing import Any, Iterator
 
 import pytest
 
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import TERMINAL, add_job, run_job_once, run_rows, wait_for
 
 from scheduler.errors import SchedulerError
 from scheduler.queue import enqueue_manual
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-Cred-7Q"
-TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 
 @pytest.fixture(scope="module")
 def _sideloaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    from kernel_testing import sideload_distribution
+    from kernel_testing import sideloaded
 
-    paths = sideload_distribution(REPO / "tests" / "support" / "scheduler-credential-testkit", tmp_path_factory.mktemp("site"))
-    with pytest.MonkeyPatch.context() as mp:
-        for entry in reversed(paths):
-            mp.syspath_prepend(entry)
+    with sideloaded(REPO / "tests" / "support" / "scheduler-credential-testkit", into=tmp_path_factory.mktemp("site")) as paths:
         yield paths
 
 
@@ -67,14 +63,7 @@ def binding(name: str = "tok", provider: str = "env", ref: str = "CRED_SRC", med
 def run_once(store: Any, dispatcher: Any, command: str, bindings: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     """Add a shell job with ``bindings``, run it once through a real dispatcher, return its finished run."""
     job = add_job(store, executor="shell", payload_message=command, credentials=bindings, **spec)
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the run to finish")
-    finally:
-        d.stop()
-    return run
+    return run_job_once(store, dispatcher, job)
 
 
 def presentations(store: Any, run_id: str) -> list[dict[str, Any]]:
