@@ -18,11 +18,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import add_job, run_job_once
 
-from scheduler.queue import enqueue_manual
 
-TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 INJECT = "chat-completions-env-inject-v1"
 
 
@@ -62,14 +60,7 @@ def _binding() -> dict[str, Any]:
 
 
 def _run(store: Any, dispatcher: Any, job: dict[str, Any]) -> dict[str, Any]:
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the agent run to finish")
-    finally:
-        d.stop()
-    return run
+    return run_job_once(store, dispatcher, job, what="the agent run to finish")
 
 
 def _leaks(store: Any, tmp_path: Path, secret: str) -> list[str]:

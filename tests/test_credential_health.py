@@ -14,23 +14,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import add_job, run_job_once
 
-from scheduler.queue import enqueue_manual
-
-TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 
 def _finished_run_with_a_file(store: Any, dispatcher: Any, cred_dir: Path) -> dict[str, Any]:
     job = add_job(store, executor="shell", payload_message='test -s "$CREDENTIAL_KEYFILE_FILE"',
                   credentials=[{"name": "keyfile", "provider": "env", "ref": "HEALTH_CRED_SRC", "present": {"medium": "file"}}])
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the run to finish")
-    finally:
-        d.stop()
+    run = run_job_once(store, dispatcher, job)
     assert run["status"] == "ok", run
     return run
 

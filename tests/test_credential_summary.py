@@ -12,23 +12,13 @@ import json
 import secrets
 from typing import Any
 
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import add_job, run_job_once
 
-from scheduler.queue import enqueue_manual
-
-TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 
 def _run(store: Any, dispatcher: Any, command: str, bindings: list[dict[str, Any]]) -> dict[str, Any]:
     job = add_job(store, executor="shell", payload_message=command, credentials=bindings)
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the run to finish")
-    finally:
-        d.stop()
-    return run
+    return run_job_once(store, dispatcher, job)
 
 
 def _env(name: str, ref: str, key: str) -> dict[str, Any]:
@@ -84,12 +74,6 @@ def test_a_run_without_redactions_gets_zero_counts_and_no_event(store: Any, disp
 
 def test_a_run_without_credentials_shows_none(store: Any, dispatcher: Any, cli: Any) -> None:
     job = add_job(store, executor="shell", payload_message="echo plain")
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the run to finish")
-    finally:
-        d.stop()
+    run = run_job_once(store, dispatcher, job)
     assert run["credentials_json"] is None
     assert cli("--json", "runs", "get", run["id"]).json["run"]["credentials"] is None

@@ -16,14 +16,13 @@ from typing import Any
 import attrs
 import pytest
 
-from kernel_testing import add_job, run_rows, wait_for
+from kernel_testing import add_job, run_job_once
 
 from scheduler import governance
 from scheduler.errors import SchedulerError
 from scheduler.pipeline import RunOutcomes
 from scheduler.spec import validate_spec
 
-TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 DENIED = "SCHEDULER_GOVERNANCE_DENIED"
 
 
@@ -129,16 +128,7 @@ def test_jobs_validate_reports_what_would_be_denied(cli: Any) -> None:
 
 
 def _run(store: Any, dispatcher: Any, job: dict[str, Any]) -> dict[str, Any]:
-    from scheduler.queue import enqueue_manual
-
-    enqueue_manual(store, job["id"])
-    d = dispatcher()
-    try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30,
-                          what="the run to finish")
-    finally:
-        d.stop()
-    return run
+    return run_job_once(store, dispatcher, job)
 
 
 def _events(store: Any, run_id: str) -> list[tuple[str, dict[str, Any]]]:
