@@ -156,6 +156,8 @@ def run_process(
         control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label})
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
         outcome.reason = "record_failed"
+        if ready_r is not None:
+            os.close(ready_r)
         proc.stdin.close()  # the gate never opens: the payload does not start
         try:
             proc.wait(timeout=2.0)
@@ -170,16 +172,19 @@ def run_process(
             raise
         return outcome
 
-    if ready_r is not None and not _gate_reached(ready_r, deadline):
-        # The bash gate never reported in (cannot happen while /dev/fd works): whatever runs must not go on.
-        outcome.reason = "spawn_failed"
+    gate = "ready" if ready_r is None else _await_gate(ready_r, deadline)
+    if gate != "ready":
+        # The deadline passed first, or the bash gate never reported in (cannot happen while /dev/fd
+        # works): the gate stays closed and whatever runs in the group must not go on.
+        outcome.reason = gate
         _terminate(outcome, control, pgid, grace_s, proc, label)
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
         proc.stderr.close()
         outcome.returncode = proc.returncode
-        outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
+        if gate == "spawn_failed":
+            outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
         return outcome
 
     exit_fd = _pidfd(pid)
@@ -260,12 +265,20 @@ def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tupl
     return ready_r, (script_r, ready_w), [shell, "-c", payload]
 
 
-def _gate_reached(ready_r: int, deadline: float) -> bool:
-    """Wait (at most ``GATE_READY_S``, never past ``deadline``) for the bash gate's ready byte; closes ``ready_r``."""
+def _await_gate(ready_r: int, deadline: float) -> str:
+    """Wait for the bash gate's ready byte: ``ready``, ``timeout`` (the run's deadline came first) or
+    ``spawn_failed`` (EOF, a wrong byte, or nothing within ``GATE_READY_S``); closes ``ready_r``."""
+    limit = time.monotonic() + GATE_READY_S
     try:
-        wait_s = max(0.0, min(GATE_READY_S, deadline - time.monotonic()))
-        ready, _, _ = select.select([ready_r], [], [], wait_s)
-        return bool(ready) and os.read(ready_r, 1) == b"x"
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return "timeout"
+            if now >= limit:
+                return "spawn_failed"
+            ready, _, _ = select.select([ready_r], [], [], min(deadline, limit) - now)
+            if ready:
+                return "ready" if os.read(ready_r, 1) == b"x" else "spawn_failed"
     finally:
         os.close(ready_r)
 

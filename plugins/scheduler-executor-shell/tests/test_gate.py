@@ -69,3 +69,47 @@ def test_other_shells_use_the_sh_gate(tmp_path: Path) -> None:
     alias.symlink_to("/bin/bash")
     outcome, out, _err = _run('echo "$0 ${BASH_ENV-unset}"', shell=str(alias))
     assert (outcome.returncode, out) == (0, f"{alias} unset\n")
+
+
+def _silent_gate(monkeypatch, tmp_path: Path) -> Path:
+    """Fault injection: a bash gate that blocks without reporting in (as if BASH_ENV had not been read)."""
+    import scheduler_executor_shell.runner as runner
+
+    real = runner._bash_gate
+
+    def silent(shell, payload, mode, env):
+        ready_r, fds, argv = real(shell, payload, mode, env)
+        script_r, ready_w = fds
+        os.read(script_r, 4096)  # swallow the real gate script ...
+        quiet_r, quiet_w = os.pipe()
+        os.write(quiet_w, b"IFS= read -r _ || exit 125\n")  # ... and source one that never writes the ready byte
+        os.close(quiet_w)
+        os.dup2(quiet_r, script_r)
+        os.close(quiet_r)
+        return ready_r, fds, argv
+
+    monkeypatch.setattr(runner, "_bash_gate", silent)
+    return tmp_path / "payload-ran"
+
+
+def test_a_gate_that_never_reports_in_fails_the_spawn_and_the_payload_never_runs(monkeypatch, tmp_path: Path) -> None:
+    import scheduler_executor_shell.runner as runner
+
+    marker = _silent_gate(monkeypatch, tmp_path)
+    monkeypatch.setattr(runner, "GATE_READY_S", 0.3)
+    outcome, _out, _err = _run(f"touch {marker}")
+    assert outcome.reason == "spawn_failed" and outcome.error is not None and outcome.error.code == "SHELL_SPAWN_FAILED"
+    assert outcome.termination in ("SIGTERM", "SIGKILL")
+    time.sleep(0.1)
+    assert not marker.exists()
+
+
+def test_the_deadline_passing_while_waiting_for_the_gate_is_a_timeout(monkeypatch, tmp_path: Path) -> None:
+    marker = _silent_gate(monkeypatch, tmp_path)
+    out, err = _Collect(), _Collect()
+    outcome = run_process(shell="/bin/bash", payload=f"touch {marker}", cwd=None, env={"PATH": os.environ["PATH"]},
+                          stdin_data=None, outputs={"stdout": out, "stderr": err}, deadline=time.monotonic() + 0.3,
+                          control=LocalRunControl(), grace_s=1.0, label="command")
+    assert outcome.reason == "timeout" and outcome.error is None
+    time.sleep(0.1)
+    assert not marker.exists()
