@@ -7,12 +7,25 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.queue import enqueue_manual
 from scheduler.testing import write_settings
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed")
+
+
+@pytest.fixture(autouse=True)
+def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """One artifacts root for the dispatcher and re-verification, on SQLite and PostgreSQL alike.
+
+    Autouse in every evidence test module that imports it (``from evidence_support import artifacts_dir``).
+    """
+    root = tmp_path / "artifacts"
+    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
+    return root
 
 
 class SshKeys:

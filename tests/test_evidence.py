@@ -22,17 +22,10 @@ from evidence_support import (
     unguarded,
     use_settings,
 )
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.evidence import verify_run
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """One artifacts root for the dispatcher and re-verification, on SQLite and PostgreSQL alike."""
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 @pytest.fixture

@@ -15,17 +15,11 @@ from typing import Any
 
 import pytest
 from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, unguarded
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
 from scheduler.canonical import canonical_json
 from scheduler.evidence import verify_run
 from scheduler.evidence_build import CORE_BINDINGS, PAYLOAD_VERSION, build_document
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 def payload_of(store: Any, run_id: str) -> dict[str, Any]:

@@ -19,19 +19,13 @@ from typing import Any
 
 import pytest
 from evidence_support import events_of, evidence_row, run_job, use_settings
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from scheduler_provider_external import reference_attestor
 
 from scheduler.evidence import verify_run
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 KEY = "attestor-only-key-7d1f"
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 class Attestor:

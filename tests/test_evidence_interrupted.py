@@ -10,23 +10,15 @@ it, an ``interrupted`` row naming why, ``runs.evidence_status = interrupted`` an
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import pytest
 from evidence_support import events_of, evidence_row
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.evidence import verify_run
 from scheduler.queue import enqueue_manual
 from scheduler.timeutil import now_ms
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 def statuses(store: Any, job_id: str) -> list[str]:

@@ -25,18 +25,12 @@ from typing import Any
 
 import pytest
 from evidence_support import EVIDENCE_GUARDS, SshKeys, evidence_row, run_job, unguarded, use_settings
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
 from scheduler.canonical import canonical_json
 from scheduler.evidence import verify_run
 
 BIG = "head -c 200000 /dev/zero | tr '\\0' t; head -c 100000 /dev/zero | tr '\\0' e >&2"
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:

@@ -13,17 +13,11 @@ from typing import Any
 
 import pytest
 from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, run_row, unguarded, use_settings
+from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
 from scheduler.evidence import verify_run
 
 BIG = "head -c 100000 /dev/zero | tr '\\0' b; printf 'warn' >&2"
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(root))
-    return root
 
 
 @pytest.fixture
