@@ -39,7 +39,6 @@ import contextlib
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 from collections.abc import Iterator
