@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from scheduler.duty import DutyThread
-from scheduler.timeutil import format_duration_ms, now_ms, parse_duration_ms
+from scheduler.timeutil import format_duration_ms, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
