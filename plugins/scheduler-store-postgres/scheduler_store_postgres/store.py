@@ -119,19 +119,24 @@ class PgTx:
     def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
         """First row of a query as a dict, or None."""
         with self._run(sql, params) as cur:
-            row = cur.fetchone() if cur.description is not None else None
-            return dict(row) if row is not None else None
+            return cur.fetchone() if _has_rows(cur) else None  # dict_row: a fresh dict per row
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         """Every row of a query as dicts."""
         with self._run(sql, params) as cur:
-            return [dict(r) for r in cur.fetchall()] if cur.description is not None else []
+            return cur.fetchall() if _has_rows(cur) else []
 
     def scalar(self, sql: str, params: Params = ()) -> Any:
         """First column of the first row, or None."""
         with self._run(sql, params, rows=False) as cur:
-            row = cur.fetchone() if cur.description is not None else None
+            row = cur.fetchone() if _has_rows(cur) else None
             return row[0] if row is not None else None
+
+
+def _has_rows(cur: psycopg.ClientCursor[Any]) -> bool:
+    """Whether the statement produced a result set (cheaper than building ``cur.description``)."""
+    res = cur.pgresult
+    return res is not None and res.status == pq.ExecStatus.TUPLES_OK
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

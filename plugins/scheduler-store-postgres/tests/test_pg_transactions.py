@@ -304,3 +304,22 @@ def test_lost_pooled_connection_is_db_unavailable_then_recovers(make_store: Make
     assert err.value.code == "DB_UNAVAILABLE"
     with store.transaction() as tx:  # the pool discarded the broken connection and opened a new one
         assert tx.scalar("SELECT pg_backend_pid()") != pid
+
+
+@pytest.mark.postgres
+def test_begin_rides_with_the_first_statement_and_a_failing_first_statement_rolls_back(store: PostgresStore, job: str) -> None:
+    """BEGIN is sent with the block's first statement: that statement failing still leaves nothing and a clean connection."""
+    with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+        tx.execute("UPDATE jobs SET enabled = 5 WHERE id = ?", (job,))  # the very first statement violates a check
+    assert err.value.code == "CONSTRAINT_VIOLATION"
+    with store.transaction() as tx:  # first statement returning rows: the BEGIN result is skipped, the row is there
+        assert tx.one("SELECT id, run_count FROM jobs WHERE id = ?", (job,)) == {"id": job, "run_count": 0}
+        assert tx.scalar("SELECT current_setting('transaction_isolation')") == "read committed"
+        tx.execute("UPDATE jobs SET run_count = 2 WHERE id = ?", (job,))
+    with store.read() as tx:
+        assert tx.scalar("SELECT current_setting('transaction_isolation')") == "repeatable read"
+        assert tx.scalar("SELECT current_setting('transaction_read_only')") == "on"
+        assert tx.all("SELECT run_count FROM jobs WHERE id = ?", (job,)) == [{"run_count": 2}]
+    with store.transaction():
+        pass  # no statement: no transaction is opened at all
+    assert all(check["ok"] for check in store.health()), store.health()  # pooled connections back in their usual mode
