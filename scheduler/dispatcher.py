@@ -37,7 +37,7 @@ from scheduler.delivery import parts_enqueued as delivery_parts_enqueued
 from scheduler.artifacts import default_artifacts_root
 from scheduler.completion import complete_run
 from scheduler.errors import SchedulerError
-from scheduler.events import append_event
+from scheduler.events import append_event, batched as batched_events
 from scheduler.fenced_writes import FencedWrite, FencedWriter
 from scheduler.execution import (
     EXECUTION_STATUSES,
@@ -601,7 +601,8 @@ class Dispatcher:
         due: int | None = None
         try:
             # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
-            with committing(self.store, self.hooks) as tx:
+            # batched_events: the pass's run.started/run.finished rows go in as one INSERT before the commit.
+            with committing(self.store, self.hooks) as tx, batched_events(tx):
                 leases.assert_live(tx, self.lease, now=tick_now)
                 committed = self._complete(finished, now=tick_now)
                 if claim:
@@ -906,7 +907,7 @@ class Dispatcher:
 
         spec = spec_from_row(s.job)
         try:
-            self._check_artifact(s)
+            self._check_artifact(s, spec)
             executor = self._executor(spec.executor_name())
             governance.evaluate(spec, executor, s.outcomes)
             identity.resolve(self.store, s, spec, s.outcomes)
@@ -964,18 +965,19 @@ class Dispatcher:
         )
         return trigger, state
 
-    def _check_artifact(self, s: StartedRun) -> None:
+    def _check_artifact(self, s: StartedRun, spec: Any = None) -> None:
         """The run pipeline's artifact check: the job as claimed still projects to the artifact it is bound to.
 
         Fails the run (``EXECUTION_ARTIFACT_*`` / ``HANDOFF_ARTIFACT_*``) before anything executes.
+        ``spec`` is the worker's ``spec_from_row(s.job)`` (built once per run, not again here).
         """
         from scheduler.execution_artifacts import check_job
 
         if s.job.get("handoff_version") == 4:  # reads the stored artifact
             with self.store.read() as tx:
-                check_job(tx, s.job)
+                check_job(tx, s.job, spec)
         else:
-            check_job(None, s.job)  # type: ignore[arg-type]  # a native projection needs no database
+            check_job(None, s.job, spec)  # type: ignore[arg-type]  # a native projection needs no database
 
     def _shutdown(self) -> None:
         """Stop: drain the running work (see ``_drain``), then release the lease, the renewal thread and the pid file."""

@@ -172,25 +172,27 @@ def parse_stored(text: Any, digest: str) -> dict[str, Any]:
     return payload  # type: ignore[return-value]
 
 
-def expected_digest(tx: Tx, row: dict[str, Any]) -> str:
+def expected_digest(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
     """The digest the job row ``row`` must carry, recomputed from the row itself.
 
     Native jobs recompute their projection; handoff v4 jobs recompute the job binding
-    and check it against their stored artifact (``scheduler.handoff``).
+    and check it against their stored artifact (``scheduler.handoff``). ``spec`` is
+    ``spec_from_row(row)`` when the caller already built it (the dispatcher's worker
+    does): it is not rebuilt.
     """
     from scheduler.spec import SPEC_COLUMN_ORDER, spec_from_row
 
     if row.get("handoff_version") == 4:
         from scheduler.handoff import check_bound_job
 
-        check_bound_job(tx, row, spec_from_row(row))
+        check_bound_job(tx, row, spec if spec is not None else spec_from_row(row))
         return row["artifact_digest"]
     # The projection is a pure function of the row's spec columns: remember it per exact row
     # content, so the check before every run costs a lookup, not a canonicalisation.
     key = (row["id"], *(row.get(name) for name in SPEC_COLUMN_ORDER))
     digest = _NATIVE_DIGESTS.get(key)
     if digest is None:
-        digest = native_digest(spec_from_row(row), row["id"])
+        digest = native_digest(spec if spec is not None else spec_from_row(row), row["id"])
         if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
             _NATIVE_DIGESTS.clear()
         _NATIVE_DIGESTS[key] = digest
@@ -202,16 +204,17 @@ _NATIVE_DIGESTS: dict[tuple[Any, ...], str] = {}
 _NATIVE_DIGESTS_MAX = 4096
 
 
-def check_job(tx: Tx, row: dict[str, Any]) -> str:
+def check_job(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
     """The job's artifact digest after proving the row still matches it (the run pipeline's artifact check).
 
     ``EXECUTION_ARTIFACT_MISMATCH`` when the job no longer projects to its recorded
     artifact (the row changed outside the kernel, or a plugin's option normalisation changed).
+    ``spec``: ``spec_from_row(row)`` when the caller has it (saves rebuilding it).
     """
     recorded = row.get("artifact_digest")
     if not is_digest(recorded):
         raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {row.get('name')!r} has no execution artifact")
-    actual = expected_digest(tx, row)
+    actual = expected_digest(tx, row, spec)
     if actual != recorded:
         raise SchedulerError(
             "EXECUTION_ARTIFACT_MISMATCH",

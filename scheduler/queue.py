@@ -268,7 +268,8 @@ def claim_and_start(
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
         candidates = tx.all(
-            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, run_id FROM job_dispatch_queue"
+            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, source_artifact_digest, run_id"
+            " FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
         )
@@ -277,8 +278,11 @@ def claim_and_start(
         # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
         batch = _BatchReads(tx, candidates) if not tx.for_update and candidates else None
         deferred_jobs: set[str] = set()
+        # New runs are claimed and inserted together after the loop (transitions.claim_and_start_many): the loop's
+        # decisions never read them back (a job with a run started here is deferred, or its policy is ``allow``).
+        new_runs: list[transitions.NewRun] = []
         for d in candidates:
-            if len(started) >= limit:
+            if len(started) + len(new_runs) >= limit:
                 break
             job = batch.job(d["job_id"]) if batch else tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d["job_id"],))
             if job is None:
@@ -314,9 +318,18 @@ def claim_and_start(
                 if batch:
                     batch.forget(job["id"])  # an approval gate opened: its waiting run counts from now on
                 continue
-            started.append(run)
+            if isinstance(run, transitions.NewRun):
+                new_runs.append(run)
+            else:
+                started.append(run)
             if policy != "allow":
                 deferred_jobs.add(job["id"])
+        if new_runs:
+            for r in transitions.claim_and_start_many(tx, lease, new_runs, expires_at=now + CLAIM_TTL_MS, now=now):
+                d = r.dispatch
+                started.append(StartedRun(run_id=r.run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=r.job,
+                                          attempt=r.attempt, scheduled_for=d["due_at"], started_at=now,
+                                          parent_run_id=r.parent_run_id, source_run_id=d["source_run_id"]))
     return started
 
 
@@ -385,10 +398,12 @@ def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, 
         record_skip(tx, job, slot_ms=d["due_at"], reason=reason, now=now, dispatch_id=d["id"], dispatch_kind=d["kind"])
 
 
-def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | None:
+def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | transitions.NewRun | None:
     """Claim ``d`` and start its run; or open the approval gate; or resume the run its approval released.
 
-    None when nothing is to execute now (no longer ours, or waiting for a decision).
+    None when nothing is to execute now (no longer ours, or waiting for a decision); a
+    ``NewRun`` for a new run the caller claims and starts with the pass's others
+    (``transitions.claim_and_start_many``).
     """
     approved = _waiting_run(tx, d)
     if approved is not None:
@@ -409,21 +424,20 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
     elif d["kind"] == "chain":
         parent_run_id = d["source_run_id"]
     replay_of = d["source_run_id"] if d["replay_count"] else None
+    if not job["approval_required"]:
+        return transitions.NewRun(run_id=run_id, claim_token=secrets.token_hex(8), job=job, dispatch=d, attempt=attempt,
+                                  executor=executor_name_of(job), parent_run_id=parent_run_id, retry_of_run_id=retry_of,
+                                  replay_of_run_id=replay_of)
     if not transitions.claim_dispatch(tx, d["id"], lease, run_id=run_id, claim_token=secrets.token_hex(8),
                                       expires_at=now + CLAIM_TTL_MS, now=now):
         return None  # no longer pending: someone else's (never a run without its claim)
-    if job["approval_required"]:  # nothing of the payload runs before a decision (scheduler.approvals)
-        from scheduler.approvals import open_gate
+    # An approval-gated job: nothing of the payload runs before a decision (scheduler.approvals).
+    from scheduler.approvals import open_gate
 
-        open_gate(tx, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
-                  scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of, replay_of_run_id=replay_of,
-                  now=now, actor=lease.owner)
-        return None
-    transitions.start_run(tx, lease, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
-                          scheduled_for=d["due_at"], executor=executor_name_of(job), parent_run_id=parent_run_id,
-                          retry_of_run_id=retry_of, replay_of_run_id=replay_of, now=now, artifact_digest=d["artifact_digest"])
-    return StartedRun(run_id=run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=attempt,
-                      scheduled_for=d["due_at"], started_at=now, parent_run_id=parent_run_id, source_run_id=d["source_run_id"])
+    open_gate(tx, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
+              scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of, replay_of_run_id=replay_of,
+              now=now, actor=lease.owner)
+    return None
 
 
 def release_expired_claims(store: Store, *, now: int | None = None) -> int:

@@ -304,6 +304,75 @@ def start_run(
     _notify(run_id, job["id"], None, "running", now)
 
 
+@attrs.frozen
+class NewRun:
+    """A run ``claim_and_start_many`` claims and starts: its dispatch row's values and the run's own."""
+
+    run_id: str
+    claim_token: str
+    job: dict[str, Any]
+    #: The claimed dispatch row as the claimer read it in this transaction (id, kind, due_at, artifact_digest,
+    #: source_run_id, source_artifact_digest).
+    dispatch: dict[str, Any]
+    attempt: int
+    executor: str | None
+    parent_run_id: str | None
+    retry_of_run_id: str | None
+    replay_of_run_id: str | None
+
+
+#: Rows per multi-row statement of ``claim_and_start_many`` (19 parameters a run row: inside every dialect's limit).
+_START_ROWS = 40
+
+
+def claim_and_start_many(tx: Tx, lease: Lease, runs: list[NewRun], *, expires_at: int, now: int) -> list[NewRun]:
+    """``pending`` -> ``claimed`` and (new) -> ``running`` for several dispatches at once; returns the runs started.
+
+    The same transitions as ``claim_dispatch`` then ``start_run`` per run, in three statements
+    for the whole list (one claim UPDATE ... RETURNING, one multi-row runs INSERT, the events
+    through ``append_event``): a dispatch no longer ``pending`` is not claimed and gets no run
+    (never a run without its claim). The dispatch rows must have been read in this
+    transaction (SQLite: the write transaction is exclusive; PostgreSQL: the rows are locked),
+    so the run's binding (artifact, source run, source artifact) is the dispatch's, as
+    ``start_run``'s INSERT ... SELECT gives it.
+    """
+    started: list[NewRun] = []
+    for i in range(0, len(runs), _START_ROWS):
+        chunk = runs[i:i + _START_ROWS]
+        ids = [r.dispatch["id"] for r in chunk]
+        cases_run = " ".join("WHEN ? THEN ?" for _ in chunk)
+        marks = ", ".join("?" for _ in chunk)
+        claimed = {row["id"] for row in tx.all(
+            f"UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = CASE id {cases_run} END,"
+            f" claim_fence = ?, claim_expires_at = ?, attempts = attempts + 1, run_id = CASE id {cases_run} END, updated_at = ?"
+            f" WHERE id IN ({marks}) AND status = 'pending' RETURNING id",
+            [lease.owner, *(v for r in chunk for v in (r.dispatch["id"], r.claim_token)), lease.token, expires_at,
+             *(v for r in chunk for v in (r.dispatch["id"], r.run_id)), now, *ids],
+        )}
+        chunk = [r for r in chunk if r.dispatch["id"] in claimed]
+        if not chunk:
+            continue
+        rows = ", ".join(["(?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+        tx.execute(
+            "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
+            " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor,"
+            f" output_format, artifact_digest, source_run_id, source_artifact_digest) VALUES {rows}",
+            [v for r in chunk for v in (
+                r.run_id, r.job["id"], r.dispatch["id"], r.dispatch["kind"], r.attempt, r.dispatch["due_at"], now, now,
+                lease.owner, lease.token, r.parent_run_id, r.retry_of_run_id, r.replay_of_run_id, r.job["delivery_guarantee"],
+                r.executor, r.job["output_format"], r.dispatch["artifact_digest"], r.dispatch["source_run_id"],
+                r.dispatch["source_artifact_digest"])],
+        )
+        for r in chunk:
+            d = r.dispatch
+            append_event(tx, "run.started", job_id=r.job["id"], run_id=r.run_id, dispatch_id=d["id"], actor=lease.owner, at=now,
+                         data={"kind": d["kind"], "attempt": r.attempt, "token": lease.token},
+                         artifact_digest=d["artifact_digest"], principal=None, trust_level=None)
+            _notify(r.run_id, r.job["id"], None, "running", now)
+        started += chunk
+    return started
+
+
 def record_skipped(
     tx: Tx, job: dict[str, Any], *, run_id: str, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
     dispatch_kind: str | None = None, actor: str | None = None, data: dict[str, Any] | None = None,
@@ -686,6 +755,7 @@ __all__ = [
     "cancel_dispatch",
     "cancel_pending_work",
     "cancel_waiting_run",
+    "claim_and_start_many",
     "claim_dispatch",
     "committing",
     "crash_run",
@@ -697,6 +767,7 @@ __all__ = [
     "finish_dispatch",
     "finish_run",
     "insert_dispatch",
+    "NewRun",
     "open_approval_gate",
     "record_skipped",
     "release_expired_claims",
