@@ -1,0 +1,114 @@
+"""Issue 18, second round: a dispatcher pass writes its runs and events in multi-row statements, on both stores.
+
+``events.batched`` gathers the fully known events of a pass into one INSERT without
+reordering them (an event that needs lookups flushes the gathered ones first) and drops
+them with a transaction that rolls back; ``claim_and_start`` claims its new runs in one
+UPDATE and inserts them in one INSERT, with the same rows, bindings and events as one
+by one, and never a run without its claim.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler import lease as leases
+from scheduler.errors import SchedulerError
+from scheduler.events import append_event, batched
+from scheduler.queue import claim_and_start, enqueue_manual
+from scheduler.testing import add_job
+from scheduler.timeutil import now_ms
+from scheduler.transitions import NewRun, claim_and_start_many, committing
+
+
+
+def _events(store, kinds):
+    marks = ", ".join("?" for _ in kinds)
+    with store.read() as tx:
+        return tx.all(f"SELECT id, kind, run_id, artifact_digest, data, principal, trust_level FROM runtime_events"
+                      f" WHERE kind IN ({marks}) ORDER BY id", list(kinds))
+
+
+def test_batched_events_keep_their_order_and_need_one_statement(store):
+    job = add_job(store, payload_message="ok")
+    digest = job["artifact_digest"]
+    with store.transaction() as tx, batched(tx):
+        append_event(tx, "t.fast1", job_id=job["id"], artifact_digest=digest, principal=None, trust_level=None, data={"n": 1})
+        append_event(tx, "t.fast2", job_id=job["id"], artifact_digest=digest, principal=None, trust_level=None)
+        with store.read() as inner:  # nothing is written until the block ends or a lookup event comes
+            assert inner.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind LIKE 't.fast%'") == 0
+        append_event(tx, "t.lookup", job_id=job["id"])  # needs lookups: the gathered rows go in first
+        append_event(tx, "t.fast3", job_id=job["id"], artifact_digest=digest, principal="user:x", trust_level="high")
+    rows = _events(store, ["t.fast1", "t.fast2", "t.lookup", "t.fast3"])
+    assert [r["kind"] for r in rows] == ["t.fast1", "t.fast2", "t.lookup", "t.fast3"]
+    assert all(r["artifact_digest"] == digest for r in rows)  # the lookup event found the job's artifact
+    assert rows[0]["data"] == '{"n": 1}' and rows[1]["data"] is None
+    assert (rows[3]["principal"], rows[3]["trust_level"]) == ("user:x", "high")
+
+
+def test_batched_events_vanish_with_a_rolled_back_transaction(store):
+    job = add_job(store, payload_message="ok")
+    with pytest.raises(RuntimeError), store.transaction() as tx, batched(tx):
+        append_event(tx, "t.gone", job_id=job["id"], artifact_digest=job["artifact_digest"], principal=None, trust_level=None)
+        raise RuntimeError("boom")
+    assert _events(store, ["t.gone"]) == []
+    # and a later plain append is not caught by a stale batch
+    with store.transaction() as tx:
+        append_event(tx, "t.after", job_id=job["id"], artifact_digest=job["artifact_digest"], principal=None, trust_level=None)
+    assert len(_events(store, ["t.after"])) == 1
+
+
+def test_a_claim_pass_starts_several_runs_with_their_claims_bindings_and_events(store):
+    jobs = [add_job(store, payload_message="ok", overlap_policy="allow") for _ in range(5)]
+    for job in jobs:
+        enqueue_manual(store, job["id"])
+    enqueue_manual(store, jobs[0]["id"])  # two dispatches of one job (overlap allowed): both start
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    started = claim_and_start(store, lease, limit=10)
+    assert len(started) == 6
+    with store.read() as tx:
+        for s in started:
+            run = tx.one("SELECT * FROM runs WHERE id = ?", (s.run_id,))
+            d = tx.one("SELECT * FROM job_dispatch_queue WHERE id = ?", (s.dispatch_id,))
+            assert run["status"] == "running" and run["dispatcher_owner"] == "D" and run["dispatcher_token"] == lease.token
+            assert (d["status"], d["run_id"], d["claim_owner"], d["claim_fence"], d["attempts"]) == (
+                "claimed", s.run_id, "D", lease.token, 1)
+            assert (run["artifact_digest"], run["source_artifact_digest"]) == (d["artifact_digest"], d["source_artifact_digest"])
+            assert run["job_id"] == s.job["id"] and run["executor"] == "testkit" and run["attempt"] == 1
+        tokens = tx.all("SELECT claim_token FROM job_dispatch_queue WHERE status = 'claimed'")
+    assert len({t["claim_token"] for t in tokens}) == 6  # each claim its own token
+    events = _events(store, ["run.started"])
+    assert sorted(e["run_id"] for e in events) == sorted(s.run_id for s in started)
+    assert all(e["artifact_digest"] == next(s.job["artifact_digest"] for s in started if s.run_id == e["run_id"]) for e in events)
+
+
+def test_a_dispatch_no_longer_pending_gets_no_run(store):
+    """Never a run without its claim: the batched claim's RETURNING decides which runs are inserted."""
+    a, b = add_job(store, payload_message="ok"), add_job(store, payload_message="ok")
+    da, db = enqueue_manual(store, a["id"]), enqueue_manual(store, b["id"])
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    now = now_ms()
+    with committing(store) as tx:
+        rows = {r["id"]: r for r in tx.all("SELECT * FROM job_dispatch_queue WHERE id IN (?, ?)", (da["id"], db["id"]))}
+        tx.execute("UPDATE job_dispatch_queue SET status = 'cancelled' WHERE id = ?", (db["id"],))
+        new = [NewRun(run_id=f"run-{k}", claim_token=f"tok-{k}", job=j, dispatch=rows[d["id"]], attempt=1, executor="testkit",
+                      parent_run_id=None, retry_of_run_id=None, replay_of_run_id=None)
+               for k, (j, d) in enumerate(((a, da), (b, db)))]
+        got = claim_and_start_many(tx, lease, new, expires_at=now + 60_000, now=now)
+    assert [r.run_id for r in got] == ["run-0"]
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM runs WHERE id = 'run-1'") == 0
+        assert tx.scalar("SELECT status FROM job_dispatch_queue WHERE id = ?", (db["id"],)) == "cancelled"
+        assert tx.scalar("SELECT run_id FROM job_dispatch_queue WHERE id = ?", (da["id"],)) == "run-0"
+
+
+def test_a_failing_pass_leaves_no_claim_run_or_event(store):
+    job = add_job(store, payload_message="ok")
+    enqueue_manual(store, job["id"])
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    with pytest.raises(SchedulerError), committing(store) as tx, batched(tx):
+        assert len(claim_and_start(store, lease, limit=4, check_lease=False)) == 1
+        raise SchedulerError("DB_BUSY", "simulated failure after the claims")
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM runs") == 0
+        assert tx.scalar("SELECT status FROM job_dispatch_queue WHERE job_id = ?", (job["id"],)) == "pending"
+    assert _events(store, ["run.started"]) == []
