@@ -200,7 +200,8 @@ def apply_consequences(
     whose required evidence failed) counts the run but sends nothing and starts nothing.
     """
     status = run["status"]
-    transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None)
+    transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None,
+                                deferrable=True)  # the dispatcher's pass writes its runs' finishes in one UPDATE
     actor = actor or run["dispatcher_owner"]
     data: dict[str, Any] = {"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]}
     if actor != run["dispatcher_owner"]:

@@ -56,7 +56,7 @@ from scheduler.plugin_options import request_for
 from scheduler.spec import spec_from_row
 from scheduler.store.base import Store
 from scheduler.timeutil import now_ms, to_iso
-from scheduler.transitions import committing, fail_completion, fenced_update
+from scheduler.transitions import batched_finishes, committing, fail_completion, fenced_update
 
 log = logging.getLogger(__name__)
 
@@ -602,7 +602,8 @@ class Dispatcher:
         try:
             # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
             # batched_events: the pass's run.started/run.finished rows go in as one INSERT before the commit.
-            with committing(self.store, self.hooks) as tx, batched_events(tx):
+            # batched_finishes: the completed runs' dispatch rows go done in one UPDATE.
+            with committing(self.store, self.hooks) as tx, batched_events(tx), batched_finishes(tx):
                 leases.assert_live(tx, self.lease, now=tick_now)
                 committed = self._complete(finished, now=tick_now)
                 if claim:

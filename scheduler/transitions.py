@@ -210,15 +210,76 @@ def claim_dispatch(tx: Tx, dispatch_id: str, lease: Lease, *, run_id: str, claim
 _KEEP: Any = object()
 
 
-def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, last_error: str | None = _KEEP) -> bool:
+class _Finishes:
+    """The ``done`` finishes deferred in one ``batched_finishes`` block: ``(dispatch id, last error, now)``."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str | None, int]] = []
+
+
+_finishes: ContextVar[_Finishes | None] = ContextVar("scheduler_dispatch_finishes", default=None)
+#: Dispatch rows per deferred-finish UPDATE (3 parameters each).
+_FINISH_ROWS = 200
+
+
+@contextmanager
+def batched_finishes(tx: Tx) -> Iterator[None]:
+    """Defer the ``done`` finishes completions ask for (``finish_dispatch(..., deferrable=True)``) to one UPDATE at the end.
+
+    The dispatcher's pass completes several runs; their dispatch rows go ``claimed`` -> ``done``
+    in one statement instead of one each. Nothing in the pass reads those rows' status in
+    between (claims look at ``pending`` rows, which a run's claimed dispatch is not), and the
+    UPDATE runs in ``tx`` before the caller commits; when the block raises, nothing is written.
+    Nested blocks join the outermost one.
+    """
+    if _finishes.get() is not None:
+        yield
+        return
+    batch = _Finishes()
+    token = _finishes.set(batch)
+    try:
+        yield
+    finally:
+        _finishes.reset(token)
+    rows = batch.rows
+    for i in range(0, len(rows), _FINISH_ROWS):
+        chunk = rows[i:i + _FINISH_ROWS]
+        marks = ", ".join("?" for _ in chunk)
+        ids = [d for d, _e, _n in chunk]
+        if any(e is not None for _d, e, _n in chunk):
+            errors = "CASE id " + " ".join("WHEN ? THEN ?" for _ in chunk) + " END"
+            error_params = [v for d, e, _n in chunk for v in (d, e)]
+        else:
+            errors, error_params = "NULL", []
+        if len({n for _d, _e, n in chunk}) == 1:
+            at, at_params = "?", [chunk[0][2]]
+        else:
+            at = "CASE id " + " ".join("WHEN ? THEN ?" for _ in chunk) + " END"
+            at_params = [v for d, _e, n in chunk for v in (d, n)]
+        tx.execute(f"UPDATE job_dispatch_queue SET status = 'done', last_error = {errors}, updated_at = {at}"
+                   f" WHERE id IN ({marks}) AND status IN ('pending', 'claimed')", [*error_params, *at_params, *ids])
+
+
+def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, last_error: str | None = _KEEP,
+                    deferrable: bool = False) -> bool:
     """``pending``/``claimed`` -> ``done``/``failed``; a cancelled or finished row is never rewritten.
 
     ``last_error`` replaces the row's last error when given (``None`` clears it).
+    ``deferrable`` (a caller that does not use the answer): inside ``batched_finishes`` a
+    ``done`` finish with a ``last_error`` is written with the block's others at its end,
+    and True is returned without a statement.
     """
     if dispatch_id is None:
         return False
     if status not in ("done", "failed"):
         raise ValueError(f"finish_dispatch: {status!r} is not done or failed")
+    if deferrable and status == "done" and last_error is not _KEEP:
+        batch = _finishes.get()
+        if batch is not None:
+            batch.rows.append((dispatch_id, last_error, now))
+            return True
     if last_error is _KEEP:
         changed = tx.execute(
             "UPDATE job_dispatch_queue SET status = ?, updated_at = ? WHERE id = ? AND status IN ('pending', 'claimed')",
@@ -754,6 +815,7 @@ __all__ = [
     "block_recovery",
     "cancel_dispatch",
     "cancel_pending_work",
+    "batched_finishes",
     "cancel_waiting_run",
     "claim_and_start_many",
     "claim_dispatch",

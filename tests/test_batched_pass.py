@@ -112,3 +112,33 @@ def test_a_failing_pass_leaves_no_claim_run_or_event(store):
         assert tx.scalar("SELECT COUNT(*) FROM runs") == 0
         assert tx.scalar("SELECT status FROM job_dispatch_queue WHERE job_id = ?", (job["id"],)) == "pending"
     assert _events(store, ["run.started"]) == []
+
+
+def test_completions_of_one_pass_finish_their_dispatches_in_one_update(store):
+    """``batched_finishes``: ok and failed runs' dispatch rows go done with their own last error, or not at all on rollback."""
+    from scheduler.completion import complete_run
+    from scheduler.execution import ExecutionResult
+    from scheduler.transitions import batched_finishes
+
+    jobs = [add_job(store, payload_message="ok") for _ in range(3)]
+    for job in jobs:
+        enqueue_manual(store, job["id"])
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    started = claim_and_start(store, lease, limit=3)
+    results = [ExecutionResult(status="ok"), ExecutionResult(status="error", error_code="X_FAILED"), ExecutionResult(status="ok")]
+    with pytest.raises(RuntimeError), committing(store) as tx, batched(tx), batched_finishes(tx):
+        for s, r in zip(started, results, strict=True):
+            complete_run(store, lease, s.run_id, r, check_lease=False, outcomes=s.outcomes)
+        raise RuntimeError("rolled back")
+    with store.read() as tx:
+        assert tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'claimed'") == 3
+    with committing(store) as tx, batched(tx), batched_finishes(tx):
+        for s, r in zip(started, results, strict=True):
+            complete_run(store, lease, s.run_id, r, check_lease=False, outcomes=s.outcomes)
+        with store.read() as inner:  # deferred to the end of the block
+            assert inner.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'done'") == 0
+    with store.read() as tx:
+        rows = {r["id"]: r for r in tx.all("SELECT id, status, last_error FROM job_dispatch_queue")}
+    assert [(rows[s.dispatch_id]["status"], rows[s.dispatch_id]["last_error"]) for s in started] == [
+        ("done", None), ("done", "X_FAILED"), ("done", None)]
+    assert [e["kind"] for e in _events(store, ["run.started", "run.finished"])].count("run.finished") == 3
