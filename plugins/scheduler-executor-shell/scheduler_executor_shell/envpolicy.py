@@ -16,6 +16,7 @@ This is a filter, not isolation: a job can still read files the dispatcher's use
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
@@ -92,9 +93,17 @@ def build_environment(
     """
     if policy not in ENV_POLICIES:
         raise ValueError(f"unknown env_policy {policy!r}")
-    allowed = frozenset(allow)
+    # The dispatcher's environment is the same run after run: the filtering (a regex or two per variable) is
+    # done once per distinct input; every caller gets a fresh dict it may change.
+    env = dict(_filtered(policy, frozenset(allow), tuple(base_env.items())))
+    return env, (INHERIT_WARNING if policy == "inherit" else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _filtered(policy: str, allowed: frozenset[str], items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``build_environment``'s rules applied to ``items`` (a pure function of its arguments, hence cached)."""
     env: dict[str, str] = {}
-    for name, value in base_env.items():
+    for name, value in items:
         if name in allowed:
             env[name] = value
             continue
@@ -103,4 +112,4 @@ def build_environment(
         if policy == "minimal" and name not in MINIMAL_ALLOWLIST and not name.startswith("LC_"):
             continue
         env[name] = value
-    return env, (INHERIT_WARNING if policy == "inherit" else None)
+    return tuple(env.items())
