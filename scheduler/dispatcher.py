@@ -245,6 +245,8 @@ class Dispatcher:
         self._maint: leases.Lease | None = None
         self.hooks = hooks
         self.say = say or (lambda _msg: None)
+        #: Whether anyone reads ``say``: a quiet dispatcher does not even format the per-run lines.
+        self._says = say is not None
         self.artifacts_root = self.config.artifacts_root or default_artifacts_root(store.local_path)
         self._pool = WorkerPool(self.config.concurrency, "run")
         #: Group commit of the workers' ``RunControl`` writes (its thread starts on the first one).
@@ -594,7 +596,8 @@ class Dispatcher:
                     return MAX_SLEEP_S / 2
         with self._active_lock:
             free = self.config.concurrency - len(self._active) + len(finished)
-        veto = self.hooks.dispatch_veto if self.hooks else None
+        # The veto hook is called per candidate: only when a plugin implements it.
+        veto = self.hooks.dispatch_veto if self.hooks and self.hooks.wants("scheduler_dispatch_veto") else None
         committed: list[tuple[StartedRun, dict[str, Any]]] = []
         started: list[StartedRun] = []
         created = 0
@@ -631,13 +634,20 @@ class Dispatcher:
         if self.delivery is not None and delivery_parts_enqueued.is_set():
             delivery_parts_enqueued.clear()
             self.delivery.wake()  # completions and approval gates of this pass enqueued outbox parts
+        # The pass's start and end lines are said at once (one write for the pass, not one per line).
+        lines: list[str] | None = [] if self._says and (started or committed) else None
         for s in started:  # first: a run committed as running must reach a worker whatever happens next
-            self._submit(s)
+            self._submit(s, lines)
         for s, run in committed:
             try:
-                self._report(s, run)
+                self._report(s, run, lines)
             except Exception:  # noqa: BLE001 - the run is committed; a failing report (hook, read) must not stop the loop
                 log.exception("reporting the end of run %s failed", s.run_id)
+        if lines:
+            try:
+                self.say("\n".join(lines))
+            except Exception:  # noqa: BLE001 - the runs are committed and submitted; output must not stop the loop
+                log.exception("writing the pass's run lines failed")
         if not claim:
             return 0.0 if committed else CANCEL_CHECK_MS / 1000
         if started:
@@ -745,14 +755,23 @@ class Dispatcher:
             for s, _result in finished:
                 self._active.pop(s.run_id, None)
 
-    def _report(self, s: StartedRun, run: dict[str, Any]) -> None:
-        """After a completion committed: count it and print it (observers were told by ``committing``)."""
+    def _report(self, s: StartedRun, run: dict[str, Any], lines: list[str] | None = None) -> None:
+        """After a completion committed: count it and print it (observers were told by ``committing``).
+
+        ``lines``: the pass's output lines, said together by the caller (None: say it now, if anyone listens).
+        """
         self.stats["finished"] += 1
         if self.metrics is not None:
             self.metrics.observe(s, run)
+        if not self._says:
+            return
         took = run["duration_ms"] or 0
         detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
-        self.say(f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}")
+        line = f"{_clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}"
+        if lines is None:
+            self.say(line)
+        else:
+            lines.append(line)
 
     def _wait(self, timeout: float) -> None:
         """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""
@@ -888,10 +907,16 @@ class Dispatcher:
 
     # -- execution -------------------------------------------------------------------------------
 
-    def _submit(self, s: StartedRun) -> None:
+    def _submit(self, s: StartedRun, lines: list[str] | None = None) -> None:
+        """Hand a started run to a worker; its start line goes to ``lines`` (said by the caller) or is said now."""
         control = DbRunControl(self, s.run_id, s.job["id"])
         self.stats["started"] += 1
-        self.say(f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})")
+        if self._says:
+            line = f"{_clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})"
+            if lines is None:
+                self.say(line)
+            else:
+                lines.append(line)
         entry = _ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.get("run_timeout_ms") or 0))
         with self._active_lock:
             self._active[s.run_id] = entry

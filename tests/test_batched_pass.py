@@ -142,3 +142,29 @@ def test_completions_of_one_pass_finish_their_dispatches_in_one_update(store):
     assert [(rows[s.dispatch_id]["status"], rows[s.dispatch_id]["last_error"]) for s in started] == [
         ("done", None), ("done", "X_FAILED"), ("done", None)]
     assert [e["kind"] for e in _events(store, ["run.started", "run.finished"])].count("run.finished") == 3
+
+
+def test_a_pass_says_every_run_start_and_end_in_one_write(store):
+    """The per-run lines are gathered per pass (one ``say`` call), each run's start line before its end line."""
+    from scheduler.testing import RunningDispatcher, wait_for
+
+    jobs = [add_job(store, payload_message="ok", overlap_policy="allow") for _ in range(6)]
+    for job in jobs:
+        enqueue_manual(store, job["id"])
+    d = RunningDispatcher(store, concurrency=4)
+    try:
+        wait_for(lambda: d.dispatcher.stats["finished"] == 6, timeout=20, what="six runs finished")
+    finally:
+        d.stop()
+    with store.read() as tx:
+        runs = tx.all("SELECT id, job_id FROM runs WHERE status = 'ok'")
+    assert len(runs) == 6
+    text = "\n".join(d.messages)
+    lines = text.splitlines()
+    for run in runs:
+        start = [i for i, line in enumerate(lines) if f"run {run['id'][:8]}" in line and " start " in line]
+        end = [i for i, line in enumerate(lines) if f"run {run['id'][:8]} in " in line and " ok " in line]
+        assert len(start) == 1 and len(end) == 1 and start[0] < end[0], (run["id"], lines)
+    # fewer say() calls than lines: a pass's lines travel together
+    run_lines = [m for m in d.messages if " start " in m or " ok " in m]
+    assert len(run_lines) < 12 and sum(m.count("\n") + 1 for m in run_lines) == 12
