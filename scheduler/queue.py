@@ -156,6 +156,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
 
     now = now_ms() if now is None else now
     created = 0
+    grace_ms = current_settings().dispatcher.misfire_grace_ms
     with committing(store) as tx:
         # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
         rows = tx.all(
@@ -163,6 +164,12 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
             + tx.skip_locked,
             (now, limit),
         )
+        # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT.
+        on_time = [job for job in rows if job["schedule_kind"] == "at" and now - job["next_run_at"] <= grace_ms]
+        if len(on_time) > 1:
+            created += _materialize_one_shots(tx, on_time, now)
+            batched_ids = {job["id"] for job in on_time}
+            rows = [job for job in rows if job["id"] not in batched_ids]
         for job in rows:
             slot = job["next_run_at"]
             kind = "at" if job["schedule_kind"] == "at" else "schedule"
@@ -176,7 +183,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                 if spec.schedule_kind == "every":
                     anchor = slot
                 due = due_slots(schedule, slot, now)
-            misfire = now - slot > current_settings().dispatcher.misfire_grace_ms  # a misfire, not just a busy loop
+            misfire = now - slot > grace_ms  # a misfire, not just a busy loop
             changed = tx.execute(
                 "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at = ?",
                 (next_run, anchor, now, job["id"], slot),
@@ -196,6 +203,40 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
             if insert_dispatch(tx, id=slot_dispatch_id(job["id"], kind, due.last), job_id=job["id"], kind=kind, due_at=due.last,
                                now=now):
                 created += 1
+    return created
+
+
+#: One-shot jobs per multi-row statement of ``_materialize_one_shots`` (6 parameters a dispatch row).
+_ONE_SHOT_ROWS = 100
+
+
+def _materialize_one_shots(tx: Tx, jobs: list[dict[str, Any]], now: int) -> int:
+    """``materialize_due`` for one-shot jobs due within the misfire grace: their single slot becomes a dispatch.
+
+    What the per-job path does for them (next run cleared, one ``at`` dispatch bound to the
+    job's artifact, idempotent on the slot's id), in one UPDATE ... RETURNING and one
+    multi-row INSERT per chunk. The rows were read in this transaction (SQLite: exclusive;
+    PostgreSQL: locked), so their ``next_run_at`` is still the slot read; a job the UPDATE
+    does not return is not materialised. Returns how many dispatch rows were created.
+    """
+    created = 0
+    for i in range(0, len(jobs), _ONE_SHOT_ROWS):
+        chunk = jobs[i:i + _ONE_SHOT_ROWS]
+        marks = ", ".join("?" for _ in chunk)
+        advanced = {r["id"] for r in tx.all(
+            f"UPDATE jobs SET next_run_at = NULL, updated_at = ? WHERE id IN ({marks}) AND next_run_at IS NOT NULL RETURNING id",
+            [now, *(job["id"] for job in chunk)],
+        )}
+        chunk = [job for job in chunk if job["id"] in advanced]
+        if not chunk:
+            continue
+        values = ", ".join(["(?, ?, 'at', 'pending', ?, ?, ?, 0, ?)"] * len(chunk))
+        created += len(tx.all(
+            "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, replay_count, artifact_digest)"
+            f" VALUES {values} ON CONFLICT (id) DO NOTHING RETURNING id",
+            [v for job in chunk for v in (slot_dispatch_id(job["id"], "at", job["next_run_at"]), job["id"], job["next_run_at"],
+                                          now, now, job["artifact_digest"])],
+        ))
     return created
 
 

@@ -168,3 +168,28 @@ def test_a_pass_says_every_run_start_and_end_in_one_write(store):
     # fewer say() calls than lines: a pass's lines travel together
     run_lines = [m for m in d.messages if " start " in m or " ok " in m]
     assert len(run_lines) < 12 and sum(m.count("\n") + 1 for m in run_lines) == 12
+
+
+def test_one_shot_jobs_due_together_are_materialised_together_as_one_by_one(store):
+    """Due one-shots become their deterministic ``at`` dispatches (bound to the job's artifact), once; a misfired one
+    still takes the per-job path (its ``skip`` policy records a skipped run)."""
+    from scheduler.queue import materialize_due, slot_dispatch_id
+    from scheduler.timeutil import to_iso
+
+    base = now_ms() + 10_000  # specs refuse a past schedule_at: materialise "later" instead
+    due = [add_job(store, schedule_kind="at", schedule_at=to_iso(base + 61_000 + i), payload_message="ok") for i in range(3)]
+    late = add_job(store, schedule_kind="at", schedule_at=to_iso(base), payload_message="ok", misfire_policy="skip")
+    later = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 3_600_000), payload_message="ok")
+    now = base + 62_000  # the three are a second late (within the 60 s grace), ``late`` is a misfire
+    assert materialize_due(store, now=now) == 3
+    assert materialize_due(store, now=now) == 0  # nothing twice
+    with store.read() as tx:
+        for job in due:
+            slot = tx.scalar("SELECT schedule_at FROM jobs WHERE id = ?", (job["id"],))
+            d = tx.one("SELECT * FROM job_dispatch_queue WHERE job_id = ?", (job["id"],))
+            assert d["id"] == slot_dispatch_id(job["id"], "at", slot) and (d["kind"], d["status"], d["due_at"]) == ("at", "pending", slot)
+            assert d["artifact_digest"] == job["artifact_digest"] and d["source_artifact_digest"] is None
+            assert tx.scalar("SELECT next_run_at FROM jobs WHERE id = ?", (job["id"],)) is None
+        assert tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ?", (late["id"],)) == 0
+        assert tx.scalar("SELECT status FROM runs WHERE job_id = ?", (late["id"],)) == "skipped"
+        assert tx.scalar("SELECT next_run_at FROM jobs WHERE id = ?", (later["id"],)) is not None
