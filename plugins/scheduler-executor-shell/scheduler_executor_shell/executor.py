@@ -53,6 +53,8 @@ from scheduler_executor_shell.runner import ProcessOutcome, run_process
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
 DEFAULT_SHELLS = ("/bin/bash", "/bin/sh")
+#: Prefix of the variables that override ``[executors.shell]`` (``SCHEDULER_EXECUTORS_SHELL_<KEY>``).
+OVERRIDE_PREFIX = "SCHEDULER_EXECUTORS_SHELL_"
 
 
 def _executable_path(value: str) -> str | None:
@@ -77,9 +79,9 @@ class ShellSettings:
 def resolve_settings(environ: Mapping[str, str] | None = None) -> ShellSettings:
     """The ``[executors.shell]`` settings with ``SCHEDULER_EXECUTORS_SHELL_*`` overrides read from ``environ``.
 
-    Called per execution (the file is cached per process, the few overrides are read
-    again) so a bad value fails that run with ``CONFIG_INVALID`` naming the key and
+    A bad value fails the run that meets it with ``CONFIG_INVALID`` naming the key and
     its source instead of silently using a default. ``shell`` comes back filled in.
+    ``ShellExecutor`` resolves them again whenever its overrides change (``_settings_for``).
     """
     settings = plugin_settings("executor", "shell", ShellSettings, environ=environ)
     if settings.shell is None:
@@ -109,13 +111,31 @@ class ShellExecutor:
     def __init__(self, *, environ: Mapping[str, str] | None = None) -> None:
         """``environ`` stands for the dispatcher environment; default: ``os.environ`` at each run."""
         self._environ = environ
+        #: The settings last resolved, and the override variables they were resolved with.
+        self._settings: tuple[tuple[tuple[str, str], ...], ShellSettings] | None = None
+
+    def _settings_for(self, environ: Mapping[str, str]) -> ShellSettings:
+        """``resolve_settings(environ)``, resolved again only when the ``SCHEDULER_EXECUTORS_SHELL_*`` variables change.
+
+        The settings file is fixed for the life of an executor (a settings reload loads new
+        executors), so its overrides are all that can change from run to run; resolving
+        costs far more than the spawn it configures. A bad value is never kept: every run
+        that meets it fails ``CONFIG_INVALID``.
+        """
+        overrides = tuple(item for item in environ.items() if item[0].startswith(OVERRIDE_PREFIX))
+        cached = self._settings
+        if cached is not None and cached[0] == overrides:
+            return cached[1]
+        settings = resolve_settings(environ)
+        self._settings = (overrides, settings)
+        return settings
 
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
         """Run one attempt of a shell job and report it; see the module docstring for the guarantees."""
         options = request.options if isinstance(request.options, ShellOptions) else ShellOptions()
         environ = dict(os.environ if self._environ is None else self._environ)
         try:
-            settings = resolve_settings(environ)
+            settings = self._settings_for(environ)
             env, env_warning = build_environment(options.env_policy, environ, allow=options.env_allow)
         except (SchedulerError, ValueError) as exc:
             err = exc if isinstance(exc, SchedulerError) else SchedulerError("SHELL_CONFIG_INVALID", str(exc))

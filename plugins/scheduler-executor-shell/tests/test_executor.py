@@ -221,6 +221,23 @@ def test_settings_file_table_applies_and_the_override_wins(run_job, monkeypatch,
     assert (r.status, r.stdout.excerpt) == ("ok", "/bin/sh\n")
 
 
+def test_one_executor_sees_override_changes_between_runs(make_request, monkeypatch) -> None:
+    """The executor keeps its resolved settings across runs, but never past a change of its overrides."""
+    executor = ShellExecutor()
+
+    def run() -> object:
+        return executor.execute(make_request("echo $0"), LocalRunControl())
+
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_SHELL", "/bin/sh")
+    assert run().stdout.excerpt == "/bin/sh\n"
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_SHELL", "/no/such/shell")
+    assert run().error_code == "CONFIG_INVALID"
+    assert run().error_code == "CONFIG_INVALID"  # a bad value is never kept as the settings
+    monkeypatch.delenv("SCHEDULER_EXECUTORS_SHELL_SHELL")
+    r = run()
+    assert r.status == "ok" and r.details["shell"] == "/bin/bash"
+
+
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_bad_output_limit_setting(run_job, monkeypatch, value: str) -> None:
     monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", value)
