@@ -31,6 +31,7 @@ written as two code points beside the astral character itself), nesting deeper t
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from decimal import Decimal
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
@@ -76,10 +77,77 @@ UNDEFINED = _Undefined()
 
 
 def canonical_json(value: Any) -> str:
-    """``value`` as json-sort-v1 text (what ``JSON.stringify`` gives after sorting keys)."""
+    """``value`` as json-sort-v1 text (what ``JSON.stringify`` gives after sorting keys).
+
+    The run pipeline checks every run's job against its artifact digest, so this is on the
+    dispatcher's hot path: a value made only of what ``json.dumps`` writes exactly as the
+    reference does (``_plain``) is written by the standard library's C encoder; anything
+    else (floats, keys that sort differently in JavaScript, lone surrogates, other types,
+    unsafe integers, deep nesting) by ``_write``, which also raises the coded refusals.
+    """
+    if _plain(value, 0):
+        text = _dumps(value)
+        if _SURROGATE.search(text) is None:  # a lone surrogate in a string: the reference escapes it
+            return text
+    return _written(value)
+
+
+def _written(value: Any) -> str:
+    """``value`` as json-sort-v1 text, written by this module (every case, every refusal)."""
     parts: list[str] = []
     _write(value, parts, 0)
     return "".join(parts)
+
+
+#: The standard library's encoder set to json-sort-v1's layout (C speed). Exact for ``_plain`` values: their strings
+#: are escaped by the same ``encode_basestring`` as ``_string`` uses, their keys sort by code point as UTF-16 does
+#: for ASCII, and their numbers are safe integers (``int.__repr__``).
+_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")).encode
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether ``json.dumps`` (``_dumps``) writes ``value`` byte for byte as ``_write`` would.
+
+    Exact types only (a subclass may write itself otherwise): dicts with ASCII keys that are
+    not array indices (JavaScript lists those first) and not ``__proto__``, lists and tuples,
+    strings, None, booleans and safe integers, nested at most ``MAX_DEPTH`` deep. Floats are
+    not plain (``repr`` is not ``Number.prototype.toString``). Lone surrogates in strings
+    are caught after writing (``canonical_json``).
+    """
+    t = type(value)
+    if t is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii() or key.isdigit() or key == "__proto__":
+                return False
+            it = type(item)
+            if it is str or item is None or it is bool:
+                continue
+            if it is int:
+                if -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    continue
+                return False
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            return False
+        for item in value:
+            it = type(item)
+            if it is str or item is None or it is bool:
+                continue
+            if it is int:
+                if -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    continue
+                return False
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if t is str or value is None or t is bool:
+        return True
+    return t is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
 
 
 def canonical_bytes(value: Any) -> bytes:

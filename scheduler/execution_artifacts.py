@@ -189,7 +189,7 @@ def expected_digest(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) ->
         return row["artifact_digest"]
     # The projection is a pure function of the row's spec columns: remember it per exact row
     # content, so the check before every run costs a lookup, not a canonicalisation.
-    key = (row["id"], *(row.get(name) for name in SPEC_COLUMN_ORDER))
+    key = (row["id"], *map(row.get, SPEC_COLUMN_ORDER))
     digest = _NATIVE_DIGESTS.get(key)
     if digest is None:
         digest = native_digest(spec if spec is not None else spec_from_row(row), row["id"])

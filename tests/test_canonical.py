@@ -591,3 +591,62 @@ def test_is_digest_accepts_only_the_stored_form() -> None:
         "sha256:" + "g" * 64, "sha512:" + good[7:], good[7:], "sha256:" + "\uff10" * 64, good.encode(), None, 1,
     ):
         assert not is_digest(bad), bad
+
+
+# -- the standard library fast path ------------------------------------------------------------
+
+
+def test_fast_path_writes_what_the_writer_writes() -> None:
+    """``canonical_json`` hands plain values to ``json.dumps``: on every generated value both give the same text (or the
+    same refusal), and the fast path is really taken for most of them (else this compares the writer with itself)."""
+    from scheduler import canonical
+
+    taken = 0
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @given(st.lists(VALUES, min_size=5, max_size=10))
+    def check(values: list[Any]) -> None:
+        nonlocal taken
+        for value in values:
+            try:
+                expected: Any = canonical._written(value)
+            except SchedulerError as exc:
+                expected = exc.code
+            try:
+                got: Any = canonical_json(value)
+            except SchedulerError as exc:
+                got = exc.code
+            assert got == expected, value
+            taken += canonical._plain(value, 0)
+
+    check()
+    assert taken >= 300, f"the fast path was taken for only {taken} generated values"
+
+
+@pytest.mark.parametrize("value", [
+    {"a": 1.0}, [0.5], {"10": 1, "9": 2}, {"\u00e9": 1, "e": 2}, {"__proto__": 1}, {"a": 2**53}, [-(2**53)],
+    {"a": "\ud800"}, ["x\udfff"], {1: "a"}, {"a": Decimal("1")}, {"a": UNDEFINED}, {"a": True, "b": False, "c": None},
+    {"": {"x": [1, "\u2028", {"y": ()}]}}, "\x00\x1f\"\\", [("a", 1)],
+])
+def test_fast_path_hands_back_what_it_cannot_write_exactly(value: Any) -> None:
+    """Floats, array-index and non-ASCII keys, __proto__, unsafe integers, lone surrogates, other types: the writer decides."""
+    from scheduler import canonical
+
+    try:
+        expected: Any = canonical._written(value)
+    except SchedulerError as exc:
+        expected = exc.code
+    try:
+        got: Any = canonical_json(value)
+    except SchedulerError as exc:
+        got = exc.code
+    assert got == expected
+
+
+def test_fast_path_stops_at_max_depth() -> None:
+    """Nesting past MAX_DEPTH is the writer's refusal, whichever path starts."""
+    with pytest.raises(SchedulerError) as err:
+        canonical_json(nest("leaf", MAX_DEPTH + 1, "k", [True, False]))
+    assert err.value.code == "CANONICAL_TOO_DEEP"
+    assert canonical_json(nest(1, MAX_DEPTH, "k", [True])).startswith('{"k":')
