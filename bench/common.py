@@ -105,6 +105,7 @@ def machine_facts() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "sqlite_synchronous": sqlite_synchronous(),
         "load_avg_1m_at_start": round(load, 2) if load is not None else None,
+        "disabled_plugins": os.environ.get("SCHEDULER_DISABLE_PLUGINS", ""),
         "versions": {
             d: _version(d)
             for d in ("scheduler-kernel", "scheduler-executor-testkit", "scheduler-store-postgres", "APScheduler", "SQLAlchemy",

@@ -63,6 +63,8 @@ def render(results: dict[str, Any], *, facts: dict[str, Any], order: list[str], 
         ("Python", facts["python"]),
         ("SQLite", f"{facts['sqlite']} (WAL, `synchronous={facts['sqlite_synchronous']}`, from `[storage] sqlite_synchronous` / `SCHEDULER_STORAGE_SQLITE_SYNCHRONOUS`)"),
         ("load average at start", str(facts.get("load_avg_1m_at_start"))),
+        ("plugins switched off", f"`SCHEDULER_DISABLE_PLUGINS={facts['disabled_plugins']}` (example hook plugins of the"
+                                 " development venv; no workload uses a hook)" if facts.get("disabled_plugins") else "none"),
         ("scheduler-kernel", v.get("scheduler-kernel") or "?"),
         ("peers and tools", ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "scheduler-kernel")),
     ]
