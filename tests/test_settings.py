@@ -517,6 +517,23 @@ def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: 
         store.close()
 
 
+def test_sqlite_store_uses_the_cache_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[storage] sqlite_cache_mb`` is every connection's page cache (32 MiB by default, not SQLite's 2 MiB)."""
+    from scheduler.store import open_store
+
+    monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_CACHE_MB", raising=False)
+    for name, text, kib in (("default", "", 32 * 1024), ("set", "[storage]\nsqlite_cache_mb = 7\n", 7 * 1024)):
+        monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / f"{name}.toml", text)))
+        reload_settings()
+        store = open_store(str(tmp_path / f"{name}.db"))
+        try:
+            with store.transaction() as tx:
+                assert tx.scalar("PRAGMA cache_size") == -kib
+        finally:
+            store.close()
+    assert "sqlite_cache_mb" in invalid({"SCHEDULER_CONFIG": str(write(tmp_path / "bad.toml", "[storage]\nsqlite_cache_mb = 0\n"))}).message
+
+
 def _lease_ttl_of_running_dispatcher(tmp_path: Path, env: dict[str, str], *flags: str) -> int:
     """Start ``scheduler run``, read its lease row's lifetime from the database file, stop it."""
     db = tmp_path / f"d{len(flags)}.db"

@@ -34,6 +34,9 @@ class StorageSettings:
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = attrs.field(
         default="FULL", metadata={"doc": "SQLite `synchronous` pragma of every connection (WAL mode); FULL survives a power"
                                          " loss with every commit, NORMAL may lose the last ones (docs/operations.md)."})
+    sqlite_cache_mb: int = attrs.field(default=32, metadata={
+        "minimum": 1, "maximum": 65_536, "doc": "SQLite page cache per connection in MiB (`cache_size`), filled only as pages"
+                                                " are read; SQLite's own 2 MiB made the dispatcher re-read index pages."})
     sqlite_busy_timeout_ms: int = attrs.field(default=10_000, metadata={
         "minimum": 1, "maximum": 3_600_000, "doc": "How long a SQLite connection waits for another one's lock before DB_BUSY."})
     file_mode: Literal["private", "group"] = attrs.field(default="private", metadata={

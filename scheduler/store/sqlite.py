@@ -246,7 +246,9 @@ class SQLiteStore:
     ) -> None:
         self.path = Path(path).expanduser()
         self.location = str(self.path)
-        self._synchronous = (synchronous or current_settings().storage.sqlite_synchronous).upper()
+        storage = current_settings().storage
+        self._synchronous = (synchronous or storage.sqlite_synchronous).upper()
+        self._cache_kib = storage.sqlite_cache_mb * 1024
         self._busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else default_busy_timeout_ms()
         self._local = threading.local()
         #: Every open connection of this store, one per thread (see ``_Slot``).
@@ -281,6 +283,7 @@ class SQLiteStore:
                 f"PRAGMA busy_timeout = {timeout_ms}",
                 "PRAGMA foreign_keys = ON",
                 f"PRAGMA synchronous = {self._synchronous}",
+                f"PRAGMA cache_size = -{self._cache_kib}",  # negative: KiB, not pages
                 # Checkpoints run on a background thread (see _checkpointer), never inside a commit
                 # that other threads of this process are queued behind.
                 "PRAGMA wal_autocheckpoint = 0",
