@@ -22,6 +22,8 @@ from scheduler.api import StreamCapture, StreamRecorder
 
 #: Bytes per read; pipes are enlarged to this size when the kernel allows it.
 READ_CHUNK = 1 << 20
+#: A read this large found the pipe full (Linux's default capacity): the stream is chatty, enlarge its pipe.
+FULL_PIPE = 1 << 16
 #: How often the loop looks at the stop flag when no pipe is ready.
 POLL_S = 0.05
 
@@ -95,7 +97,7 @@ class HashSink:
 
 
 def _enlarge_pipe(fd: int) -> None:
-    """Best effort: a bigger pipe buffer means fewer wake-ups for chatty commands."""
+    """Best effort: a bigger pipe buffer means fewer wake-ups for chatty commands (done at their first full read)."""
     try:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, READ_CHUNK)
     except (OSError, AttributeError):
@@ -136,6 +138,7 @@ class PipePump:
         self.error: BaseException | None = None
         self._sel: selectors.BaseSelector | None = None
         self._readers = len(outputs)
+        self._enlarged: set[int] = set()
         self._thread: threading.Thread | None = None
 
     @property
@@ -146,9 +149,10 @@ class PipePump:
     def _open(self) -> selectors.BaseSelector:
         sel = self._sel
         if sel is None:
-            sel = self._sel = selectors.DefaultSelector()
+            # poll, not epoll: a handful of fds for one short-lived process, so no epoll instance to create,
+            # fill and close with a system call per fd
+            sel = self._sel = selectors.PollSelector()
             for name, (pipe, sink) in self._outputs.items():
-                _enlarge_pipe(pipe.fileno())
                 sel.register(pipe.fileno(), selectors.EVENT_READ, (name, pipe, sink))
             if self._stdin is not None:
                 os.set_blocking(self._stdin.fileno(), False)
@@ -198,7 +202,11 @@ class PipePump:
             sel.unregister(key.fd)
             pipe.close()
             self._readers -= 1
-        elif not sink.write(chunk) and not self.limit_exceeded.is_set():
+            return
+        if len(chunk) >= FULL_PIPE and key.fd not in self._enlarged:
+            self._enlarged.add(key.fd)
+            _enlarge_pipe(key.fd)
+        if not sink.write(chunk) and not self.limit_exceeded.is_set():
             self.exceeded.append(name)
             self.limit_exceeded.set()
 

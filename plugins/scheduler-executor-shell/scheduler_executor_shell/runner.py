@@ -34,6 +34,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
+from typing import IO
 
 import attrs
 
@@ -118,7 +119,7 @@ def run_process(
     env = dict(env)
     gate_fds: tuple[int, int] | None = None  # (script read end, ready write end) of a bash gate, closed after the spawn
     ready_r: int | None = None
-    if os.path.basename(shell) == "bash" and "BASH_ENV" not in env and os.path.isdir("/dev/fd"):
+    if os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
         ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env)
     else:
         gate = GATE_SHELL if _gate_shell_usable() else shell
@@ -134,6 +135,7 @@ def run_process(
             start_new_session=True,
             close_fds=True,
             pass_fds=gate_fds or (),
+            bufsize=0,  # raw pipes: the pump reads and writes their fds, no buffered file objects needed
         )
     except OSError as exc:
         if ready_r is not None:
@@ -187,12 +189,13 @@ def run_process(
             outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
         return outcome
 
+    _open_gate(proc.stdin, stdin_data)
     exit_fd = _pidfd(pid)
     try:
         pump = PipePump(
             {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
-            stdin=proc.stdin,
-            stdin_data=b"\n" + (stdin_data or b""),
+            stdin=proc.stdin if stdin_data else None,
+            stdin_data=stdin_data or b"",
             exit_fd=exit_fd,
         )
         _finish(outcome, pump, proc, deadline, control, grace_s, label)
@@ -283,7 +286,30 @@ def _await_gate(ready_r: int, deadline: float) -> str:
         os.close(ready_r)
 
 
+def _open_gate(stdin: IO[bytes], stdin_data: bytes | None) -> None:
+    """Step 3: write the go-ahead line; with no input to feed, close stdin too (the pump then never touches it).
+
+    One byte into the fresh, empty pipe never blocks. A gate that died meanwhile (EPIPE)
+    is the pump's and the exit status's business, as it was before the line was written.
+    """
+    try:
+        os.write(stdin.fileno(), b"\n")
+    except OSError:
+        stdin_data = None  # nobody reads it any more
+    if not stdin_data:
+        stdin.close()
+
+
 _GATE_SHELL_OK: bool | None = None
+_DEV_FD_OK: bool | None = None
+
+
+def _dev_fd_usable() -> bool:
+    """Whether ``/dev/fd`` exists for the bash gate's ``BASH_ENV`` (looked up once per process)."""
+    global _DEV_FD_OK
+    if _DEV_FD_OK is None:
+        _DEV_FD_OK = os.path.isdir("/dev/fd")
+    return _DEV_FD_OK
 
 
 def _gate_shell_usable() -> bool:
