@@ -201,8 +201,20 @@ def at_job_specs(count: int, *, at_ms: int | Callable[[int], int], payload: str 
     return specs
 
 
+#: The statuses of runs not yet ended: exactly the kernel's partial index ``runs_status_idx``.
+ACTIVE_SQL = "('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked')"
+
+
 def count_terminal(conn: sqlite3.Connection) -> int:
-    return int(conn.execute(f"SELECT COUNT(*) FROM runs WHERE status IN {TERMINAL_SQL}").fetchone()[0])
+    """Runs that have ended, as all runs minus the active ones.
+
+    Benchmarks poll this every few milliseconds while the scheduler works on the same
+    two cores: both counts walk an index (microseconds), where counting the terminal
+    statuses directly scans every run row (tens of microseconds per thousand runs),
+    CPU taken from the scheduler being measured.
+    """
+    return int(conn.execute(f"SELECT (SELECT COUNT(*) FROM runs) - (SELECT COUNT(*) FROM runs WHERE status IN {ACTIVE_SQL})"
+                            ).fetchone()[0])
 
 
 class CountingStore:
