@@ -1,6 +1,6 @@
 """Pumping a child's pipes: stdout and stderr read concurrently, stdin fed, no deadlock at any size.
 
-One ``selectors`` loop over all pipes of one process (on the worker's own thread, or
+One ``poll`` loop over all pipes of one process (on the worker's own thread, or
 on a background thread once the worker must do something else): it reads whatever
 stream has data (so a child blocked writing stderr never waits for stdout to finish)
 and writes stdin in non-blocking chunks. It stops at EOF on both output pipes, or
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import math
 import os
-import selectors
+import select
 import threading
 import time
 from typing import IO, Any, Protocol
@@ -127,16 +128,19 @@ class PipePump:
         self._stdin = stdin
         self._stdin_data = memoryview(stdin_data)
         self._exit_fd = exit_fd
-        self._stop = threading.Event()
-        #: Set as soon as any sink refuses a chunk (its cap was exceeded).
-        self.limit_exceeded = threading.Event()
+        #: Set by ``stop`` (plain flags: a pump has at most one thread besides the caller's, and it only polls them).
+        self._stop = False
+        #: True as soon as any sink refuses a chunk (its cap was exceeded).
+        self.limit_exceeded = False
         #: True once ``exit_fd`` became readable: the leader exited (it is not reaped).
         self.leader_exited = False
         self._ended = False
         #: Names of the streams that exceeded their cap.
         self.exceeded: list[str] = []
         self.error: BaseException | None = None
-        self._sel: selectors.BaseSelector | None = None
+        self._poll: select.poll | None = None
+        #: What each polled fd is: ``(name, pipe, sink)`` of an output, None for stdin, "exit" for ``exit_fd``.
+        self._fds: dict[int, tuple[str, IO[bytes], Sink] | str | None] = {}
         self._readers = len(outputs)
         self._enlarged: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -146,20 +150,36 @@ class PipePump:
         """True while ``exit_fd`` tells this pump about the leader's exit."""
         return self._exit_fd is not None
 
-    def _open(self) -> selectors.BaseSelector:
-        sel = self._sel
-        if sel is None:
-            # poll, not epoll: a handful of fds for one short-lived process, so no epoll instance to create,
-            # fill and close with a system call per fd
-            sel = self._sel = selectors.PollSelector()
+    def _open(self) -> select.poll:
+        """The poll set, made on first use: poll, not epoll, for a handful of fds of one short-lived process
+        (no epoll instance to create, fill and close with a system call per fd)."""
+        poll = self._poll
+        if poll is None:
+            poll = self._poll = select.poll()
             for name, (pipe, sink) in self._outputs.items():
-                sel.register(pipe.fileno(), selectors.EVENT_READ, (name, pipe, sink))
+                self._watch(pipe.fileno(), select.POLLIN, (name, pipe, sink))
             if self._stdin is not None:
                 os.set_blocking(self._stdin.fileno(), False)
-                sel.register(self._stdin.fileno(), selectors.EVENT_WRITE, None)
+                self._watch(self._stdin.fileno(), select.POLLOUT, None)
             if self._exit_fd is not None:
-                sel.register(self._exit_fd, selectors.EVENT_READ, "exit")
-        return sel
+                self._watch(self._exit_fd, select.POLLIN, "exit")
+        return poll
+
+    def _watch(self, fd: int, events: int, what: tuple[str, IO[bytes], Sink] | str | None) -> None:
+        assert self._poll is not None
+        self._poll.register(fd, events)
+        self._fds[fd] = what
+
+    def _unwatch(self, fd: int) -> None:
+        assert self._poll is not None
+        self._poll.unregister(fd)
+        del self._fds[fd]
+
+    def _round(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for any watched fd (readable, writable, hang-up or error) and handle each."""
+        for fd, _ in self._open().poll(math.ceil(max(0.0, timeout_s) * 1000)):
+            if fd in self._fds:
+                self._handle(fd)
 
     def step(self, timeout_s: float) -> None:
         """One round on the caller's thread: wait up to ``timeout_s`` for output, stdin room or the exit; handle it.
@@ -168,52 +188,51 @@ class PipePump:
         """
         if self._ended:
             if timeout_s > 0:
-                self._stop.wait(timeout_s)
+                time.sleep(timeout_s)  # nothing left to pump; only this caller's thread can be waiting
             return
         try:
-            sel = self._open()
             if not self._readers and self.leader_exited:
                 self._teardown()
                 return
-            for key, _ in sel.select(max(0.0, timeout_s)):
-                self._handle(sel, key)
+            self._round(timeout_s)
             if not self._readers and (self.leader_exited or self._exit_fd is None):
                 self._teardown()
         except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
             self.error = exc
             self._teardown()
 
-    def _handle(self, sel: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
-        if key.data == "exit":
-            sel.unregister(key.fd)
+    def _handle(self, fd: int) -> None:
+        what = self._fds[fd]
+        if what == "exit":
+            self._unwatch(fd)
             self.leader_exited = True
             return
-        if key.data is None:
+        if what is None:
             if self._feed_stdin():
-                sel.unregister(key.fd)
+                self._unwatch(fd)
                 self._close_stdin()
             return
-        name, pipe, sink = key.data
+        assert isinstance(what, tuple)
+        name, pipe, sink = what
         try:
-            chunk = os.read(key.fd, READ_CHUNK)
+            chunk = os.read(fd, READ_CHUNK)
         except (BlockingIOError, InterruptedError):
             return
         if not chunk:
-            sel.unregister(key.fd)
+            self._unwatch(fd)
             pipe.close()
             self._readers -= 1
             return
-        if len(chunk) >= FULL_PIPE and key.fd not in self._enlarged:
-            self._enlarged.add(key.fd)
-            _enlarge_pipe(key.fd)
-        if not sink.write(chunk) and not self.limit_exceeded.is_set():
+        if len(chunk) >= FULL_PIPE and fd not in self._enlarged:
+            self._enlarged.add(fd)
+            _enlarge_pipe(fd)
+        if not sink.write(chunk) and not self.limit_exceeded:
             self.exceeded.append(name)
-            self.limit_exceeded.set()
+            self.limit_exceeded = True
 
     def _teardown(self) -> None:
-        """Close the selector and every pipe; idempotent."""
-        if self._sel is not None:
-            self._sel.close()
+        """Stop watching and close every pipe; idempotent."""
+        self._fds.clear()
         self._close_stdin()
         for pipe, _ in self._outputs.values():
             pipe.close()
@@ -236,7 +255,7 @@ class PipePump:
             self._thread.join(max(0.0, timeout_s))
             return not self._thread.is_alive()
         end = time.monotonic() + max(0.0, timeout_s)
-        while not self._ended and self._readers and not self._stop.is_set():
+        while not self._ended and self._readers and not self._stop:
             left = end - time.monotonic()
             if left <= 0:
                 return False
@@ -247,7 +266,7 @@ class PipePump:
 
     def stop(self, timeout_s: float = 1.0) -> bool:
         """Abandon the pipes (a process outside the group still holds them) and close them."""
-        self._stop.set()
+        self._stop = True
         if self._thread is None:
             self._teardown()
             return True
@@ -256,10 +275,8 @@ class PipePump:
     def _run(self) -> None:
         """The background loop: until EOF on every output or ``stop``; closes every pipe when it ends."""
         try:
-            sel = self._open()
-            while self._readers and not self._stop.is_set():
-                for key, _ in sel.select(POLL_S):
-                    self._handle(sel, key)
+            while self._readers and not self._stop:
+                self._round(POLL_S)
         except BaseException as exc:  # noqa: BLE001 - e.g. the artifact disk is full: reported, never silent
             self.error = exc
         finally:

@@ -150,7 +150,7 @@ class ShellExecutor:
             elif credential.medium == "stdin":
                 stdin_text = credential.value
         result = self._run_command(request, control, settings, env, options, stdin_text)
-        return attrs.evolve(result, env_warning=env_warning)
+        return result if env_warning is None else attrs.evolve(result, env_warning=env_warning)
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
         """Crash recovery: stop the process group a dead dispatcher's run left behind (see ``recovery.py``)."""

@@ -257,7 +257,9 @@ def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tupl
     Returns (ready read end, fds to pass, argv); ``env`` gets ``BASH_ENV``.
     """
     script_r, script_w = os.pipe()
-    ready_r, ready_w = os.pipe()
+    # Non-blocking (both ends: one byte into an empty pipe never waits): usually the shell has reported in by the
+    # time the handle is committed, and one read finds its byte without a select first.
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     script = (
         f"unset BASH_ENV; printf x >&{ready_w} || exit 125; exec {ready_w}>&- {script_r}<&-\n"
         "IFS= read -r _ || exit 125\n" + ("exec </dev/null\n" if mode == "null" else "")
@@ -279,9 +281,10 @@ def _await_gate(ready_r: int, deadline: float) -> str:
                 return "timeout"
             if now >= limit:
                 return "spawn_failed"
-            ready, _, _ = select.select([ready_r], [], [], min(deadline, limit) - now)
-            if ready:
+            try:
                 return "ready" if os.read(ready_r, 1) == b"x" else "spawn_failed"
+            except BlockingIOError:
+                select.select([ready_r], [], [], min(deadline, limit) - now)
     finally:
         os.close(ready_r)
 
@@ -290,7 +293,7 @@ def _open_gate(stdin: IO[bytes], stdin_data: bytes | None) -> None:
     """Step 3: write the go-ahead line; with no input to feed, close stdin too (the pump then never touches it).
 
     One byte into the fresh, empty pipe never blocks. A gate that died meanwhile (EPIPE)
-    is the pump's and the exit status's business, as it was before the line was written.
+    needs no line: its exit status tells what happened.
     """
     try:
         os.write(stdin.fileno(), b"\n")
@@ -344,7 +347,7 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
     next_group_check = 0.0
     slice_s = 0.002  # the slice grows to WAIT_SLICE_S for long commands (cancellation latency)
     while True:
-        if pump.limit_exceeded.is_set():
+        if pump.limit_exceeded:
             return "limit"
         if pump.error is not None:
             return "capture_failed"
@@ -359,7 +362,7 @@ def _wait(proc: subprocess.Popen, pump: PipePump, deadline: float, control: RunC
             if done:
                 # The pump may have crossed the cap (or failed) after the checks above: a fast command
                 # that wrote too much must still end OUTPUT_LIMIT_EXCEEDED, never "ok".
-                if pump.limit_exceeded.is_set():
+                if pump.limit_exceeded:
                     return "limit"
                 return "capture_failed" if pump.error is not None else "exited"
         remaining = deadline - now
