@@ -91,6 +91,20 @@ def complete_run(
     in the same transaction.
     """
     now = now_ms() if now is None else now
+    with committing(store) as tx:
+        if check_lease:
+            assert_live(tx, lease, now=now)
+        return complete_run_in(tx, lease, run_id, result, now=now, outcomes=outcomes)
+
+
+def complete_run_in(
+    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, now: int, outcomes: RunOutcomes | None = None,
+) -> dict[str, Any]:
+    """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
+
+    The dispatcher's pass completes all its finished runs in its one transaction; raises
+    ``StaleFence`` (and writes nothing for this run) when the run is no longer ours.
+    """
     values = result_columns(result)
     if outcomes is not None:
         values.update(outcomes.columns)
@@ -98,24 +112,21 @@ def complete_run(
     # The executor returned, so the work it recorded has ended; a worker the dispatcher cut
     # loose (``abandoned``) may still be running it: that is not known.
     process_state = "unknown" if (result.details or {}).get("abandoned") else "exited"
-    with committing(store) as tx:
-        if check_lease:
-            assert_live(tx, lease, now=now)
-        if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
-            gated = escalate_to_approval(tx, lease, run_id, outcomes, now=now)
-            if gated is not None:
-                return gated  # waiting for a decision: no terminal state, no consequences
-        run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
-                                     error_message=message, now=now, process_state=process_state,
-                                     returning=RUN_FIELDS_FOR_CONSEQUENCES)
-        if run is None:
-            raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
-        if result.state is not None and run["status"] == "ok":
-            keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
-        if outcomes is not None:
-            commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
-        apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
-                           suppress=outcomes is not None and outcomes.suppress_consequences)
+    if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
+        gated = escalate_to_approval(tx, lease, run_id, outcomes, now=now)
+        if gated is not None:
+            return gated  # waiting for a decision: no terminal state, no consequences
+    run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
+                                 error_message=message, now=now, process_state=process_state,
+                                 returning=RUN_FIELDS_FOR_CONSEQUENCES)
+    if run is None:
+        raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
+    if result.state is not None and run["status"] == "ok":
+        keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
+    if outcomes is not None:
+        commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+    apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
+                       suppress=outcomes is not None and outcomes.suppress_consequences)
     return run
 
 

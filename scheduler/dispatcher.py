@@ -35,7 +35,7 @@ from scheduler import lease as leases
 from scheduler.approvals import expire_due as expire_due_approvals
 from scheduler.delivery import parts_enqueued as delivery_parts_enqueued
 from scheduler.artifacts import default_artifacts_root
-from scheduler.completion import complete_run
+from scheduler.completion import complete_run_in
 from scheduler.errors import SchedulerError
 from scheduler.events import append_event, batched as batched_events
 from scheduler.fenced_writes import FencedWrite, FencedWriter
@@ -608,7 +608,7 @@ class Dispatcher:
             # batched_finishes: the completed runs' dispatch rows go done in one UPDATE.
             with committing(self.store, self.hooks) as tx, batched_events(tx), batched_finishes(tx):
                 leases.assert_live(tx, self.lease, now=tick_now)
-                committed = self._complete(finished, now=tick_now)
+                committed = self._complete(tx, finished, now=tick_now)
                 if claim:
                     created = materialize_due(self.store, now=tick_now)
                     expire_due_approvals(tx, now=tick_now)  # timeouts release or cancel their runs before claiming
@@ -688,18 +688,17 @@ class Dispatcher:
         return kept
 
     def _complete(
-        self, finished: list[tuple[StartedRun, ExecutionResult]], *, now: int | None = None
+        self, tx: Any, finished: list[tuple[StartedRun, ExecutionResult]], *, now: int | None = None
     ) -> list[tuple[StartedRun, dict[str, Any]]]:
-        """Complete runs inside the caller's transaction; a run we no longer own is skipped, not fatal.
-
-        With the pass's ``now``, retries and children due at once are claimed in the same pass.
+        """Complete runs inside the caller's ``committing`` transaction ``tx`` (its lease asserted); a run we no longer
+        own is skipped, not fatal. With the pass's ``now``, retries and children due at once are claimed in the same pass.
         """
         assert self.lease is not None
+        now = now_ms() if now is None else now
         done = []
         for s, result in finished:
             try:
-                done.append((s, complete_run(self.store, self.lease, s.run_id, result, now=now, check_lease=False,
-                                             outcomes=s.outcomes)))
+                done.append((s, complete_run_in(tx, self.lease, s.run_id, result, now=now, outcomes=s.outcomes)))
             except StaleFence as exc:
                 self.stats["skipped_commits"] += 1
                 self.say(f"{_clock()} not committing run {s.run_id[:8]}: {exc.message}")
@@ -713,7 +712,7 @@ class Dispatcher:
                 with committing(self.store, self.hooks) as tx:
                     assert self.lease is not None
                     leases.assert_live(tx, self.lease)
-                    done += self._complete([item])
+                    done += self._complete(tx, [item])
             except leases.LeaseLost:
                 raise
             except SchedulerError as exc:

@@ -462,21 +462,36 @@ def finish_run(
     ``unknown``). RETURNING hands back the ``returning`` columns (which must include
     ``job_id`` and ``status``) without another read.
     """
-    sets = ", ".join(f"{k} = ?" for k in values)
+    key = (tuple(values), returning)
+    sql = _FINISH_SQL.get(key)
+    if sql is None:
+        sets = ", ".join(f"{k} = ?" for k in values)
+        sql = (
+            f"UPDATE runs SET {sets}{', ' if sets else ''}finished_at = ?, terminal_at = ?,"
+            " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
+            " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
+            "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
+            " duration_ms = ? - COALESCE(started_at, ?),"
+            " process_state = CASE WHEN process_state = 'running' THEN ? ELSE process_state END"
+            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
+            f" RETURNING {returning}"
+        )
+        if len(_FINISH_SQL) >= _FINISH_SQL_MAX:
+            _FINISH_SQL.clear()
+        _FINISH_SQL[key] = sql
     run = tx.one(
-        f"UPDATE runs SET {sets}{', ' if sets else ''}finished_at = ?, terminal_at = ?,"
-        " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
-        " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
-        "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
-        " duration_ms = ? - COALESCE(started_at, ?),"
-        " process_state = CASE WHEN process_state = 'running' THEN ? ELSE process_state END"
-        " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
-        f" RETURNING {returning}",
+        sql,
         [*values.values(), now, now, status, status, error_message, error_message, now, now, process_state, run_id, owner, token],
     )
     if run is not None:
         _notify(run_id, run["job_id"], "running", run["status"], now)
     return run
+
+
+#: ``finish_run``'s statement per (columns set, RETURNING list): a run's result columns come in a handful of shapes,
+#: so the text is built once per shape, not once per run. Bounded; cleared when full.
+_FINISH_SQL: dict[tuple[tuple[str, ...], str], str] = {}
+_FINISH_SQL_MAX = 256
 
 
 def fail_completion(tx: Tx, run_id: str, *, owner: str, token: int, message: str, now: int) -> bool:
