@@ -17,7 +17,7 @@ import os
 import select
 import threading
 import time
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from scheduler.api import StreamCapture, StreamRecorder
 
@@ -118,14 +118,18 @@ class PipePump:
 
     def __init__(
         self,
-        outputs: dict[str, tuple[IO[bytes], Sink]],
+        outputs: dict[str, tuple[int, Sink]],
         *,
-        stdin: IO[bytes] | None = None,
+        stdin: int | None = None,
         stdin_data: bytes = b"",
         exit_fd: int | None = None,
     ) -> None:
+        """``outputs``: stream name to (read end, sink); ``stdin``: the write end to feed ``stdin_data`` into.
+        The pump owns these fds from now on and closes every one of them (``exit_fd`` stays the caller's)."""
         self._outputs = outputs
         self._stdin = stdin
+        #: The pipe fds this pump still has to close.
+        self._open_fds = {fd for fd, _ in outputs.values()} | ({stdin} if stdin is not None else set())
         self._stdin_data = memoryview(stdin_data)
         self._exit_fd = exit_fd
         #: Set by ``stop`` (plain flags: a pump has at most one thread besides the caller's, and it only polls them).
@@ -139,8 +143,8 @@ class PipePump:
         self.exceeded: list[str] = []
         self.error: BaseException | None = None
         self._poll: select.poll | None = None
-        #: What each polled fd is: ``(name, pipe, sink)`` of an output, None for stdin, "exit" for ``exit_fd``.
-        self._fds: dict[int, tuple[str, IO[bytes], Sink] | str | None] = {}
+        #: What each polled fd is: ``(name, sink)`` of an output, None for stdin, "exit" for ``exit_fd``.
+        self._fds: dict[int, tuple[str, Sink] | str | None] = {}
         self._readers = len(outputs)
         self._enlarged: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -156,16 +160,16 @@ class PipePump:
         poll = self._poll
         if poll is None:
             poll = self._poll = select.poll()
-            for name, (pipe, sink) in self._outputs.items():
-                self._watch(pipe.fileno(), select.POLLIN, (name, pipe, sink))
+            for name, (fd, sink) in self._outputs.items():
+                self._watch(fd, select.POLLIN, (name, sink))
             if self._stdin is not None:
-                os.set_blocking(self._stdin.fileno(), False)
-                self._watch(self._stdin.fileno(), select.POLLOUT, None)
+                os.set_blocking(self._stdin, False)
+                self._watch(self._stdin, select.POLLOUT, None)
             if self._exit_fd is not None:
                 self._watch(self._exit_fd, select.POLLIN, "exit")
         return poll
 
-    def _watch(self, fd: int, events: int, what: tuple[str, IO[bytes], Sink] | str | None) -> None:
+    def _watch(self, fd: int, events: int, what: tuple[str, Sink] | str | None) -> None:
         assert self._poll is not None
         self._poll.register(fd, events)
         self._fds[fd] = what
@@ -213,14 +217,14 @@ class PipePump:
                 self._close_stdin()
             return
         assert isinstance(what, tuple)
-        name, pipe, sink = what
+        name, sink = what
         try:
             chunk = os.read(fd, READ_CHUNK)
         except (BlockingIOError, InterruptedError):
             return
         if not chunk:
             self._unwatch(fd)
-            pipe.close()
+            self._close(fd)
             self._readers -= 1
             return
         if len(chunk) >= FULL_PIPE and fd not in self._enlarged:
@@ -233,9 +237,8 @@ class PipePump:
     def _teardown(self) -> None:
         """Stop watching and close every pipe; idempotent."""
         self._fds.clear()
-        self._close_stdin()
-        for pipe, _ in self._outputs.values():
-            pipe.close()
+        for fd in list(self._open_fds):
+            self._close(fd)
         self._ended = True
 
     def start(self) -> None:
@@ -287,7 +290,7 @@ class PipePump:
         if not self._stdin_data:
             return True
         try:
-            written = os.write(self._stdin.fileno(), self._stdin_data[:READ_CHUNK])  # type: ignore[union-attr]
+            written = os.write(self._stdin, self._stdin_data[:READ_CHUNK])  # type: ignore[arg-type]
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:  # EPIPE: the command does not read its input; that is its business
@@ -297,8 +300,14 @@ class PipePump:
 
     def _close_stdin(self) -> None:
         """Close stdin (EOF for the command); idempotent."""
-        if self._stdin is not None and not self._stdin.closed:
+        if self._stdin is not None:
+            self._close(self._stdin)
+
+    def _close(self, fd: int) -> None:
+        """Close one of the pump's pipe fds, once (a number closed twice could be someone else's by then)."""
+        if fd in self._open_fds:
+            self._open_fds.discard(fd)
             try:
-                self._stdin.close()
+                os.close(fd)
             except OSError:
                 pass

@@ -34,7 +34,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
-from typing import IO
 
 import attrs
 
@@ -124,50 +123,49 @@ def run_process(
     else:
         gate = GATE_SHELL if _gate_shell_usable() else shell
         argv = [gate, "-c", GATE_SCRIPT, shell, payload, mode]
+    # Plain pipes, not Popen's file objects: the pump reads, writes and closes their fds itself.
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdin=stdin_r,
+            stdout=out_w,
+            stderr=err_w,
             cwd=cwd,
             env=env,
             start_new_session=True,
             close_fds=True,
             pass_fds=gate_fds or (),
-            bufsize=0,  # raw pipes: the pump reads and writes their fds, no buffered file objects needed
         )
-    except OSError as exc:
-        if ready_r is not None:
-            os.close(ready_r)
+    except BaseException as exc:
+        _close(stdin_w, out_r, err_r, ready_r)
+        if not isinstance(exc, OSError):
+            raise
         if cwd is not None and not os.path.isdir(cwd):
             err = SchedulerError("WORKING_DIR_MISSING", f"working directory does not exist: {cwd}")
         else:
             err = SchedulerError("SHELL_SPAWN_FAILED", f"cannot start {shell}: {exc}")
         return ProcessOutcome(reason="spawn_failed", error=err)
     finally:
-        for fd in gate_fds or ():
-            os.close(fd)
+        _close(stdin_r, out_w, err_w, *(gate_fds or ()))  # the child's ends: only the child keeps them
 
     pid = pgid = proc.pid  # start_new_session: the child called setsid() before exec
     identity = process_identity(pid)
     outcome = ProcessOutcome(reason="exited", pid=pid, pgid=pgid, identity=identity)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
     try:
         control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label})
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
         outcome.reason = "record_failed"
-        if ready_r is not None:
-            os.close(ready_r)
-        proc.stdin.close()  # the gate never opens: the payload does not start
+        _close(ready_r, stdin_w)  # the gate never opens (it reads EOF): the payload does not start
         try:
             proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             _terminate(outcome, control, pgid, grace_s, proc, label)
         proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        _close(out_r, err_r)
         outcome.returncode = proc.returncode
         outcome.error = _error_of(exc, "RECORD_PROCESS_FAILED")
         if not isinstance(exc, Exception):
@@ -181,20 +179,18 @@ def run_process(
         outcome.reason = gate
         _terminate(outcome, control, pgid, grace_s, proc, label)
         proc.wait()
-        proc.stdin.close()
-        proc.stdout.close()
-        proc.stderr.close()
+        _close(stdin_w, out_r, err_r)
         outcome.returncode = proc.returncode
         if gate == "spawn_failed":
             outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
         return outcome
 
-    _open_gate(proc.stdin, stdin_data)
+    stdin_open = _open_gate(stdin_w, stdin_data)
     exit_fd = _pidfd(pid)
     try:
         pump = PipePump(
-            {name: (getattr(proc, name), sink) for name, sink in outputs.items()},
-            stdin=proc.stdin if stdin_data else None,
+            {"stdout": (out_r, outputs["stdout"]), "stderr": (err_r, outputs["stderr"])},
+            stdin=stdin_w if stdin_open else None,
             stdin_data=stdin_data or b"",
             exit_fd=exit_fd,
         )
@@ -289,18 +285,28 @@ def _await_gate(ready_r: int, deadline: float) -> str:
         os.close(ready_r)
 
 
-def _open_gate(stdin: IO[bytes], stdin_data: bytes | None) -> None:
-    """Step 3: write the go-ahead line; with no input to feed, close stdin too (the pump then never touches it).
+def _open_gate(stdin_w: int, stdin_data: bytes | None) -> bool:
+    """Step 3: write the go-ahead line into ``stdin_w``; True when it stays open for the pump to feed ``stdin_data``,
+    else it is closed now (no input, or nobody reads it).
 
     One byte into the fresh, empty pipe never blocks. A gate that died meanwhile (EPIPE)
     needs no line: its exit status tells what happened.
     """
     try:
-        os.write(stdin.fileno(), b"\n")
+        os.write(stdin_w, b"\n")
     except OSError:
         stdin_data = None  # nobody reads it any more
     if not stdin_data:
-        stdin.close()
+        os.close(stdin_w)
+        return False
+    return True
+
+
+def _close(*fds: int | None) -> None:
+    """Close each fd given (None: nothing to close)."""
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 _GATE_SHELL_OK: bool | None = None
