@@ -187,10 +187,13 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
             raise RuntimeError(f"only {live} of {k} dispatchers took a lease within 60 s")
         ctx.say(f"  {k} dispatcher(s) holding leases after {time.monotonic() - deadline + 60:.1f} s")
         time.sleep(0.3)  # let each finish its start-up recovery pass and go idle
+        due_ms = now_ms()
+        create_jobs(store, at_job_specs(jobs, at_ms=due_ms, payload=payload, prefix="pg"), now=due_ms)
+        # The clock starts at the commit (create_jobs returns right after it): inserting the jobs row by row is this
+        # bench's work, not the dispatchers' (about 1 s for 600 jobs, 3 s for 2000 on this machine).
+        start_ms = now_ms()
         cpu_before = sum(_proc_cpu_s(p.pid) for p in procs)
         busy_before, total_before = _machine_cpu()
-        start_ms = now_ms()
-        create_jobs(store, at_job_specs(jobs, at_ms=start_ms, payload=payload, prefix="pg"), now=start_ms)
         end = time.monotonic() + budget_s
         done = 0
         while time.monotonic() < end:
