@@ -15,6 +15,7 @@ Kernel SQL is written once with ``?`` placeholders and tested on SQLite. Here:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.adapt import Loader
+from psycopg.types.numeric import Int8BinaryDumper
 
 from scheduler.api import SchedulerError
 
@@ -102,6 +104,48 @@ def prepare(sql: str, params: Sequence[Any] | None) -> tuple[str, list[Any] | No
     return query, adapt_params(params)
 
 
+#: Parameter type OIDs sent with server-side binding, by Python type (``register_loaders`` dumps every ``int`` as
+#: ``int8``): ``str`` and ``None`` go untyped (0), so the server infers their types from the context, as it does for
+#: the quoted literals of client-side binding.
+_SERVER_OIDS: dict[type, int] = {str: 0, type(None): 0, int: 20, bytes: 17}
+_INT8_MIN, _INT8_MAX = -(2**63), 2**63 - 1
+_NUMBERED = re.compile(r"%([%s])")
+
+
+def server_signature(args: Sequence[Any] | None) -> tuple[int, ...] | None:
+    """The parameter type OIDs server-side binding would send for ``args``, or None when it should not be used.
+
+    Only ``str``, ``None``, ``int`` (within ``int8``) and ``bytes`` values qualify: for them a parameter is typed as
+    the literal client-side binding would write (a float would be ``float8`` instead of the literal's ``numeric``).
+    """
+    if not args:
+        return ()
+    oids = []
+    for value in args:
+        oid = _SERVER_OIDS.get(type(value))
+        if oid is None or (oid == 20 and not _INT8_MIN <= value <= _INT8_MAX):
+            return None
+        oids.append(oid)
+    return tuple(oids)
+
+
+@lru_cache(maxsize=2048)
+def numbered_placeholders(query: str, has_params: bool) -> str:
+    """A ``prepare``d query as the server parses it: ``%s`` becomes ``$1``, ``$2``... and ``%%`` becomes ``%``."""
+    if not has_params:
+        return query
+    count = 0
+
+    def sub(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        count += 1
+        return f"${count}"
+
+    return _NUMBERED.sub(sub, query)
+
+
 class IntOrFloatNumericLoader(Loader):
     """Load ``numeric`` text as ``int`` when integral, else ``float`` (SQLite's result types)."""
 
@@ -114,8 +158,13 @@ class IntOrFloatNumericLoader(Loader):
 
 
 def register_loaders(conn: psycopg.Connection[Any]) -> None:
-    """Install the SQLite-compatible loaders on a connection (called for every pooled connection)."""
+    """Install the SQLite-compatible loaders on a connection (called for every pooled connection).
+
+    Integers bound on the server go as ``int8`` (client-side literals are unaffected): one prepared statement per
+    query whatever the values' sizes, and ``? + ?`` cannot overflow a ``smallint``.
+    """
     conn.adapters.register_loader("numeric", IntOrFloatNumericLoader)
+    conn.adapters.register_dumper(int, Int8BinaryDumper)
 
 
 def error_message(exc: psycopg.Error) -> str:

@@ -9,6 +9,8 @@
   costs no round trip at all), then ``COMMIT``. Claims lock rows with ``FOR UPDATE SKIP
   LOCKED`` (``Tx.skip_locked``), so concurrent dispatchers never get the same row
   and never wait on each other.
+* Statements a process runs repeatedly become server-side prepared statements (see
+  ``PREPARE_AFTER``); the rest, and any the server cannot type, are bound on the client.
 * ``read()`` is a REPEATABLE READ READ ONLY transaction: a consistent snapshot across
   several queries, as a SQLite read transaction is.
 * Wake-ups use LISTEN/NOTIFY on ``scheduler_wakeup_<schema>`` (see ``notify``).
@@ -50,7 +52,14 @@ from scheduler.api.store import (
 )
 from scheduler_store_postgres.notify import Listener, channel_name
 from scheduler_store_postgres.schema import PgSchemaConnection
-from scheduler_store_postgres.sqlcompat import error_message, prepare, register_loaders, translate_error
+from scheduler_store_postgres.sqlcompat import (
+    error_message,
+    numbered_placeholders,
+    prepare,
+    register_loaders,
+    server_signature,
+    translate_error,
+)
 from scheduler_store_postgres.url import DEFAULT_CONNECT_TIMEOUT_S, ConnSpec, parse_url
 
 log = logging.getLogger(__name__)
@@ -88,17 +97,27 @@ class PgTx:
         """True once the server holds an open transaction for this block (the first statement was sent)."""
         return self._conn.info.transaction_status != pq.TransactionStatus.IDLE
 
-    def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.ClientCursor[Any]:
+    def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.Cursor[Any]:
         query, args = prepare(sql_text, params)
         begin, self._begin = self._begin, None
-        if begin is not None:
-            # One round trip for both: client-side binding sends a simple query, which may hold several statements.
-            query = f"{begin}; {query}"
-        # Client-side binding: values are merged as literals, so untyped uses such as
-        # ``? IS NULL`` work as on SQLite (server-side binding cannot type a bare NULL).
-        cur: psycopg.ClientCursor[Any] = psycopg.ClientCursor(self._conn, row_factory=dict_row if rows else tuple_row)
+        key = None if begin is not None else _server_key(query, args)
+        server = key is not None and self._server_bound(key)
+        cur: psycopg.Cursor[Any]
+        if server:
+            # A server-side prepared statement: parsed and planned once per connection, then only bound and run.
+            cur = self._conn.cursor(row_factory=dict_row if rows else tuple_row)
+        else:
+            if begin is not None:
+                # One round trip for both: client-side binding sends a simple query, which may hold several statements.
+                query = f"{begin}; {query}"
+            # Client-side binding: values are merged as literals, so untyped uses such as
+            # ``? IS NULL`` work as on SQLite (server-side binding cannot type a bare NULL).
+            cur = psycopg.ClientCursor(self._conn, row_factory=dict_row if rows else tuple_row)
         try:
-            cur.execute(query, args)  # type: ignore[arg-type]
+            if server:
+                cur.execute(query, args, prepare=True)  # type: ignore[arg-type]
+            else:
+                cur.execute(query, args)  # type: ignore[arg-type]
             if begin is not None:
                 cur.nextset()  # past BEGIN's result to the statement's
         except psycopg.Error as exc:
@@ -110,6 +129,49 @@ class PgTx:
                 raise translated from None
             raise
         return cur
+
+    def _server_bound(self, key: tuple[str, tuple[int, ...]]) -> bool:
+        """Whether to run this statement prepared on the server (see ``PREPARE_AFTER``); probes it once when due."""
+        known = _PREPARED.get(key)
+        if known is not None:
+            return known
+        seen = _SEEN.get(key, 0) + 1
+        if seen <= PREPARE_AFTER:
+            if len(_SEEN) >= _SEEN_MAX:
+                _SEEN.clear()
+            _SEEN[key] = seen
+            return False
+        verdict = self._probe(key)
+        if verdict is not None:
+            _PREPARED[key] = verdict
+            _SEEN.pop(key, None)
+        return bool(verdict)
+
+    def _probe(self, key: tuple[str, tuple[int, ...]]) -> bool | None:
+        """Whether the server can parse the statement with these parameter types (None: cannot tell now).
+
+        A statement whose parameters the server cannot type (``? IS NULL``) stays bound on
+        the client. The probe parses the unnamed statement inside a savepoint: a failed
+        parse must not abort the caller's transaction.
+        """
+        conn = self._conn
+        if conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+            return None
+        query, oids = key
+        command = numbered_placeholders(query, bool(oids)).encode()
+        pgconn = conn.pgconn
+        try:
+            with conn.lock:
+                if pgconn.exec_(b"SAVEPOINT scheduler_prepare_probe").status != pq.ExecStatus.COMMAND_OK:
+                    return None
+                parsed = pgconn.prepare(b"", command, list(oids) or None).status == pq.ExecStatus.COMMAND_OK
+                end = b"" if parsed else b"ROLLBACK TO SAVEPOINT scheduler_prepare_probe; "
+                if pgconn.exec_(end + b"RELEASE SAVEPOINT scheduler_prepare_probe").status != pq.ExecStatus.COMMAND_OK:
+                    return None
+        except psycopg.Error as exc:  # a broken connection: the statement itself will report it
+            log.debug("prepare probe failed: %s", exc)
+            return None
+        return parsed
 
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run a statement; return the number of rows it changed (or returned)."""
@@ -133,7 +195,24 @@ class PgTx:
             return row[0] if row is not None else None
 
 
-def _has_rows(cur: psycopg.ClientCursor[Any]) -> bool:
+#: Executions of one statement (query text and parameter types) bound on the client, in this process, before it is
+#: probed and then prepared on the server: a short-lived CLI process never pays a probe; a dispatcher's hot
+#: statements are parsed and planned once per connection instead of on every execution.
+PREPARE_AFTER = 2
+#: Statements still counting towards ``PREPARE_AFTER``; cleared when it reaches ``_SEEN_MAX`` (one-off texts).
+_SEEN: dict[tuple[str, tuple[int, ...]], int] = {}
+_SEEN_MAX = 4096
+#: Probed statements: True runs prepared on the server, False stays bound on the client.
+_PREPARED: dict[tuple[str, tuple[int, ...]], bool] = {}
+
+
+def _server_key(query: str, args: list[Any] | None) -> tuple[str, tuple[int, ...]] | None:
+    """The statement's key for ``_PREPARED`` (None: its parameter values rule out server-side binding)."""
+    oids = server_signature(args)
+    return None if oids is None else (query, oids)
+
+
+def _has_rows(cur: psycopg.Cursor[Any]) -> bool:
     """Whether the statement produced a result set (cheaper than building ``cur.description``)."""
     res = cur.pgresult
     return res is not None and res.status == pq.ExecStatus.TUPLES_OK

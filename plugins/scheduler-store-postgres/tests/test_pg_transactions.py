@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from scheduler_store_postgres import PostgresStore
-from scheduler_store_postgres.sqlcompat import prepare, translate_placeholders
+from scheduler_store_postgres.sqlcompat import numbered_placeholders, prepare, server_signature, translate_placeholders
+from scheduler_store_postgres.store import PREPARE_AFTER
 from scheduler_store_postgres.url import parse_url
 
 from scheduler.api import SchedulerError
@@ -323,3 +324,49 @@ def test_begin_rides_with_the_first_statement_and_a_failing_first_statement_roll
     with store.transaction():
         pass  # no statement: no transaction is opened at all
     assert all(check["ok"] for check in store.health()), store.health()  # pooled connections back in their usual mode
+
+
+def test_numbered_placeholders_and_server_signature() -> None:
+    query, _count = translate_placeholders("SELECT ? FROM t WHERE a LIKE '50%' AND b = ?")
+    assert numbered_placeholders(query, True) == "SELECT $1 FROM t WHERE a LIKE '50%' AND b = $2"
+    assert numbered_placeholders("SELECT '100%'", False) == "SELECT '100%'"
+    assert server_signature(None) == ()
+    assert server_signature(["x", None, 5, b"z"]) == (0, 0, 20, 17)
+    assert server_signature([1.5]) is None  # a float literal is numeric, a float parameter float8: stays on the client
+    assert server_signature([2**63]) is None  # beyond int8: the literal is numeric
+
+
+def _prepared_statements(tx: Any, marker: str) -> list[str]:
+    return [r["statement"] for r in tx.all("SELECT statement FROM pg_prepared_statements") if marker in r["statement"]]
+
+
+@pytest.mark.postgres
+def test_repeated_statements_are_prepared_on_the_server(store: PostgresStore, job: str) -> None:
+    """After PREPARE_AFTER client-bound runs a statement is parsed and planned once per connection, with the same results."""
+    marker = f"m{uuid.uuid4().hex}"  # a statement text no earlier test ran in this process
+    query = f"SELECT id, run_count + ? AS n FROM jobs WHERE id = ? /* {marker} */"
+    with store.transaction() as tx:
+        tx.execute("SELECT 1")  # BEGIN rode with this one; the statements below run inside the transaction
+        results = [tx.one(query, (30000, job)) for _ in range(PREPARE_AFTER + 3)]
+        assert results == [{"id": job, "n": 30000}] * (PREPARE_AFTER + 3)
+        # Integers go as int8 on the server: ? + ? cannot overflow a smallint as psycopg's default int2 would.
+        sums = [tx.scalar(f"SELECT ? + ? /* {marker} sum */", (30000, 30000)) for _ in range(PREPARE_AFTER + 2)]
+        assert sums == [60000] * (PREPARE_AFTER + 2)
+        assert len(_prepared_statements(tx, marker)) == 2
+        assert tx.execute(f"UPDATE jobs SET run_count = run_count WHERE id = ? /* {marker} */", (job,)) == 1
+
+
+@pytest.mark.postgres
+def test_statements_the_server_cannot_type_stay_bound_on_the_client(store: PostgresStore, job: str) -> None:
+    """``? IS NULL`` fails to parse with an untyped parameter: the probe finds out in a savepoint, the transaction goes on."""
+    marker = f"m{uuid.uuid4().hex}"
+    query = f"SELECT id FROM jobs WHERE id = ? AND (? IS NULL OR name = ?) /* {marker} */"
+    with store.transaction() as tx:
+        tx.execute("SELECT 1")
+        for _ in range(PREPARE_AFTER + 3):
+            assert tx.all(query, (job, None, None)) == [{"id": job}]
+            assert tx.all(query, (job, "job one", "job one")) == [{"id": job}]
+        assert _prepared_statements(tx, marker) == []
+        tx.execute("UPDATE jobs SET description = ? WHERE id = ?", ("still usable", job))
+    with store.read() as tx:
+        assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) == "still usable"
