@@ -238,6 +238,25 @@ def test_one_executor_sees_override_changes_between_runs(make_request, monkeypat
     assert r.status == "ok" and r.details["shell"] == "/bin/bash"
 
 
+def test_one_executor_sees_environment_changes_between_runs(make_request, monkeypatch) -> None:
+    """The filtered environment is kept across runs, but never past a change of the dispatcher environment."""
+    executor = ShellExecutor()
+
+    def run(**options: object) -> str:
+        request = make_request('echo "${PROBE_VALUE-unset}:${PROBE_TOKEN-unset}"', executor_options=options)
+        return executor.execute(request, LocalRunControl()).stdout.excerpt
+
+    monkeypatch.delenv("PROBE_VALUE", raising=False)
+    assert run(env_policy="inherit") == "unset:unset\n"
+    monkeypatch.setenv("PROBE_VALUE", "one")
+    monkeypatch.setenv("PROBE_TOKEN", "secret")
+    assert run(env_policy="inherit") == "one:unset\n"
+    assert run() == "unset:unset\n"  # minimal, from the same environment
+    assert run(env_policy="inherit", env_allow=["PROBE_TOKEN"]) == "one:secret\n"
+    monkeypatch.setenv("PROBE_VALUE", "two")
+    assert run(env_policy="inherit") == "two:unset\n"
+
+
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_bad_output_limit_setting(run_job, monkeypatch, value: str) -> None:
     monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_MAX_OUTPUT_BYTES", value)
