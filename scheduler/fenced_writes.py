@@ -86,17 +86,19 @@ class FencedWriter:
             raise item.error
 
     def _loop(self) -> None:
-        """Take everything queued, commit it as one group, acknowledge; exit when idle for ``IDLE_EXIT_S``."""
+        """Once a write is queued, open a transaction and commit everything queued by then as one group,
+        acknowledge; exit when idle for ``IDLE_EXIT_S``."""
         while True:
             with self._cond:
                 if not self._queue and not self._cond.wait_for(lambda: bool(self._queue), IDLE_EXIT_S):
                     self._running = False
                     return
-                batch = list(self._queue)
-                self._queue.clear()
+            batch: list[FencedWrite] = []
             try:
-                self._commit_group(batch)
+                self._commit_group(batch, take=True)
             except BaseException as exc:  # noqa: BLE001 - the group failed as a whole: each write on its own
+                if not batch:  # failed before it took the queue (the transaction did not start)
+                    batch = self._take()
                 if not isinstance(exc, Exception):  # an interrupt: nothing is acknowledged, every caller sees it
                     for item in batch:
                         item.error = exc
@@ -116,9 +118,23 @@ class FencedWriter:
             for item in batch:
                 item.done.set()
 
-    def _commit_group(self, batch: list[FencedWrite]) -> None:
-        """One transaction: the lease asserted once (when any write is fenced), then each write in order."""
+    def _take(self) -> list[FencedWrite]:
+        """Everything queued now, in order; the queue is left empty."""
+        with self._cond:
+            batch = list(self._queue)
+            self._queue.clear()
+        return batch
+
+    def _commit_group(self, batch: list[FencedWrite], *, take: bool = False) -> None:
+        """One transaction: the lease asserted once (when any write is fenced), then each write in order.
+
+        With ``take`` the queue is taken into ``batch`` once the transaction has started:
+        writes queued while it waited for the database's write lock (the loop's own
+        transactions hold it often) join this group instead of waiting for a commit of their own.
+        """
         with self._store.transaction() as tx:
+            if take:
+                batch.extend(self._take())
             lease = self._lease()
             lost: SchedulerError | None = None
             if any(item.values is not None for item in batch):

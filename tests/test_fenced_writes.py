@@ -115,3 +115,33 @@ def test_the_writer_thread_ends_when_idle_and_comes_back(store, monkeypatch):
     assert not d.fenced_writes._running
     control.record_handle({"pid": 3, "pgid": 3, "start_time": "ticks:3"})
     assert json.loads(run_rows(store, s.job["id"])[0]["executor_handle"])["pid"] == 3
+
+
+def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(db_path):
+    """SQLite: the writer takes the queue only once its transaction has begun, so writes that arrive while it
+    waits for the write lock (held by the loop's own transactions) share its commit instead of waiting for another."""
+    from scheduler.store import open_store
+
+    store = open_store(str(db_path))
+    try:
+        d, started = _running(store, 4)
+        first, *rest = started
+
+        def record(s) -> None:
+            DbRunControl(d, s.run_id, s.job["id"]).record_handle({"pid": 5, "pgid": 5, "start_time": "ticks:5"})
+
+        threads = [threading.Thread(target=record, args=(first,))]
+        with store.transaction():  # holds the write lock, as the dispatcher loop's claim and completion do
+            threads[0].start()
+            threading.Event().wait(0.3)  # the writer has started and waits for the lock
+            threads += [threading.Thread(target=record, args=(s,)) for s in rest]
+            for t in threads[1:]:
+                t.start()
+            threading.Event().wait(0.3)
+        for t in threads:
+            t.join(30)
+        assert (d.fenced_writes.writes, d.fenced_writes.commits) == (4, 1)
+        for s in started:
+            assert json.loads(run_rows(store, s.job["id"])[0]["executor_handle"])["pid"] == 5
+    finally:
+        store.close()
