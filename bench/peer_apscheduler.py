@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Context, fmt, fresh_db, md_table, median, pyplot, ratio, save_plot, sqlite_synchronous, verdict
-from bench.throughput import CONCURRENCY, run_kernel, run_process
+from bench.throughput import CONCURRENCY, run_kernel, run_process, run_raw_grouped
 
 NAME = "apscheduler"
 TITLE = "2. Peer: APScheduler 3.x (SQLAlchemyJobStore on SQLite)"
@@ -127,7 +127,8 @@ def run(ctx: Context) -> dict[str, Any]:
     p = params(ctx)
     directory = ctx.scratch(NAME)
     default_sync = sqlite_synchronous()
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("ours", "tuned", "defaults", "ours_normal", "tuned_normal", "inproc")}
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("ours", "tuned", "defaults", "ours_normal", "tuned_normal", "inproc",
+                                                              "floor")}
     for rep in range(p["reps"]):
         n = p["jobs"]
         ctx.say(f"apscheduler rep {rep + 1}/{p['reps']}: scheduler run process, {n} jobs, synchronous={default_sync}")
@@ -141,6 +142,7 @@ def run(ctx: Context) -> dict[str, Any]:
             rows["ours_normal"].append(run_process(ctx, directory, n, tag=f"ours-normal-{rep}", synchronous="NORMAL"))
             rows["tuned_normal"].append(run_apscheduler(directory, n, tag=f"tuned-normal-{rep}", tuned=True, synchronous="NORMAL"))
         rows["inproc"].append(run_kernel(ctx, directory, n, tag=f"inproc-{rep}"))
+        rows["floor"].append(run_raw_grouped(directory, n, group=p["concurrency"], tag=f"floor-{rep}"))
         ctx.say("  " + ", ".join(f"{k} {v[-1]['jobs_per_s']:.0f}" for k, v in rows.items() if v) + " jobs/s")
     from importlib.metadata import version
 
@@ -167,6 +169,9 @@ def run(ctx: Context) -> dict[str, Any]:
     res["ratio_defaults"] = ratio(res["ours"]["jobs_per_s"], res["defaults"]["jobs_per_s"])
     res["ratio_tuned_reps"] = [ratio(a["jobs_per_s"], b["jobs_per_s"]) for a, b in zip(rows["ours"], rows["tuned"], strict=True)]
     res["ratio_defaults_reps"] = [ratio(a["jobs_per_s"], b["jobs_per_s"]) for a, b in zip(rows["ours"], rows["defaults"], strict=True)]
+    if res.get("floor"):
+        res["ratio_floor_tuned"] = ratio(res["floor"]["jobs_per_s"], res["tuned"]["jobs_per_s"])
+        res["ratio_ours_floor"] = ratio(res["ours"]["jobs_per_s"], res["floor"]["jobs_per_s"])
     if res["ours_normal"]:
         res["ratio_normal"] = ratio(res["ours_normal"]["jobs_per_s"], res["tuned_normal"]["jobs_per_s"])
     res["met_tuned"] = res["ratio_tuned"] is not None and res["ratio_tuned"] >= GOAL_TUNED
@@ -246,6 +251,10 @@ def render(res: dict[str, Any]) -> str:
         ]
     rows.append(("in-process dispatcher loop (bench thread, no CLI output; reference)", fmt(res["inproc"]["jobs_per_s"], 0),
                  reps(res["inproc"]), extra(res["inproc"], "commits_per_job"), "—", "—"))
+    if res.get("floor"):
+        rows.append(("database floor: the kernel's row writes alone, grouped as a pass commits them (plain `sqlite3`,"
+                     " one thread, no logic; figure 1)", fmt(res["floor"]["jobs_per_s"], 0), reps(res["floor"]),
+                     extra(res["floor"], "commits_per_job"), "—", f"{res['ratio_ours_floor']:.2f}x"))
     per_rep = lambda key: ", ".join(f"{v:.2f}x" for v in res[key] if v is not None)  # noqa: E731
     out = [
         f"{p['jobs']:,} one-shot jobs due at one instant, {p['concurrency']} worker threads each, a SQLite file each, "

@@ -289,23 +289,101 @@ def run_raw(directory: Path, jobs: int, *, batch: int, tag: str) -> dict[str, An
             "commits_per_job": commits / jobs, "commits_per_s": commits / elapsed, "cpu_ms_per_job": cpu_s * 1000 / jobs}
 
 
+def run_raw_grouped(directory: Path, jobs: int, *, group: int = 4, tag: str) -> dict[str, Any]:
+    """The database floor: the kernel's row writes per run, committed as the dispatcher's pass groups them, no logic.
+
+    One-shot slots are materialised ``MATERIALISE_BATCH`` per commit; then each commit completes the previous
+    ``group`` runs (terminal UPDATE ... RETURNING of the result columns, dispatch rows ``done``, ``run.finished``
+    events, job counters ... RETURNING) and claims and starts the next ``group`` (claim UPDATE ... RETURNING, one
+    runs INSERT, ``run.started`` events), in the multi-row statements the kernel uses. Single-threaded plain
+    ``sqlite3``: what the scheduler's run history and audit trail cost SQLite alone, with no Python around them.
+    """
+    conn, ids, slot = _raw_setup(directory, jobs, tag)
+    owner = "bench:raw"
+    commits = 0
+    x = conn.execute
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    for lo in range(0, jobs, MATERIALISE_BATCH):
+        chunk = ids[lo:lo + MATERIALISE_BATCH]
+        now = int(time.time() * 1000)
+        marks = ", ".join("?" for _ in chunk)
+        x("BEGIN IMMEDIATE")
+        x(f"UPDATE jobs SET next_run_at = NULL, schedule_anchor_at = NULL, updated_at = ? WHERE id IN ({marks})", (now, *chunk))
+        x("INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at) VALUES "
+          + ", ".join(["(?, ?, 'at', 'pending', ?, ?, ?)"] * len(chunk)) + " ON CONFLICT (id) DO NOTHING",
+          [v for job_id in chunk for v in (f"{job_id}:at:{slot}", job_id, slot, now, now)])
+        x("COMMIT")
+        commits += 1
+    running: list[tuple[str, str, str]] = []
+    for lo in range(0, jobs + group, group):
+        chunk = ids[lo:lo + group]
+        now = int(time.time() * 1000)
+        x("BEGIN IMMEDIATE")
+        for run_id, job_id, dispatch_id in running:
+            x("UPDATE runs SET exit_code = ?, error_code = ?, summary = ?, env_policy_warning = ?, stdout_excerpt = ?,"
+              " stdout_bytes = ?, stdout_sha256 = ?, stdout_truncated = ?, stdout_artifact = ?, stderr_excerpt = ?,"
+              " stderr_bytes = ?, stderr_sha256 = ?, stderr_truncated = ?, stderr_artifact = ?, identity_json = ?,"
+              " trust_level = ?, principal = ?, finished_at = ?, terminal_at = ?, status = 'ok', error_message = NULL,"
+              " duration_ms = ? - started_at, process_state = 'exited'"
+              " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = 1"
+              " RETURNING id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms",
+              (0, None, "ok", None, "ok", 2, "sha256:" + "0" * 64, 0, None, None, 0, None, 0, None,
+               '{"principal": "job:x", "trust_level": "user"}', "user", "job:x", now, now, now, run_id, owner)).fetchall()
+            x("UPDATE jobs SET run_count = run_count + 1, last_run_at = ?, last_status = 'ok', last_error = NULL,"
+              " last_duration_ms = 0, consecutive_failures = 0, updated_at = ? WHERE id = ?"
+              " RETURNING id, name, enabled, max_retries, delivery_mode", (now, now, job_id)).fetchall()
+        if running:
+            marks = ", ".join("?" for _ in running)
+            x(f"UPDATE job_dispatch_queue SET status = 'done', updated_at = ?, last_error = NULL WHERE id IN ({marks})",
+              (now, *(d for _r, _j, d in running)))
+            x("INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, data, principal, trust_level) VALUES "
+              + ", ".join(["(?, 'run.finished', ?, ?, ?, ?, ?, 'job:x', 'user')"] * len(running)),
+              [v for r, j, d in running for v in (now, j, r, d, owner, json.dumps({"error_code": None, "status": "ok", "token": 1}))])
+        running = [(str(uuid.uuid4()), job_id, f"{job_id}:at:{slot}") for job_id in chunk]
+        if running:
+            marks = ", ".join("?" for _ in running)
+            x(f"UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_fence = 1,"
+              f" claim_expires_at = ?, attempts = attempts + 1, run_id = id, updated_at = ? WHERE id IN ({marks})"
+              " AND status = 'pending' RETURNING id", (owner, secrets.token_hex(8), now + 60_000, now,
+                                                       *(d for _r, _j, d in running))).fetchall()
+            x("INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
+              " dispatcher_owner, dispatcher_token, delivery_guarantee, executor, output_format) VALUES "
+              + ", ".join(["(?, ?, ?, 'at', 'running', 1, ?, ?, ?, ?, 1, 'at-most-once', 'testkit', 'text')"] * len(running)),
+              [v for r, j, d in running for v in (r, j, d, slot, now, now, owner)])
+            x("INSERT INTO runtime_events(at, kind, job_id, run_id, dispatch_id, actor, data) VALUES "
+              + ", ".join(["(?, 'run.started', ?, ?, ?, ?, ?)"] * len(running)),
+              [v for r, j, d in running for v in (now, j, r, d, owner, json.dumps({"attempt": 1, "kind": "at", "token": 1}))])
+        x("COMMIT")
+        commits += 1
+    elapsed = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu_start
+    ok = conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'ok'").fetchone()[0]
+    conn.close()
+    if ok != jobs:
+        raise RuntimeError(f"grouped raw loop wrote {ok} ok runs, expected {jobs}")
+    return {"jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed, "commits": commits,
+            "commits_per_job": commits / jobs, "commits_per_s": commits / elapsed, "cpu_ms_per_job": cpu_s * 1000 / jobs}
+
+
 # -- the figure ------------------------------------------------------------------------------------
 
 
 def run(ctx: Context) -> dict[str, Any]:
     p = params(ctx)
     directory = ctx.scratch(NAME)
-    kernel, inproc, shaped, three = [], [], [], []
+    kernel, inproc, shaped, three, grouped = [], [], [], [], []
     run_raw(directory, 200, batch=MATERIALISE_BATCH, tag="warm-up")  # first-use costs (imports, page cache), discarded
     for rep in range(p["reps"]):
         ctx.say(f"throughput rep {rep + 1}/{p['reps']}: raw loops")
         shaped.append(run_raw(directory, p["jobs"], batch=MATERIALISE_BATCH, tag=f"shaped-{rep}"))
         three.append(run_raw(directory, p["jobs"], batch=1, tag=f"three-{rep}"))
+        grouped.append(run_raw_grouped(directory, p["jobs"], group=CONCURRENCY, tag=f"grouped-{rep}"))
         ctx.say(f"throughput rep {rep + 1}/{p['reps']}: scheduler run process, {p['jobs']} jobs")
         kernel.append(run_process(ctx, directory, p["jobs"], tag=str(rep)))
         inproc.append(run_kernel(ctx, directory, p["jobs"], tag=f"inproc-{rep}"))
         ctx.say(f"  process {kernel[-1]['jobs_per_s']:.0f} jobs/s, in-process {inproc[-1]['jobs_per_s']:.0f} jobs/s,"
-                f" raw {shaped[-1]['jobs_per_s']:.0f} / {three[-1]['jobs_per_s']:.0f} jobs/s")
+                f" raw {shaped[-1]['jobs_per_s']:.0f} / {three[-1]['jobs_per_s']:.0f} / grouped {grouped[-1]['jobs_per_s']:.0f} jobs/s")
     k = median(r["jobs_per_s"] for r in kernel)
     s = median(r["jobs_per_s"] for r in shaped)
     t = median(r["jobs_per_s"] for r in three)
@@ -325,8 +403,13 @@ def run(ctx: Context) -> dict[str, Any]:
         "raw_three": {"jobs_per_s": t, "reps": [r["jobs_per_s"] for r in three],
                       "commits_per_job": three[0]["commits_per_job"], "commits_per_s": median(r["commits_per_s"] for r in three),
                       "cpu_ms_per_job": median(r["cpu_ms_per_job"] for r in three)},
+        "raw_grouped": {"jobs_per_s": median(r["jobs_per_s"] for r in grouped), "reps": [r["jobs_per_s"] for r in grouped],
+                        "commits_per_job": grouped[0]["commits_per_job"],
+                        "commits_per_s": median(r["commits_per_s"] for r in grouped),
+                        "cpu_ms_per_job": median(r["cpu_ms_per_job"] for r in grouped)},
         "ratio": ratio(k, s),
         "ratio_three": ratio(k, t),
+        "ratio_grouped": ratio(k, median(r["jobs_per_s"] for r in grouped)),
         "goal": GOAL_RATIO,
     }
     res["met"] = res["ratio"] is not None and res["ratio"] >= GOAL_RATIO
@@ -370,7 +453,9 @@ def render(res: dict[str, Any]) -> str:
         labelled.append(("in-process dispatcher loop (bench thread; reference)", "inproc", "—"))
     for label, key, share in (*labelled,
                               ("raw SQLite, kernel-shaped commits (baseline)", "raw_shaped", f"{res['ratio']:.1%}"),
-                              ("raw SQLite, 3 commits per job (reference)", "raw_three", f"{res['ratio_three']:.1%}")):
+                              ("raw SQLite, 3 commits per job (reference)", "raw_three", f"{res['ratio_three']:.1%}"),
+                              *((("raw SQLite, the kernel's writes grouped as a pass groups them: the database floor"
+                                  " (reference)", "raw_grouped", f"{res['ratio_grouped']:.1%}"),) if res.get("raw_grouped") else ())):
         r = res[key]
         rows.append((label, fmt(r["jobs_per_s"], 0), fmt(r["commits_per_job"], 3), fmt(r.get("cpu_ms_per_job"), 2),
                      ", ".join(f"{v:,.0f}" for v in r["reps"]), share))
@@ -392,6 +477,17 @@ def render(res: dict[str, Any]) -> str:
         "bench (no CLI, no per-run output lines), timed from its start; its CPU is the bench process's. Raw loops' CPU is "
         "`time.process_time`.",
     ]
+    if res.get("raw_grouped"):
+        g = res["raw_grouped"]
+        out += ["", f"The database floor (last row): the same row writes per run as the kernel's (run row inserted and "
+                f"completed with its result columns and RETURNING, `run.started` and `run.finished` events, the dispatch "
+                f"row inserted, claimed and done, the job's counters), in the kernel's multi-row statements, committed "
+                f"{res['params']['concurrency']} completions and {res['params']['concurrency']} claims at a time as a pass "
+                f"commits them, by a single thread of plain `sqlite3` with no logic around them: {g['jobs_per_s']:,.0f} jobs/s "
+                f"at {g['cpu_ms_per_job']:.2f} ms of CPU per job. The scheduler reaches {res['ratio_grouped']:.0%} of it; "
+                "what keeps the floor itself down is SQLite: the writes of a run touch 4 tables and 12 of their indexes (about 13 "
+                "pages per run, each written to the WAL at commit) and check the tables' constraints and triggers, and "
+                "each commit waits for its fsync."]
     if res.get("plot"):
         out += ["", f"![throughput]({res['plot']})"]
     return "\n".join(out)
