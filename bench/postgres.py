@@ -49,22 +49,25 @@ SLEEP_S = 0.05
 CONCURRENCY = 4
 
 
-#: Where the time goes (profiled with py-spy and per-statement timers on this 2-core machine, issue 18; not re-measured
-#: by each run). Shown under the figure.
+#: Where the time goes (profiled with per-pass and per-statement timers, /proc and perf on this 2-core machine,
+#: issue 18; not re-measured by each run). Shown under the figure.
 PROFILE_NOTE = (
-    "Where the time goes (profiled for issue 18, py-spy plus per-statement timers, in-process dispatcher, no-op jobs): "
-    "one dispatcher is bound by its loop thread, not by claims or wake-ups. Its workers were idle 99.5% of the time; the "
-    "loop spent about 60% of its time waiting for PostgreSQL, because it ran about 13 statements per run one after the "
-    "other (before the kernel batched a pass's claims and events, which brought a no-op run to about 7.6; claim: UPDATE dispatch, INSERT run, INSERT event, the overlap COUNT, the FOR UPDATE job read; completion: "
-    "UPDATE run, UPDATE dispatch, INSERT event, UPDATE job counters; materialise: UPDATE job, INSERT dispatch, INSERT "
-    "event), each a round trip of 0.3-0.6 ms (0.1 ms of it the network, the rest the server and psycopg), plus one "
-    "COMMIT (0.7 ms, `synchronous_commit=on`) per pass of up to 4 runs: about 16 ms per pass. `FOR UPDATE SKIP LOCKED` "
-    "claims never waited on each other (each dispatcher ran its third of the runs) and LISTEN/NOTIFY wake-ups cost "
-    "nothing measurable. With 50 ms jobs a single dispatcher's workers therefore wait on the loop between runs (below the "
-    "80 jobs/s ideal), and several dispatchers overlap those waits, until the two cores are full: at 3 dispatchers the "
-    "machine was 100% busy (PostgreSQL backends, 3 dispatcher processes, this bench and whatever else ran), which is what "
-    "holds the 3/1 ratio below 2.5x here. The store sends `BEGIN` with a transaction's first statement (one round trip "
-    "less per transaction); fewer statements per run is the kernel's part (issue 18, no-op hot path)."
+    "Where the time goes (profiled for issue 18 with per-pass and per-statement timers in the dispatchers, `/proc` CPU "
+    "counters and `perf`, 50 ms jobs): a worker's slot is busy for the job (about 50.9 ms: the sleep plus the run "
+    "pipeline) and then idle until the dispatcher's loop has committed the run and claimed the next one: about 1.5 ms "
+    "until the loop starts its next pass (a finishing run wakes it at once through an in-process event) and about 6 ms "
+    "for that pass, whose roughly 15 statements and 1.7 commits per run (one of them a write commit waiting for its "
+    "WAL flush, about 1 ms with `synchronous_commit=on`) go to PostgreSQL one after another. That is about 59 ms per "
+    "run where the ideal is 50, which holds one dispatcher near 67 jobs/s instead of 80. In a pass the loop thread is "
+    "busy (Python and psycopg) about 40% of the time and waits for PostgreSQL the rest; per run the dispatcher "
+    "processes use about 3.4 ms of CPU and their PostgreSQL backends about 2.8 ms (prepared statements: parsing and planning "
+    "happen once per connection). One dispatcher thus uses about 20% of this 2-core machine, three about 60%. `FOR UPDATE "
+    "SKIP LOCKED` claims never waited on each other (each dispatcher ran a third of the runs); dispatchers learn of "
+    "work committed by another process through LISTEN/NOTIFY, which the loop checks every 20 ms while it waits, but "
+    "here only the first wake-up crosses processes. The 3/1 ratio therefore depends on what else the two cores run: "
+    "on a quiet machine three dispatchers each kept the one-dispatcher cycle (about 6 ms passes, 2.7-2.9x one); "
+    "while other work held about 60% of the cores, round trips waited for a core, passes took 15-20 ms and the "
+    "ratio fell to 2.2-2.5x."
 )
 
 
@@ -115,6 +118,24 @@ def _proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def _backend_cpu(store: Any, application_name: str) -> dict[int, float]:
+    """CPU seconds each PostgreSQL backend of the dispatchers has used, by pid (their connections carry
+    ``application_name``); empty when the server is not local. Backends exit with their connections, so this is
+    sampled while the dispatchers still run."""
+    with store.read() as tx:
+        pids = [int(r["pid"]) for r in tx.all("SELECT pid FROM pg_stat_activity WHERE application_name = ?", (application_name,))]
+    return {pid: _proc_cpu_s(pid) for pid in pids if _is_local_postgres(pid)}
+
+
+def _is_local_postgres(pid: int) -> bool:
+    """Whether ``pid`` is a ``postgres`` process on this machine (a remote server's pids mean nothing here)."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() == "postgres"
+    except OSError:
+        return False
+
+
 def _machine_cpu() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine from ``/proc/stat``."""
     try:
@@ -163,11 +184,13 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
     _drop_schema(base_url, schema)
     sep = "&" if "?" in base_url else "?"
     url = f"{base_url}{sep}schema={schema}"
+    # The dispatchers' connections are named after the schema, so their backends' CPU can be told from the rest.
+    dispatcher_url = f"{url}&application_name={schema}"
     store = open_store(url)
     procs: list[subprocess.Popen[bytes]] = []
     budget_s = jobs * (SLEEP_S if payload != "ok" else 0.01) / CONCURRENCY / k + 60
     try:
-        cmd = scheduler_cmd() + ["--db", url, "--json", "run", "--shared", "--concurrency", str(CONCURRENCY),
+        cmd = scheduler_cmd() + ["--db", dispatcher_url, "--json", "run", "--shared", "--concurrency", str(CONCURRENCY),
                                  "--duration", f"{int(budget_s) + 30}s"]
         for _ in range(k):
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=bench_env()))
@@ -193,6 +216,7 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
         # bench's work, not the dispatchers' (about 1 s for 600 jobs, 3 s for 2000 on this machine).
         start_ms = now_ms()
         cpu_before = sum(_proc_cpu_s(p.pid) for p in procs)
+        pg_before = _backend_cpu(store, schema)
         busy_before, total_before = _machine_cpu()
         end = time.monotonic() + budget_s
         done = 0
@@ -205,6 +229,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
                 break
             time.sleep(0.05)
         cpu_used = sum(_proc_cpu_s(p.pid) for p in procs) - cpu_before
+        pg_after = _backend_cpu(store, schema)
+        pg_used = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items())
         busy_after, total_after = _machine_cpu()
         with store.read() as tx:
             summary_row = tx.one("SELECT COUNT(*) AS runs, COUNT(DISTINCT job_id) AS jobs_run,"
@@ -223,6 +249,7 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
     return {"dispatchers": k, "jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed,
             "ideal_jobs_per_s": k * CONCURRENCY / SLEEP_S, "shares": [int(s["runs"]) for s in shares],
             "dispatcher_cpu_ms_per_job": cpu_used * 1000 / jobs,
+            "postgres_cpu_ms_per_job": pg_used * 1000 / jobs if pg_after else None,
             "machine_busy": (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None}
 
 
@@ -307,7 +334,7 @@ def render(res: dict[str, Any]) -> str:
     p = res["params"]
     rows = [(fmt(r["dispatchers"]), fmt(r["elapsed_s"], 2), fmt(r["jobs_per_s"], 1), f"{r['speedup']:.2f}x",
              fmt(r["ideal_jobs_per_s"], 0), f"{r['efficiency']:.0%}", " / ".join(str(s) for s in r["shares"]),
-             fmt(r.get("dispatcher_cpu_ms_per_job"), 1),
+             fmt(r.get("dispatcher_cpu_ms_per_job"), 1), fmt(r.get("postgres_cpu_ms_per_job"), 1),
              f"{r['machine_busy']:.0%}" if r.get("machine_busy") is not None else "—")
             for r in res["rows"]]
     out = [
@@ -316,9 +343,11 @@ def render(res: dict[str, Any]) -> str:
         "processes were idle; timed from that commit to the last run's `finished_at`. Every job ran exactly once (checked).",
         "",
         md_table(["dispatchers", "seconds", "jobs/s", "vs one", "ideal jobs/s", "of ideal", "runs per dispatcher",
-                  "dispatcher CPU ms/job", "machine CPU busy"], rows),
+                  "dispatcher CPU ms/job", "PostgreSQL CPU ms/job", "machine CPU busy"], rows),
         "",
-        "Dispatcher CPU is the user+system time the dispatcher processes used while the jobs ran (`/proc/<pid>/stat`); "
+        "Dispatcher CPU is the user+system time the dispatcher processes used while the jobs ran (`/proc/<pid>/stat`), "
+        "PostgreSQL CPU that of the dispatchers' own backends (by `application_name`; — when the server is not local; "
+        "the WAL writer and other sessions are not counted); "
         "machine CPU busy is the share of all cores busy meanwhile (`/proc/stat`: PostgreSQL, the dispatchers, this bench "
         "and anything else running). Near 100% the figure is limited by this machine's cores, not by the dispatchers' "
         f"coordination ({res.get('cores', '?')} cores here).",
@@ -332,9 +361,10 @@ def render(res: dict[str, Any]) -> str:
             "for, this is what the dispatchers and PostgreSQL cost per run on this machine):",
             "",
             md_table(["dispatchers", "seconds", "jobs/s", "vs one", "runs per dispatcher", "dispatcher CPU ms/job",
-                      "machine CPU busy"],
+                      "PostgreSQL CPU ms/job", "machine CPU busy"],
                      [(fmt(r["dispatchers"]), fmt(r["elapsed_s"], 2), fmt(r["jobs_per_s"], 1), f"{r['speedup']:.2f}x",
                        " / ".join(str(s) for s in r["shares"]), fmt(r.get("dispatcher_cpu_ms_per_job"), 2),
+                       fmt(r.get("postgres_cpu_ms_per_job"), 2),
                        f"{r['machine_busy']:.0%}" if r.get("machine_busy") is not None else "—") for r in res["noop_rows"]]),
         ]
     if res.get("load_avg_at_end"):
