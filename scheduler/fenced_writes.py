@@ -45,6 +45,13 @@ log = logging.getLogger(__name__)
 IDLE_EXIT_S = 2.0
 
 
+def _held_lock() -> threading.Lock:
+    """A lock already taken: the cheapest one-shot hand-off between two threads (one ``release`` wakes the waiter)."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 @attrs.define(eq=False)
 class FencedWrite:
     """One queued write: bookkeeping ``values`` on a ``running`` run under the lease (None: event only) and its event."""
@@ -54,7 +61,8 @@ class FencedWrite:
     kind: str
     data: dict[str, Any] | None
     values: dict[str, Any] | None = None
-    done: threading.Event = attrs.field(factory=threading.Event)
+    #: Released (once) when the write is settled: committed, or ``error`` set; its writer waits by acquiring it.
+    done: threading.Lock = attrs.field(factory=_held_lock)
     error: BaseException | None = None
 
 
@@ -81,7 +89,7 @@ class FencedWriter:
             else:
                 self._running = True
                 threading.Thread(target=self._loop, name="fenced-writes", daemon=True).start()
-        item.done.wait()
+        item.done.acquire()
         if item.error is not None:
             raise item.error
 
@@ -102,7 +110,7 @@ class FencedWriter:
                 if not isinstance(exc, Exception):  # an interrupt: nothing is acknowledged, every caller sees it
                     for item in batch:
                         item.error = exc
-                        item.done.set()
+                        item.done.release()
                     with self._cond:
                         self._running = False
                     raise
@@ -116,7 +124,7 @@ class FencedWriter:
                         except Exception as one:  # noqa: BLE001 - reported to that write's caller
                             item.error = one
             for item in batch:
-                item.done.set()
+                item.done.release()
 
     def _take(self) -> list[FencedWrite]:
         """Everything queued now, in order; the queue is left empty."""
