@@ -85,8 +85,10 @@ class PgTx:
     #: Per-row decisions (a job's overlap policy): lock and wait, serialising dispatchers on that row.
     for_update = " FOR UPDATE"
 
-    def __init__(self, conn: psycopg.Connection[Any], begin: str | None = None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], begin: str | None = None, *, prepare: bool = True) -> None:
         self._conn = conn
+        #: Whether repeated statements may run as server-side prepared statements (the URL's ``?prepare=``).
+        self._prepare = prepare
         #: The first statement error seen: PostgreSQL aborts the whole transaction on it.
         self.failure: SchedulerError | None = None
         #: ``BEGIN ...`` still to send: it goes out with the first statement, in the same round trip.
@@ -100,7 +102,7 @@ class PgTx:
     def _run(self, sql_text: str, params: Params, *, rows: bool = True) -> psycopg.Cursor[Any]:
         query, args = prepare(sql_text, params)
         begin, self._begin = self._begin, None
-        key = None if begin is not None else _server_key(query, args)
+        key = None if begin is not None or not self._prepare else _server_key(query, args)
         server = key is not None and self._server_bound(key)
         cur: psycopg.Cursor[Any]
         if server:
@@ -508,7 +510,7 @@ class PostgresStore:
                 # less per transaction) and a block that ran no statement costs none at all.
                 conn.autocommit = True
                 try:
-                    tx = PgTx(conn, _BEGIN_WRITE if write else _BEGIN_READ)
+                    tx = PgTx(conn, _BEGIN_WRITE if write else _BEGIN_READ, prepare=self._spec.prepare)
                     local.tx, local.depth, local.write = tx, 1, write
                     try:
                         yield tx

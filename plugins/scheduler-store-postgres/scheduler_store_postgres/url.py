@@ -1,10 +1,13 @@
 """Parsing a ``postgresql://`` URL into what psycopg needs and what the store keeps for itself.
 
-The store understands three query parameters of its own and strips them before the
+The store understands four query parameters of its own and strips them before the
 URL reaches libpq (which would reject unknown keys):
 
 * ``schema``: the PostgreSQL schema all scheduler objects live in (created if missing);
-* ``pool_min`` / ``pool_max``: the connection pool size (default 1 and 8).
+* ``pool_min`` / ``pool_max``: the connection pool size (default 1 and 8);
+* ``prepare``: ``on`` (default) or ``off``: whether repeated statements become server-side
+  prepared statements (``off`` behind a connection pooler that cannot keep them, such as
+  PgBouncer before 1.21 in transaction mode).
 
 Everything else (host lists, ``sslmode``, ``application_name``, ``connect_timeout``...)
 is passed through untouched.
@@ -23,7 +26,7 @@ DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 8
 #: Seconds libpq waits for a server before ``initialize`` fails with phase ``open``.
 DEFAULT_CONNECT_TIMEOUT_S = 10
-_OWN_PARAMS = ("schema", "pool_min", "pool_max")
+_OWN_PARAMS = ("schema", "pool_min", "pool_max", "prepare")
 _SECRET_PARAMS = ("password", "sslpassword")
 
 
@@ -39,6 +42,8 @@ class ConnSpec:
     location: str
     pool_min: int = DEFAULT_POOL_MIN
     pool_max: int = DEFAULT_POOL_MAX
+    #: ``?prepare=``: repeated statements become server-side prepared statements (``off``: always bound on the client).
+    prepare: bool = True
     #: Query keys present in the URL (lets the store add defaults only where the user set none).
     keys: frozenset[str] = frozenset()
 
@@ -65,7 +70,7 @@ def parse_url(url: str) -> ConnSpec:
     """Split a store URL into libpq conninfo, schema name, pool size and a redacted location.
 
     Raises ``DB_INIT_FAILED`` (phase ``open``) for a URL the store cannot use: wrong
-    scheme, an empty schema name, a non-integer or inconsistent pool size.
+    scheme, an empty schema name, a non-integer or inconsistent pool size, a ``prepare`` other than on or off.
     """
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("postgresql", "postgres"):
@@ -87,6 +92,9 @@ def parse_url(url: str) -> ConnSpec:
         raise _bad(url, "pool_min and pool_max must be integers") from None
     if pool_min < 0 or pool_max < 1 or pool_max < pool_min:
         raise _bad(url, f"invalid pool size pool_min={pool_min} pool_max={pool_max}")
+    prepare = own.get("prepare", "on").strip().lower()
+    if prepare not in ("on", "off"):
+        raise _bad(url, f"prepare must be on or off, not {own['prepare']!r}")
     conninfo = urlunsplit(parts._replace(query=urlencode(passthrough, quote_via=quote)))
     return ConnSpec(
         conninfo=conninfo,
@@ -94,5 +102,6 @@ def parse_url(url: str) -> ConnSpec:
         location=_redact(url),
         pool_min=pool_min,
         pool_max=pool_max,
+        prepare=prepare == "on",
         keys=frozenset(k for k, _ in passthrough),
     )

@@ -370,3 +370,24 @@ def test_statements_the_server_cannot_type_stay_bound_on_the_client(store: Postg
         tx.execute("UPDATE jobs SET description = ? WHERE id = ?", ("still usable", job))
     with store.read() as tx:
         assert tx.scalar("SELECT description FROM jobs WHERE id = ?", (job,)) == "still usable"
+
+
+def test_prepare_parameter_is_on_or_off() -> None:
+    assert parse_url("postgresql://h/db").prepare is True
+    spec = parse_url("postgresql://h/db?prepare=off&sslmode=prefer")
+    assert spec.prepare is False and "prepare" not in spec.conninfo and "sslmode=prefer" in spec.conninfo
+    with pytest.raises(SchedulerError) as err:
+        parse_url("postgresql://h/db?prepare=sometimes")
+    assert err.value.code == "DB_INIT_FAILED" and "prepare must be on or off" in err.value.message
+
+
+@pytest.mark.postgres
+def test_prepare_off_keeps_every_statement_on_the_client(make_store: MakeStore, pg_url: str, job: str) -> None:
+    """Behind a pooler that cannot keep prepared statements: ``?prepare=off`` never creates one."""
+    store = make_store(f"{pg_url}&prepare=off")
+    marker = f"m{uuid.uuid4().hex}"
+    with store.transaction() as tx:
+        tx.execute("SELECT 1")
+        for _ in range(PREPARE_AFTER + 3):
+            assert tx.scalar(f"SELECT run_count FROM jobs WHERE id = ? /* {marker} */", (job,)) == 0
+        assert _prepared_statements(tx, marker) == []
