@@ -27,6 +27,8 @@ READ_CHUNK = 1 << 20
 FULL_PIPE = 1 << 16
 #: How often the loop looks at the stop flag when no pipe is ready.
 POLL_S = 0.05
+#: The poll events that tell EOF of a pipe on their own: a hang-up alone (no data, no error) has nothing left to read.
+_EOF_ONLY = select.POLLHUP | select.POLLIN | select.POLLERR | select.POLLNVAL
 
 
 class Sink(Protocol):
@@ -181,9 +183,9 @@ class PipePump:
 
     def _round(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for any watched fd (readable, writable, hang-up or error) and handle each."""
-        for fd, _ in self._open().poll(math.ceil(max(0.0, timeout_s) * 1000)):
+        for fd, events in self._open().poll(math.ceil(max(0.0, timeout_s) * 1000)):
             if fd in self._fds:
-                self._handle(fd)
+                self._handle(fd, events)
 
     def step(self, timeout_s: float) -> None:
         """One round on the caller's thread: wait up to ``timeout_s`` for output, stdin room or the exit; handle it.
@@ -205,7 +207,7 @@ class PipePump:
             self.error = exc
             self._teardown()
 
-    def _handle(self, fd: int) -> None:
+    def _handle(self, fd: int, events: int) -> None:
         what = self._fds[fd]
         if what == "exit":
             self._unwatch(fd)
@@ -218,10 +220,13 @@ class PipePump:
             return
         assert isinstance(what, tuple)
         name, sink = what
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
+        if events & _EOF_ONLY == select.POLLHUP:
+            chunk = b""  # hang-up with nothing left to read: EOF without a read(2) to say so
+        else:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
         if not chunk:
             self._unwatch(fd)
             self._close(fd)
