@@ -54,18 +54,22 @@ CONCURRENCY = 4
 SHELL = "/bin/bash"
 
 
-#: Where the time goes (issue 18 profile: per-thread CPU timers around the dispatcher's phases, in-process, 300 jobs,
-#: synchronous=FULL, load average about 2); shown under the figure, not re-measured by each run.
+#: Where the time goes (issue 18 profile: per-thread CPU timers around the dispatcher's phases, in-process, 600 jobs,
+#: synchronous=FULL, load average 3-4); shown under the figure, not re-measured by each run.
 PROFILE_NOTE = (
-    "Where the time goes (profiled for issue 18 with per-thread CPU timers, in-process, 300 jobs, `synchronous=FULL`): "
-    "the dispatcher process used 3.6 ms of CPU per run and the command's bash 1.7 ms, 5.3 ms per run in all. Of the "
-    "dispatcher's share, the loop (claim and completion transactions, events, observers) took 1.2 ms, the kernel's "
-    "pipeline steps around the executor 0.44 ms, the group writer of process identities 0.37 ms, and the shell executor "
-    "1.34 ms (spawn 0.24, waiting on pipes and pidfd 0.22, settings 0.18, environment filter 0.13, process identity 0.07, "
-    "the rest output capture and classification). On two cores that is a ceiling of about 380 runs/s with perfect "
-    "overlap, while the sequential loop needs one bash (1.6 ms of CPU) and two commits per job: on this machine 1.5x "
-    "the loop (about 800 jobs/s when it runs at 520-575) is more than two cores can give without taking the per-run "
-    "kernel work below ~1 ms. "
+    "Where the time goes (profiled for issue 18 with per-thread CPU timers, in-process, 600 jobs, `synchronous=FULL`, "
+    "load average 3-4 on the 2 cores): the dispatcher process used 2.3 ms of CPU per run (2.6 ms under the phase "
+    "timers) and the command's bash 1.5 ms. Of the dispatcher's share, the loop (claim and completion transactions, "
+    "events, observers) took 1.1 ms, the kernel's pipeline steps around the executor 0.27 ms, the group writer of "
+    "process identities 0.32 ms (1.5 identities per commit), and the shell executor 0.75 ms (spawn 0.19, of it "
+    "`Popen` 0.14; waiting on pipes and pidfd 0.17; process identity 0.07; the worker's side of the identity commit "
+    "0.05; environment filter 0.02; settings 0.01; the rest, output capture, structured output and classification, "
+    "0.25). Each system call of a worker costs about 10 us there: it hands the GIL to another of the dispatcher's "
+    "threads and waits to get it back. On two cores that is a ceiling of about 520 runs/s with perfect overlap, while "
+    "the sequential loop needs one bash and two commits per job: on this machine 1.5x the loop (about 800 jobs/s when "
+    "it runs at 520-575) is more than two cores can give without taking the per-run kernel work below ~1 ms. "
+    "The same harness before the last round measured 3.4 ms dispatcher CPU per run, the executor 1.32 ms of it "
+    "(settings resolved per run 0.27, spawn 0.25, waiting 0.31, an epoll instance and about 70 system calls per run). "
     "Before issue 18 the same run cost 6.1 ms dispatcher CPU (a /proc scan of every process after each exit, 7 ms "
     "of wall time under load; a commit for the identity and another for a `shell.started` event; a pump thread per "
     "run; the exit polled in growing slices; a /bin/bash gate that exec'd a second bash) and 2.6 ms in children."
