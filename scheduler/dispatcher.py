@@ -49,7 +49,7 @@ from scheduler.execution import (
 )
 from scheduler.plugins.hooks import Hooks
 from scheduler.plugins.loaded import LoadedProviders
-from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due, next_due_parts
+from scheduler.queue import StartedRun, claim_and_start, materialize_due, next_due_parts
 from scheduler.recovery import recover
 from scheduler.runs import StaleFence
 from scheduler.plugin_options import request_for
@@ -601,7 +601,7 @@ class Dispatcher:
         committed: list[tuple[StartedRun, dict[str, Any]]] = []
         started: list[StartedRun] = []
         created = 0
-        due: int | None = None
+        parts: tuple[int | None, int | None, int | None] = (None, None, None)
         try:
             # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
             # batched_events: the pass's run.started/run.finished rows go in as one INSERT before the commit.
@@ -614,7 +614,7 @@ class Dispatcher:
                     expire_due_approvals(tx, now=tick_now)  # timeouts release or cancel their runs before claiming
                     if free > 0:
                         started = claim_and_start(self.store, self.lease, limit=free, now=tick_now, veto=veto, check_lease=False)
-                    due = None if started else next_due(tx)  # with new runs started, the loop comes straight back anyway
+                    parts = next_due_parts(tx)
         except leases.LeaseLost:
             self._forget(finished)
             raise
@@ -626,7 +626,7 @@ class Dispatcher:
                 raise
             # One bad completion must not take the others (or new claims) down: commit them one by one.
             log.warning("group commit failed (%s); completing runs one at a time", exc.message)
-            committed, started, created, due = self._complete_each(finished), [], 0, None
+            committed, started, created = self._complete_each(finished), [], 0
         retried = {s.run_id for s, _r in self._retry}
         self._forget([item for item in finished if item[0].run_id not in retried])
         if created:
@@ -650,8 +650,17 @@ class Dispatcher:
                 log.exception("writing the pass's run lines failed")
         if not claim:
             return 0.0 if committed else CANCEL_CHECK_MS / 1000
+        jobs_due, dispatch_due, approval_due = parts
         if started:
-            return 0.0
+            with self._active_lock:
+                pool_full = len(self._active) >= self.config.concurrency
+            if not pool_full:
+                return 0.0  # workers left: the next pass starts whatever else is due
+            # Every worker is busy: a due dispatch waits for one (its run's end wakes us), so the loop leaves the CPU
+            # to the runs it just started instead of coming straight back; due jobs and approval timeouts still need
+            # a pass (their slots are accounted for, their runs released).
+            dispatch_due = None
+        due = min((v for v in (jobs_due, dispatch_due, approval_due) if v is not None), default=None)
         if due is None:
             return MAX_SLEEP_S
         if due <= tick_now:

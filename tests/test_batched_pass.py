@@ -193,3 +193,35 @@ def test_one_shot_jobs_due_together_are_materialised_together_as_one_by_one(stor
         assert tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ?", (late["id"],)) == 0
         assert tx.scalar("SELECT status FROM runs WHERE job_id = ?", (late["id"],)) == "skipped"
         assert tx.scalar("SELECT next_run_at FROM jobs WHERE id = ?", (later["id"],)) is not None
+
+
+def test_a_pass_that_fills_every_worker_sleeps_until_a_run_ends(store, tmp_path):
+    """After a pass starts runs on every worker, the loop does not come straight back for a pass that could claim
+    nothing (it would only take the CPU from the runs it started): it sleeps until a run's end wakes it. With a worker
+    left over it comes straight back, since more may be due."""
+    from scheduler.dispatcher import MAX_SLEEP_S, Dispatcher, DispatcherConfig
+
+    jobs = [add_job(store, payload_message="sleep:2", overlap_policy="allow") for _ in range(2)]
+    for job in jobs:
+        enqueue_manual(store, job["id"])
+    d = Dispatcher(store, DispatcherConfig(concurrency=2, artifacts_root=tmp_path / "a", lease_ttl_ms=5_000))
+    d.start()
+    try:
+        pause = d._tick()
+        assert d.stats["started"] == 2
+        assert 0 < pause <= MAX_SLEEP_S  # both workers busy, nothing else due: wait for a run to end
+    finally:
+        d.request_stop()
+        d._stop.set()
+        d._hurry.set()
+        d._shutdown()
+    third = add_job(store, payload_message="ok")
+    enqueue_manual(store, third["id"])
+    wide = Dispatcher(store, DispatcherConfig(concurrency=4, artifacts_root=tmp_path / "b", lease_ttl_ms=5_000))
+    wide.start()
+    try:
+        assert wide._tick() == 0.0 and wide.stats["started"] == 1  # three workers still free: straight back
+    finally:
+        wide._hurry.set()
+        wide.request_stop()
+        wide._shutdown()
