@@ -910,3 +910,28 @@ def test_times_are_stored_as_integer_epoch_milliseconds(db_path: Path) -> None:
     event_at = conn.execute("SELECT typeof(at), at FROM runtime_events").fetchone()
     assert event_at[0] == "integer" and before <= event_at[1] <= after
     conn.close()
+
+
+def test_the_wal_starts_over_while_a_writer_never_stops(tmp_path: Path) -> None:
+    """A dispatcher under load commits without pause. The background checkpoint still brings the WAL to its end (the
+    last frames under the process's write lock), so the next write starts the WAL over: it stays a fraction of what
+    was written instead of growing with it (every page lookup of every connection searches the whole WAL)."""
+    from scheduler.store import sqlite as sqlite_store
+
+    store = open_store(str(tmp_path / "w.db"))
+    wal = tmp_path / "w.db-wal"
+    blob = "x" * 3000
+    written = 0
+    biggest = 0
+    end = time.monotonic() + 4 * sqlite_store.CHECKPOINT_INTERVAL_S + 1.0
+    try:
+        while time.monotonic() < end:
+            with store.transaction() as tx:
+                for _ in range(8):
+                    tx.execute("INSERT INTO runtime_events(at, kind, data) VALUES (?, 'test.fill', ?)", (0, blob))
+            written += 8 * len(blob)
+            biggest = max(biggest, wal.stat().st_size if wal.exists() else 0)
+    finally:
+        store.close()
+    assert written > 4 * 1024 * 1024, f"only {written} bytes written: too few for the WAL to have to start over"
+    assert biggest < written / 2, f"the WAL grew to {biggest} bytes for {written} bytes written"

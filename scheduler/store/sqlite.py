@@ -43,7 +43,7 @@ BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
 #: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
-CHECKPOINT_INTERVAL_S = 1.0
+CHECKPOINT_INTERVAL_S = 0.25
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -621,7 +621,16 @@ class SQLiteStore:
                 if self._wrote:
                     self._wrote = False
                     try:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # the bulk, beside the writers
+                        # The frames appended meanwhile, with this process's writers held back for that short while:
+                        # the checkpoint then reaches the end of the WAL, so the next write starts the WAL over
+                        # instead of growing it (a WAL that only grows makes every page lookup of every
+                        # connection slower, and a busy dispatcher's never stopped growing).
+                        if self._write_lock.acquire(timeout=CHECKPOINT_INTERVAL_S):
+                            try:
+                                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                            finally:
+                                self._write_lock.release()
                     except sqlite3.Error as exc:  # busy: the next round tries again
                         log.debug("checkpoint skipped: %s", exc)
         finally:
