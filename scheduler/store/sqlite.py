@@ -42,7 +42,8 @@ BUSY_TIMEOUT_MS = 10_000
 BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
-#: How often the background thread folds the WAL back into the database (PASSIVE: never blocks writers).
+#: How often the background thread folds the WAL back into the database (PASSIVE beside the writers, then the few
+#: frames appended meanwhile with this process's writers held back, so the WAL starts over: see ``_checkpointer``).
 CHECKPOINT_INTERVAL_S = 0.25
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
