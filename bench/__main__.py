@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     # The figures are the kernel's with the plugins their workloads use. A development venv also holds the example
     # plugins, whose hook implementations (an observer and a dispatch veto) would run on every run's transitions; they
     # are switched off here (and in every process the bench starts), as a deployment without them would be.
-    os.environ.setdefault("SCHEDULER_DISABLE_PLUGINS", BENCH_DISABLED_PLUGINS)
+    if not os.environ.get("SCHEDULER_DISABLE_PLUGINS"):
+        os.environ["SCHEDULER_DISABLE_PLUGINS"] = BENCH_DISABLED_PLUGINS
     plot_dir = out.parent / "bench"
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scheduler-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
