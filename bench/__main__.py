@@ -65,7 +65,7 @@ def _render_only(out: Path) -> int:
     if not results:
         print(f"no stored results in {out}", file=sys.stderr)
         return 1
-    first = next(iter(results.values()))
+    first = max(results.values(), key=lambda e: e.get("run") or "")  # the latest run's machine and selection
     facts = first.get("machine") or machine_facts()
     run_ids = {e.get("run") for e in results.values()}
     quick = all(e.get("quick") for e in results.values())
