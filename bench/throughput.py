@@ -232,6 +232,18 @@ def _raw_setup(directory: Path, jobs: int, tag: str) -> tuple[sqlite3.Connection
     return conn, ids, now
 
 
+def _raw_result(conn: sqlite3.Connection, jobs: int, commits: int, start: float, cpu_start: float) -> dict[str, Any]:
+    """A raw loop's figures, once it wrote every run ``ok`` (else it raises); closes ``conn``."""
+    elapsed = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu_start
+    ok = conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'ok'").fetchone()[0]
+    conn.close()
+    if ok != jobs:
+        raise RuntimeError(f"raw loop wrote {ok} ok runs, expected {jobs}")
+    return {"jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed, "commits": commits,
+            "commits_per_job": commits / jobs, "commits_per_s": commits / elapsed, "cpu_ms_per_job": cpu_s * 1000 / jobs}
+
+
 def run_raw(directory: Path, jobs: int, *, batch: int, tag: str) -> dict[str, Any]:
     """The kernel's row writes per run in plain ``sqlite3``: materialise (``batch`` per commit), claim, complete."""
     conn, ids, slot = _raw_setup(directory, jobs, tag)
@@ -279,14 +291,7 @@ def run_raw(directory: Path, jobs: int, *, batch: int, tag: str) -> dict[str, An
               " last_duration_ms = 0, consecutive_failures = 0, updated_at = ? WHERE id = ?", (now, now, job_id))
             x("COMMIT")
             commits += 2
-    elapsed = time.perf_counter() - start
-    cpu_s = time.process_time() - cpu_start
-    ok = conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'ok'").fetchone()[0]
-    conn.close()
-    if ok != jobs:
-        raise RuntimeError(f"raw loop wrote {ok} runs, expected {jobs}")
-    return {"jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed, "commits": commits,
-            "commits_per_job": commits / jobs, "commits_per_s": commits / elapsed, "cpu_ms_per_job": cpu_s * 1000 / jobs}
+    return _raw_result(conn, jobs, commits, start, cpu_start)
 
 
 def run_raw_grouped(directory: Path, jobs: int, *, group: int = 4, tag: str) -> dict[str, Any]:
@@ -356,14 +361,7 @@ def run_raw_grouped(directory: Path, jobs: int, *, group: int = 4, tag: str) -> 
               [v for r, j, d in running for v in (now, j, r, d, owner, json.dumps({"attempt": 1, "kind": "at", "token": 1}))])
         x("COMMIT")
         commits += 1
-    elapsed = time.perf_counter() - start
-    cpu_s = time.process_time() - cpu_start
-    ok = conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'ok'").fetchone()[0]
-    conn.close()
-    if ok != jobs:
-        raise RuntimeError(f"grouped raw loop wrote {ok} ok runs, expected {jobs}")
-    return {"jobs": jobs, "elapsed_s": round(elapsed, 3), "jobs_per_s": jobs / elapsed, "commits": commits,
-            "commits_per_job": commits / jobs, "commits_per_s": commits / elapsed, "cpu_ms_per_job": cpu_s * 1000 / jobs}
+    return _raw_result(conn, jobs, commits, start, cpu_start)
 
 
 # -- the figure ------------------------------------------------------------------------------------

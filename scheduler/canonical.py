@@ -116,38 +116,27 @@ def _plain(value: Any, depth: int) -> bool:
     """
     t = type(value)
     if t is dict:
-        if depth >= MAX_DEPTH:
-            return False
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str or not key.isascii() or key.isdigit() or key == "__proto__":
                 return False
-            it = type(item)
-            if it is str or item is None or it is bool:
+        items: Any = value.values()
+    elif t is list or t is tuple:
+        items = value
+    else:
+        return t is str or value is None or t is bool or (t is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if depth >= MAX_DEPTH:
+        return False
+    for item in items:
+        it = type(item)
+        if it is str or item is None or it is bool:
+            continue
+        if it is int:
+            if -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
                 continue
-            if it is int:
-                if -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
-                    continue
-                return False
-            if not _plain(item, depth + 1):
-                return False
-        return True
-    if t is list or t is tuple:
-        if depth >= MAX_DEPTH:
             return False
-        for item in value:
-            it = type(item)
-            if it is str or item is None or it is bool:
-                continue
-            if it is int:
-                if -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
-                    continue
-                return False
-            if not _plain(item, depth + 1):
-                return False
-        return True
-    if t is str or value is None or t is bool:
-        return True
-    return t is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+        if not _plain(item, depth + 1):
+            return False
+    return True
 
 
 def canonical_bytes(value: Any) -> bytes:
