@@ -154,7 +154,11 @@ def test_revocation_outcomes_reach_the_row(reply, outcome, status, store, make_p
     assert result.outcome == outcome and result.revoked is (outcome == "revoked")
     (row,) = _rows(store)
     assert row["status"] == status and (row["revoked_at"] is not None) is (status == "revoked")
-    assert (endpoint.revoked == [token.value]) is (outcome == "revoked")
+    if not (reply or {}).get("sleep"):
+        # A server that answers after the client gave up may still revoke (that is why the row says revoke_failed:
+        # unknown); only an answered request tells what the server did. Asserting it for the slow server raced the
+        # server's late handler on a loaded machine.
+        assert (endpoint.revoked == [token.value]) is (outcome == "revoked")
     again = provider.resolve(BINDING, _context(sessions))  # a token whose revocation was attempted is never presented again
     assert again.value != token.value and endpoint.token_requests == 2
     assert _rows(store)[0]["status"] == "active" and _leaks(_rows(store), endpoint) == []
