@@ -15,7 +15,7 @@ import sys
 
 def main() -> None:
     from scheduler.cli.main import main as cli_main
-    from scheduler.store.sqlite import SQLiteStore
+    from scheduler.core.store.sqlite import SQLiteStore
 
     counted = {"commits": 0}
     original = SQLiteStore.transaction

@@ -145,10 +145,10 @@ def _agent_env(config: Path, directory: Path) -> dict[str, str]:
 
 def run_dispatcher(ctx: Context, p: dict[str, Any], directory: Path, config: Path) -> dict[str, list[float]]:
     """Turns through a real ``scheduler run`` process, one at a time; kernel stamps per run."""
-    from scheduler.jobs import create_jobs
-    from scheduler.queue import enqueue_manual
-    from scheduler.spec import validate_spec
-    from scheduler.store import open_store
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.queue import enqueue_manual
+    from scheduler.core.spec import validate_spec
+    from scheduler.core.store import open_store
 
     db = fresh_db(directory, "agent.db")
     store = open_store(str(db))

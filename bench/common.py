@@ -23,7 +23,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-#: Terminal run statuses (mirrors ``scheduler.runs.TERMINAL``; repeated here so the poller needs no kernel import).
+#: Terminal run statuses (mirrors ``scheduler.core.runs.TERMINAL``; repeated here so the poller needs no kernel import).
 TERMINAL_SQL = "('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')"
 
 
@@ -175,7 +175,7 @@ def fresh_db(directory: Path, name: str) -> Path:
 
 def kernel_schema_db(path: Path) -> None:
     """Create the kernel's schema (tables, indexes, triggers) in ``path`` through the kernel itself, then close."""
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     store = open_store(str(path))
     store.close()
@@ -184,8 +184,8 @@ def kernel_schema_db(path: Path) -> None:
 def at_job_specs(count: int, *, at_ms: int | Callable[[int], int], payload: str = "ok", executor: str = "testkit",
                  prefix: str = "bench") -> list[Any]:
     """Validated one-shot (``at``) specs; ``at_ms`` is one instant or a function of the job index."""
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import to_iso
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import to_iso
 
     specs = []
     for i in range(count):

@@ -1,6 +1,6 @@
 """Figure 8: delivery outbox throughput to a loopback webhook receiver, beside a bare httpx POST loop.
 
-Workload: N single-part messages enqueued with ``scheduler.delivery.enqueue`` in one
+Workload: N single-part messages enqueued with ``scheduler.delivery.outbox.enqueue`` in one
 transaction into a real SQLite store file, for the ``webhook`` channel, while a real
 ``scheduler run`` process holds the lease and is idle. Its outbox consumer (the
 ``DeliveryWorker`` thread every dispatcher starts) claims the parts, sends each through
@@ -260,9 +260,9 @@ def write_config(directory: Path) -> Path:
 
 def _job(store: Any, url: str) -> str:
     """A job whose delivery goes to the webhook (parts name it, so the consumer reads its delivery options as in real use)."""
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import now_ms, to_iso
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import now_ms, to_iso
 
     spec = validate_spec({"name": "bench-delivery", "schedule_kind": "at", "schedule_at": to_iso(now_ms() + 86_400_000),
                           "executor": "testkit", "payload_message": "ok", "overlap_policy": "allow", "delivery_mode": "always",
@@ -292,10 +292,10 @@ def _rows(store: Any, where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]
 
 def run_outbox(directory: Path, receiver: Receiver, p: dict[str, Any], rep: int, *, paced: bool) -> dict[str, Any]:
     """N parts enqueued at once and drained by a ``scheduler run``; with ``paced``, then the two paced latency phases."""
-    from scheduler.delivery import enqueue
-    from scheduler.queue import enqueue_manual
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.delivery.outbox import enqueue
+    from scheduler.core.queue import enqueue_manual
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     db = fresh_db(directory, f"outbox-{rep}.db")
     store = open_store(str(db))
@@ -376,7 +376,7 @@ def run(ctx: Context) -> dict[str, Any]:
         check_signature(stats, "/hook/bare-0")
     finally:
         receiver.close()
-    from scheduler.delivery import MAX_SLEEP_S
+    from scheduler.delivery.outbox import MAX_SLEEP_S
 
     o = median(r["per_s"] for r in outbox)
     b = median(r["per_s"] for r in bare)
@@ -471,7 +471,7 @@ def render(res: dict[str, Any]) -> str:
     pickup = ", ".join(f"{v:,}" for v in o["pickup_ms"])
     out = [
         (f"{p['parts']:,} single-part messages (about {len(BODY.format(i=0))} characters each) enqueued with "
-        f"`scheduler.delivery.enqueue` in one transaction into a SQLite store file (WAL, `synchronous={res['synchronous']}`) "
+        f"`scheduler.delivery.outbox.enqueue` in one transaction into a SQLite store file (WAL, `synchronous={res['synchronous']}`) "
         "while a `scheduler run` process holds the lease and is idle. Its outbox consumer (the `DeliveryWorker` thread of the "
         "dispatcher) claims the parts, sends each through the `webhook` channel (loaded through its entry point from a "
         f"settings file, secret `{{credential = \"env:{SECRET_ENV}\"}}`) and records the receipt. The receiver is a separate "
@@ -502,7 +502,7 @@ def render(res: dict[str, Any]) -> str:
         f"{p['paced']} messages each, sent to the first repetition's dispatcher after its backlog drained. A run's result "
         "message is enqueued by the dispatcher, which wakes its consumer after the commit; a part committed by another "
         "process wakes the dispatcher (change detection), which wakes its consumer at once; without a wake-up the consumer "
-        f"looks at least every {res.get('consumer_max_sleep_s', 1.0):g} s (`scheduler.delivery.MAX_SLEEP_S`)."),
+        f"looks at least every {res.get('consumer_max_sleep_s', 1.0):g} s (`scheduler.delivery.outbox.MAX_SLEEP_S`)."),
     ]
     if res.get("plot"):
         out += ["", f"![delivery]({res['plot']})"]

@@ -35,8 +35,8 @@ def params(ctx: Context) -> dict[str, Any]:
 
 
 def _specs(count: int, provider: str | None, at_ms: int) -> list[Any]:
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import to_iso
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import to_iso
 
     extra = {"evidence": {"provider": provider}} if provider else {}
     return [validate_spec({"name": f"ev-{i:06d}", "schedule_kind": "at", "schedule_at": to_iso(at_ms), "allow_past_at": True,
@@ -61,10 +61,10 @@ def _ssh_settings(directory: Path) -> Path:
 def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, *, tag: str,
                 timeout_s: float = 300.0) -> dict[str, Any]:
     """N due no-op jobs (with ``provider``'s evidence, or none) through a real ``Dispatcher``; jobs/s."""
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"evidence-{tag}.db")
     store = open_store(str(path))

@@ -49,7 +49,7 @@ class StampExecutor:
         self._lock = threading.Lock()
 
     def execute(self, request: Any, control: Any) -> Any:
-        from scheduler.execution import ExecutionResult
+        from scheduler.core.execution import ExecutionResult
 
         late = time.time() * 1000 - request.scheduled_for_ms
         with self._lock:
@@ -86,10 +86,10 @@ class _TooSlow(Exception):
 
 
 def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor: int) -> dict[str, Any]:
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     directory = ctx.scratch(NAME)
     path = fresh_db(directory, "latency.db")

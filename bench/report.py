@@ -120,7 +120,7 @@ def render(results: dict[str, Any], *, facts: dict[str, Any], order: list[str], 
         "## Method notes",
         "",
         "- Each benchmark runs in its own scratch directory (a temporary directory unless `--workdir` is given), on fresh databases.",
-        "- The dispatcher is the real `scheduler.dispatcher.Dispatcher` (in-process for figures 1–3, the `scheduler run` "
+        "- The dispatcher is the real `scheduler.core.dispatcher.Dispatcher` (in-process for figures 1–3, the `scheduler run` "
         "command for the RSS and PostgreSQL figures). The only bench-only shortcut is in figure 3, which registers a tiny "
         "timestamping executor by pre-populating `Dispatcher._executors` instead of installing an entry point.",
         "- The machine may be shared with other work; the load average at start is recorded above. Ratios to a baseline "

@@ -8,7 +8,7 @@ so nothing is due. Then, on the store the dispatcher uses:
 * per wake-up: ``Dispatcher._tick()`` itself (propagate cancels, materialise due
   slots, claim, find the next due time), after ``start()`` took the lease, timed over
   N calls with nothing due; and, separately, the two queries it is built on:
-  ``scheduler.queue.materialize_due`` (a write transaction) and ``next_due`` (a read);
+  ``scheduler.core.queue.materialize_due`` (a write transaction) and ``next_due`` (a read);
 * memory: a real ``scheduler --db FILE run --duration Ns`` subprocess on the same file
   (with a handful of jobs made due right before it starts, so it does real work),
   its peak RSS read from ``os.wait4`` (``ru_maxrss`` of that child only).
@@ -100,9 +100,9 @@ def _timed(fn: Any, calls: int, warmup: int) -> dict[str, float]:
 
 def wake_cost(path: Path, calls: int, warmup: int) -> dict[str, Any]:
     """Time ``Dispatcher._tick()`` and its queries on an idle database of stored jobs."""
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.queue import materialize_due, next_due
-    from scheduler.store import open_store
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.queue import materialize_due, next_due
+    from scheduler.core.store import open_store
 
     store = open_store(str(path))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=4, artifacts_root=path.parent / "artifacts"), say=None)
@@ -173,7 +173,7 @@ def dispatcher_rss(path: Path, duration_s: int, now_ms_fn: Any) -> dict[str, Any
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    from scheduler.timeutil import now_ms
+    from scheduler.base.timeutil import now_ms
 
     p = params(ctx)
     directory = ctx.scratch(NAME)

@@ -89,9 +89,9 @@ def _specs(jobs: int, at_ms: int) -> list[Any]:
 
 def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """N due shell jobs through a real ``scheduler run`` process; jobs/s from the due time to the last ``finished_at``."""
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"shell-{tag}.db")
     store = open_store(str(path))
@@ -139,10 +139,10 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s
 
 def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """The same workload through an in-process ``Dispatcher`` with its commits counted (and its CPU time)."""
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"counted-{tag}.db")
     store = open_store(str(path))

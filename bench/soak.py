@@ -43,7 +43,7 @@ from bench.common import Context, bench_env, fmt, fresh_db, md_table, scheduler_
 NAME = "soak"
 TITLE = "7. Soak: kill -9 cycles of a real dispatcher"
 
-#: Statuses after which a run is over (mirrors ``scheduler.runs.TERMINAL``).
+#: Statuses after which a run is over (mirrors ``scheduler.core.runs.TERMINAL``).
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 
@@ -61,9 +61,9 @@ def _command(log: Path, seconds: float) -> str:
 
 
 def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random) -> list[dict[str, Any]]:
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import to_iso
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import to_iso
 
     count = p["cycles"] * p["jobs_per_cycle"]
     specs = []
@@ -131,8 +131,8 @@ def _unfinished(store: Any) -> tuple[int, int]:
 
 def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str, Any]:
     """Run the soak on database ``db`` (a SQLite path or PostgreSQL URL); returns the figures."""
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     say = say or (lambda _m: None)
     rng = random.Random(p["seed"])

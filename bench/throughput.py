@@ -9,7 +9,7 @@ terminal.
 Baseline: a single-threaded raw ``sqlite3`` loop on the kernel's own schema (same
 tables, indexes and triggers, WAL, the same ``synchronous`` setting) that performs
 the row writes the kernel performs for each run, grouped into commits the way the
-kernel groups them (read from ``scheduler/queue.py`` and ``scheduler/completion.py``):
+kernel groups them (read from ``scheduler/core/queue.py`` and ``scheduler/core/completion.py``):
 
 * materialise: ``UPDATE jobs`` (next run) + ``INSERT job_dispatch_queue``: the kernel
   does up to 200 slots per transaction (``materialize_due(limit=200)``);
@@ -70,10 +70,10 @@ def params(ctx: Context) -> dict[str, Any]:
 
 def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """N due no-op jobs through a real ``Dispatcher``; returns jobs/s and what the run looked like."""
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"kernel-{tag}.db")
     store = open_store(str(path))
@@ -153,9 +153,9 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, synchrono
     import subprocess
     import sys
 
-    from scheduler.jobs import create_jobs
-    from scheduler.store import open_store
-    from scheduler.timeutil import now_ms
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.store import open_store
+    from scheduler.base.timeutil import now_ms
 
     sync = (synchronous or sqlite_synchronous()).upper()
     for lead_ms in (4_000, 8_000, 16_000):  # the lead must cover creating the jobs and starting the process

@@ -11,7 +11,7 @@ import pytest
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 from scheduler.testing import write_settings
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed")

@@ -72,7 +72,7 @@ def run_job_once(store: Any, dispatcher: Any, job: dict[str, Any], *, what: str 
     The dispatcher is stopped before returning, so the run's whole completion (credential
     cleanup, summaries, evidence) has been committed when the caller looks at it.
     """
-    from scheduler.queue import enqueue_manual
+    from scheduler.core.queue import enqueue_manual
 
     enqueue_manual(store, job["id"])
     d = dispatcher(**dispatcher_config)

@@ -65,7 +65,7 @@ def _run(store: Any, dispatcher: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 def _leaks(store: Any, tmp_path: Path, secret: str) -> list[str]:
     """Where any form of ``secret`` is: every row of every table, the SQLite files, every file under the artifacts."""
-    from scheduler.store.schema import TABLES
+    from scheduler.core.store.schema import TABLES
 
     needles = forms(secret)
     blobs: dict[str, bytes] = {}
@@ -84,8 +84,8 @@ def test_an_agent_job_with_an_env_credential_is_accepted_and_other_media_are_not
     """The executor claims ``credentials-env`` (and only it): ``jobs add`` and governance accept env, refuse file/stdin."""
     from scheduler_executor_agent import AgentExecutor
 
-    from scheduler import governance
-    from scheduler.spec import validate_spec
+    from scheduler.pipeline import governance
+    from scheduler.core.spec import validate_spec
 
     spec = {"name": "agent-env", "schedule_kind": "manual", "session_target": "isolated", "payload_message": "Deploy.",
             "credentials": [_binding()]}

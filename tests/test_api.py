@@ -44,10 +44,10 @@ def test_plugins_import_only_the_public_api() -> None:
 
 def test_the_boundary_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "x.py"
-    sample.write_text("import os\nfrom scheduler.api import Executor\nfrom scheduler.spec import JobSpec\n"
+    sample.write_text("import os\nfrom scheduler.api import Executor\nfrom scheduler.core.spec import JobSpec\n"
                       "from scheduler import artifacts\nimport scheduler.testing\n")
     bad = [n for n in _kernel_imports(sample) if not ALLOWED.match(n.split(" ")[0])]
-    assert bad == ["scheduler.spec (line 3)", "scheduler.artifacts (line 4)"]
+    assert bad == ["scheduler.core.spec (line 3)", "scheduler.artifacts (line 4)"]
 
 
 def test_every_public_name_imports() -> None:
@@ -88,14 +88,14 @@ def _documented_codes() -> set[str]:
 
 
 def test_every_registered_code_is_documented() -> None:
-    from scheduler.errors import ErrorCode
+    from scheduler.base.errors import ErrorCode
 
     missing = sorted(c.value for c in ErrorCode if c.value not in _documented_codes())
     assert not missing, "docs/cli.md (### Error codes) does not explain: " + ", ".join(missing)
 
 
 def test_every_documented_code_is_registered() -> None:
-    from scheduler.errors import ErrorCode
+    from scheduler.base.errors import ErrorCode
 
     registered = {c.value for c in ErrorCode}
     unknown = sorted(_documented_codes() - registered)
@@ -104,7 +104,7 @@ def test_every_documented_code_is_registered() -> None:
 
 def test_kernel_raises_only_registered_codes() -> None:
     """Every literal code in ``SchedulerError("CODE", ...)`` and ``error_code = 'CODE'`` in scheduler/ is registered."""
-    from scheduler.errors import ErrorCode
+    from scheduler.base.errors import ErrorCode
 
     registered = {c.value for c in ErrorCode}
     patterns = (
@@ -125,7 +125,7 @@ def test_kernel_raises_only_registered_codes() -> None:
 
 @pytest.mark.parametrize("code", ["DB_BUSY"])
 def test_retryable_codes(code: str) -> None:
-    from scheduler.errors import SchedulerError
+    from scheduler.base.errors import SchedulerError
 
     assert SchedulerError(code, "x").retryable
     assert not SchedulerError("DB_INIT_FAILED", "x").retryable

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.approvals import decide, expire_due, list_approvals, scope_matches
-from scheduler.errors import SchedulerError
-from scheduler.jobs import delete_job, set_enabled, update_job
-from scheduler.queue import enqueue_manual
-from scheduler.timeutil import now_ms, to_iso
-from scheduler.transitions import insert_dispatch
+from scheduler.approvals.decisions import decide, expire_due, list_approvals, scope_matches
+from scheduler.base.errors import SchedulerError
+from scheduler.core.jobs import delete_job, set_enabled, update_job
+from scheduler.core.queue import enqueue_manual
+from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core.transitions import insert_dispatch
 
 
 def lines(path: Path) -> list[str]:
@@ -127,7 +127,7 @@ def test_reject_and_timeouts_decide_without_running(store: Any, dispatcher: Any,
 
 @pytest.mark.parametrize("how", ["cancel", "disable", "delete", "update"])
 def test_cancel_disable_delete_and_update_end_a_waiting_gate(store: Any, dispatcher: Any, tmp_path: Path, how: str) -> None:
-    from scheduler.cancel import cancel_run
+    from scheduler.core.cancel import cancel_run
 
     marker = tmp_path / "ran"
     job = gated(store, marker)
@@ -203,7 +203,7 @@ def test_scope_matching_uses_the_account_not_the_environment(monkeypatch: pytest
     assert scope_matches("uid:1234", "anyone", 1234) and not scope_matches("uid:1234", "anyone", 1235)
     assert scope_matches("alice", "alice", 1) and not scope_matches("alice", "mallory", 2)
     assert scope_matches("ａｌｉｃｅ", "alice", 1)  # NFKC: full-width letters are the same principal
-    from scheduler.approvals import approver_identity
+    from scheduler.approvals.decisions import approver_identity
 
     monkeypatch.setenv("USER", "someone-else")
     monkeypatch.setenv("LOGNAME", "someone-else")

@@ -15,10 +15,10 @@ from test_dispatcher_process import Proc
 from test_file_modes import GROUP, MEMBER, OTHER, OWNER, SITE_PACKAGES, SYSTEM_PYTHON, as_user, shared_dir  # noqa: F401
 from test_multihost import Dispatchers
 
-from scheduler.approvals import list_approvals
-from scheduler.filemodes import FILE_MODE_ENV
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.approvals.decisions import list_approvals
+from scheduler.core.filemodes import FILE_MODE_ENV
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 
 
 def pending_ids(store: Any, job_id: str) -> list[str]:

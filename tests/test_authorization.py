@@ -15,8 +15,8 @@ import pytest
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.errors import SchedulerError
-from scheduler.queue import enqueue_manual
+from scheduler.base.errors import SchedulerError
+from scheduler.core.queue import enqueue_manual
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
@@ -33,7 +33,8 @@ def _sideloaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
 @pytest.fixture(autouse=True)
 def testauthz(_sideloaded: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """``testauthz`` is visible, provider caches are fresh, requests are logged to a file of this test."""
-    from scheduler import authorization, plugin_options
+    from scheduler.pipeline import authorization
+    from scheduler.plugins import options as plugin_options
 
     authorization.forget_providers()
     plugin_options._misses.clear()
@@ -85,7 +86,7 @@ def fields_of(exc: pytest.ExceptionInfo[SchedulerError]) -> dict[str, str]:
 
 
 def test_fields_are_validated_and_normalised() -> None:
-    from scheduler.spec import validate_spec
+    from scheduler.core.spec import validate_spec
 
     s = validate_spec(spec(authorization_ref="testauthz:permit",
                            authorization={"provider_config": {"tag": "x"}, "request": {"include": ["identity", "job"]},
@@ -122,7 +123,7 @@ def test_fields_are_validated_and_normalised() -> None:
     ({"authorization_ref": "testauthz:bad-policy"}, {"authorization_ref": "AUTHORIZATION_POLICY_INVALID"}),
 ])
 def test_bad_fields_are_refused(extra: dict[str, Any], expected: dict[str, str]) -> None:
-    from scheduler.spec import validate_spec
+    from scheduler.core.spec import validate_spec
 
     with pytest.raises(SchedulerError) as exc:
         validate_spec(spec(**extra))
@@ -131,9 +132,9 @@ def test_bad_fields_are_refused(extra: dict[str, Any], expected: dict[str, str])
 
 
 def test_missing_provider_is_refused_and_nothing_is_stored(store: Any) -> None:
-    from scheduler.jobs import create_jobs
-    from scheduler.plugin_refs import require_plugins
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
+    from scheduler.plugins.refs import require_plugins
+    from scheduler.core.spec import validate_spec
 
     s = validate_spec(spec(authorization_ref="nosuchauthz:policy"))
     with pytest.raises(SchedulerError) as exc:
@@ -146,8 +147,8 @@ def test_missing_provider_is_refused_and_nothing_is_stored(store: Any) -> None:
 
 
 def test_artifact_carries_the_declaration_and_jobs_without_keep_their_digest() -> None:
-    from scheduler.execution_artifacts import native_digest, native_payload
-    from scheduler.spec import validate_spec
+    from scheduler.core.artifact import native_digest, native_payload
+    from scheduler.core.spec import validate_spec
 
     plain = validate_spec(spec())
     authorised = validate_spec(spec(authorization_ref="testauthz:permit", authorization={"decision": {"allow": "permit"}}))
@@ -162,9 +163,9 @@ def test_artifact_carries_the_declaration_and_jobs_without_keep_their_digest() -
 
 
 def test_a_job_without_authorization_ref_never_touches_the_store() -> None:
-    from scheduler import authorization
-    from scheduler.pipeline import RunOutcomes
-    from scheduler.spec import validate_spec
+    from scheduler.pipeline import authorization
+    from scheduler.core.outcomes import RunOutcomes
+    from scheduler.core.spec import validate_spec
 
     class NoStore:
         def read(self) -> Any:
@@ -241,8 +242,8 @@ def test_timeout_denies_and_a_late_permit_is_discarded(store: Any, dispatcher: A
 
 
 def test_provider_not_installed_at_run_time_denies(store: Any, dispatcher: Any, tmp_path: Path) -> None:
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
 
     marker = tmp_path / "ran"
     (job,) = create_jobs(store, [validate_spec({"name": "gone", "schedule_kind": "manual", "executor": "testkit",
@@ -282,7 +283,7 @@ def _escalated(store: Any, dispatcher: Any, tmp_path: Path, **spec: Any) -> tupl
 
 def test_escalate_waits_for_approval_and_approve_resumes_without_asking_again(
         store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path) -> None:
-    from scheduler.approvals import decide
+    from scheduler.approvals.decisions import decide
 
     d, job, found, marker = _escalated(store, dispatcher, tmp_path, approval_risk_level="low",
                                        authorization={"escalation": {"risk_level": "high"}})
@@ -311,7 +312,7 @@ def test_escalate_waits_for_approval_and_approve_resumes_without_asking_again(
 
 
 def test_escalate_then_reject_cancels_and_nothing_runs(store: Any, dispatcher: Any, tmp_path: Path) -> None:
-    from scheduler.approvals import decide
+    from scheduler.approvals.decisions import decide
 
     d, job, found, marker = _escalated(store, dispatcher, tmp_path, ref="testauthz:escalate-critical")
     try:
@@ -327,7 +328,7 @@ def test_escalate_then_reject_cancels_and_nothing_runs(store: Any, dispatcher: A
 
 def test_job_gate_then_authorization_gate(store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path) -> None:
     """A job with approval_required is approved first; the provider then escalates into a second gate."""
-    from scheduler.approvals import decide
+    from scheduler.approvals.decisions import decide
 
     marker = tmp_path / "ran-two-gates"
     job = add_job(store, payload_message=f"touch:{marker}", authorization_ref="testauthz:escalate", approval_required=True)

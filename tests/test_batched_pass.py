@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import lease as leases
-from scheduler.errors import SchedulerError
-from scheduler.events import append_event, batched
-from scheduler.queue import claim_and_start, enqueue_manual
+from scheduler.core import lease as leases
+from scheduler.base.errors import SchedulerError
+from scheduler.core.events import append_event, batched
+from scheduler.core.queue import claim_and_start, enqueue_manual
 from scheduler.testing import add_job
-from scheduler.timeutil import now_ms
-from scheduler.transitions import NewRun, claim_and_start_many, committing
+from scheduler.base.timeutil import now_ms
+from scheduler.core.transitions import NewRun, claim_and_start_many, committing
 
 
 
@@ -116,9 +116,9 @@ def test_a_failing_pass_leaves_no_claim_run_or_event(store):
 
 def test_completions_of_one_pass_finish_their_dispatches_in_one_update(store):
     """``batched_finishes``: ok and failed runs' dispatch rows go done with their own last error, or not at all on rollback."""
-    from scheduler.completion import complete_run
-    from scheduler.execution import ExecutionResult
-    from scheduler.transitions import batched_finishes
+    from scheduler.core.completion import complete_run
+    from scheduler.core.execution import ExecutionResult
+    from scheduler.core.transitions import batched_finishes
 
     jobs = [add_job(store, payload_message="ok") for _ in range(3)]
     for job in jobs:
@@ -173,8 +173,8 @@ def test_a_pass_says_every_run_start_and_end_in_one_write(store):
 def test_one_shot_jobs_due_together_are_materialised_together_as_one_by_one(store):
     """Due one-shots become their deterministic ``at`` dispatches (bound to the job's artifact), once; a misfired one
     still takes the per-job path (its ``skip`` policy records a skipped run)."""
-    from scheduler.queue import materialize_due, slot_dispatch_id
-    from scheduler.timeutil import to_iso
+    from scheduler.core.queue import materialize_due, slot_dispatch_id
+    from scheduler.base.timeutil import to_iso
 
     base = now_ms() + 10_000  # specs refuse a past schedule_at: materialise "later" instead
     due = [add_job(store, schedule_kind="at", schedule_at=to_iso(base + 61_000 + i), payload_message="ok") for i in range(3)]
@@ -199,7 +199,7 @@ def test_a_pass_that_fills_every_worker_sleeps_until_a_run_ends(store, tmp_path)
     """After a pass starts runs on every worker, the loop does not come straight back for a pass that could claim
     nothing (it would only take the CPU from the runs it started): it sleeps until a run's end wakes it. With a worker
     left over it comes straight back, since more may be due."""
-    from scheduler.dispatcher import MAX_SLEEP_S, Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import MAX_SLEEP_S, Dispatcher, DispatcherConfig
 
     jobs = [add_job(store, payload_message="sleep:2", overlap_policy="allow") for _ in range(2)]
     for job in jobs:

@@ -1,4 +1,4 @@
-"""json-sort-v1 (``scheduler.canonical``) held byte for byte to the Node reference.
+"""json-sort-v1 (``scheduler.base.canonical``) held byte for byte to the Node reference.
 
 The reference is ``JSON.stringify(sortKeysDeep(value))``: every object rebuilt by assigning
 its keys in ``Array.prototype.sort()`` order to a fresh ``{}``, ``undefined`` as ``null``.
@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.canonical import (
+from scheduler.base.canonical import (
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
     UNDEFINED,
@@ -44,7 +44,7 @@ from scheduler.canonical import (
     hash_text,
     is_digest,
 )
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 HELPER = Path(__file__).resolve().parent / "support" / "canonical_node.js"
 #: A batch is written whole before its answers are read, so it (and its answers, at most 4/3 of
@@ -607,7 +607,7 @@ def _text_or_code(write: Any, value: Any) -> str:
 def test_fast_path_writes_what_the_writer_writes() -> None:
     """``canonical_json`` hands plain values to ``json.dumps``: on every generated value both give the same text (or the
     same refusal), and the fast path is really taken for most of them (else this compares the writer with itself)."""
-    from scheduler import canonical
+    from scheduler.base import canonical
 
     taken = 0
 
@@ -631,7 +631,7 @@ def test_fast_path_writes_what_the_writer_writes() -> None:
 ])
 def test_fast_path_hands_back_what_it_cannot_write_exactly(value: Any) -> None:
     """Floats, array-index and non-ASCII keys, __proto__, unsafe integers, lone surrogates, other types: the writer decides."""
-    from scheduler import canonical
+    from scheduler.base import canonical
 
     assert _text_or_code(canonical_json, value) == _text_or_code(canonical._written, value)
 

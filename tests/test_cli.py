@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kernel_testing import scheduler_cmd
-from scheduler.timeutil import parse_iso
+from scheduler.base.timeutil import parse_iso
 
 CODE_RE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
 MANUAL = {"schedule_kind": "manual", "payload_message": "echo hi"}
@@ -457,7 +457,7 @@ def insert_run(store: Any, job_id: str, run_id: str, status: str, t0: int, **ext
 
 @pytest.fixture
 def with_runs(cli: Any, store_url: str) -> dict[str, Any]:
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     job_id = ok(cli("--json", "jobs", "add", job("worker")))["job"]["id"]
     other = ok(cli("--json", "jobs", "add", job("other")))["job"]["id"]
@@ -513,7 +513,7 @@ def test_runs_output_human_writes_the_raw_stream(with_runs: dict[str, Any], stor
 def test_status_json(cli: Any, with_runs: dict[str, Any]) -> None:
     cli("--json", "jobs", "add", job("cron", schedule_kind="cron", schedule_cron="0 0 1 1 *"))
     status = ok(cli("--json", "status"))["status"]
-    from scheduler.store.migrations import SCHEMA_VERSION
+    from scheduler.core.store.migrations import SCHEMA_VERSION
 
     assert status["schema_version"] == SCHEMA_VERSION
     assert status["jobs"] == {"enabled": 3}
@@ -700,8 +700,8 @@ def test_bad_database_targets_never_produce_a_traceback(tmp_path: Path) -> None:
 # --- cold start ------------------------------------------------------------------------------------------------------
 
 
-FORBIDDEN_AT_START = ("croniter", "sqlite3", "_sqlite3", "scheduler.store", "stevedore", "pluggy", "scheduler.plugins",
-                      "scheduler.spec", "scheduler.schedules", "re2", "jsonschema")
+FORBIDDEN_AT_START = ("croniter", "sqlite3", "_sqlite3", "scheduler.core.store", "stevedore", "pluggy", "scheduler.plugins",
+                      "scheduler.core.spec", "scheduler.core.schedules", "re2", "jsonschema")
 
 
 def imported_modules(*args: str) -> set[str]:
@@ -718,7 +718,7 @@ def imported_modules(*args: str) -> set[str]:
 def test_version_cold_start_imports_no_plugin_croniter_or_database() -> None:
     names = imported_modules("version")
     bad = sorted(n for n in names if n.split(".")[0] in ("croniter", "sqlite3", "_sqlite3", "stevedore", "pluggy", "re2", "jsonschema")
-                 or n.startswith(("scheduler.store", "scheduler.plugins", "scheduler.spec", "scheduler.schedules", "scheduler_")))
+                 or n.startswith(("scheduler.core.store", "scheduler.plugins", "scheduler.core.spec", "scheduler.core.schedules", "scheduler_")))
     assert bad == []
 
 

@@ -57,10 +57,10 @@ from scheduler.conformance.service import (
     ServiceAnswer,
     ServiceRequest,
 )
-from scheduler.errors import SchedulerError
-from scheduler.execution import ExecutionResult, StreamCapture
+from scheduler.base.errors import SchedulerError
+from scheduler.core.execution import ExecutionResult, StreamCapture
 from scheduler.plugins.protocols import ChannelLimits, DeliveryReceipt, PermanentDeliveryError, TransientDeliveryError
-from scheduler.processes import group_alive, kill_group, process_identity
+from scheduler.core.processes import group_alive, kill_group, process_identity
 from scheduler.settings import SecretRef
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ class ReferenceExecutor:
         return env
 
     def _run(self, command: str, request: Any, control: Any, *, deadline_ms: int, prefix: str, stdin: str | None):
-        from scheduler.artifacts import StreamRecorder
+        from scheduler.core.outputs import StreamRecorder
 
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -211,7 +211,7 @@ class ReferenceExecutor:
         return record
 
     def execute(self, request: Any, control: Any) -> ExecutionResult:
-        from scheduler.artifacts import read_artifact
+        from scheduler.core.outputs import read_artifact
 
         job = request.job
         stopped, code, out, err = self._run(

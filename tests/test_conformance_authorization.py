@@ -249,7 +249,7 @@ def test_broken_providers_are_reported_failing(provider: Any, must_fail: set[str
 def brokenauthz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from kernel_testing import sideloaded
 
-    from scheduler import authorization
+    from scheduler.pipeline import authorization
 
     with sideloaded(REPO / "tests" / "support" / "scheduler-authorization-testkit", into=tmp_path_factory.mktemp("site")):
         authorization.forget_providers()

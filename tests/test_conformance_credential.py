@@ -23,7 +23,7 @@ from scheduler.conformance import ci
 from scheduler.conformance.engine import FIXTURES_ENV, load_cases, run_kind
 from scheduler import PLUGIN_API_VERSION
 from scheduler.plugins.protocols import ResolvedCredential, RevokeResult
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 REPO = Path(__file__).resolve().parents[1]
 

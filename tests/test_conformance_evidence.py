@@ -277,7 +277,7 @@ def test_a_provider_without_a_setup_adapter_is_one_failure() -> None:
       "expect": {"outcome": "refused", "error_code": "EVIDENCE_X"}}, "attest_refused"),
 ])
 def test_an_invalid_evidence_case_is_refused_when_loaded(tmp_path: Path, case: dict[str, Any], message: str) -> None:
-    from scheduler.errors import SchedulerError
+    from scheduler.base.errors import SchedulerError
 
     (tmp_path / "evidence").mkdir()
     full = {"id": "mine.evidence-case", "description": "d", "kind": "evidence", **case}

@@ -39,7 +39,7 @@ def _leave_behind(store: Any, run: dict[str, Any], cred_dir: Path) -> Path:
 
 def test_a_failed_cleanup_fails_status_check_and_doctor_until_the_sweep_cleans_it(
         store: Any, dispatcher: Any, cli: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    from scheduler.credentials import DIR_ENV, sweep_presentations
+    from scheduler.pipeline.credentials.step import DIR_ENV, sweep_presentations
 
     cred_dir = tmp_path / "cred"
     cred_dir.mkdir()

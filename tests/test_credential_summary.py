@@ -27,7 +27,7 @@ def _env(name: str, ref: str, key: str) -> dict[str, Any]:
 
 def test_redaction_counts_are_in_the_credentials_summary_and_runs_get(store: Any, dispatcher: Any, cli: Any,
                                                                       monkeypatch: Any) -> None:
-    from scheduler import credentials
+    from scheduler.pipeline.credentials import step as credentials
 
     credentials.forget_providers()
     shown, quiet = "shown-" + secrets.token_hex(10), "quiet-" + secrets.token_hex(10)
@@ -58,7 +58,7 @@ def test_redaction_counts_are_in_the_credentials_summary_and_runs_get(store: Any
 
 def test_a_run_without_redactions_gets_zero_counts_and_no_event(store: Any, dispatcher: Any, cli: Any,
                                                                 monkeypatch: Any) -> None:
-    from scheduler import credentials
+    from scheduler.pipeline.credentials import step as credentials
 
     credentials.forget_providers()
     monkeypatch.setenv("SUMMARY_QUIET", "quiet-" + secrets.token_hex(10))

@@ -19,8 +19,8 @@ import pytest
 
 from kernel_testing import TERMINAL, add_job, run_job_once, run_rows, wait_for
 
-from scheduler.errors import SchedulerError
-from scheduler.queue import enqueue_manual
+from scheduler.base.errors import SchedulerError
+from scheduler.core.queue import enqueue_manual
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-Cred-7Q"
@@ -37,7 +37,8 @@ def _sideloaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
 @pytest.fixture(autouse=True)
 def testcred(_sideloaded: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """``testcred`` is visible; provider caches are fresh; file presentations go to a directory of this test."""
-    from scheduler import credentials, plugin_options
+    from scheduler.pipeline.credentials import step as credentials
+    from scheduler.plugins import options as plugin_options
 
     credentials.forget_providers()
     plugin_options._misses.clear()
@@ -84,7 +85,7 @@ def digest(value: str) -> str:
 
 
 def _refused(spec_bindings: list[dict[str, Any]], **spec: Any) -> list[dict[str, Any]]:
-    from scheduler.spec import validate_spec
+    from scheduler.core.spec import validate_spec
 
     with pytest.raises(SchedulerError) as info:
         validate_spec({"name": "j", "schedule_kind": "manual", "payload_message": "true", "executor": "shell",
@@ -161,8 +162,8 @@ def test_the_cli_refuses_and_stores_nothing(cli: Any) -> None:
 
 
 def test_bindings_enter_the_artifact_and_a_job_without_them_keeps_its_digest() -> None:
-    from scheduler.execution_artifacts import execution_sections
-    from scheduler.spec import validate_spec
+    from scheduler.core.artifact import execution_sections
+    from scheduler.core.spec import validate_spec
 
     base = {"name": "j", "schedule_kind": "manual", "payload_message": "true", "executor": "shell"}
     plain = execution_sections(validate_spec(base))["credential_presentation"]
@@ -253,8 +254,8 @@ def test_a_provider_that_hangs_is_bounded_by_the_run_timeout(store: Any, dispatc
 
 def test_a_provider_not_installed_at_run_time_fails_closed(store: Any, dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "credential_providers:testcred")
-    from scheduler.spec import validate_spec
-    from scheduler.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
 
     spec = validate_spec({"name": "late", "schedule_kind": "manual", "executor": "shell", "payload_message": "true",
                           "credentials": [binding(provider="testcred", ref=f"value:{SECRET}")]})
@@ -277,7 +278,7 @@ def _running_with_file(store: Any, job_id: str, cred_dir: Path) -> dict[str, Any
 
 
 def test_cancellation_and_run_timeout_remove_the_files(store: Any, dispatcher: Any, testcred: Path) -> None:
-    from scheduler.cancel import cancel_run
+    from scheduler.core.cancel import cancel_run
 
     bindings = [binding("keyfile", provider="testcred", ref=f"value:{SECRET}", medium="file"), binding()]
     job = add_job(store, executor="shell", payload_message="sleep 30", credentials=bindings)
@@ -308,8 +309,8 @@ def test_a_job_without_credentials_writes_no_presentation_and_no_summary(store: 
 
 
 def test_redactions_of_gives_every_presented_value() -> None:
-    from scheduler.credentials import redactions_of
-    from scheduler.execution import CredentialPresentation
+    from scheduler.pipeline.credentials.step import redactions_of
+    from scheduler.core.execution import CredentialPresentation
 
     got = redactions_of((CredentialPresentation(name="a", medium="env", key="A", value="x1"),
                          CredentialPresentation(name="b", medium="file", key="CREDENTIAL_B_FILE", path="/p", value=b"\x00\xff")))

@@ -18,8 +18,8 @@ from typing import Any
 from kernel_testing import add_job, run_rows, wait_for
 from test_dispatcher_process import Proc
 
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 
 SECRET = "rc-" + "9f8e7d6c5b4a"
 

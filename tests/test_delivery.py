@@ -17,13 +17,13 @@ from typing import Any, Iterator
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.delivery import backoff_ms, enqueue, retry_failed, split_body
-from scheduler.errors import SchedulerError
+from scheduler.delivery.outbox import backoff_ms, enqueue, retry_failed, split_body
+from scheduler.base.errors import SchedulerError
 from scheduler.plugins.protocols import ChannelLimits
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 from scheduler.settings import reload_settings
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
-from scheduler.timeutil import now_ms
+from scheduler.base.timeutil import now_ms
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 
@@ -258,8 +258,8 @@ def _write_config(text: str) -> str:
 
 @pytest.mark.postgres
 def test_two_consumers_on_postgres_share_the_outbox_and_send_each_part_once(pg_url: str, receiver: LoopbackHTTPServer) -> None:
-    from scheduler.delivery import DeliveryWorker
-    from scheduler.store import open_store
+    from scheduler.delivery.outbox import DeliveryWorker
+    from scheduler.core.store import open_store
 
     stores = [open_store(pg_url) for _ in range(2)]
     job = add_job(stores[0], payload_message="ok")

@@ -18,8 +18,8 @@ import pytest
 from kernel_testing import add_job, wait_for
 from test_dispatcher_process import Proc
 
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 SECRET = "whsec_" + base64.b64encode(b"fedcba9876543210fedcba9876543210").decode()

@@ -16,10 +16,10 @@ import time
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler import lease as leases
-from scheduler.cancel import cancel_run
-from scheduler.queue import enqueue_manual
-from scheduler.timeutil import now_ms
+from scheduler.core import lease as leases
+from scheduler.core.cancel import cancel_run
+from scheduler.core.queue import enqueue_manual
+from scheduler.base.timeutil import now_ms
 
 
 def statuses(store, job_id):
@@ -52,7 +52,7 @@ def test_the_work_of_an_abandoned_worker_is_stopped_through_recover(store, dispa
     """An executor that ignores cancellation still leaves nothing running: its recover() stops the recorded group."""
     import json
 
-    from scheduler.processes import group_alive
+    from scheduler.core.processes import group_alive
 
     job = add_job(store, payload_message="spawn-ignore:30", run_timeout_ms=400)
     dispatcher(kill_grace_s=0.3)
@@ -154,7 +154,7 @@ def test_expired_lease_is_never_renewed(store):
 
 
 def test_worker_pool_replaces_a_stuck_worker_and_never_blocks_exit():
-    from scheduler.dispatcher import WorkerPool
+    from scheduler.core.dispatcher import WorkerPool
 
     pool = WorkerPool(1, "t")
     release = threading.Event()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.processes import group_alive
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.core.processes import group_alive
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 
 TTL = "1500ms"
 

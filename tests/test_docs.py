@@ -25,10 +25,10 @@ from typing import Any, Callable
 import click
 import pytest
 
-from scheduler.execution import RunControl
+from scheduler.core.execution import RunControl
 from scheduler.plugins import hookspecs
 from scheduler.plugins.protocols import PROVIDER_KINDS
-from scheduler.store.base import Store, Tx
+from scheduler.core.store.base import Store, Tx
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS_MD = ROOT / "docs" / "plugins.md"
@@ -318,7 +318,7 @@ def test_global_options_are_documented() -> None:
         assert needle in text, f"docs/cli.md does not mention {needle}"
 
 
-# The error-code registry (scheduler.errors.ErrorCode) is checked against docs/cli.md, in both
+# The error-code registry (scheduler.base.errors.ErrorCode) is checked against docs/cli.md, in both
 # directions, by tests/test_api.py.
 
 

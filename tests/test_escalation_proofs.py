@@ -27,7 +27,7 @@ from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 from scheduler.testing.http import LoopbackHTTPServer
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")

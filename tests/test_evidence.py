@@ -25,7 +25,7 @@ from evidence_support import (
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.evidence import verify_run
+from scheduler.evidence.attest import verify_run
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_bad_declaration_is_refused_and_nothing_is_stored(cli: Any, fields: di
 
 
 def test_a_declaration_is_stored_normalised_and_becomes_part_of_the_artifact(cli: Any, store: Any) -> None:
-    from scheduler.execution_artifacts import load_artifact
+    from scheduler.core.artifact import load_artifact
 
     plain = cli("--json", "jobs", "add", _spec(name="plain")).json["job"]
     added = cli("--json", "jobs", "add", _spec(evidence={"verify": {"required": True}, "payload": {"format": "json",
@@ -101,9 +101,9 @@ def test_a_declaration_is_stored_normalised_and_becomes_part_of_the_artifact(cli
 
 def test_a_job_without_evidence_keeps_its_artifact_digest() -> None:
     """The artifact of a job that declares no evidence is exactly the one built before the field existed."""
-    from scheduler.canonical import canonical_digest
-    from scheduler.execution_artifacts import native_digest, native_payload
-    from scheduler.spec import validate_spec
+    from scheduler.base.canonical import canonical_digest
+    from scheduler.core.artifact import native_digest, native_payload
+    from scheduler.core.spec import validate_spec
 
     spec = validate_spec({"name": "n", "schedule_kind": "manual", "payload_message": "echo hi"}, plugin_options=False)
     payload = native_payload(spec, "job-1")
@@ -187,7 +187,7 @@ def test_required_evidence_that_fails_ends_the_run_error_without_consequences(
     parent = add_job(store, name="parent", executor="shell", payload_message="echo out", delivery_mode="always",
                      delivery_channel="log", evidence={"provider": "ssh", "verify": {"required": True}})
     child = _child_and_delivery(store, parent)
-    from scheduler.queue import enqueue_manual
+    from scheduler.core.queue import enqueue_manual
 
     enqueue_manual(store, parent["id"])
     run = wait_for(lambda: [r for r in run_rows(store, parent["id"]) if r["status"] not in ("running", "pending")],
@@ -212,7 +212,7 @@ def test_evidence_that_is_not_required_fails_without_changing_the_run(
     dispatcher()
     parent = add_job(store, name="parent", executor="shell", payload_message="echo out", evidence={"provider": "ssh"})
     child = _child_and_delivery(store, parent)
-    from scheduler.queue import enqueue_manual
+    from scheduler.core.queue import enqueue_manual
 
     enqueue_manual(store, parent["id"])
     run = wait_for(lambda: [r for r in run_rows(store, parent["id"]) if r["status"] == "ok"], timeout=30, what="ok run")[0]
@@ -235,10 +235,10 @@ def test_a_job_without_evidence_gets_no_row_and_no_query(store: Any, dispatcher:
 
 def test_attest_run_returns_at_once_for_a_job_without_evidence() -> None:
     """The hot path: no store access at all (the store passed here would fail on any use)."""
-    from scheduler.evidence import attest_run
-    from scheduler.execution import ExecutionResult
-    from scheduler.pipeline import RunOutcomes
-    from scheduler.spec import validate_spec
+    from scheduler.evidence.attest import attest_run
+    from scheduler.core.execution import ExecutionResult
+    from scheduler.core.outcomes import RunOutcomes
+    from scheduler.core.spec import validate_spec
 
     spec = validate_spec({"name": "n", "schedule_kind": "manual", "payload_message": "echo"}, plugin_options=False)
     result = ExecutionResult(status="ok")
@@ -251,8 +251,8 @@ def test_attest_run_returns_at_once_for_a_job_without_evidence() -> None:
 
 
 def test_an_evidence_row_cannot_be_deleted_before_its_retention_ends(store: Any, dispatcher: Any) -> None:
-    from scheduler.errors import SchedulerError
-    from scheduler.timeutil import now_ms
+    from scheduler.base.errors import SchedulerError
+    from scheduler.base.timeutil import now_ms
 
     dispatcher()
     _job, kept = run_job(store, name="kept", payload_message="echo a", evidence={"retention": "30d"})

@@ -17,9 +17,9 @@ import pytest
 from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, unguarded
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
-from scheduler.canonical import canonical_json
-from scheduler.evidence import verify_run
-from scheduler.evidence_build import CORE_BINDINGS, PAYLOAD_VERSION, build_document
+from scheduler.base.canonical import canonical_json
+from scheduler.evidence.attest import verify_run
+from scheduler.evidence.build import CORE_BINDINGS, PAYLOAD_VERSION, build_document
 
 
 def payload_of(store: Any, run_id: str) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def test_forged_bindings_are_refused(store: Any, store_url: str, dispatcher: Any
 
 def test_a_version_1_payload_still_verifies_and_an_unknown_version_is_refused(store: Any, store_url: str,
                                                                                dispatcher: Any) -> None:
-    from scheduler.execution_artifacts import load_artifact
+    from scheduler.core.artifact import load_artifact
 
     dispatcher()
     _job, run = run_job(store, payload_message="echo old", evidence={"payload": {"bind": ["identity"]}, "collect": ["stdout"]})

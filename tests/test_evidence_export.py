@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 from scheduler.testing import add_job, run_rows, wait_for
 
 BIG = "printf 'hello\\n'; head -c 150000 /dev/zero | tr '\\0' z"
@@ -184,8 +184,8 @@ def test_all_reverifies_many_and_counts_invalid_by_code(store: Any, dispatcher: 
 
 
 def test_retained_evidence_verifies_after_its_run_and_job_are_gone(store: Any, dispatcher: Any, artifacts: Path, cli: Any) -> None:
-    from scheduler.evidence import verify_run
-    from scheduler.pruning import prune_runs
+    from scheduler.evidence.attest import verify_run
+    from scheduler.ops.pruning import prune_runs
 
     (run,) = _evidence_runs(store, dispatcher, artifacts, [BIG])
     with store.transaction() as tx:

@@ -13,8 +13,8 @@ import pytest
 from evidence_support import events_of, evidence_row
 from kernel_testing import RunningDispatcher, add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.evidence import verify_run
-from scheduler.queue import enqueue_manual
+from scheduler.evidence.attest import verify_run
+from scheduler.core.queue import enqueue_manual
 
 
 def test_kill9_mid_run_gives_an_interrupted_evidence_row(store: Any, store_url: str, tmp_path: Path,

@@ -15,7 +15,7 @@ import pytest
 from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, run_row, unguarded, use_settings
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
-from scheduler.evidence import verify_run
+from scheduler.evidence.attest import verify_run
 
 BIG = "head -c 100000 /dev/zero | tr '\\0' b; printf 'warn' >&2"
 
@@ -71,7 +71,7 @@ def _tamper(case: str, store: Any, store_url: str, first: dict[str, Any], second
         out.unlink()
     elif case == "EVIDENCE_PROVIDER_NOT_LOADED":
         monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "scheduler.evidence_providers:checksum")
-        from scheduler.evidence import PROVIDERS
+        from scheduler.evidence.attest import PROVIDERS
 
         PROVIDERS.forget()  # this process loaded it for the run; a verifying process would start without it
     elif case == "EVIDENCE_RECORD_MISSING":
@@ -82,7 +82,7 @@ def _tamper(case: str, store: Any, store_url: str, first: dict[str, Any], second
     elif case == "EVIDENCE_SIGNER:checksum-envelope":  # the envelope's recorded size changed: the provider says no
         env = json.loads(a["envelope"])
         env["data"]["payload_bytes"] += 1
-        from scheduler.canonical import canonical_json
+        from scheduler.base.canonical import canonical_json
 
         _set(store, store_url, "UPDATE evidence_records SET envelope = ? WHERE run_id = ?", (canonical_json(env), first["id"]))
     else:  # pragma: no cover
@@ -123,7 +123,7 @@ def test_a_transplant_names_the_run_it_came_from(store: Any, store_url: str, two
 
 
 def test_a_pruned_runs_retained_evidence_still_verifies(store: Any, store_url: str, cli: Any, two_runs: Any) -> None:
-    from scheduler.timeutil import now_ms
+    from scheduler.base.timeutil import now_ms
 
     first, _second = two_runs
     with store.transaction() as tx:

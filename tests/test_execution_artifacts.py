@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.canonical import canonical_digest, canonical_json, is_digest
-from scheduler.errors import SchedulerError
-from scheduler.execution_artifacts import check_job, load_artifact, native_payload, redact_secrets
-from scheduler.jobs import resolve_job, set_enabled, update_job
-from scheduler.queue import enqueue_manual
-from scheduler.spec import spec_from_row, validate_spec
+from scheduler.base.canonical import canonical_digest, canonical_json, is_digest
+from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import check_job, load_artifact, native_payload, redact_secrets
+from scheduler.core.jobs import resolve_job, set_enabled, update_job
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.spec import spec_from_row, validate_spec
 
 
 def job_row(store: Any, ref: str) -> dict[str, Any]:

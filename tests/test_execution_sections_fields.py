@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.execution_artifacts import execution_sections
-from scheduler.spec import validate_spec
+from scheduler.core.artifact import execution_sections
+from scheduler.core.spec import validate_spec
 
 FIELDS = ("credentials", "child_credential_policy", "authorization_ref", "authorization", "authorization_proof", "evidence")
 

@@ -1,4 +1,4 @@
-"""scheduler.fenced_writes: the workers' RunControl writes committed in groups, failures kept per write (SQLite and PostgreSQL)."""
+"""scheduler.core.fenced_writes: the workers' RunControl writes committed in groups, failures kept per write (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import threading
 import pytest
 from kernel_testing import add_job, run_rows
 
-from scheduler import lease as leases
-from scheduler.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
-from scheduler.queue import claim_and_start, enqueue_manual
-from scheduler.runs import StaleFence
-from scheduler.timeutil import now_ms
+from scheduler.core import lease as leases
+from scheduler.core.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
+from scheduler.core.queue import claim_and_start, enqueue_manual
+from scheduler.core.runs import StaleFence
+from scheduler.base.timeutil import now_ms
 
 
 def _running(store, count: int):
@@ -102,7 +102,7 @@ def test_a_lost_lease_fails_fenced_writes_but_keeps_plain_events(store):
 
 
 def test_the_writer_thread_ends_when_idle_and_comes_back(store, monkeypatch):
-    import scheduler.fenced_writes as fw
+    import scheduler.core.fenced_writes as fw
 
     monkeypatch.setattr(fw, "IDLE_EXIT_S", 0.05)
     d, started = _running(store, 1)
@@ -120,7 +120,7 @@ def test_the_writer_thread_ends_when_idle_and_comes_back(store, monkeypatch):
 def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(db_path):
     """SQLite: the writer takes the queue only once its transaction has begun, so writes that arrive while it
     waits for the write lock (held by the loop's own transactions) share its commit instead of waiting for another."""
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     store = open_store(str(db_path))
     try:

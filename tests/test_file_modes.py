@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from kernel_testing import scheduler_cmd, wait_for
 
-from scheduler.filemodes import FILE_MODE_ENV
+from scheduler.core.filemodes import FILE_MODE_ENV
 
 SITE_PACKAGES = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")

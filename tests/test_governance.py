@@ -1,6 +1,6 @@
 """Governance (issue 11): what the executor cannot enforce is refused, at add and before every run.
 
-Pure checks of ``scheduler.governance``, the refusal at ``jobs validate`` through the real
+Pure checks of ``scheduler.pipeline.governance``, the refusal at ``jobs validate`` through the real
 CLI, and real dispatcher runs of shell jobs on SQLite and PostgreSQL: a job accepted while
 its executor declared a capability that it no longer declares ends ``error`` /
 ``SCHEDULER_GOVERNANCE_DENIED`` and its command never runs (a marker file that must not
@@ -18,10 +18,10 @@ import pytest
 
 from kernel_testing import add_job, run_job_once
 
-from scheduler import governance
-from scheduler.errors import SchedulerError
-from scheduler.pipeline import RunOutcomes
-from scheduler.spec import validate_spec
+from scheduler.pipeline import governance
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.spec import validate_spec
 
 DENIED = "SCHEDULER_GOVERNANCE_DENIED"
 

@@ -1,4 +1,4 @@
-"""Handoff v4 artifacts (``scheduler.handoff``): the conformance fixture, every validation step, submissions, bound jobs.
+"""Handoff v4 artifacts (``scheduler.artifacts.handoff``): the conformance fixture, every validation step, submissions, bound jobs.
 
 Pure logic: no database. Stored v4 jobs are checked through a stand-in transaction that
 answers ``load_artifact``'s one query, with rows built by ``spec_to_row`` as the store does.
@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 import pytest
 
-from scheduler.canonical import canonical_digest, canonical_json
-from scheduler.errors import SchedulerError
-from scheduler.execution_artifacts import check_job, execution_sections, native_payload, put_artifact
-from scheduler.handoff import (
+from scheduler.base.canonical import canonical_digest, canonical_json
+from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import check_job, execution_sections, native_payload, put_artifact
+from scheduler.artifacts.handoff import (
     BINDING_EXCLUDED_FIELDS,
     MANIFEST_V1_FIELDS,
     SUBMISSION_FIELDS,
@@ -39,7 +39,7 @@ from scheduler.handoff import (
     submission_fields,
     validate_v4,
 )
-from scheduler.spec import SPEC_FIELDS, JobSpec, spec_to_row, validate_spec
+from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_to_row, validate_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_PATH = ROOT / "conformance-fixtures" / "v1" / "handoff" / "conformance.json"
@@ -564,14 +564,14 @@ def test_a_job_without_declarations_never_loads_the_declaration_validators() -> 
     """The hot path: a v4 job that declares nothing is checked before every run without importing those modules."""
     code = (
         "import json, sys\n"
-        "from scheduler.spec import validate_spec\n"
-        "from scheduler.handoff import compile_v4, validate_v4\n"
+        "from scheduler.core.spec import validate_spec\n"
+        "from scheduler.artifacts.handoff import compile_v4, validate_v4\n"
         f"fixture = json.load(open({str(FIXTURE_PATH)!r}))\n"
         "spec = validate_spec(fixture['spec'], plugin_options=False)\n"
         "before = set(sys.modules)\n"
         "validate_v4(compile_v4(spec, **fixture['compile']), spec=spec)\n"
-        "names = ('scheduler.identity', 'scheduler.credential_bindings', 'scheduler.authorization',"
-        " 'scheduler.proof_declaration', 'scheduler.evidence_declaration')\n"
+        "names = ('scheduler.pipeline.identity', 'scheduler.pipeline.credentials.bindings', 'scheduler.pipeline.authorization',"
+        " 'scheduler.pipeline.proofs.declaration', 'scheduler.evidence.declaration')\n"
         "print(json.dumps(sorted(n for n in names if n in sys.modules and n not in before)))\n"
     )
     out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kernel_testing import run_rows, wait_for
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = ROOT / "conformance-fixtures" / "v1" / "handoff"
@@ -252,7 +252,7 @@ def test_a_v4_artifact_whose_declaration_differs_from_the_job_stores_nothing(cli
     raised["handoff_artifact_payload"]["identity"]["trust"]["level"] = "system"
     out = cli("--json", "jobs", "add", json.dumps(raised))
     assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_DIGEST_MISMATCH"
-    from scheduler.canonical import canonical_digest
+    from scheduler.base.canonical import canonical_digest
 
     raised["handoff_artifact_digest"] = canonical_digest(raised["handoff_artifact_payload"])
     out = cli("--json", "jobs", "add", json.dumps(raised))

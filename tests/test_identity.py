@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.errors import SchedulerError
-from scheduler.execution_artifacts import native_digest
-from scheduler.queue import enqueue_manual
-from scheduler.spec import validate_spec
+from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import native_digest
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.spec import validate_spec
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
@@ -315,8 +315,8 @@ def test_resolving_without_a_delegating_declaration_never_touches_the_store() ->
     """The hot path: no declaration, or mode none, resolves from the job row alone (the store here cannot be used)."""
     from types import SimpleNamespace
 
-    from scheduler import identity
-    from scheduler.pipeline import RunOutcomes
+    from scheduler.pipeline import identity
+    from scheduler.core.outcomes import RunOutcomes
 
     for declared in (None, {"subject": {"kind": "agent", "principal": "a"}, "trust": {"level": "untrusted"}}):
         spec = validate_spec({**spec_with(declared), "schedule_kind": "chain", "parent_id": "p"}, plugin_options=False)

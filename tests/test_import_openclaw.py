@@ -164,7 +164,7 @@ def test_default_binary_from_path_through_the_real_cli(tmp_path: Path) -> None:
 
 
 def test_every_as_cron_only_when_exact() -> None:
-    from scheduler.importers.openclaw import every_as_cron
+    from scheduler.ops.importers.openclaw import every_as_cron
 
     assert every_as_cron(60_000, 0) == "* * * * *"
     assert every_as_cron(20 * 60_000, 5 * 60_000) == "5,25,45 * * * *"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import lease as leases
-from scheduler.errors import SchedulerError
+from scheduler.core import lease as leases
+from scheduler.base.errors import SchedulerError
 
 
 def test_acquire_renew_release_keep_token(store):

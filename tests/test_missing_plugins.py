@@ -156,8 +156,8 @@ def test_an_installed_plugin_is_accepted(tmp_path: Path) -> None:
 def test_the_presence_check_imports_no_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Presence comes from the metadata: a plugin that would fail to import still counts as installed
     (whether it loads is ``doctor``'s business and the run's), and checking it imports nothing."""
-    from scheduler.plugin_refs import missing_plugins, plugin_refs
-    from scheduler.spec import validate_spec
+    from scheduler.plugins.refs import missing_plugins, plugin_refs
+    from scheduler.core.spec import validate_spec
 
     env, marker = _side_loaded_channel(tmp_path, "pager")
     for entry in reversed(env["PYTHONPATH"].split(os.pathsep)):
@@ -199,8 +199,8 @@ def test_update_does_not_recheck_a_plugin_it_leaves_alone(tmp_path: Path) -> Non
 
 
 def test_each_plugin_kind_has_a_registered_not_available_code() -> None:
-    from scheduler.errors import ErrorCode
-    from scheduler.plugin_refs import PluginRef
+    from scheduler.base.errors import ErrorCode
+    from scheduler.plugins.refs import PluginRef
     from scheduler.plugins.protocols import PROVIDER_KINDS
 
     for kind, (group, _protocol) in PROVIDER_KINDS.items():
@@ -210,9 +210,9 @@ def test_each_plugin_kind_has_a_registered_not_available_code() -> None:
 
 def test_a_new_kind_of_reference_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Later fields (evidence, credentials, authorization) plug into the same rule."""
-    import scheduler.plugin_refs as refs
-    from scheduler.errors import SchedulerError
-    from scheduler.spec import validate_spec
+    import scheduler.plugins.refs as refs
+    from scheduler.base.errors import SchedulerError
+    from scheduler.core.spec import validate_spec
 
     job = validate_spec(json.loads(spec()))
     monkeypatch.setattr(refs, "SPEC_REFERENCES", (*refs.SPEC_REFERENCES, lambda s: [refs.PluginRef("evidence", "nosuch-sig", "evidence.provider")]))

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.jobs import create_jobs
-from scheduler.queue import enqueue_manual
-from scheduler.spec import validate_spec
-from scheduler.store import open_store
-from scheduler.timeutil import now_ms, to_iso
+from scheduler.core.jobs import create_jobs
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.spec import validate_spec
+from scheduler.core.store import open_store
+from scheduler.base.timeutil import now_ms, to_iso
 
 TTL_MS = 1500
 

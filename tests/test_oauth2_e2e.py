@@ -20,7 +20,7 @@ from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_t
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 from scheduler.settings import reload_settings
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
@@ -29,7 +29,8 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 @pytest.fixture
 def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[TokenServer]:
     """The endpoint, and a settings file naming it as client ``reports``; fresh provider caches."""
-    from scheduler import credentials, plugin_options
+    from scheduler.pipeline.credentials import step as credentials
+    from scheduler.plugins import options as plugin_options
 
     state, close = serve_token_endpoint()
     secret = "cs-" + secrets.token_urlsafe(24)

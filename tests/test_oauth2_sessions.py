@@ -1,7 +1,7 @@
 """OAuth2 provider sessions in the kernel's ``provider_sessions`` table, against a real token endpoint on loopback.
 
 The provider caches one token per session key in memory; the kernel's record
-(``scheduler.provider_sessions.StoreProviderSessions``, on ``CredentialContext.sessions``)
+(``scheduler.pipeline.credentials.sessions.StoreProviderSessions``, on ``CredentialContext.sessions``)
 keeps only the hashed key, scopes, expiry, refresh point and status. Every test runs on
 SQLite and PostgreSQL (the ``store`` fixture) and scans the rows for the token, the
 client secret and their base64/hex forms.
@@ -27,7 +27,7 @@ from scheduler.api import (
     SchedulerError,
     SecretRef,
 )
-from scheduler.provider_sessions import StoreProviderSessions, session_id
+from scheduler.pipeline.credentials.sessions import StoreProviderSessions, session_id
 
 
 class Clock:

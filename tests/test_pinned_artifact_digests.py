@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.canonical import canonical_digest
-from scheduler.execution_artifacts import native_payload
-from scheduler.handoff import compile_v4
-from scheduler.spec import validate_spec
+from scheduler.base.canonical import canonical_digest
+from scheduler.core.artifact import native_payload
+from scheduler.artifacts.handoff import compile_v4
+from scheduler.core.spec import validate_spec
 
 JOB_ID = "job-pinned"
 

@@ -22,7 +22,7 @@ import pytest
 
 from kernel_testing import scheduler_cmd
 from scheduler import PLUGIN_API_VERSION
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.loader import inventory, load_driver, load_provider
@@ -43,7 +43,7 @@ def make_dist(site: Path, dist: str, entry_points: dict[str, dict[str, str]], mo
 
 FAKE_MODULE = """
     from scheduler import PLUGIN_API_VERSION
-    from scheduler.execution import ExecutionResult
+    from scheduler.core.execution import ExecutionResult
 
 
     class Executor:
@@ -310,7 +310,7 @@ def test_failing_hook_module_is_recorded_unless_strict(tmp_path: Path, monkeypat
 
 
 def test_hook_manager_is_not_built_at_import_time() -> None:
-    code = ("import sys, scheduler.plugins.hooks, scheduler.cli.main, scheduler.dispatcher;"
+    code = ("import sys, scheduler.plugins.hooks, scheduler.cli.main, scheduler.core.dispatcher;"
             "print(sorted(m for m in sys.modules if m.startswith('scheduler_')))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -424,11 +424,11 @@ def test_register_commands_hook_adds_a_cli_command(tmp_path: Path) -> None:
 
 
 def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig
-    from scheduler.jobs import create_jobs
-    from scheduler.queue import enqueue_manual
-    from scheduler.spec import validate_spec
-    from scheduler.store import open_store
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.queue import enqueue_manual
+    from scheduler.core.spec import validate_spec
+    from scheduler.core.store import open_store
 
     store = open_store(db_path)
     job = create_jobs(store, [validate_spec({"name": "hooked", "schedule_kind": "manual", "executor": "testkit",

@@ -1,4 +1,4 @@
-"""scheduler.processes: process identity from /proc and whole-group termination, on real processes."""
+"""scheduler.core.processes: process identity from /proc and whole-group termination, on real processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scheduler.processes import (
+from scheduler.core.processes import (
     group_alive,
     kill_group,
     leftovers_after_reap,

@@ -1,6 +1,6 @@
 """Authorization proofs (docs/proofs.md): declarations, every method with real keys, the replay ledger, revocations.
 
-Verification tests call ``scheduler.proof_verify`` with keys generated in the test; the pipeline
+Verification tests call ``scheduler.pipeline.proofs.verify`` with keys generated in the test; the pipeline
 tests run a real dispatcher on SQLite and PostgreSQL with a shell job whose marker file proves
 whether the payload started.
 """
@@ -36,11 +36,11 @@ from test_proofs_support import (
     write_public_pem,
 )
 
-from scheduler.errors import SchedulerError
-from scheduler.execution_artifacts import native_digest
-from scheduler.proof_verify import read_source, verify
-from scheduler.queue import enqueue_manual
-from scheduler.spec import validate_spec
+from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import native_digest
+from scheduler.pipeline.proofs.verify import read_source, verify
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.spec import validate_spec
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 DIGEST = "sha256:" + "ab" * 32
@@ -114,7 +114,7 @@ def test_the_declaration_is_part_of_the_artifact_and_jobs_without_one_keep_their
     with_proof = validate_spec({"name": "p", "schedule_kind": "manual", "payload_message": "true", "authorization_proof": {
         "method": "jwt", "source": {"env": "P"}, "issuer": "i", "audience": "a", "public_key_file": "/k"}}, plugin_options=False)
     assert native_digest(plain, "j1") != native_digest(with_proof, "j1")
-    from scheduler.execution_artifacts import native_payload
+    from scheduler.core.artifact import native_payload
 
     assert native_payload(plain, "j1")["authorization_proof"] is None
     assert native_payload(with_proof, "j1")["authorization_proof"]["source"] == {"env": "P"}
@@ -345,7 +345,7 @@ def test_a_bad_proof_ends_the_run_before_the_payload(store: Any, dispatcher: Any
 
 
 def test_revocation_by_proof_id_and_by_key_id(store: Any, dispatcher: Any, tmp_path: Path) -> None:
-    from scheduler.proofs import revoke
+    from scheduler.pipeline.proofs.step import revoke
 
     key = rsa_key()
     job, source, marker = proof_job(store, tmp_path, key)
@@ -405,8 +405,8 @@ def test_a_retry_of_the_claiming_dispatch_reuses_the_claim(store: Any, dispatche
 
 
 def test_a_job_without_a_proof_touches_no_proof_table(store: Any) -> None:
-    from scheduler import proofs
-    from scheduler.pipeline import RunOutcomes
+    from scheduler.pipeline.proofs import step as proofs
+    from scheduler.core.outcomes import RunOutcomes
 
     class NoStore:
         def __getattr__(self, name: str) -> Any:
@@ -423,9 +423,9 @@ def test_after_an_approval_wait_the_recorded_window_and_revocations_are_rechecke
     """A run resuming with a verified proof (its proof_json) is re-checked from the record: no source read, no new claim."""
     from test_proofs_race import Started
 
-    from scheduler import proofs
-    from scheduler.pipeline import RunOutcomes
-    from scheduler.spec import spec_from_row
+    from scheduler.pipeline.proofs import step as proofs
+    from scheduler.core.outcomes import RunOutcomes
+    from scheduler.core.spec import spec_from_row
 
     key = rsa_key()
     job, source, _marker = proof_job(store, tmp_path, key)

@@ -19,10 +19,10 @@ import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public_pem
 
-from scheduler.errors import SchedulerError
-from scheduler.pipeline import RunOutcomes
-from scheduler.spec import spec_from_row
-from scheduler.store import open_store
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.spec import spec_from_row
+from scheduler.core.store import open_store
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
@@ -39,7 +39,7 @@ class Started:
 
 
 def test_three_connections_racing_for_one_proof_id_one_claim_wins(store_url: str, tmp_path: Path) -> None:
-    from scheduler import proofs
+    from scheduler.pipeline.proofs import step as proofs
 
     key = rsa_key()
     pub = write_public_pem(key, tmp_path / "pub.pem")
@@ -82,7 +82,7 @@ def test_three_connections_racing_for_one_proof_id_one_claim_wins(store_url: str
 
 @pytest.mark.postgres
 def test_three_real_dispatchers_on_postgres_exactly_one_claim_wins(pg_url: str, tmp_path: Path) -> None:
-    from scheduler.queue import enqueue_manual
+    from scheduler.core.queue import enqueue_manual
 
     key = rsa_key()
     pub = write_public_pem(key, tmp_path / "pub.pem")

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from scheduler.proof_verify import signed_message
+from scheduler.pipeline.proofs.verify import signed_message
 
 ISSUER = "https://idp.test"
 AUDIENCE = "scheduler-test"

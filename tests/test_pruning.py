@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import SchedulerError
-from scheduler.evidence_retention import MAX_RETENTION_MS, retention_ms, retention_until
-from scheduler.pruning import EVENT_KIND, prune_runs
-from scheduler.queue import enqueue_manual
+from scheduler.base.errors import SchedulerError
+from scheduler.evidence.retention import MAX_RETENTION_MS, retention_ms, retention_until
+from scheduler.ops.pruning import EVENT_KIND, prune_runs
+from scheduler.core.queue import enqueue_manual
 from scheduler.testing import add_job, run_rows, wait_for
-from scheduler.timeutil import now_ms
+from scheduler.base.timeutil import now_ms
 
 DAY = 86_400_000
 

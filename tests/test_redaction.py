@@ -1,6 +1,6 @@
 """Output redaction (issue 11): presented credential values never reach a run's recorded output.
 
-Unit tests of ``scheduler.redaction`` and the kernel's ``StreamRecorder`` (real files in the
+Unit tests of ``scheduler.core.redaction`` and the kernel's ``StreamRecorder`` (real files in the
 artifact store, digests recomputed from what is on disk), the shell executor with a
 ``CredentialPresentation`` (real subprocesses), and a real dispatcher running a shell job
 with a credential binding from the ``env`` provider on SQLite and PostgreSQL, whose stored
@@ -20,9 +20,9 @@ import pytest
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.artifacts import StreamRecorder, read_artifact, read_stream, run_dir
-from scheduler.execution import CredentialPresentation
-from scheduler.redaction import MIN_ENCODED_BYTES, forms_of, marker, redactions_for
+from scheduler.core.outputs import StreamRecorder, read_artifact, read_stream, run_dir
+from scheduler.core.execution import CredentialPresentation
+from scheduler.core.redaction import MIN_ENCODED_BYTES, forms_of, marker, redactions_for
 
 SECRET = "tok-9fQ/x+Zr_Secret"
 OTHER = "pw=Hunter2!bb"
@@ -226,7 +226,7 @@ def test_a_secret_at_the_very_end_is_flushed_redacted(tmp_path: Path) -> None:
 
 
 def test_the_shell_executor_redacts_stdout_stderr_structured_output_and_verification(tmp_path: Path) -> None:
-    from scheduler.execution import LocalRunControl
+    from scheduler.core.execution import LocalRunControl
     from scheduler.testing import load_provider, make_request
 
     executor = load_provider("executor", "shell")
@@ -265,8 +265,8 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 def test_a_dispatcher_run_stores_only_redacted_output(store: Any, dispatcher: Any, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler import credentials
-    from scheduler.queue import enqueue_manual
+    from scheduler.pipeline.credentials import step as credentials
+    from scheduler.core.queue import enqueue_manual
 
     credentials.forget_providers()
     monkeypatch.setenv("REDACT_SRC", SECRET)

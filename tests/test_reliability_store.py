@@ -25,9 +25,9 @@ from typing import Any, Iterator
 import pytest
 from kernel_testing import scheduler_cmd
 
-from scheduler.errors import SchedulerError
-from scheduler.store import open_store
-from scheduler.store.sqlite import BUSY_TIMEOUT_ENV, SQLiteStore
+from scheduler.base.errors import SchedulerError
+from scheduler.core.store import open_store
+from scheduler.core.store.sqlite import BUSY_TIMEOUT_ENV, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,8 +90,8 @@ SCENARIO = textwrap.dedent(
     """
     import faulthandler, json, subprocess, sys, threading, time
     faulthandler.enable()
-    from scheduler.errors import SchedulerError
-    from scheduler.store.sqlite import SQLiteStore
+    from scheduler.base.errors import SchedulerError
+    from scheduler.core.store.sqlite import SQLiteStore
 
     path, holder_src = sys.argv[1], sys.argv[2]
     report = {"busy_errors": [], "other_errors": [], "rounds": 0}

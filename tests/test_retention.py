@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import SchedulerError
-from scheduler.events import append_event
-from scheduler.pruning import EVENT_KIND, prune
-from scheduler.retention import Rules, normalise_job_retention
+from scheduler.base.errors import SchedulerError
+from scheduler.core.events import append_event
+from scheduler.ops.pruning import EVENT_KIND, prune
+from scheduler.ops.retention import Rules, normalise_job_retention
 from scheduler.settings import reload_settings
 from scheduler.testing import add_job, wait_for
-from scheduler.timeutil import now_ms
+from scheduler.base.timeutil import now_ms
 
 DAY = 86_400_000
 
@@ -220,7 +220,7 @@ def test_dispatcher_applies_retention_on_sqlite(store: Any, dispatcher: Any, tmp
 
 
 def test_three_dispatchers_apply_retention_once_per_interval(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
     from scheduler.testing import RunningDispatcher
 
     store = open_store(pg_url)

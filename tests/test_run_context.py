@@ -11,7 +11,7 @@ from typing import Any
 
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.queue import enqueue_manual
+from scheduler.core.queue import enqueue_manual
 
 
 def outputs(store: Any, job_id: str) -> list[tuple[str, str | None]]:
@@ -41,7 +41,7 @@ def test_state_is_kept_only_from_ok_runs_and_handed_to_the_next(store: Any, disp
     enqueue_manual(store, job["id"])
     dispatcher()
     wait_for(lambda: outputs(store, job["id"]) == [("ok", "null")], what="first run: nothing kept yet")
-    from scheduler.jobs import update_job
+    from scheduler.core.jobs import update_job
 
     update_job(store, job["id"], {"payload_message": "show-state;keep:turns=2;fail"})  # kept nothing: the run fails
     enqueue_manual(store, job["id"])
@@ -58,8 +58,8 @@ def test_state_is_kept_only_from_ok_runs_and_handed_to_the_next(store: Any, disp
 
 
 def test_unusable_state_is_refused_and_the_previous_kept(store: Any) -> None:
-    from scheduler.completion import keep_executor_state
-    from scheduler.execution import MAX_EXECUTOR_STATE_BYTES
+    from scheduler.core.completion import keep_executor_state
+    from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES
 
     job = add_job(store, payload_message="ok")
     with store.transaction() as tx:

@@ -10,15 +10,15 @@ import time
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler import lease as leases
-from scheduler.cancel import cancel_job, cancel_run
-from scheduler.completion import complete_run
-from scheduler.errors import SchedulerError
-from scheduler.execution import ExecutionResult
-from scheduler.jobs import set_enabled, update_job
-from scheduler.queue import claim_and_start, enqueue_manual, materialize_due, release_expired_claims
-from scheduler.runs import StaleFence
-from scheduler.timeutil import now_ms
+from scheduler.core import lease as leases
+from scheduler.core.cancel import cancel_job, cancel_run
+from scheduler.core.completion import complete_run
+from scheduler.base.errors import SchedulerError
+from scheduler.core.execution import ExecutionResult
+from scheduler.core.jobs import set_enabled, update_job
+from scheduler.core.queue import claim_and_start, enqueue_manual, materialize_due, release_expired_claims
+from scheduler.core.runs import StaleFence
+from scheduler.base.timeutil import now_ms
 
 
 def statuses(store, job_id):
@@ -123,7 +123,7 @@ def test_overlap_skip_records_skipped_run(store):
 
 
 def materialize_like_slot(store, job_id, slot=None):
-    from scheduler.queue import insert_dispatch, slot_dispatch_id
+    from scheduler.core.queue import insert_dispatch, slot_dispatch_id
 
     slot = slot or now_ms() - 1
     with store.transaction() as tx:
@@ -213,7 +213,7 @@ def test_failure_chain_runs_only_after_last_retry(store, dispatcher):
 
 
 def test_chain_cycles_depth_and_fanout_rejected_at_creation(store):
-    from scheduler.jobs import MAX_CHAIN_DEPTH, update_job
+    from scheduler.core.jobs import MAX_CHAIN_DEPTH, update_job
 
     a = add_job(store, name="a", payload_message="ok")
     b = add_job(store, name="b", schedule_kind="chain", parent_id="a", payload_message="ok")
@@ -226,7 +226,7 @@ def test_chain_cycles_depth_and_fanout_rejected_at_creation(store):
     with pytest.raises(SchedulerError) as info:
         add_job(store, name="too-deep", schedule_kind="chain", parent_id=prev, payload_message="ok")
     assert info.value.code == "CHAIN_TOO_DEEP"
-    from scheduler.jobs import MAX_CHAIN_FANOUT
+    from scheduler.core.jobs import MAX_CHAIN_FANOUT
 
     for i in range(MAX_CHAIN_FANOUT - 1):
         add_job(store, name=f"f{i}", schedule_kind="chain", parent_id="a", payload_message="ok")
@@ -293,7 +293,7 @@ def test_auto_pause_after_consecutive_failures_and_enable_resumes(store, dispatc
     assert j["enabled"] == 0 and j["paused_at"] and "2 consecutive failures" in j["paused_reason"]
     time.sleep(1.5)
     assert statuses(store, job["id"]).count("error") == 2  # paused: no more runs
-    from scheduler.jobs import job_to_json
+    from scheduler.core.jobs import job_to_json
 
     assert job_to_json(j)["state"] == "paused"
     before = now_ms()
@@ -392,7 +392,7 @@ def test_wakeup_on_cli_change_is_fast(store, dispatcher):
 def test_due_job_starts_within_milliseconds(store, dispatcher):
     dispatcher()
     at = now_ms() + 700
-    from scheduler.timeutil import to_iso
+    from scheduler.base.timeutil import to_iso
 
     job = add_job(store, schedule_kind="at", schedule_at=to_iso(at), payload_message="ok")
     run = wait_for(lambda: run_rows(store, job["id"]), what="run")[0]
@@ -401,7 +401,7 @@ def test_due_job_starts_within_milliseconds(store, dispatcher):
 
 
 def test_missing_next_run_is_recomputed_and_stored_never_fired_now(store, dispatcher):
-    from scheduler.jobs import repair_missing_next_runs
+    from scheduler.core.jobs import repair_missing_next_runs
 
     job = add_job(store, schedule_kind="cron", schedule_cron="0 0 1 1 *", payload_message="ok")
     with store.transaction() as tx:  # lost, e.g. by direct SQL
@@ -426,7 +426,7 @@ def store_value(store, sql, *params):
 
 
 def test_fenced_bookkeeping_after_takeover_raises(store):
-    from scheduler.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
 
     job = add_job(store, payload_message="ok")
     d = Dispatcher(store, DispatcherConfig(lease_ttl_ms=1000))

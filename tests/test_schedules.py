@@ -1,4 +1,4 @@
-"""Tests for scheduler.schedules: cron (with DST), every, at, manual/chain, previews.
+"""Tests for scheduler.core.schedules: cron (with DST), every, at, manual/chain, previews.
 
 Expected instants are hard-coded UTC strings derived by hand from the DST rules
 (comments show the derivation); they are not computed with the code under test.
@@ -16,8 +16,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduler.errors import SchedulerError
-from scheduler.schedules import (
+from scheduler.base.errors import SchedulerError
+from scheduler.core.schedules import (
     Schedule,
     describe_fire,
     missed_slots,
@@ -27,7 +27,7 @@ from scheduler.schedules import (
     validate_cron,
     validate_timezone,
 )
-from scheduler.timeutil import parse_iso
+from scheduler.base.timeutil import parse_iso
 
 H = 3_600_000
 
@@ -126,7 +126,7 @@ def test_schedule_validation() -> None:
 
 
 def test_croniter_is_imported_lazily() -> None:
-    code = "import sys, scheduler.schedules; assert 'croniter' not in sys.modules, 'croniter imported at module level'"
+    code = "import sys, scheduler.core.schedules; assert 'croniter' not in sys.modules, 'croniter imported at module level'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -433,8 +433,8 @@ def test_next_fire_is_fast() -> None:
 
 @pytest.mark.parametrize("text", ["١s", "５m", "1h٣0m"])
 def test_durations_take_ascii_digits_only(text: str) -> None:
-    from scheduler.errors import SchedulerError
-    from scheduler.timeutil import parse_duration_ms
+    from scheduler.base.errors import SchedulerError
+    from scheduler.base.timeutil import parse_duration_ms
 
     with pytest.raises(SchedulerError) as info:
         parse_duration_ms(text)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 
 
 def svc(tmp_path: Path, *args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -114,7 +114,7 @@ def test_sighup_reloads_settings_and_keeps_them_when_the_new_file_is_invalid(tmp
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
-    from scheduler.service_unit import verify
+    from scheduler.ops.service_unit import verify
 
     bad = tmp_path / "bad.service"
     bad.write_text("[Service]\nExecStart=relative/path run\nKillMode=sometimes\n")

@@ -23,7 +23,7 @@ import attrs
 import pytest
 
 from kernel_testing import scheduler_cmd
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.settings import (
     KERNEL_TABLES,
     RETIRED_ENV,
@@ -131,12 +131,12 @@ def test_settings_are_cached_per_process_until_reloaded(monkeypatch: pytest.Monk
 
 
 def test_kernel_defaults_agree_with_dispatcher_config() -> None:
-    from scheduler.dispatcher import DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
 
     config, settings = DispatcherConfig(), KERNEL_TABLES["dispatcher"]()
     for name in ("concurrency", "lease_ttl_ms", "grace_s", "kill_grace_s"):
         assert getattr(config, name) == getattr(settings, name), name
-    from scheduler.store.sqlite import BUSY_TIMEOUT_MS
+    from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS
 
     assert KERNEL_TABLES["storage"]().sqlite_busy_timeout_ms == BUSY_TIMEOUT_MS
 
@@ -488,7 +488,7 @@ def test_stateful_commands_refuse_an_invalid_settings_file(tmp_path: Path) -> No
 
 
 def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_SYNCHRONOUS", raising=False)
     monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / "none.toml", "")))
@@ -519,7 +519,7 @@ def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: 
 
 def test_sqlite_store_uses_the_cache_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``[storage] sqlite_cache_mb`` is every connection's page cache (32 MiB by default, not SQLite's 2 MiB)."""
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_CACHE_MB", raising=False)
     for name, text, kib in (("default", "", 32 * 1024), ("set", "[storage]\nsqlite_cache_mb = 7\n", 7 * 1024)):

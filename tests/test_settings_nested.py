@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 import pytest
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.settings import SecretRef, env_var, plugin_settings, reload_settings
 from scheduler.settings.load import entry_class, resolve_table, setting_vars
 from scheduler.testing import isolate_settings, run_cli

@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import pytest
 
-from scheduler.errors import SchedulerError
-from scheduler.spec import SPEC_FIELDS, JobSpec, field_catalogue, spec_from_row, spec_to_input, spec_to_row, validate_spec
-from scheduler.store import open_store
-from scheduler.timeutil import parse_iso, to_iso
+from scheduler.base.errors import SchedulerError
+from scheduler.core.spec import SPEC_FIELDS, JobSpec, field_catalogue, spec_from_row, spec_to_input, spec_to_row, validate_spec
+from scheduler.core.store import open_store
+from scheduler.base.timeutil import parse_iso, to_iso
 
 NOW = parse_iso("2025-06-01T12:00:00Z")
 FUTURE = "2025-06-02T09:00:00Z"
@@ -100,9 +100,9 @@ def test_column_defaults_and_nullability_match_the_catalogue(jobs_table: dict[st
     """A spec default is the column default; only fields that may be null are nullable.
 
     Checked against the jobs table a fresh SQLite database gets and against the one schema
-    definition every dialect is rendered from (``scheduler.store.schema``).
+    definition every dialect is rendered from (``scheduler.core.store.schema``).
     """
-    from scheduler.store import schema
+    from scheduler.core.store import schema
 
     jobs = schema.table("jobs")
     wrong = []

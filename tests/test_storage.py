@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import SchedulerError
-from scheduler.store import migrations, open_store, schema
-from scheduler.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
+from scheduler.base.errors import SchedulerError
+from scheduler.core.store import migrations, open_store, schema
+from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -251,10 +251,10 @@ def test_schema_module_reads_the_same_text_as_the_file() -> None:
 
 
 def test_schema_sql_is_generated_from_the_one_definition() -> None:
-    """``schema.sql`` is ``render("sqlite")`` of ``scheduler.store.schema``: edit the module, then regenerate."""
+    """``schema.sql`` is ``render("sqlite")`` of ``scheduler.core.store.schema``: edit the module, then regenerate."""
     generated = schema.render("sqlite")
     committed = (ROOT / "schema.sql").read_text(encoding="utf-8")
-    assert committed == generated, "schema.sql is stale: run `python -m scheduler.store.schema --write` and commit it"
+    assert committed == generated, "schema.sql is stale: run `python -m scheduler.core.store.schema --write` and commit it"
     assert tuple(st.removesuffix(";") for st in migrations.schema_statements("sqlite")) == schema.statements("sqlite")
 
 
@@ -383,7 +383,7 @@ def test_v1_fixture_is_what_the_generator_describes(v1_db: Path, tmp_path: Path)
 
 
 def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_path: Path) -> None:
-    from scheduler.execution_artifacts import check_job, load_artifact
+    from scheduler.core.artifact import check_job, load_artifact
 
     conn = sqlite3.connect(v1_db)
     conn.row_factory = sqlite3.Row
@@ -494,7 +494,7 @@ def test_migration_steps_are_idempotent(v1_db: Path) -> None:
 
 
 def test_migrated_jobs_are_usable_through_the_cli(v1_db: Path) -> None:
-    from scheduler.jobs import job_to_json, list_jobs, update_job
+    from scheduler.core.jobs import job_to_json, list_jobs, update_job
 
     store = open_store(v1_db)
     updated = update_job(store, "nightly-backup", {"dst_gap_policy": "skip"})
@@ -534,7 +534,7 @@ def test_interrupted_migration_leaves_the_database_unchanged(v1_db: Path) -> Non
 
 _KILL_SCRIPT = """
 import pathlib, sys, time
-from scheduler.store.sqlite import SQLiteStore
+from scheduler.core.store.sqlite import SQLiteStore
 store = SQLiteStore(sys.argv[1])
 marker = pathlib.Path(sys.argv[2])
 def hook(version, step):
@@ -726,8 +726,8 @@ def test_the_dialect_check_sees_a_branch(tmp_path: Path) -> None:
 
 
 def test_sqlite_store_states_what_the_kernel_would_otherwise_guess(db_path: Path) -> None:
-    from scheduler.store import local_path_of
-    from scheduler.store.base import Store
+    from scheduler.core.store import local_path_of
+    from scheduler.core.store.base import Store
 
     store = SQLiteStore(db_path)
     assert isinstance(store, Store)
@@ -749,8 +749,8 @@ def refused(store: Any, sql: str, params: tuple = (), tag: str = "") -> None:
 
 
 def make_job(store: Any, name: str = "guarded") -> str:
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
 
     return create_jobs(store, [validate_spec({"name": name, "schedule_kind": "manual", "payload_message": "true"})])[0]["id"]
 
@@ -828,7 +828,7 @@ def test_delivered_outbox_part_is_never_resent(store: Any) -> None:
 
 def test_nested_transactions_join_the_outer_one_and_commit_at_its_exit(store: Any) -> None:
     """The nesting contract of ``Store``: inner blocks join, the outermost exit commits, an escaping error undoes all."""
-    from scheduler.store.base import Store
+    from scheduler.core.store.base import Store
 
     assert isinstance(store, Store) and isinstance(store.exclusive_dispatch, bool)
     seen_outside: list[int] = []
@@ -893,8 +893,8 @@ def test_time_columns_are_declared_integer(db_path: Path) -> None:
 
 
 def test_times_are_stored_as_integer_epoch_milliseconds(db_path: Path) -> None:
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
 
     store = open_store(db_path)
     before = int(time.time() * 1000)
@@ -916,7 +916,7 @@ def test_the_wal_starts_over_while_a_writer_never_stops(tmp_path: Path) -> None:
     """A dispatcher under load commits without pause. The background checkpoint still brings the WAL to its end (the
     last frames under the process's write lock), so the next write starts the WAL over: it stays a fraction of what
     was written instead of growing with it (every page lookup of every connection searches the whole WAL)."""
-    from scheduler.store import sqlite as sqlite_store
+    from scheduler.core.store import sqlite as sqlite_store
 
     store = open_store(str(tmp_path / "w.db"))
     wal = tmp_path / "w.db-wal"

@@ -1,4 +1,4 @@
-"""Tests for scheduler.structured: json / ndjson / text records, non-fatal errors, inline limit, artifacts.
+"""Tests for scheduler.core.structured: json / ndjson / text records, non-fatal errors, inline limit, artifacts.
 
 Real files and real StreamRecorders for the artifact cases; expected values are
 written out by hand.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.artifacts import StreamRecorder, run_dir
-from scheduler.errors import SchedulerError
-from scheduler.structured import (
+from scheduler.core.outputs import StreamRecorder, run_dir
+from scheduler.base.errors import SchedulerError
+from scheduler.core.structured import (
     DEFAULT_MAX_PARSED_BYTES,
     normalise_text,
     parse_structured,

@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 from kernel_testing import RunningDispatcher, add_job, run_rows, wait_for
 
-from scheduler import lease as leases
-from scheduler.cancel import cancel_job, cancel_run
-from scheduler.completion import complete_run, watchdog_alerts
-from scheduler.execution import ExecutionResult
-from scheduler.jobs import delete_job, set_enabled, update_job
+from scheduler.core import lease as leases
+from scheduler.core.cancel import cancel_job, cancel_run
+from scheduler.core.completion import complete_run, watchdog_alerts
+from scheduler.core.execution import ExecutionResult
+from scheduler.core.jobs import delete_job, set_enabled, update_job
 from scheduler.plugins.hookspecs import hookimpl
-from scheduler.queue import claim_and_start, enqueue_manual, insert_dispatch, materialize_due, record_skip
-from scheduler.recovery import recover
-from scheduler.runs import TERMINAL
+from scheduler.core.queue import claim_and_start, enqueue_manual, insert_dispatch, materialize_due, record_skip
+from scheduler.core.recovery import recover
+from scheduler.core.runs import TERMINAL
 from scheduler.testing import hooks_with
-from scheduler.timeutil import now_ms
-from scheduler.transitions import committing
+from scheduler.base.timeutil import now_ms
+from scheduler.core.transitions import committing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def test_only_the_transitions_module_writes_run_and_dispatch_statuses():
     offenders = []
     for path in sorted((ROOT / "scheduler").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("scheduler/transitions.py", "scheduler/store/migrations.py"):
+        if rel in ("scheduler/core/transitions.py", "scheduler/core/store/migrations.py"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):
@@ -171,7 +171,7 @@ def test_observers_hear_start_and_every_terminal_status_from_the_dispatcher(stor
 
 
 def insert_dispatch_now(store, job_id: str) -> None:
-    from scheduler.queue import slot_dispatch_id
+    from scheduler.core.queue import slot_dispatch_id
 
     slot = now_ms() - 1
     with store.transaction() as tx:
@@ -209,7 +209,7 @@ def test_a_cli_process_runs_the_installed_hook_modules(store_url, store, tmp_pat
 
 
 def test_notifications_fire_after_commit_once_and_never_after_a_rollback(store, store_url):
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     job = add_job(store, payload_message="ok")
     other = open_store(store_url)  # another connection: sees only committed data
@@ -450,7 +450,7 @@ def test_no_finished_run_keeps_process_state_running(store, hooked):
 
 def test_an_abandoned_worker_leaves_process_state_unknown_not_exited(store):
     """The dispatcher committed the run without its executor: whether its work ended is not known."""
-    from scheduler.transitions import fenced_update
+    from scheduler.core.transitions import fenced_update
 
     job = add_job(store, payload_message="ok")
     lease = leases.acquire(store, "dispatcher", "D", 10_000)
@@ -511,7 +511,7 @@ def test_a_day_long_gap_is_counted_without_listing_it(store):
 
 
 def test_a_cron_gap_longer_than_the_scan_limit_finds_its_last_slot(store):
-    from scheduler.queue import GAP_SCAN_LIMIT
+    from scheduler.core.queue import GAP_SCAN_LIMIT
 
     job = add_job(store, schedule_kind="cron", schedule_cron="*/1 * * * * *", payload_message="ok", misfire_policy="skip")
     first = job["next_run_at"]
@@ -529,7 +529,7 @@ def test_missed_slots_between_two_dispatcher_processes_leave_a_record(tmp_path):
     import os
     import sys
 
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     db = tmp_path / "gap.db"
     store = open_store(db)
@@ -557,7 +557,7 @@ def test_recovery_records_work_that_already_exited_as_gone_by_the_recovering_dis
     """A run whose process had already exited: ``gone``, nothing signalled, and the recovering dispatcher is the actor."""
     import socket
 
-    from scheduler.processes import process_identity
+    from scheduler.core.processes import process_identity
 
     job = add_job(store, payload_message="true", executor="shell")
     proc = subprocess.Popen(["sleep", "0.2"], start_new_session=True)
@@ -584,8 +584,8 @@ def test_kill9_of_a_dispatcher_whose_shell_run_already_ended_is_recorded_gone(tm
     import signal
     import sys
 
-    from scheduler.processes import group_alive
-    from scheduler.store import open_store
+    from scheduler.core.processes import group_alive
+    from scheduler.core.store import open_store
     from scheduler.testing import RunningDispatcher
 
     db = tmp_path / "kill9.db"

@@ -8,7 +8,7 @@ file under the test's directory are scanned for the secret's bytes, raw, base64 
 0 occurrences; and no credential file or directory is left behind.
 
 The commands check the value by its SHA-256 (the secret is in no job); when output
-redaction is in the kernel (``scheduler.redaction``), one job also prints it, by every medium.
+redaction is in the kernel (``scheduler.core.redaction``), one job also prints it, by every medium.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 from kernel_testing import add_job, run_rows, wait_for
 from test_dispatcher_process import Proc
 
-from scheduler.cancel import cancel_run
-from scheduler.queue import enqueue_manual
-from scheduler.store import open_store
+from scheduler.core.cancel import cancel_run
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import open_store
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
@@ -84,7 +84,7 @@ def test_no_secret_at_rest_after_every_medium_failures_cancellation_and_kill_9(t
                                                                                              required=False)], {}),
         "run-timeout": ("sleep 30", [bind("tok", "env"), bind("keyfile", "file")], {"run_timeout_ms": 1500}),
     }
-    redaction = importlib.util.find_spec("scheduler.redaction") is not None
+    redaction = importlib.util.find_spec("scheduler.core.redaction") is not None
     if redaction:  # output redaction has landed: the run's output may carry the secret, by every medium
         jobs["echo"] = ('printf "%s\\n" "$API_TOKEN"; cat "$CREDENTIAL_KEYFILE_FILE"; echo; cat; echo; '
                         'printf %s "$API_TOKEN" | base64; printf %s "$API_TOKEN" | od -An -tx1 | tr -d " \\n"; echo; '

@@ -5,13 +5,13 @@ provider needs is importable from here: the provider Protocols and the types the
 exchange with the kernel, ``RunControl``, the output stream recorder and the
 structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (what evidence
 and artifacts are bound by), the checks every evidence provider makes of its payload and
-envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence_payload``), what
+envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence.payload``), what
 every HTTP channel does with failures and attachments (``error_for_status``,
 ``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``,
 ``PooledHttpClient``;
-``scheduler.channel_support``), what every executor that prompts a language model does with
+``scheduler.toolkit.channel_support``), what every executor that prompts a language model does with
 untrusted text (``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``;
-``scheduler.prompt_safety``), the error type and the registry of kernel error codes,
+``scheduler.toolkit.prompt_safety``), the error type and the registry of kernel error codes,
 ``hookimpl`` for pluggy hook modules, option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
@@ -24,8 +24,8 @@ needs more, this API grows (and ``PLUGIN_API_VERSION`` says when it breaks).
 from __future__ import annotations
 
 from scheduler import PLUGIN_API_VERSION
-from scheduler.artifacts import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder, read_artifact
-from scheduler.canonical import (
+from scheduler.core.outputs import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder, read_artifact
+from scheduler.base.canonical import (
     CANONICALIZATION,
     UNDEFINED,
     canonical_bytes,
@@ -35,7 +35,7 @@ from scheduler.canonical import (
     hash_text,
     is_digest,
 )
-from scheduler.channel_support import (
+from scheduler.toolkit.channel_support import (
     PooledHttpClient,
     endpoint_label,
     error_for_exception,
@@ -43,9 +43,9 @@ from scheduler.channel_support import (
     read_attachment,
     retry_after_seconds,
 )
-from scheduler.errors import ErrorCode, SchedulerError
-from scheduler.http_request import AbortableRequest
-from scheduler.evidence_payload import (
+from scheduler.base.errors import ErrorCode, SchedulerError
+from scheduler.toolkit.http_request import AbortableRequest
+from scheduler.evidence.payload import (
     PAYLOAD_FORMAT,
     CheckedPayload,
     EvidenceFailure,
@@ -60,7 +60,7 @@ from scheduler.evidence_payload import (
     requested_methods,
     strict_json,
 )
-from scheduler.execution import (
+from scheduler.core.execution import (
     EXECUTION_STATUSES,
     CancellationToken,
     Constraints,
@@ -73,7 +73,7 @@ from scheduler.execution import (
     StreamCapture,
     TriggerContext,
 )
-from scheduler.options import build_options, catalogue, options_to_json
+from scheduler.base.options import build_options, catalogue, options_to_json
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.protocols import (
     KNOWN_CAPABILITIES,
@@ -105,13 +105,13 @@ from scheduler.plugins.protocols import (
     RevokeResult,
     TransientDeliveryError,
 )
-from scheduler.identity import TRUST_LEVELS, Delegation, ResolvedIdentity
-from scheduler.provider_sessions import MemoryProviderSessions
-from scheduler.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
+from scheduler.pipeline.identity import TRUST_LEVELS, Delegation, ResolvedIdentity
+from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
+from scheduler.toolkit.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
 from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
-from scheduler.spec import JobSpec
-from scheduler.structured import structured_from_capture, unparsed_record
-from scheduler.timeutil import now_ms, to_iso
+from scheduler.core.spec import JobSpec
+from scheduler.core.structured import structured_from_capture, unparsed_record
+from scheduler.base.timeutil import now_ms, to_iso
 
 __all__ = [
     "AbortableRequest",
@@ -148,7 +148,7 @@ __all__ = [
     "EvidencePayload",
     "EvidenceProvider",
     "EvidenceVerification",
-    # evidence-provider checks (scheduler.evidence_payload)
+    # evidence-provider checks (scheduler.evidence.payload)
     "PAYLOAD_FORMAT",
     "CheckedPayload",
     "EvidenceFailure",
@@ -166,7 +166,7 @@ __all__ = [
     "ExecutionResult",
     "Executor",
     "JobSpec",
-    # who a run acts as (scheduler.identity): RunOutcomes.identity, as_mapping() for providers
+    # who a run acts as (scheduler.pipeline.identity): RunOutcomes.identity, as_mapping() for providers
     "Delegation",
     "ResolvedIdentity",
     "TRUST_LEVELS",
@@ -189,14 +189,14 @@ __all__ = [
     "TriggerContext",
     "StreamRecorder",
     "TransientDeliveryError",
-    # channel helpers (scheduler.channel_support)
+    # channel helpers (scheduler.toolkit.channel_support)
     "PooledHttpClient",
     "endpoint_label",
     "error_for_exception",
     "error_for_status",
     "read_attachment",
     "retry_after_seconds",
-    # prompt sanitising and injection patterns (scheduler.prompt_safety)
+    # prompt sanitising and injection patterns (scheduler.toolkit.prompt_safety)
     "INJECTION_PATTERNS",
     "find_injection",
     "fold_text",

@@ -15,13 +15,13 @@ members of a group may remain once you reaped its leader.
 ``run_bounded(argv, data, timeout_s=..., max_stdout=..., env=minimal_env())`` runs a helper
 program (``ssh-keygen``, an attestor) with stdin, a deadline and output caps, killing its
 whole group past them, and returns a ``Completed``; ``snippet(output)`` is a short printable
-excerpt for an error message (``scheduler.bounded``).
+excerpt for an error message (``scheduler.core.bounded``).
 """
 
 from __future__ import annotations
 
-from scheduler.bounded import Completed, minimal_env, run_bounded, snippet
-from scheduler.processes import (
+from scheduler.core.bounded import Completed, minimal_env, run_bounded, snippet
+from scheduler.core.processes import (
     group_alive,
     kill_group,
     leftovers_after_reap,

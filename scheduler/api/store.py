@@ -27,10 +27,10 @@ the attributes the kernel asks instead of testing the dialect (``exclusive_dispa
 from __future__ import annotations
 
 from scheduler import PLUGIN_API_VERSION
-from scheduler.errors import SchedulerError
-from scheduler.store import open_store, redact_url, schema
-from scheduler.store.base import Params, Store, Tx
-from scheduler.store.migrations import (
+from scheduler.base.errors import SchedulerError
+from scheduler.core.store import open_store, redact_url, schema
+from scheduler.core.store.base import Params, Store, Tx
+from scheduler.core.store.migrations import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Migration,
@@ -42,7 +42,7 @@ from scheduler.store.migrations import (
     schema_statements,
     upgrade,
 )
-from scheduler.timeutil import now_ms
+from scheduler.base.timeutil import now_ms
 
 #: The dialects the kernel's schema definition renders.
 DIALECTS = schema.DIALECTS

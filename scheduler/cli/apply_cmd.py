@@ -1,4 +1,4 @@
-"""``scheduler apply`` and ``scheduler export``: jobs as code (see ``scheduler.declarative``)."""
+"""``scheduler apply`` and ``scheduler export``: jobs as code (see ``scheduler.ops.declarative``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 def _short(value: Any) -> str:
@@ -28,13 +28,13 @@ def _short(value: Any) -> str:
               help="Accept jobs naming an executor, channel or provider that is not installed here.")
 def apply_cmd(path: str, prune: str | None, dry_run: bool, allow_missing_plugins: bool) -> None:
     """Make the stored jobs match a job file or directory (TOML or JSON), in one transaction."""
-    from scheduler.declarative import apply, read_sources, validate_sources
+    from scheduler.ops.declarative import apply, read_sources, validate_sources
 
     desired = validate_sources(read_sources(path))
     store = open_ctx_store()
     if not allow_missing_plugins:
-        from scheduler.plugin_refs import require_plugins
-        from scheduler.spec import spec_from_row
+        from scheduler.plugins.refs import require_plugins
+        from scheduler.core.spec import spec_from_row
 
         with store.read() as tx:
             stored = {r["name"]: spec_from_row(r) for r in tx.all("SELECT * FROM jobs")}
@@ -63,7 +63,7 @@ def apply_cmd(path: str, prune: str | None, dry_run: bool, allow_missing_plugins
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="Write to this file instead of stdout.")
 def export_cmd(fmt: str, output: str | None) -> None:
     """Write the stored jobs as a job file (non-default fields only) that ``apply`` takes back unchanged."""
-    from scheduler.declarative import export_document, render
+    from scheduler.ops.declarative import export_document, render
 
     with open_ctx_store().read() as tx:
         doc = export_document(tx)

@@ -24,8 +24,8 @@ def approvals_group() -> None:
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=100, show_default=True, help="At most N approvals.")
 def approvals_list(pending: bool, job: str | None, limit: int) -> None:
     """Approvals, newest first."""
-    from scheduler.approvals import approval_to_json, list_approvals
-    from scheduler.jobs import resolve_job
+    from scheduler.approvals.decisions import approval_to_json, list_approvals
+    from scheduler.core.jobs import resolve_job
 
     with open_ctx_store().read() as tx:
         job_id = resolve_job(tx, job)["id"] if job is not None else None
@@ -44,7 +44,7 @@ def _status(view: dict[str, Any]) -> str:
 @click.argument("approval_id")
 def approvals_show(approval_id: str) -> None:
     """Everything about one approval (id or a unique prefix of at least 8 characters)."""
-    from scheduler.approvals import approval_to_json, get_approval
+    from scheduler.approvals.decisions import approval_to_json, get_approval
 
     with open_ctx_store().read() as tx:
         view = approval_to_json(get_approval(tx, approval_id))
@@ -52,7 +52,7 @@ def approvals_show(approval_id: str) -> None:
 
 
 def _decide(approval_id: str, decision: str, note: str | None) -> None:
-    from scheduler.approvals import approval_to_json, decide
+    from scheduler.approvals.decisions import approval_to_json, decide
 
     view = approval_to_json(decide(open_ctx_store(), approval_id, decision, note=note))
     verb = "approved" if decision == "approved" else "rejected"
@@ -78,8 +78,8 @@ def approvals_reject(approval_id: str, note: str | None) -> None:
 
 def decide_for_job(job: str, decision: str, note: str | None) -> None:
     """``jobs approve`` / ``jobs reject``: decide the job's one pending approval."""
-    from scheduler.approvals import pending_for_job
-    from scheduler.jobs import resolve_job
+    from scheduler.approvals.decisions import pending_for_job
+    from scheduler.core.jobs import resolve_job
 
     with open_ctx_store().read() as tx:
         approval_id = pending_for_job(tx, resolve_job(tx, job)["id"])["id"]

@@ -17,7 +17,7 @@ from scheduler.cli.output import emit, json_mode, kv
 
 def _target() -> tuple[str, Path | None]:
     """The ``--db`` target of this invocation and its local file (None for a server database)."""
-    from scheduler.store import default_db_path, local_path_of
+    from scheduler.core.store import default_db_path, local_path_of
 
     raw = click.get_current_context().find_root().obj.get("db") or str(default_db_path())
     return raw, local_path_of(raw)
@@ -27,8 +27,8 @@ def _target() -> tuple[str, Path | None]:
 @click.argument("path", type=click.Path(path_type=Path))
 def backup_cmd(path: Path) -> None:
     """Copy the live SQLite database and its artifacts into the new directory PATH (the dispatcher keeps running)."""
-    from scheduler.artifacts import default_artifacts_root
-    from scheduler.backup import backup_sqlite, unsupported_store
+    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.ops.backup import backup_sqlite, unsupported_store
 
     raw, db = _target()
     if db is None:
@@ -66,8 +66,8 @@ def backup_cmd(path: Path) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def restore_cmd(path: Path) -> None:
     """Replace the database (and its artifacts) with the backup directory PATH; refused while a dispatcher holds it."""
-    from scheduler.artifacts import default_artifacts_root
-    from scheduler.backup import restore_sqlite, unsupported_store
+    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.ops.backup import restore_sqlite, unsupported_store
 
     raw, db = _target()
     if db is None:

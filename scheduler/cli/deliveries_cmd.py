@@ -7,7 +7,7 @@ import click
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 _STATUSES = ("pending", "claimed", "delivered", "failed", "cancelled")
 
@@ -23,8 +23,8 @@ def deliveries_group() -> None:
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=100, show_default=True, help="At most N parts.")
 def deliveries_list(status: str | None, job: str | None, limit: int) -> None:
     """Outbox parts, newest first, with their state, attempts and last error."""
-    from scheduler.delivery import list_parts, part_to_json
-    from scheduler.jobs import resolve_job
+    from scheduler.delivery.outbox import list_parts, part_to_json
+    from scheduler.core.jobs import resolve_job
 
     with open_ctx_store().read() as tx:
         job_id = resolve_job(tx, job)["id"] if job is not None else None
@@ -40,7 +40,7 @@ def deliveries_list(status: str | None, job: str | None, limit: int) -> None:
 @click.argument("part_id")
 def deliveries_show(part_id: str) -> None:
     """One part: its body, receipt, attempts and last error (id or a unique prefix)."""
-    from scheduler.delivery import get_part, part_to_json
+    from scheduler.delivery.outbox import get_part, part_to_json
 
     with open_ctx_store().read() as tx:
         view = part_to_json(get_part(tx, part_id), full=True)
@@ -51,8 +51,8 @@ def deliveries_show(part_id: str) -> None:
 @click.argument("part_id")
 def deliveries_retry(part_id: str) -> None:
     """Re-arm a failed part (and the later parts of its message) with fresh attempts; the dispatcher sends it at once."""
-    from scheduler.delivery import part_to_json, retry_failed
-    from scheduler.events import os_identity
+    from scheduler.delivery.outbox import part_to_json, retry_failed
+    from scheduler.core.events import os_identity
 
     view = part_to_json(retry_failed(open_ctx_store(), part_id, actor=os_identity()))
     emit({"delivery": view}, lambda: click.echo(f"re-armed {view['id']} ({view['channel']})"))
@@ -66,7 +66,7 @@ def deliveries_test(channel: str, target: str | None, message: str) -> None:
     """Send one message through CHANNEL to TARGET now (not through the outbox): checks settings, secrets and route."""
     import uuid
 
-    from scheduler.delivery import send_part
+    from scheduler.delivery.outbox import send_part
 
     part = {"channel": channel, "target": target, "idempotency_key": f"test:{uuid.uuid4()}:part:1/1", "part_index": 1,
             "part_count": 1, "body": message, "run_id": None, "job_id": None, "attachments": [], "delivery_options": None}

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from scheduler.cli.output import emit, json_mode, kv
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 def evidence_extras(store: Any, run_id: str | None, *, all_runs: bool, since: str | None, export_format: str | None,
@@ -40,8 +40,8 @@ def evidence_extras(store: Any, run_id: str | None, *, all_runs: bool, since: st
 
 def check_all(store: Any, since: str | None) -> None:
     """Re-verify many runs with a progress bar on a terminal's stderr, print the summary, fail if any is invalid."""
-    from scheduler.evidence_batch import parse_since, verify_all
-    from scheduler.timeutil import now_ms
+    from scheduler.evidence.batch import parse_since, verify_all
+    from scheduler.base.timeutil import now_ms
 
     start = parse_since(since, now=now_ms()) if since is not None else None
     tty = sys.stderr.isatty()
@@ -67,7 +67,7 @@ def check_all(store: Any, since: str | None) -> None:
 
 def export(store: Any, run_id: str, output: str | None) -> None:
     """Export one run's verified evidence as a signed in-toto DSSE envelope (to ``output`` or stdout)."""
-    from scheduler.evidence_export import export_in_toto, write_export
+    from scheduler.evidence.export import export_in_toto, write_export
 
     result = export_in_toto(store, run_id)
     envelope = result.pop("envelope")

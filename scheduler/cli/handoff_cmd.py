@@ -10,7 +10,7 @@ import click
 from scheduler.cli.input import read_json_input
 from scheduler.cli.jobs_cmd import spec_source
 from scheduler.cli.output import emit
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 @click.group("handoff")
@@ -30,7 +30,7 @@ def handoff_compile(spec: str | None, file: str | None, stdin: bool, job_id: str
     The output is a job spec ``jobs add`` accepts as it is: the artifact is re-checked there
     against the spec (any edit to either is refused). Never opens the database.
     """
-    from scheduler.handoff import compile_submission
+    from scheduler.artifacts.handoff import compile_submission
 
     doc = read_json_input(spec, file, stdin)
     if not isinstance(doc, dict):

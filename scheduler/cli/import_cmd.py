@@ -1,4 +1,4 @@
-"""``scheduler import openclaw`` and ``scheduler import crontab``: bring existing jobs in (see ``scheduler.importers``)."""
+"""``scheduler import openclaw`` and ``scheduler import crontab``: bring existing jobs in (see ``scheduler.ops.importers``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, json_mode, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Convert and report; store nothing.")
 _allow_missing = click.option("--allow-missing-plugins", "allow_missing_plugins", is_flag=True,
@@ -51,9 +51,9 @@ def _finish(doc: dict[str, Any]) -> None:
 def import_openclaw(binary: str | None, legacy_json: str | None, allow_inexact_every: bool, dry_run: bool,
                     allow_missing_plugins: bool) -> None:
     """Import OpenClaw Gateway cron jobs (``openclaw cron list/get --json``, or the legacy jobs file)."""
-    from scheduler.importers import report, run_import
-    from scheduler.importers.openclaw import convert, default_binary, default_legacy_path, read_cli, read_legacy
-    from scheduler.timeutil import now_ms
+    from scheduler.ops.importers import report, run_import
+    from scheduler.ops.importers.openclaw import convert, default_binary, default_legacy_path, read_cli, read_legacy
+    from scheduler.base.timeutil import now_ms
 
     if legacy_json is not None:
         kind, (location, jobs) = "legacy-json", read_legacy(legacy_json or default_legacy_path())
@@ -71,8 +71,8 @@ def import_openclaw(binary: str | None, legacy_json: str | None, allow_inexact_e
 @_allow_missing
 def import_crontab(source: str | None, dry_run: bool, allow_missing_plugins: bool) -> None:
     """Import a crontab: FILE, - for standard input, or the user's ``crontab -l`` by default."""
-    from scheduler.importers import report, run_import
-    from scheduler.importers.crontab import local_zone, parse, read_crontab
+    from scheduler.ops.importers import report, run_import
+    from scheduler.ops.importers.crontab import local_zone, parse, read_crontab
 
     location, text = read_crontab(source)
     items, extra = parse(text, default_tz=local_zone())

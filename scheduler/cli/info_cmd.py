@@ -21,11 +21,11 @@ def version_cmd() -> None:
 def schema_cmd(what: str, executor: str | None, channel: str | None) -> None:
     """Print the job-spec field catalogue (``jobs``, plus a plugin's options) or the executable SQLite schema (``sql``)."""
     if what == "sql":
-        from scheduler.store.migrations import SCHEMA_VERSION, schema_text
+        from scheduler.core.store.migrations import SCHEMA_VERSION, schema_text
 
         emit({"schema_version": SCHEMA_VERSION, "sql": schema_text()}, lambda: click.echo(schema_text()))
         return
-    from scheduler.spec import field_catalogue
+    from scheduler.core.spec import field_catalogue
 
     fields = field_catalogue()
     options: dict[str, list[dict[str, object]]] = {}
@@ -57,8 +57,8 @@ def schema_cmd(what: str, executor: str | None, channel: str | None) -> None:
 
 def _plugin_options(kind: str, name: str) -> list[dict[str, object]]:
     """A plugin's per-job options catalogue; ``<KIND>_NOT_AVAILABLE`` when it cannot be loaded."""
-    from scheduler.errors import SchedulerError
-    from scheduler.options import catalogue
+    from scheduler.base.errors import SchedulerError
+    from scheduler.base.options import catalogue
     from scheduler.plugins.loader import load_provider
 
     try:

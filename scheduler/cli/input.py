@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: Largest spec document accepted (an array of many jobs fits easily).
 MAX_INPUT_BYTES = 4 * 1024 * 1024

@@ -10,7 +10,7 @@ import click
 from scheduler.cli.input import AsciiIntRange, read_json_input
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 _spec_source = [
     click.argument("spec", required=False),
@@ -36,7 +36,7 @@ def _require_plugins(specs: list[Any], *, many: bool, allow_missing: bool) -> No
     """The missing-plugin rule (``<KIND>_NOT_AVAILABLE``) unless ``--allow-missing-plugins``; reads metadata only."""
     if allow_missing:
         return
-    from scheduler.plugin_refs import require_plugins
+    from scheduler.plugins.refs import require_plugins
 
     require_plugins(specs, indexed=many)
 
@@ -76,8 +76,8 @@ def _refuse_trusted_provenance(item: Any) -> None:
 
 
 def _check_levels(store: Any, specs: list[Any], many: bool, *, previous: Any = None) -> None:
-    """The invoking account may give a job at most its own trust level (``scheduler.identity.check_invoker``)."""
-    from scheduler.identity import check_invoker, invoker
+    """The invoking account may give a job at most its own trust level (``scheduler.pipeline.identity.check_invoker``)."""
+    from scheduler.pipeline.identity import check_invoker, invoker
 
     who = invoker(store)
     for index, spec in enumerate(specs):
@@ -107,9 +107,9 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
     Returns the specs, whether the input was an array, and per spec the handoff v4
     submission it carried (or None), already checked against that spec.
     """
-    from scheduler.handoff import split_submission
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import now_ms, parse_duration_ms, to_iso
+    from scheduler.artifacts.handoff import split_submission
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import now_ms, parse_duration_ms, to_iso
 
     many = isinstance(doc, list)
     items = doc if many else [doc]
@@ -163,7 +163,7 @@ def _proof_warnings(specs: list[Any]) -> list[dict[str, str]]:
     out = []
     for s in specs:
         if getattr(s, "authorization_proof", None):
-            from scheduler.proof_declaration import recurring_warning
+            from scheduler.pipeline.proofs.declaration import recurring_warning
 
             text = recurring_warning(s.schedule_kind, s.authorization_proof)
             if text:
@@ -188,8 +188,8 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
     specs, many, submissions = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
     _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     if dry_run:
-        from scheduler.jobs import initial_schedule
-        from scheduler.timeutil import now_ms, to_iso
+        from scheduler.core.jobs import initial_schedule
+        from scheduler.base.timeutil import now_ms, to_iso
 
         views = []
         for s in specs:
@@ -199,7 +199,7 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
         payload = {"dry_run": True, "jobs" if many else "job": views if many else views[0]}
         emit(payload, lambda: click.echo(f"dry run: {len(specs)} job spec(s) valid; nothing stored"))
         return
-    from scheduler.jobs import create_jobs, job_to_json
+    from scheduler.core.jobs import create_jobs, job_to_json
 
     store = open_ctx_store()
     _check_levels(store, specs, many)
@@ -218,13 +218,13 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
               help="Add each handoff v4 job's artifact payload, re-validated; any bad artifact fails the whole listing.")
 def jobs_list(enabled: bool | None, limit: int | None, include_handoff: bool) -> None:
     """List jobs with their state and next run."""
-    from scheduler.jobs import job_to_json, list_jobs
+    from scheduler.core.jobs import job_to_json, list_jobs
 
     with open_ctx_store().read() as tx:
         rows = list_jobs(tx, enabled=enabled, limit=limit)
         views = [job_to_json(r) for r in rows]
         if include_handoff:
-            from scheduler.handoff import hydrate
+            from scheduler.artifacts.handoff import hydrate
 
             for row, view in zip(rows, views, strict=True):
                 if row.get("handoff_version") == 4:
@@ -255,7 +255,7 @@ def _schedule_text(v: dict[str, Any]) -> str:
 @click.argument("job")
 def jobs_get(job: str) -> None:
     """Show one job (by id or name)."""
-    from scheduler.jobs import job_to_json, resolve_job
+    from scheduler.core.jobs import job_to_json, resolve_job
 
     with open_ctx_store().read() as tx:
         view = job_to_json(resolve_job(tx, job))
@@ -267,9 +267,9 @@ def jobs_get(job: str) -> None:
 @click.option("--run", "run_id", default=None, help="The artifact a run of this job was bound to, instead of the job's current one.")
 def jobs_artifact(job: str, run_id: str | None) -> None:
     """Print a job's execution artifact as its canonical JSON (its SHA-256 is the digest), re-validated first."""
-    from scheduler.execution_artifacts import artifact_to_json, load_artifact
-    from scheduler.jobs import resolve_job
-    from scheduler.runs import get_run
+    from scheduler.core.artifact import artifact_to_json, load_artifact
+    from scheduler.core.jobs import resolve_job
+    from scheduler.core.runs import get_run
 
     with open_ctx_store().read() as tx:
         row = resolve_job(tx, job)
@@ -292,9 +292,9 @@ def jobs_artifact(job: str, run_id: str | None) -> None:
 @allow_missing_plugins_option
 def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow_missing_plugins: bool) -> None:
     """Change fields of a job with a partial spec; ``null`` resets a field to its default."""
-    from scheduler.jobs import job_to_json, resolve_job, update_job
-    from scheduler.plugin_refs import require_plugins
-    from scheduler.spec import spec_from_row
+    from scheduler.core.jobs import job_to_json, resolve_job, update_job
+    from scheduler.plugins.refs import require_plugins
+    from scheduler.core.spec import spec_from_row
 
     patch = read_json_input(spec, file, stdin, what="update")
     _refuse_trusted_provenance(patch)
@@ -314,7 +314,7 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
 
 
 def _toggle(job: str, enabled: bool) -> None:
-    from scheduler.jobs import job_to_json, set_enabled
+    from scheduler.core.jobs import job_to_json, set_enabled
 
     view = job_to_json(set_enabled(open_ctx_store(), job, enabled))
     nxt = f"; next run {local_time(view['next_run_at'])}" if view["state"] == "enabled" else ""
@@ -340,7 +340,7 @@ def jobs_disable(job: str) -> None:
 @click.option("--cascade", is_flag=True, help="Also delete chained child jobs.")
 def jobs_delete(job: str, cascade: bool) -> None:
     """Delete a job with its runs."""
-    from scheduler.jobs import delete_job
+    from scheduler.core.jobs import delete_job
 
     row = delete_job(open_ctx_store(), job, cascade=cascade)
     emit({"deleted": {"id": row["id"], "name": row["name"]}}, lambda: click.echo(f"deleted {row['name']} ({row['id']})"))
@@ -350,7 +350,7 @@ def jobs_delete(job: str, cascade: bool) -> None:
 @click.argument("job", required=False)
 def jobs_tree(job: str | None) -> None:
     """Show job chains as a tree."""
-    from scheduler.jobs import job_tree
+    from scheduler.core.jobs import job_tree
 
     with open_ctx_store().read() as tx:
         roots = job_tree(tx, job)
@@ -377,10 +377,10 @@ def jobs_tree(job: str | None) -> None:
 @click.option("-n", "count", type=AsciiIntRange(1, 1000), default=5, help="How many fire times.")
 def jobs_next(job: str, count: int) -> None:
     """The next N fire times of a job, with UTC offsets."""
-    from scheduler.jobs import resolve_job
-    from scheduler.schedules import describe_fire, next_fires
-    from scheduler.spec import spec_from_row
-    from scheduler.timeutil import now_ms
+    from scheduler.core.jobs import resolve_job
+    from scheduler.core.schedules import describe_fire, next_fires
+    from scheduler.core.spec import spec_from_row
+    from scheduler.base.timeutil import now_ms
 
     with open_ctx_store().read() as tx:
         row = resolve_job(tx, job)
@@ -405,7 +405,7 @@ def jobs_next(job: str, count: int) -> None:
 @click.argument("job")
 def jobs_run(job: str) -> None:
     """Run a job now (enqueues a manual dispatch; the dispatcher picks it up within milliseconds)."""
-    from scheduler.queue import enqueue_manual
+    from scheduler.core.queue import enqueue_manual
 
     row = enqueue_manual(open_ctx_store(), job)
     emit({"dispatch": row}, lambda: click.echo(f"queued manual run of {job} (dispatch {row['id']})"))
@@ -436,7 +436,7 @@ def jobs_reject(job: str, note: str | None) -> None:
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")
 def jobs_cancel(job: str, reason: str | None) -> None:
     """Cancel a job's pending, waiting and running work."""
-    from scheduler.cancel import cancel_job
+    from scheduler.core.cancel import cancel_job
 
     result = cancel_job(open_ctx_store(), job, reason=reason)
     emit(result, lambda: click.echo(f"cancel requested: {len(result['runs'])} run(s), {result['dispatches']} queued dispatch(es)"))

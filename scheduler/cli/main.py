@@ -97,7 +97,7 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
             break
         nxt = target.get_command(sub_ctx, name)
         if nxt is None:
-            from scheduler.errors import SchedulerError
+            from scheduler.base.errors import SchedulerError
 
             raise SchedulerError("INVALID_ARGUMENT", f"no such command: {' '.join(command)}")
         sub_ctx = click.Context(nxt, info_name=name, parent=sub_ctx)
@@ -133,7 +133,7 @@ def open_ctx_store(ctx: click.Context | None = None) -> Any:
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     if root.obj.get("store") is None:
-        from scheduler.store import open_store
+        from scheduler.core.store import open_store
 
         store = open_store(root.obj.get("db"), readonly=_command_path(ctx) in READ_ONLY_COMMANDS)
         root.obj["store"] = store
@@ -160,7 +160,7 @@ def _split_json_flag(argv: list[str]) -> tuple[list[str], bool]:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is coded, none is a traceback."""
     from scheduler.cli.output import error_out
-    from scheduler.errors import SchedulerError
+    from scheduler.base.errors import SchedulerError
 
     args, as_json = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     obj: dict[str, Any] = {"json": as_json}

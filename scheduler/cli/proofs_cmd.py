@@ -27,9 +27,9 @@ def proofs_group() -> None:
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")
 def proofs_revoke(proof_id: str | None, key_id: str | None, reason: str | None) -> None:
     """Revoke a proof or a key for every later use (revocations cannot be changed or removed)."""
-    from scheduler.errors import SchedulerError
-    from scheduler.events import os_identity
-    from scheduler.proofs import revoke
+    from scheduler.base.errors import SchedulerError
+    from scheduler.core.events import os_identity
+    from scheduler.pipeline.proofs.step import revoke
 
     if (proof_id is None) == (key_id is None):
         raise SchedulerError("INVALID_ARGUMENT", "give exactly one of --proof-id ID or --key-id ID")
@@ -48,8 +48,8 @@ def proofs_revoke(proof_id: str | None, key_id: str | None, reason: str | None) 
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=50, show_default=True, help="At most N recent claims.")
 def proofs_list(limit: int) -> None:
     """Every revocation and the most recent claims of the replay ledger (which dispatch used which proof id)."""
-    from scheduler.proofs import listing
-    from scheduler.timeutil import to_iso
+    from scheduler.pipeline.proofs.step import listing
+    from scheduler.base.timeutil import to_iso
 
     found = listing(open_ctx_store(), limit=limit)
     revocations = [_revocation_view(r) for r in found["revocations"]]
@@ -67,6 +67,6 @@ def proofs_list(limit: int) -> None:
 
 
 def _revocation_view(row: dict[str, Any]) -> dict[str, Any]:
-    from scheduler.timeutil import to_iso
+    from scheduler.base.timeutil import to_iso
 
     return {**row, "revoked_at": to_iso(row["revoked_at"])}

@@ -16,8 +16,8 @@ import click
 
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, error_out, json_mode
-from scheduler.errors import SchedulerError
-from scheduler.timeutil import parse_duration_ms
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import parse_duration_ms
 
 
 @click.command("run")
@@ -36,7 +36,7 @@ from scheduler.timeutil import parse_duration_ms
 def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, duration: str | None, shared: bool | None,
             metrics_port: int | None, metrics_host: str) -> None:
     """Run the dispatcher until SIGTERM/SIGINT (or --duration)."""
-    from scheduler.dispatcher import Dispatcher, DispatcherConfig, install_signal_handlers
+    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig, install_signal_handlers
     from scheduler.settings import current_settings
 
     settings = current_settings().dispatcher  # the settings file's [dispatcher]; flags win
@@ -51,7 +51,7 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
     dispatcher = Dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
     install_signal_handlers(dispatcher)
     if metrics_port is not None:  # prometheus_client is imported only here
-        from scheduler.metrics import DispatcherMetrics
+        from scheduler.ops.metrics import DispatcherMetrics
 
         dispatcher.metrics = DispatcherMetrics(dispatcher)
         bound = dispatcher.metrics.start(metrics_host, metrics_port)

@@ -9,7 +9,7 @@ import click
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 @click.group("runs")
@@ -23,8 +23,8 @@ def runs_group() -> None:
 @click.option("--status", default=None, help="Only runs with this status.")
 def runs_list(job: str | None, limit: int, status: str | None) -> None:
     """Recent runs, newest first (of one job when given)."""
-    from scheduler.jobs import resolve_job
-    from scheduler.runs import RUN_STATUSES, list_runs, run_to_json
+    from scheduler.core.jobs import resolve_job
+    from scheduler.core.runs import RUN_STATUSES, list_runs, run_to_json
 
     if status is not None and status not in RUN_STATUSES:  # an empty --status is a mistake, not "no filter"
         raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
@@ -47,7 +47,7 @@ def runs_list(job: str | None, limit: int, status: str | None) -> None:
 
 def _resolve_run(tx, ref: str) -> dict:
     """A run by full id or a unique prefix of at least 6 characters."""
-    from scheduler.runs import get_run
+    from scheduler.core.runs import get_run
 
     row = tx.one("SELECT * FROM runs WHERE id = ?", (ref,))
     if row is None and len(ref) >= 6 and all(c in "0123456789abcdef-" for c in ref):
@@ -63,7 +63,7 @@ def _resolve_run(tx, ref: str) -> dict:
 @click.argument("run_id")
 def runs_get(run_id: str) -> None:
     """Everything recorded about one run."""
-    from scheduler.runs import run_to_json
+    from scheduler.core.runs import run_to_json
 
     with open_ctx_store().read() as tx:
         view = run_to_json(_resolve_run(tx, run_id), full=True)
@@ -83,7 +83,7 @@ def runs_output(run_id: str, stream: str) -> None:
     """
     import base64
 
-    from scheduler.artifacts import default_artifacts_root, read_stream
+    from scheduler.core.outputs import default_artifacts_root, read_stream
 
     store = open_ctx_store()
     with store.read() as tx:
@@ -111,7 +111,7 @@ def runs_output(run_id: str, stream: str) -> None:
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")
 def runs_cancel(run_id: str, reason: str | None) -> None:
     """Cancel one run: waiting runs end at once, a running one gets its cancellation token."""
-    from scheduler.cancel import cancel_run
+    from scheduler.core.cancel import cancel_run
 
     store = open_ctx_store()
     with store.read() as tx:
@@ -150,7 +150,7 @@ def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_
     evidence still verifies (the run-row and output checks are then skipped, and said so).
     ``--all`` re-verifies many (``--since``); ``--export in-toto`` exports one (docs/evidence.md).
     """
-    from scheduler.evidence import verify_run
+    from scheduler.evidence.attest import verify_run
 
     store = open_ctx_store()
     if all_runs or since is not None or export_format is not None or output is not None:
@@ -173,7 +173,7 @@ def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_
 @click.argument("run_id")
 def runs_events(run_id: str) -> None:
     """The audit trail of one run."""
-    from scheduler.events import event_to_json
+    from scheduler.core.events import event_to_json
 
     with open_ctx_store().read() as tx:
         run = _resolve_run(tx, run_id)
@@ -199,10 +199,10 @@ def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_ru
     pruned run); evidence past its retention is deleted with its run. One runtime event
     (``runs.pruned``) records the counts per table.
     """
-    from scheduler.artifacts import default_artifacts_root
-    from scheduler.jobs import resolve_job
-    from scheduler.pruning import prune_runs
-    from scheduler.timeutil import parse_duration_ms
+    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.core.jobs import resolve_job
+    from scheduler.ops.pruning import prune_runs
+    from scheduler.base.timeutil import parse_duration_ms
 
     older_than_ms = parse_duration_ms(older_than, field="--older-than") if older_than is not None else None
     store = open_ctx_store()

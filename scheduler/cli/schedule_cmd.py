@@ -7,7 +7,7 @@ import hashlib
 import click
 
 from scheduler.cli.output import emit, table
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 @click.group("schedule")
@@ -24,8 +24,8 @@ def schedule_group() -> None:
 @click.option("--from", "start", default=None, help="Start after this ISO-8601 instant instead of now.")
 def schedule_preview(expr: str, tz: str, count: int, dst_gap: str, dst_fold: str, start: str | None) -> None:
     """The next N fire times of a cron expression (or an interval like 'every 90m'), with UTC offsets. No database."""
-    from scheduler.schedules import Schedule, describe_fire, next_fires
-    from scheduler.timeutil import now_ms, parse_iso
+    from scheduler.core.schedules import Schedule, describe_fire, next_fires
+    from scheduler.base.timeutil import now_ms, parse_iso
 
     after = parse_iso(start, field="--from") if start else now_ms()
     text = expr.strip()
@@ -54,14 +54,14 @@ def schedule_preview(expr: str, tz: str, count: int, dst_gap: str, dst_fold: str
 def schedule_add(cron: str, payload: str, name: str | None, tz: str, target: str, allow_missing_plugins: bool) -> None:
     """Add a cron job in one line: CRON PAYLOAD (the same missing-plugin rule as `jobs add`)."""
     from scheduler.cli.main import open_ctx_store
-    from scheduler.jobs import create_jobs, job_to_json
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs, job_to_json
+    from scheduler.core.spec import validate_spec
 
     name = name or "job-" + hashlib.sha256(payload.encode()).hexdigest()[:10]
     spec = validate_spec({"name": name, "schedule_kind": "cron", "schedule_cron": cron, "schedule_tz": tz,
                           "session_target": target, "payload_message": payload})
     if not allow_missing_plugins:
-        from scheduler.plugin_refs import require_plugins
+        from scheduler.plugins.refs import require_plugins
 
         require_plugins([spec])
     view = job_to_json(create_jobs(open_ctx_store(), [spec])[0])
@@ -73,7 +73,7 @@ def schedule_list() -> None:
     """Cron jobs (same as ``jobs list`` filtered to cron)."""
     from scheduler.cli.main import open_ctx_store
     from scheduler.cli.output import local_time
-    from scheduler.jobs import job_to_json, list_jobs
+    from scheduler.core.jobs import job_to_json, list_jobs
 
     with open_ctx_store().read() as tx:
         views = [job_to_json(r) for r in list_jobs(tx) if r["schedule_kind"] == "cron"]

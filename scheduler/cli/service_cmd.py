@@ -26,8 +26,8 @@ def service_group() -> None:
 @click.pass_context
 def install_cmd(ctx: click.Context, user: bool, name: str, config: str | None, dry_run: bool, verify: bool) -> None:
     """Write the unit for `scheduler run` on this database (restart on failure, SIGTERM drain, reload on SIGHUP)."""
-    from scheduler import service_unit
-    from scheduler.store import default_db_path
+    from scheduler.ops import service_unit
+    from scheduler.core.store import default_db_path
 
     db = ctx.find_root().obj.get("db") or str(default_db_path())
     spec = service_unit.build_spec(db, name=name, system=not user, config=config)
@@ -54,7 +54,7 @@ def install_cmd(ctx: click.Context, user: bool, name: str, config: str | None, d
 @_name
 def status_cmd(user: bool, name: str) -> None:
     """Is the unit file installed, and is the unit active (asks `systemctl` when there is one)."""
-    from scheduler import service_unit
+    from scheduler.ops import service_unit
 
     result = service_unit.status(name, system=not user)
 
@@ -75,7 +75,7 @@ def status_cmd(user: bool, name: str) -> None:
 @_name
 def uninstall_cmd(user: bool, name: str) -> None:
     """Remove the unit file written by `service install` (refused while systemd still runs the unit)."""
-    from scheduler import service_unit
+    from scheduler.ops import service_unit
 
     result = service_unit.uninstall(name, system=not user)
     emit({"service": result}, lambda: click.echo(f"removed {result['path']}; then: {' && '.join(result['next'])}"))

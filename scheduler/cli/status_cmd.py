@@ -8,13 +8,13 @@ import click
 
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, json_mode, kv, local_time, table
-from scheduler.errors import SchedulerError
-from scheduler.timeutil import now_ms, to_iso
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms, to_iso
 
 
 def collect_status(store: Any) -> dict[str, Any]:
     """Leases, queue, runs, outbox, approvals and recent skips, as one JSON-able dict."""
-    from scheduler.lease import list_leases, owner_host, owner_pid
+    from scheduler.core.lease import list_leases, owner_host, owner_pid
 
     now = now_ms()
     with store.read() as tx:
@@ -42,7 +42,7 @@ def collect_status(store: Any) -> dict[str, Any]:
         skipped = tx.all("SELECT id, job_id, skip_reason, created_at FROM runs WHERE status = 'skipped' ORDER BY created_at DESC LIMIT 5")
         cancels = tx.scalar("SELECT COUNT(*) FROM runs WHERE cancel_requested_at IS NOT NULL AND status = 'running'")
         nxt = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")
-        from scheduler.evidence_verify import evidence_counts
+        from scheduler.evidence.verify import evidence_counts
 
         evidence = evidence_counts(tx)  # counts only; `doctor` re-verifies
     return {
@@ -72,7 +72,7 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
     ``CREDENTIAL_*`` cleanup), failed outbox parts, approvals pending past their timeout. Meant
     for cron, systemd and monitors: it only reads.
     """
-    from scheduler.lease import owner_is_dead_local_process
+    from scheduler.core.lease import owner_is_dead_local_process
 
     reasons: list[dict[str, Any]] = []
     live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
@@ -140,7 +140,7 @@ def status_cmd(check: bool) -> None:
 
 def _artifact_check(store: Any) -> dict[str, Any]:
     """Every stored execution artifact still hashes to its digest, and every job still matches its artifact."""
-    from scheduler.execution_artifacts import verify_stored
+    from scheduler.core.artifact import verify_stored
 
     with store.read() as tx:
         problems = verify_stored(tx)
@@ -151,7 +151,7 @@ def _artifact_check(store: Any) -> dict[str, Any]:
 
 def _evidence_check(store: Any) -> dict[str, Any]:
     """The newest evidence rows re-verified from history, and runs whose evidence row is missing (docs/evidence.md)."""
-    from scheduler.evidence_verify import evidence_diagnostics
+    from scheduler.evidence.verify import evidence_diagnostics
 
     diag = evidence_diagnostics(store)
     bad = diag["invalid"] + diag["missing"]
@@ -169,8 +169,8 @@ def _authorization_check(store: Any) -> dict[str, Any] | None:
         rows = tx.all("SELECT * FROM jobs WHERE enabled = 1 AND authorization_ref IS NOT NULL ORDER BY name")
     if not rows:
         return None
-    from scheduler.authorization import authorization_provider, provider_problems, split_ref
-    from scheduler.spec import spec_from_row
+    from scheduler.pipeline.authorization import authorization_provider, provider_problems, split_ref
+    from scheduler.core.spec import spec_from_row
 
     problems: list[dict[str, str]] = []
 

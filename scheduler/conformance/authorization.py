@@ -22,9 +22,9 @@ find theirs: the one given (``--adapter MODULE:ATTR``), the provider's own
 ``conformance_policy`` method, the entry point named like the provider in
 ``scheduler.conformance_adapters``; else ``CONFORMANCE_NO_SETUP_ADAPTER``.
 
-A case is decided by the kernel's own code, not a copy: ``scheduler.authorization.decide_with``
+A case is decided by the kernel's own code, not a copy: ``scheduler.pipeline.authorization.decide_with``
 builds the options (``options_class``), the request (``authorization.request.include``),
-makes the bounded call (``scheduler.bounded.call_bounded``, ``CALL_LIMIT_S`` here), checks
+makes the bounded call (``scheduler.core.bounded.call_bounded``, ``CALL_LIMIT_S`` here), checks
 the answer (``check_answer``), applies the mapping and records the decision. The request is
 asked by the subject, or (``input.request``) by a ``stranger`` principal, for ``other`` job,
 or with parts left out. ``fault`` cases take the provider's own permit and then do what a
@@ -55,7 +55,7 @@ import attrs
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: The method every setup adapter has.
 POLICY_METHOD = "conformance_policy"
@@ -221,7 +221,7 @@ class _Faulty:
 
 
 def _spec(case: Case, name: str, setup: Any) -> Any:
-    from scheduler.spec import validate_spec
+    from scheduler.core.spec import validate_spec
 
     request = case.input.get("request") or {}
     authorization: dict[str, Any] = {}
@@ -239,10 +239,10 @@ def _spec(case: Case, name: str, setup: Any) -> Any:
 
 
 def _started(spec: Any, case: Case) -> Any:
-    from scheduler.identity import ResolvedIdentity
-    from scheduler.pipeline import RunOutcomes
-    from scheduler.queue import StartedRun
-    from scheduler.timeutil import now_ms
+    from scheduler.pipeline.identity import ResolvedIdentity
+    from scheduler.core.outcomes import RunOutcomes
+    from scheduler.core.queue import StartedRun
+    from scheduler.base.timeutil import now_ms
 
     request = case.input.get("request") or {}
     principal = PRINCIPAL_NAME if request.get("principal", "subject") == "subject" else STRANGER_NAME
@@ -281,7 +281,7 @@ def _ask(provider: Any, spec: Any, case: Case) -> _Asked:
     """One decision through the kernel's ``decide_with``."""
     import json
 
-    from scheduler.authorization import decide_with
+    from scheduler.pipeline.authorization import decide_with
 
     started = _started(spec, case)
     asked = _Asked()
@@ -327,7 +327,7 @@ def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: A
 
 
 def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> CaseCheck:
-    from scheduler.authorization import policy_problems
+    from scheduler.pipeline.authorization import policy_problems
 
     problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
     if problem:
@@ -375,7 +375,7 @@ def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> Cas
 
 def _answer_problems(case: Case, asked: _Asked, faulty: _Faulty | None) -> list[str]:
     """What the provider's own answer must be, whatever the case expects."""
-    from scheduler.authorization import DECISIONS, check_answer
+    from scheduler.pipeline.authorization import DECISIONS, check_answer
 
     record = asked.record or {}
     problems: list[str] = []
@@ -408,7 +408,7 @@ def _policy_check_problems(provider: Any, name: str, setup: Any, spec: Any, poli
     """``check_policy`` (``jobs validate``, ``doctor``) must flag an invalid or missing policy and pass a valid one."""
     if getattr(provider, "check_policy", None) is None:
         return []
-    from scheduler.options import build_options
+    from scheduler.base.options import build_options
 
     cls = getattr(provider, "options_class", None)
     raw = (spec.authorization or {}).get("provider_config") or {}

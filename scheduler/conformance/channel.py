@@ -52,7 +52,7 @@ from scheduler.conformance.engine import (
     register_adapter,
 )
 from scheduler.conformance.service import ReceivedMessage, ServiceAnswer, ServiceRequest
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: How long one ``send`` may take before the engine gives up on it (``expect.max_duration_ms`` lowers it).
 SEND_LIMIT_MS = 30_000
@@ -383,7 +383,7 @@ def _send(provider: Any, part: Any, route: Any, answer: ServiceAnswer, stand_in:
 
 
 def _run_with_stand_in(provider: Any, case: Case, context: Any, stand_in: Any, answers: tuple[ServiceAnswer, ...]) -> CaseCheck:
-    from scheduler.plugin_options import channel_options_for
+    from scheduler.plugins.options import channel_options_for
     from scheduler.plugins.protocols import DeliveryRoute
 
     label = _label(context.adapter)

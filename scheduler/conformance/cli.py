@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from scheduler.conformance.engine import CaseResult, Report, load_cases, load_corpus, run_kind
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.plugins.protocols import PROVIDER_KINDS
 
 _KINDS = click.Choice(list(PROVIDER_KINDS))

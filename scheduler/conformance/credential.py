@@ -18,7 +18,7 @@ its service adapter: the one given (``--adapter MODULE:ATTR``), the provider's o
 ``conformance_source`` method, the entry point named like the provider in
 ``scheduler.conformance_adapters``; else ``CONFORMANCE_NO_SOURCE_ADAPTER``.
 
-Each ``resolve`` goes through the kernel's own checks (``scheduler.credentials``), not a
+Each ``resolve`` goes through the kernel's own checks (``scheduler.pipeline.credentials.step``), not a
 copy of them: bounded in time (``call_bounded``: ``CREDENTIAL_RESOLVE_TIMEOUT``), the
 answer for exactly this binding (``CREDENTIAL_BINDING_MISMATCH``), not expired
 (``CREDENTIAL_EXPIRED``), a usable value for its medium. Then it compares with
@@ -50,7 +50,7 @@ import attrs
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: The method every source adapter has.
 SOURCE_METHOD = "conformance_source"
@@ -153,7 +153,7 @@ def _capturing_logs() -> Iterator[_Logs]:
 
 
 def _binding(case: Case, provider: Any, name: str, ref: str) -> Any:
-    from scheduler.options import build_options
+    from scheduler.base.options import build_options
     from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
 
     spec = dict(case.input.get("binding") or {})
@@ -183,8 +183,8 @@ class _Step:
 
 
 def _kernel_resolve(provider: Any, binding: Any, context: Any) -> Any:
-    """``resolve`` exactly as the kernel calls and checks it (``scheduler.credentials``); the checked answer."""
-    from scheduler.credentials import _check_answer, _value_bytes, call_bounded
+    """``resolve`` exactly as the kernel calls and checks it (``scheduler.pipeline.credentials.step``); the checked answer."""
+    from scheduler.pipeline.credentials.step import _check_answer, _value_bytes, call_bounded
     from scheduler.plugins.protocols import ResolvedCredential
 
     where = {"binding": binding.name, "provider": binding.provider}
@@ -235,7 +235,7 @@ def _forms(value: str) -> list[str]:
 
 def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> CaseCheck:
     from scheduler.plugins.protocols import CredentialContext, RefreshResult, RevokeResult
-    from scheduler.provider_sessions import MemoryProviderSessions
+    from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
 
     secrets = {str(k): str(v) for k, v in dict(getattr(stand_in, "secrets", None) or {}).items()}
     expect = case.expect
@@ -349,7 +349,7 @@ def _step_problems(step: _Step, binding: Any, expect: dict[str, Any], held: set[
 
 
 def _refreshed_problems(result: Any, binding: Any, held: set[str]) -> list[str]:
-    from scheduler.credentials import _check_answer
+    from scheduler.pipeline.credentials.step import _check_answer
 
     if result.credential is None:
         return ["refresh answered refreshed=True without a credential"]

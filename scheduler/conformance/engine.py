@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: The fixture format version this engine reads (a directory under the fixtures root).
 FIXTURE_VERSION = "v2"
@@ -633,7 +633,7 @@ def _job_fields(case: Case) -> dict[str, Any]:
 
 def _check_executor_case(case: Case) -> None:
     """Load-time check: the case's kernel-level job fields must form a valid job spec (with a stand-in payload)."""
-    from scheduler.spec import validate_spec
+    from scheduler.core.spec import validate_spec
 
     validate_spec({**_job_fields(case), "payload_message": "conformance"}, check_past=False, plugin_options=False)
 
@@ -694,9 +694,9 @@ def _payload_fields(adapter: Any, case: Case) -> tuple[dict[str, Any] | None, Ca
 
 def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, Any], workdir: Path) -> Any:
     """The ``ExecutionRequest`` the dispatcher would build for this case's job (options validated by the provider)."""
-    from scheduler.plugin_options import request_for
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import now_ms
+    from scheduler.plugins.options import request_for
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import now_ms
 
     spec = validate_spec({**_job_fields(case), **fields, "executor": name}, check_past=False, plugin_options=False)
     root = workdir / "artifacts"
@@ -708,7 +708,7 @@ def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, An
 
 def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:
     """Run one executor case: payload from the adapter, the request and a ``LocalRunControl``, execute, compare."""
-    from scheduler.execution import LocalRunControl
+    from scheduler.core.execution import LocalRunControl
 
     adapter = context.adapter
     fields, early = _payload_fields(adapter, case)
@@ -793,7 +793,7 @@ def _quote(capture: Any) -> str | None:
 
 def _observed(result: Any, fields: dict[str, Any], control: Any) -> dict[str, Any]:
     """What a failure message shows besides the differences: the result, its streams and the payload given."""
-    from scheduler.execution import ExecutionResult
+    from scheduler.core.execution import ExecutionResult
 
     observed: dict[str, Any] = {}
     if isinstance(result, ExecutionResult):
@@ -844,7 +844,7 @@ def _recorded_groups(control: Any) -> list[int]:
 
 def _reap_leftover_groups(control: Any) -> None:
     """Stop what a failing executor left running (after the checks), so one case never leaks into the next."""
-    from scheduler.processes import group_alive, kill_group
+    from scheduler.core.processes import group_alive, kill_group
 
     for pgid in _recorded_groups(control):
         with contextlib.suppress(Exception):
@@ -858,7 +858,7 @@ def _stream_text(capture: Any) -> str:
 
 def _artifact_bytes(root: Path, capture: Any) -> bytes | None:
     """The raw bytes of an offloaded stream, if it has one that can be read (no digest check)."""
-    from scheduler.artifacts import resolve_artifact
+    from scheduler.core.outputs import resolve_artifact
 
     if capture is None or not capture.artifact:
         return None
@@ -870,9 +870,9 @@ def _artifact_bytes(root: Path, capture: Any) -> bytes | None:
 
 def _compare_executor_result(case: Case, result: Any, control: Any, request: Any, duration_ms: int) -> list[str]:
     """Every difference between the executor's result (and what it recorded) and the case's ``expect``."""
-    from scheduler.artifacts import read_artifact
-    from scheduler.execution import EXECUTION_STATUSES, ExecutionResult
-    from scheduler.processes import group_alive
+    from scheduler.core.outputs import read_artifact
+    from scheduler.core.execution import EXECUTION_STATUSES, ExecutionResult
+    from scheduler.core.processes import group_alive
 
     if not isinstance(result, ExecutionResult):
         return [f"execute() returned {type(result).__name__}, not an ExecutionResult"]

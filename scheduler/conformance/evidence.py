@@ -48,7 +48,7 @@ import attrs
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: The method every setup adapter has.
 SETUP_METHOD = "conformance_setup"
@@ -130,7 +130,7 @@ def _prepare_evidence(name: str | None, provider: Any, adapter: Any) -> Provider
 
 
 def _document(run_id: str, exit_code: int = 0) -> dict[str, Any]:
-    """A payload document shaped like the kernel's (``scheduler.evidence_build``), for run ``run_id``."""
+    """A payload document shaped like the kernel's (``scheduler.evidence.build``), for run ``run_id``."""
     return {
         "schema": "scheduler.evidence.payload", "version": 1, "canonicalization": "json-sort-v1",
         "run_id": run_id, "job_id": "00000000-0000-4000-8000-00000000c0de", "dispatch_id": f"job:manual:{run_id}",
@@ -146,7 +146,7 @@ def _document(run_id: str, exit_code: int = 0) -> dict[str, Any]:
 
 def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
     """The ``EvidencePayload`` the kernel would hand over, or one with the case's defect."""
-    from scheduler.canonical import canonical_bytes, hash_bytes
+    from scheduler.base.canonical import canonical_bytes, hash_bytes
     from scheduler.plugins.protocols import EvidencePayload
 
     canonical = canonical_bytes(document)
@@ -160,15 +160,15 @@ def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
 
 def _declaration(name: str, options: Any, methods: Any) -> Any:
     """The declaration the kernel hands a provider (``to_provider_declaration`` of a stored ``evidence`` block)."""
-    from scheduler.evidence import to_provider_declaration
+    from scheduler.evidence.attest import to_provider_declaration
 
     return to_provider_declaration({"provider": name, "methods": list(methods or ()), "provider_config": dict(options or {}),
                                     "verify": {"required": True}})
 
 
 def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
-    """The kernel's acceptance check of an attestation (``scheduler.evidence``): its own, for this payload, storable."""
-    from scheduler.evidence import envelope_json
+    """The kernel's acceptance check of an attestation (``scheduler.evidence.attest``): its own, for this payload, storable."""
+    from scheduler.evidence.attest import envelope_json
     from scheduler.plugins.protocols import EvidenceEnvelope
 
     if not isinstance(envelope, EvidenceEnvelope):
@@ -186,13 +186,13 @@ def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
 
 def _stored(envelope: Any) -> Any:
     """The envelope as the evidence row stores it and re-verification reads it back (a JSON object)."""
-    from scheduler.evidence import envelope_json
+    from scheduler.evidence.attest import envelope_json
 
     return json.loads(envelope_json(envelope))
 
 
 def _as_given(stored: Any) -> Any:
-    """What re-verification hands ``verify`` for a stored envelope (``scheduler.evidence_verify``)."""
+    """What re-verification hands ``verify`` for a stored envelope (``scheduler.evidence.verify``)."""
     from scheduler.plugins.protocols import EvidenceEnvelope
 
     keys = {"provider", "format", "payload_digest", "data"}

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 @attrs.frozen(kw_only=True)

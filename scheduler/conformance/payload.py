@@ -37,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: Entry-point group of payload adapters; the entry point's name is the executor's driver name.
 ADAPTER_GROUP = "scheduler.conformance_adapters"

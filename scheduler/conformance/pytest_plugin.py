@@ -39,7 +39,7 @@ import attrs
 import pytest
 
 from scheduler.conformance.engine import Case, load_cases, prepare, run_case, select_cases
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 #: Parameter id of the single test that stands for a provider that could not be loaded.
 LOAD_FAILURE_ID = "provider-load"

@@ -60,7 +60,7 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 #: The method every service adapter has.

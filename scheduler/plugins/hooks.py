@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import attrs
 import pluggy
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 from scheduler.plugins import hookspecs
 from scheduler.plugins.loader import load_group, strict_loading
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 
 class LoadedProviders:

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from scheduler import PLUGIN_API_VERSION
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 _ALL = {"1", "all", "*", "true", "yes"}
 

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 
 import attrs
 
-from scheduler.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
 
 #: Capability names the kernel and governance understand (kebab-case). A provider may
 #: declare others (they are informational); these are the ones decisions read.
@@ -240,7 +240,7 @@ class ProviderSessions(Protocol):
     here, so operators can see what is live, until when, and what a revocation did. Only a
     hashed cache key (``sha256:<64 hex>``), scopes, times and a status are stored; the
     kernel refuses anything else (``PROVIDER_SESSION_INVALID``), so no token can end up in
-    the database. The kernel's implementation is ``scheduler.provider_sessions``.
+    the database. The kernel's implementation is ``scheduler.pipeline.credentials.sessions``.
     """
 
     def record_session(self, provider: str, session_key: str, *, scopes: Any = (), expires_at_ms: int | None = None,

@@ -132,8 +132,8 @@ def _check_duration(minimum_ms: int) -> Any:
     def check(_instance: Any, attribute: Any, value: str | None) -> None:
         if value is None:
             return
-        from scheduler.errors import SchedulerError
-        from scheduler.timeutil import parse_duration_ms
+        from scheduler.base.errors import SchedulerError
+        from scheduler.base.timeutil import parse_duration_ms
 
         try:
             ms = parse_duration_ms(value, field=attribute.name)

@@ -18,8 +18,8 @@ from typing import Any, Literal, NoReturn, get_args, get_origin
 
 import attrs
 
-from scheduler.errors import SchedulerError
-from scheduler.options import option_problems
+from scheduler.base.errors import SchedulerError
+from scheduler.base.options import option_problems
 from scheduler.settings.kernel import (
     KERNEL_TABLES,
     RETIRED_ENV,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from scheduler.errors import SchedulerError
+from scheduler.base.errors import SchedulerError
 
 _REFERENCE = re.compile(r"^([a-z][a-z0-9+.-]{0,31}):(.+)$", re.DOTALL)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scheduler.execution import ExecutionRequest, LocalRunControl
+from scheduler.core.execution import ExecutionRequest, LocalRunControl
 
 #: The PostgreSQL server the tests use: ``SCHEDULER_TEST_POSTGRES_URL``, else the local one.
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -64,10 +64,10 @@ def make_request(
     The spec is validated (plugin options included, when the executor is installed); the
     deadline follows ``run_timeout_ms``; the artifact directory is ``artifacts_root/runs/<run_id>``.
     """
-    from scheduler.plugin_options import request_for
+    from scheduler.plugins.options import request_for
     from scheduler.plugins.loader import load_provider
-    from scheduler.spec import validate_spec
-    from scheduler.timeutil import now_ms
+    from scheduler.core.spec import validate_spec
+    from scheduler.base.timeutil import now_ms
 
     spec_fields.setdefault("name", "test job")
     spec_fields.setdefault("schedule_kind", "manual")
@@ -96,8 +96,8 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01, what
 
 def add_job(store: Any, **spec: Any) -> dict[str, Any]:
     """Create one job through the kernel, validated like the CLI does (``testkit`` executor by default)."""
-    from scheduler.jobs import create_jobs
-    from scheduler.spec import validate_spec
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
 
     spec.setdefault("executor", "testkit")
     spec.setdefault("schedule_kind", "manual")
@@ -116,7 +116,7 @@ class RunningDispatcher:
 
     def __init__(self, store: Any, *, hooks: Any = None, **config: Any) -> None:
         """Start it (``hooks``: the kernel's hook facade to use, e.g. ``hooks_with(module)``)."""
-        from scheduler.dispatcher import Dispatcher, DispatcherConfig
+        from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
 
         config.setdefault("lease_ttl_ms", 3000)
         config.setdefault("kill_grace_s", 0.5)
@@ -146,7 +146,7 @@ class RunningDispatcher:
 
 def sqlite_store(path: Path | str) -> Any:
     """An initialised SQLite store on a real file (close it when done)."""
-    from scheduler.store import open_store
+    from scheduler.core.store import open_store
 
     return open_store(str(path))
 

@@ -1,0 +1,250 @@
+"""Execution artifacts: every job's execution contract as immutable canonical JSON, bound by digest.
+
+Approvals, evidence, credential presentations and proofs all bind to "exactly what
+this job executes". That is the job's *execution artifact*: the json-sort-v1 projection
+of its execution contract (executor and options, command digest, timeouts,
+constraints, output, verification, delivery routing, and the approval, identity,
+credential, authorization and evidence declarations), stored once in
+``execution_artifacts`` keyed by its ``sha256:`` digest. Jobs, dispatches, runs,
+approvals and events carry the digest; database guards keep artifacts immutable and
+bound digests unchanged.
+
+Two kinds share the table: ``native`` (built here from the job) and ``handoff-v4``
+(compiled elsewhere, accepted by ``scheduler.artifacts.handoff`` only when it agrees exactly).
+
+The projection never holds raw command text, stdin or secret-like option values:
+the command is a digest, and option keys that look secret (``SECRET_KEY_RE``) become
+``{"redacted": true, "value_hash": ...}``. Declarations that do not exist yet on a job
+are present as ``null`` / empty, so adding such a field later leaves existing digests
+unchanged while the field is unset.
+
+Not to be confused with ``scheduler.core.outputs``, the store of offloaded run *output*.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest
+from scheduler.base.errors import SchedulerError
+
+if TYPE_CHECKING:
+    from scheduler.core.spec import JobSpec
+    from scheduler.core.store.base import Tx
+
+#: Schema name and version of a native artifact payload.
+NATIVE_SCHEMA = "scheduler.execution-artifact"
+NATIVE_VERSION = 1
+KINDS = ("native", "handoff-v4")
+
+#: Keys whose values never enter an artifact (or evidence) raw: they are replaced by their hash.
+SECRET_KEY_RE = re.compile(
+    r"(token|secret|passw(or)?d|private[_-]?key|credential|cookie|api[_-]?key|authorization[_-]?header|stdin)", re.I
+)
+
+
+def redacted(value: Any) -> dict[str, Any]:
+    """The stand-in for a secret-like value: its canonical digest, never the value."""
+    return {"redacted": True, "value_hash": hash_text(value) if isinstance(value, str) else canonical_digest(value)}
+
+
+def redact_secrets(value: Any) -> Any:
+    """``value`` with every secret-like key's value replaced by ``redacted(...)``, recursively."""
+    if isinstance(value, dict):
+        return {k: redacted(v) if SECRET_KEY_RE.search(k) and v is not None else redact_secrets(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
+def _text_digest(text: str | None) -> str | None:
+    return None if text is None else hash_text(text)
+
+
+def execution_sections(spec: JobSpec) -> dict[str, Any]:
+    """The execution contract of ``spec`` as artifact sections (no job id, no header).
+
+    Shared by native artifacts and handoff v4 artifacts, so both describe a job the same way.
+    """
+    payload = spec.payload_message
+    return {
+        "target": {
+            "session_target": spec.session_target,
+            "executor": spec.executor_name(),
+            "executor_options": redact_secrets(spec.executor_options),
+        },
+        "command": {
+            "kind": "shell" if spec.session_target == "shell" else "prompt",
+            "payload_sha256": hash_text(payload),
+            "payload_bytes": len(payload.encode("utf-8")),
+        },
+        "runtime": {"timeout_ms": spec.run_timeout_ms},
+        "constraints": spec.constraints,
+        "output": {"format": spec.output_format},
+        "verification": {
+            "shell_sha256": _text_digest(spec.verify_shell),
+            "timeout_s": spec.verify_timeout_s,
+            "on_failure": spec.verify_on_failure,
+        },
+        "delivery": {
+            "mode": spec.delivery_mode,
+            "channel": spec.delivery_channel,
+            "to": spec.delivery_to,
+            "options": redact_secrets(spec.delivery_options),
+        },
+        "watchdog": {
+            "enabled": spec.job_type == "watchdog",
+            "alert_channel": spec.watchdog_alert_channel,
+            "alert_to": spec.watchdog_alert_to,
+            "self_destruct": spec.watchdog_self_destruct,
+        },
+        "approval": {
+            "required": spec.approval_required,
+            "timeout_s": spec.approval_timeout_s,
+            "timeout_action": spec.approval_timeout_action,
+            "risk_level": spec.approval_risk_level,
+            "approver_scope": spec.approval_approver_scope,
+        },
+        # The normalised identity declaration (scheduler.pipeline.identity), null when the job declares none.
+        "identity": spec.identity,
+        # The normalised credential bindings (references, never values); the child policy only when not "none",
+        # so a job without credentials keeps its digest.
+        "credential_presentation": {
+            "bindings": redact_secrets(list(spec.credentials or [])),
+            **({"child_policy": spec.child_credential_policy} if spec.child_credential_policy != "none" else {}),
+        },
+        # The job's policy decision point and how it is asked (scheduler.pipeline.authorization, normalised), null when none.
+        "authorization_ref": spec.authorization_ref,
+        "authorization": redact_secrets(spec.authorization) if spec.authorization else None,
+        # The normalised proof declaration (scheduler.pipeline.proofs.declaration: method, source, keys), never a proof; null when none.
+        "authorization_proof": spec.authorization_proof,
+        # The normalised evidence declaration with its evidence_ref (scheduler.evidence.declaration), null when none.
+        "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if spec.evidence else None,
+    }
+
+
+def native_payload(spec: JobSpec, job_id: str) -> dict[str, Any]:
+    """The native execution artifact of job ``job_id`` with spec ``spec``."""
+    return {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1",
+            "job_id": job_id, **execution_sections(spec)}
+
+
+def native_digest(spec: JobSpec, job_id: str) -> str:
+    """The digest of ``native_payload(spec, job_id)`` (what the job row must carry)."""
+    return canonical_digest(native_payload(spec, job_id))
+
+
+def put_artifact(tx: Tx, payload: dict[str, Any], *, kind: str, job_id: str, now: int) -> str:
+    """Store ``payload`` as an artifact (once: an identical one is already there) and return its digest."""
+    text = canonical_json(payload)
+    digest = canonical_digest(payload)
+    tx.execute(
+        "INSERT INTO execution_artifacts(digest, kind, job_id, payload, payload_bytes, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+        (digest, kind, job_id, text, len(text.encode("utf-8")), now),
+    )
+    return digest
+
+
+def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
+    """The stored artifact row for ``digest``: payload parsed, ``payload_text`` the exact canonical text.
+
+    ``EXECUTION_ARTIFACT_MISSING`` when there is none, ``EXECUTION_ARTIFACT_TAMPERED`` when the
+    stored text is not canonical JSON hashing to ``digest``.
+    """
+    row = tx.one("SELECT * FROM execution_artifacts WHERE digest = ?", (digest,))
+    if row is None:
+        raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"execution artifact {digest} is not stored")
+    return {**row, "payload_text": row["payload"], "payload": parse_stored(row["payload"], digest)}
+
+
+def parse_stored(text: Any, digest: str) -> dict[str, Any]:
+    """Parse stored artifact text, refusing anything that is not canonical JSON with digest ``digest``."""
+    try:
+        payload = json.loads(text) if isinstance(text, str) else None
+        ok = isinstance(payload, dict) and canonical_json(payload) == text and canonical_digest(payload) == digest
+    except (ValueError, SchedulerError):
+        ok = False
+    if not ok:
+        raise SchedulerError("EXECUTION_ARTIFACT_TAMPERED", f"stored execution artifact {digest} does not match its digest")
+    return payload  # type: ignore[return-value]
+
+
+def expected_digest(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
+    """The digest the job row ``row`` must carry, recomputed from the row itself.
+
+    Native jobs recompute their projection; handoff v4 jobs recompute the job binding
+    and check it against their stored artifact (``scheduler.artifacts.handoff``). ``spec`` is
+    ``spec_from_row(row)`` when the caller already built it (the dispatcher's worker
+    does): it is not rebuilt.
+    """
+    from scheduler.core.spec import SPEC_COLUMN_ORDER, spec_from_row
+
+    if row.get("handoff_version") == 4:
+        from scheduler.artifacts.handoff import check_bound_job
+
+        check_bound_job(tx, row, spec if spec is not None else spec_from_row(row))
+        return row["artifact_digest"]
+    # The projection is a pure function of the row's spec columns: remember it per exact row
+    # content, so the check before every run costs a lookup, not a canonicalisation.
+    key = (row["id"], *map(row.get, SPEC_COLUMN_ORDER))
+    digest = _NATIVE_DIGESTS.get(key)
+    if digest is None:
+        digest = native_digest(spec if spec is not None else spec_from_row(row), row["id"])
+        if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
+            _NATIVE_DIGESTS.clear()
+        _NATIVE_DIGESTS[key] = digest
+    return digest
+
+
+#: ``(job id, spec column values...) -> native digest``; bounded, cleared when full.
+_NATIVE_DIGESTS: dict[tuple[Any, ...], str] = {}
+_NATIVE_DIGESTS_MAX = 4096
+
+
+def check_job(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
+    """The job's artifact digest after proving the row still matches it (the run pipeline's artifact check).
+
+    ``EXECUTION_ARTIFACT_MISMATCH`` when the job no longer projects to its recorded
+    artifact (the row changed outside the kernel, or a plugin's option normalisation changed).
+    ``spec``: ``spec_from_row(row)`` when the caller has it (saves rebuilding it).
+    """
+    recorded = row.get("artifact_digest")
+    if not is_digest(recorded):
+        raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {row.get('name')!r} has no execution artifact")
+    actual = expected_digest(tx, row, spec)
+    if actual != recorded:
+        raise SchedulerError(
+            "EXECUTION_ARTIFACT_MISMATCH",
+            f"job {row.get('name')!r} no longer matches its execution artifact {recorded} (it projects to {actual});"
+            " re-save the job with `jobs update` to bind a new artifact",
+        )
+    return recorded
+
+
+def artifact_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON view of a loaded artifact row (payload already parsed)."""
+    from scheduler.base.timeutil import to_iso
+
+    return {"digest": row["digest"], "kind": row["kind"], "job_id": row["job_id"], "payload_bytes": row["payload_bytes"],
+            "created_at": to_iso(row["created_at"]), "payload": row["payload"]}
+
+
+def verify_stored(tx: Tx, *, limit: int | None = None) -> list[dict[str, str]]:
+    """Problems found re-validating stored artifacts and job bindings (``doctor``): one dict per problem."""
+    problems: list[dict[str, str]] = []
+    sql = "SELECT digest, payload FROM execution_artifacts ORDER BY created_at"
+    for row in tx.all(sql + (f" LIMIT {int(limit)}" if limit else "")):
+        try:
+            parse_stored(row["payload"], row["digest"])
+        except SchedulerError as exc:
+            problems.append({"digest": row["digest"], "code": exc.code, "error": exc.message})
+    for job in tx.all("SELECT * FROM jobs ORDER BY name"):
+        try:
+            load_artifact(tx, job["artifact_digest"]) if is_digest(job.get("artifact_digest")) else None
+            check_job(tx, job)
+        except SchedulerError as exc:
+            problems.append({"job": job["name"], "digest": str(job.get("artifact_digest")), "code": exc.code, "error": exc.message})
+    return problems

@@ -1,0 +1,389 @@
+"""The completion transaction: one commit that finishes a run and creates every consequence.
+
+Inside one transaction, under the run owner's live fence: the terminal status
+(``cancelled`` if a cancel request won the race), output and audit fields, the
+dispatch row, job counters and auto-pause, a retry with exponential backoff,
+chained children, delivery outbox rows and watchdog alerts. If the fence is gone,
+nothing is written at all. The status writes go through ``scheduler.core.transitions``,
+which also queues the observer notifications fired after commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.core import transitions
+from scheduler.core.conditions import condition_matches
+from scheduler.core.events import LOOKUP, append_event
+from scheduler.core.execution import ExecutionResult
+from scheduler.core.lease import Lease, assert_live
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.runs import FAILURES, StaleFence
+from scheduler.core.store.base import Store, Tx
+from scheduler.base.timeutil import now_ms
+from scheduler.core.transitions import committing, insert_dispatch
+
+#: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
+RUN_FIELDS_FOR_CONSEQUENCES = (
+    "id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms, error_code, error_message,"
+    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256, stdout_artifact,"
+    " artifact_digest, principal, trust_level"
+)
+
+#: Longest backoff between retries, whatever the attempt number.
+MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
+
+
+def _stream_columns(prefix: str, capture: Any) -> dict[str, Any]:
+    if capture is None:
+        return {}
+    return {
+        f"{prefix}_excerpt": capture.excerpt,
+        f"{prefix}_bytes": capture.bytes,
+        f"{prefix}_sha256": capture.sha256,
+        f"{prefix}_artifact": capture.artifact,
+        f"{prefix}_truncated": int(bool(capture.truncated)),
+    }
+
+
+def result_columns(result: ExecutionResult) -> dict[str, Any]:
+    """Run columns describing an execution result (no credential or environment values)."""
+    cols: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "error_code": result.error_code,
+        "error_message": result.error_message,
+        "summary": (result.summary or "")[:4096] or None,
+        "env_policy_warning": result.env_warning,
+    }
+    cols.update(_stream_columns("stdout", result.stdout))
+    cols.update(_stream_columns("stderr", result.stderr))
+    s = result.structured
+    if s:
+        cols.update(
+            output_format=s.get("format"),
+            output_valid=int(bool(s.get("valid"))),
+            output_warning=s.get("warning"),
+            output_bytes=s.get("bytes"),
+            output_sha256=s.get("sha256"),
+            output_parsed=json.dumps(s["parsed"]) if s.get("parsed") is not None else None,
+            output_artifact=s.get("artifact"),
+        )
+    if result.usage:
+        cols["usage_json"] = json.dumps(result.usage, sort_keys=True)
+    v = result.verification
+    if v:
+        cols.update(verify_status=v.get("status"), verify_json=json.dumps(v, sort_keys=True))
+    return cols
+
+
+def complete_run(
+    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None, check_lease: bool = True,
+    outcomes: RunOutcomes | None = None,
+) -> dict[str, Any]:
+    """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
+
+    ``check_lease=False`` is for a caller that already asserted the lease in the same
+    transaction (the dispatcher's group commit); the run's owner/token compare-and-swap
+    is always done. Observers hear of the run once the (outermost) transaction committed.
+    ``outcomes`` (the pipeline's decisions: run columns, events, the evidence row) commit
+    in the same transaction.
+    """
+    now = now_ms() if now is None else now
+    with committing(store) as tx:
+        if check_lease:
+            assert_live(tx, lease, now=now)
+        return complete_run_in(tx, lease, run_id, result, now=now, outcomes=outcomes)
+
+
+def complete_run_in(
+    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, now: int, outcomes: RunOutcomes | None = None,
+) -> dict[str, Any]:
+    """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
+
+    The dispatcher's pass completes all its finished runs in its one transaction; raises
+    ``StaleFence`` (and writes nothing for this run) when the run is no longer ours.
+    """
+    values = result_columns(result)
+    if outcomes is not None:
+        values.update(outcomes.columns)
+    message = values.pop("error_message")
+    # The executor returned, so the work it recorded has ended; a worker the dispatcher cut
+    # loose (``abandoned``) may still be running it: that is not known.
+    process_state = "unknown" if (result.details or {}).get("abandoned") else "exited"
+    if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
+        gated = escalate_to_approval(tx, lease, run_id, outcomes, now=now)
+        if gated is not None:
+            return gated  # waiting for a decision: no terminal state, no consequences
+    run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
+                                 error_message=message, now=now, process_state=process_state,
+                                 returning=RUN_FIELDS_FOR_CONSEQUENCES)
+    if run is None:
+        raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
+    if result.state is not None and run["status"] == "ok":
+        keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
+    if outcomes is not None:
+        commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+    apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
+                       suppress=outcomes is not None and outcomes.suppress_consequences)
+    return run
+
+
+def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, *, now: int) -> dict[str, Any] | None:
+    """An authorization provider escalated: the run waits in ``awaiting_approval`` behind an approval of gate kind
+    ``authorization`` (``transitions.escalate_run``), with the pipeline's columns and events; an approval notice goes
+    out like a job gate's. None when the run is no longer ours or a cancel came first (the caller ends it as usual).
+    """
+    import uuid
+
+    from scheduler.pipeline.proofs.step import approval_columns
+
+    escalate = outcomes.escalate or {}
+    approval_id = str(uuid.uuid4())
+    run = transitions.escalate_run(tx, run_id, owner=lease.owner, token=lease.token, values=dict(outcomes.columns),
+                                   approval_id=approval_id, gate_kind=escalate.get("gate_kind", "authorization"),
+                                   risk_level=escalate.get("risk_level") or "medium", reason=escalate.get("reason"), now=now,
+                                   proof_window=approval_columns(outcomes))
+    if run is None:
+        return None
+    commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+    job = tx.one("SELECT id, name, delivery_mode, delivery_channel, delivery_to, approval_approver_scope FROM jobs WHERE id = ?",
+                 (run["job_id"],))
+    if job is not None and job["delivery_mode"] != "none" and job["delivery_channel"]:
+        scope = job["approval_approver_scope"]
+        body = (f"[Approval required] {job['name']} ({run['dispatch_kind']} run {run_id[:8]}), escalated by its authorization"
+                f" policy, risk {escalate.get('risk_level')}{f', approver {scope}' if scope else ''}."
+                f"{chr(10) + 'Reason: ' + escalate['reason'] if escalate.get('reason') else ''}\n"
+                f"Approve: scheduler approvals approve {approval_id}\nReject:  scheduler approvals reject {approval_id}")
+        enqueue_message(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"], body,
+                        f"{approval_id}:approval-notice", now)
+    return {**run, "approval_id": approval_id}
+
+
+def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, *, now: int, actor: str | None) -> None:
+    """Write the pipeline's events and evidence row for ``run`` inside its completion transaction."""
+    for kind, data in outcomes.events:
+        append_event(tx, kind, job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data=data)
+    if outcomes.evidence is not None:
+        from scheduler.evidence.attest import insert_record
+
+        insert_record(tx, run, outcomes.evidence, now=now)
+
+
+def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, actor: str | None) -> bool:
+    """Keep an ok run's ``ExecutionResult.state`` for its job's next run (replacing the last); False when refused.
+
+    A state that is not a JSON object, or is larger than ``MAX_EXECUTOR_STATE_BYTES``, is not
+    kept (an event says why) and the previous one stays: a run never loses what an earlier
+    one kept by returning something unusable.
+    """
+    from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES
+
+    executor = tx.scalar("SELECT executor FROM runs WHERE id = ?", (run["id"],)) or ""
+    try:
+        text = json.dumps(dict(state), sort_keys=True, allow_nan=False) if isinstance(state, Mapping) else None
+    except (TypeError, ValueError):
+        text = None
+    size = len(text.encode("utf-8")) if text is not None else 0
+    if text is None or size > MAX_EXECUTOR_STATE_BYTES:
+        why = "not a JSON object" if text is None else f"{size} bytes is more than {MAX_EXECUTOR_STATE_BYTES}"
+        append_event(tx, "executor_state.refused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
+                     data={"executor": executor, "reason": why})
+        return False
+    tx.execute(
+        "INSERT INTO executor_state(job_id, executor, state, state_bytes, run_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (job_id, executor) DO UPDATE SET state = excluded.state, state_bytes = excluded.state_bytes,"
+        " run_id = excluded.run_id, updated_at = excluded.updated_at",
+        (run["job_id"], executor, text, size, run["id"], now),
+    )
+    return True
+
+
+def apply_consequences(
+    tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
+    actor: str | None = None, suppress: bool = False,
+) -> None:
+    """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
+
+    ``actor`` is the dispatcher committing it (the run's owner, or the recovering
+    dispatcher after a crash); the ``run.finished`` event names it. ``suppress`` (a run
+    whose required evidence failed) counts the run but sends nothing and starts nothing.
+    """
+    status = run["status"]
+    transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None,
+                                deferrable=True)  # the dispatcher's pass writes its runs' finishes in one UPDATE
+    actor = actor or run["dispatcher_owner"]
+    data: dict[str, Any] = {"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]}
+    if actor != run["dispatcher_owner"]:
+        data["run_owner"] = run["dispatcher_owner"]  # recovery: the dead owner the run belonged to
+    if details:
+        data["details"] = details  # executor-reported metadata (never output text or secrets)
+    # The run's binding and identity came back with its terminal write: the event needs no lookups.
+    append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
+                 actor=actor, at=now, data=data, artifact_digest=run.get("artifact_digest"),
+                 principal=run.get("principal", LOOKUP), trust_level=run.get("trust_level", LOOKUP))
+    job = _update_job_counters(tx, run, now, actor)
+    if job is None or suppress:
+        return
+    _notify(tx, job, run, now)
+    if status == "cancelled":
+        return  # cancellation won: no retry, no child, no delivery
+    # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
+    retrying = allow_retry and job["enabled"] and status in FAILURES and run["attempt"] <= job["max_retries"]
+    if retrying:
+        backoff = min(MAX_RETRY_BACKOFF_MS, job["retry_backoff_ms"] * (2 ** (run["attempt"] - 1)))
+        insert_dispatch(tx, id=f"{run['id']}:retry", job_id=job["id"], kind="retry", due_at=now + backoff, now=now,
+                        source_run_id=run["id"])
+        append_event(tx, "run.retry_scheduled", job_id=job["id"], run_id=run["id"], at=now,
+                     data={"attempt": run["attempt"] + 1, "due_in_ms": backoff})
+    else:
+        _trigger_children(tx, job, run, now)
+    _enqueue_delivery(tx, job, run, now)
+    _watchdog(tx, job, run, now, actor)
+
+
+def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | None) -> dict[str, Any] | None:
+    """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row.
+
+    Auto-pause cancels the job's pending work exactly as ``jobs disable`` does
+    (``transitions.cancel_pending_work``): pending dispatches, waiting runs, approvals.
+    """
+    status = run["status"]
+    outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
+    job = tx.one(
+        "UPDATE jobs SET run_count = run_count + 1, last_run_at = ?, last_status = ?, last_error = ?, last_duration_ms = ?,"
+        " consecutive_failures = CASE ? WHEN 'ok' THEN 0 WHEN 'failure' THEN consecutive_failures + 1"
+        "   ELSE consecutive_failures END, updated_at = ? WHERE id = ?"
+        " RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries,"
+        " retry_backoff_ms, delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to,"
+        " watchdog_self_destruct, notify, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children",
+        (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], outcome, now,
+         run["job_id"]),
+    )
+    if job is None:
+        return None
+    failures, limit = job["consecutive_failures"], job["max_consecutive_failures"]
+    if outcome == "failure" and limit and failures >= limit and job["enabled"]:
+        reason = f"auto-paused after {failures} consecutive failures"
+        tx.execute(
+            "UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ? WHERE id = ?",
+            (now, reason, job["id"]),
+        )
+        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
+        append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], actor=actor, at=now, data={"failures": failures})
+        job = {**job, "enabled": 0, "auto_paused": reason}
+    return job
+
+
+def _notify(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox.
+
+    Jobs with ``notify: false`` opt out. Events: ``completed`` (ok), ``failed`` (error or
+    timeout), ``paused`` (this failure auto-paused the job).
+    """
+    if not job.get("notify", 1):
+        return
+    from scheduler.settings import current_settings
+
+    cfg = current_settings().notifications
+    if not cfg.routes:
+        return
+    events = []
+    if run["status"] == "ok" and "completed" in cfg.events:
+        events.append(("completed", f"[Job completed] {job['name']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"))
+    elif run["status"] in FAILURES and "failed" in cfg.events:
+        body = f"[Job failed] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
+        if run.get("error_message"):
+            body += f"\nError: {run['error_message']}"
+        events.append(("failed", body))
+    if job.get("auto_paused") and "paused" in cfg.events:
+        events.append(("paused", f"[Job paused] {job['name']}: {job['auto_paused']}\nResume: scheduler jobs enable {job['name']}"))
+    for event, body in events:
+        for index, route in enumerate(cfg.routes):
+            channel, _, target = route.partition(":")
+            enqueue_message(tx, run, channel, target or None, body, f"{run['id']}:notify:{event}:{index}", now)
+
+
+def _outcome_matches(trigger_on: str | None, status: str) -> bool:
+    if trigger_on == "failure":
+        return status in FAILURES
+    if trigger_on == "complete":
+        return status == "ok" or status in FAILURES
+    return status == "ok"
+
+
+def _trigger_children(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    if not job.get("has_children", True):  # the counters' RETURNING said so: no query for the common childless job
+        return
+    children = tx.all("SELECT id, trigger_on, trigger_delay_s, trigger_condition, enabled FROM jobs WHERE parent_id = ?", (job["id"],))
+    text = run.get("summary") or run.get("stdout_excerpt") or ""
+    for child in children:
+        if not child["enabled"] or not _outcome_matches(child["trigger_on"], run["status"]):
+            continue
+        if not condition_matches(child["trigger_condition"], text):
+            append_event(tx, "chain.condition_not_met", job_id=child["id"], run_id=run["id"], at=now,
+                         data={"condition": child["trigger_condition"]})
+            continue
+        insert_dispatch(tx, id=f"{run['id']}:chain:{child['id']}", job_id=child["id"], kind="chain",
+                        due_at=now + child["trigger_delay_s"] * 1000, now=now, source_run_id=run["id"])
+
+
+def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+    mode = job["delivery_mode"]
+    ok = run["status"] == "ok"
+    if mode == "none" or (mode == "on_success" and not ok) or (mode == "on_failure" and ok):
+        return
+    head = "completed" if ok else "failed"
+    body = f"[Job {head}] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
+    if not ok and run["error_message"]:
+        body += f"\nError: {run['error_message']}"
+    if run.get("summary"):
+        body += f"\n\n{run['summary']}"
+    from scheduler.delivery.outbox import output_attachments
+
+    attachments = output_attachments(run, job["delivery_channel"], body)
+    enqueue_message(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now, attachments=attachments)
+
+
+#: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
+#: a dead dispatcher), not that the watched thing is wrong: a watchdog never alerts on them.
+WATCHDOG_NO_ALERT_CODES = frozenset({
+    "STALE_FENCE", "LEASE_LOST", "DISPATCHER_LOST", "RECOVERY_BLOCKED", "COMPLETION_FAILED", "RUN_CANCELLED", "EXECUTOR_ABANDONED",
+})
+
+
+def watchdog_alerts(status: str, error_code: str | None) -> bool:
+    """Whether a finished watchdog run raises an alert: only when the check itself failed.
+
+    The check failed when it ran and answered ``error`` (including an executor that could
+    not run it) or ``timeout``. Nothing else alerts: ``ok``; ``cancelled`` and ``skipped``
+    (no answer); ``crashed`` (the dispatcher died: recovery records it, and an at-least-once
+    job runs the check again); and an error whose code is a fencing, lease or cancellation
+    problem (``WATCHDOG_NO_ALERT_CODES``), which says nothing about what the check watches.
+    This is the only place the decision is made (executors report results, never alerts).
+    """
+    return status in ("error", "timeout") and error_code not in WATCHDOG_NO_ALERT_CODES
+
+
+def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor: str | None) -> None:
+    """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one."""
+    if job["job_type"] != "watchdog":
+        return
+    if job["watchdog_alert_channel"] and watchdog_alerts(run["status"], run["error_code"]):
+        body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
+        enqueue_message(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
+    if run["status"] == "ok" and job["watchdog_self_destruct"]:
+        reason = "watchdog self-destructed after a passing check"
+        tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
+                   (reason, now, job["id"]))
+        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
+        append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
+
+
+def enqueue_message(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int,
+                    *, attachments: tuple[dict[str, Any], ...] = ()) -> None:
+    """One outbox message about ``run`` for ``channel``, split by its limits; idempotent on ``group`` (the only way out)."""
+    from scheduler.delivery.outbox import enqueue
+
+    enqueue(tx, run, channel, target, body, group, now, attachments=attachments)

@@ -1,0 +1,377 @@
+"""Job storage: create (one or all-or-nothing many), read, update, enable/disable, delete, chain tree.
+
+Every write happens in one store transaction with its runtime event, and every
+job leaves here with a stored ``next_run_at`` computed from its schedule: a
+missing next run never means "fire now". Disable, delete and update cancel the
+job's pending work through ``transitions.cancel_pending_work`` (auto-pause and
+``jobs cancel`` use the same function); observers installed in this process hear
+of waiting runs cancelled that way once the transaction committed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.events import append_event, os_identity
+from scheduler.core.artifact import check_job, native_payload, put_artifact
+from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
+from scheduler.core.store.base import Store, Tx
+from scheduler.core.store.schema import quote_name
+from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core.transitions import cancel_pending_work, committing
+
+if TYPE_CHECKING:
+    from scheduler.artifacts.handoff import Submission
+    from scheduler.plugins.hooks import Hooks
+
+#: A job id: what ``uuid4`` gives, or what a handoff v4 artifact was compiled for.
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: Longest chain from a root job to a descendant.
+MAX_CHAIN_DEPTH = 10
+#: Most direct children a job may trigger.
+MAX_CHAIN_FANOUT = 20
+
+_SCHEDULE_FIELDS = frozenset(
+    {"schedule_kind", "schedule_cron", "schedule_every", "schedule_at", "schedule_tz", "dst_gap_policy", "dst_fold_policy"}
+)
+_TIME_COLUMNS = ("schedule_at", "created_at", "updated_at", "next_run_at", "schedule_anchor_at", "last_run_at", "paused_at")
+
+
+def initial_schedule(spec: JobSpec, now: int) -> tuple[int | None, int | None]:
+    """``(next_run_at, schedule_anchor_at)`` for a job (re)starting its schedule at ``now``."""
+    kind = spec.schedule_kind
+    if kind == "at":
+        return spec.schedule_at, None
+    if kind in ("manual", "chain"):
+        return None, None
+    from scheduler.core.schedules import next_fire
+
+    schedule = spec.schedule()
+    if kind == "every":
+        return next_fire(schedule, now, anchor_ms=now + schedule.every_ms), now
+    return next_fire(schedule, now), None
+
+
+def repair_missing_next_runs(store: Store, *, now: int | None = None, limit: int = 500) -> int:
+    """Recompute and store the next run of recurring jobs that have none.
+
+    A missing next run never means "fire now": it is computed from the schedule
+    (from now, so nothing fires for the gap) and stored, with an event.
+    """
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        rows = tx.all(
+            "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every') LIMIT ?", (limit,)
+        )
+        for row in rows:
+            next_run, anchor = initial_schedule(spec_from_row(row), now)
+            tx.execute(
+                "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at IS NULL",
+                (next_run, anchor, now, row["id"]),
+            )
+            append_event(tx, "job.next_run_repaired", job_id=row["id"], at=now, data={"next_run_at": next_run})
+    return len(rows)
+
+
+def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
+    """A job row by id or by name; ``NOT_FOUND`` otherwise."""
+    row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))
+    if row is None:
+        raise SchedulerError("NOT_FOUND", f"Job not found: {ref}")
+    return row
+
+
+def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: Submission | None = None,
+            job_id: str | None = None) -> dict[str, Any]:
+    if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
+        raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
+    row = spec_to_row(spec)
+    row["parent_id"] = parent_id
+    next_run, anchor = initial_schedule(spec, now)
+    if job_id is not None and not _JOB_ID_RE.fullmatch(job_id):
+        raise SchedulerError("INVALID_ARGUMENT", f"job id {job_id!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    explicit = submission is not None or job_id is not None
+    job_id = _submitted_job_id(submission) if submission is not None else job_id or str(uuid.uuid4())
+    if explicit and tx.one("SELECT id FROM jobs WHERE id = ?", (job_id,)):
+        why = " (the artifact's compiled.job_id)" if submission is not None else ""
+        raise SchedulerError("JOB_ID_CONFLICT", f"a job with id {job_id!r}{why} already exists")
+    row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
+    row.update(_bind_artifact(tx, spec, job_id, submission, now))
+    cols = list(row)
+    tx.execute(f"INSERT INTO jobs({', '.join(quote_name(c) for c in cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+    append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
+    return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
+
+
+def _submitted_job_id(submission: Submission) -> str:
+    """The job id a handoff v4 artifact was compiled for (``compiled.job_id``)."""
+    compiled = submission.payload.get("compiled") if isinstance(submission.payload, dict) else None
+    job_id = compiled.get("job_id") if isinstance(compiled, dict) else None
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
+        raise SchedulerError("HANDOFF_ARTIFACT_INVALID", "compiled.job_id must be 1-128 characters of [A-Za-z0-9_.:-]",
+                             details=[{"field": "compiled.job_id", "code": "HANDOFF_ARTIFACT_INVALID", "error": "invalid job id"}])
+    return job_id
+
+
+def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | None, now: int) -> dict[str, Any]:
+    """Store the job's execution artifact (native, or the submitted handoff v4 one once it agrees exactly).
+
+    Returns the job columns that record the binding. Nothing is stored when a v4 artifact is refused.
+    """
+    if submission is None:
+        digest = put_artifact(tx, native_payload(spec, job_id), kind="native", job_id=job_id, now=now)
+        return {"artifact_digest": digest, "handoff_version": None, "effective_task_hash": None}
+    digest = submission.verify(spec, job_id=job_id)
+    put_artifact(tx, submission.payload, kind="handoff-v4", job_id=job_id, now=now)
+    return {"artifact_digest": digest, "handoff_version": 4, "effective_task_hash": submission.effective_task_hash}
+
+
+def _check_chain(tx: Tx, job_id: str | None, parent_id: str) -> None:
+    """Refuse cycles, chains deeper than ``MAX_CHAIN_DEPTH`` and fan-out above ``MAX_CHAIN_FANOUT``."""
+    depth, cursor, seen = 1, parent_id, set()
+    while cursor is not None:
+        if cursor == job_id or cursor in seen:
+            raise SchedulerError("CHAIN_CYCLE", "parent_id would create a cycle in the job chain")
+        seen.add(cursor)
+        row = tx.one("SELECT parent_id FROM jobs WHERE id = ?", (cursor,))
+        cursor = row["parent_id"] if row else None
+        depth += 1
+    if job_id is not None:
+        depth += _subtree_depth(tx, job_id)
+    if depth - 1 > MAX_CHAIN_DEPTH:
+        raise SchedulerError("CHAIN_TOO_DEEP", f"chains are limited to depth {MAX_CHAIN_DEPTH}")
+    children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ? AND id <> ?", (parent_id, job_id or ""))
+    if children >= MAX_CHAIN_FANOUT:
+        raise SchedulerError("CHAIN_FANOUT_EXCEEDED", f"a job may trigger at most {MAX_CHAIN_FANOUT} children")
+
+
+def _subtree_depth(tx: Tx, job_id: str) -> int:
+    level, frontier = 0, [job_id]
+    while frontier and level <= MAX_CHAIN_DEPTH + 1:
+        marks = ", ".join("?" for _ in frontier)
+        frontier = [r["id"] for r in tx.all(f"SELECT id FROM jobs WHERE parent_id IN ({marks})", frontier)]
+        if frontier:
+            level += 1
+    return level
+
+
+def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
+                submissions: list[Submission | None] | None = None,
+                job_ids: list[str | None] | None = None) -> list[dict[str, Any]]:
+    """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch.
+
+    Each job gets its execution artifact first (``submissions[i]``, a handoff v4 artifact
+    submitted with spec ``i``, is accepted only when it agrees exactly with that spec).
+    ``job_ids[i]`` gives spec ``i`` a chosen id instead of a random one (an importer's
+    ``openclaw-cron:<id>``, so a second import recognises it); ``JOB_ID_CONFLICT`` if taken.
+    """
+    now = now_ms() if now is None else now
+    created: list[dict[str, Any]] = []
+    subs = submissions or [None] * len(specs)
+    ids = job_ids or [None] * len(specs)
+    with store.transaction() as tx:
+        for spec, submission in zip(specs, subs, strict=True):
+            parent_id = None
+            if spec.parent_id is not None:
+                parent_id = resolve_job(tx, spec.parent_id)["id"]
+                _check_chain(tx, None, parent_id)
+            created.append(_insert(tx, spec, now, parent_id, submission, ids[len(created)]))
+    store.notify_change()
+    return created
+
+
+def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Jobs ordered by name."""
+    sql, params = "SELECT * FROM jobs", []
+    if enabled is not None:
+        sql += " WHERE enabled = ?"
+        params.append(int(enabled))
+    sql += " ORDER BY name"
+    if limit:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return tx.all(sql, params)
+
+
+def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+    """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule.
+
+    A change of the job's execution contract binds a new artifact (the old one is kept) and,
+    in the same transaction, cancels the pending work bound to the superseded one; so does
+    a schedule change (queued slots belong to the old schedule). Other changes (name,
+    description, limits on failures) leave queued work alone. A handoff v4 job changes its
+    bound fields only with a replacement artifact in the patch (``HANDOFF_ARTIFACT_REQUIRED``)
+    and never goes back to a native artifact (``HANDOFF_ARTIFACT_DOWNGRADE_REFUSED``).
+    """
+    if not isinstance(patch, dict):
+        raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields", details=[
+            {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
+        ])
+    from scheduler.artifacts.handoff import SUBMISSION_FIELDS, split_submission
+
+    now = now_ms() if now is None else now
+    with committing(store, hooks) as tx:
+        row = resolve_job(tx, ref)
+        bound_v4 = row.get("handoff_version") == 4
+        if bound_v4 and any(key in patch and patch[key] is None for key in SUBMISSION_FIELDS):
+            raise SchedulerError("HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
+                                 f"job {row['name']!r} is bound to a handoff v4 artifact; it cannot drop it")
+        patch, submission = split_submission(patch)
+        old = spec_from_row(row)
+        merged = spec_to_input(old)
+        merged["parent_id"] = row["parent_id"]
+        for key, value in patch.items():
+            if value is None and key in merged and key in SPEC_FIELD_NAMES:
+                del merged[key]
+            else:
+                merged[key] = value
+        spec = validate_spec(merged, now=now, check_past="schedule_at" in patch)
+        parent_id = None
+        if spec.parent_id is not None:
+            parent_id = resolve_job(tx, spec.parent_id)["id"]
+            if parent_id != row["parent_id"]:
+                _check_chain(tx, row["id"], parent_id)
+        if spec.name != old.name and tx.one("SELECT id FROM jobs WHERE name = ? AND id <> ?", (spec.name, row["id"])):
+            raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
+        values = spec_to_row(spec)
+        values["parent_id"] = parent_id
+        values["updated_at"] = now
+        values.update(_rebind_artifact(tx, row, old, spec, submission, now))
+        changed = sorted(k for k in SPEC_FIELD_NAMES if getattr(old, k) != getattr(spec, k))
+        schedule_changed = bool(_SCHEDULE_FIELDS & set(changed))
+        if schedule_changed:
+            values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
+        assignments = ", ".join(f"{quote_name(c)} = ?" for c in values)
+        tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
+        superseded = values["artifact_digest"] != row["artifact_digest"]
+        if superseded:
+            append_event(tx, "job.artifact_superseded", job_id=row["id"], actor=os_identity(), at=now,
+                         data={"previous": row["artifact_digest"], "current": values["artifact_digest"]})
+        if superseded or schedule_changed:
+            reason = "job updated: execution contract changed" if superseded else "job updated: schedule changed"
+            # Work queued for the superseded contract goes, manual requests included; a schedule change
+            # drops the slots of the old schedule but keeps what an operator asked for by hand.
+            cancel_pending_work(tx, row["id"], reason=reason, now=now, actor=os_identity(), include_manual=superseded)
+        append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
+        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+    store.notify_change()
+    return out  # type: ignore[return-value]
+
+
+def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, submission: Submission | None,
+                     now: int) -> dict[str, Any]:
+    """The artifact columns of an updated job: unchanged, a new native artifact, or a replacement v4 artifact."""
+    if submission is not None:  # verified against this job's id: an artifact compiled for another job is refused
+        return _bind_artifact(tx, spec, row["id"], submission, now)
+    if row.get("handoff_version") == 4:
+        from scheduler.artifacts.handoff import job_binding_digest
+
+        if job_binding_digest(spec) != job_binding_digest(old):
+            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v4 artifact:"
+                                 " changing its bound fields needs a replacement artifact in the same update")
+        return {"artifact_digest": row["artifact_digest"]}
+    return _bind_artifact(tx, spec, row["id"], None, now)
+
+
+def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+    """Enable (clears an auto-pause, recomputes the next run from now) or disable (cancels pending work)."""
+    now = now_ms() if now is None else now
+    with committing(store, hooks) as tx:
+        row = resolve_job(tx, ref)
+        if enabled:
+            check_job(tx, row)  # re-enabling needs the job to match its artifact exactly (disabling never rewrites it)
+            next_run, anchor = initial_schedule(spec_from_row(row), now)
+            if row["schedule_kind"] == "at" and row["last_run_at"] is not None:
+                next_run = None  # a one-shot that already ran stays done
+            tx.execute(
+                "UPDATE jobs SET enabled = 1, consecutive_failures = 0, paused_at = NULL, paused_reason = NULL,"
+                " next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ?",
+                (next_run, anchor, now, row["id"]),
+            )
+        else:
+            tx.execute("UPDATE jobs SET enabled = 0, updated_at = ? WHERE id = ?", (now, row["id"]))
+            cancel_pending_work(tx, row["id"], reason="job disabled", now=now, actor=os_identity())
+        append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row["id"], actor=os_identity(), at=now)
+        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+    store.notify_change()
+    return out  # type: ignore[return-value]
+
+
+def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None,
+               hooks: Hooks | None = None) -> dict[str, Any]:
+    """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
+
+    Its pending work is cancelled first (events and observers see it end) before the rows go.
+    """
+    now = now_ms() if now is None else now
+    with committing(store, hooks) as tx:
+        row = resolve_job(tx, ref)
+        children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row["id"],))
+        if children and not cascade:
+            raise SchedulerError("JOB_HAS_CHILDREN", f"job {row['name']!r} has {children} chained child job(s); use --cascade")
+        active = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (row["id"],))
+        if active:
+            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row['name']!r} is running; cancel it first")
+        cancel_pending_work(tx, row["id"], reason="job deleted", now=now, actor=os_identity(), include_manual=True)
+        tx.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
+        append_event(tx, "job.deleted", job_id=row["id"], actor=os_identity(), data={"name": row["name"]}, at=now)
+    store.notify_change()
+    return row
+
+
+def job_tree(tx: Tx, ref: str | None = None) -> list[dict[str, Any]]:
+    """Chains as nested ``{"id", "name", "trigger_on", "children": [...]}``, from one job or from every root."""
+    rows = tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled FROM jobs ORDER BY name")
+    by_parent: dict[str | None, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_parent.setdefault(r["parent_id"], []).append(r)
+
+    def build(r: dict[str, Any], depth: int) -> dict[str, Any]:
+        kids = by_parent.get(r["id"], []) if depth <= MAX_CHAIN_DEPTH else []
+        return {
+            "id": r["id"],
+            "name": r["name"],
+            "trigger_on": r["trigger_on"],
+            "trigger_condition": r["trigger_condition"],
+            "enabled": bool(r["enabled"]),
+            "children": [build(k, depth + 1) for k in kids],
+        }
+
+    if ref is not None:
+        return [build(resolve_job(tx, ref), 0)]
+    return [build(r, 0) for r in by_parent.get(None, [])]
+
+
+def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON view of a job row: spec fields, runtime state, instants as ISO-8601 ``Z``."""
+    out: dict[str, Any] = {"id": row["id"]}
+    for f in SPEC_FIELDS:
+        val = row.get(f.name)
+        if f.metadata["kind"] == "bool" and val is not None:
+            val = bool(val)
+        elif f.metadata["kind"] in ("identity", "authorization_proof") and isinstance(val, str):
+            import json
+
+            val = json.loads(val)  # the declaration as an object, as it was written
+        out[f.name] = val
+    out["artifact_digest"] = row.get("artifact_digest")
+    out["handoff_version"] = row.get("handoff_version")
+    if row.get("handoff_version") == 4:
+        out["effective_task_hash"] = row.get("effective_task_hash")
+    for key in ("next_run_at", "last_run_at", "last_status", "last_error", "last_duration_ms", "run_count",
+                "consecutive_failures", "paused_at", "paused_reason", "created_at", "updated_at", "schedule_anchor_at"):
+        out[key] = row.get(key)
+    for key in _TIME_COLUMNS:
+        out[key] = to_iso(out.get(key))
+    out["state"] = job_state(row)
+    return out
+
+
+def job_state(row: dict[str, Any]) -> str:
+    """``enabled``, ``paused`` (auto-paused after failures) or ``disabled``."""
+    if row.get("enabled"):
+        return "enabled"
+    return "paused" if row.get("paused_at") else "disabled"

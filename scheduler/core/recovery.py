@@ -1,0 +1,151 @@
+"""Crash recovery: finish every run whose owner's fence is gone, and free stale claims.
+
+A run is orphaned when no live lease carries its owner and token. Before ending it
+we ask its executor (``recover``) to make sure its work is gone: ``gone`` (nothing
+was running: nothing signalled), ``terminated`` (stopped, with the signal used),
+``unknown`` (cannot tell, e.g. another host) or ``blocked``. A blocked run becomes
+``recovery_blocked`` and is retried on every pass; the rest become ``crashed`` with a
+final process state and get the usual consequences in the same transaction, plus a
+replay when the job asked for ``at-least-once``. The recovering dispatcher is the
+actor of every event it writes (the dead owner is named in the event data), and the
+status writes go through ``scheduler.core.transitions``, so observers hear of the crash.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from scheduler.core import transitions
+from scheduler.core.completion import RUN_FIELDS_FOR_CONSEQUENCES, apply_consequences
+from scheduler.base.errors import SchedulerError
+from scheduler.core.events import append_event
+from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
+from scheduler.core.jobs import repair_missing_next_runs
+from scheduler.core.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
+from scheduler.core.queue import release_expired_claims
+from scheduler.core.store.base import Store
+from scheduler.base.timeutil import now_ms
+from scheduler.core.transitions import committing, insert_dispatch
+
+if TYPE_CHECKING:
+    from scheduler.plugins.hooks import Hooks
+
+
+def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | None]:
+    """Ask the run's executor to make sure its work is gone: ``("gone"|"terminated"|"unknown"|"blocked", detail)``.
+
+    The executor's ``recover`` reads the handle the run recorded (a process identity, a
+    remote turn id). A run that recorded nothing never started its work: ``gone``. An
+    executor that cannot be loaded or has no ``recover`` cannot confirm anything: ``unknown``.
+    """
+    raw = run.get("executor_handle")
+    if not raw:
+        return "gone", None
+    from scheduler.plugins.loader import load_provider
+
+    try:
+        executor = load_provider("executor", run.get("executor") or "shell")
+    except SchedulerError as exc:
+        return "unknown", f"executor not available: {exc.code}"
+    recover_fn = getattr(executor, "recover", None)
+    if recover_fn is None:
+        return "unknown", "executor has no recover()"
+    request = RecoveryRequest(
+        run_id=run["id"], job_id=run["job_id"], handle=json.loads(raw), owner=run.get("dispatcher_owner"),
+        owner_host=owner_host(run.get("dispatcher_owner")), kill_grace_s=grace_s,
+    )
+    try:
+        outcome = recover_fn(request)
+    except Exception as exc:  # a failing recover must not end the run as if its work were gone
+        return "blocked", f"recover() raised {type(exc).__name__}: {exc}"
+    if not isinstance(outcome, RecoveryOutcome) or outcome.state not in ("gone", "terminated", "unknown", "blocked"):
+        return "blocked", "recover() returned an invalid outcome"
+    return outcome.state, outcome.detail
+
+
+def find_orphans(store: Store, *, now: int | None = None) -> list[dict[str, Any]]:
+    """Active runs whose owner no longer holds a live lease with the run's token."""
+    now = now_ms() if now is None else now
+    with store.read() as tx:
+        return tx.all(
+            "SELECT r.* FROM runs r WHERE r.status IN ('running', 'recovery_blocked') AND NOT EXISTS ("
+            " SELECT 1 FROM dispatcher_leases l WHERE l.owner = r.dispatcher_owner AND l.token = r.dispatcher_token"
+            " AND l.expires_at > ?)",
+            (now,),
+        )
+
+
+def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
+    """Take the expired leases of a dead or stalled owner away from it (new token, no owner).
+
+    After this, the stalled process's next renewal or commit fails even if it wakes up:
+    it learns it lost its lease instead of carrying on with a token nobody revoked.
+    """
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        names = [r["name"] for r in tx.all(
+            "SELECT name FROM dispatcher_leases WHERE owner = ? AND expires_at <= ? AND name <> ?", (owner, now, FENCE_COUNTER))]
+        for name in names:
+            tx.execute("UPDATE dispatcher_leases SET owner = NULL, token = ? WHERE name = ? AND owner = ?", (next_token(tx), name, owner))
+            append_event(tx, "lease.fenced_out", actor=owner, at=now, data={"lease": name})
+    return len(names)
+
+
+def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hooks | None = None) -> list[dict[str, Any]]:
+    """One recovery pass under our live lease; returns what was done to each orphan.
+
+    Each orphan is ended in its own transaction; ``hooks`` (default: the hook modules
+    installed in this process) hear of every transition once it committed.
+    """
+    report = []
+    orphans = find_orphans(store)
+    for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
+        fence_out(store, owner)
+    for run in orphans:
+        state, detail = _settle_process(run, kill_grace_s)
+        from scheduler.pipeline.credentials.step import block_job_for_credentials, retry_failed_cleanup
+
+        cleaned, why = retry_failed_cleanup(store, run)  # the dead run's credential files (none: one read)
+        now = now_ms()
+        with committing(store, hooks) as tx:
+            assert_live(tx, lease, now=now)
+            if not cleaned:
+                transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=why, message=why)
+                block_job_for_credentials(tx, run, why or "", actor=lease.owner, now=now)
+                report.append({"run_id": run["id"], "outcome": "recovery_blocked", "credentials": why})
+                continue
+            if state == "blocked":
+                transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=detail)
+                report.append({"run_id": run["id"], "outcome": "recovery_blocked"})
+                continue
+            message = describe_lost_dispatcher(run["dispatcher_owner"], run["dispatcher_token"])
+            replay = run["delivery_guarantee"] == "at-least-once" and run["dispatch_id"] is not None
+            # Only ``terminated`` signalled anything; for the other states the detail is an explanation.
+            signal = detail if state == "terminated" else None
+            fresh = transitions.crash_run(
+                tx, run, actor=lease.owner, now=now, message=message, process_state=state, process_signal=signal,
+                data={"process": state, "signal": signal, "detail": None if signal else detail, "replay": replay,
+                      "from_owner": run["dispatcher_owner"], "from_token": run["dispatcher_token"]},
+                returning=RUN_FIELDS_FOR_CONSEQUENCES,
+            )
+            if fresh is None:
+                continue  # its owner finished it meanwhile, or another recovery did
+            from scheduler.evidence.attest import record_interrupted
+
+            record_interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run gets its terminal evidence
+            if replay:
+                d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh["dispatch_id"],))
+                count = (d["replay_count"] if d else 0) + 1
+                kind = d["kind"] if d else "manual"
+                insert_dispatch(tx, id=f"{fresh['dispatch_id']}:replay:{count}", job_id=fresh["job_id"], kind=kind,
+                                due_at=now, now=now, source_run_id=fresh["id"], replay_count=count)
+            # a replay stands in for a retry: both would run the work a third time
+            apply_consequences(tx, fresh, now=now, allow_retry=not replay, actor=lease.owner)
+            report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
+    from scheduler.pipeline.credentials.step import sweep_presentations
+
+    sweep_presentations(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
+    release_expired_claims(store)
+    repair_missing_next_runs(store)
+    return report

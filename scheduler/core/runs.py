@@ -1,0 +1,99 @@
+"""Run rows: statuses, reads and the JSON view.
+
+Every write of a run's status (and every fenced write on a running run) is in
+``scheduler.core.transitions``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.store.base import Tx
+from scheduler.base.timeutil import to_iso
+
+RUN_STATUSES = (
+    "pending", "running", "ok", "error", "timeout", "cancelled", "crashed", "skipped",
+    "awaiting_approval", "approved", "recovery_blocked",
+)
+TERMINAL = frozenset({"ok", "error", "timeout", "cancelled", "crashed", "skipped"})
+#: Statuses that count as a failure for retries, auto-pause and failure chains.
+FAILURES = frozenset({"error", "timeout", "crashed"})
+#: Statuses a cancel request finishes directly, without any executor involved.
+CANCEL_DIRECTLY = frozenset({"pending", "awaiting_approval", "approved"})
+
+_TIME_FIELDS = ("scheduled_for", "created_at", "started_at", "finished_at", "terminal_at", "process_terminated_at",
+                "cancel_requested_at", "agent_abort_requested_at")
+
+
+class StaleFence(SchedulerError):
+    """A transition was refused because the caller no longer owns the run."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("STALE_FENCE", message)
+
+
+def get_run(tx: Tx, run_id: str) -> dict[str, Any]:
+    """A run row by id; ``NOT_FOUND`` otherwise."""
+    row = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
+    if row is None:
+        raise SchedulerError("NOT_FOUND", f"Run not found: {run_id}")
+    return row
+
+
+def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Most recent runs first, optionally of one job and/or one status."""
+    where, params = [], []
+    if job_id:
+        where.append("job_id = ?")
+        params.append(job_id)
+    if status:
+        if status not in RUN_STATUSES:
+            raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
+        where.append("status = ?")
+        params.append(status)
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+    params.append(limit)
+    return tx.all(sql, params)
+
+
+def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
+    """JSON view of a run; ``full`` adds output excerpts, structured output and verification."""
+    keys = [
+        "id", "job_id", "status", "dispatch_id", "dispatch_kind", "attempt", "scheduled_for", "started_at", "finished_at",
+        "duration_ms", "dispatcher_owner", "dispatcher_token", "exit_code", "error_code", "error_message", "skip_reason",
+        "parent_run_id", "retry_of_run_id", "replay_of_run_id", "executor", "delivery_guarantee",
+        "cancel_requested_at", "cancel_requested_by", "cancel_reason", "process_state",
+        "stdout_bytes", "stderr_bytes", "stdout_sha256", "stderr_sha256", "output_format", "output_valid",
+        "verify_status", "created_at", "terminal_at", "artifact_digest", "source_run_id", "source_artifact_digest",
+        "principal", "trust_level",
+    ]
+    if full:
+        keys += [
+            "stdout_excerpt", "stderr_excerpt", "stdout_artifact", "stderr_artifact", "stdout_truncated", "stderr_truncated",
+            "output_warning", "output_bytes", "output_sha256", "output_artifact",
+            "process_terminated_at", "process_signal", "agent_abort_requested_at", "agent_abort_outcome", "summary",
+            "env_policy_warning",
+        ]
+    out = {k: row.get(k) for k in keys}
+    for k in _TIME_FIELDS:
+        if k in out:
+            out[k] = to_iso(out[k])
+    if out.get("output_valid") is not None:
+        out["output_valid"] = bool(out["output_valid"])
+    if full:
+        out["output_parsed"] = json.loads(row["output_parsed"]) if row.get("output_parsed") else None
+        out["verification"] = json.loads(row["verify_json"]) if row.get("verify_json") else None
+        out["executor_handle"] = json.loads(row["executor_handle"]) if row.get("executor_handle") else None
+        out["usage"] = json.loads(row["usage_json"]) if row.get("usage_json") else None
+        out["identity"] = json.loads(row["identity_json"]) if row.get("identity_json") else None
+        out["delegation"] = json.loads(row["delegation_json"]) if row.get("delegation_json") else None
+        # The authorization_ref decision (docs/authorization.md): provider, policy ref, decision, reason, code.
+        out["authorization"] = json.loads(row["authorization_json"]) if row.get("authorization_json") else None
+        # The credentials summary (docs/credentials.md): per binding name, medium, status, digest, redaction counts; no value.
+        out["credentials"] = json.loads(row["credentials_json"]) if row.get("credentials_json") else None
+        for k in ("stdout_truncated", "stderr_truncated"):
+            out[k] = bool(out[k])
+    return out

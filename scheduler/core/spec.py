@@ -1,0 +1,628 @@
+"""Job specs: the field catalogue, validation and normalisation into ``JobSpec``.
+
+The catalogue lives in one place: the attrs fields of ``JobSpec`` and their
+metadata. The validator, ``scheduler schema jobs`` and the storage layer (one
+column per field) all read it from there, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import attrs
+
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import check_instant_ms, format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_CONDITION_CHARS = 1024
+#: Characters a job name may not hold: controls (C0, DEL, C1 such as U+0085 NEL), line and
+#: paragraph separators (U+2028, U+2029), and bidirectional controls (U+061C, U+200E, U+200F,
+#: U+202A-U+202E, U+2066-U+2069), which make a listing show a name other than the stored one.
+_NAME_FORBIDDEN = "\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: A job name: 1-128 allowed characters, not blank, no white space at either end (refused, never stripped).
+_NAME_RE = re.compile(rf"(?!\s)[^{_NAME_FORBIDDEN}]{{1,128}}(?<!\s)")
+
+
+def _name_problem(name: str) -> str:
+    """Why ``name`` fails ``_NAME_RE``, naming the offending character (so an invisible one can be found)."""
+    if not name.strip():
+        return "must not be empty or blank"
+    if name != name.strip():
+        return "must not begin or end with white space"
+    if len(name) > 128:
+        return "must be at most 128 characters"
+    bad = next((ch for ch in name if re.match(f"[{_NAME_FORBIDDEN}]", ch)), "?")
+    kind = "line or paragraph separator" if bad in "\u2028\u2029" else "control character" if bad <= "\x9f" else "bidirectional control"
+    return f"must not contain U+{ord(bad):04X} (a {kind})"
+
+
+_DRIVER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_IDENTIFIER_LIKE = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,256}$")
+
+#: Text fields handed to exec() or used as paths, where a NUL byte can never work.
+_NO_NUL_FIELDS = frozenset({"payload_message", "verify_shell", "delivery_to", "watchdog_alert_to"})
+
+#: Executor-specific fields that moved into ``executor_options`` (schema v3): old name -> new place.
+MOVED_FIELDS = {
+    "shell_env_policy": "executor_options.env_policy (shell executor)",
+    "working_dir": "executor_options.working_dir (shell executor)",
+    "stdin_text": "executor_options.stdin_text (shell executor)",
+    "context_mode": "executor_options.context_mode (agent executors)",
+    "heartbeat_file": "executor_options.heartbeat_file (agent executors)",
+}
+
+#: Which executor driver a session target uses when the spec names none.
+DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-session"}
+
+
+def _f(
+    default: Any = attrs.NOTHING,
+    *,
+    kind: str,
+    doc: str,
+    choices: tuple[str, ...] | None = None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    required: bool = False,
+) -> Any:
+    """Declare one spec field with the metadata the validator and the catalogue read."""
+    meta = {
+        "kind": kind,
+        "doc": doc,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "required": required,
+    }
+    if required:
+        return attrs.field(metadata=meta)
+    return attrs.field(default=default, metadata=meta)
+
+
+@attrs.frozen(kw_only=True)
+class JobSpec:
+    """A validated, normalised job specification (what a user may set)."""
+
+    name: str = _f(
+        kind="str", required=True,
+        doc="Unique human name of the job (1-128 chars; no control, line-separator or bidi-control characters,"
+            " no leading or trailing space).",
+    )
+    schedule_kind: str = _f(
+        kind="choice",
+        choices=("cron", "every", "at", "manual", "chain"),
+        doc="How the job is triggered: cron expression, fixed interval, one instant, only by `jobs run`, or by a parent job.",
+        required=True,
+    )
+    payload_message: str = _f(
+        kind="str", doc="What to run: the shell command, or the prompt for an agent target (max 64 KiB).", required=True
+    )
+    description: str | None = _f(None, kind="str", doc="Free text shown in listings.")
+    enabled: bool = _f(True, kind="bool", doc="A disabled job is never dispatched on schedule.")
+    job_type: str = _f("standard", kind="choice", choices=("standard", "watchdog"), doc="`watchdog`: payload is a check; failure raises an alert.")
+    provenance: str = _f(
+        "user_added", kind="choice", choices=("static", "user_added", "external"), doc="Trust tier of whoever created the job."
+    )
+    schedule_cron: str | None = _f(None, kind="cron", doc="5-field, or 6-field with seconds first. Only with schedule_kind=cron.")
+    schedule_every: str | None = _f(None, kind="duration", doc="Interval such as 30s, 5m, 1h30m (>= 1s). Only with schedule_kind=every.")
+    schedule_at: int | None = _f(None, kind="instant", doc="ISO-8601 instant with a zone (Z or offset). Only with schedule_kind=at.")
+    schedule_tz: str = _f("UTC", kind="timezone", doc="IANA zone in which the cron expression is evaluated.")
+    dst_gap_policy: str = _f(
+        "shift", kind="choice", choices=("shift", "skip"), doc="A local time that does not exist (spring forward): run after the gap, or skip."
+    )
+    dst_fold_policy: str = _f(
+        "once", kind="choice", choices=("once", "twice"), doc="A local time that occurs twice (fall back): run once (first) or at both."
+    )
+    misfire_policy: str = _f(
+        "coalesce", kind="choice", choices=("coalesce", "skip"), doc="Slots missed while down: run once (coalesce) or skip them all."
+    )
+    allow_past_at: bool = _f(False, kind="bool", doc="Accept a schedule_at in the past (it runs as soon as possible).")
+    session_target: str = _f("shell", kind="choice", choices=("shell", "isolated", "main"), doc="Where the payload runs.")
+    executor: str | None = _f(None, kind="driver", doc="Executor driver name; defaults from session_target (shell, agent, main-session).")
+    executor_options: dict = _f(
+        attrs.Factory(dict), kind="options",
+        doc="Options of the job's executor, validated by that plugin (`scheduler schema jobs --executor NAME` lists them).",
+    )
+    constraints: dict = _f(
+        attrs.Factory(dict), kind="constraints",
+        doc="What the executor must enforce: `sandbox`, `network` (none, loopback), `allowed_paths`, `max_tokens`, `max_cost`."
+        " A job whose executor lacks the matching capability is refused (SCHEDULER_GOVERNANCE_DENIED, docs/governance.md).",
+    )
+    identity: dict | None = _f(
+        None, kind="identity",
+        doc="Who the run acts as (docs/identity.md): `subject` {kind: user|service|agent|workload, principal},"
+        " `trust` {level: untrusted|user|operator|system}, `delegation` {mode: none|inherit|on-behalf-of, max_depth,"
+        " allowed_delegators}. Unset: the job itself (`job:NAME`) at trust `user`.",
+    )
+    credentials: list = _f(
+        attrs.Factory(list), kind="credentials",
+        doc="Credential bindings (docs/credentials.md): a list of {name, provider, ref, present {medium: env|file|stdin, key?,"
+        " file_name?}, required?, options?}; values are resolved by the provider at run time and never stored.",
+    )
+    child_credential_policy: str = _f(
+        "none", kind="choice", choices=("none", "inherit", "downscope", "independent"),
+        doc="What this job's chained children may present of its credentials (docs/credentials.md).",
+    )
+    authorization_proof: dict | None = _f(
+        None, kind="authorization_proof",
+        doc="The proof each dispatch must present (docs/proofs.md): `method` jwt|detached-signature|certificate, `source`"
+        " {env: NAME} or {file: PATH} read afresh per dispatch (never the proof itself), the method's keys/CA and"
+        " `clock_skew_s`. Verified, bound to the artifact, checked against revocations and claimed once before the payload.",
+    )
+    run_timeout_ms: int = _f(300_000, kind="int", minimum=1, maximum=7 * 86_400_000, doc="Wall-clock limit of one run in milliseconds.")
+    max_retries: int = _f(0, kind="int", minimum=0, maximum=100, doc="Retries after a failed run (exponential backoff).")
+    retry_backoff_ms: int = _f(30_000, kind="int", minimum=0, maximum=86_400_000, doc="Base backoff before the first retry; doubles per retry.")
+    overlap_policy: str = _f("skip", kind="choice", choices=("skip", "allow", "queue"), doc="A slot that comes while the job runs: skip it, run in parallel, or queue it.")
+    queue_limit: int = _f(10, kind="int", minimum=1, maximum=1000, doc="With overlap_policy=queue: most slots waiting per job.")
+    max_consecutive_failures: int = _f(3, kind="int", minimum=0, maximum=1000, doc="Auto-pause after this many failures in a row (0 = never).")
+    delivery_guarantee: str = _f(
+        "at-most-once", kind="choice", choices=("at-most-once", "at-least-once"), doc="Replay a run interrupted by a crash (at-least-once) or not."
+    )
+    parent_id: str | None = _f(None, kind="str", doc="Parent job id or name; required for (and only with) schedule_kind=chain.")
+    trigger_on: str | None = _f(None, kind="choice", choices=("success", "failure", "complete"), doc="Chain: which parent outcome triggers this job (default success).")
+    trigger_delay_s: int = _f(0, kind="int", minimum=0, maximum=86_400 * 30, doc="Chain: delay after the parent finishes.")
+    trigger_condition: str | None = _f(None, kind="condition", doc="Chain: `contains:TEXT` or `regex:PATTERN` matched on the parent's output.")
+    delivery_mode: str = _f("none", kind="choice", choices=("none", "always", "on_success", "on_failure"), doc="When to deliver the result.")
+    delivery_channel: str | None = _f(None, kind="driver", doc="Channel driver for delivery (required unless delivery_mode=none).")
+    delivery_to: str | None = _f(None, kind="str", doc="Channel-specific destination.")
+    delivery_options: dict = _f(attrs.Factory(dict), kind="options", doc="Options of the delivery channel, validated by that plugin.")
+    notify: bool = _f(True, kind="bool", doc="Send the settings file's `[notifications]` about this job's runs (false: opt out).")
+    output_format: str = _f("text", kind="choice", choices=("text", "json", "ndjson"), doc="How stdout is parsed into structured output.")
+    verify_shell: str | None = _f(None, kind="str", doc="Shell check run after a successful command.")
+    verify_timeout_s: int = _f(60, kind="int", minimum=1, maximum=86_400, doc="Limit of the verification check.")
+    verify_on_failure: str = _f("error", kind="choice", choices=("error", "warn"), doc="A failed check turns the run into an error, or only warns.")
+    approval_required: bool = _f(False, kind="bool", doc="Every run waits for an approval decision.")
+    approval_timeout_s: int = _f(3600, kind="int", minimum=1, maximum=30 * 86_400, doc="How long an approval may stay pending.")
+    approval_timeout_action: str = _f("reject", kind="choice", choices=("reject", "approve"), doc="What a timeout decides (scoped gates always reject).")
+    approval_risk_level: str = _f("medium", kind="choice", choices=("low", "medium", "high", "critical"), doc="Risk shown to approvers.")
+    approval_approver_scope: str | None = _f(None, kind="scope", doc="Who may approve: a local user name, `uid:N`; domain scopes are rejected.")
+    watchdog_alert_channel: str | None = _f(None, kind="driver", doc="Watchdog: channel that receives the alert.")
+    watchdog_alert_to: str | None = _f(None, kind="str", doc="Watchdog: destination of the alert.")
+    watchdog_self_destruct: bool = _f(False, kind="bool", doc="Watchdog: disable the job (kept, with its history; `jobs enable` re-arms it) after its first passing check.")
+    evidence: dict | None = _f(
+        None, kind="evidence",
+        doc="Evidence of every run (docs/evidence.md): `provider` (default checksum), `methods`, `provider_config`,"
+        " `payload` {bind, context, format}, `verify` {required}, `collect`, `retention`. Unset: no evidence.",
+    )
+    evidence_ref: str | None = _f(None, kind="evidence_ref", doc="A label (<= 256 chars) carried into each evidence row; only with evidence.")
+    retention: dict | None = _f(
+        None, kind="retention",
+        doc="How long this job's runs are kept (docs/operations.md): `keep_runs` (newest N) and/or `max_age` (a duration,"
+        " or `forever`); each key set overrides the settings file's [retention] rule for this job. Not part of the artifact.",
+    )
+    authorization_ref: str | None = _f(
+        None, kind="authorization_ref",
+        doc="`<provider>:<policy-ref>` (<= 256 chars): the authorization provider decides permit, deny or escalate"
+        " before every run (docs/authorization.md); any failure denies. The provider must be installed.",
+    )
+    authorization: dict | None = _f(
+        None, kind="authorization",
+        doc="How the authorization_ref provider is asked: `provider_config` (its options), `request` {include: job, trigger,"
+        " artifact_digest, identity, proof}, `decision` (map an answer to permit|deny|escalate, only stricter),"
+        " `on_error` (deny only), `escalation` {risk_level}. Only with authorization_ref.",
+    )
+
+    def executor_name(self) -> str:
+        """The executor driver this job runs on."""
+        return self.executor or DEFAULT_EXECUTORS[self.session_target]
+
+    def schedule(self) -> Any:
+        """The ``scheduler.core.schedules.Schedule`` this spec describes (imports croniter lazily)."""
+        from scheduler.core.schedules import Schedule
+
+        return Schedule(
+            kind=self.schedule_kind,
+            cron=self.schedule_cron,
+            every_ms=parse_duration_ms(self.schedule_every) if self.schedule_every else None,
+            at_ms=self.schedule_at,
+            tz=self.schedule_tz,
+            dst_gap=self.dst_gap_policy,
+            dst_fold=self.dst_fold_policy,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view: instants as ISO-8601 ``Z``."""
+        out = attrs.asdict(self)
+        out["schedule_at"] = to_iso(self.schedule_at)
+        return out
+
+
+SPEC_FIELDS: tuple[attrs.Attribute, ...] = attrs.fields(JobSpec)
+SPEC_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in SPEC_FIELDS)
+#: The spec fields (one stored column each) in declaration order.
+SPEC_COLUMN_ORDER: tuple[str, ...] = tuple(f.name for f in SPEC_FIELDS)
+
+
+def _default(f: attrs.Attribute) -> Any:
+    """A field's default value (a fresh one for factory defaults)."""
+    return f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+
+
+def field_catalogue() -> list[dict[str, Any]]:
+    """The documented field list (`scheduler schema jobs`), generated from ``JobSpec``."""
+    rows = []
+    for f in SPEC_FIELDS:
+        m = f.metadata
+        constraints: dict[str, Any] = {}
+        if m["choices"]:
+            constraints["choices"] = list(m["choices"])
+        if m["minimum"] is not None:
+            constraints["minimum"] = m["minimum"]
+        if m["maximum"] is not None:
+            constraints["maximum"] = m["maximum"]
+        rows.append(
+            {
+                "name": f.name,
+                "type": m["kind"],
+                "required": m["required"],
+                "default": None if f.default is attrs.NOTHING else _default(f),
+                "constraints": constraints,
+                "description": m["doc"],
+            }
+        )
+    return rows
+
+
+class _Errors:
+    """Collects per-field validation errors so a user sees all of them at once."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, field: str, message: str, code: str = "INVALID_VALUE") -> None:
+        self.items.append({"field": field, "code": code, "error": message})
+
+    def has(self, field: str) -> bool:
+        return any(e["field"] == field for e in self.items)
+
+
+def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
+    """Type-check and normalise one field value; record an error and return None when bad."""
+    m, name = f.metadata, f.name
+    if value is None:
+        if m["required"]:
+            errors.add(name, "is required", "REQUIRED")
+        return None
+    kind = m["kind"]
+    if kind == "options":
+        if not isinstance(value, dict):
+            errors.add(name, "must be an object of the plugin's options", "INVALID_TYPE")
+            return None
+        return dict(value)
+    if kind == "constraints":
+        return _check_constraints(value, errors)
+    if kind == "evidence":
+        from scheduler.evidence.declaration import normalise as normalise_evidence
+
+        evidence, found = normalise_evidence(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return evidence
+    if kind in ("authorization_ref", "authorization"):
+        from scheduler.pipeline.authorization import check_ref, normalise_declaration as normalise_authorization
+
+        if kind == "authorization_ref":
+            found = check_ref(value, name)
+            declared = None if found else value
+        else:
+            declared, found = normalise_authorization(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return declared
+    if kind == "evidence_ref":
+        from scheduler.evidence.declaration import check_evidence_ref
+
+        found = check_evidence_ref(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return None if found else value
+    if kind == "credentials":
+        from scheduler.pipeline.credentials.bindings import check_bindings
+
+        return check_bindings(value, errors.add)
+    if kind == "authorization_proof":
+        from scheduler.pipeline.proofs.declaration import normalise as normalise_proof
+
+        declaration, problems = normalise_proof(value, name)
+        for p in problems:
+            errors.add(p["field"], p["error"], p["code"])
+        return declaration
+    if kind == "retention":
+        from scheduler.ops.retention import normalise_job_retention
+
+        retention, found = normalise_job_retention(value, name)
+        for p in found:
+            errors.add(p["field"], p["error"], p["code"])
+        return retention
+    if kind == "identity":
+        from scheduler.pipeline.identity import normalise_declaration
+
+        declaration, problems = normalise_declaration(value, name)
+        for p in problems:
+            errors.add(p["field"], p["error"], p["code"])
+        return declaration
+    if kind == "bool":
+        if not isinstance(value, bool):
+            errors.add(name, "must be true or false", "INVALID_TYPE")
+            return None
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.add(name, "must be an integer", "INVALID_TYPE")
+            return None
+        if m["minimum"] is not None and value < m["minimum"]:
+            errors.add(name, f"must be >= {m['minimum']}", "OUT_OF_RANGE")
+            return None
+        if m["maximum"] is not None and value > m["maximum"]:
+            errors.add(name, f"must be <= {m['maximum']}", "OUT_OF_RANGE")
+            return None
+        return value
+    if kind == "instant":
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            errors.add(name, "must be an ISO-8601 instant with a zone", "INVALID_TYPE")
+            return None
+        try:
+            if isinstance(value, int):
+                return check_instant_ms(value, field=name)
+            return parse_iso(value, field=name)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if not isinstance(value, str):
+        errors.add(name, "must be a string", "INVALID_TYPE")
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800") from JSON: cannot be stored or printed
+        errors.add(name, "must be valid Unicode text (it contains a lone surrogate)", "INVALID_VALUE")
+        return None
+    if "\x00" in value and name in _NO_NUL_FIELDS:
+        errors.add(name, "must not contain NUL characters (they can never be passed to a process)", "INVALID_VALUE")
+        return None
+    if kind == "choice":
+        if value not in m["choices"]:
+            errors.add(name, f"must be one of {', '.join(m['choices'])}", "INVALID_CHOICE")
+            return None
+        return value
+    if kind == "duration":
+        try:
+            ms = parse_duration_ms(value, field=name)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+        if ms < 1000:
+            errors.add(name, "must be at least 1s", "OUT_OF_RANGE")
+            return None
+        return format_duration_ms(ms)
+    if kind == "cron":
+        from scheduler.core.schedules import validate_cron
+
+        try:
+            return validate_cron(value)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if kind == "timezone":
+        from scheduler.core.schedules import validate_timezone
+
+        try:
+            return validate_timezone(value)
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+    if kind == "driver":
+        if not _DRIVER_RE.match(value):
+            errors.add(name, "must be a driver name ([a-z0-9_.-], max 64)", "INVALID_VALUE")
+            return None
+        return value
+    if kind == "scope":
+        if "\\" in value or "@" in value:
+            errors.add(name, "domain scopes are not supported; use a local user name or uid:N", "INVALID_SCOPE")
+            return None
+        if not _IDENTIFIER_LIKE.match(value):
+            errors.add(name, "must be a local user name or uid:N", "INVALID_SCOPE")
+            return None
+        return value
+    if kind == "condition":
+        return _check_condition(name, value, errors)
+    return value  # plain "str"
+
+
+def _check_constraints(value: Any, errors: _Errors) -> dict[str, Any] | None:
+    """Validate ``constraints`` against ``Constraints``; stored normalised (non-defaults only)."""
+    from scheduler.core.execution import Constraints
+    from scheduler.base.options import option_problems, options_to_json
+
+    kwargs, problems = option_problems(Constraints, value, "constraints")
+    for p in problems:
+        errors.add(p["field"], p["error"], p["code"])
+    if problems:
+        return None
+    paths = kwargs.get("allowed_paths") or ()
+    if any(not p.startswith("/") or ".." in p.split("/") for p in paths):
+        errors.add("constraints.allowed_paths", "must be absolute paths without '..'", "PATH_TRAVERSAL")
+        return None
+    for key in ("max_tokens", "max_cost"):
+        if kwargs.get(key) is not None and kwargs[key] <= 0:
+            errors.add(f"constraints.{key}", "must be greater than 0", "OUT_OF_RANGE")
+            return None
+    return options_to_json(Constraints(**kwargs))
+
+
+def constraints_of(spec: JobSpec) -> Any:
+    """The job's ``constraints`` as a ``Constraints`` instance."""
+    from scheduler.core.execution import Constraints
+
+    raw = dict(spec.constraints)
+    if "allowed_paths" in raw and raw["allowed_paths"] is not None:
+        raw["allowed_paths"] = tuple(raw["allowed_paths"])
+    return Constraints(**raw)
+
+
+def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
+    """Accept ``contains:TEXT`` or a ``regex:PATTERN`` that the linear-time engine compiles."""
+    if len(value) > MAX_CONDITION_CHARS:
+        errors.add(name, f"must be at most {MAX_CONDITION_CHARS} characters", "TOO_LARGE")
+        return None
+    if value.startswith("contains:") and len(value) > len("contains:"):
+        return value
+    if value.startswith("regex:"):
+        from scheduler.core.conditions import compile_pattern
+
+        try:
+            compile_pattern(value[len("regex:") :])
+        except SchedulerError as exc:
+            errors.add(name, exc.message, exc.code)
+            return None
+        return value
+    errors.add(name, "must be `contains:TEXT` or `regex:PATTERN`", "INVALID_CONDITION")
+    return None
+
+
+def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, plugin_options: bool = True) -> JobSpec:
+    """Validate a job spec object into a ``JobSpec``; raise ``VALIDATION_FAILED`` listing every problem.
+
+    ``check_past`` rejects an ``at`` instant already in the past unless the spec
+    sets ``allow_past_at`` (creation-time rule; updates of old jobs skip it).
+    ``plugin_options`` validates plugin-owned options and constraints against the
+    installed plugins (it imports them; the kernel's own checks never need it).
+    """
+    if not isinstance(obj, dict):
+        raise SchedulerError("VALIDATION_FAILED", "a job spec must be a JSON object", details=[
+            {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
+        ])
+    errors = _Errors()
+    for key in obj:
+        if key in MOVED_FIELDS:
+            errors.add(str(key), f"moved: set {MOVED_FIELDS[key]} instead", "FIELD_MOVED")
+        elif key not in SPEC_FIELD_NAMES:
+            errors.add(str(key), f"unknown field {key!r}", "UNKNOWN_FIELD")
+    values: dict[str, Any] = {}
+    for f in SPEC_FIELDS:
+        if f.name in obj:
+            values[f.name] = _coerce(f, obj[f.name], errors)
+            if values[f.name] is None and f.default is not attrs.NOTHING:
+                values[f.name] = _default(f)
+        elif f.metadata["required"]:
+            errors.add(f.name, "is required", "REQUIRED")
+    name = values.get("name")
+    if isinstance(name, str) and not _NAME_RE.fullmatch(name):
+        errors.add("name", _name_problem(name), "INVALID_VALUE")
+    payload = values.get("payload_message")
+    if isinstance(payload, str):
+        if not payload.strip():
+            errors.add("payload_message", "must not be empty", "REQUIRED")
+        elif len(payload.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+            errors.add("payload_message", f"must be at most {MAX_PAYLOAD_BYTES} bytes", "TOO_LARGE")
+    _cross_checks(values, errors, now=now_ms() if now is None else now, check_past=check_past)
+    if errors.items:
+        fields = ", ".join(sorted({e["field"] for e in errors.items}))
+        raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
+    if values.get("schedule_kind") == "chain" and values.get("trigger_on") is None:
+        values["trigger_on"] = "success"
+    spec = JobSpec(**values)
+    if plugin_options:
+        from scheduler.plugins.options import option_problems_of
+
+        normalised, problems = option_problems_of(spec)
+        if problems:
+            for p in problems:
+                errors.add(p["field"], p["error"], p["code"])
+            fields = ", ".join(sorted({e["field"] for e in errors.items}))
+            raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
+        if normalised:
+            spec = attrs.evolve(spec, **normalised)
+    return spec
+
+
+def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: bool) -> None:
+    """Rules that involve several fields."""
+    kind = v.get("schedule_kind")
+    owners = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
+    for field, owner in owners.items():
+        present = v.get(field) is not None
+        if kind == owner and not present and not errors.has(field):
+            errors.add(field, f"is required when schedule_kind={owner}", "REQUIRED")
+        if kind is not None and kind != owner and present:
+            errors.add(field, f"is only valid with schedule_kind={owner}", "CONFLICT")
+    if kind == "at" and v.get("schedule_at") is not None and check_past:
+        if v["schedule_at"] <= now and not v.get("allow_past_at"):
+            errors.add("schedule_at", "is in the past (set allow_past_at to accept it)", "AT_IN_PAST")
+    if kind == "chain" and not v.get("parent_id") and not errors.has("parent_id"):
+        errors.add("parent_id", "is required when schedule_kind=chain", "REQUIRED")
+    if kind is not None and kind != "chain":
+        for field in ("parent_id", "trigger_on", "trigger_condition"):
+            if v.get(field) is not None:
+                errors.add(field, "is only valid with schedule_kind=chain", "CONFLICT")
+        if v.get("trigger_delay_s"):
+            errors.add("trigger_delay_s", "is only valid with schedule_kind=chain", "CONFLICT")
+    if v.get("delivery_mode", "none") != "none" and not v.get("delivery_channel"):
+        errors.add("delivery_channel", "is required unless delivery_mode=none", "REQUIRED")
+    if v.get("job_type") == "watchdog" and v.get("session_target", "shell") != "shell":
+        errors.add("job_type", "watchdog jobs run on the shell target", "CONFLICT")
+    if v.get("approval_approver_scope") and v.get("approval_timeout_action") == "approve":
+        errors.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
+    if v.get("credentials") and v.get("session_target") == "main":
+        errors.add("credentials", "the main session refuses credentials (it is shared and outlives the run)",
+                   "CREDENTIAL_MEDIUM_UNSUPPORTED")
+    if v.get("evidence_ref") is not None and v.get("evidence") is None and not errors.has("evidence"):
+        errors.add("evidence_ref", "is only valid with evidence", "CONFLICT")
+    if v.get("authorization") is not None and v.get("authorization_ref") is None and not errors.has("authorization_ref"):
+        errors.add("authorization", "is only valid with authorization_ref", "CONFLICT")
+
+
+_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization",
+                         "retention"})
+
+
+def spec_to_row(spec: JobSpec) -> dict[str, Any]:
+    """Storage view of a spec: one column per field, booleans as 0/1, plugin options as JSON text."""
+    row = attrs.asdict(spec)
+    for f in SPEC_FIELDS:
+        kind = f.metadata["kind"]
+        if kind == "bool":
+            row[f.name] = int(row[f.name])
+        elif kind in _JSON_KINDS:
+            row[f.name] = None if row[f.name] is None else json.dumps(row[f.name], sort_keys=True)
+    return row
+
+
+#: (name, kind, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
+_ROW_PLAN = tuple(
+    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in _JSON_KINDS else "", f.default)
+    for f in SPEC_FIELDS
+)
+
+
+def spec_from_row(row: dict[str, Any]) -> JobSpec:
+    """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
+    values = {}
+    for name, kind, default in _ROW_PLAN:
+        val = row.get(name)
+        if val is None:
+            if default is not attrs.NOTHING:
+                val = default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[attr-defined]
+        elif kind == "bool":
+            val = bool(val)
+        elif kind == "json":
+            val = json.loads(val) if isinstance(val, str) else dict(val)
+        values[name] = val
+    return JobSpec(**values)
+
+
+def executor_name_of(row: dict[str, Any]) -> str:
+    """The executor driver of a stored job, without rebuilding its whole spec."""
+    return row.get("executor") or DEFAULT_EXECUTORS[row.get("session_target") or "shell"]
+
+
+def spec_to_input(spec: JobSpec) -> dict[str, Any]:
+    """The spec as a user-editable object (only non-default fields), used as the base for updates."""
+    out: dict[str, Any] = {}
+    for f in SPEC_FIELDS:
+        val = getattr(spec, f.name)
+        if f.metadata["required"] or val != _default(f):
+            out[f.name] = to_iso(val) if f.name == "schedule_at" and val is not None else val
+    return out

@@ -1,0 +1,470 @@
+"""The delivery outbox: messages split into parts, and the consumer that sends them through channel plugins.
+
+Every external message (a run's result, a watchdog alert, an approval notice) is
+enqueued in ``delivery_outbox`` inside the transaction that decided it, split by the
+channel's ``limits`` into parts with deterministic ``<group>:part:i/N`` idempotency keys.
+Nothing else sends.
+
+The consumer runs in each dispatcher (``DeliveryWorker``, a thread beside the run loop):
+it claims due parts with an expiry (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
+dispatchers share the work), sends each through its channel, and records the outcome
+with a compare-and-swap on its claim token:
+
+* ``delivered`` with the channel's receipt id (a delivered part is final: a guard refuses
+  any later change, so it is never sent again by the scheduler);
+* a transient failure is retried with exponential backoff and jitter, or after the
+  channel's ``Retry-After`` when it gave one, until ``max_attempts``; then ``failed``;
+* a permanent failure is ``failed`` at once.
+
+Parts of one message go out in order: a part is claimed only when every earlier part of
+its group is delivered, so a retry resumes at the first undelivered part. When a part
+fails for good the parts after it fail with it (``deliveries retry`` re-arms them).
+
+A claim that expires (its dispatcher died between sending and recording) is taken
+over and the part sent again *with the same idempotency key*: a channel that honours
+keys shows it once; a key-less channel may show it twice (at-least-once delivery).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import secrets
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from scheduler.core.duty import DutyThread
+from scheduler.base.errors import SchedulerError
+from scheduler.core.events import append_event
+from scheduler.plugins.loaded import LoadedProviders
+from scheduler.base.timeutil import now_ms, to_iso
+
+if TYPE_CHECKING:
+    from scheduler.plugins.protocols import ChannelLimits
+    from scheduler.core.store.base import Store, Tx
+
+log = logging.getLogger(__name__)
+
+#: Outbox part states.
+STATUSES = ("pending", "claimed", "delivered", "failed", "cancelled")
+#: How long a channel that failed to load is remembered before it is tried again.
+CHANNEL_RETRY_S = 5.0
+#: The consumer never sleeps longer than this without looking (another process may have re-armed a part).
+MAX_SLEEP_S = 1.0
+#: Longest part body recorded in the message when the channel declares no limit.
+TRUNCATION_NOTE = "\n[… {more} more characters not delivered; the whole output: scheduler runs output {run}]"
+
+#: Set when this process enqueued parts: the dispatcher wakes its consumer after the pass that committed them.
+parts_enqueued = threading.Event()
+
+_channels = LoadedProviders("channel", unavailable_code="CHANNEL_NOT_AVAILABLE", noun="channel", retry_s=CHANNEL_RETRY_S,
+                            per_settings=True)
+
+
+def load_channel(name: str) -> Any:
+    """The loaded (configured) channel plugin ``name``; ``CHANNEL_NOT_AVAILABLE`` (remembered for a few seconds) when it cannot load.
+
+    Instances are kept for the current settings: reloaded settings load the channels afresh.
+    """
+    return _channels.get(name)
+
+
+def channel_limits(name: str) -> ChannelLimits:
+    """The channel's limits (read from the configured instance); the defaults when it cannot load."""
+    from scheduler.plugins.protocols import ChannelLimits
+
+    try:
+        limits = getattr(load_channel(name), "limits", None)
+    except SchedulerError:
+        limits = None
+    return limits if isinstance(limits, ChannelLimits) else ChannelLimits()
+
+
+def split_body(body: str, limits: ChannelLimits, *, run_id: str | None = None) -> list[str]:
+    """``body`` cut into at most ``limits.max_parts`` parts of at most ``limits.max_chars`` characters (UTF-16 units).
+
+    Cuts fall on line ends where a line end is in the second half of a part, so lines stay
+    whole; the cut is deterministic (a retry of the enqueue makes the same parts). What does
+    not fit in ``max_parts`` is dropped with a note naming the run whose output it was.
+    """
+    size = max(2, limits.max_chars)
+    parts: list[str] = []
+    rest = body
+    while rest:
+        fit = _fitting(rest, size)
+        if fit == len(rest):
+            parts.append(rest)
+            break
+        cut = rest.rfind("\n", fit // 2, fit)
+        cut = cut + 1 if cut != -1 else fit
+        parts.append(rest[:cut])
+        rest = rest[cut:]
+    if not parts:
+        parts = [""]
+    most = max(1, limits.max_parts)
+    if len(parts) > most:
+        kept = parts[:most]
+        room = max(0, size - len(TRUNCATION_NOTE.format(more=len(body), run=run_id or "-")))
+        kept[-1] = kept[-1][:room]
+        note = TRUNCATION_NOTE.format(more=len(body) - sum(len(p) for p in kept), run=run_id or "-")
+        last = kept[-1] + note
+        kept[-1] = last[:_fitting(last, size)]  # a limit shorter than the note keeps what of it fits
+        parts = kept
+    return parts
+
+
+def _fitting(text: str, units: int) -> int:
+    """How many characters of ``text`` fit in ``units`` UTF-16 code units (what services such as Telegram count).
+
+    A character outside the Basic Multilingual Plane (most emoji) takes two units, so a part
+    is never longer than its channel's limit in either measure.
+    """
+    if len(text) <= units and text.isascii():
+        return len(text)
+    used = 0
+    for i, ch in enumerate(text):
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > units:
+            return i
+    return len(text)
+
+
+def enqueue(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int,
+            *, attachments: tuple[dict[str, Any], ...] = ()) -> int:
+    """Enqueue one message about ``run`` for ``channel`` as parts ``<group>:part:i/N``; idempotent on ``group``.
+
+    Returns how many parts were new (0 when the message was already enqueued).
+    Attachments ride on the last part.
+    """
+    from scheduler.settings import current_settings
+
+    max_attempts = current_settings().delivery.max_attempts
+    bodies = split_body(body, channel_limits(channel), run_id=run.get("id"))
+    count = len(bodies)
+    created = 0
+    for index, text in enumerate(bodies, start=1):
+        key = f"{group}:part:{index}/{count}"
+        created += tx.execute(
+            "INSERT INTO delivery_outbox(id, run_id, job_id, channel, target, idempotency_key, group_key, part_index, part_count,"
+            " body, status, max_attempts, due_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)"
+            " ON CONFLICT (idempotency_key) DO NOTHING",
+            (key, run.get("id"), run.get("job_id"), channel, target, key, group, index, count, text, max_attempts, now, now, now),
+        )
+        if index == count and created:
+            for ordinal, att in enumerate(attachments):
+                tx.execute(
+                    "INSERT INTO delivery_attachments(id, outbox_id, ordinal, name, mime_type, size_bytes, sha256, content, path,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (str(uuid.uuid4()), key, ordinal, att["name"], att["mime_type"], att["size_bytes"], att["sha256"],
+                     att.get("content"), att.get("path"), now),
+                )
+    if created:
+        parts_enqueued.set()
+    return created
+
+
+def output_attachments(run: dict[str, Any], channel: str, body: str) -> tuple[dict[str, Any], ...]:
+    """The run's complete stdout as an attachment, staged when the message cannot carry it and the channel takes files.
+
+    Staged by reference to the artifact store (offloaded output) or with its bytes (short
+    output), with its size and SHA-256; the consumer re-reads and re-checks it before
+    sending. Output larger than the channel's ``max_attachment_bytes`` is not attached.
+    """
+    limits = channel_limits(channel)
+    size = run.get("stdout_bytes") or 0
+    if not limits.supports_attachments or not size or not run.get("stdout_sha256") or size > limits.max_attachment_bytes:
+        return ()
+    fits = len(body) <= limits.max_chars * limits.max_parts and not run.get("stdout_artifact")
+    if fits:
+        return ()
+    staged = {"name": f"output-{str(run['id'])[:8]}.txt", "mime_type": "text/plain", "size_bytes": size,
+              "sha256": run["stdout_sha256"]}
+    if run.get("stdout_artifact"):
+        return ({**staged, "path": run["stdout_artifact"]},)
+    content = (run.get("stdout_excerpt") or "").encode("utf-8")
+    if len(content) != size:
+        return ()
+    return ({**staged, "content": content},)
+
+
+# -- the consumer ------------------------------------------------------------------------------------
+
+
+def next_due(tx: Tx) -> int | None:
+    """When the consumer has something to do: the earliest due pending part or expiring claim."""
+    a = tx.scalar("SELECT MIN(due_at) FROM delivery_outbox WHERE status = 'pending'")
+    b = tx.scalar("SELECT MIN(claim_expires_at) FROM delivery_outbox WHERE status = 'claimed'")
+    values = [v for v in (a, b) if v is not None]
+    return min(values) if values else None
+
+
+def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int) -> list[dict[str, Any]]:
+    """Claim up to ``limit`` sendable parts (due, or with an expired claim; every earlier part of the group delivered)."""
+    claimed: list[dict[str, Any]] = []
+    with store.transaction() as tx:
+        rows = tx.all(
+            "SELECT o.* FROM delivery_outbox o WHERE ((o.status = 'pending' AND o.due_at <= ?)"
+            " OR (o.status = 'claimed' AND o.claim_expires_at <= ?))"
+            " AND NOT EXISTS (SELECT 1 FROM delivery_outbox p WHERE p.group_key = o.group_key AND p.part_index < o.part_index"
+            " AND p.status <> 'delivered') ORDER BY o.due_at, o.id LIMIT ?" + tx.skip_locked,
+            (now, now, limit),
+        )
+        for row in rows:
+            token = secrets.token_hex(8)
+            changed = tx.execute(
+                "UPDATE delivery_outbox SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_expires_at = ?,"
+                " attempts = attempts + 1, last_attempt_at = ?, updated_at = ? WHERE id = ? AND (status = 'pending'"
+                " OR (status = 'claimed' AND claim_expires_at <= ?))",
+                (owner, token, now + ttl_ms, now, now, row["id"], now),
+            )
+            if changed == 1:
+                if row["status"] == "claimed":
+                    append_event(tx, "delivery.claim_taken_over", job_id=row["job_id"], run_id=row["run_id"], actor=owner, at=now,
+                                 data={"part": row["id"], "previous_owner": row["claim_owner"]})
+                claimed.append({**row, "claim_token": token, "claim_expires_at": now + ttl_ms, "attempts": row["attempts"] + 1,
+                                "attachments": tx.all("SELECT * FROM delivery_attachments WHERE outbox_id = ? ORDER BY ordinal",
+                                                      (row["id"],)),
+                                "delivery_options": _job_delivery_options(tx, row)})
+    return claimed
+
+
+def _job_delivery_options(tx: Tx, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's ``delivery_options`` when the part goes to the job's own delivery channel (not a watchdog route)."""
+    if not row.get("job_id"):
+        return None
+    job = tx.one("SELECT delivery_channel, delivery_options FROM jobs WHERE id = ?", (row["job_id"],))
+    if job is None or job["delivery_channel"] != row["channel"]:
+        return None
+    return json.loads(job["delivery_options"] or "{}")
+
+
+def send_part(part: dict[str, Any], artifacts_root: Any = None) -> dict[str, Any]:
+    """Send one claimed part; return its outcome ``{"outcome": delivered|retry|failed, ...}`` (never raises).
+
+    Attachments reach the channel as bytes the kernel read and checked against their size and SHA-256.
+    """
+    from scheduler.plugins.options import channel_options_for
+    from scheduler.plugins.protocols import (
+        DeliveryPart,
+        DeliveryReceipt,
+        DeliveryRoute,
+        PermanentDeliveryError,
+        TransientDeliveryError,
+    )
+
+    try:
+        channel = load_channel(part["channel"])
+        options = channel_options_for(channel, part["delivery_options"]) if part["delivery_options"] is not None else None
+        receipt = channel.send(
+            DeliveryPart(idempotency_key=part["idempotency_key"], index=part["part_index"], count=part["part_count"],
+                         body=part["body"], run_id=part["run_id"] or "", job_id=part["job_id"] or "",
+                         attachments=tuple(_attachment(a, artifacts_root) for a in part["attachments"])),
+            DeliveryRoute(channel=part["channel"], target=part["target"], options=options),
+        )
+    except TransientDeliveryError as exc:
+        return {"outcome": "retry", "code": exc.code, "error": exc.message, "retry_after_s": exc.retry_after_s}
+    except PermanentDeliveryError as exc:
+        return {"outcome": "failed", "code": exc.code, "error": exc.message}
+    except SchedulerError as exc:  # a channel that cannot load or resolve its secrets: nothing a retry fixes by itself
+        return {"outcome": "failed", "code": exc.code, "error": exc.message}
+    except Exception as exc:  # noqa: BLE001 - a bug in a channel plugin: retried, and visible
+        log.exception("channel %s crashed sending %s", part["channel"], part["idempotency_key"])
+        return {"outcome": "retry", "code": "CHANNEL_CRASHED", "error": f"{type(exc).__name__}: {exc}", "retry_after_s": None}
+    if not isinstance(receipt, DeliveryReceipt):
+        return {"outcome": "retry", "code": "CHANNEL_INVALID_RECEIPT",
+                "error": f"channel {part['channel']!r} returned {type(receipt).__name__}, not a DeliveryReceipt", "retry_after_s": None}
+    return {"outcome": "delivered", "receipt_id": receipt.receipt_id, "details": dict(receipt.details or {})}
+
+
+def _attachment(row: dict[str, Any], artifacts_root: Any) -> dict[str, Any]:
+    """A staged attachment as the channel receives it: ``name``, ``mime_type``, ``size_bytes``, ``sha256``, ``content``."""
+    import hashlib
+
+    from scheduler.core.outputs import read_artifact
+
+    out = {k: row[k] for k in ("name", "mime_type", "size_bytes", "sha256")}
+    if row.get("content") is not None:
+        content = bytes(row["content"])
+        if len(content) != row["size_bytes"] or hashlib.sha256(content).hexdigest() != row["sha256"]:
+            raise SchedulerError("ARTIFACT_TAMPERED", f"staged attachment {row['name']!r} no longer matches its SHA-256")
+    else:
+        if artifacts_root is None:
+            raise SchedulerError("ARTIFACT_MISSING", f"attachment {row['name']!r} is in the artifact store, which is not known here")
+        content = read_artifact(artifacts_root, row["path"], row["sha256"], row["size_bytes"])
+    out["content"] = content
+    return out
+
+
+def backoff_ms(attempts: int, *, base_ms: int, max_ms: int, retry_after_s: float | None, rng: random.Random | None = None) -> int:
+    """Delay before the next attempt: the channel's ``Retry-After`` when given, else ``base * 2^(n-1)`` capped, ±20% jitter."""
+    if retry_after_s is not None and retry_after_s >= 0:
+        return int(retry_after_s * 1000)
+    delay = min(max_ms, base_ms * (2 ** max(0, attempts - 1)))
+    return max(1, int(delay * (rng or random).uniform(0.8, 1.2)))
+
+
+def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner: str, now: int | None = None) -> bool:
+    """Record a send's outcome under the part's claim token; False when the claim was lost (taken over)."""
+    from scheduler.settings import current_settings
+
+    now = now_ms() if now is None else now
+    cfg = current_settings().delivery
+    outcome = result["outcome"]
+    with store.transaction() as tx:
+        where = " WHERE id = ? AND status = 'claimed' AND claim_token = ?"
+        key = (part["id"], part["claim_token"])
+        if outcome == "delivered":
+            changed = tx.execute(
+                "UPDATE delivery_outbox SET status = 'delivered', delivered_at = ?, receipt_id = ?, receipt_json = ?, last_error = NULL,"
+                " error_code = NULL, claim_owner = NULL, claim_token = NULL, claim_expires_at = NULL, updated_at = ?" + where,
+                (now, result.get("receipt_id"), json.dumps(result.get("details") or {}, sort_keys=True, default=str), now, *key))
+        elif outcome == "retry" and part["attempts"] < part["max_attempts"]:
+            delay = backoff_ms(part["attempts"], base_ms=cfg.retry_base_ms, max_ms=cfg.retry_max_ms,
+                               retry_after_s=result.get("retry_after_s"))
+            changed = tx.execute(
+                "UPDATE delivery_outbox SET status = 'pending', due_at = ?, last_error = ?, error_code = ?, claim_owner = NULL,"
+                " claim_token = NULL, claim_expires_at = NULL, updated_at = ?" + where,
+                (now + delay, result["error"], result["code"], now, *key))
+            outcome = "retry_scheduled"
+            result = {**result, "next_attempt_at": to_iso(now + delay)}
+        else:
+            changed = tx.execute(
+                "UPDATE delivery_outbox SET status = 'failed', last_error = ?, error_code = ?, claim_owner = NULL, claim_token = NULL,"
+                " claim_expires_at = NULL, updated_at = ?" + where, (result["error"], result["code"], now, *key))
+            outcome = "failed"
+            if changed:  # the parts after it cannot go out in order any more
+                tx.execute("UPDATE delivery_outbox SET status = 'failed', error_code = 'EARLIER_PART_FAILED', last_error = ?,"
+                           " updated_at = ? WHERE group_key = ? AND part_index > ? AND status = 'pending'",
+                           (f"part {part['part_index']}/{part['part_count']} failed", now, part["group_key"], part["part_index"]))
+        if changed:
+            data = {"part": part["id"], "channel": part["channel"], "attempt": part["attempts"],
+                    **{k: v for k, v in result.items() if k in ("receipt_id", "code", "error", "next_attempt_at")}}
+            append_event(tx, f"delivery.{outcome}", job_id=part["job_id"], run_id=part["run_id"], actor=owner, at=now, data=data)
+    return changed == 1
+
+
+def release(store: Store, parts: list[dict[str, Any]]) -> int:
+    """Hand claimed parts back unsent (``pending`` again, the attempt not counted); returns how many were still ours."""
+    released = 0
+    with store.transaction() as tx:
+        for part in parts:
+            released += tx.execute(
+                "UPDATE delivery_outbox SET status = 'pending', attempts = attempts - 1, claim_owner = NULL, claim_token = NULL,"
+                " claim_expires_at = NULL WHERE id = ? AND status = 'claimed' AND claim_token = ?",
+                (part["id"], part["claim_token"]),
+            )
+    return released
+
+
+def retry_failed(store: Store, ref: str, *, actor: str, now: int | None = None) -> dict[str, Any]:
+    """``deliveries retry``: re-arm a failed part with fresh attempts, with every failed part of its message.
+
+    The message's parts go out in order, so re-arming one part re-arms the failed parts
+    before it (the one that failed first) and after it (those that failed with it).
+    """
+    now = now_ms() if now is None else now
+    with store.transaction() as tx:
+        part = get_part(tx, ref)
+        if part["status"] != "failed":
+            raise SchedulerError("DELIVERY_NOT_FAILED", f"part {part['id']} is {part['status']}; only failed parts are retried")
+        tx.execute("UPDATE delivery_outbox SET status = 'pending', attempts = 0, due_at = ?, updated_at = ?"
+                   " WHERE group_key = ? AND status = 'failed'", (now, now, part["group_key"]))
+        append_event(tx, "delivery.rearmed", job_id=part["job_id"], run_id=part["run_id"], actor=actor, at=now, data={"part": part["id"]})
+        out = get_part(tx, part["id"])
+    store.notify_change()
+    return out
+
+
+def get_part(tx: Tx, ref: str) -> dict[str, Any]:
+    """An outbox part by id (its idempotency key) or unique id prefix; ``NOT_FOUND`` otherwise."""
+    row = tx.one("SELECT * FROM delivery_outbox WHERE id = ?", (ref,))
+    if row is None and len(ref) >= 8:
+        rows = tx.all("SELECT * FROM delivery_outbox WHERE id LIKE ? LIMIT 2", (ref.replace("%", "").replace("_", "\\_") + "%",))
+        row = rows[0] if len(rows) == 1 else None
+    if row is None:
+        raise SchedulerError("NOT_FOUND", f"Delivery not found: {ref}")
+    return row
+
+
+def list_parts(tx: Tx, *, status: str | None = None, job_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """Outbox parts, newest first."""
+    sql, params = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE 1 = 1", []
+    if status is not None:
+        sql += " AND o.status = ?"
+        params.append(status)
+    if job_id is not None:
+        sql += " AND o.job_id = ?"
+        params.append(job_id)
+    sql += " ORDER BY o.created_at DESC, o.group_key, o.part_index LIMIT ?"
+    params.append(limit)
+    return tx.all(sql, params)
+
+
+def part_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
+    """JSON view of an outbox part (the body only with ``full``)."""
+    keys = ["id", "job_id", "job_name", "run_id", "channel", "target", "group_key", "part_index", "part_count", "status", "attempts",
+            "max_attempts", "due_at", "last_attempt_at", "delivered_at", "receipt_id", "error_code", "last_error", "claim_owner",
+            "claim_expires_at", "created_at"]
+    out = {k: row.get(k) for k in keys}
+    for k in ("due_at", "last_attempt_at", "delivered_at", "claim_expires_at", "created_at"):
+        out[k] = to_iso(out[k])
+    if full:
+        out["body"] = row.get("body")
+        out["receipt"] = json.loads(row["receipt_json"]) if row.get("receipt_json") else None
+    return out
+
+
+class DeliveryWorker(DutyThread):
+    """The outbox consumer of one dispatcher: a thread that claims, sends and records until stopped.
+
+    It sleeps until the earliest due part or expiring claim (at most ``MAX_SLEEP_S``), or
+    until ``wake()`` (the dispatcher calls it after committing new parts). ``stop`` ends it
+    after the part being sent (a claim left behind expires and is taken over later).
+    """
+
+    thread_name = "scheduler-delivery"
+
+    def __init__(self, store: Store, owner: str, *, artifacts_root: Any = None, say: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self.owner = owner
+        self.artifacts_root = artifacts_root
+        self.say = say or (lambda _msg: None)
+        super().__init__()
+        self.stats = {"delivered": 0, "retried": 0, "failed": 0}
+
+    def pass_failed(self, exc: Exception) -> float:
+        """A pass that raised is logged (with its traceback unless it is a SchedulerError); the next in ``MAX_SLEEP_S``."""
+        if isinstance(exc, SchedulerError):
+            log.warning("delivery pass failed: %s: %s", exc.code, exc.message)
+        else:
+            log.exception("delivery pass crashed")
+        return MAX_SLEEP_S
+
+    def run_once(self) -> float:
+        """One pass: claim due parts, send them, record the outcomes; return how long to sleep."""
+        from scheduler.settings import current_settings
+
+        cfg = current_settings().delivery
+        now = now_ms()
+        with self.store.read() as tx:  # an idle outbox costs two index lookups, never a write transaction
+            due = next_due(tx)
+        if due is None or due > now:
+            return MAX_SLEEP_S if due is None else min(max(0.0, (due - now) / 1000), MAX_SLEEP_S)
+        parts = claim_due(self.store, self.owner, now=now, limit=cfg.batch, ttl_ms=cfg.claim_ttl_ms)
+        for index, part in enumerate(parts):
+            if self._stop.is_set() or now_ms() > part["claim_expires_at"] - cfg.claim_ttl_ms // 2:
+                # Sending under a claim about to expire could race the dispatcher that takes it over (a part
+                # shown twice): hand the rest of the batch back unsent, to be claimed afresh.
+                release(self.store, parts[index:])
+                break
+            result = send_part(part, self.artifacts_root)
+            if record(self.store, part, result, owner=self.owner):
+                key = {"delivered": "delivered", "retry": "retried"}.get(result["outcome"], "failed")
+                self.stats[key] += 1
+                self.say(f"deliver {part['channel']} {part['idempotency_key']}: {result['outcome']}"
+                         + (f" ({result.get('code')})" if result["outcome"] != "delivered" else ""))
+        # delivered parts may have made the next parts of their messages sendable; nothing claimable: wait
+        return 0.0 if parts else MAX_SLEEP_S / 4

@@ -1,0 +1,223 @@
+"""Retention rules (the settings file's ``[retention]``, a job's ``retention`` field, ``runs prune`` flags) and the duty.
+
+A run is kept while any set rule keeps it: it is among its job's newest ``keep_runs``
+terminal runs, or it ended less than ``max_age`` ago (``forever`` keeps every run of the
+job). With no rule set for a job, none of its runs is pruned. Each rule is taken from,
+in order: a ``runs prune`` flag, the job's ``retention`` field, the settings file.
+
+``RetentionDuty`` is the dispatcher's thread that applies retention every ``interval``:
+under the dispatcher's own lease on SQLite (one dispatcher per file) and under the
+singleton ``maintenance`` lease on PostgreSQL. The last pass is read from
+``prune_cutoffs`` (every pass writes its row first), so across dispatchers, takeovers
+and restarts the duty runs once per interval. It is a thread of its own: the loop that
+claims and completes runs never waits for it, and a job without retention costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from scheduler.core.duty import DutyThread
+from scheduler.base.timeutil import format_duration_ms, parse_duration_ms
+
+log = logging.getLogger(__name__)
+
+#: The largest ``keep_runs`` accepted (settings and job field alike).
+MAX_KEEP_RUNS = 10_000_000
+#: The shortest age a rule may name (a run younger than a minute is never pruned by age).
+MIN_AGE_MS = 60_000
+#: ``max_age`` of a job whose runs are all kept.
+FOREVER = "forever"
+_JOB_KEYS = ("keep_runs", "max_age")
+
+
+def normalise_job_retention(value: Any, field: str = "retention") -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """Validate a job's ``retention`` object: ``{keep_runs?: int, max_age?: duration | "forever"}``, at least one key.
+
+    Returns the normalised object (durations in their compact form) and the problems,
+    each ``{"field", "code", "error"}``; anything else than those keys is refused.
+    """
+    problems: list[dict[str, str]] = []
+
+    def bad(where: str, code: str, error: str) -> None:
+        problems.append({"field": where, "code": code, "error": error})
+
+    if not isinstance(value, dict):
+        bad(field, "INVALID_TYPE", "must be an object with keep_runs and/or max_age")
+        return None, problems
+    unknown = [k for k in value if k not in _JOB_KEYS]
+    for key in unknown:
+        bad(f"{field}.{key}", "UNKNOWN_FIELD", f"unknown key {key!r} (known: keep_runs, max_age)")
+    if not any(k in value for k in _JOB_KEYS):
+        bad(field, "REQUIRED", "set keep_runs and/or max_age")
+    out: dict[str, Any] = {}
+    if "keep_runs" in value:
+        keep = value["keep_runs"]
+        if isinstance(keep, bool) or not isinstance(keep, int):
+            bad(f"{field}.keep_runs", "INVALID_TYPE", "must be an integer")
+        elif not 1 <= keep <= MAX_KEEP_RUNS:
+            bad(f"{field}.keep_runs", "OUT_OF_RANGE", f"must be between 1 and {MAX_KEEP_RUNS}")
+        else:
+            out["keep_runs"] = keep
+    if "max_age" in value:
+        age = value["max_age"]
+        if age == FOREVER:
+            out["max_age"] = FOREVER
+        else:
+            from scheduler.base.errors import SchedulerError
+
+            try:
+                ms = parse_duration_ms(age, field=f"{field}.max_age")
+                if ms < MIN_AGE_MS:
+                    bad(f"{field}.max_age", "OUT_OF_RANGE", "must be at least 1m (or forever)")
+                else:
+                    out["max_age"] = format_duration_ms(ms)
+            except SchedulerError as exc:
+                bad(f"{field}.max_age", exc.code, exc.message + " (or forever)")
+    return (None if problems else out), problems
+
+
+@attrs.frozen
+class RunRule:
+    """The retention rule of one job's runs: ``keep_runs`` newest, ``max_age_ms``; ``forever`` keeps them all."""
+
+    keep_runs: int | None = None
+    max_age_ms: int | None = None
+    forever: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether this rule prunes anything at all (some rule is set and ``forever`` is not)."""
+        return not self.forever and (self.keep_runs is not None or self.max_age_ms is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The rule as recorded in a pass's ``prune_cutoffs.rules`` and shown by ``runs prune``."""
+        return {"keep_runs": self.keep_runs, "max_age": FOREVER if self.forever else
+                (format_duration_ms(self.max_age_ms) if self.max_age_ms else None)}
+
+
+@attrs.frozen
+class Rules:
+    """Everything one retention pass applies; built by ``rules_from`` from settings and flags."""
+
+    #: Flags of ``runs prune`` (they win over a job's field and the settings).
+    keep_runs_flag: int | None = None
+    max_age_flag_ms: int | None = None
+    #: The settings file's defaults.
+    keep_runs: int | None = None
+    max_age_ms: int | None = None
+    delivered_outbox_age_ms: int | None = None
+    event_age_ms: int | None = None
+    batch: int = 500
+    orphan_grace_ms: int = 3_600_000
+
+    def for_job(self, job_retention: Any) -> RunRule:
+        """The rule of a job whose ``retention`` column holds ``job_retention`` (JSON text, a dict or None)."""
+        own: dict[str, Any] = {}
+        if isinstance(job_retention, str) and job_retention:
+            try:
+                own = json.loads(job_retention) or {}
+            except ValueError:
+                own = {}
+        elif isinstance(job_retention, dict):
+            own = job_retention
+        keep = self.keep_runs_flag if self.keep_runs_flag is not None else own.get("keep_runs", self.keep_runs)
+        if self.max_age_flag_ms is not None:
+            return RunRule(keep_runs=keep, max_age_ms=self.max_age_flag_ms)
+        age = own.get("max_age")
+        if age == FOREVER:
+            return RunRule(keep_runs=keep, forever=True)
+        age_ms = parse_duration_ms(age, field="retention.max_age") if isinstance(age, str) else self.max_age_ms
+        return RunRule(keep_runs=keep, max_age_ms=age_ms)
+
+    @property
+    def has_global_run_rule(self) -> bool:
+        """Whether a flag or the settings prune runs of jobs that declare no retention of their own."""
+        return any(v is not None for v in (self.keep_runs_flag, self.max_age_flag_ms, self.keep_runs, self.max_age_ms))
+
+    def to_json(self) -> dict[str, Any]:
+        """The rules as recorded with the pass."""
+        def dur(ms: int | None) -> str | None:
+            return None if ms is None else format_duration_ms(ms)
+        return {"keep_runs": self.keep_runs_flag if self.keep_runs_flag is not None else self.keep_runs,
+                "max_run_age": dur(self.max_age_flag_ms if self.max_age_flag_ms is not None else self.max_age_ms),
+                "delivered_outbox_age": dur(self.delivered_outbox_age_ms), "event_age": dur(self.event_age_ms)}
+
+
+def settings_rules(*, keep_runs: int | None = None, older_than_ms: int | None = None) -> Rules:
+    """The rules of the settings file's ``[retention]``, with ``runs prune`` flags on top when given."""
+    from scheduler.settings import current_settings
+
+    s = current_settings().kernel["retention"].value
+
+    def ms(text: str | None) -> int | None:
+        return None if text is None else parse_duration_ms(text)
+
+    return Rules(keep_runs_flag=keep_runs, max_age_flag_ms=older_than_ms, keep_runs=s.keep_runs, max_age_ms=ms(s.max_run_age),
+                 delivered_outbox_age_ms=ms(s.delivered_outbox_age), event_age_ms=ms(s.event_age), batch=s.batch,
+                 orphan_grace_ms=ms(s.orphan_grace) or 3_600_000)
+
+
+def interval_ms() -> int:
+    """``[retention] interval`` in milliseconds."""
+    from scheduler.settings import current_settings
+
+    return parse_duration_ms(current_settings().kernel["retention"].value.interval)
+
+
+class RetentionDuty(DutyThread):
+    """The dispatcher's retention thread: a pass every ``interval`` while ``lease()`` gives a lease to fence with.
+
+    ``lease`` returns the lease the pass's transactions assert (the dispatcher's own on
+    SQLite, the ``maintenance`` lease on PostgreSQL) or None when this dispatcher does not
+    hold it: then nothing is done. A pass that loses the lease stops at its next batch;
+    what it committed stays committed (every batch is whole).
+    """
+
+    thread_name = "retention"
+    first_delay = 0.5  # first check soon after start: a dispatcher restarted after a long stop catches up
+
+    def __init__(self, store: Any, owner: str, lease: Callable[[], Any], *, artifacts_root: Any,
+                 say: Callable[[str], None] | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.owner = owner
+        self._lease = lease
+        self.artifacts_root = artifacts_root
+        self.say = say or (lambda _msg: None)
+        #: Reports of the passes this duty ran (newest last, at most 20): for tests and ``status``.
+        self.passes: list[Any] = []
+
+    def pass_failed(self, exc: Exception) -> float:
+        """A failed pass is logged and retried in 30 s (``wake()`` checks at once: a lease taken, settings reloaded)."""
+        log.warning("retention pass failed: %s", getattr(exc, "message", exc))
+        return 30.0
+
+    def run_once(self) -> float:
+        """Run a pass when one is due and this dispatcher holds the lease; seconds until the next check."""
+        from scheduler.ops.pruning import PassNotDue, prune
+
+        every = interval_ms()
+        check = min(every / 1000, 30.0)
+        lease = self._lease()
+        if lease is None:
+            return check
+        rules = settings_rules()
+        if not rules.has_global_run_rule and rules.delivered_outbox_age_ms is None and rules.event_age_ms is None:
+            with self.store.read() as tx:
+                if tx.scalar("SELECT COUNT(*) FROM jobs WHERE retention IS NOT NULL") == 0:
+                    return check  # nothing configured: no pass, no cutoff row, no event
+        try:
+            report = prune(self.store, rules, artifacts_root=self.artifacts_root, lease=lease, actor=self.owner,
+                           min_interval_ms=every, stop=self._stop)
+        except PassNotDue as wait:
+            return max(0.05, min(check, wait.remaining_ms / 1000))
+        self.passes = [*self.passes[-19:], report]
+        if report.total:
+            self.say(f"retention: {report.summary()}")
+        return check

@@ -1,0 +1,582 @@
+"""Credentials: the pipeline step presenting a job's credential bindings to its run, and cleaning them up.
+
+``presented(store, started, spec, executor, outcomes)`` wraps building the request and
+``executor.execute`` (see ``Dispatcher._execute``):
+
+1. every binding is resolved through its provider (group ``scheduler.credential_providers``),
+   each call bounded in time; the answer must match the binding (name, medium, key, file
+   name, cardinality ``one``, required), must not be expired and must be a usable value,
+   else the run ends ``error`` with a ``CREDENTIAL_*`` code and the command never starts
+   (an optional binding that fails is skipped and recorded instead);
+2. one short write transaction records a ``credential_presentations`` row per presented
+   binding (medium, key / file name, provider, SHA-256 of the value, the private run
+   directory of file presentations, expiry) with status ``materialized``, so recovery
+   after ``kill -9`` can find what a dead run left;
+3. file presentations are written as 0600 files in a 0700 directory made for the run;
+   the executor gets ``CredentialPresentation`` objects (values in memory only);
+4. on every way out (success, failure, timeout, cancellation, exception) the files and
+   the directory are removed, the values dropped, and the rows marked ``cleaned`` (or
+   ``failed`` with ``last_error``).
+
+The run records a summary (names, media, digests, counts; never a value) in
+``runs.credentials_json`` and ``credential.*`` events. A job without bindings costs one
+attribute test: no query, no transaction, no import.
+
+For output redaction, ``redactions_of(request.credentials)`` gives ``(name, value bytes)``
+for every presented value (file presentations carry their value too, for this only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Mapping
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.plugins.loaded import LoadedProviders
+
+log = logging.getLogger(__name__)
+
+#: Longest a provider's ``resolve`` may take (also bounded by what is left of the run's timeout).
+RESOLVE_TIMEOUT_S = 30.0
+#: Where the private per-run directories of file presentations are made (default: the system temp directory).
+DIR_ENV = "SCHEDULER_CREDENTIALS_DIR"
+DIR_PREFIX = "scheduler-cred-"
+#: A provider that failed to load is not retried for this long (seconds).
+PROVIDER_RETRY_S = 5.0
+
+_providers = LoadedProviders("credential", unavailable_code="CREDENTIAL_NOT_AVAILABLE", noun="credential provider",
+                             retry_s=PROVIDER_RETRY_S)
+
+
+def redactions_of(credentials: Any) -> tuple[tuple[str, bytes], ...]:
+    """``(binding name, value bytes)`` of every presented credential: what output redaction must hide."""
+    out = []
+    for c in credentials or ():
+        value = getattr(c, "value", None)
+        if value:
+            out.append((c.name, value if isinstance(value, bytes) else value.encode("utf-8")))
+    return tuple(out)
+
+
+def credentials_dir() -> str:
+    """The directory under which run directories of file presentations are made."""
+    import tempfile
+
+    return os.environ.get(DIR_ENV) or tempfile.gettempdir()
+
+
+def run_directory(run_id: str) -> str:
+    """The private directory of run ``run_id``'s file presentations (made only when it has one)."""
+    return os.path.join(credentials_dir(), f"{DIR_PREFIX}{run_id}")
+
+
+def sha256_of(data: bytes) -> str:
+    """``sha256:<hex>`` of a value (what the database keeps instead of it)."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def credential_provider(name: str) -> Any:
+    """The loaded provider ``name``, kept for the life of the process (a provider may cache tokens across runs).
+
+    ``CREDENTIAL_NOT_AVAILABLE`` when it is not installed or fails to load (remembered briefly).
+    """
+    return _providers.get(name)
+
+
+def forget_providers() -> None:
+    """Drop the loaded providers (tests; a settings reload)."""
+    _providers.forget()
+
+
+def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: dict[str, Any]) -> Any:
+    """``fn()`` waited for at most ``timeout_s`` (``code`` when it takes longer): ``scheduler.core.bounded.call_bounded``.
+
+    A late answer is dropped, so a hung provider cannot hold the run, and a value that arrives
+    too late is never presented.
+    """
+    from scheduler.core.bounded import call_bounded as bounded
+
+    return bounded(fn, timeout_s, code=code, what=what, details=details, name="credential-resolve")
+
+
+class _Presentation:
+    """One run's credentials, from resolution to cleanup."""
+
+    def __init__(self, store: Any, started: Any, spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
+        self.store, self.started, self.spec, self.executor, self.outcomes = store, started, spec, executor, outcomes
+        self.held: list[dict[str, Any]] = []  # per presented binding: binding, data, sha, row id, path
+        self.summary: list[dict[str, Any]] = []
+        self.directory: str | None = None
+        self.rows_written = False
+        self.policy: str | None = None
+        self.providers: dict[str, Any] = {}
+
+    # -- resolution ------------------------------------------------------------------------------
+
+    def _bindings(self) -> list[Any]:
+        from scheduler.pipeline.credentials.bindings import binding_objects
+
+        from scheduler.pipeline.credentials.chain import bindings_for_run
+
+        raw, self.policy = bindings_for_run(self.store, self.started, self.spec, list(self.spec.credentials or []), self.outcomes)
+        providers: dict[str, Any] = {}
+        for b in raw:
+            try:
+                providers[b["provider"]] = credential_provider(b["provider"])
+            except SchedulerError:
+                pass  # reported per binding below
+        self.providers = providers
+        try:
+            return binding_objects(raw, providers)
+        except SchedulerError as exc:
+            raise SchedulerError("CREDENTIAL_BINDING_INVALID", f"a credential binding's options no longer fit its provider: "
+                                 f"{exc.message}", details={"cause": exc.code}) from None
+
+    def _check_media(self, bindings: list[Any]) -> None:
+        from scheduler.pipeline.credentials.bindings import MEDIUM_CAPABILITY
+
+        if self.spec.session_target == "main":
+            raise SchedulerError("CREDENTIAL_MEDIUM_UNSUPPORTED", "the main session refuses credentials; nothing was resolved")
+        capabilities = set(getattr(self.executor, "capabilities", ()))
+        for b in bindings:
+            need = MEDIUM_CAPABILITY[b.present.medium]
+            if need not in capabilities:
+                raise SchedulerError("CREDENTIAL_MEDIUM_UNSUPPORTED",
+                                     f"credential {b.name!r}: executor {self.spec.executor_name()!r} lacks the capability {need}",
+                                     details={"binding": b.name, "medium": b.present.medium})
+
+    def _context(self) -> Any:
+        from scheduler.plugins.protocols import CredentialContext
+        from scheduler.pipeline.credentials.sessions import StoreProviderSessions
+
+        identity = self.outcomes.identity
+        if identity is not None and not isinstance(identity, Mapping):
+            identity = getattr(identity, "to_json", lambda: None)()
+        return CredentialContext(run_id=self.started.run_id, job_id=self.started.job["id"], attempt=self.started.attempt,
+                                 artifact_digest=self.started.job.get("artifact_digest"),
+                                 identity=identity if isinstance(identity, Mapping) else None,
+                                 source_run_id=self.started.parent_run_id if self.policy != "independent" else None,
+                                 source_job_id=self.started.job.get("parent_id") if self.policy not in (None, "independent") else None,
+                                 sessions=StoreProviderSessions(self.store))  # provider_sessions bookkeeping (OAuth2 tokens)
+
+    def _resolve_one(self, binding: Any, context: Any) -> tuple[Any, bytes]:
+        """The provider's checked answer and the value's bytes, or ``SchedulerError`` (``CREDENTIAL_*``)."""
+        from scheduler.plugins.protocols import ResolvedCredential
+
+        where = {"binding": binding.name, "provider": binding.provider}
+        provider = self.providers.get(binding.provider)
+        if provider is None:
+            credential_provider(binding.provider)  # raises CREDENTIAL_NOT_AVAILABLE
+        deadline_s = (self.started.started_at + int(self.spec.run_timeout_ms) - _now_ms()) / 1000.0
+        timeout_s = min(RESOLVE_TIMEOUT_S, deadline_s)
+        if timeout_s <= 0:
+            raise SchedulerError("CREDENTIAL_RESOLVE_TIMEOUT", f"credential {binding.name!r}: the run's time was up before it "
+                                 "could be resolved", details=where)
+        try:
+            answer = call_bounded(lambda: provider.resolve(binding, context), timeout_s, code="CREDENTIAL_RESOLVE_TIMEOUT",
+                                  what=f"credential {binding.name!r}: provider {binding.provider!r}", details=where)
+        except SchedulerError as exc:
+            if exc.code.startswith("CREDENTIAL_"):
+                raise
+            raise SchedulerError("CREDENTIAL_RESOLVE_FAILED", f"credential {binding.name!r}: provider {binding.provider!r} "
+                                 f"failed: {exc.code}", details={**where, "cause": exc.code}) from None
+        except Exception as exc:  # noqa: BLE001 - a provider bug is a refusal, never a permit
+            raise SchedulerError("CREDENTIAL_RESOLVE_FAILED", f"credential {binding.name!r}: provider {binding.provider!r} "
+                                 f"raised {type(exc).__name__}", details={**where, "cause": type(exc).__name__}) from None
+        if not isinstance(answer, ResolvedCredential):
+            raise SchedulerError("CREDENTIAL_RESOLVE_FAILED", f"credential {binding.name!r}: provider {binding.provider!r} "
+                                 f"returned {type(answer).__name__}, not a ResolvedCredential", details=where)
+        answer = self._refresh_if_due(provider, answer, binding, context, where)
+        _check_answer(binding, answer, where)
+        return answer, _value_bytes(binding, answer.value, where)
+
+    def _refresh_if_due(self, provider: Any, answer: Any, binding: Any, context: Any, where: dict[str, Any]) -> Any:
+        """An answer already expired is refreshed once when the provider can (``refresh``); else it stays expired."""
+        from scheduler.plugins.protocols import RefreshResult
+
+        if answer.expires_at_ms is None or answer.expires_at_ms > _now_ms():
+            return answer
+        refresh = getattr(provider, "refresh", None)
+        if refresh is None or "refresh" not in getattr(provider, "capabilities", ()):
+            return answer
+        try:
+            result = call_bounded(lambda: refresh(answer, binding, context), RESOLVE_TIMEOUT_S,
+                                  code="CREDENTIAL_RESOLVE_TIMEOUT", what=f"refresh of credential {binding.name!r}", details=where)
+        except Exception:  # noqa: BLE001 - the expired answer is refused below
+            return answer
+        if isinstance(result, RefreshResult) and result.refreshed and result.credential is not None:
+            return result.credential
+        return answer
+
+    def resolve_all(self) -> None:
+        """Resolve and check every binding; a required failure raises before anything is written or presented."""
+        bindings = self._bindings()
+        self._check_media(bindings)
+        context = self._context()
+        for binding in bindings:
+            entry: dict[str, Any] = {"name": binding.name, "provider": binding.provider, "medium": binding.present.medium,
+                                     "required": binding.required}
+            if binding.present.key:
+                entry["key"] = binding.present.key
+            try:
+                answer, data = self._resolve_one(binding, context)
+            except SchedulerError as exc:
+                entry.update(status="failed" if binding.required else "skipped", error_code=exc.code)
+                self.summary.append(entry)
+                if binding.required:
+                    self.outcomes.record("credential.failed", {"binding": binding.name, "provider": binding.provider,
+                                                               "code": exc.code})
+                    raise
+                self.outcomes.record("credential.skipped", {"binding": binding.name, "provider": binding.provider,
+                                                            "code": exc.code})
+                continue
+            sha = sha256_of(data)
+            entry.update(status="presented", sha256=sha, expires_at=answer.expires_at_ms)
+            self.summary.append(entry)
+            self.held.append({"binding": binding, "data": data, "sha256": sha, "expires_at": answer.expires_at_ms,
+                              "id": uuid.uuid4().hex, "text": answer.value if isinstance(answer.value, str) else None})
+
+    # -- materialisation -------------------------------------------------------------------------
+
+    def _file_name(self, binding: Any) -> str:
+        return binding.present.file_name or binding.name
+
+    def write_rows(self) -> None:
+        """One short transaction: a ``materialized`` row per presented binding, before any file exists."""
+        from scheduler.pipeline.credentials.bindings import file_variable
+
+        if not self.held:
+            return
+        now = _now_ms()
+        directory = run_directory(self.started.run_id) if any(h["binding"].present.medium == "file" for h in self.held) else None
+        self.directory = directory
+        with self.store.transaction() as tx:
+            for h in self.held:
+                b = h["binding"]
+                medium = b.present.medium
+                tx.execute(
+                    "INSERT INTO credential_presentations (id, run_id, binding_name, provider, medium, env_key, file_name,"
+                    " cardinality, required, status, artifact_digest, materialized_at, presented_sha256, temp_path, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'one', ?, 'materialized', ?, ?, ?, ?, ?)",
+                    (h["id"], self.started.run_id, b.name, b.provider, medium,
+                     b.present.key if medium == "env" else file_variable(b.name) if medium == "file" else None,
+                     self._file_name(b) if medium == "file" else None, int(b.required), self.started.job.get("artifact_digest"),
+                     now, h["sha256"], directory if medium == "file" else None, h["expires_at"]),
+                )
+        self.rows_written = True
+
+    def materialise(self) -> tuple[Any, ...]:
+        """The presentations handed to the executor (files written now, in the run's private directory)."""
+        from scheduler.pipeline.credentials.bindings import file_variable
+        from scheduler.core.execution import CredentialPresentation
+
+        out = []
+        if self.directory is not None:
+            try:
+                os.mkdir(self.directory, 0o700)
+            except OSError as exc:
+                raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", f"cannot make the private credential directory: "
+                                     f"{exc.strerror or type(exc).__name__}", details={"path": self.directory}) from None
+        for h in self.held:
+            b = h["binding"]
+            medium = b.present.medium
+            if medium == "file":
+                path = os.path.join(self.directory or "", self._file_name(b))
+                try:
+                    _write_private(path, h["data"])
+                except OSError as exc:
+                    raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", f"credential {b.name!r}: cannot write its file: "
+                                         f"{exc.strerror or type(exc).__name__}", details={"binding": b.name}) from None
+                value: Any = h["text"] if h["text"] is not None else h["data"]
+                out.append(CredentialPresentation(name=b.name, medium="file", key=file_variable(b.name), path=path,
+                                                  value=value, sha256=h["sha256"]))
+            else:
+                out.append(CredentialPresentation(name=b.name, medium=medium, key=b.present.key if medium == "env" else None,
+                                                  value=h["text"], sha256=h["sha256"]))
+        if self.held:
+            self.outcomes.record("credential.materialized", {
+                "bindings": [{"name": h["binding"].name, "medium": h["binding"].present.medium, "sha256": h["sha256"]}
+                             for h in self.held]})
+        return tuple(out)
+
+    # -- cleanup ---------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Remove the files and the directory, drop the values, mark the rows; never raises."""
+        if not self.summary and not self.held and self.directory is None:
+            return  # nothing was bound (a chain child its parent grants nothing)
+        failed: dict[str, str] = {}
+        if self.directory is not None:
+            for h in self.held:
+                if h["binding"].present.medium != "file":
+                    continue
+                problem = remove_file(os.path.join(self.directory, self._file_name(h["binding"])))
+                if problem:
+                    failed[h["id"]] = problem
+            problem = remove_directory(self.directory)
+            if problem:
+                for h in self.held:
+                    if h["binding"].present.medium == "file":
+                        failed.setdefault(h["id"], problem)
+        for h in self.held:
+            h["data"] = h["text"] = None  # the values go with the last reference the kernel holds
+        if self.rows_written:
+            self._mark_rows(failed)
+        counts = {"presented": sum(1 for e in self.summary if e["status"] == "presented"),
+                  "skipped": sum(1 for e in self.summary if e["status"] == "skipped"),
+                  "failed": sum(1 for e in self.summary if e["status"] == "failed")}
+        self.outcomes.columns["credentials_json"] = _json({"bindings": self.summary, **counts,
+                                                           "cleanup": "failed" if failed else "cleaned"})
+        if self.held:
+            kind = "credential.cleanup_failed" if failed else "credential.cleaned"
+            self.outcomes.record(kind, {"bindings": [h["binding"].name for h in self.held], "failed": len(failed)})
+
+    def _mark_rows(self, failed: dict[str, str]) -> None:
+        now = _now_ms()
+        for attempt in range(5):
+            try:
+                with self.store.transaction() as tx:
+                    for h in self.held:
+                        if h["id"] in failed:
+                            tx.execute("UPDATE credential_presentations SET status = 'failed', cleaned_at = ?, last_error = ?"
+                                       " WHERE id = ? AND status = 'materialized'", (now, failed[h["id"]], h["id"]))
+                        else:
+                            tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = ?"
+                                       " WHERE id = ? AND status = 'materialized'", (now, h["id"]))
+                return
+            except Exception:  # noqa: BLE001 - a busy database: try again; recovery covers a dead process
+                log.warning("marking credential presentations of run %s cleaned failed (attempt %d)", self.started.run_id,
+                            attempt + 1, exc_info=True)
+                time.sleep(0.05 * (attempt + 1))
+
+
+def _check_answer(binding: Any, answer: Any, where: dict[str, Any]) -> None:
+    """The answer must be for exactly this binding, and still valid."""
+    present = binding.present
+    expected = {"name": binding.name, "medium": present.medium, "key": present.key, "file_name": present.file_name,
+                "cardinality": "one", "required": binding.required}
+    got = {"name": answer.name, "medium": answer.medium, "key": answer.key, "file_name": answer.file_name,
+           "cardinality": answer.cardinality, "required": answer.required}
+    wrong = sorted(k for k in expected if expected[k] != got[k])
+    if wrong:
+        raise SchedulerError("CREDENTIAL_BINDING_MISMATCH", f"credential {binding.name!r}: provider {binding.provider!r} "
+                             f"answered for a different binding ({', '.join(wrong)} differ); nothing was presented",
+                             details={**where, "fields": wrong})
+    if answer.expires_at_ms is not None and answer.expires_at_ms <= _now_ms():
+        raise SchedulerError("CREDENTIAL_EXPIRED", f"credential {binding.name!r}: provider {binding.provider!r} answered "
+                             "with a value that has already expired; it was not presented",
+                             details={**where, "expires_at_ms": answer.expires_at_ms})
+
+
+def _value_bytes(binding: Any, value: Any, where: dict[str, Any]) -> bytes:
+    """The value as bytes, checked for its medium (text without NUL for env and stdin; anything non-empty for a file)."""
+    medium = binding.present.medium
+    if not isinstance(value, (str, bytes)) or len(value) == 0:
+        raise SchedulerError("CREDENTIAL_VALUE_INVALID", f"credential {binding.name!r}: the provider's value is empty or "
+                             "not text/bytes", details=where)
+    if isinstance(value, bytes):
+        if medium != "file":
+            raise SchedulerError("CREDENTIAL_VALUE_INVALID", f"credential {binding.name!r}: a binary value can only be "
+                                 f"presented as a file, not by {medium}", details=where)
+        return value
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchedulerError("CREDENTIAL_VALUE_INVALID", f"credential {binding.name!r}: the value is not valid Unicode",
+                             details=where) from None
+    if medium == "env" and "\x00" in value:
+        raise SchedulerError("CREDENTIAL_VALUE_INVALID", f"credential {binding.name!r}: an environment value cannot hold "
+                             "NUL", details=where)
+    return data
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Create ``path`` 0600 (never following or replacing anything) and write ``data`` to it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def remove_file(path: str) -> str | None:
+    """Remove one presentation file; None when it is gone (or never existed), else why not."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"CREDENTIAL_CLEANUP_FAILED: cannot remove {path}: {exc.strerror or type(exc).__name__}"
+    return None
+
+
+def remove_directory(path: str) -> str | None:
+    """Remove a run's private directory with whatever is in it; None when it is gone, else why not."""
+    import shutil
+
+    if not os.path.lexists(path):
+        return None
+    if os.path.islink(path) or not os.path.isdir(path):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            return f"CREDENTIAL_CLEANUP_FAILED: cannot remove {path}: {exc.strerror or type(exc).__name__}"
+        return None
+    errors: list[str] = []
+    shutil.rmtree(path, onerror=lambda _fn, p, info: errors.append(f"{p}: {getattr(info[1], 'strerror', None) or info[1]}"))
+    if errors or os.path.lexists(path):
+        return f"CREDENTIAL_CLEANUP_FAILED: cannot remove {path}: {errors[0] if errors else 'still there'}"
+    return None
+
+
+def _now_ms() -> int:
+    from scheduler.base.timeutil import now_ms
+
+    return now_ms()
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@contextmanager
+def presented(store: Any, started: Any, spec: Any, executor: Any, outcomes: RunOutcomes) -> Iterator[tuple[Any, ...]]:
+    """Materialise the job's credentials for the run, and clean them up on every path (see the module docstring).
+
+    A job with no bindings that is not a chain child costs one attribute test; a chain child
+    without bindings reads its parent's ``child_credential_policy`` (one primary-key read).
+    """
+    if not spec.credentials and not (spec.schedule_kind == "chain" and started.parent_run_id):
+        yield ()
+        return
+    presentation = _Presentation(store, started, spec, executor, outcomes)
+    try:
+        try:
+            presentation.resolve_all()
+            try:
+                presentation.write_rows()
+            except Exception as exc:  # a busy or lost database: nothing may be presented unrecorded
+                raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", "the credential presentations could not be recorded: "
+                                     f"{getattr(exc, 'code', None) or type(exc).__name__}") from None
+            credentials = presentation.materialise()
+        except SchedulerError:
+            raise
+        except Exception as exc:
+            log.exception("credential presentation of run %s failed", started.run_id)
+            raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED",
+                                 f"credentials could not be presented: {type(exc).__name__}") from None
+        yield credentials
+    finally:
+        try:
+            presentation.cleanup()
+        except Exception:  # noqa: BLE001 - cleanup must not turn the run's own result into a crash
+            log.exception("credential cleanup of run %s failed; recovery removes what is left", started.run_id)
+
+
+# -- recovery after kill -9 --------------------------------------------------------------------------------------
+
+
+def _safe_run_directory(path: str) -> bool:
+    """Whether ``path`` is a directory this module makes (a tampered row must never make recovery remove anything else)."""
+    return os.path.isabs(path) and os.path.basename(path.rstrip(os.sep)).startswith(DIR_PREFIX) and ".." not in path.split(os.sep)
+
+
+def recover_presentations(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+    """Clean what a dead run presented: remove its files, mark its ``materialized`` rows ``recovery_cleaned``.
+
+    Returns ``(True, None)`` when cleanup is proven (nothing left, or every file removed) and
+    ``(False, reason)`` when it is not: a file directory on another host, a path this module
+    did not make, or one that exists and cannot be removed (those rows become ``failed`` with
+    the reason). Env and stdin presentations died with the dead process's memory.
+    """
+    import socket
+
+    from scheduler.core.lease import owner_host
+
+    with store.read() as tx:
+        rows = tx.all("SELECT id, temp_path FROM credential_presentations WHERE run_id = ? AND status = 'materialized'",
+                      (run["id"],))
+    if not rows:
+        return True, None
+    host = owner_host(run.get("dispatcher_owner"))
+    failed: dict[str, str] = {}
+    for path in sorted({r["temp_path"] for r in rows if r["temp_path"]}):
+        if host is not None and host != socket.gethostname():
+            problem = f"CREDENTIAL_CLEANUP_FAILED: {path} is on host {host}; it cannot be removed from here"
+        elif not _safe_run_directory(path):
+            problem = f"CREDENTIAL_CLEANUP_FAILED: {path} is not a credential run directory; it was left alone"
+        else:
+            problem = remove_directory(path)
+        if problem:
+            for r in rows:
+                if r["temp_path"] == path:
+                    failed[r["id"]] = problem
+    now = _now_ms()
+    with store.transaction() as tx:
+        for r in rows:
+            if r["id"] in failed:
+                tx.execute("UPDATE credential_presentations SET status = 'failed', last_error = ? WHERE id = ?"
+                           " AND status = 'materialized'", (failed[r["id"]], r["id"]))
+            else:
+                tx.execute("UPDATE credential_presentations SET status = 'recovery_cleaned', cleaned_at = ? WHERE id = ?"
+                           " AND status = 'materialized'", (now, r["id"]))
+    if failed:
+        return False, sorted(set(failed.values()))[0]
+    return True, None
+
+
+def retry_failed_cleanup(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+    """A blocked run's second chance: its ``failed`` rows are tried again (the operator may have fixed the cause)."""
+    with store.transaction() as tx:
+        tx.execute("UPDATE credential_presentations SET status = 'materialized' WHERE run_id = ? AND status = 'failed'"
+                   " AND last_error LIKE 'CREDENTIAL_CLEANUP_FAILED%'", (run["id"],))
+    return recover_presentations(store, run)
+
+
+def block_job_for_credentials(tx: Any, run: dict[str, Any], reason: str, *, actor: str, now: int) -> None:
+    """Pause the job of a run whose credential cleanup cannot be proven, with the reason (``jobs enable`` re-arms it)."""
+    from scheduler.core.events import append_event
+
+    paused = f"recovery blocked: {reason}"
+    changed = tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ? AND enabled = 1",
+                         (now, paused[:1000], now, run["job_id"]))
+    if changed:
+        append_event(tx, "job.paused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
+                     data={"reason": "credential cleanup not proven", "detail": reason})
+
+
+def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
+    """Clean presentations left ``materialized`` by finished runs whose dispatcher is gone (a worker abandoned at
+    shutdown that never got to its cleanup); returns the run ids swept."""
+    now = _now_ms() if now is None else now
+    with store.read() as tx:
+        runs = tx.all(
+            "SELECT DISTINCT r.id, r.dispatcher_owner FROM credential_presentations p JOIN runs r ON r.id = p.run_id"
+            " WHERE p.status = 'materialized' AND r.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')"
+            " AND NOT EXISTS (SELECT 1 FROM dispatcher_leases l WHERE l.owner = r.dispatcher_owner"
+            " AND l.token = r.dispatcher_token AND l.expires_at > ?)", (now,))
+    for run in runs:
+        recover_presentations(store, run)
+    # Finished runs whose cleanup failed (a file that could not be removed): tried again each pass, so once the
+    # operator removed the directory (or fixed its permissions) the rows become ``recovery_cleaned`` and ``status
+    # --check`` is healthy again. Both reads use a partial index (``status = 'materialized'`` / ``'failed'``).
+    with store.read() as tx:
+        failed = tx.all(
+            "SELECT DISTINCT r.id, r.dispatcher_owner FROM credential_presentations p JOIN runs r ON r.id = p.run_id"
+            " WHERE p.status = 'failed' AND p.last_error LIKE 'CREDENTIAL_CLEANUP_FAILED%'"
+            " AND r.status IN ('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')")
+    for run in failed:
+        retry_failed_cleanup(store, run)
+    return [r["id"] for r in runs] + [r["id"] for r in failed]

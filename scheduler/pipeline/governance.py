@@ -1,0 +1,151 @@
+"""Governance: the pipeline step that refuses what the job's executor cannot enforce.
+
+Before identity, credentials and execution (``Dispatcher._execute``), every demand a job
+makes of its executor is checked against the executor's declared ``capabilities``:
+
+=====================  =================================  =================================
+demand                 needs the capability               because
+=====================  =================================  =================================
+``constraints.sandbox``        ``sandbox``                the work must run isolated
+``constraints.network``        ``network-restriction``    no (or loopback-only) network
+``constraints.allowed_paths``  ``path-restriction``       file access limited to the paths
+``constraints.max_tokens``     ``token-cap``              the turn stops at the token cap
+``constraints.max_cost``       ``cost-cap``               the turn stops at the cost cap
+``verify_shell``               ``verify``                 a check nobody runs would pass
+``credentials[i]`` (medium m)  ``credentials-m``          the value must reach the work
+=====================  =================================  =================================
+
+A demand without its capability is denied: ``SCHEDULER_GOVERNANCE_DENIED`` naming it; the
+run ends ``error`` and the payload never starts. Nothing is run unenforced, and nothing
+else decides: ``jobs add`` / ``jobs validate`` report the same list (``problems``) with
+the same code, and the request builder (``plugin_options.executor_options_for``) refuses
+with it too, for callers outside the dispatcher. Any exception while deciding is a deny.
+
+The decision (allowed or denied, each check, the executor and its capabilities) is
+recorded on the run (``runs.governance_json``) and as a ``governance.decided`` event, for
+jobs that make at least one demand; a job with none returns at once (no import, no
+allocation): the dispatcher's hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+
+#: The one code of a governance refusal (run ``error_code``; field code at ``jobs add`` / ``jobs validate``).
+DENIED = "SCHEDULER_GOVERNANCE_DENIED"
+
+#: Constraint name -> the executor capability that enforces it (``Constraints.required_capabilities``).
+CONSTRAINT_CAPABILITIES = {
+    "sandbox": "sandbox",
+    "network": "network-restriction",
+    "allowed_paths": "path-restriction",
+    "max_tokens": "token-cap",
+    "max_cost": "cost-cap",
+}
+
+
+def has_demands(spec: Any) -> bool:
+    """Whether the job asks its executor for anything governance checks (constraints, verification, credentials)."""
+    return bool(spec.constraints) or spec.verify_shell is not None or bool(getattr(spec, "credentials", None))
+
+
+def checks(spec: Any, executor: Any) -> list[dict[str, Any]]:
+    """Every demand of the job with the capability it needs and whether ``executor`` declares it, in a stable order.
+
+    Each check: ``{"demand": "constraints.network", "requires": "network-restriction", "enforced": bool}``.
+    """
+    from scheduler.core.spec import constraints_of
+
+    capabilities = frozenset(getattr(executor, "capabilities", ()) or ())
+    out: list[dict[str, Any]] = []
+    if spec.constraints:
+        constraints = constraints_of(spec)
+        needed = constraints.required_capabilities()
+        for name, capability in CONSTRAINT_CAPABILITIES.items():
+            if capability in needed:
+                out.append({"demand": f"constraints.{name}", "requires": capability, "enforced": capability in capabilities})
+    if spec.verify_shell is not None:
+        out.append({"demand": "verify_shell", "requires": "verify", "enforced": "verify" in capabilities})
+    for i, binding in enumerate(getattr(spec, "credentials", None) or ()):
+        medium = _medium(binding)
+        capability = f"credentials-{medium}"
+        out.append({"demand": f"credentials[{i}].present.medium", "binding": _name(binding), "medium": medium,
+                    "requires": capability, "enforced": capability in capabilities})
+    return out
+
+
+def _medium(binding: Any) -> str:
+    present = binding.get("present") if isinstance(binding, dict) else getattr(binding, "present", None)
+    medium = present.get("medium") if isinstance(present, dict) else getattr(present, "medium", None)
+    return str(medium)
+
+
+def _name(binding: Any) -> str:
+    return str(binding.get("name") if isinstance(binding, dict) else getattr(binding, "name", ""))
+
+
+def _reason(spec: Any, check: dict[str, Any]) -> str:
+    executor = spec.executor_name()
+    demand, capability = check["demand"], check["requires"]
+    if demand == "verify_shell":
+        return f"verify_shell: executor {executor!r} does not run verification checks (it lacks the capability verify)"
+    if demand.startswith("credentials["):
+        return (f"credential {check['binding']!r} (medium {check['medium']}): executor {executor!r} cannot present it"
+                f" (it lacks the capability {capability})")
+    return f"{demand}: executor {executor!r} cannot enforce this constraint (it lacks the capability {capability})"
+
+
+def problems(spec: Any, executor: Any, *, credentials: bool = True) -> list[dict[str, str]]:
+    """What governance would deny, one ``{"field", "code", "error", "requires"}`` per demand (``jobs add`` /
+    ``jobs validate`` and the request builder). ``credentials=False`` leaves credential media out (validation
+    reports those with the credential checks' own, more specific code)."""
+    if not has_demands(spec):
+        return []
+    found = []
+    for check in checks(spec, executor):
+        if check["enforced"] or (not credentials and check["demand"].startswith("credentials[")):
+            continue
+        found.append({"field": check["demand"], "code": DENIED, "error": _reason(spec, check), "requires": check["requires"]})
+    return found
+
+
+def evaluate(spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
+    """Deny (``SCHEDULER_GOVERNANCE_DENIED``) a run that demands what its executor does not enforce; record the decision.
+
+    A job without demands returns at once. Any failure while deciding is itself a deny (fail closed).
+    """
+    if not has_demands(spec):
+        return
+    try:
+        found = checks(spec, executor)
+        capabilities = sorted(getattr(executor, "capabilities", ()) or ())
+        denied = [c for c in found if not c["enforced"]]
+        reasons = [_reason(spec, c) for c in denied]
+        error = None
+    except Exception as exc:  # noqa: BLE001 - a governance step that cannot decide denies
+        found, capabilities, denied = [], [], []
+        error = f"governance could not decide: {type(exc).__name__}: {exc}"
+        reasons = [error]
+    decision = {
+        "decision": "denied" if (denied or error) else "allowed",
+        "executor": _executor_name(spec),
+        "capabilities": capabilities,
+        "checks": found,
+    }
+    if denied or error:
+        decision.update(code=DENIED, denied=[c["demand"] for c in denied], reasons=reasons)
+    outcomes.columns["governance_json"] = json.dumps(decision, sort_keys=True, separators=(",", ":"))
+    outcomes.record("governance.decided", decision)
+    if denied or error:
+        raise SchedulerError(DENIED, "governance denied the run: " + "; ".join(reasons), details=decision)
+
+
+def _executor_name(spec: Any) -> str | None:
+    try:
+        return spec.executor_name()
+    except Exception:  # noqa: BLE001 - only a label in the record
+        return None

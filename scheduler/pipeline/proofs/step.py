@@ -1,0 +1,220 @@
+"""Authorization proofs: the pipeline step verifying a run's proof and claiming it once (docs/proofs.md).
+
+After identity and before ``authorization_ref``, a job that declares ``authorization_proof``
+(``scheduler.pipeline.proofs.declaration``) has its proof read afresh from the declared source and verified
+(``scheduler.pipeline.proofs.verify``: signature, issuer/audience, window with the declared skew, artifact
+binding). Then, in ONE transaction: the proof id and key id are looked up in ``proof_revocations``
+(``PROOF_REVOKED``), and the proof id is claimed in ``authorization_proof_replay`` for this
+dispatch. The insert is ``ON CONFLICT DO NOTHING``, so of several dispatchers racing for one id
+exactly one claim wins. An existing claim is reused by the dispatch that made it (a crash replay
+of the same dispatch row keeps its dispatch id) and by retries of that dispatch (a retry is a new
+dispatch row whose ``source_run_id`` chain leads back to a run of the claiming dispatch); any other
+dispatch presenting the id is denied ``PROOF_REPLAYED`` and its job is quarantined (disabled,
+``paused_reason`` saying why, a ``job.quarantined`` event) in the same transaction as the claim
+attempt.
+
+A run resumed after an approval wait that had already verified its proof (its ``runs.proof_json``
+says ``verified``) is not verified from the source again: its recorded window is re-checked with
+the recorded skew and its proof and key ids against the revocations, and the claim is not made a
+second time. Any failure ends the run ``error`` with a ``PROOF_*`` code before the payload starts;
+the decision is recorded on the run (``runs.proof_json``: method, proof id, key id, window, skew,
+never the proof) and as an event (``proof.verified`` / ``proof.failed``). A job without a proof
+costs one attribute test.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+
+#: How many earlier runs a retry follows back (``retry_of_run_id`` / ``replay_of_run_id``) to find the claiming dispatch.
+MAX_LINEAGE = 128
+
+
+def verify(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
+    """Verify the job's ``authorization_proof`` for this dispatch and claim its id in the replay ledger."""
+    declaration = spec.authorization_proof
+    if not declaration:
+        return
+    from scheduler.base.timeutil import now_ms
+
+    now = now_ms()
+    method = declaration.get("method")
+    try:
+        recorded = _recorded_verification(store, started.run_id)
+        if recorded is not None:
+            record = _recheck(store, started, recorded, now)
+        else:
+            record = _verify_and_claim(store, started, spec, declaration, now)
+    except SchedulerError as exc:
+        details = exc.details if isinstance(exc.details, dict) else {}
+        denied = {"status": "denied", "error_code": exc.code, "method": method,
+                  **{k: details[k] for k in ("proof_id", "key_id") if k in details}}
+        outcomes.columns["proof_json"] = json.dumps(denied, sort_keys=True)
+        outcomes.record("proof.failed", {**denied, "message": exc.message})
+        raise
+    except Exception as exc:  # noqa: BLE001 - a verifier bug denies, never permits
+        denied = {"status": "denied", "error_code": "PROOF_VERIFICATION_FAILED", "method": method}
+        outcomes.columns["proof_json"] = json.dumps(denied, sort_keys=True)
+        outcomes.record("proof.failed", {**denied, "message": f"{type(exc).__name__}: {exc}"})
+        raise SchedulerError("PROOF_VERIFICATION_FAILED", f"proof verification failed: {type(exc).__name__}: {exc}") from exc
+    outcomes.columns["proof_json"] = json.dumps(record, sort_keys=True)
+    outcomes.record("proof.verified", record)
+
+
+def approval_columns(outcomes: RunOutcomes) -> dict[str, int | None]:
+    """The ``approvals`` columns (``proof_not_before``, ``proof_expires_at``, ``proof_clock_skew_ms``) for a gate opened
+    after this run's proof was verified (an escalation): the trusted window re-checked when the run resumes. Empty
+    when the run verified no proof."""
+    text = outcomes.columns.get("proof_json")
+    record = json.loads(text) if text else None
+    if not record or record.get("status") != "verified":
+        return {}
+    return {"proof_not_before": record.get("not_before"), "proof_expires_at": record.get("expires_at"),
+            "proof_clock_skew_ms": record.get("clock_skew_ms")}
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _recorded_verification(store: Any, run_id: str) -> dict[str, Any] | None:
+    """The proof this run verified before an approval wait (its ``proof_json``), or None for a run not verified yet."""
+    with store.read() as tx:
+        text = tx.scalar("SELECT proof_json FROM runs WHERE id = ?", (run_id,))
+    if not text:
+        return None
+    record = json.loads(text)
+    return record if isinstance(record, dict) and record.get("status") == "verified" else None
+
+
+def _recheck(store: Any, started: Any, recorded: dict[str, Any], now: int) -> dict[str, Any]:
+    """After an approval wait: the recorded window and skew again, revocations again, the claim still this dispatch's."""
+    from scheduler.pipeline.proofs.verify import check_window
+
+    check_window(recorded, now)
+    with store.read() as tx:
+        _check_revocations(tx, recorded["proof_id"], recorded["key_id"])
+        claim = tx.one("SELECT dispatch_id FROM authorization_proof_replay WHERE proof_id = ?", (recorded["proof_id"],))
+    if claim is None or claim["dispatch_id"] != started.dispatch_id:
+        raise SchedulerError("PROOF_REPLAYED", f"proof {recorded['proof_id']} is no longer claimed by this dispatch",
+                             details={"proof_id": recorded["proof_id"], "key_id": recorded["key_id"]})
+    return {**recorded, "claim": "rechecked-after-approval", "checked_at": now}
+
+
+def _verify_and_claim(store: Any, started: Any, spec: Any, declaration: dict[str, Any], now: int) -> dict[str, Any]:
+    """Read the proof afresh, verify it, then check revocations and claim its id (one transaction)."""
+    from scheduler.pipeline.proofs.verify import read_source
+    from scheduler.pipeline.proofs.verify import verify as verify_proof
+
+    artifact_digest = started.job.get("artifact_digest")
+    verified = verify_proof(declaration, read_source(declaration), artifact_digest=artifact_digest, now_ms=now)
+    record = {"status": "verified", **verified.to_json()}
+    replayed: SchedulerError | None = None
+    from scheduler.core.transitions import committing
+
+    with committing(store) as tx:
+        _check_revocations(tx, verified.proof_id, verified.key_id)
+        inserted = tx.execute(
+            "INSERT INTO authorization_proof_replay(proof_id, artifact_digest, run_id, claimed_at, expires_at, dispatch_id,"
+            " job_id, method, key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (proof_id) DO NOTHING",
+            (verified.proof_id, artifact_digest, started.run_id, now, verified.expires_at_ms, started.dispatch_id,
+             started.job["id"], verified.method, verified.key_id),
+        )
+        if inserted == 1:
+            record["claim"] = "claimed"
+        else:
+            claim = tx.one("SELECT * FROM authorization_proof_replay WHERE proof_id = ?", (verified.proof_id,))
+            if claim is not None and _same_dispatch(tx, started, claim):
+                record["claim"] = "reused"
+                record["claimed_by_run"] = claim["run_id"]
+            else:
+                replayed = _quarantine(tx, started, verified, claim, now)
+    if replayed is not None:
+        store.notify_change()
+        raise replayed
+    return record
+
+
+def _check_revocations(tx: Any, proof_id: str, key_id: str) -> None:
+    """``PROOF_REVOKED`` when the proof id or its key id has a row in ``proof_revocations``."""
+    row = tx.one("SELECT id, proof_id, key_id, reason, revoked_by FROM proof_revocations WHERE proof_id = ? OR key_id = ?"
+                 " ORDER BY revoked_at LIMIT 1", (proof_id, key_id))
+    if row is not None:
+        what = f"proof {proof_id}" if row["proof_id"] == proof_id else f"key {key_id}"
+        raise SchedulerError("PROOF_REVOKED", f"{what} was revoked by {row['revoked_by'] or 'someone'}"
+                                              f"{': ' + row['reason'] if row['reason'] else ''} (revocation {row['id']})",
+                             details={"proof_id": proof_id, "key_id": key_id, "revocation_id": row["id"]})
+
+
+def _same_dispatch(tx: Any, started: Any, claim: dict[str, Any]) -> bool:
+    """Whether ``claim`` belongs to this dispatch: the same dispatch row (a crash replay keeps it) or, for a retry,
+    a dispatch of the run it retries, followed back through earlier retries and replays of that slot."""
+    if claim["dispatch_id"] == started.dispatch_id:
+        return True
+    if started.dispatch_kind != "retry" or claim["job_id"] != started.job["id"]:
+        return False
+    current, seen = started.source_run_id, 0
+    while current and seen < MAX_LINEAGE:
+        row = tx.one("SELECT dispatch_id, retry_of_run_id, replay_of_run_id FROM runs WHERE id = ? AND job_id = ?",
+                     (current, started.job["id"]))
+        if row is None:
+            return False
+        if row["dispatch_id"] == claim["dispatch_id"]:
+            return True
+        current, seen = row["retry_of_run_id"] or row["replay_of_run_id"], seen + 1
+    return False
+
+
+def _quarantine(tx: Any, started: Any, verified: Any, claim: dict[str, Any] | None, now: int) -> SchedulerError:
+    """Disable the job of a dispatch that presented an already-claimed proof (same transaction); the error to raise."""
+    from scheduler.core.events import append_event
+    from scheduler.core.transitions import cancel_pending_work
+
+    owner = (claim or {}).get("dispatch_id")
+    reason = (f"quarantined: proof {verified.proof_id} presented again (claimed by dispatch {owner}); PROOF_REPLAYED")[:500]
+    tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ?",
+               (now, reason, now, started.job["id"]))
+    cancel_pending_work(tx, started.job["id"], reason="job quarantined (PROOF_REPLAYED)", now=now, actor="proofs")
+    append_event(tx, "job.quarantined", job_id=started.job["id"], run_id=started.run_id, dispatch_id=started.dispatch_id,
+                 actor="proofs", at=now, data={"code": "PROOF_REPLAYED", "proof_id": verified.proof_id,
+                                               "key_id": verified.key_id, "claimed_by_dispatch": owner,
+                                               "claimed_by_run": (claim or {}).get("run_id")})
+    return SchedulerError("PROOF_REPLAYED", f"proof {verified.proof_id} was already used by dispatch {owner}; the job is"
+                                            " quarantined (disabled) until an operator re-enables it",
+                          details={"proof_id": verified.proof_id, "key_id": verified.key_id, "claimed_by_dispatch": owner})
+
+
+# --------------------------------------------------------------------------- the CLI's operations
+
+
+def revoke(store: Any, *, proof_id: str | None, key_id: str | None, reason: str | None, revoked_by: str,
+           now: int | None = None) -> dict[str, Any]:
+    """Append a revocation of a proof id and/or key id (append-only table); it applies before every later use."""
+    from scheduler.core.events import append_event
+    from scheduler.base.timeutil import now_ms
+    from scheduler.core.transitions import committing
+
+    now = now_ms() if now is None else now
+    row = {"id": str(uuid.uuid4()), "proof_id": proof_id, "key_id": key_id, "reason": reason, "revoked_by": revoked_by,
+           "revoked_at": now}
+    with committing(store) as tx:
+        tx.execute("INSERT INTO proof_revocations(id, proof_id, key_id, reason, revoked_by, revoked_at) VALUES (?, ?, ?, ?, ?, ?)",
+                   (row["id"], proof_id, key_id, reason, revoked_by, now))
+        append_event(tx, "proof.revoked", actor=revoked_by, at=now,
+                     data={"revocation_id": row["id"], "proof_id": proof_id, "key_id": key_id, "reason": reason})
+    return row
+
+
+def listing(store: Any, *, limit: int = 50) -> dict[str, Any]:
+    """Every revocation and the ``limit`` most recent claims of the replay ledger."""
+    with store.read() as tx:
+        revocations = tx.all("SELECT id, proof_id, key_id, reason, revoked_by, revoked_at FROM proof_revocations"
+                             " ORDER BY revoked_at, id")
+        claims = tx.all("SELECT r.proof_id, r.method, r.key_id, r.job_id, j.name AS job_name, r.dispatch_id, r.run_id,"
+                        " r.claimed_at, r.expires_at, r.artifact_digest FROM authorization_proof_replay r"
+                        " LEFT JOIN jobs j ON j.id = r.job_id ORDER BY r.claimed_at DESC, r.proof_id LIMIT ?", (limit,))
+    return {"revocations": revocations, "claims": claims}
