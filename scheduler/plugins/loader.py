@@ -12,77 +12,24 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import attrs
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
-
-_ALL = {"1", "all", "*", "true", "yes"}
-
-
-def _short_group(group: str) -> str:
-    return group.split(".", 1)[1] if group.startswith("scheduler.") else group
-
-
-def is_disabled(group: str, name: str) -> bool:
-    """Whether ``SCHEDULER_DISABLE_PLUGINS`` switches this driver off."""
-    raw = os.environ.get("SCHEDULER_DISABLE_PLUGINS", "").strip()
-    if not raw:
-        return False
-    if raw.lower() in _ALL:
-        return True
-    short = _short_group(group)
-    for item in (p.strip() for p in raw.split(",")):
-        if not item:
-            continue
-        if ":" in item:
-            g, n = item.split(":", 1)
-            if g in (short, group) and n in ("*", name):
-                return True
-        elif item == name:
-            return True
-    return False
-
-
-def strict_loading() -> bool:
-    """Whether ``SCHEDULER_STRICT_PLUGINS`` makes every load failure fatal."""
-    return os.environ.get("SCHEDULER_STRICT_PLUGINS", "").strip().lower() in _ALL
-
-
-def entry_points_of(group: str) -> list[Any]:
-    """The entry points of ``group`` as installed right now: the one listing every loader path reads.
-
-    Read from the package metadata on every call (milliseconds, no import), because a
-    dispatcher is long-running and a plugin may be installed while it runs.
-
-    Why the stevedore managers below are handed this listing instead of reading their own:
-    stevedore keeps a process-wide cache of each group (``ExtensionManager.ENTRY_POINT_CACHE``)
-    with no public way to refresh it, so a driver installed after the group was first read
-    stayed invisible to it while ``importlib.metadata`` listed it. Overriding the documented
-    ``list_entry_points()`` in a subclass is the public seam for choosing the listing; the
-    kernel touches no private stevedore attribute, and presence, distribution name and
-    loading all come from one reading of the metadata.
-    """
-    from importlib.metadata import entry_points
-
-    return list(entry_points(group=group))
-
+from scheduler.base.entry_points import (  # discovery lives below the settings, which read secret schemes with it
+    dist_name,
+    entry_point_names,
+    entry_points_of,
+    is_available,
+    is_disabled,
+    strict_loading,
+)
+from scheduler.base.entry_points import short_group as _short_group
 
 #: Older private name, kept for kernel callers that still import it.
 _entry_points = entry_points_of
-
-
-def entry_point_names(group: str) -> set[str]:
-    """Names registered in ``group`` (disabled ones included; see ``is_disabled``). Imports no plugin."""
-    return {ep.name for ep in entry_points_of(group)}
-
-
-def is_available(group: str, name: str) -> bool:
-    """Whether a driver counts as installed: an entry point of that name exists and is not disabled."""
-    return not is_disabled(group, name) and name in entry_point_names(group)
 
 
 @functools.cache
@@ -115,12 +62,6 @@ def _stevedore_managers() -> tuple[type, type]:
             return self.listing
 
     return ListedDriverManager, ListedNamedExtensionManager
-
-
-def dist_name(ep: Any) -> str:
-    """The distribution an entry point comes from (named in every load error)."""
-    dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", None) or "unknown distribution"
 
 
 _dist_name = dist_name  # older private name

@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 import attrs
 
 from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+from scheduler.settings.load import SETTINGS_SECTIONS  # the settings own each kind's section; re-exported here
 
 #: Capability names the kernel and governance understand (kebab-case). A provider may
 #: declare others (they are informational); these are the ones decisions read.
@@ -408,14 +409,6 @@ PROVIDER_KINDS: dict[str, tuple[str, type]] = {
     "authorization": ("scheduler.authorization_providers", AuthorizationProvider),
 }
 
-#: Settings-file section of each provider kind (``[executors.shell]``, ``[providers.oauth2]``).
-SETTINGS_SECTIONS: dict[str, str] = {
-    "executor": "executors",
-    "channel": "channels",
-    "evidence": "providers",
-    "credential": "providers",
-    "authorization": "providers",
-}
 
 #: Every entry-point group the kernel knows, in display order.
 GROUPS: tuple[str, ...] = (

@@ -37,6 +37,7 @@ from scheduler.settings.kernel import KERNEL_TABLES, RETIRED_ENV, DispatcherSett
 from scheduler.settings.load import (
     CONFIG_ENV,
     PLUGIN_SECTIONS,
+    SETTINGS_SECTIONS,
     Resolved,
     Settings,
     SettingsFile,
@@ -58,6 +59,7 @@ __all__ = [
     "KERNEL_TABLES",
     "PLUGIN_SECTIONS",
     "RETIRED_ENV",
+    "SETTINGS_SECTIONS",
     "Resolved",
     "SecretRef",
     "Settings",

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 import attrs
 
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import parse_duration_ms
+
 
 @attrs.frozen(kw_only=True)
 class DispatcherSettings:
@@ -132,9 +135,6 @@ def _check_duration(minimum_ms: int) -> Any:
     def check(_instance: Any, attribute: Any, value: str | None) -> None:
         if value is None:
             return
-        from scheduler.base.errors import SchedulerError
-        from scheduler.base.timeutil import parse_duration_ms
-
         try:
             ms = parse_duration_ms(value, field=attribute.name)
         except SchedulerError as exc:

@@ -7,10 +7,12 @@ the first bad key and its source and whose ``details`` list every problem as
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import threading
+import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +36,14 @@ CONFIG_ENV = "SCHEDULER_CONFIG"
 ENV_PREFIX = "SCHEDULER_"
 #: Sections holding one table per plugin: ``[executors.NAME]``, ``[channels.NAME]``, ``[providers.NAME]``.
 PLUGIN_SECTIONS: tuple[str, ...] = ("executors", "channels", "providers")
+#: Settings-file section of each provider kind (``[executors.shell]``, ``[providers.oauth2]``).
+SETTINGS_SECTIONS: dict[str, str] = {
+    "executor": "executors",
+    "channel": "channels",
+    "evidence": "providers",
+    "credential": "providers",
+    "authorization": "providers",
+}
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
@@ -102,8 +112,6 @@ def read_settings_file(environ: Mapping[str, str]) -> SettingsFile:
         raise_invalid([problem(None, f"env:{CONFIG_ENV}", "NOT_FOUND", f"the settings file {path} does not exist")])
     except OSError as exc:
         raise_invalid([problem(None, source, "INVALID_VALUE", f"cannot read the settings file: {exc.strerror or exc}")])
-    import tomllib
-
     try:
         tables = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -158,8 +166,6 @@ def parse_env_value(tp: Any, text: str, *, secret: bool = False) -> Any:
         except ValueError:
             raise ValueError("must be a number") from None
     if origin in (list, tuple, dict):
-        import json
-
         if origin is dict or text.lstrip().startswith("["):
             try:
                 return json.loads(text)
@@ -491,8 +497,6 @@ def section_of(kind: str) -> str:
     """The settings section of a provider kind (``executor`` -> ``executors``); a section name is returned as is."""
     if kind in PLUGIN_SECTIONS:
         return kind
-    from scheduler.plugins.protocols import SETTINGS_SECTIONS
-
     try:
         return SETTINGS_SECTIONS[kind]
     except KeyError:

@@ -13,6 +13,7 @@ the text of a rejected value: it may be a pasted secret.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -20,10 +21,12 @@ from pathlib import Path
 
 import attrs
 
+from scheduler.base.entry_points import entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
 
 _REFERENCE = re.compile(r"^([a-z][a-z0-9+.-]{0,31}):(.+)$", re.DOTALL)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -73,8 +76,6 @@ def load_scheme(name: str) -> bool:
         return True
     if name in _missing:
         return False
-    from scheduler.plugins.loader import entry_points_of, is_disabled
-
     found = [ep for ep in entry_points_of(SCHEME_GROUP) if ep.name == name]
     if not found or is_disabled(SCHEME_GROUP, name):
         _missing.add(name)
@@ -85,9 +86,7 @@ def load_scheme(name: str) -> bool:
         if getattr(target, "name", name) != name or not callable(read) or (check is not None and not callable(check)):
             raise TypeError("not a scheme (name, read, check)")
     except Exception:  # noqa: BLE001 - a broken scheme is an unknown scheme: the reference is refused, never read
-        import logging
-
-        logging.getLogger(__name__).warning("secret scheme %r from %s cannot be loaded", name, SCHEME_GROUP, exc_info=True)
+        log.warning("secret scheme %r from %s cannot be loaded", name, SCHEME_GROUP, exc_info=True)
         _missing.add(name)
         return False
     register_secret_scheme(name, read, check=check)
