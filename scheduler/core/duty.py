@@ -4,11 +4,61 @@ The delivery worker and the retention duty are both this loop; a subclass gives 
 (one pass, returning the seconds to sleep before the next) and ``pass_failed`` (what a pass
 that raised means: it is logged and the loop sleeps the seconds returned, for the dispatcher
 must outlive a bad pass).
+
+The dispatcher starts its duties with the lease and stops them at shutdown; it knows them only
+as ``Duty`` (built by a ``DutyFactory`` from a ``DutyContext``), handed in through ``Parts``.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    from scheduler.core.lease import Lease
+    from scheduler.core.store.base import Store
+
+
+@attrs.frozen
+class DutyContext:
+    """What a duty of one dispatcher is built from."""
+
+    store: Store
+    #: The dispatcher's owner id (the duty's actor and claim owner).
+    owner: str
+    artifacts_root: Path
+    say: Callable[[str], None]
+    #: The lease fencing singleton work: the dispatcher's own (one dispatcher per database) or the shared
+    #: ``maintenance`` lease while this dispatcher holds it (None meanwhile).
+    singleton_fence: Callable[[], Lease | None]
+
+
+class Duty(Protocol):
+    """Background work the dispatcher runs while it holds its lease."""
+
+    def start(self) -> None:
+        """Start (the lease is held)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop after the work in progress (shutdown)."""
+        ...
+
+    def after_pass(self, idle: bool) -> None:
+        """Called after each pass of the loop: ``idle`` when the pass found nothing due (another process changed
+        the database, perhaps). Must be cheap: the loop's hot path calls it."""
+        ...
+
+
+class DutyFactory(Protocol):
+    """Builds one dispatcher's duty."""
+
+    def __call__(self, context: DutyContext) -> Duty:
+        """The duty for the dispatcher ``context`` describes (not started)."""
+        ...
 
 
 class DutyThread:

@@ -8,9 +8,14 @@ imports a step or a feature: everything it calls above itself arrives here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from scheduler.core.contracts import ExecutorSource, Expiry, Interruption
+    from scheduler.core.duty import DutyFactory
+    from scheduler.core.observers import Observers
 
 
 @attrs.frozen
@@ -23,3 +28,13 @@ class Parts:
     completion: tuple[Any, ...] = ()
     #: Participants in crash recovery (contract: ``scheduler.core.participants``).
     recovery: tuple[Any, ...] = ()
+    #: The observers of run transitions and the dispatch veto (contract: ``scheduler.core.observers``).
+    observers: Observers | None = None
+    #: The loaded executors by name (contract: ``scheduler.core.contracts.ExecutorSource``).
+    executors: ExecutorSource | None = None
+    #: Background duties started with the lease, in this order (contract: ``scheduler.core.duty``).
+    duties: tuple[DutyFactory, ...] = ()
+    #: Due work each pass enforces before claiming (contract: ``scheduler.core.contracts.Expiry``).
+    expiries: tuple[Expiry, ...] = ()
+    #: What a run ended without its worker's result records beside it (``scheduler.core.contracts.Interruption``).
+    interruptions: tuple[Interruption, ...] = ()
