@@ -25,7 +25,7 @@ from evidence_support import (
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 
 
 @pytest.fixture

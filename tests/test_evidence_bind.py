@@ -18,7 +18,7 @@ from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, unguarded
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
 from scheduler.base.canonical import canonical_json
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 from scheduler.evidence.build import CORE_BINDINGS, PAYLOAD_VERSION, build_document
 
 

@@ -184,7 +184,7 @@ def test_all_reverifies_many_and_counts_invalid_by_code(store: Any, dispatcher: 
 
 
 def test_retained_evidence_verifies_after_its_run_and_job_are_gone(store: Any, dispatcher: Any, artifacts: Path, cli: Any) -> None:
-    from scheduler.evidence.attest import verify_run
+    from scheduler.evidence.verify import verify_run
     from scheduler.ops.pruning import prune_runs
 
     (run,) = _evidence_runs(store, dispatcher, artifacts, [BIG])

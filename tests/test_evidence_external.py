@@ -22,7 +22,7 @@ from evidence_support import events_of, evidence_row, run_job, use_settings
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from scheduler_provider_external import reference_attestor
 
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 KEY = "attestor-only-key-7d1f"

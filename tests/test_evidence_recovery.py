@@ -13,7 +13,7 @@ import pytest
 from evidence_support import events_of, evidence_row
 from kernel_testing import RunningDispatcher, add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 from scheduler.core.queue import enqueue_manual
 
 

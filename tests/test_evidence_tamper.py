@@ -28,7 +28,7 @@ from evidence_support import EVIDENCE_GUARDS, SshKeys, evidence_row, run_job, un
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
 from scheduler.base.canonical import canonical_json
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 
 BIG = "head -c 200000 /dev/zero | tr '\\0' t; head -c 100000 /dev/zero | tr '\\0' e >&2"
 

@@ -15,7 +15,7 @@ import pytest
 from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, run_row, unguarded, use_settings
 from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 
-from scheduler.evidence.attest import verify_run
+from scheduler.evidence.verify import verify_run
 
 BIG = "head -c 100000 /dev/zero | tr '\\0' b; printf 'warn' >&2"
 
@@ -71,7 +71,7 @@ def _tamper(case: str, store: Any, store_url: str, first: dict[str, Any], second
         out.unlink()
     elif case == "EVIDENCE_PROVIDER_NOT_LOADED":
         monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "scheduler.evidence_providers:checksum")
-        from scheduler.evidence.attest import PROVIDERS
+        from scheduler.evidence.providers import PROVIDERS
 
         PROVIDERS.forget()  # this process loaded it for the run; a verifying process would start without it
     elif case == "EVIDENCE_RECORD_MISSING":

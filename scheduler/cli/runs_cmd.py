@@ -150,7 +150,7 @@ def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_
     evidence still verifies (the run-row and output checks are then skipped, and said so).
     ``--all`` re-verifies many (``--since``); ``--export in-toto`` exports one (docs/evidence.md).
     """
-    from scheduler.evidence.attest import verify_run
+    from scheduler.evidence.verify import verify_run
 
     store = open_ctx_store()
     if all_runs or since is not None or export_format is not None or output is not None:

@@ -160,7 +160,7 @@ def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
 
 def _declaration(name: str, options: Any, methods: Any) -> Any:
     """The declaration the kernel hands a provider (``to_provider_declaration`` of a stored ``evidence`` block)."""
-    from scheduler.evidence.attest import to_provider_declaration
+    from scheduler.evidence.providers import to_provider_declaration
 
     return to_provider_declaration({"provider": name, "methods": list(methods or ()), "provider_config": dict(options or {}),
                                     "verify": {"required": True}})
@@ -168,7 +168,7 @@ def _declaration(name: str, options: Any, methods: Any) -> Any:
 
 def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
     """The kernel's acceptance check of an attestation (``scheduler.evidence.attest``): its own, for this payload, storable."""
-    from scheduler.evidence.attest import envelope_json
+    from scheduler.evidence.providers import envelope_json
     from scheduler.plugins.protocols import EvidenceEnvelope
 
     if not isinstance(envelope, EvidenceEnvelope):
@@ -186,7 +186,7 @@ def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
 
 def _stored(envelope: Any) -> Any:
     """The envelope as the evidence row stores it and re-verification reads it back (a JSON object)."""
-    from scheduler.evidence.attest import envelope_json
+    from scheduler.evidence.providers import envelope_json
 
     return json.loads(envelope_json(envelope))
 

@@ -166,7 +166,7 @@ def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, *, now: 
     for kind, data in outcomes.events:
         append_event(tx, kind, job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data=data)
     if outcomes.evidence is not None:
-        from scheduler.evidence.attest import insert_record
+        from scheduler.evidence.store import insert_record
 
         insert_record(tx, run, outcomes.evidence, now=now)
 

@@ -131,7 +131,7 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did
-            from scheduler.evidence.attest import record_interrupted
+            from scheduler.evidence.store import record_interrupted
 
             record_interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run gets its terminal evidence
             if replay:

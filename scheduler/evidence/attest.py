@@ -8,30 +8,40 @@ that executes, an evidence row committed in the run's completion transaction:
    what completion will write (``result_columns(result)`` and the pipeline's
    ``outcomes.columns``), and builds the payload document (``scheduler.evidence.build``);
    its json-sort-v1 bytes and their digest go to the declared provider (entry point group
-   ``scheduler.evidence_providers``), which ``attest``s them, and ``verify``s the envelope
-   when the declaration says ``verify.required``.
+   ``scheduler.evidence_providers``, loaded by ``scheduler.evidence.providers``), which
+   ``attest``s them, and ``verify``s the envelope when the declaration says ``verify.required``.
 2. The row (``outcomes.evidence``) and ``runs.evidence_status`` (``attested``, ``verified``
-   or ``failed``) commit with the terminal state (``insert_record``, called by
-   ``scheduler.core.completion.commit_outcomes``); an ``evidence.*`` runtime event says what happened.
+   or ``failed``) commit with the terminal state (``scheduler.evidence.store.insert_record``,
+   which completion calls through its evidence participant); an ``evidence.*`` runtime event
+   says what happened.
 3. With ``verify.required``, a failed attestation or verification ends the run ``error``
    (``EVIDENCE_ATTESTATION_FAILED`` / ``EVIDENCE_VERIFICATION_FAILED``) and suppresses its
    consequences (no delivery, no children). Without it, the failure is recorded (row status
    ``failed``, its code) and the run keeps its status.
 
 A job that declares no evidence costs one attribute read here. Crash recovery gives an
-interrupted run of an evidence job a terminal ``interrupted`` row (``record_interrupted``).
-Re-verification from history lives in ``scheduler.evidence.verify`` (``verify_run``).
+interrupted run of an evidence job a terminal ``interrupted`` row
+(``scheduler.evidence.store.record_interrupted``). Re-verification from history lives in
+``scheduler.evidence.verify`` (``verify_run``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+import attrs
+
+from scheduler.base.canonical import canonical_bytes, canonical_json, hash_bytes
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.artifact import load_artifact
+from scheduler.core.completion import result_columns
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.outcomes import RunOutcomes
-from scheduler.plugins.loaded import LoadedProviders
+from scheduler.evidence.build import build_document
+from scheduler.evidence.providers import PROVIDERS, envelope_json, to_provider_declaration
+from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload, EvidenceVerification
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +60,6 @@ def attest_run(store: Any, started: Any, spec: Any, result: ExecutionResult, out
 
 def _attest(store: Any, started: Any, spec: Any, declaration: dict[str, Any], result: ExecutionResult,
             outcomes: RunOutcomes) -> ExecutionResult:
-    import attrs
-
-    from scheduler.base.canonical import canonical_json
-    from scheduler.base.errors import SchedulerError
-    from scheduler.plugins.protocols import EvidenceEnvelope
-
     required = bool(declaration.get("verify", {}).get("required"))
     name = declaration.get("provider") or "checksum"
     record: dict[str, Any] = {
@@ -99,8 +103,6 @@ def _attest(store: Any, started: Any, spec: Any, declaration: dict[str, Any], re
     except SchedulerError as exc:
         failure = ("EVIDENCE_ATTESTATION_FAILED", exc.code, exc.message)
     if record["canonical_payload"] is None:  # nothing could be built: the row still says what failed, for this run
-        from scheduler.base.canonical import canonical_bytes, hash_bytes
-
         stub = canonical_bytes({"schema": "scheduler.evidence.failure", "version": 1, "run_id": started.run_id,
                                 "job_id": started.job.get("id"), "error_code": failure[1] if failure else None})
         record["canonical_payload"] = stub.decode("utf-8")
@@ -130,7 +132,7 @@ def interrupt(outcomes: RunOutcomes, code: str) -> None:
     """The dispatcher commits this run without its worker (abandoned): the completion gives it an interrupted row.
 
     Whatever the cut-loose worker attests later describes a result that is discarded, so it
-    never replaces this marker; ``insert_record`` turns it into ``record_interrupted``.
+    never replaces this marker; ``scheduler.evidence.store.insert_record`` turns it into an ``interrupted`` row.
     """
     outcomes.evidence = {"interrupted": code}
 
@@ -143,14 +145,6 @@ class _Failed(Exception):
 
 def _payload(store: Any, started: Any, result: ExecutionResult, outcomes: RunOutcomes) -> tuple[Any, str | None, str | None]:
     """The run's ``EvidencePayload`` as completion will persist it, with the run's artifact digest and source run."""
-    from scheduler.base.canonical import canonical_bytes, hash_bytes
-    from scheduler.core.completion import result_columns
-    from scheduler.base.errors import SchedulerError
-    from scheduler.evidence.build import build_document
-    from scheduler.core.artifact import load_artifact
-    from scheduler.plugins.protocols import EvidencePayload
-    from scheduler.base.timeutil import now_ms
-
     with store.read() as tx:
         run = tx.one("SELECT * FROM runs WHERE id = ?", (started.run_id,))
         if run is None:
@@ -164,15 +158,8 @@ def _payload(store: Any, started: Any, result: ExecutionResult, outcomes: RunOut
             run.get("artifact_digest"), run.get("source_run_id"))
 
 
-#: Evidence providers loaded once per settings (loading one through its entry point costs milliseconds per run).
-PROVIDERS = LoadedProviders("evidence", unavailable_code="EVIDENCE_PROVIDER_NOT_LOADED", noun="evidence provider",
-                            per_settings=True)
-
-
 def _provider(name: str) -> Any:
     """The evidence provider ``name`` (``plugin_api`` checked by the loader), kept loaded for later runs."""
-    from scheduler.base.errors import SchedulerError
-
     try:
         return PROVIDERS.get(name)
     except SchedulerError as exc:
@@ -181,8 +168,6 @@ def _provider(name: str) -> Any:
 
 def _verify(provider: Any, envelope: Any, payload: Any, decl: Any, name: str) -> dict[str, Any]:
     """The provider's verification as a JSON object; anything but a clean ``verified=True`` is a failure."""
-    from scheduler.plugins.protocols import EvidenceVerification
-
     try:
         outcome = provider.verify(envelope, payload, decl)
     except Exception as exc:  # noqa: BLE001 - verify must not raise; if it does, it did not verify
@@ -196,108 +181,4 @@ def _verify(provider: Any, envelope: Any, payload: Any, decl: Any, name: str) ->
             "reason": outcome.reason}
 
 
-def to_provider_declaration(declaration: dict[str, Any]) -> Any:
-    """The ``EvidenceDeclaration`` a provider receives for a stored declaration (its options still raw JSON)."""
-    from scheduler.plugins.protocols import EvidenceDeclaration
-
-    required = bool((declaration.get("verify") or {}).get("required"))
-    return EvidenceDeclaration(provider=declaration.get("provider") or "checksum", required=required, verify=required,
-                               options=dict(declaration.get("provider_config") or {}),
-                               methods=tuple(declaration.get("methods") or ()))
-
-
-def envelope_json(envelope: Any) -> str:
-    """An envelope as stored: the canonical JSON of ``provider``, ``format``, ``payload_digest`` and ``data``."""
-    from scheduler.base.canonical import canonical_json
-
-    return canonical_json({"provider": envelope.provider, "format": envelope.format, "payload_digest": envelope.payload_digest,
-                           "data": dict(envelope.data)})
-
-
-def insert_record(tx: Any, run: dict[str, Any], record: dict[str, Any], *, now: int) -> None:
-    """Insert the run's evidence row inside its completion transaction (its retention deadline counted from ``now``).
-
-    A record made by ``interrupt`` (an abandoned run) becomes the run's ``interrupted`` row instead.
-    """
-    import uuid
-
-    if record.get("interrupted"):
-        record_interrupted(tx, run, now=now, actor=run.get("dispatcher_owner"), error_code=record["interrupted"])
-        return
-
-    from scheduler.evidence.retention import retention_until
-
-    tx.execute(
-        "INSERT INTO evidence_records(id, run_id, job_id, provider, methods, payload_sha256, canonical_payload, envelope,"
-        " artifact_digest, verification, verified, created_at, status, error_code, evidence_ref, declaration, source_run_id,"
-        " retention_policy, retention_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (str(uuid.uuid4()), run["id"], run["job_id"], record["provider"], json.dumps(list(record["methods"])),
-         record["payload_sha256"], record["canonical_payload"], record.get("envelope"), record.get("artifact_digest"),
-         record.get("verification"), int(bool(record.get("verified"))), now, record["status"], record.get("error_code"),
-         record.get("evidence_ref"), record.get("declaration"), record.get("source_run_id"), record.get("retention_policy"),
-         retention_until(record.get("retention_policy"), now)),
-    )
-
-
-def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | None, error_code: str = "INTERRUPTED") -> bool:
-    """Give an interrupted run of an evidence job its terminal evidence row.
-
-    Called inside the transaction that ended the run without an attestation: crash recovery
-    (``crashed`` after ``kill -9``, ``error_code`` ``INTERRUPTED``), a failed completion
-    (``COMPLETION_FAILED``) and a run committed without its abandoned worker
-    (``EXECUTOR_ABANDONED`` / ``EXECUTOR_DEADLINE_EXCEEDED``). ``run`` needs only ``id``. The
-    declaration is read from the run's own execution artifact (what the run executed under);
-    a run of a job without evidence, or one that already has its row, gets nothing. The row is
-    status ``interrupted`` with the payload of the run as recovered and no envelope (no
-    provider is called during recovery); ``runs.evidence_status`` becomes ``interrupted``.
-    """
-    from scheduler.base.canonical import canonical_bytes, canonical_json, hash_bytes
-    from scheduler.core.events import append_event
-    from scheduler.evidence.build import build_document
-    from scheduler.core.artifact import load_artifact
-
-    if "artifact_digest" not in run or "job_id" not in run:
-        run = tx.one("SELECT id, job_id, artifact_digest FROM runs WHERE id = ?", (run["id"],)) or {}
-    digest = run.get("artifact_digest")
-    if not digest:
-        return False
-    from scheduler.base.errors import SchedulerError
-
-    try:
-        artifact = load_artifact(tx, digest)["payload"]
-    except SchedulerError as exc:  # recovery must still end the run; doctor reports the artifact
-        log.warning("no interrupted-evidence row for run %s: %s: %s", run.get("id"), exc.code, exc.message)
-        return False
-    section = artifact.get("evidence")
-    if not section:
-        return False
-    if tx.one("SELECT 1 AS x FROM evidence_records WHERE run_id = ?", (run["id"],)) is not None:
-        return False
-    row = tx.one("SELECT * FROM runs WHERE id = ?", (run["id"],))
-    document = build_document(row, artifact, duration_ms=None)
-    canonical = canonical_bytes(document)
-    declared = {k: v for k, v in section.items() if k != "ref"}
-    insert_record(tx, row, {
-        "provider": section.get("provider") or "checksum", "methods": list(section.get("methods") or []),
-        "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"), "canonical_payload": canonical.decode("utf-8"),
-        "envelope": None, "artifact_digest": digest, "verification": None, "verified": 0, "status": "interrupted",
-        "error_code": error_code, "evidence_ref": section.get("ref"),
-        "declaration": canonical_json(declared),
-        "source_run_id": row.get("source_run_id"), "retention_policy": section.get("retention"),
-    }, now=now)
-    tx.execute("UPDATE runs SET evidence_status = 'interrupted' WHERE id = ?", (run["id"],))
-    append_event(tx, "evidence.interrupted", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
-                 data={"provider": section.get("provider"), "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"),
-                       "code": error_code})
-    return True
-
-
-def verify_run(store: Any, run_id: str, **kwargs: Any) -> Any:
-    """Re-verify one run's evidence from history alone (``scheduler.evidence.verify.verify_run``)."""
-    from scheduler.evidence.verify import verify_run as _verify_run
-
-    return _verify_run(store, run_id, **kwargs)
-
-
-__all__ = ["attest_run", "envelope_json", "insert_record", "interrupt", "record_interrupted", "to_provider_declaration",
-           "verify_run"]
+__all__ = ["attest_run", "interrupt"]

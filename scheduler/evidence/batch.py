@@ -1,7 +1,7 @@
 """``runs evidence --all [--since T]``: re-verify the evidence of many runs and summarise.
 
 Every run that has an evidence record, or whose row says it should have one
-(``runs.evidence_status`` set), is re-verified with ``scheduler.evidence.attest.verify_run``
+(``runs.evidence_status`` set), is re-verified with ``scheduler.evidence.verify.verify_run``
 (history alone: the run's own artifact, its output files, its envelope through its
 provider). The summary counts
 
@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import parse_duration_ms, parse_iso, to_iso
+from scheduler.evidence.verify import verify_run
 
 #: Codes that are not integrity failures (see the module docstring).
 UNATTESTED = "EVIDENCE_NOT_VERIFIED"
@@ -72,8 +76,6 @@ class BatchSummary:
 
     def to_json(self) -> dict[str, Any]:
         """The summary as JSON (``invalid`` by code)."""
-        from scheduler.base.timeutil import to_iso
-
         return {"since": to_iso(self.since) if self.since is not None else None, "checked": self.checked,
                 "verified": self.verified, "invalid": dict(sorted(self.invalid.items())), "invalid_total": self.invalid_total,
                 "missing": self.missing, "unattested": self.unattested, "failures": self.failures}
@@ -81,9 +83,6 @@ class BatchSummary:
 
 def parse_since(text: str, *, now: int) -> int:
     """``--since``: an ISO-8601 instant, or a duration (``7d``, ``12h``) meaning that long before ``now``."""
-    from scheduler.base.errors import SchedulerError
-    from scheduler.base.timeutil import parse_duration_ms, parse_iso
-
     try:
         return now - parse_duration_ms(text, field="--since")
     except SchedulerError:
@@ -114,9 +113,6 @@ def run_ids(store: Any, since: int | None) -> list[str]:
 def verify_all(store: Any, *, since: int | None = None, artifacts_root: Path | None = None,
                progress: Callable[[list[str]], Any] | None = None) -> BatchSummary:
     """Re-verify every selected run's evidence; ``progress(ids)`` may wrap the iteration (a progress bar)."""
-    from scheduler.base.errors import SchedulerError
-    from scheduler.evidence.attest import verify_run
-
     summary = BatchSummary(since=since)
     ids = run_ids(store, since)
     iterator = progress(ids) if progress is not None else None

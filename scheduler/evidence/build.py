@@ -35,10 +35,13 @@ the run lacks bound as ``null``, the authorization decision and verified proof i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from scheduler.core.artifact import redact_secrets
 
 PAYLOAD_SCHEMA = "scheduler.evidence.payload"
 #: The version the worker builds. Re-verification rebuilds a stored payload with the rules of the version it
@@ -114,8 +117,6 @@ def _excerpt(run: Mapping[str, Any], stream: str) -> dict[str, Any] | None:
     credential value already replaced), so nothing here sees unredacted output. ``complete``
     says whether the excerpt is the whole stream (its bytes hash to the stream's SHA-256).
     """
-    import hashlib
-
     text, size = run.get(f"{stream}_excerpt"), run.get(f"{stream}_bytes")
     if text is None and size is None:
         return None
@@ -136,8 +137,6 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
     the builder's rules (``PAYLOAD_VERSIONS``; re-verification passes the stored payload's);
     another value is ``ValueError``.
     """
-    from scheduler.core.artifact import redact_secrets
-
     if version not in PAYLOAD_VERSIONS:
         raise ValueError(f"evidence payload version {version!r} is not one of {PAYLOAD_VERSIONS}")
     art = artifact or {}

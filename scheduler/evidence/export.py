@@ -1,7 +1,7 @@
 """Portable evidence: a run's evidence as an in-toto attestation in a DSSE envelope.
 
 ``runs evidence RUN_ID --export in-toto`` re-verifies the run's evidence from history
-(``scheduler.evidence.attest.verify_run``; nothing is exported from evidence that does not verify)
+(``scheduler.evidence.verify.verify_run``; nothing is exported from evidence that does not verify)
 and then writes it in a form anyone can check without this scheduler:
 
 * an in-toto **Statement** v1 (``https://in-toto.io/Statement/v1``) whose **subjects** are
@@ -24,12 +24,18 @@ only here, only when exporting (``EVIDENCE_EXPORT_UNAVAILABLE`` when missing).
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from scheduler.base.canonical import canonical_bytes
 from scheduler.base.errors import SchedulerError
+from scheduler.evidence.payload import EvidenceFailure, parse_canonical
+from scheduler.evidence.verify import verify_run
+from scheduler.settings import current_settings
 
 #: The predicate type of an exported run: the scheduler's evidence payload document.
 PREDICATE_TYPE = "urn:scheduler-kernel:evidence-payload:v1"
@@ -61,8 +67,6 @@ def _libraries() -> tuple[Any, Any, Any, Any, Any]:
 def configured_key_path(key_path: str | os.PathLike[str] | None = None) -> Path:
     """The signing key's path: ``key_path`` when given, else ``[evidence] export_key``; ``EVIDENCE_EXPORT_KEY_MISSING`` when neither."""
     if key_path is None:
-        from scheduler.settings import current_settings
-
         key_path = current_settings().kernel["evidence"].value.export_key
     if not key_path:
         raise SchedulerError(
@@ -142,8 +146,6 @@ def build_statement(run_id: str, document: Mapping[str, Any]) -> dict[str, Any]:
 
 def sign_statement(statement: Mapping[str, Any], key: Any) -> dict[str, Any]:
     """The DSSE envelope (as its JSON object) of ``statement`` in json-sort-v1 form, signed with the Ed25519 ``key``."""
-    from scheduler.base.canonical import canonical_bytes
-
     _, _, _, Envelope, CryptoSigner = _libraries()
     envelope = Envelope(payload=canonical_bytes(dict(statement)), payload_type=PAYLOAD_TYPE, signatures={})
     signer = CryptoSigner(key)
@@ -187,13 +189,9 @@ def export_in_toto(store: Any, run_id: str, *, key_path: str | os.PathLike[str] 
     ``details``) when the run's evidence does not re-verify: an export vouches for evidence
     the scheduler has just checked, never for a tampered record. Writes nothing.
     """
-    from scheduler.evidence.payload import EvidenceFailure, parse_canonical
-
     key = load_signing_key(configured_key_path(key_path))
     _libraries()
-    if verify is None:
-        from scheduler.evidence.attest import verify_run as verify
-    check = verify(store, run_id)
+    check = (verify or verify_run)(store, run_id)
     verified, code, message = _verified(check)
     if not verified:
         raise SchedulerError("EVIDENCE_EXPORT_FAILED",
@@ -214,9 +212,6 @@ def export_in_toto(store: Any, run_id: str, *, key_path: str | os.PathLike[str] 
 
 def write_export(envelope: Mapping[str, Any], output: str | os.PathLike[str]) -> Path:
     """Write the envelope as JSON to ``output`` atomically (a temp file renamed into place); ``EVIDENCE_EXPORT_FAILED`` on I/O errors."""
-    import json
-    import tempfile
-
     target = Path(os.fspath(output)).expanduser().absolute()
     data = (json.dumps(dict(envelope), indent=2, sort_keys=True) + "\n").encode("utf-8")
     try:

@@ -40,7 +40,14 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.canonical import canonical_bytes, hash_bytes
 from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import load_artifact
+from scheduler.core.outputs import default_artifacts_root, resolve_artifact
+from scheduler.evidence.build import PAYLOAD_SCHEMA, PAYLOAD_VERSIONS, build_document, requested_bindings
+from scheduler.evidence.payload import EvidenceFailure, parse_canonical
+from scheduler.evidence.providers import PROVIDERS, to_provider_declaration
+from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload
 
 
 @attrs.frozen(kw_only=True)
@@ -88,8 +95,6 @@ def verify_run(store: Any, run_id: str, *, artifacts_root: Path | None = None) -
     Raises ``NOT_FOUND`` only when neither the run, its evidence row nor a tombstone exists.
     ``artifacts_root`` defaults to the store's (``scheduler.core.outputs.default_artifacts_root``).
     """
-    from scheduler.core.outputs import default_artifacts_root
-
     root = artifacts_root or default_artifacts_root(store.local_path)
     checks: dict[str, str] = {}
     with store.read() as tx:
@@ -141,8 +146,6 @@ class _State:
 
 def _check_payload(record: dict[str, Any], checks: dict[str, str]) -> dict[str, Any]:
     """The stored payload hashes to the row's digest and is one canonical JSON object."""
-    from scheduler.evidence.payload import EvidenceFailure, parse_canonical
-
     text = record["canonical_payload"]
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text or b"")
     if hashlib.sha256(data).hexdigest() != record["payload_sha256"]:
@@ -151,8 +154,6 @@ def _check_payload(record: dict[str, Any], checks: dict[str, str]) -> dict[str, 
         document = parse_canonical(data, "the stored payload")
     except EvidenceFailure as exc:
         raise _Fail("EVIDENCE_PAYLOAD_INVALID", exc.message, cause=exc.code) from None
-    from scheduler.evidence.build import PAYLOAD_SCHEMA, PAYLOAD_VERSIONS
-
     version = document.get("version")
     if document.get("schema") != PAYLOAD_SCHEMA or isinstance(version, bool) or version not in PAYLOAD_VERSIONS:
         raise _Fail("EVIDENCE_PAYLOAD_INVALID", f"the stored payload is not a {PAYLOAD_SCHEMA} of a version this kernel"
@@ -189,8 +190,6 @@ def _check_binding(tx: Any, record: dict[str, Any], document: dict[str, Any], ch
 def _check_artifact(tx: Any, record: dict[str, Any], run: dict[str, Any] | None, document: dict[str, Any],
                     checks: dict[str, str]) -> dict[str, Any] | None:
     """The run's own artifact (not the job's current one): stored, intact, the run's, and what the payload quotes."""
-    from scheduler.core.artifact import load_artifact
-
     digest = record.get("artifact_digest")
     if not digest:
         checks["artifact"] = "skipped: the run has no execution artifact"
@@ -206,8 +205,6 @@ def _check_artifact(tx: Any, record: dict[str, Any], run: dict[str, Any] | None,
         if artifact.get(section) != document.get(key):
             raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the payload's {key} is not the {section} of the run's artifact {digest}")
     if document.get("version", 1) >= 2:  # what the declaration asked to bind, checked even when the run is gone
-        from scheduler.evidence.build import requested_bindings
-
         bindings = document.get("bindings") if isinstance(document.get("bindings"), dict) else {}
         requested = requested_bindings(artifact.get("evidence"))
         enforced = bindings.get("enforced") if isinstance(bindings.get("enforced"), list) else []
@@ -228,9 +225,6 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
 def _check_run_row(run: dict[str, Any], artifact: dict[str, Any] | None, document: dict[str, Any], record: dict[str, Any],
                    checks: dict[str, str]) -> None:
     """The payload rebuilt from the stored run row alone is byte for byte the stored one."""
-    from scheduler.base.canonical import canonical_bytes
-    from scheduler.evidence.build import build_document
-
     result = document.get("result") if isinstance(document.get("result"), dict) else {}
     duration = result.get("duration_ms")
     row = dict(run)
@@ -261,8 +255,6 @@ def _hash_file(path: Path) -> tuple[int, str]:
 
 def _check_outputs(root: Path, run: dict[str, Any], checks: dict[str, str]) -> None:
     """Every output stream recomputed from its complete bytes (the offloaded file, or the exact inline excerpt)."""
-    from scheduler.core.outputs import resolve_artifact
-
     streams = [("stdout", "stdout_artifact", "stdout_sha256", "stdout_bytes"),
                ("stderr", "stderr_artifact", "stderr_sha256", "stderr_bytes"),
                ("structured output", "output_artifact", "output_sha256", "output_bytes")]
@@ -299,10 +291,6 @@ def _check_outputs(root: Path, run: dict[str, Any], checks: dict[str, str]) -> N
 
 def _check_provider(record: dict[str, Any], document: dict[str, Any], envelope: dict[str, Any], checks: dict[str, str]) -> str | None:
     """The envelope verified by the provider that made it, loaded here (its trust from this host's settings)."""
-    from scheduler.base.canonical import hash_bytes
-    from scheduler.evidence.attest import PROVIDERS, to_provider_declaration
-    from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload
-
     name = record["provider"]
     try:
         provider = PROVIDERS.get(name)

@@ -744,7 +744,7 @@ class Dispatcher:
                     leases.assert_live(tx, self.lease)
                     if fail_completion(tx, s.run_id, owner=self.lease.owner, token=self.lease.token, message=message,
                                        now=now) and with_evidence:
-                        from scheduler.evidence.attest import record_interrupted
+                        from scheduler.evidence.store import record_interrupted
 
                         record_interrupted(tx, {"id": s.run_id}, now=now, actor=self.lease.owner, error_code="COMPLETION_FAILED")
                 return
