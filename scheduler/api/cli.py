@@ -7,6 +7,6 @@
 
 from __future__ import annotations
 
-from scheduler.cli.output import emit, table
+from scheduler.toolkit.cli_output import emit, table
 
 __all__ = ["emit", "table"]

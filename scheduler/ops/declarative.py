@@ -17,13 +17,21 @@ chain parents by name, so export followed by apply changes nothing.
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import attrs
+import tomli_w
 
+from scheduler.artifacts.handoff import SUBMISSION_FIELDS, hydrate, split_submission, submission_fields
 from scheduler.base.errors import SchedulerError
+from scheduler.base.json_document import MAX_INPUT_BYTES, parse_json_document
+from scheduler.base.timeutil import now_ms
+from scheduler.core.jobs import create_jobs, delete_job, set_enabled, update_job
+from scheduler.core.spec import SPEC_FIELDS, SPEC_FIELD_NAMES, _default, spec_from_row, spec_to_input, validate_spec
 from scheduler.core.store.base import Store, Tx
+from scheduler.core.transitions import committing
 
 #: Top-level keys a job file may hold besides its jobs.
 _FILE_KEYS = frozenset({"jobs", "version"})
@@ -87,8 +95,6 @@ def read_sources(path: str) -> list[tuple[str, list[Any]]]:
 
 def _read_file(f: Path) -> list[Any]:
     """The job objects of one file (TOML by a ``.toml`` suffix, JSON otherwise)."""
-    from scheduler.cli.input import MAX_INPUT_BYTES, parse_json_document
-
     try:
         raw = f.read_bytes()
     except OSError as exc:
@@ -100,8 +106,6 @@ def _read_file(f: Path) -> list[Any]:
     except UnicodeDecodeError:
         raise SchedulerError("PAYLOAD_READ_FAILED", f"{f} is not UTF-8 text") from None
     if f.suffix == ".toml":
-        import tomllib
-
         try:
             doc: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -136,10 +140,6 @@ def validate_sources(sources: list[tuple[str, list[Any]]]) -> list[DesiredJob]:
     A name used twice (in one file or across files) is ``NAME_CONFLICT``. Job files are the
     operator's: ``provenance: static`` is accepted here (``jobs add`` refuses it).
     """
-    from scheduler.artifacts.handoff import split_submission
-    from scheduler.core.spec import validate_spec
-    from scheduler.base.timeutil import now_ms
-
     now = now_ms()
     out: list[DesiredJob] = []
     details: list[dict[str, Any]] = []
@@ -179,8 +179,6 @@ def validate_sources(sources: list[tuple[str, list[Any]]]) -> list[DesiredJob]:
 
 def _stored_input(tx: Tx, row: dict[str, Any], names_by_id: dict[str, str]) -> dict[str, Any]:
     """A stored job as the user-editable object a file would hold (non-defaults; parent by name)."""
-    from scheduler.core.spec import spec_from_row, spec_to_input
-
     obj = spec_to_input(spec_from_row(row))
     if row.get("parent_id") is not None:
         obj["parent_id"] = names_by_id.get(row["parent_id"], row["parent_id"])
@@ -191,8 +189,6 @@ def _stored_input(tx: Tx, row: dict[str, Any], names_by_id: dict[str, str]) -> d
 
 def _desired_input(job: DesiredJob, names_by_id: dict[str, str]) -> dict[str, Any]:
     """A file's job as the same normalised object (validated values, non-defaults; parent by name)."""
-    from scheduler.core.spec import spec_to_input
-
     obj = spec_to_input(job.spec)
     if obj.get("parent_id") is not None:
         obj["parent_id"] = names_by_id.get(obj["parent_id"], obj["parent_id"])
@@ -201,8 +197,6 @@ def _desired_input(job: DesiredJob, names_by_id: dict[str, str]) -> dict[str, An
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     """``{field, old, new}`` for every field whose value differs (a missing field is its default)."""
-    from scheduler.core.spec import SPEC_FIELDS, _default
-
     defaults = {f.name: (None if f.metadata["required"] else _default(f)) for f in SPEC_FIELDS}
     out = []
     for name in (f.name for f in SPEC_FIELDS):
@@ -268,10 +262,6 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
     that is running when it must be deleted, a handoff v4 job changed without a new artifact)
     raises and rolls everything back.
     """
-    from scheduler.core.jobs import create_jobs, delete_job, set_enabled, update_job
-    from scheduler.core.spec import SPEC_FIELD_NAMES
-    from scheduler.core.transitions import committing
-
     if dry_run:
         with store.read() as tx:
             return plan(tx, desired, prune=prune)
@@ -295,8 +285,6 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
                 for name in sorted(fields - set(_STATE_FIELDS)):
                     patch[name] = normalised.get(name)  # absent: None resets the field to its default
                 if job.submission is not None:
-                    from scheduler.artifacts.handoff import SUBMISSION_FIELDS
-
                     patch.update({k: new[k] for k in SUBMISSION_FIELDS})
                 if patch:
                     update_job(store, action.job_id, patch)  # type: ignore[arg-type]
@@ -342,8 +330,6 @@ def export_document(tx: Tx) -> dict[str, Any]:
     for row in rows:
         obj = _stored_input(tx, row, names_by_id)
         if row.get("handoff_version") == 4:
-            from scheduler.artifacts.handoff import hydrate, submission_fields
-
             obj.update(submission_fields(hydrate(tx, row)))
         jobs.append(obj)
     return {"version": FILE_VERSION, "jobs": jobs}
@@ -367,8 +353,6 @@ def render(doc: dict[str, Any], fmt: str) -> str:
         names = ", ".join(sorted({repr(p["job"]) for p in problems}))
         raise SchedulerError("EXPORT_UNREPRESENTABLE", f"job(s) {names} hold null values, which TOML cannot write;"
                              " use --format json", details=problems)
-    import tomli_w
-
     return tomli_w.dumps(doc)
 
 
