@@ -4,40 +4,26 @@ An executor is a plain synchronous object. The dispatcher runs it in a worker
 thread with an ``ExecutionRequest`` (what to run, until when, where to put large
 output) and a ``RunControl`` (cancellation, and durable bookkeeping callbacks that
 must happen *before* the work can cause side effects, such as the process
-identity of a shell command). It returns an ``ExecutionResult``.
+identity of a shell command). It returns an ``ExecutionResult``, whose output streams are
+``StreamCapture``s made by the ``StreamRecorder`` (both in ``scheduler.core.outputs``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from scheduler.core.outputs import StreamCapture, StreamRecorder
+from scheduler.core.redaction import Redactions, redactions_for
 from scheduler.core.spec import JobSpec
-
-if TYPE_CHECKING:
-    from scheduler.core.outputs import StreamRecorder
-    from scheduler.core.redaction import Redactions
 
 #: Terminal statuses an executor may report.
 EXECUTION_STATUSES = ("ok", "error", "timeout", "cancelled")
-
-
-@attrs.frozen(kw_only=True)
-class StreamCapture:
-    """One captured output stream: size and digest of the *whole* stream, an excerpt, maybe an artifact."""
-
-    bytes: int
-    sha256: str
-    excerpt: str
-    truncated: bool = False
-    artifact: str | None = None  # path relative to the artifacts root, when the full stream was offloaded
-    limit_exceeded: bool = False
-    #: Credential values replaced by ``[REDACTED:<name>]`` in this stream: count per binding name (never a value).
-    redactions: Mapping[str, int] = attrs.Factory(dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -126,18 +112,14 @@ class ExecutionRequest:
     @functools.cached_property
     def redactions(self) -> Redactions | None:
         """What output recorders must redact: the presented credential values (``scheduler.core.redaction``), compiled
-        once per request; None without credentials (no import, no scanning: the plain path)."""
+        once per request; None without credentials (no scanning: the plain path)."""
         if not self.credentials:
             return None
-        from scheduler.core.redaction import redactions_for
-
         return redactions_for(self.credentials)
 
     def stream_recorder(self, name: str, **limits: Any) -> StreamRecorder:
         """The ``StreamRecorder`` for output stream ``name`` of this run, redacting its credentials: the one line
         every executor uses (``limits``: ``excerpt_bytes``, ``offload_bytes``, ``cap_bytes``)."""
-        from scheduler.core.outputs import StreamRecorder
-
         return StreamRecorder(root=self.artifacts_root, directory=self.artifacts_dir, name=name,
                               redactions=self.redactions, **limits)
 
@@ -243,8 +225,6 @@ class CancellationToken:
     """The cancellation half of a ``RunControl``: set once, first reason wins, waitable."""
 
     def __init__(self) -> None:
-        import threading
-
         self._event = threading.Event()
         self._reason: str | None = None
 

@@ -19,19 +19,32 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from scheduler.core import filemodes
+import attrs
+
 from scheduler.base.errors import SchedulerError
-from scheduler.core.execution import StreamCapture
-
-if TYPE_CHECKING:
-    from scheduler.core.redaction import Redactions
+from scheduler.core import filemodes
+from scheduler.core.redaction import Redactions
 
 #: Bytes of each stream kept in the database row.
 DEFAULT_EXCERPT_BYTES = 64 * 1024
 #: Streams larger than this are offloaded to a file in the artifact store.
 DEFAULT_OFFLOAD_BYTES = 64 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class StreamCapture:
+    """One captured output stream: size and digest of the *whole* stream, an excerpt, maybe an artifact."""
+
+    bytes: int
+    sha256: str
+    excerpt: str
+    truncated: bool = False
+    artifact: str | None = None  # path relative to the artifacts root, when the full stream was offloaded
+    limit_exceeded: bool = False
+    #: Credential values replaced by ``[REDACTED:<name>]`` in this stream: count per binding name (never a value).
+    redactions: Mapping[str, int] = attrs.Factory(dict)
 
 
 def default_artifacts_root(db_file: str | os.PathLike[str] | None) -> Path:

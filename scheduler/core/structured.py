@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.execution import StreamCapture
+from scheduler.core.outputs import StreamCapture, read_artifact
 
 #: Formats ``JobSpec.output_format`` may take.
 OUTPUT_FORMATS = ("text", "json", "ndjson")
@@ -257,8 +257,6 @@ def structured_from_capture(
     missing or tampered artifact yields an invalid record whose warning carries the
     error code instead of an exception, because structured output is never fatal.
     """
-    from scheduler.core.outputs import read_artifact
-
     data = head[: capture.bytes]
     if len(data) < capture.bytes and capture.artifact:
         try:

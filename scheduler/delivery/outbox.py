@@ -27,6 +27,7 @@ keys shows it once; a key-less channel may show it twice (at-least-once delivery
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -34,17 +35,25 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from scheduler.core.duty import DutyThread
 from scheduler.base.errors import SchedulerError
-from scheduler.core.events import append_event
-from scheduler.plugins.loaded import LoadedProviders
 from scheduler.base.timeutil import now_ms, to_iso
-
-if TYPE_CHECKING:
-    from scheduler.plugins.protocols import ChannelLimits
-    from scheduler.core.store.base import Store, Tx
+from scheduler.core.duty import DutyThread
+from scheduler.core.events import append_event
+from scheduler.core.outputs import read_artifact
+from scheduler.core.store.base import Store, Tx
+from scheduler.plugins.loaded import LoadedProviders
+from scheduler.plugins.options import channel_options_for
+from scheduler.plugins.protocols import (
+    ChannelLimits,
+    DeliveryPart,
+    DeliveryReceipt,
+    DeliveryRoute,
+    PermanentDeliveryError,
+    TransientDeliveryError,
+)
+from scheduler.settings import current_settings
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +83,6 @@ def load_channel(name: str) -> Any:
 
 def channel_limits(name: str) -> ChannelLimits:
     """The channel's limits (read from the configured instance); the defaults when it cannot load."""
-    from scheduler.plugins.protocols import ChannelLimits
-
     try:
         limits = getattr(load_channel(name), "limits", None)
     except SchedulerError:
@@ -139,8 +146,6 @@ def enqueue(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body:
     Returns how many parts were new (0 when the message was already enqueued).
     Attachments ride on the last part.
     """
-    from scheduler.settings import current_settings
-
     max_attempts = current_settings().delivery.max_attempts
     bodies = split_body(body, channel_limits(channel), run_id=run.get("id"))
     count = len(bodies)
@@ -246,15 +251,6 @@ def send_part(part: dict[str, Any], artifacts_root: Any = None) -> dict[str, Any
 
     Attachments reach the channel as bytes the kernel read and checked against their size and SHA-256.
     """
-    from scheduler.plugins.options import channel_options_for
-    from scheduler.plugins.protocols import (
-        DeliveryPart,
-        DeliveryReceipt,
-        DeliveryRoute,
-        PermanentDeliveryError,
-        TransientDeliveryError,
-    )
-
     try:
         channel = load_channel(part["channel"])
         options = channel_options_for(channel, part["delivery_options"]) if part["delivery_options"] is not None else None
@@ -281,10 +277,6 @@ def send_part(part: dict[str, Any], artifacts_root: Any = None) -> dict[str, Any
 
 def _attachment(row: dict[str, Any], artifacts_root: Any) -> dict[str, Any]:
     """A staged attachment as the channel receives it: ``name``, ``mime_type``, ``size_bytes``, ``sha256``, ``content``."""
-    import hashlib
-
-    from scheduler.core.outputs import read_artifact
-
     out = {k: row[k] for k in ("name", "mime_type", "size_bytes", "sha256")}
     if row.get("content") is not None:
         content = bytes(row["content"])
@@ -308,8 +300,6 @@ def backoff_ms(attempts: int, *, base_ms: int, max_ms: int, retry_after_s: float
 
 def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner: str, now: int | None = None) -> bool:
     """Record a send's outcome under the part's claim token; False when the claim was lost (taken over)."""
-    from scheduler.settings import current_settings
-
     now = now_ms() if now is None else now
     cfg = current_settings().delivery
     outcome = result["outcome"]
@@ -445,8 +435,6 @@ class DeliveryWorker(DutyThread):
 
     def run_once(self) -> float:
         """One pass: claim due parts, send them, record the outcomes; return how long to sleep."""
-        from scheduler.settings import current_settings
-
         cfg = current_settings().delivery
         now = now_ms()
         with self.store.read() as tx:  # an idle outbox costs two index lookups, never a write transaction
