@@ -4,7 +4,7 @@
 payload-adapter types (a case describes a behaviour, each executor's adapter writes it
 in its own payload language), ``service`` the channel service-adapter types (a case
 describes what the service answers, each channel's adapter starts a loopback stand-in of
-its service), ``channel`` the engine's adapter for kind ``channel`` (registered on
+its service, built on the scripted loopback HTTP server of ``loopback``), ``channel`` the engine's adapter for kind ``channel`` (registered on
 import, here), ``cli`` is the ``scheduler conformance`` command group,
 ``ci`` runs every first-party provider, and ``pytest_plugin`` is the opt-in pytest
 adapter for plugin authors (re-exported by ``scheduler.testing``).

@@ -38,9 +38,10 @@ server on 127.0.0.1 that records every request and maps each answer to an HTTP r
 (200, 429 + ``Retry-After``, 500, no answer, a reset mid-body, 400, 401); a subclass
 says how to read a delivered message out of a request (``message_of``) and, where the
 service answers differently, overrides ``reply_for``.
-(``scheduler.testing.http.LoopbackHTTPServer``, the scripted server of the channels' own
-tests, replies per path from a queue the test fills; a stand-in instead answers whatever
-the channel calls with the attempt's answer.)
+It is built on ``scheduler.conformance.loopback.LoopbackHTTPServer``, which is also the
+scripted server of the channels' own tests (as ``scheduler.testing.http``): there it
+replies per path from a queue the test fills; a stand-in instead answers whatever the
+channel calls with the attempt's answer.
 
 The engine finds a channel's adapter, in this order: the one given explicitly
 (``--adapter MODULE:ATTR``, ``service_adapter=`` of ``run_kind`` or of a pytest class);
@@ -61,7 +62,7 @@ from urllib.parse import parse_qs
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
+from scheduler.conformance.loopback import LoopbackHTTPServer, Recorded, Reply
 
 #: The method every service adapter has.
 SERVICE_METHOD = "conformance_service"
