@@ -1,7 +1,7 @@
 -- scheduler executable SQLite schema.
 --
--- GENERATED from scheduler/store/schema.py, the one definition of the schema for every
--- dialect: edit that module, then run `python -m scheduler.store.schema --write`.
+-- GENERATED from scheduler/core/store/schema.py, the one definition of the schema for every
+-- dialect: edit that module, then run `python -m scheduler.core.store.schema --write`.
 -- A test fails when this file differs from the generated text.
 --
 -- This file ships inside the kernel wheel as scheduler/schema.sql (a symlink to this
