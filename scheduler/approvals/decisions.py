@@ -76,7 +76,7 @@ def open_gate(
     When the job delivers its results somewhere, an approval notice goes out through the
     delivery outbox in the same transaction.
     """
-    from scheduler.core.completion import enqueue_message
+    from scheduler.delivery.outbox import enqueue as enqueue_message
     from scheduler.core.spec import executor_name_of
 
     approval_id = str(uuid.uuid4())

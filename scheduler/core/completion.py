@@ -6,24 +6,34 @@ dispatch row, job counters and auto-pause, a retry with exponential backoff,
 chained children, delivery outbox rows and watchdog alerts. If the fence is gone,
 nothing is written at all. The status writes go through ``scheduler.core.transitions``,
 which also queues the observer notifications fired after commit.
+
+What completion writes above core it writes through its participants
+(``scheduler.core.participants.CompletionParticipants``, handed in by the composition root):
+the outbox enqueues every message, the evidence rows insert the pipeline's evidence row,
+the proof step gives an escalation's gate its proof window. They write in the same
+transaction, in the order this module calls them, so they commit with the terminal state
+or not at all; a run whose cancellation won gets none of the consequences.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from scheduler.base.timeutil import now_ms
 from scheduler.core import transitions
 from scheduler.core.conditions import condition_matches
 from scheduler.core.events import LOOKUP, append_event
-from scheduler.core.execution import ExecutionResult
+from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES, ExecutionResult
 from scheduler.core.lease import Lease, assert_live
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.participants import CompletionParticipants, EvidenceRows, Outbox
 from scheduler.core.runs import FAILURES, StaleFence
 from scheduler.core.store.base import Store, Tx
-from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing, insert_dispatch
+from scheduler.settings import current_settings
 
 #: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
 RUN_FIELDS_FOR_CONSEQUENCES = (
@@ -79,8 +89,8 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
 
 
 def complete_run(
-    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, now: int | None = None, check_lease: bool = True,
-    outcomes: RunOutcomes | None = None,
+    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants | None = None,
+    now: int | None = None, check_lease: bool = True, outcomes: RunOutcomes | None = None,
 ) -> dict[str, Any]:
     """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
 
@@ -88,23 +98,25 @@ def complete_run(
     transaction (the dispatcher's group commit); the run's owner/token compare-and-swap
     is always done. Observers hear of the run once the (outermost) transaction committed.
     ``outcomes`` (the pipeline's decisions: run columns, events, the evidence row) commit
-    in the same transaction.
+    in the same transaction, through ``participants``.
     """
     now = now_ms() if now is None else now
     with committing(store) as tx:
         if check_lease:
             assert_live(tx, lease, now=now)
-        return complete_run_in(tx, lease, run_id, result, now=now, outcomes=outcomes)
+        return complete_run_in(tx, lease, run_id, result, participants=participants, now=now, outcomes=outcomes)
 
 
 def complete_run_in(
-    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, now: int, outcomes: RunOutcomes | None = None,
+    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants | None = None,
+    now: int, outcomes: RunOutcomes | None = None,
 ) -> dict[str, Any]:
     """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
 
     The dispatcher's pass completes all its finished runs in its one transaction; raises
     ``StaleFence`` (and writes nothing for this run) when the run is no longer ours.
     """
+    participants = participants or _unwired_completion()
     values = result_columns(result)
     if outcomes is not None:
         values.update(outcomes.columns)
@@ -113,7 +125,7 @@ def complete_run_in(
     # loose (``abandoned``) may still be running it: that is not known.
     process_state = "unknown" if (result.details or {}).get("abandoned") else "exited"
     if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
-        gated = escalate_to_approval(tx, lease, run_id, outcomes, now=now)
+        gated = escalate_to_approval(tx, lease, run_id, outcomes, participants, now=now)
         if gated is not None:
             return gated  # waiting for a decision: no terminal state, no consequences
     run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
@@ -124,30 +136,34 @@ def complete_run_in(
     if result.state is not None and run["status"] == "ok":
         keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
     if outcomes is not None:
-        commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
-    apply_consequences(tx, run, details=result.details, now=now, actor=lease.owner,
+        commit_outcomes(tx, run, outcomes, participants.evidence, now=now, actor=lease.owner)
+    apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
                        suppress=outcomes is not None and outcomes.suppress_consequences)
     return run
 
 
-def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, *, now: int) -> dict[str, Any] | None:
+def _unwired_completion() -> CompletionParticipants:
+    """TEMPORARY, until the composition root hands every caller its participants: the default ones."""
+    from scheduler.pipeline.participants import default_completion_participants
+
+    return default_completion_participants()
+
+
+def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, participants: CompletionParticipants, *,
+                         now: int) -> dict[str, Any] | None:
     """An authorization provider escalated: the run waits in ``awaiting_approval`` behind an approval of gate kind
     ``authorization`` (``transitions.escalate_run``), with the pipeline's columns and events; an approval notice goes
     out like a job gate's. None when the run is no longer ours or a cancel came first (the caller ends it as usual).
     """
-    import uuid
-
-    from scheduler.pipeline.proofs.step import approval_columns
-
     escalate = outcomes.escalate or {}
     approval_id = str(uuid.uuid4())
     run = transitions.escalate_run(tx, run_id, owner=lease.owner, token=lease.token, values=dict(outcomes.columns),
                                    approval_id=approval_id, gate_kind=escalate.get("gate_kind", "authorization"),
                                    risk_level=escalate.get("risk_level") or "medium", reason=escalate.get("reason"), now=now,
-                                   proof_window=approval_columns(outcomes))
+                                   proof_window=participants.proofs.gate_columns(outcomes))
     if run is None:
         return None
-    commit_outcomes(tx, run, outcomes, now=now, actor=lease.owner)
+    commit_outcomes(tx, run, outcomes, participants.evidence, now=now, actor=lease.owner)
     job = tx.one("SELECT id, name, delivery_mode, delivery_channel, delivery_to, approval_approver_scope FROM jobs WHERE id = ?",
                  (run["job_id"],))
     if job is not None and job["delivery_mode"] != "none" and job["delivery_channel"]:
@@ -156,19 +172,18 @@ def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcome
                 f" policy, risk {escalate.get('risk_level')}{f', approver {scope}' if scope else ''}."
                 f"{chr(10) + 'Reason: ' + escalate['reason'] if escalate.get('reason') else ''}\n"
                 f"Approve: scheduler approvals approve {approval_id}\nReject:  scheduler approvals reject {approval_id}")
-        enqueue_message(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"], body,
-                        f"{approval_id}:approval-notice", now)
+        participants.outbox.enqueue(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"],
+                                    body, f"{approval_id}:approval-notice", now)
     return {**run, "approval_id": approval_id}
 
 
-def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, *, now: int, actor: str | None) -> None:
-    """Write the pipeline's events and evidence row for ``run`` inside its completion transaction."""
+def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, evidence: EvidenceRows, *, now: int,
+                    actor: str | None) -> None:
+    """Write the pipeline's events and (through ``evidence``) its evidence row for ``run`` inside its completion transaction."""
     for kind, data in outcomes.events:
         append_event(tx, kind, job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data=data)
     if outcomes.evidence is not None:
-        from scheduler.evidence.store import insert_record
-
-        insert_record(tx, run, outcomes.evidence, now=now)
+        evidence.insert(tx, run, outcomes.evidence, now=now)
 
 
 def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, actor: str | None) -> bool:
@@ -178,8 +193,6 @@ def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, ac
     kept (an event says why) and the previous one stays: a run never loses what an earlier
     one kept by returning something unusable.
     """
-    from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES
-
     executor = tx.scalar("SELECT executor FROM runs WHERE id = ?", (run["id"],)) or ""
     try:
         text = json.dumps(dict(state), sort_keys=True, allow_nan=False) if isinstance(state, Mapping) else None
@@ -201,7 +214,7 @@ def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, ac
 
 
 def apply_consequences(
-    tx: Tx, run: dict[str, Any], *, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
+    tx: Tx, run: dict[str, Any], *, outbox: Outbox, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
     actor: str | None = None, suppress: bool = False,
 ) -> None:
     """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
@@ -209,6 +222,8 @@ def apply_consequences(
     ``actor`` is the dispatcher committing it (the run's owner, or the recovering
     dispatcher after a crash); the ``run.finished`` event names it. ``suppress`` (a run
     whose required evidence failed) counts the run but sends nothing and starts nothing.
+    Every message goes through ``outbox``, in this order: notifications, the job's delivery,
+    a watchdog alert.
     """
     status = run["status"]
     transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None,
@@ -226,7 +241,7 @@ def apply_consequences(
     job = _update_job_counters(tx, run, now, actor)
     if job is None or suppress:
         return
-    _notify(tx, job, run, now)
+    _notify(tx, outbox, job, run, now)
     if status == "cancelled":
         return  # cancellation won: no retry, no child, no delivery
     # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
@@ -239,8 +254,8 @@ def apply_consequences(
                      data={"attempt": run["attempt"] + 1, "due_in_ms": backoff})
     else:
         _trigger_children(tx, job, run, now)
-    _enqueue_delivery(tx, job, run, now)
-    _watchdog(tx, job, run, now, actor)
+    _enqueue_delivery(tx, outbox, job, run, now)
+    _watchdog(tx, outbox, job, run, now, actor)
 
 
 def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | None) -> dict[str, Any] | None:
@@ -276,7 +291,7 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | Non
     return job
 
 
-def _notify(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+def _notify(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
     """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox.
 
     Jobs with ``notify: false`` opt out. Events: ``completed`` (ok), ``failed`` (error or
@@ -284,8 +299,6 @@ def _notify(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
     """
     if not job.get("notify", 1):
         return
-    from scheduler.settings import current_settings
-
     cfg = current_settings().notifications
     if not cfg.routes:
         return
@@ -302,7 +315,7 @@ def _notify(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
     for event, body in events:
         for index, route in enumerate(cfg.routes):
             channel, _, target = route.partition(":")
-            enqueue_message(tx, run, channel, target or None, body, f"{run['id']}:notify:{event}:{index}", now)
+            outbox.enqueue(tx, run, channel, target or None, body, f"{run['id']}:notify:{event}:{index}", now)
 
 
 def _outcome_matches(trigger_on: str | None, status: str) -> bool:
@@ -329,7 +342,7 @@ def _trigger_children(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int
                         due_at=now + child["trigger_delay_s"] * 1000, now=now, source_run_id=run["id"])
 
 
-def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+def _enqueue_delivery(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
     mode = job["delivery_mode"]
     ok = run["status"] == "ok"
     if mode == "none" or (mode == "on_success" and not ok) or (mode == "on_failure" and ok):
@@ -340,10 +353,8 @@ def _enqueue_delivery(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int
         body += f"\nError: {run['error_message']}"
     if run.get("summary"):
         body += f"\n\n{run['summary']}"
-    from scheduler.delivery.outbox import output_attachments
-
-    attachments = output_attachments(run, job["delivery_channel"], body)
-    enqueue_message(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now, attachments=attachments)
+    attachments = outbox.attachments(run, job["delivery_channel"], body)
+    outbox.enqueue(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now, attachments=attachments)
 
 
 #: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
@@ -366,13 +377,13 @@ def watchdog_alerts(status: str, error_code: str | None) -> bool:
     return status in ("error", "timeout") and error_code not in WATCHDOG_NO_ALERT_CODES
 
 
-def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor: str | None) -> None:
+def _watchdog(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int, actor: str | None) -> None:
     """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one."""
     if job["job_type"] != "watchdog":
         return
     if job["watchdog_alert_channel"] and watchdog_alerts(run["status"], run["error_code"]):
         body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
-        enqueue_message(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
+        outbox.enqueue(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
     if run["status"] == "ok" and job["watchdog_self_destruct"]:
         reason = "watchdog self-destructed after a passing check"
         tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
@@ -380,10 +391,3 @@ def _watchdog(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int, actor:
         transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
         append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
 
-
-def enqueue_message(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body: str, group: str, now: int,
-                    *, attachments: tuple[dict[str, Any], ...] = ()) -> None:
-    """One outbox message about ``run`` for ``channel``, split by its limits; idempotent on ``group`` (the only way out)."""
-    from scheduler.delivery.outbox import enqueue
-
-    enqueue(tx, run, channel, target, body, group, now, attachments=attachments)

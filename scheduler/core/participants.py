@@ -15,8 +15,9 @@ Completion, inside the one completion transaction (all of it commits, or none of
 
 Recovery, for each orphaned run, in this order: ``ExecutorSource`` (the run's executor makes
 sure its work is gone), ``CredentialCleanup`` (its credential files are removed, or the job is
-paused), then the crash transaction with ``EvidenceRows.interrupted``; after the orphans,
-``CredentialCleanup.sweep``. Credentials are cleaned before evidence is attested, as in a run.
+paused), then the crash transaction with ``EvidenceRows.interrupted`` and the crashed run's
+consequences (messages through the ``Outbox``); after the orphans, ``CredentialCleanup.sweep``.
+Credentials are cleaned before evidence is written, as in a run.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import attrs
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.store.base import Store, Tx
 
-#: A run row, or the part of one a participant needs (``id`` and ``job_id`` at least).
-Run = Mapping[str, Any]
+#: A run row as the store returns it, or the part of one a participant needs (``id`` and ``job_id`` at least).
+Run = dict[str, Any]
 #: An attachment staged with an outbox message (``name``, ``mime_type``, ``size_bytes``, ``sha256``, ``content`` or ``path``).
 Attachment = dict[str, Any]
 
@@ -104,3 +105,4 @@ class RecoveryParticipants:
     executors: ExecutorSource
     credentials: CredentialCleanup
     evidence: EvidenceRows
+    outbox: Outbox

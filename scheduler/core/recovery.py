@@ -9,30 +9,36 @@ final process state and get the usual consequences in the same transaction, plus
 replay when the job asked for ``at-least-once``. The recovering dispatcher is the
 actor of every event it writes (the dead owner is named in the event data), and the
 status writes go through ``scheduler.core.transitions``, so observers hear of the crash.
+
+What recovery does above core it does through its participants
+(``scheduler.core.participants.RecoveryParticipants``, handed in by the composition root), in
+this order for each orphan: its executor settles the work, its credentials are cleaned (not
+proven: the run is ``recovery_blocked`` and its job paused), then one transaction crashes it,
+gives it its interrupted evidence row, its replay and its consequences (messages through the
+outbox). Credentials are cleaned before evidence is written, as in a run.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
 from scheduler.core import transitions
 from scheduler.core.completion import RUN_FIELDS_FOR_CONSEQUENCES, apply_consequences
-from scheduler.base.errors import SchedulerError
 from scheduler.core.events import append_event
 from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
 from scheduler.core.jobs import repair_missing_next_runs
 from scheduler.core.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
+from scheduler.core.observers import Observers
+from scheduler.core.participants import ExecutorSource, RecoveryParticipants
 from scheduler.core.queue import release_expired_claims
 from scheduler.core.store.base import Store
-from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing, insert_dispatch
 
-if TYPE_CHECKING:
-    from scheduler.plugins.hooks import Hooks
 
-
-def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | None]:
+def _settle_process(run: dict[str, Any], grace_s: float, executors: ExecutorSource) -> tuple[str, str | None]:
     """Ask the run's executor to make sure its work is gone: ``("gone"|"terminated"|"unknown"|"blocked", detail)``.
 
     The executor's ``recover`` reads the handle the run recorded (a process identity, a
@@ -42,10 +48,8 @@ def _settle_process(run: dict[str, Any], grace_s: float) -> tuple[str, str | Non
     raw = run.get("executor_handle")
     if not raw:
         return "gone", None
-    from scheduler.plugins.loader import load_provider
-
     try:
-        executor = load_provider("executor", run.get("executor") or "shell")
+        executor = executors(run.get("executor") or "shell")
     except SchedulerError as exc:
         return "unknown", f"executor not available: {exc.code}"
     recover_fn = getattr(executor, "recover", None)
@@ -92,27 +96,28 @@ def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
     return len(names)
 
 
-def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hooks | None = None) -> list[dict[str, Any]]:
+def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants | None = None, kill_grace_s: float = 2.0,
+            hooks: Observers | None = None) -> list[dict[str, Any]]:
     """One recovery pass under our live lease; returns what was done to each orphan.
 
-    Each orphan is ended in its own transaction; ``hooks`` (default: the hook modules
-    installed in this process) hear of every transition once it committed.
+    Each orphan is ended in its own transaction; ``hooks`` (default: the process's default
+    observers) hear of every transition once it committed. ``participants`` settle each
+    orphan's executor work and credentials and write its evidence and messages.
     """
+    participants = participants or _unwired_recovery()
     report = []
     orphans = find_orphans(store)
     for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
         fence_out(store, owner)
     for run in orphans:
-        state, detail = _settle_process(run, kill_grace_s)
-        from scheduler.pipeline.credentials.step import block_job_for_credentials, retry_failed_cleanup
-
-        cleaned, why = retry_failed_cleanup(store, run)  # the dead run's credential files (none: one read)
+        state, detail = _settle_process(run, kill_grace_s, participants.executors)
+        cleaned, why = participants.credentials.clean(store, run)  # the dead run's credential files (none: one read)
         now = now_ms()
         with committing(store, hooks) as tx:
             assert_live(tx, lease, now=now)
             if not cleaned:
                 transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=why, message=why)
-                block_job_for_credentials(tx, run, why or "", actor=lease.owner, now=now)
+                participants.credentials.block_job(tx, run, why or "", actor=lease.owner, now=now)
                 report.append({"run_id": run["id"], "outcome": "recovery_blocked", "credentials": why})
                 continue
             if state == "blocked":
@@ -131,9 +136,7 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did
-            from scheduler.evidence.store import record_interrupted
-
-            record_interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run gets its terminal evidence
+            participants.evidence.interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run: its terminal row
             if replay:
                 d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh["dispatch_id"],))
                 count = (d["replay_count"] if d else 0) + 1
@@ -141,11 +144,16 @@ def recover(store: Store, lease: Lease, *, kill_grace_s: float = 2.0, hooks: Hoo
                 insert_dispatch(tx, id=f"{fresh['dispatch_id']}:replay:{count}", job_id=fresh["job_id"], kind=kind,
                                 due_at=now, now=now, source_run_id=fresh["id"], replay_count=count)
             # a replay stands in for a retry: both would run the work a third time
-            apply_consequences(tx, fresh, now=now, allow_retry=not replay, actor=lease.owner)
+            apply_consequences(tx, fresh, outbox=participants.outbox, now=now, allow_retry=not replay, actor=lease.owner)
             report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
-    from scheduler.pipeline.credentials.step import sweep_presentations
-
-    sweep_presentations(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
+    participants.credentials.sweep(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
     release_expired_claims(store)
     repair_missing_next_runs(store)
     return report
+
+
+def _unwired_recovery() -> RecoveryParticipants:
+    """TEMPORARY, until the composition root hands every caller its participants: the default ones."""
+    from scheduler.pipeline.participants import default_recovery_participants
+
+    return default_recovery_participants()
