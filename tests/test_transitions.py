@@ -33,7 +33,10 @@ from scheduler.core.runs import TERMINAL
 from scheduler.testing import hooks_with
 from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing
+from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
 
+COMPLETION = default_completion_participants()
+RECOVERY = default_recovery_participants()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -244,7 +247,7 @@ def test_recovery_and_a_failed_completion_notify_observers(store, hooked):
     dead = leases.acquire(store, "dispatcher", "ghost:1:x", 1000, now=now_ms() - 5000)
     run_id = insert_run(store, job["id"], "running", dispatcher_owner=dead.owner, dispatcher_token=dead.token, started_at=now_ms())
     live = leases.acquire(store, "recovery-test", "rescuer", 10_000)
-    assert [r["outcome"] for r in recover(store, live, hooks=hooks_with(rec))] == ["crashed"]
+    assert [r["outcome"] for r in recover(store, live, participants=RECOVERY, hooks=hooks_with(rec))] == ["crashed"]
     assert rec.states(run_id) == [("running", "crashed")]
     assert rec.completed(run_id)[0]["error_code"] == "DISPATCHER_LOST"
     # a completion that itself fails still ends the run, and says so
@@ -305,7 +308,7 @@ def test_auto_pause_cancels_pending_work_exactly_like_disable(store):
     assert len(started) == 1
     rec = Recorder()
     with committing(store, hooks_with(rec)):
-        complete_run(store, lease, started[0].run_id, ExecutionResult(status="error", error_code="X"))
+        complete_run(store, lease, started[0].run_id, ExecutionResult(status="error", error_code="X"), participants=COMPLETION)
     assert _outcome(store, paused) == _outcome(store, disabled)
     out = _outcome(store, paused)
     assert out["enabled"] == 0 and out["waiting_run"] == "cancelled" and out["run_approval"] == "cancelled"
@@ -376,7 +379,7 @@ def _alerts(store, job_id: str) -> list[dict[str, Any]]:
 def _run_once(store, lease, job, result: ExecutionResult) -> dict[str, Any]:
     enqueue_manual(store, job["id"])
     started = claim_and_start(store, lease, limit=1)
-    return complete_run(store, lease, started[0].run_id, result)
+    return complete_run(store, lease, started[0].run_id, result, participants=COMPLETION)
 
 
 def test_watchdog_alert_rows_follow_the_rule_through_completion_and_recovery(store):
@@ -393,7 +396,7 @@ def test_watchdog_alert_rows_follow_the_rule_through_completion_and_recovery(sto
     enqueue_manual(store, crashed["id"])
     dead = leases.acquire(store, "dead", "ghost:1:y", 1000, now=now_ms() - 5000)
     claim_and_start(store, dead, limit=1, check_lease=False)
-    assert recover(store, lease, hooks=hooks_with())[0]["outcome"] == "crashed"
+    assert recover(store, lease, participants=RECOVERY, hooks=hooks_with())[0]["outcome"] == "crashed"
     assert statuses(store, crashed["id"]) == ["crashed"] and _alerts(store, crashed["id"]) == []
 
 
@@ -440,7 +443,7 @@ def test_no_finished_run_keeps_process_state_running(store, hooked):
     crashed = insert_run(store, job["id"], "running", dispatcher_owner=dead.owner, dispatcher_token=dead.token, started_at=now_ms(),
                          executor="testkit", process_state="running", executor_handle=json.dumps({"note": "no pid"}))
     live = leases.acquire(store, "rescue", "rescuer", 10_000)
-    recover(store, live, hooks=hooks_with())
+    recover(store, live, participants=RECOVERY, hooks=hooks_with())
     assert one(store, "SELECT process_state FROM runs WHERE id = ?", crashed)["process_state"] == "gone"
     with store.read() as tx:
         left = tx.all("SELECT id, status FROM runs WHERE process_state = 'running' AND status IN"
@@ -459,7 +462,7 @@ def test_an_abandoned_worker_leaves_process_state_unknown_not_exited(store):
     with store.transaction() as tx:
         fenced_update(tx, started.run_id, lease.owner, lease.token, "running", {"process_state": "running"})
     complete_run(store, lease, started.run_id, ExecutionResult(status="cancelled", error_code="EXECUTOR_ABANDONED",
-                                                               details={"abandoned": True}))
+                                                               details={"abandoned": True}), participants=COMPLETION)
     assert run_rows(store, job["id"])[0]["process_state"] == "unknown"
 
 
@@ -567,7 +570,7 @@ def test_recovery_records_work_that_already_exited_as_gone_by_the_recovering_dis
     run_id = insert_run(store, job["id"], "running", dispatcher_owner=dead.owner, dispatcher_token=dead.token, started_at=now_ms(),
                         executor="shell", process_state="running", executor_handle=json.dumps(handle))
     rescuer = leases.acquire(store, "rescuer-lease", "rescuer", 10_000)
-    [item] = recover(store, rescuer, hooks=hooks_with())
+    [item] = recover(store, rescuer, participants=RECOVERY, hooks=hooks_with())
     assert item["outcome"] == "crashed" and item["process"] == "gone"
     run = one(store, "SELECT * FROM runs WHERE id = ?", run_id)
     assert (run["process_state"], run["process_signal"], run["process_terminated_at"]) == ("gone", None, None)
