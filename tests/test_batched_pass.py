@@ -119,7 +119,9 @@ def test_completions_of_one_pass_finish_their_dispatches_in_one_update(store):
     from scheduler.core.completion import complete_run
     from scheduler.core.execution import ExecutionResult
     from scheduler.core.transitions import batched_finishes
+    from scheduler.pipeline.participants import default_completion_participants
 
+    participants = default_completion_participants()
     jobs = [add_job(store, payload_message="ok") for _ in range(3)]
     for job in jobs:
         enqueue_manual(store, job["id"])
@@ -128,13 +130,13 @@ def test_completions_of_one_pass_finish_their_dispatches_in_one_update(store):
     results = [ExecutionResult(status="ok"), ExecutionResult(status="error", error_code="X_FAILED"), ExecutionResult(status="ok")]
     with pytest.raises(RuntimeError), committing(store) as tx, batched(tx), batched_finishes(tx):
         for s, r in zip(started, results, strict=True):
-            complete_run(store, lease, s.run_id, r, check_lease=False, outcomes=s.outcomes)
+            complete_run(store, lease, s.run_id, r, participants=participants, check_lease=False, outcomes=s.outcomes)
         raise RuntimeError("rolled back")
     with store.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'claimed'") == 3
     with committing(store) as tx, batched(tx), batched_finishes(tx):
         for s, r in zip(started, results, strict=True):
-            complete_run(store, lease, s.run_id, r, check_lease=False, outcomes=s.outcomes)
+            complete_run(store, lease, s.run_id, r, participants=participants, check_lease=False, outcomes=s.outcomes)
         with store.read() as inner:  # deferred to the end of the block
             assert inner.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'done'") == 0
     with store.read() as tx:

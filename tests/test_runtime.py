@@ -19,6 +19,9 @@ from scheduler.core.jobs import set_enabled, update_job
 from scheduler.core.queue import claim_and_start, enqueue_manual, materialize_due, release_expired_claims
 from scheduler.core.runs import StaleFence
 from scheduler.base.timeutil import now_ms
+from scheduler.pipeline.participants import default_completion_participants
+
+PARTICIPANTS = default_completion_participants()
 
 
 def statuses(store, job_id):
@@ -140,7 +143,7 @@ def test_overlap_queue_waits_then_runs_and_is_bounded(store):
     assert claim_and_start(store, lease, limit=4) == []  # all wait behind the running one... except over the limit
     runs = run_rows(store, job["id"])
     assert [r["skip_reason"] for r in runs if r["status"] == "skipped"] == ["overlap: queue limit 2 reached"]
-    complete_run(store, lease, first[0].run_id, ExecutionResult(status="ok"))
+    complete_run(store, lease, first[0].run_id, ExecutionResult(status="ok"), participants=PARTICIPANTS)
     nxt = claim_and_start(store, lease, limit=4)
     assert len(nxt) == 1 and nxt[0].dispatch_kind == "schedule"  # one at a time
 
@@ -328,7 +331,7 @@ def test_stale_fence_commits_nothing(store):
     new = leases.acquire(store, "dispatcher", "NEW", 10_000, now=now_ms() + 20_000)  # takeover after expiry
     assert new.token > fresh.token
     with pytest.raises(leases.LeaseLost):
-        complete_run(store, fresh, started[0].run_id, ExecutionResult(status="error", error_code="X"))
+        complete_run(store, fresh, started[0].run_id, ExecutionResult(status="error", error_code="X"), participants=PARTICIPANTS)
     run = run_rows(store, job["id"])[0]
     assert run["status"] == "running" and run["error_code"] is None
     with store.read() as tx:
@@ -336,7 +339,8 @@ def test_stale_fence_commits_nothing(store):
     assert statuses(store, child["id"]) == []
     # and a live lease of another owner cannot finish the run either (compare-and-swap on owner + token)
     with pytest.raises(StaleFence):
-        complete_run(store, new, started[0].run_id, ExecutionResult(status="ok"), now=now_ms() + 20_001)
+        complete_run(store, new, started[0].run_id, ExecutionResult(status="ok"), participants=PARTICIPANTS,
+                     now=now_ms() + 20_001)
 
 
 def test_expired_claim_without_run_returns_to_pending(store):
