@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from scheduler.core.contracts import ExecutorSource, Expiry, Interruption
     from scheduler.core.duty import DutyFactory
     from scheduler.core.observers import Observers
+    from scheduler.core.participants import CompletionParticipants, RecoveryParticipants
 
 
 @attrs.frozen
@@ -24,10 +25,12 @@ class Parts:
 
     #: The run pipeline: registered steps in the order they run (contract: ``scheduler.core.steps``).
     steps: tuple[Any, ...] = ()
-    #: Participants in the completion transaction (contract: ``scheduler.core.participants``).
-    completion: tuple[Any, ...] = ()
-    #: Participants in crash recovery (contract: ``scheduler.core.participants``).
-    recovery: tuple[Any, ...] = ()
+    #: Participants in the completion transaction (contract: ``scheduler.core.participants``; the defaults:
+    #: ``scheduler.pipeline.participants.default_completion_participants``).
+    completion: CompletionParticipants | None = None
+    #: Participants in crash recovery (contract: ``scheduler.core.participants``; the defaults:
+    #: ``scheduler.pipeline.participants.default_recovery_participants``).
+    recovery: RecoveryParticipants | None = None
     #: The observers of run transitions and the dispatch veto (contract: ``scheduler.core.observers``).
     observers: Observers | None = None
     #: The loaded executors by name (contract: ``scheduler.core.contracts.ExecutorSource``).
