@@ -18,7 +18,7 @@ MAX_CONDITION_INPUT = 256 * 1024
 @lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> Any:
     """Compile a pattern with RE2; raise ``INVALID_CONDITION`` for syntax RE2 refuses."""
-    import re2
+    import re2  # third-party, imported on first use: commands that compile no pattern do not load it
 
     if not pattern:
         raise SchedulerError("INVALID_CONDITION", "regex: pattern must not be empty")

@@ -75,7 +75,7 @@ def validate_cron(expr: str) -> str:
         )
     if any(_RANDOM_OR_HASH.search(f.lower()) for f in fields):
         raise SchedulerError("INVALID_CRON", f"cron: random/hash tokens (R, H) are not supported: {expr!r}")
-    from croniter import croniter
+    from croniter import croniter  # third-party, imported on first use (about 30 ms of CLI start-up otherwise)
 
     try:
         croniter.expand(text, second_at_beginning=len(fields) == 6, strict=True)
