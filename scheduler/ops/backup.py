@@ -35,8 +35,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from scheduler.core import filemodes
 from scheduler.base.errors import SchedulerError
+from scheduler.core import filemodes
+from scheduler.core.lease import owner_is_dead_local_process
+from scheduler.core.store import redact_url
+from scheduler.core.store.migrations import SCHEMA_VERSION
 
 #: The manifest's ``format``: bumped when the layout changes.
 BACKUP_FORMAT = "scheduler-backup-v1"
@@ -56,8 +59,6 @@ Progress = Callable[[int, int], None]
 
 def unsupported_store(target: str, what: str) -> SchedulerError:
     """``BACKUP_UNSUPPORTED_STORE`` for a server database: the operator uses the server's own tools."""
-    from scheduler.core.store import redact_url
-
     return SchedulerError(
         "BACKUP_UNSUPPORTED_STORE",
         f"`scheduler {what}` copies a SQLite file; {redact_url(target)} is a server database:"
@@ -280,8 +281,6 @@ def _hold_pidfile(db_path: Path) -> Any:
 
 def _check_idle(db_path: Path) -> None:
     """Refuse a database with a live dispatcher lease or another open connection; leaves its WAL empty."""
-    from scheduler.core.lease import owner_is_dead_local_process
-
     now = int(time.time() * 1000)
     conn = sqlite3.connect(db_path, isolation_level=None, timeout=5)
     try:
@@ -342,8 +341,6 @@ def restore_sqlite(backup: Path, db_path: Path, *, artifacts_root: Path) -> dict
     beside it (``*.pre-restore-STAMP``); rename the copy into place and fsync the directory;
     then merge the backup's artifact files into the artifact store.
     """
-    from scheduler.core.store.migrations import SCHEMA_VERSION
-
     backup = backup.expanduser().absolute()
     db_path = db_path.expanduser().absolute()
     manifest = read_manifest(backup)

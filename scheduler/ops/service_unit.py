@@ -22,15 +22,19 @@ Why these settings:
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.store import local_path_of
+from scheduler.settings import current_settings, settings_path
 
 DEFAULT_UNIT = "scheduler.service"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
@@ -137,15 +141,10 @@ def build_spec(db: str, *, name: str = DEFAULT_UNIT, system: bool = False, confi
     ``PGPASSFILE`` instead. The settings file is pinned when it exists (or ``config``
     names it), so the service reads the file the installer sees.
     """
-    from scheduler.settings import current_settings, settings_path
-    from scheduler.core.store import local_path_of
-
     env = dict(os.environ if environ is None else environ)
     name = check_unit_name(name)
     local = local_path_of(db)
     if local is None:
-        from urllib.parse import urlsplit
-
         if urlsplit(db).password is not None:
             raise SchedulerError("INVALID_ARGUMENT", "the database URL carries a password, which the unit file would expose:"
                                                      " keep it in ~/.pgpass (or PGPASSFILE) and pass the URL without it")
@@ -171,8 +170,6 @@ def build_spec(db: str, *, name: str = DEFAULT_UNIT, system: bool = False, confi
     stop = int(dispatcher.grace_s + dispatcher.kill_grace_s) + STOP_SLACK_S
     user = None
     if system:
-        import pwd
-
         user = pwd.getpwuid(os.getuid()).pw_name
     workdir = str(local.expanduser().absolute().parent) if local is not None else str(Path.home())
     return UnitSpec(name=name, system=system, exec_start=(*scheduler_executable(), "run"),

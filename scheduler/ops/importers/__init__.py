@@ -16,7 +16,12 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.jobs import create_jobs
+from scheduler.core.spec import validate_spec
 from scheduler.core.store.base import Store
+from scheduler.core.transitions import committing
+from scheduler.plugins.refs import require_plugins
 
 
 @attrs.define
@@ -69,11 +74,6 @@ def run_import(store: Store, items: list[ImportItem], *, dry_run: bool, same_nam
     (crontab names are derived from the line), otherwise a taken name is ``NAME_CONFLICT``.
     Items are updated in place (status, code, job id).
     """
-    from scheduler.core.jobs import create_jobs
-    from scheduler.plugins.refs import require_plugins
-    from scheduler.core.spec import validate_spec
-    from scheduler.core.transitions import committing
-
     specs: dict[int, Any] = {}
     for index, item in enumerate(items):
         if item.status != "pending" or item.spec is None:
@@ -108,8 +108,6 @@ def run_import(store: Store, items: list[ImportItem], *, dry_run: bool, same_nam
         return
     if not specs:
         return
-    from scheduler.base.timeutil import now_ms
-
     now = now_ms()
     order = list(specs)
     with committing(store) as tx:

@@ -23,6 +23,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +40,6 @@ _NO_CRONTAB = re.compile(r"no crontab for", re.I)
 
 def read_crontab(source: str | None, *, binary: str = "crontab") -> tuple[str, str]:
     """``(location, text)`` of a crontab file, standard input (``-``) or ``crontab -l``."""
-    import subprocess
-    import sys
-
     if source == "-":
         return "-", sys.stdin.read()
     if source is not None:
@@ -209,6 +209,4 @@ def _job(number: int, line: str, comments: list[str], env: dict[str, str], setti
 
 
 def _quote(text: str) -> str:
-    import shlex
-
     return shlex.quote(text)

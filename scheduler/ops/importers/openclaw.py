@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import format_duration_ms, parse_iso, to_iso
 from scheduler.ops.importers import ImportItem, export_prefix
 
 #: Largest answer read from ``openclaw`` (the reference importer's buffer).
@@ -140,8 +142,6 @@ def every_as_cron(every_ms: int, anchor_ms: int) -> str | None:
 
 def _schedule(item: ImportItem, schedule: Any, created_ms: Any, allow_inexact: bool, now: int) -> dict[str, Any] | None:
     """The spec's schedule fields, or None after failing the item."""
-    from scheduler.base.timeutil import format_duration_ms, parse_iso
-
     if not isinstance(schedule, dict):
         item.fail("UNSUPPORTED_SCHEDULE", "the job has no schedule object")
         return None
@@ -173,8 +173,6 @@ def _schedule(item: ImportItem, schedule: Any, created_ms: Any, allow_inexact: b
         if at_ms <= now:
             item.status, item.code, item.error = "skipped", "AT_IN_PAST", "the one-shot time has passed (it ran, or would run at once)"
             return None
-        from scheduler.base.timeutil import to_iso
-
         return {"schedule_kind": "at", "schedule_at": to_iso(at_ms)}
     if kind == "every":
         every = schedule.get("everyMs")
@@ -298,8 +296,6 @@ def convert(job: dict[str, Any], *, allow_inexact: bool, now: int) -> ImportItem
 
 def _command(item: ImportItem, payload: dict[str, Any], spec: dict[str, Any]) -> bool:
     """A command payload as one shell command with its options; False after failing the item."""
-    import shlex
-
     argv, command = payload.get("argv"), payload.get("command")
     if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
         text = shlex.join(argv)
