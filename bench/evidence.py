@@ -61,7 +61,8 @@ def _ssh_settings(directory: Path) -> Path:
 def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, *, tag: str,
                 timeout_s: float = 300.0) -> dict[str, Any]:
     """N due no-op jobs (with ``provider``'s evidence, or none) through a real ``Dispatcher``; jobs/s."""
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.store import open_store
     from scheduler.base.timeutil import now_ms

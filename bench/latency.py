@@ -86,7 +86,8 @@ class _TooSlow(Exception):
 
 
 def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor: int) -> dict[str, Any]:
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.store import open_store
     from scheduler.base.timeutil import now_ms

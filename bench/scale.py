@@ -100,7 +100,8 @@ def _timed(fn: Any, calls: int, warmup: int) -> dict[str, float]:
 
 def wake_cost(path: Path, calls: int, warmup: int) -> dict[str, Any]:
     """Time ``Dispatcher._tick()`` and its queries on an idle database of stored jobs."""
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.queue import materialize_due, next_due
     from scheduler.core.store import open_store
 

@@ -139,7 +139,8 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s
 
 def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """The same workload through an in-process ``Dispatcher`` with its commits counted (and its CPU time)."""
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.store import open_store
     from scheduler.base.timeutil import now_ms

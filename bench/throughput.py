@@ -70,7 +70,8 @@ def params(ctx: Context) -> dict[str, Any]:
 
 def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """N due no-op jobs through a real ``Dispatcher``; returns jobs/s and what the run looked like."""
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.store import open_store
     from scheduler.base.timeutil import now_ms

@@ -201,7 +201,8 @@ def test_a_pass_that_fills_every_worker_sleeps_until_a_run_ends(store, tmp_path)
     """After a pass starts runs on every worker, the loop does not come straight back for a pass that could claim
     nothing (it would only take the CPU from the runs it started): it sleeps until a run's end wakes it. With a worker
     left over it comes straight back, since more may be due."""
-    from scheduler.core.dispatcher import MAX_SLEEP_S, Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import MAX_SLEEP_S, DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
 
     jobs = [add_job(store, payload_message="sleep:2", overlap_policy="allow") for _ in range(2)]
     for job in jobs:

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scheduler.artifacts", "scheduler.evidence", "scheduler.delivery", "scheduler.approvals", "scheduler.toolkit"),
     ("scheduler.pipeline",),
     ("scheduler.ops",),
-    ("scheduler.api", "scheduler.conformance"),
+    ("scheduler.api", "scheduler.conformance", "scheduler.runtime"),
     ("scheduler.cli",),
     ("scheduler.testing", "scheduler.__main__"),
 )

@@ -25,7 +25,8 @@ from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.hookspecs import hookimpl
-from scheduler.plugins.loader import inventory, load_driver, load_provider
+from scheduler.plugins.inventory import inventory
+from scheduler.plugins.loader import load_driver, load_provider
 
 
 def make_dist(site: Path, dist: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str], version: str = "0.1") -> Path:
@@ -424,7 +425,8 @@ def test_register_commands_hook_adds_a_cli_command(tmp_path: Path) -> None:
 
 
 def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.queue import enqueue_manual
     from scheduler.core.spec import validate_spec

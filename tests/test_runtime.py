@@ -430,7 +430,8 @@ def store_value(store, sql, *params):
 
 
 def test_fenced_bookkeeping_after_takeover_raises(store):
-    from scheduler.core.dispatcher import DbRunControl, Dispatcher, DispatcherConfig
+    from scheduler.core.dispatcher import DbRunControl, DispatcherConfig
+    from scheduler.runtime import dispatcher as Dispatcher
 
     job = add_job(store, payload_message="ok")
     d = Dispatcher(store, DispatcherConfig(lease_ttl_ms=1000))

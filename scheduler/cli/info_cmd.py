@@ -121,7 +121,7 @@ def plugins_group() -> None:
 @click.option("--no-load", is_flag=True, help="Only list entry points; do not import them.")
 def plugins_list(no_load: bool) -> None:
     """Every plugin found by entry point, with load status (failures are shown, never fatal)."""
-    from scheduler.plugins.loader import inventory
+    from scheduler.plugins.inventory import inventory
 
     rows = inventory(load=not no_load)
     emit(

@@ -125,6 +125,13 @@ def _command_path(ctx: click.Context) -> str:
     return " ".join(reversed(names))
 
 
+def _process_hooks() -> Any:
+    """The entry-point hook modules (``scheduler.runtime.install`` for the CLI: imported only when there is something to tell)."""
+    from scheduler.plugins.hooks import Hooks
+
+    return Hooks()
+
+
 def open_ctx_store(ctx: click.Context | None = None) -> Any:
     """The store for this invocation, opened (and initialised, failing closed) on first use.
 
@@ -133,8 +140,10 @@ def open_ctx_store(ctx: click.Context | None = None) -> Any:
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     if root.obj.get("store") is None:
+        from scheduler.core import observers
         from scheduler.core.store import open_store
 
+        observers.install_default(_process_hooks)  # what this command commits tells the installed hook modules
         store = open_store(root.obj.get("db"), readonly=_command_path(ctx) in READ_ONLY_COMMANDS)
         root.obj["store"] = store
         root.call_on_close(store.close)

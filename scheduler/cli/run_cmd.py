@@ -36,7 +36,8 @@ from scheduler.base.timeutil import parse_duration_ms
 def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, duration: str | None, shared: bool | None,
             metrics_port: int | None, metrics_host: str) -> None:
     """Run the dispatcher until SIGTERM/SIGINT (or --duration)."""
-    from scheduler.core.dispatcher import Dispatcher, DispatcherConfig, install_signal_handlers
+    from scheduler.core.dispatcher import DispatcherConfig, install_signal_handlers
+    from scheduler.runtime import dispatcher as composed_dispatcher
     from scheduler.settings import current_settings
 
     settings = current_settings().dispatcher  # the settings file's [dispatcher]; flags win
@@ -48,7 +49,7 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
         exclusive=None if shared is None else not shared,
     )
     quiet = json_mode()
-    dispatcher = Dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
+    dispatcher = composed_dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
     install_signal_handlers(dispatcher)
     if metrics_port is not None:  # prometheus_client is imported only here
         from scheduler.ops.metrics import DispatcherMetrics

@@ -196,7 +196,7 @@ def _authorization_check(store: Any) -> dict[str, Any] | None:
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
-    from scheduler.plugins.loader import inventory
+    from scheduler.plugins.inventory import inventory
 
     checks: list[dict[str, Any]] = []
     try:

@@ -22,7 +22,7 @@ from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing
 
 if TYPE_CHECKING:
-    from scheduler.plugins.hooks import Hooks
+    from scheduler.core.observers import Observers
 
 
 def _cancel_one(tx: Tx, run: dict[str, Any], reason: str | None, who: str, now: int) -> str:
@@ -36,7 +36,7 @@ def _cancel_one(tx: Tx, run: dict[str, Any], reason: str | None, who: str, now: 
 
 
 def cancel_run(store: Store, run_id: str, *, reason: str | None = None, now: int | None = None,
-               hooks: Hooks | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> dict[str, Any]:
     """``runs cancel``: cancel one run (``RUN_ALREADY_FINISHED`` if it is terminal).
 
     ``hooks``: the observers to tell about a run cancelled directly (default: the hook
@@ -54,7 +54,7 @@ def cancel_run(store: Store, run_id: str, *, reason: str | None = None, now: int
 
 
 def cancel_job(store: Store, ref: str, *, reason: str | None = None, now: int | None = None,
-               hooks: Hooks | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> dict[str, Any]:
     """``jobs cancel``: cancel every pending dispatch (manual ones too) and every active run of a job.
 
     Waiting work goes through ``transitions.cancel_pending_work`` (the same function as

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from scheduler.core.queue import StartedRun
     from scheduler.core.store.base import Tx
 
 
-class ExecutorSource(Protocol):
+class LoadedExecutors(Protocol):
     """The loaded executors by name (``scheduler.plugins.loaded.LoadedProviders`` of kind ``executor``)."""
 
     def get(self, name: str) -> Any:
@@ -36,18 +35,3 @@ class Expiry(Protocol):
         """End or release what fell due by ``now`` inside ``tx`` (the pass's fenced transaction)."""
         ...
 
-
-class Interruption(Protocol):
-    """What a run ended without its worker's result needs recorded beside it (an interrupted evidence row)."""
-
-    def applies(self, job: dict[str, Any]) -> bool:
-        """Whether runs of ``job`` need this (costs nothing for the other runs)."""
-        ...
-
-    def abandoned(self, started: StartedRun, error_code: str) -> None:
-        """The dispatcher cut the run's worker loose and commits ``error_code`` for it (recorded in its outcomes)."""
-        ...
-
-    def completion_failed(self, tx: Tx, run_id: str, *, now: int, actor: str) -> None:
-        """The run's completion failed and it ends ``COMPLETION_FAILED`` in ``tx``: record the interruption too."""
-        ...

@@ -25,7 +25,7 @@ from scheduler.core.transitions import cancel_pending_work, committing
 
 if TYPE_CHECKING:
     from scheduler.artifacts.handoff import Submission
-    from scheduler.plugins.hooks import Hooks
+    from scheduler.core.observers import Observers
 
 #: A job id: what ``uuid4`` gives, or what a handoff v4 artifact was compiled for.
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -196,7 +196,7 @@ def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) 
     return tx.all(sql, params)
 
 
-def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Observers | None = None) -> dict[str, Any]:
     """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule.
 
     A change of the job's execution contract binds a new artifact (the old one is kept) and,
@@ -276,7 +276,7 @@ def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, s
     return _bind_artifact(tx, spec, row["id"], None, now)
 
 
-def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Observers | None = None) -> dict[str, Any]:
     """Enable (clears an auto-pause, recomputes the next run from now) or disable (cancels pending work)."""
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
@@ -301,7 +301,7 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
 
 
 def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None,
-               hooks: Hooks | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> dict[str, Any]:
     """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
 
     Its pending work is cancelled first (events and observers see it end) before the rows go.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from scheduler.core.contracts import ExecutorSource, Expiry, Interruption
+    from scheduler.core.contracts import Expiry, LoadedExecutors
     from scheduler.core.duty import DutyFactory
     from scheduler.core.observers import Observers
     from scheduler.core.participants import CompletionParticipants, RecoveryParticipants
@@ -33,11 +33,9 @@ class Parts:
     recovery: RecoveryParticipants | None = None
     #: The observers of run transitions and the dispatch veto (contract: ``scheduler.core.observers``).
     observers: Observers | None = None
-    #: The loaded executors by name (contract: ``scheduler.core.contracts.ExecutorSource``).
-    executors: ExecutorSource | None = None
+    #: The loaded executors by name (contract: ``scheduler.core.contracts.LoadedExecutors``).
+    executors: LoadedExecutors | None = None
     #: Background duties started with the lease, in this order (contract: ``scheduler.core.duty``).
     duties: tuple[DutyFactory, ...] = ()
     #: Due work each pass enforces before claiming (contract: ``scheduler.core.contracts.Expiry``).
     expiries: tuple[Expiry, ...] = ()
-    #: What a run ended without its worker's result records beside it (``scheduler.core.contracts.Interruption``).
-    interruptions: tuple[Interruption, ...] = ()

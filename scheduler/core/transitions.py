@@ -42,9 +42,10 @@ Observer hooks (``scheduler_run_state_changed``, and ``scheduler_run_completed``
 every terminal status) fire after commit, in the process that committed: open the
 outermost write transaction with ``committing(store, hooks)``; transitions made in it
 (also from nested ``committing`` blocks) are queued on it and fired once it committed,
-never when it rolled back. ``hooks=None`` means the hook modules installed in this
-process (built only when there is something to tell), so a CLI ``runs cancel`` of a
-pending run notifies that process's observers just like the dispatcher does for its runs.
+never when it rolled back. ``hooks=None`` means the process's default observers
+(``scheduler.core.observers``: the composition root installs the entry-point hook modules,
+built only when there is something to tell), so a CLI ``runs cancel`` of a pending run
+notifies that process's observers just like the dispatcher does for its runs.
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from scheduler.core import observers
 from scheduler.core.events import append_event
 from scheduler.core.runs import CANCEL_DIRECTLY, TERMINAL, StaleFence, run_to_json
 from scheduler.core.store.base import Store, Tx
 
 if TYPE_CHECKING:
     from scheduler.core.lease import Lease
-    from scheduler.plugins.hooks import Hooks
+    from scheduler.core.observers import Observers
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class AfterCommit:
         """Queue one notification (fired by ``fire`` once the transaction committed)."""
         self.notices.append(notice)
 
-    def fire(self, store: Store, hooks: Hooks | None = None) -> None:
+    def fire(self, store: Store, hooks: Observers | None = None) -> None:
         """Tell observers about every queued transition, in order; never raises.
 
         ``scheduler_run_completed`` gets the run's full JSON view, read once for all
@@ -112,9 +114,9 @@ class AfterCommit:
             return
         try:
             if hooks is None:
-                from scheduler.plugins.hooks import Hooks
-
-                hooks = Hooks()
+                hooks = observers.default()
+                if hooks is None:
+                    return
             wants_state = hooks.wants("scheduler_run_state_changed")
             wants_done = hooks.wants("scheduler_run_completed")
             if not (wants_state or wants_done):
@@ -147,7 +149,7 @@ _scope: ContextVar[AfterCommit | None] = ContextVar("scheduler_after_commit", de
 
 
 @contextmanager
-def committing(store: Store, hooks: Hooks | None = None) -> Iterator[Tx]:
+def committing(store: Store, hooks: Observers | None = None) -> Iterator[Tx]:
     """A write transaction whose run transitions notify observers once it committed.
 
     Use it for the outermost transaction of any code that may change a run's status.

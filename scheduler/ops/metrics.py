@@ -62,7 +62,7 @@ class DispatcherMetrics:
 
     def _take_inventory(self) -> None:
         try:
-            from scheduler.plugins.loader import inventory
+            from scheduler.plugins.inventory import inventory
 
             self._plugin_failures = [p for p in inventory(load=True) if p["status"] in ("failed", "invalid")]
         except Exception as exc:  # noqa: BLE001 - a metric must never take the dispatcher down

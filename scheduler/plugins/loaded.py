@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.plugins.loader import load_provider
+from scheduler.settings import current_settings
 
 
 class LoadedProviders:
@@ -65,8 +67,6 @@ class LoadedProviders:
             self._cache.clear()
 
     def _check_settings(self) -> None:
-        from scheduler.settings import current_settings
-
         settings = current_settings()
         if self._settings is not settings:
             with self._lock:
@@ -74,8 +74,6 @@ class LoadedProviders:
                 self._settings = settings
 
     def _load(self, name: str) -> Any:
-        from scheduler.plugins.loader import load_provider
-
         try:
             return load_provider(self.kind, name)
         except SchedulerError as exc:

@@ -27,6 +27,8 @@ from scheduler.base.entry_points import (  # discovery lives below the settings,
     strict_loading,
 )
 from scheduler.base.entry_points import short_group as _short_group
+from scheduler.plugins.protocols import PROVIDER_KINDS
+from scheduler.settings import apply_settings
 
 #: Older private name, kept for kernel callers that still import it.
 _entry_points = entry_points_of
@@ -67,7 +69,7 @@ def _stevedore_managers() -> tuple[type, type]:
 _dist_name = dist_name  # older private name
 
 
-def _dist_version(ep: Any) -> str | None:
+def dist_version(ep: Any) -> str | None:
     dist = getattr(ep, "dist", None)
     return getattr(dist, "version", None)
 
@@ -141,8 +143,6 @@ def load_provider(kind: str, name: str) -> Any:
     The one place a provider object is made: everything the kernel hands a provider before
     first use (its host settings, when it declares ``settings_class``) belongs here.
     """
-    from scheduler.plugins.protocols import PROVIDER_KINDS
-
     group, protocol = PROVIDER_KINDS[kind]
     target, dist = _load_named(group, name)
     if isinstance(target, type) or hasattr(target, "plugin_api"):
@@ -162,8 +162,6 @@ def load_provider(kind: str, name: str) -> Any:
     # Settings go here, and only here: a provider declaring ``settings_class`` gets its validated
     # settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``) through
     # ``configure(settings)`` before it is returned; CONFIG_INVALID names the key when it does not validate.
-    from scheduler.settings import apply_settings
-
     apply_settings(kind, name, provider)
     return provider
 
@@ -210,90 +208,3 @@ def load_group(group: str, names: list[str] | None = None) -> list[Loaded]:
     )
     loaded = {id(ext.entry_point): ext.plugin for ext in manager.extensions}
     return [Loaded(ep, obj=loaded.get(id(ep)), error=failures.get(id(ep))) for ep in listing]
-
-
-def inventory(load: bool = True) -> list[dict[str, Any]]:
-    """Every installed plugin across all groups, with its load status (for ``plugins list`` and ``doctor``).
-
-    With ``load`` each plugin is imported to find failures (``failed``: it did not import;
-    ``invalid``: it imported but the kernel refuses it, such as another API major or a hook
-    module implementing a hook that does not exist); failures are recorded in the row, never
-    raised (unless strict loading is on).
-    """
-    from scheduler.plugins.protocols import GROUPS
-
-    rows: list[dict[str, Any]] = []
-    for group in GROUPS:
-        results: dict[int, tuple[str, str | None, Any]] = {}
-        if load:
-            results = _hook_results() if group == "scheduler.hooks" else _provider_results(group)
-        for ep in sorted(entry_points_of(group), key=lambda e: e.name):
-            row: dict[str, Any] = {
-                "group": group,
-                "name": ep.name,
-                "distribution": dist_name(ep),
-                "version": _dist_version(ep),
-                "target": ep.value,
-                "status": "not loaded",
-                "error": None,
-                "plugin_api": None,
-                "capabilities": [],
-            }
-            if is_disabled(group, ep.name):
-                row["status"] = "disabled"
-            elif load:
-                status, error, obj = results.get(_ep_key(ep), ("failed", "entry point vanished while loading", None))
-                row["status"], row["error"] = status, error
-                if status == "ok":
-                    row["plugin_api"] = getattr(obj, "plugin_api", None)
-                    row["capabilities"] = sorted(getattr(obj, "capabilities", ()) or ())
-            rows.append(row)
-    if strict_loading():
-        bad = [r for r in rows if r["status"] in ("failed", "invalid")]
-        if bad:
-            first = bad[0]
-            raise SchedulerError(
-                "PLUGIN_LOAD_FAILED",
-                f"{len(bad)} plugin(s) failed to load (strict mode); first: {first['name']} from {first['distribution']}: {first['error']}",
-                details=bad,
-            )
-    return rows
-
-
-def _ep_key(ep: Any) -> Any:
-    """Identity of an entry point across two readings of the metadata."""
-    return (ep.group, ep.name, ep.value, dist_name(ep))
-
-
-def _provider_results(group: str) -> dict[Any, tuple[str, str | None, Any]]:
-    """``(status, error, object)`` per entry point of a provider group, after importing each."""
-    out: dict[Any, tuple[str, str | None, Any]] = {}
-    for item in load_group(group):
-        key = _ep_key(item.entry_point)
-        if item.error is not None:
-            out[key] = ("failed", f"{type(item.error).__name__}: {item.error}", None)
-            continue
-        try:
-            if isinstance(item.obj, type) or hasattr(item.obj, "plugin_api"):
-                check_api(item.obj, group=group, name=item.name, dist=item.distribution)
-        except SchedulerError as exc:
-            out[key] = ("invalid", f"{exc.code}: {exc.message}", None)
-            continue
-        out[key] = ("ok", None, item.obj)
-    return out
-
-
-def _hook_results() -> dict[Any, tuple[str, str | None, Any]]:
-    """``(status, error, module)`` per hook module, registered into a plugin manager exactly as the kernel does."""
-    from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
-
-    pm = make_plugin_manager(load_entry_points=False)
-    failures = {(f.name, f.target, f.distribution): f for f in register_hook_modules(pm)}
-    out: dict[Any, tuple[str, str | None, Any]] = {}
-    for ep in entry_points_of("scheduler.hooks"):
-        failed = failures.get((ep.name, ep.value, dist_name(ep)))
-        if failed is not None:
-            out[_ep_key(ep)] = (failed.status, failed.error, None)
-        else:
-            out[_ep_key(ep)] = ("ok", None, pm.get_plugin(f"entrypoint:{ep.name}"))
-    return out

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Sequence
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.plugins.loader import entry_point_names, is_disabled
+from scheduler.plugins.protocols import PROVIDER_KINDS
 
 
 @attrs.frozen
@@ -40,8 +42,6 @@ class PluginRef:
     @property
     def group(self) -> str:
         """The entry-point group plugins of this kind register in."""
-        from scheduler.plugins.protocols import PROVIDER_KINDS
-
         return PROVIDER_KINDS[self.kind][0]
 
     @property
@@ -114,8 +114,6 @@ def plugin_refs(spec: Any) -> list[PluginRef]:
 
 def missing_plugins(refs: Iterable[PluginRef]) -> list[MissingPlugin]:
     """The references whose plugin is not installed or is disabled (reads metadata once per group, imports nothing)."""
-    from scheduler.plugins.loader import entry_point_names, is_disabled
-
     installed: dict[str, set[str]] = {}
     missing: list[MissingPlugin] = []
     for ref in refs:

@@ -116,13 +116,14 @@ class RunningDispatcher:
 
     def __init__(self, store: Any, *, hooks: Any = None, **config: Any) -> None:
         """Start it (``hooks``: the kernel's hook facade to use, e.g. ``hooks_with(module)``)."""
-        from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
+        from scheduler.core.dispatcher import DispatcherConfig
+        from scheduler.runtime import dispatcher
 
         config.setdefault("lease_ttl_ms", 3000)
         config.setdefault("kill_grace_s", 0.5)
         config.setdefault("grace_s", 2.0)
         self.messages: list[str] = []
-        self.dispatcher = Dispatcher(store, DispatcherConfig(**config), hooks=hooks, say=self.messages.append)
+        self.dispatcher = dispatcher(store, DispatcherConfig(**config), hooks=hooks, say=self.messages.append)
         self.error: BaseException | None = None
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
