@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.errors import SchedulerError
+
 
 @attrs.frozen
 class Completed:
@@ -142,8 +144,6 @@ def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: di
     never read), so a hung provider cannot hold the run, and a value or a permit that arrives too
     late is never used. An exception ``fn`` raises in time is re-raised here.
     """
-    from scheduler.base.errors import SchedulerError
-
     box: dict[str, Any] = {}
     done = threading.Event()
 

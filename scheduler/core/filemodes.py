@@ -28,6 +28,8 @@ import stat
 from pathlib import Path
 from typing import Literal
 
+from scheduler.settings import current_settings
+
 #: The override variable of the ``[storage] file_mode`` setting.
 FILE_MODE_ENV = "SCHEDULER_STORAGE_FILE_MODE"
 
@@ -46,8 +48,6 @@ def file_mode_setting() -> FileModeName:
     ``private`` by default; an unknown value is ``CONFIG_INVALID`` from the settings loader.
     The one place the setting is read.
     """
-    from scheduler.settings import current_settings
-
     return current_settings().storage.file_mode
 
 

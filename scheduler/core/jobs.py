@@ -19,6 +19,7 @@ from scheduler.core.events import append_event, os_identity
 from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.core.store.base import Store, Tx
+from scheduler.core.schedules import next_fire
 from scheduler.core.store.schema import quote_name
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import cancel_pending_work, committing
@@ -47,8 +48,6 @@ def initial_schedule(spec: JobSpec, now: int) -> tuple[int | None, int | None]:
         return spec.schedule_at, None
     if kind in ("manual", "chain"):
         return None, None
-    from scheduler.core.schedules import next_fire
-
     schedule = spec.schedule()
     if kind == "every":
         return next_fire(schedule, now, anchor_ms=now + schedule.every_ms), now
