@@ -32,6 +32,8 @@ from scheduler.core import transitions
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store.base import Store, Tx
 from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core.spec import executor_name_of
+from scheduler.delivery.outbox import enqueue as enqueue_message
 
 #: Approvals still waiting for a decision, and those whose decision is not final yet.
 OPEN_STATUSES = ("pending", "approved")
@@ -76,9 +78,6 @@ def open_gate(
     When the job delivers its results somewhere, an approval notice goes out through the
     delivery outbox in the same transaction.
     """
-    from scheduler.delivery.outbox import enqueue as enqueue_message
-    from scheduler.core.spec import executor_name_of
-
     approval_id = str(uuid.uuid4())
     transitions.open_approval_gate(
         tx, run_id=run_id, approval_id=approval_id, job=job, dispatch_id=dispatch_id, dispatch_kind=dispatch_kind,

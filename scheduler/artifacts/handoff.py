@@ -38,9 +38,10 @@ from scheduler.base.canonical import (
     is_digest,
 )
 from scheduler.base.errors import SchedulerError
-from scheduler.core.artifact import SECRET_KEY_RE, execution_sections
-from scheduler.core.spec import SPEC_FIELDS, JobSpec
 from scheduler.base.timeutil import to_iso
+from scheduler.core.artifact import SECRET_KEY_RE, execution_sections, load_artifact
+from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_from_row, validate_spec
+from scheduler.core.steps import registered
 
 if TYPE_CHECKING:
     from scheduler.core.store.base import Tx
@@ -411,74 +412,29 @@ def _credentials(value: Any, shape: _Shape | None, path: str, out: list[dict[str
                 _credentials(element, None, where, out)
 
 
-def _artifact_path(field: str, prefix: str = "", replace: str = "") -> str:
-    """A kernel validation field (``credentials[0].present.key``) as an artifact path (``credential_presentation.bindings.0.present.key``)."""
-    if prefix and field.startswith(prefix):
-        field = replace + field[len(prefix):]
-    return re.sub(r"\[(\d+)\]", r".\1", field)
-
-
 def _declaration_problems(payload: dict[str, Any]) -> list[dict[str, str]]:
-    """Step 4b: every declared section must be a declaration the kernel enforces, by the rules of the module that does.
+    """Step 4b: every declared section must be a declaration the kernel enforces, by the rules of the step that does.
 
-    Each section is checked by the kernel's own validator (``scheduler.pipeline.identity``,
-    ``scheduler.pipeline.credentials.bindings``, ``scheduler.pipeline.authorization``, ``scheduler.pipeline.proofs.declaration``,
-    ``scheduler.evidence.declaration``), so the handoff contract cannot drift from what runs enforce.
+    Each section is checked by the registered pipeline step that owns it (``Step.check_section``:
+    identity, credentials, authorization, proofs, evidence), so the handoff contract cannot drift
+    from what runs enforce; ``PIPELINE_STEP_NOT_REGISTERED`` when no registered step owns one.
     One problem per finding, each naming the artifact path and what the kernel says about it.
-    Those modules are imported only for sections that are declared: a v4 job without
-    declarations costs nothing here.
     """
     found: list[dict[str, str]] = []
-
-    def add(field: str, error: str) -> None:
-        found.append(_problem(field, "HANDOFF_ARTIFACT_UNSUPPORTED", f"{field}: {error}"))
-
-    def take(problems: Iterable[Mapping[str, str]], prefix: str = "", replace: str = "") -> None:
-        for p in problems:
-            add(_artifact_path(p["field"], prefix, replace), p["error"])
-
-    identity = payload["identity"]
-    if identity is not None:
-        from scheduler.pipeline.identity import normalise_declaration as normalise_identity
-
-        take(normalise_identity(identity, "identity")[1])
-    bindings = payload["credential_presentation"]["bindings"]
-    if bindings:
-        from scheduler.pipeline.credentials.bindings import check_bindings
-
-        check_bindings(bindings, lambda field, message, code: add(
-            _artifact_path(field, "credentials", "credential_presentation.bindings"), message))
-    if "child_policy" in payload["credential_presentation"] and not bindings:
-        add("credential_presentation.child_policy", "a child credential policy without credential bindings hands nothing on")
-    ref, authorization = payload["authorization_ref"], payload["authorization"]
-    if ref is not None or authorization is not None:
-        from scheduler.pipeline.authorization import check_ref, normalise_declaration as normalise_authorization
-
-        if ref is not None:
-            take(check_ref(ref, "authorization_ref"))
-        if authorization is not None:
-            take(normalise_authorization(authorization, "authorization")[1])
-            if ref is None:
-                add("authorization", "is only valid with authorization_ref (the provider it configures)")
-    proof = payload["authorization_proof"]
-    if proof is not None:
-        from scheduler.pipeline.proofs.declaration import normalise as normalise_proof
-
-        take(normalise_proof({k: v for k, v in proof.items() if k not in PROOF_GUARANTEES}, "authorization_proof")[1])
-        for key in PROOF_GUARANTEES:
-            if key in proof:
-                add(f"authorization_proof.{key}", "this scheduler gives every proof artifact binding, replay protection and"
-                                                  " revocation checks; its compiled declaration does not state them")
-    evidence = payload["evidence"]
-    if evidence is not None:
-        from scheduler.evidence.declaration import check_evidence_ref, normalise as normalise_evidence
-
-        declaration = {k: v for k, v in evidence.items() if k != "ref"}
-        take(normalise_evidence(declaration, "evidence")[1])
-        if "ref" not in evidence:
-            add("evidence.ref", "is required: the job's evidence_ref label, or null")
-        elif evidence["ref"] is not None:
-            take(check_evidence_ref(evidence["ref"], "evidence.ref"))
+    installed = registered()
+    for name in DECLARATION_SECTIONS:
+        value = payload[name]
+        if name == "authorization_proof" and value is not None:  # the contract's guarantees are this module's to check
+            value = {k: v for k, v in value.items() if k not in PROOF_GUARANTEES}
+        for p in installed.owner_of_section(name).check_section(name, value, payload):
+            found.append(_problem(p["field"], "HANDOFF_ARTIFACT_UNSUPPORTED", f"{p['field']}: {p['error']}"))
+        if name == "authorization_proof" and value is not None:
+            for key in PROOF_GUARANTEES:
+                if key in payload[name]:
+                    field = f"authorization_proof.{key}"
+                    found.append(_problem(field, "HANDOFF_ARTIFACT_UNSUPPORTED", f"{field}: this scheduler gives every proof"
+                                          " artifact binding, replay protection and revocation checks; its compiled"
+                                          " declaration does not state them"))
     return found
 
 
@@ -677,8 +633,6 @@ def compile_submission(obj: dict[str, Any], *, job_id: str, workflow_id: str, ta
     Submission fields already in ``obj`` are dropped and compiled afresh. The spec is
     validated as ``jobs add`` validates it, so what this prints is what ``jobs add`` accepts.
     """
-    from scheduler.core.spec import validate_spec
-
     plain, _ = split_submission(obj) if any(k in obj for k in SUBMISSION_FIELDS) else (dict(obj), None)
     payload = compile_v4(validate_spec(plain), job_id=job_id, workflow_id=workflow_id, task_id=task_id)
     return {**plain, **submission_fields(payload)}
@@ -863,8 +817,6 @@ def split_submission(obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | 
 
 def _bound_payload(tx: Tx, row: dict[str, Any], spec: JobSpec, *, missing_code: str | None = None) -> dict[str, Any]:
     """Load a v4 job's artifact, validate it against the row and ``spec`` and return the payload."""
-    from scheduler.core.artifact import load_artifact
-
     name = row.get("name")
     if row.get("handoff_version") != HANDOFF_VERSION:
         raise SchedulerError("HANDOFF_ARTIFACT_INVALID", f"job {name!r} is not a handoff v4 job",
@@ -912,6 +864,4 @@ def hydrate(tx: Tx, row: dict[str, Any]) -> dict[str, Any]:
     raises, so a listing never shows an artifact it could not prove. A missing artifact is
     ``HANDOFF_ARTIFACT_MISSING``; call it only for rows with ``handoff_version`` 4.
     """
-    from scheduler.core.spec import spec_from_row
-
     return _bound_payload(tx, row, spec_from_row(row), missing_code="HANDOFF_ARTIFACT_MISSING")

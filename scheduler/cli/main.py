@@ -132,6 +132,13 @@ def _process_hooks() -> Any:
     return Hooks()
 
 
+def _pipeline_steps() -> Any:
+    """The run pipeline's steps (``scheduler.pipeline.installed_steps``), imported when a command first needs them."""
+    from scheduler.pipeline import installed_steps
+
+    return installed_steps()
+
+
 def open_ctx_store(ctx: click.Context | None = None) -> Any:
     """The store for this invocation, opened (and initialised, failing closed) on first use.
 
@@ -171,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.cli.output import error_out
     from scheduler.base.errors import SchedulerError
 
+    from scheduler.core import steps
+
+    steps.install(_pipeline_steps)  # deferred: a command that validates and runs no job imports no step
     args, as_json = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     obj: dict[str, Any] = {"json": as_json}
     try:

@@ -20,6 +20,8 @@ from typing import TextIO
 
 from scheduler.conformance.cli import result_line
 from scheduler.conformance.engine import Report, run_kind
+from scheduler.core import steps
+from scheduler.pipeline import installed_steps
 
 #: (kind, driver name) of every first-party provider the fixtures apply to (each channel sends
 #: to the loopback stand-in its distribution's service adapter starts), and of the example
@@ -68,6 +70,7 @@ def providers_to_run() -> list[tuple[str, str]]:
 
 def main(out: TextIO | None = None) -> int:
     """Run every listed provider, print the reports and the combined summary; return the exit code."""
+    steps.install(installed_steps)  # the cases validate job specs: the run pipeline's steps own their fields
     stream = out or sys.stdout
     allow_missing = os.environ.get(ALLOW_MISSING_ENV, "").strip().lower() in _TRUE
     passed = failed = skipped = 0

@@ -694,7 +694,7 @@ def _payload_fields(adapter: Any, case: Case) -> tuple[dict[str, Any] | None, Ca
 
 def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, Any], workdir: Path) -> Any:
     """The ``ExecutionRequest`` the dispatcher would build for this case's job (options validated by the provider)."""
-    from scheduler.plugins.options import request_for
+    from scheduler.pipeline.governance import request_for
     from scheduler.core.spec import validate_spec
     from scheduler.base.timeutil import now_ms
 

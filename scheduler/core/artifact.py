@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import to_iso
+from scheduler.core.spec import SPEC_COLUMN_ORDER, JobSpec, spec_from_row
+from scheduler.core.steps import NOT_REGISTERED, Plan, plan_for, refuse_unowned, registered
 
 if TYPE_CHECKING:
-    from scheduler.core.spec import JobSpec
-    from scheduler.core.store.base import Tx
+    from scheduler.core.store.base import Store, Tx
 
 #: Schema name and version of a native artifact payload.
 NATIVE_SCHEMA = "scheduler.execution-artifact"
@@ -59,17 +61,38 @@ def redact_secrets(value: Any) -> Any:
     return value
 
 
+def artifact_path(field: str, prefix: str = "", replace: str = "") -> str:
+    """A spec validation field (``credentials[0].present.key``) as an artifact path
+    (``credential_presentation.bindings.0.present.key`` with ``prefix="credentials"``, ``replace="credential_presentation.bindings"``)."""
+    if prefix and field.startswith(prefix):
+        field = replace + field[len(prefix):]
+    return re.sub(r"\[(\d+)\]", r".\1", field)
+
+
+def section_problems(problems: list[dict[str, str]], prefix: str = "", replace: str = "") -> list[dict[str, str]]:
+    """Validation ``problems`` of a spec field as problems of the artifact section it projects to (``artifact_path``)."""
+    return [{**p, "field": artifact_path(p["field"], prefix, replace)} for p in problems]
+
+
 def _text_digest(text: str | None) -> str | None:
     return None if text is None else hash_text(text)
 
 
+#: The sections the kernel projects itself (each registered step adds its own: ``scheduler.core.steps``).
+KERNEL_SECTIONS = frozenset({"target", "command", "runtime", "output", "delivery", "watchdog"})
+#: The keys of a native artifact that are not sections.
+NATIVE_HEADER = frozenset({"schema", "version", "canonicalization", "job_id"})
+
+
 def execution_sections(spec: JobSpec) -> dict[str, Any]:
-    """The execution contract of ``spec`` as artifact sections (no job id, no header).
+    """The execution contract of ``spec`` as artifact sections (no job id, no header): the kernel's, then each
+    registered step's (``PIPELINE_NOT_INSTALLED`` without them: an artifact is never projected without its steps).
 
     Shared by native artifacts and handoff v4 artifacts, so both describe a job the same way.
     """
+    steps = registered().steps
     payload = spec.payload_message
-    return {
+    sections: dict[str, Any] = {
         "target": {
             "session_target": spec.session_target,
             "executor": spec.executor_name(),
@@ -81,13 +104,7 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
             "payload_bytes": len(payload.encode("utf-8")),
         },
         "runtime": {"timeout_ms": spec.run_timeout_ms},
-        "constraints": spec.constraints,
         "output": {"format": spec.output_format},
-        "verification": {
-            "shell_sha256": _text_digest(spec.verify_shell),
-            "timeout_s": spec.verify_timeout_s,
-            "on_failure": spec.verify_on_failure,
-        },
         "delivery": {
             "mode": spec.delivery_mode,
             "channel": spec.delivery_channel,
@@ -100,35 +117,19 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
             "alert_to": spec.watchdog_alert_to,
             "self_destruct": spec.watchdog_self_destruct,
         },
-        "approval": {
-            "required": spec.approval_required,
-            "timeout_s": spec.approval_timeout_s,
-            "timeout_action": spec.approval_timeout_action,
-            "risk_level": spec.approval_risk_level,
-            "approver_scope": spec.approval_approver_scope,
-        },
-        # The normalised identity declaration (scheduler.pipeline.identity), null when the job declares none.
-        "identity": spec.identity,
-        # The normalised credential bindings (references, never values); the child policy only when not "none",
-        # so a job without credentials keeps its digest.
-        "credential_presentation": {
-            "bindings": redact_secrets(list(spec.credentials or [])),
-            **({"child_policy": spec.child_credential_policy} if spec.child_credential_policy != "none" else {}),
-        },
-        # The job's policy decision point and how it is asked (scheduler.pipeline.authorization, normalised), null when none.
-        "authorization_ref": spec.authorization_ref,
-        "authorization": redact_secrets(spec.authorization) if spec.authorization else None,
-        # The normalised proof declaration (scheduler.pipeline.proofs.declaration: method, source, keys), never a proof; null when none.
-        "authorization_proof": spec.authorization_proof,
-        # The normalised evidence declaration with its evidence_ref (scheduler.evidence.declaration), null when none.
-        "evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if spec.evidence else None,
     }
+    for step in steps:
+        sections.update(step.project(spec))
+    return sections
+
+
+def _native_header(job_id: str) -> dict[str, Any]:
+    return {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1", "job_id": job_id}
 
 
 def native_payload(spec: JobSpec, job_id: str) -> dict[str, Any]:
     """The native execution artifact of job ``job_id`` with spec ``spec``."""
-    return {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1",
-            "job_id": job_id, **execution_sections(spec)}
+    return _native_header(job_id) | execution_sections(spec)
 
 
 def native_digest(spec: JobSpec, job_id: str) -> str:
@@ -175,32 +176,38 @@ def parse_stored(text: Any, digest: str) -> dict[str, Any]:
 def expected_digest(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
     """The digest the job row ``row`` must carry, recomputed from the row itself.
 
-    Native jobs recompute their projection; handoff v4 jobs recompute the job binding
-    and check it against their stored artifact (``scheduler.artifacts.handoff``). ``spec`` is
-    ``spec_from_row(row)`` when the caller already built it (the dispatcher's worker
-    does): it is not rebuilt.
+    Native jobs recompute their projection; a job bound to another artifact kind (handoff v4)
+    is proven by the registered step that owns that kind (``Step.check_binding``, which reads
+    the stored artifact) and keeps its recorded digest. ``spec`` is ``spec_from_row(row)`` when
+    the caller already built it (the dispatcher's worker does): it is not rebuilt.
     """
-    from scheduler.core.spec import SPEC_COLUMN_ORDER, spec_from_row
-
-    if row.get("handoff_version") == 4:
-        from scheduler.artifacts.handoff import check_bound_job
-
-        check_bound_job(tx, row, spec if spec is not None else spec_from_row(row))
+    if row.get("handoff_version") is not None:
+        spec = spec if spec is not None else spec_from_row(row)
+        if not any(step.check_binding(tx, row, spec) for step in registered().binders):
+            raise SchedulerError(NOT_REGISTERED, f"job {row.get('name')!r} is bound to a handoff v{row['handoff_version']}"
+                                 " artifact and no registered pipeline step proves that kind")
         return row["artifact_digest"]
-    # The projection is a pure function of the row's spec columns: remember it per exact row
-    # content, so the check before every run costs a lookup, not a canonicalisation.
-    key = (row["id"], *map(row.get, SPEC_COLUMN_ORDER))
-    digest = _NATIVE_DIGESTS.get(key)
-    if digest is None:
-        digest = native_digest(spec if spec is not None else spec_from_row(row), row["id"])
+    return _native(row, spec)[0]
+
+
+def _native(row: dict[str, Any], spec: JobSpec | None) -> tuple[str, dict[str, Any]]:
+    """``(native digest, sections)`` of a native job row. The projection is a pure function of the row's spec
+    columns and the installed steps: it is remembered per exact row content, so the check before every run
+    costs a lookup, not a canonicalisation."""
+    installed = registered()
+    key = (id(installed), row["id"], *map(row.get, SPEC_COLUMN_ORDER))
+    hit = _NATIVE_DIGESTS.get(key)
+    if hit is None:
+        sections = execution_sections(spec if spec is not None else spec_from_row(row))
+        hit = (canonical_digest(_native_header(row["id"]) | sections), sections)
         if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
             _NATIVE_DIGESTS.clear()
-        _NATIVE_DIGESTS[key] = digest
-    return digest
+        _NATIVE_DIGESTS[key] = hit
+    return hit
 
 
-#: ``(job id, spec column values...) -> native digest``; bounded, cleared when full.
-_NATIVE_DIGESTS: dict[tuple[Any, ...], str] = {}
+#: ``(installed steps, job id, spec column values...) -> (native digest, sections)``; bounded, cleared when full.
+_NATIVE_DIGESTS: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
 _NATIVE_DIGESTS_MAX = 4096
 
 
@@ -224,10 +231,42 @@ def check_job(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
     return recorded
 
 
+def bind_plan(store: Store, row: dict[str, Any], spec: JobSpec) -> Plan:
+    """The run pipeline's artifact check, and the run plan it proves: the first thing every run does.
+
+    The job as claimed must still project to the artifact it is bound to (``check_job``; a handoff
+    v4 job reads its stored artifact); the plan is then derived from that artifact's sections and
+    cached per digest (``scheduler.core.steps.plan_for``). A native job that no longer matches
+    because its stored artifact declares a section no registered step owns (a step's distribution
+    was uninstalled) fails with ``PIPELINE_STEP_NOT_REGISTERED`` instead of the mismatch.
+    """
+    if row.get("handoff_version") is not None:
+        with store.read() as tx:
+            digest = check_job(tx, row, spec)
+        return plan_for(digest, lambda: execution_sections(spec), KERNEL_SECTIONS)
+    try:
+        digest = check_job(None, row, spec)  # type: ignore[arg-type]  # a native projection needs no database
+    except SchedulerError as exc:
+        if exc.code == "EXECUTION_ARTIFACT_MISMATCH":
+            _refuse_unowned_sections(store, row["artifact_digest"])
+        raise
+    return plan_for(digest, lambda: _native(row, spec)[1], KERNEL_SECTIONS)
+
+
+def _refuse_unowned_sections(store: Store, digest: str) -> None:
+    """``PIPELINE_STEP_NOT_REGISTERED`` when the stored native artifact ``digest`` has a non-empty section no
+    registered step owns; nothing when it cannot be read (the caller reports the mismatch)."""
+    try:
+        with store.read() as tx:
+            payload = load_artifact(tx, digest)["payload"]
+    except SchedulerError:
+        return
+    sections = {k: v for k, v in payload.items() if k not in NATIVE_HEADER}
+    refuse_unowned(digest, sections, KERNEL_SECTIONS)
+
+
 def artifact_to_json(row: dict[str, Any]) -> dict[str, Any]:
     """JSON view of a loaded artifact row (payload already parsed)."""
-    from scheduler.base.timeutil import to_iso
-
     return {"digest": row["digest"], "kind": row["kind"], "job_id": row["job_id"], "payload_bytes": row["payload_bytes"],
             "created_at": to_iso(row["created_at"]), "payload": row["payload"]}
 

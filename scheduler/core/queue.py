@@ -29,9 +29,11 @@ from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import resolve_job
 from scheduler.core.lease import Lease, assert_live
 from scheduler.settings import current_settings
+from scheduler.core.schedules import missed_slots, next_fire
 from scheduler.core.spec import executor_name_of, spec_from_row
+from scheduler.core.steps import Gate, registered
 from scheduler.core.store.base import Store, Tx
-from scheduler.base.timeutil import now_ms
+from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import committing, insert_dispatch
 
 #: How long a claim is valid before recovery may return it to pending (when no run is active).
@@ -79,8 +81,6 @@ class DueSlots:
 
     def data(self, *, count: int | None = None, last: int | None = None) -> dict[str, Any]:
         """The gap (or its first ``count`` slots, up to ``last``) as event data: first and last slot, count, exactness."""
-        from scheduler.base.timeutil import to_iso
-
         count = self.count if count is None else count
         last = self.last if last is None else last
         return {"missed": count, "first": self.first, "last": last, "first_at": to_iso(self.first), "last_at": to_iso(last),
@@ -94,8 +94,6 @@ def due_slots(schedule: Any, first: int, now: int) -> DueSlots:
     enumerated up to ``GAP_SCAN_LIMIT``, beyond which the last slot is found by scanning
     back from ``now``.
     """
-    from scheduler.core.schedules import missed_slots
-
     if schedule.kind == "every":
         every = schedule.every_ms
         later = max(0, (now - first) // every)
@@ -129,8 +127,6 @@ def _tail(schedule: Any, known_prev: int, known: int, now: int) -> tuple[int, in
 
 def _last_two(schedule: Any, after: int, to: int) -> list[int]:
     """The last (up to) two slots ``t`` with ``after < t <= to``, paging through the schedule."""
-    from scheduler.core.schedules import missed_slots
-
     out: list[int] = []
     cursor = after
     while True:
@@ -152,8 +148,6 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
     its slots runs (one ``skipped`` run says how many); a one-shot reached that late is
     handled the same way.
     """
-    from scheduler.core.schedules import next_fire
-
     now = now_ms() if now is None else now
     created = 0
     grace_ms = current_settings().dispatcher.misfire_grace_ms
@@ -440,7 +434,7 @@ def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, 
 
 
 def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | transitions.NewRun | None:
-    """Claim ``d`` and start its run; or open the approval gate; or resume the run its approval released.
+    """Claim ``d`` and start its run; or open a step's gate (``Step.gates``); or resume the run its approval released.
 
     None when nothing is to execute now (no longer ours, or waiting for a decision); a
     ``NewRun`` for a new run the caller claims and starts with the pass's others
@@ -465,19 +459,18 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
     elif d["kind"] == "chain":
         parent_run_id = d["source_run_id"]
     replay_of = d["source_run_id"] if d["replay_count"] else None
-    if not job["approval_required"]:
+    gate = next((step for step in registered().gates if step.gates(job)), None)
+    if gate is None:
         return transitions.NewRun(run_id=run_id, claim_token=secrets.token_hex(8), job=job, dispatch=d, attempt=attempt,
                                   executor=executor_name_of(job), parent_run_id=parent_run_id, retry_of_run_id=retry_of,
                                   replay_of_run_id=replay_of)
     if not transitions.claim_dispatch(tx, d["id"], lease, run_id=run_id, claim_token=secrets.token_hex(8),
                                       expires_at=now + CLAIM_TTL_MS, now=now):
         return None  # no longer pending: someone else's (never a run without its claim)
-    # An approval-gated job: nothing of the payload runs before a decision (scheduler.approvals.decisions).
-    from scheduler.approvals.decisions import open_gate
-
-    open_gate(tx, run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
-              scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of, replay_of_run_id=replay_of,
-              now=now, actor=lease.owner)
+    # A gated job (the approval step's ``approval_required``): nothing of the payload runs before a decision.
+    gate.open_gate(tx, Gate(run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
+                            scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of,
+                            replay_of_run_id=replay_of, now=now, actor=lease.owner))
     return None
 
 

@@ -15,6 +15,10 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import check_instant_ms, format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
+from scheduler.core.conditions import compile_pattern
+from scheduler.core.job_retention import normalise_job_retention
+from scheduler.core.schedules import Schedule, validate_cron, validate_timezone
+from scheduler.core.steps import NOT_REGISTERED, Installed, registered
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
@@ -209,10 +213,8 @@ class JobSpec:
         """The executor driver this job runs on."""
         return self.executor or DEFAULT_EXECUTORS[self.session_target]
 
-    def schedule(self) -> Any:
-        """The ``scheduler.core.schedules.Schedule`` this spec describes (imports croniter lazily)."""
-        from scheduler.core.schedules import Schedule
-
+    def schedule(self) -> Schedule:
+        """The ``scheduler.core.schedules.Schedule`` this spec describes."""
         return Schedule(
             kind=self.schedule_kind,
             cron=self.schedule_cron,
@@ -279,71 +281,43 @@ class _Errors:
         return any(e["field"] == field for e in self.items)
 
 
-def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
-    """Type-check and normalise one field value; record an error and return None when bad."""
+#: Field kinds the kernel checks itself; a field of any other kind is validated by the pipeline step that owns it.
+KERNEL_KINDS = frozenset({"str", "bool", "int", "instant", "choice", "duration", "cron", "timezone", "driver", "scope",
+                          "condition", "options", "retention"})
+
+
+def _coerce(f: attrs.Attribute, value: Any, errors: _Errors, installed: Installed) -> Any:
+    """Type-check and normalise one field value; record an error and return None when bad.
+
+    A field a registered step owns with a normaliser of its own is that step's to check
+    (``scheduler.core.steps``); a field of a kind the kernel does not know and no step owns is
+    refused with ``PIPELINE_STEP_NOT_REGISTERED`` (never stored unchecked).
+    """
     m, name = f.metadata, f.name
     if value is None:
         if m["required"]:
             errors.add(name, "is required", "REQUIRED")
         return None
+    owner = installed.field_owners.get(name)
+    if owner is not None and owner[1] is not None:
+        normalised, problems = owner[1](value, name)
+        for p in problems:
+            errors.add(p["field"], p["error"], p["code"])
+        return normalised
     kind = m["kind"]
+    if kind not in KERNEL_KINDS:
+        raise SchedulerError(NOT_REGISTERED, f"the job field {name!r} belongs to a pipeline step that is not registered",
+                             details={"field": name, "kind": kind})
     if kind == "options":
         if not isinstance(value, dict):
             errors.add(name, "must be an object of the plugin's options", "INVALID_TYPE")
             return None
         return dict(value)
-    if kind == "constraints":
-        return _check_constraints(value, errors)
-    if kind == "evidence":
-        from scheduler.evidence.declaration import normalise as normalise_evidence
-
-        evidence, found = normalise_evidence(value, name)
-        for p in found:
-            errors.add(p["field"], p["error"], p["code"])
-        return evidence
-    if kind in ("authorization_ref", "authorization"):
-        from scheduler.pipeline.authorization import check_ref, normalise_declaration as normalise_authorization
-
-        if kind == "authorization_ref":
-            found = check_ref(value, name)
-            declared = None if found else value
-        else:
-            declared, found = normalise_authorization(value, name)
-        for p in found:
-            errors.add(p["field"], p["error"], p["code"])
-        return declared
-    if kind == "evidence_ref":
-        from scheduler.evidence.declaration import check_evidence_ref
-
-        found = check_evidence_ref(value, name)
-        for p in found:
-            errors.add(p["field"], p["error"], p["code"])
-        return None if found else value
-    if kind == "credentials":
-        from scheduler.pipeline.credentials.bindings import check_bindings
-
-        return check_bindings(value, errors.add)
-    if kind == "authorization_proof":
-        from scheduler.pipeline.proofs.declaration import normalise as normalise_proof
-
-        declaration, problems = normalise_proof(value, name)
-        for p in problems:
-            errors.add(p["field"], p["error"], p["code"])
-        return declaration
     if kind == "retention":
-        from scheduler.ops.retention import normalise_job_retention
-
         retention, found = normalise_job_retention(value, name)
         for p in found:
             errors.add(p["field"], p["error"], p["code"])
         return retention
-    if kind == "identity":
-        from scheduler.pipeline.identity import normalise_declaration
-
-        declaration, problems = normalise_declaration(value, name)
-        for p in problems:
-            errors.add(p["field"], p["error"], p["code"])
-        return declaration
     if kind == "bool":
         if not isinstance(value, bool):
             errors.add(name, "must be true or false", "INVALID_TYPE")
@@ -398,16 +372,12 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
             return None
         return format_duration_ms(ms)
     if kind == "cron":
-        from scheduler.core.schedules import validate_cron
-
         try:
             return validate_cron(value)
         except SchedulerError as exc:
             errors.add(name, exc.message, exc.code)
             return None
     if kind == "timezone":
-        from scheduler.core.schedules import validate_timezone
-
         try:
             return validate_timezone(value)
         except SchedulerError as exc:
@@ -431,37 +401,6 @@ def _coerce(f: attrs.Attribute, value: Any, errors: _Errors) -> Any:
     return value  # plain "str"
 
 
-def _check_constraints(value: Any, errors: _Errors) -> dict[str, Any] | None:
-    """Validate ``constraints`` against ``Constraints``; stored normalised (non-defaults only)."""
-    from scheduler.core.execution import Constraints
-    from scheduler.base.options import option_problems, options_to_json
-
-    kwargs, problems = option_problems(Constraints, value, "constraints")
-    for p in problems:
-        errors.add(p["field"], p["error"], p["code"])
-    if problems:
-        return None
-    paths = kwargs.get("allowed_paths") or ()
-    if any(not p.startswith("/") or ".." in p.split("/") for p in paths):
-        errors.add("constraints.allowed_paths", "must be absolute paths without '..'", "PATH_TRAVERSAL")
-        return None
-    for key in ("max_tokens", "max_cost"):
-        if kwargs.get(key) is not None and kwargs[key] <= 0:
-            errors.add(f"constraints.{key}", "must be greater than 0", "OUT_OF_RANGE")
-            return None
-    return options_to_json(Constraints(**kwargs))
-
-
-def constraints_of(spec: JobSpec) -> Any:
-    """The job's ``constraints`` as a ``Constraints`` instance."""
-    from scheduler.core.execution import Constraints
-
-    raw = dict(spec.constraints)
-    if "allowed_paths" in raw and raw["allowed_paths"] is not None:
-        raw["allowed_paths"] = tuple(raw["allowed_paths"])
-    return Constraints(**raw)
-
-
 def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
     """Accept ``contains:TEXT`` or a ``regex:PATTERN`` that the linear-time engine compiles."""
     if len(value) > MAX_CONDITION_CHARS:
@@ -470,8 +409,6 @@ def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
     if value.startswith("contains:") and len(value) > len("contains:"):
         return value
     if value.startswith("regex:"):
-        from scheduler.core.conditions import compile_pattern
-
         try:
             compile_pattern(value[len("regex:") :])
         except SchedulerError as exc:
@@ -487,9 +424,12 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
 
     ``check_past`` rejects an ``at`` instant already in the past unless the spec
     sets ``allow_past_at`` (creation-time rule; updates of old jobs skip it).
-    ``plugin_options`` validates plugin-owned options and constraints against the
-    installed plugins (it imports them; the kernel's own checks never need it).
+    ``plugin_options`` asks every registered step what the installed plugins say of the
+    job (``Step.check_installed``: plugin options, constraints against the executor, providers);
+    the kernel's own checks never need it. Without installed steps nothing is validated
+    (``PIPELINE_NOT_INSTALLED``).
     """
+    installed = registered()
     if not isinstance(obj, dict):
         raise SchedulerError("VALIDATION_FAILED", "a job spec must be a JSON object", details=[
             {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
@@ -503,7 +443,7 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
     values: dict[str, Any] = {}
     for f in SPEC_FIELDS:
         if f.name in obj:
-            values[f.name] = _coerce(f, obj[f.name], errors)
+            values[f.name] = _coerce(f, obj[f.name], errors, installed)
             if values[f.name] is None and f.default is not attrs.NOTHING:
                 values[f.name] = _default(f)
         elif f.metadata["required"]:
@@ -518,6 +458,8 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
         elif len(payload.encode("utf-8")) > MAX_PAYLOAD_BYTES:
             errors.add("payload_message", f"must be at most {MAX_PAYLOAD_BYTES} bytes", "TOO_LARGE")
     _cross_checks(values, errors, now=now_ms() if now is None else now, check_past=check_past)
+    for step in installed.steps:
+        step.check(values, errors)
     if errors.items:
         fields = ", ".join(sorted({e["field"] for e in errors.items}))
         raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
@@ -525,9 +467,12 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
         values["trigger_on"] = "success"
     spec = JobSpec(**values)
     if plugin_options:
-        from scheduler.plugins.options import option_problems_of
-
-        normalised, problems = option_problems_of(spec)
+        normalised: dict[str, Any] = {}
+        problems: list[dict[str, str]] = []
+        for step in installed.steps:
+            changed, found = step.check_installed(spec)
+            normalised.update(changed)
+            problems += found
         if problems:
             for p in problems:
                 errors.add(p["field"], p["error"], p["code"])
@@ -539,7 +484,7 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
 
 
 def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: bool) -> None:
-    """Rules that involve several fields."""
+    """The kernel's rules that involve several fields (each step adds its own: ``Step.check``)."""
     kind = v.get("schedule_kind")
     owners = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
     for field, owner in owners.items():
@@ -563,15 +508,6 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
         errors.add("delivery_channel", "is required unless delivery_mode=none", "REQUIRED")
     if v.get("job_type") == "watchdog" and v.get("session_target", "shell") != "shell":
         errors.add("job_type", "watchdog jobs run on the shell target", "CONFLICT")
-    if v.get("approval_approver_scope") and v.get("approval_timeout_action") == "approve":
-        errors.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
-    if v.get("credentials") and v.get("session_target") == "main":
-        errors.add("credentials", "the main session refuses credentials (it is shared and outlives the run)",
-                   "CREDENTIAL_MEDIUM_UNSUPPORTED")
-    if v.get("evidence_ref") is not None and v.get("evidence") is None and not errors.has("evidence"):
-        errors.add("evidence_ref", "is only valid with evidence", "CONFLICT")
-    if v.get("authorization") is not None and v.get("authorization_ref") is None and not errors.has("authorization_ref"):
-        errors.add("authorization", "is only valid with authorization_ref", "CONFLICT")
 
 
 _JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization",

@@ -33,7 +33,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from scheduler.base.canonical import canonical_bytes
 from scheduler.base.errors import SchedulerError
+from scheduler.base.options import option_problems, options_to_json
+from scheduler.evidence.retention import check_retention
 
 #: Keys a declaration may hold.
 DECLARATION_KEYS = ("provider", "methods", "provider_config", "payload", "verify", "collect", "retention")
@@ -84,8 +87,6 @@ def normalise(value: Any, field: str = "evidence") -> tuple[dict[str, Any] | Non
 
     Returns ``(None, problems)`` when anything is wrong, so a bad declaration is never stored.
     """
-    from scheduler.base.canonical import canonical_bytes
-
     problems: list[Problem] = []
     if not isinstance(value, dict):
         return None, [_problem(field, "must be an object (provider, methods, provider_config, payload, verify, collect,"
@@ -161,7 +162,6 @@ def normalise(value: Any, field: str = "evidence") -> tuple[dict[str, Any] | Non
     collect = _names(value.get("collect"), f"{field}.collect", COLLECT_NAMES, problems)
     retention = value.get("retention")
     if retention is not None:
-        from scheduler.evidence.retention import check_retention
 
         try:
             check_retention(retention)
@@ -196,8 +196,6 @@ def provider_problems(declaration: dict[str, Any], load: Callable[[str, str], An
     Returns the declaration with its ``provider_config`` normalised (None when unchanged or the
     provider is not installed: the missing-plugin rule reports that) and the problems.
     """
-    from scheduler.base.options import option_problems, options_to_json
-
     provider = load("evidence", declaration["provider"])
     if provider is None:
         return None, []

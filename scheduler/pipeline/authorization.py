@@ -28,11 +28,21 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.options import build_options, option_problems, options_to_json
+from scheduler.base.timeutil import to_iso
+from scheduler.core.artifact import redact_secrets, section_problems
+from scheduler.core.bounded import call_bounded as bounded
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Problem, Problems, Run, StepBase
 from scheduler.plugins.loaded import LoadedProviders
+from scheduler.plugins.options import provider_for
+from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationRequest
+from scheduler.settings import current_settings
 
 #: Longest ``authorization_ref``.
 MAX_REF_CHARS = 256
@@ -175,8 +185,6 @@ def provider_problems(spec: Any, load: Any) -> tuple[dict[str, Any] | None, list
 
     Returns the declaration with its normalised ``provider_config`` (None when unchanged) and the problems.
     """
-    from scheduler.base.options import option_problems, options_to_json
-
     ref = getattr(spec, "authorization_ref", None)
     if not ref:
         return None, []
@@ -256,8 +264,6 @@ def forget_providers() -> None:
 
 def timeout_s() -> float:
     """``[authorization] timeout_s``: the longest a provider may take to decide."""
-    from scheduler.settings import current_settings
-
     return float(current_settings().kernel["authorization"].value.timeout_s)
 
 
@@ -267,8 +273,6 @@ def call_bounded(fn: Any, limit_s: float, *, what: str, details: dict[str, Any])
     A late answer is never read: a hung provider cannot hold the run, and a permit that comes
     too late permits nothing.
     """
-    from scheduler.core.bounded import call_bounded as bounded
-
     return bounded(fn, limit_s, code="AUTHORIZATION_TIMEOUT", what=what, details=details, name="authorization-decide")
 
 
@@ -280,8 +284,6 @@ def check_answer(answer: Any, provider_name: str, where: dict[str, Any] | None =
     mapping may name other answers); ``details`` is made JSON-safe and capped, ``reason`` capped.
     The conformance engine (``scheduler.conformance.authorization``) holds providers to this same check.
     """
-    from scheduler.plugins.protocols import AuthorizationDecision
-
     where = dict(where or {"provider": provider_name})
     if not isinstance(answer, AuthorizationDecision):
         raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
@@ -319,7 +321,6 @@ def decide_with(provider: Any, started: Any, spec: Any, outcomes: RunOutcomes, *
 
 class _Decision:
     """One run's authorization decision, from the provider's answer to what is recorded."""
-
     def __init__(self, store: Any, started: Any, spec: Any, ref: str, outcomes: RunOutcomes) -> None:
         self.store, self.started, self.spec, self.outcomes = store, started, spec, outcomes
         self.ref = ref
@@ -394,7 +395,6 @@ class _Decision:
         return True
 
     def _options(self, provider: Any) -> Any:
-        from scheduler.base.options import build_options
 
         cls = getattr(provider, "options_class", None)
         raw = self.declaration.get("provider_config") or {}
@@ -409,8 +409,6 @@ class _Decision:
             raise SchedulerError("AUTHORIZATION_OPTIONS_INVALID", exc.message, details=exc.details) from None
 
     def _request(self, options: Any) -> Any:
-        from scheduler.plugins.protocols import AuthorizationRequest
-        from scheduler.base.timeutil import to_iso
 
         include = set(self.declaration.get("request", {}).get("include", INCLUDE_PARTS))
         s, outcomes = self.started, self.outcomes
@@ -492,3 +490,54 @@ __all__ = [
     "provider_problems",
     "split_ref",
 ]
+
+
+def _normalise_ref(value: Any, field: str) -> tuple[str | None, list[Problem]]:
+    found = check_ref(value, field)
+    return (None if found else value), found
+
+
+class AuthorizationStep(StepBase):
+    """The pipeline step: the job's ``authorization_ref`` provider permits, denies or escalates every run."""
+
+    name = "authorization"
+    fields = {"authorization_ref": _normalise_ref, "authorization": normalise_declaration}
+    sections = ("authorization_ref", "authorization")
+
+    def project(self, spec: JobSpec) -> dict[str, Any]:
+        """The policy decision point and how it is asked (normalised, secrets redacted); null when none."""
+        return {"authorization_ref": spec.authorization_ref,
+                "authorization": redact_secrets(spec.authorization) if spec.authorization else None}
+
+    def check(self, values: Mapping[str, Any], problems: Problems) -> None:
+        """``authorization`` configures the ``authorization_ref`` provider: not without it."""
+        if values.get("authorization") is not None and values.get("authorization_ref") is None \
+                and not problems.has("authorization_ref"):
+            problems.add("authorization", "is only valid with authorization_ref", "CONFLICT")
+
+    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+        """``provider_config`` against the installed provider, and the provider's own policy check."""
+        if not spec.authorization_ref:
+            return {}, []
+        authorization, found = provider_problems(spec, provider_for)
+        return ({} if authorization is None else {"authorization": authorization}), found
+
+    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+        """A compiled ``authorization_ref`` / ``authorization`` must be what ``jobs add`` accepts."""
+        if value is None:
+            return []
+        if name == "authorization_ref":
+            return section_problems(check_ref(value, "authorization_ref"))
+        found = section_problems(normalise_declaration(value, "authorization")[1])
+        if sections.get("authorization_ref") is None:
+            found.append({"field": "authorization", "code": "CONFLICT",
+                          "error": "is only valid with authorization_ref (the provider it configures)"})
+        return found
+
+    def applies(self, sections: Mapping[str, Any]) -> bool:
+        """Jobs that name an ``authorization_ref``."""
+        return sections.get("authorization_ref") is not None
+
+    def before(self, run: Run) -> None:
+        """Ask the provider; deny on any failure; ``escalate`` waits for an approval (``AUTHORIZATION_ESCALATED``)."""
+        decide(run.store, run.started, run.spec, run.outcomes)

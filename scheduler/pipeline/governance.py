@@ -1,6 +1,6 @@
 """Governance: the pipeline step that refuses what the job's executor cannot enforce.
 
-Before identity, credentials and execution (``Dispatcher._execute``), every demand a job
+Before identity, credentials and execution, every demand a job
 makes of its executor is checked against the executor's declared ``capabilities``:
 
 =====================  =================================  =================================
@@ -18,22 +18,30 @@ demand                 needs the capability               because
 A demand without its capability is denied: ``SCHEDULER_GOVERNANCE_DENIED`` naming it; the
 run ends ``error`` and the payload never starts. Nothing is run unenforced, and nothing
 else decides: ``jobs add`` / ``jobs validate`` report the same list (``problems``) with
-the same code, and the request builder (``plugin_options.executor_options_for``) refuses
-with it too, for callers outside the dispatcher. Any exception while deciding is a deny.
+the same code, and ``request_for`` (the request builder for callers outside the dispatcher)
+refuses with it too. Any exception while deciding is a deny.
 
 The decision (allowed or denied, each check, the executor and its capabilities) is
 recorded on the run (``runs.governance_json``) and as a ``governance.decided`` event, for
-jobs that make at least one demand; a job with none returns at once (no import, no
-allocation): the dispatcher's hot path.
+jobs that make at least one demand; a job with none is not in its run plan (``GovernanceStep``).
+The step also owns the ``constraints`` field (validated against ``Constraints``) and its
+artifact section.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.options import option_problems, options_to_json
+from scheduler.core.execution import Constraints, ExecutionRequest
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.request import build_request, constraints_of
+from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.plugins.options import provider_for
 
 #: The one code of a governance refusal (run ``error_code``; field code at ``jobs add`` / ``jobs validate``).
 DENIED = "SCHEDULER_GOVERNANCE_DENIED"
@@ -58,8 +66,6 @@ def checks(spec: Any, executor: Any) -> list[dict[str, Any]]:
 
     Each check: ``{"demand": "constraints.network", "requires": "network-restriction", "enforced": bool}``.
     """
-    from scheduler.core.spec import constraints_of
-
     capabilities = frozenset(getattr(executor, "capabilities", ()) or ())
     out: list[dict[str, Any]] = []
     if spec.constraints:
@@ -149,3 +155,55 @@ def _executor_name(spec: Any) -> str | None:
         return spec.executor_name()
     except Exception:  # noqa: BLE001 - only a label in the record
         return None
+
+
+def normalise_constraints(value: Any, field: str = "constraints") -> tuple[dict[str, Any] | None, list[Problem]]:
+    """Validate ``constraints`` against ``Constraints``; normalised to its non-default values."""
+    kwargs, problems = option_problems(Constraints, value, field)
+    if problems:
+        return None, problems
+    paths = kwargs.get("allowed_paths") or ()
+    if any(not p.startswith("/") or ".." in p.split("/") for p in paths):
+        return None, [{"field": f"{field}.allowed_paths", "code": "PATH_TRAVERSAL", "error": "must be absolute paths without '..'"}]
+    for key in ("max_tokens", "max_cost"):
+        if kwargs.get(key) is not None and kwargs[key] <= 0:
+            return None, [{"field": f"{field}.{key}", "code": "OUT_OF_RANGE", "error": "must be greater than 0"}]
+    return options_to_json(Constraints(**kwargs)), []
+
+
+def request_for(executor: Any, spec: JobSpec, **fields: Any) -> ExecutionRequest:
+    """``scheduler.core.request.build_request`` for callers outside the dispatcher (the conformance engine,
+    ``scheduler.testing``): refused with ``SCHEDULER_GOVERNANCE_DENIED`` first when ``executor`` cannot enforce
+    the job's constraints or ``verify_shell`` (in a run, the governance step has denied such a run already)."""
+    if executor is not None and (spec.constraints or spec.verify_shell is not None):
+        found = problems(spec, executor, credentials=False)
+        if found:
+            raise SchedulerError(DENIED, found[0]["error"], details=found)
+    return build_request(executor, spec, **fields)
+
+
+class GovernanceStep(StepBase):
+    """The pipeline step: what the job demands of its executor, against the executor's capabilities."""
+
+    name = "governance"
+    fields = {"constraints": normalise_constraints}
+    sections = ("constraints",)
+
+    def project(self, spec: JobSpec) -> dict[str, Any]:
+        """The normalised constraints."""
+        return {"constraints": spec.constraints}
+
+    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+        """Each constraint or ``verify_shell`` check the installed executor cannot enforce (credential media are
+        the credential step's to report, with their own code)."""
+        executor = provider_for("executor", spec.executor_name())
+        return {}, ([] if executor is None else problems(spec, executor, credentials=False))
+
+    def applies(self, sections: Mapping[str, Any]) -> bool:
+        """Jobs that demand something: constraints, a verification check, credentials."""
+        return bool(sections.get("constraints")) or (sections.get("verification") or {}).get("shell_sha256") is not None \
+            or bool((sections.get("credential_presentation") or {}).get("bindings"))
+
+    def before(self, run: Run) -> None:
+        """Deny (``SCHEDULER_GOVERNANCE_DENIED``) what the executor does not enforce."""
+        evaluate(run.spec, run.executor, run.outcomes)

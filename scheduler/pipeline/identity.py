@@ -21,13 +21,22 @@ was decided is still committed with the run (``identity_json``, ``trust_level``,
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat as st
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from scheduler.approvals.decisions import approver_identity, scope_matches
 from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import section_problems
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.settings import current_settings
 
 #: Trust levels, lowest first.
 TRUST_LEVELS: tuple[str, ...] = ("untrusted", "user", "operator", "system")
@@ -418,9 +427,6 @@ def _trusted_file(path: Any, owners: set[int]) -> bool:
 
     The directory is checked too, so nobody else can swap the file between its reading and this check.
     """
-    import os
-    import stat as st
-
     try:
         for item in (path, path.parent):
             info = os.stat(item)
@@ -434,8 +440,6 @@ def _trusted_file(path: Any, owners: set[int]) -> bool:
 
 
 def _listed(entries: tuple[str, ...], name: str, uid: int) -> bool:
-    from scheduler.approvals.decisions import scope_matches
-
     return any(scope_matches(entry, name, uid) for entry in entries)
 
 
@@ -449,11 +453,6 @@ def invoker(store: Any = None, *, settings: Any = None) -> Invoker:
     the invoker's own file, or in a ``SCHEDULER_IDENTITY_*`` variable, grants nothing); everyone
     else is ``[identity] default_level`` (``user``; it can only lower, never raise).
     """
-    import os
-    from pathlib import Path
-
-    from scheduler.approvals.decisions import approver_identity
-
     name, uid = approver_identity()
     if uid == 0:
         return Invoker(name=name, uid=uid, level="system", reason="root")
@@ -465,8 +464,6 @@ def invoker(store: Any = None, *, settings: Any = None) -> Invoker:
         except OSError:
             owner = None
     if settings is None:
-        from scheduler.settings import current_settings
-
         settings = current_settings()
     resolved = settings.kernel.get("identity")
     granted, why = None, ""
@@ -514,3 +511,23 @@ def check_invoker(spec: Any, who: Invoker, *, previous: Any = None, field: str =
                              f" {subject.get('principal')!r}; at level {who.level!r} a job may only act as your own account"
                              f" ({who.name})", details={"field": f"{field}.subject.principal", "account": who.name,
                                                         "level": who.level})
+
+
+class IdentityStep(StepBase):
+    """The pipeline step: every run resolves who it acts as (``resolve``), before proofs, authorization and credentials."""
+
+    name = "identity"
+    fields = {"identity": normalise_declaration}
+    sections = ("identity",)
+
+    def project(self, spec: JobSpec) -> dict[str, Any]:
+        """The normalised identity declaration, null when the job declares none."""
+        return {"identity": spec.identity}
+
+    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+        """A compiled identity declaration must be one ``normalise_declaration`` accepts."""
+        return [] if value is None else section_problems(normalise_declaration(value, "identity")[1])
+
+    def before(self, run: Run) -> None:
+        """Resolve the run's identity into its outcomes (``DELEGATION_*`` on a refused delegation)."""
+        resolve(run.store, run.started, run.spec, run.outcomes)

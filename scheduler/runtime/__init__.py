@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Callable
 
 from scheduler.approvals.decisions import expire_due as expire_due_approvals
-from scheduler.core import observers
+from scheduler.core import observers, steps
 from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
 from scheduler.core.observers import Observers
 from scheduler.core.parts import Parts
 from scheduler.core.store.base import Store
 from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
+from scheduler.pipeline import installed_steps
 from scheduler.plugins.hooks import Hooks
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.runtime import duties
@@ -29,8 +30,10 @@ EXECUTOR_RETRY_S = 30.0
 
 def install() -> None:
     """Give this process its defaults: transitions committed without naming their observers (a CLI ``runs cancel``)
-    tell the entry-point hook modules (built only when there is something to tell)."""
+    tell the entry-point hook modules (built only when there is something to tell); the run pipeline's steps
+    (built-in and ``scheduler.steps`` entry points, ``scheduler.pipeline.installed_steps``) are installed into core."""
     observers.install_default(Hooks)
+    steps.install(installed_steps)
 
 
 def loaded_executors() -> LoadedProviders:

@@ -41,7 +41,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.core import steps as _steps
 from scheduler.core.execution import ExecutionRequest, LocalRunControl
+from scheduler.pipeline import installed_steps
+
+# Tests validate and run jobs without a CLI or ``scheduler run``: the run pipeline's steps are installed on import.
+_steps.install(installed_steps)
 
 #: The PostgreSQL server the tests use: ``SCHEDULER_TEST_POSTGRES_URL``, else the local one.
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -64,7 +69,7 @@ def make_request(
     The spec is validated (plugin options included, when the executor is installed); the
     deadline follows ``run_timeout_ms``; the artifact directory is ``artifacts_root/runs/<run_id>``.
     """
-    from scheduler.plugins.options import request_for
+    from scheduler.pipeline.governance import request_for
     from scheduler.plugins.loader import load_provider
     from scheduler.core.spec import validate_spec
     from scheduler.base.timeutil import now_ms

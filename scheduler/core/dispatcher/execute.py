@@ -1,12 +1,16 @@
 """The worker-side run: what a worker thread does with a run the dispatcher's pass started.
 
-The pipeline (see ``scheduler.core.outcomes``): the artifact check, the decisions before
-execution, the credentials around it, the executor, then evidence. The result is handed
-back to the loop (``finished``), which commits it under its fence (group commit).
+The run pipeline as a loop over the run's plan (``scheduler.core.steps``): the artifact check
+binds the plan (``scheduler.core.artifact.bind_plan``), the executor is loaded, every step's
+``before`` decides in order, every ``around`` context is entered, the executor runs, the contexts
+are left (credentials cleaned), and every ``after`` hook gets the result (evidence). This module
+names no step. The result is handed back to the loop (``finished``), which commits it under its
+fence (group commit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -17,6 +21,7 @@ from typing import Any, Callable
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import KERNEL_SECTIONS, bind_plan, execution_sections
 from scheduler.core.execution import (
     EXECUTION_STATUSES,
     SOURCE_OUTPUT_CHARS,
@@ -25,9 +30,10 @@ from scheduler.core.execution import (
     TriggerContext,
 )
 from scheduler.core.queue import StartedRun
+from scheduler.core.request import build_request
 from scheduler.core.spec import spec_from_row
+from scheduler.core.steps import Plan, Run, derive_plan
 from scheduler.core.store.base import Store
-from scheduler.plugins.options import request_for
 
 log = logging.getLogger("scheduler.core.dispatcher")
 
@@ -46,51 +52,37 @@ class RunExecution:
     wake: threading.Event
 
     def execute(self, s: StartedRun, control: CancellationToken) -> None:
-        """One run through the pipeline (see ``scheduler.core.outcomes``): the decisions before execution, the
-        credentials around it, the executor, then evidence; every step records into ``s.outcomes``."""
-        from scheduler.pipeline import authorization
-        from scheduler.pipeline.credentials import step as credentials
-        from scheduler.evidence import attest as evidence
-        from scheduler.pipeline import governance
-        from scheduler.pipeline import identity
-        from scheduler.pipeline.proofs import step as proofs
-
+        """One run through its plan; every step records into ``s.outcomes``. A refusal (``SchedulerError``) or a
+        crash ends the run ``error`` with its code; the ``after`` hooks see that result too."""
         spec = spec_from_row(s.job)
+        run = Run(store=self.store, started=s, spec=spec)
+        plan: Plan | None = None
         try:
-            self.check_artifact(s, spec)
-            executor = self.executor(spec.executor_name())
-            governance.evaluate(spec, executor, s.outcomes)
-            identity.resolve(self.store, s, spec, s.outcomes)
-            proofs.verify(self.store, s, spec, s.outcomes)
-            authorization.decide(self.store, s, spec, s.outcomes)
+            plan = bind_plan(self.store, s.job, spec)
+            executor = run.executor = self.executor(spec.executor_name())
+            for before in plan.before:
+                before(run)
             trigger, state = self.run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
-            with credentials.presented(self.store, s, spec, executor, s.outcomes) as presented:
-                request = request_for(
+            with _entered(plan, run):
+                request = build_request(
                     executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
                     started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
-                    trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"), credentials=presented,
+                    trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"), credentials=run.credentials,
                 )
                 result = executor.execute(request, control)
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
                 result = ExecutionResult(status="error", error_code="EXECUTOR_INVALID_RESULT",
                                          error_message=f"executor {spec.executor_name()!r} returned {type(result).__name__}")
-            elif presented:  # what output redaction replaced, recorded on the run: counts per binding, never a value
-                from scheduler.core.redaction import record_redactions
-
-                result = record_redactions(result, s.outcomes)
+            else:
+                run.executed = True
         except SchedulerError as exc:
             details = exc.details if isinstance(exc.details, dict) else {}
             result = ExecutionResult(status="error", error_code=exc.code, error_message=exc.message, details=details)
         except Exception as exc:
             log.exception("executor crashed")
             result = ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
-        try:
-            if s.outcomes.escalate is None:  # an escalated run is not finished: it waits for approval (no evidence yet)
-                result = evidence.attest_run(self.store, s, spec, result, s.outcomes)
-        except Exception as exc:  # noqa: BLE001 - attestation must never leave a run unfinished
-            log.exception("evidence attestation of run %s crashed", s.run_id)
-            result = ExecutionResult(status="error", error_code="EVIDENCE_ATTESTATION_FAILED",
-                                     error_message=f"evidence attestation crashed: {type(exc).__name__}: {exc}")
+        for after in (plan or _unbound_plan(s, spec)).after:
+            result = _after(after, run, result)
         self.finished.put((s, result))  # the loop commits it (group commit), under its fence
         self.wake.set()
 
@@ -115,16 +107,40 @@ class RunExecution:
         )
         return trigger, state
 
-    def check_artifact(self, s: StartedRun, spec: Any = None) -> None:
-        """The run pipeline's artifact check: the job as claimed still projects to the artifact it is bound to.
 
-        Fails the run (``EXECUTION_ARTIFACT_*`` / ``HANDOFF_ARTIFACT_*``) before anything executes.
-        ``spec`` is the worker's ``spec_from_row(s.job)`` (built once per run, not again here).
-        """
-        from scheduler.core.artifact import check_job
+def _entered(plan: Plan, run: Run) -> Any:
+    """The plan's ``around`` contexts as one (the common cases without an ``ExitStack``)."""
+    if not plan.around:
+        return contextlib.nullcontext()
+    if len(plan.around) == 1:
+        return plan.around[0](run)
+    stack = contextlib.ExitStack()
+    try:
+        for around in plan.around:
+            stack.enter_context(around(run))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
-        if s.job.get("handoff_version") == 4:  # reads the stored artifact
-            with self.store.read() as tx:
-                check_job(tx, s.job, spec)
-        else:
-            check_job(None, s.job, spec)  # type: ignore[arg-type]  # a native projection needs no database
+
+def _after(hook: Callable[[Run, Any], Any], run: Run, result: ExecutionResult) -> ExecutionResult:
+    """One ``after`` hook; a hook that raises turns the result into an error, never leaves the run unfinished."""
+    try:
+        return hook(run, result)
+    except SchedulerError as exc:
+        return ExecutionResult(status="error", error_code=exc.code, error_message=exc.message,
+                               details=exc.details if isinstance(exc.details, dict) else {})
+    except Exception as exc:  # noqa: BLE001 - a step's bug must not leave the run unfinished
+        log.exception("pipeline step after-hook of run %s crashed", run.started.run_id)
+        return ExecutionResult(status="error", error_code="PIPELINE_STEP_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
+
+
+def _unbound_plan(s: StartedRun, spec: Any) -> Plan:
+    """The ``after`` hooks of a run refused before its plan was bound (artifact check failed): the steps the job's own
+    projection names, so its refusal still gets its evidence; never cached (the job does not match its artifact)."""
+    try:
+        return derive_plan(str(s.job.get("artifact_digest")), execution_sections(spec), KERNEL_SECTIONS)
+    except Exception:  # noqa: BLE001 - nothing to add to a run that cannot even be projected
+        return Plan(digest="", steps=(), before=(), around=(), after=())
+

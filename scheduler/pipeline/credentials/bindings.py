@@ -17,6 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from scheduler.base.options import build_options, option_problems
+from scheduler.plugins.options import provider_for
+from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
+
 #: Which media exist, and the executor capability each needs.
 MEDIA = ("env", "file", "stdin")
 MEDIUM_CAPABILITY = {m: f"credentials-{m}" for m in MEDIA}
@@ -228,12 +232,10 @@ def credential_problems(spec: Any, executor: Any | None) -> list[dict[str, str]]
 
 
 def _option_problems(bindings: list[dict[str, Any]]) -> list[dict[str, str]]:
-    from scheduler.base.options import option_problems
-    from scheduler.plugins.options import _provider
 
     problems: list[dict[str, str]] = []
     for i, b in enumerate(bindings):
-        provider = _provider("credential", b["provider"])
+        provider = provider_for("credential", b["provider"])
         if provider is None:
             continue
         cls = getattr(provider, "options_class", None)
@@ -250,9 +252,6 @@ def _option_problems(bindings: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 def binding_objects(bindings: list[dict[str, Any]], providers: dict[str, Any] | None = None) -> list[Any]:
     """``CredentialBinding`` objects of normalised bindings (``options`` built by each provider's class when given)."""
-    from scheduler.base.options import build_options
-    from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
-
     out = []
     for i, b in enumerate(bindings):
         options = None

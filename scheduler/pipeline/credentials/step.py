@@ -29,8 +29,12 @@ for every presented value (file presentations carry their value too, for this on
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import shutil
+import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,8 +42,29 @@ from contextlib import contextmanager
 from typing import Any, Mapping
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.bounded import call_bounded as bounded
+from scheduler.core.events import append_event
+from scheduler.core.execution import CredentialPresentation
+from scheduler.core.lease import owner_host
+from scheduler.core.artifact import artifact_path, redact_secrets
+from scheduler.core.execution import ExecutionResult
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.redaction import record_redactions
+from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Problem, Problems, Run, StepBase
+from scheduler.pipeline.credentials.bindings import (
+    MEDIUM_CAPABILITY,
+    binding_objects,
+    check_bindings,
+    credential_problems,
+    file_variable,
+)
+from scheduler.pipeline.credentials.chain import bindings_for_run
+from scheduler.pipeline.credentials.sessions import StoreProviderSessions
 from scheduler.plugins.loaded import LoadedProviders
+from scheduler.plugins.options import provider_for
+from scheduler.plugins.protocols import CredentialContext, RefreshResult, ResolvedCredential
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +92,6 @@ def redactions_of(credentials: Any) -> tuple[tuple[str, bytes], ...]:
 
 def credentials_dir() -> str:
     """The directory under which run directories of file presentations are made."""
-    import tempfile
-
     return os.environ.get(DIR_ENV) or tempfile.gettempdir()
 
 
@@ -101,14 +124,11 @@ def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: di
     A late answer is dropped, so a hung provider cannot hold the run, and a value that arrives
     too late is never presented.
     """
-    from scheduler.core.bounded import call_bounded as bounded
-
     return bounded(fn, timeout_s, code=code, what=what, details=details, name="credential-resolve")
 
 
 class _Presentation:
     """One run's credentials, from resolution to cleanup."""
-
     def __init__(self, store: Any, started: Any, spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
         self.store, self.started, self.spec, self.executor, self.outcomes = store, started, spec, executor, outcomes
         self.held: list[dict[str, Any]] = []  # per presented binding: binding, data, sha, row id, path
@@ -121,9 +141,7 @@ class _Presentation:
     # -- resolution ------------------------------------------------------------------------------
 
     def _bindings(self) -> list[Any]:
-        from scheduler.pipeline.credentials.bindings import binding_objects
 
-        from scheduler.pipeline.credentials.chain import bindings_for_run
 
         raw, self.policy = bindings_for_run(self.store, self.started, self.spec, list(self.spec.credentials or []), self.outcomes)
         providers: dict[str, Any] = {}
@@ -140,7 +158,6 @@ class _Presentation:
                                  f"{exc.message}", details={"cause": exc.code}) from None
 
     def _check_media(self, bindings: list[Any]) -> None:
-        from scheduler.pipeline.credentials.bindings import MEDIUM_CAPABILITY
 
         if self.spec.session_target == "main":
             raise SchedulerError("CREDENTIAL_MEDIUM_UNSUPPORTED", "the main session refuses credentials; nothing was resolved")
@@ -153,8 +170,6 @@ class _Presentation:
                                      details={"binding": b.name, "medium": b.present.medium})
 
     def _context(self) -> Any:
-        from scheduler.plugins.protocols import CredentialContext
-        from scheduler.pipeline.credentials.sessions import StoreProviderSessions
 
         identity = self.outcomes.identity
         if identity is not None and not isinstance(identity, Mapping):
@@ -168,8 +183,6 @@ class _Presentation:
 
     def _resolve_one(self, binding: Any, context: Any) -> tuple[Any, bytes]:
         """The provider's checked answer and the value's bytes, or ``SchedulerError`` (``CREDENTIAL_*``)."""
-        from scheduler.plugins.protocols import ResolvedCredential
-
         where = {"binding": binding.name, "provider": binding.provider}
         provider = self.providers.get(binding.provider)
         if provider is None:
@@ -199,8 +212,6 @@ class _Presentation:
 
     def _refresh_if_due(self, provider: Any, answer: Any, binding: Any, context: Any, where: dict[str, Any]) -> Any:
         """An answer already expired is refreshed once when the provider can (``refresh``); else it stays expired."""
-        from scheduler.plugins.protocols import RefreshResult
-
         if answer.expires_at_ms is None or answer.expires_at_ms > _now_ms():
             return answer
         refresh = getattr(provider, "refresh", None)
@@ -250,8 +261,6 @@ class _Presentation:
 
     def write_rows(self) -> None:
         """One short transaction: a ``materialized`` row per presented binding, before any file exists."""
-        from scheduler.pipeline.credentials.bindings import file_variable
-
         if not self.held:
             return
         now = _now_ms()
@@ -274,9 +283,6 @@ class _Presentation:
 
     def materialise(self) -> tuple[Any, ...]:
         """The presentations handed to the executor (files written now, in the run's private directory)."""
-        from scheduler.pipeline.credentials.bindings import file_variable
-        from scheduler.core.execution import CredentialPresentation
-
         out = []
         if self.directory is not None:
             try:
@@ -422,8 +428,6 @@ def remove_file(path: str) -> str | None:
 
 def remove_directory(path: str) -> str | None:
     """Remove a run's private directory with whatever is in it; None when it is gone, else why not."""
-    import shutil
-
     if not os.path.lexists(path):
         return None
     if os.path.islink(path) or not os.path.isdir(path):
@@ -440,14 +444,10 @@ def remove_directory(path: str) -> str | None:
 
 
 def _now_ms() -> int:
-    from scheduler.base.timeutil import now_ms
-
     return now_ms()
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
@@ -501,9 +501,7 @@ def recover_presentations(store: Any, run: dict[str, Any]) -> tuple[bool, str | 
     did not make, or one that exists and cannot be removed (those rows become ``failed`` with
     the reason). Env and stdin presentations died with the dead process's memory.
     """
-    import socket
 
-    from scheduler.core.lease import owner_host
 
     with store.read() as tx:
         rows = tx.all("SELECT id, temp_path FROM credential_presentations WHERE run_id = ? AND status = 'materialized'",
@@ -547,8 +545,6 @@ def retry_failed_cleanup(store: Any, run: dict[str, Any]) -> tuple[bool, str | N
 
 def block_job_for_credentials(tx: Any, run: dict[str, Any], reason: str, *, actor: str, now: int) -> None:
     """Pause the job of a run whose credential cleanup cannot be proven, with the reason (``jobs enable`` re-arms it)."""
-    from scheduler.core.events import append_event
-
     paused = f"recovery blocked: {reason}"
     changed = tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ? AND enabled = 1",
                          (now, paused[:1000], now, run["job_id"]))
@@ -580,3 +576,71 @@ def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
     for run in failed:
         retry_failed_cleanup(store, run)
     return [r["id"] for r in runs] + [r["id"] for r in failed]
+
+
+# -- the pipeline step -----------------------------------------------------------------------------------------
+
+
+def normalise_bindings(value: Any, field: str = "credentials") -> tuple[list[dict[str, Any]] | None, list[Problem]]:
+    """Validate and normalise a ``credentials`` value (``bindings.check_bindings``), every problem reported."""
+    problems: list[Problem] = []
+    bindings = check_bindings(value, lambda where, message, code: problems.append({"field": where, "code": code, "error": message}))
+    return bindings, problems
+
+
+class CredentialStep(StepBase):
+    """The pipeline step: credentials materialised around execution and cleaned up on every path, before evidence."""
+
+    name = "credentials"
+    fields = {"credentials": normalise_bindings, "child_credential_policy": None}
+    sections = ("credential_presentation",)
+
+    def project(self, spec: JobSpec) -> dict[str, Any]:
+        """The normalised bindings (references, never values); the child policy only when not "none", so a job
+        without credentials keeps its digest."""
+        return {"credential_presentation": {
+            "bindings": redact_secrets(list(spec.credentials or [])),
+            **({"child_policy": spec.child_credential_policy} if spec.child_credential_policy != "none" else {}),
+        }}
+
+    def check(self, values: Mapping[str, Any], problems: Problems) -> None:
+        """The main session refuses credentials."""
+        if values.get("credentials") and values.get("session_target") == "main":
+            problems.add("credentials", "the main session refuses credentials (it is shared and outlives the run)",
+                         "CREDENTIAL_MEDIUM_UNSUPPORTED")
+
+    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+        """The bindings against the target, the installed executor's media and the providers' options."""
+        if not spec.credentials:
+            return {}, []
+        return {}, credential_problems(spec, provider_for("executor", spec.executor_name()))
+
+    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+        """Compiled bindings must be what ``jobs add`` accepts; a child policy needs bindings to hand on."""
+        found: list[Problem] = []
+        bindings = value["bindings"]
+        if bindings:
+            check_bindings(bindings, lambda where, message, code: found.append(
+                {"field": artifact_path(where, "credentials", "credential_presentation.bindings"), "code": code, "error": message}))
+        if "child_policy" in value and not bindings:
+            found.append({"field": "credential_presentation.child_policy", "code": "CONFLICT",
+                          "error": "a child credential policy without credential bindings hands nothing on"})
+        return found
+
+    def applies(self, sections: Mapping[str, Any]) -> bool:
+        """Every job: a chain child may present what its parent's policy hands on, which its own artifact does not
+        show (``presented`` costs one attribute test for a job that presents nothing)."""
+        return True
+
+    @contextmanager
+    def around(self, run: Run) -> Iterator[None]:
+        """Resolve and present the credentials for the execution; clean them up however it ends."""
+        with presented(run.store, run.started, run.spec, run.executor, run.outcomes) as credentials:
+            run.credentials = credentials
+            yield
+
+    def after(self, run: Run, result: ExecutionResult) -> ExecutionResult:
+        """What output redaction replaced, recorded on the run: counts per binding, never a value."""
+        if run.credentials and run.executed:
+            return record_redactions(result, run.outcomes)
+        return result

@@ -26,10 +26,19 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.artifact import section_problems
+from scheduler.core.events import append_event
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.core.transitions import cancel_pending_work, committing
+from scheduler.pipeline.proofs.declaration import normalise
+from scheduler.pipeline.proofs.verify import check_window, read_source, verify as verify_proof
 
 #: How many earlier runs a retry follows back (``retry_of_run_id`` / ``replay_of_run_id``) to find the claiming dispatch.
 MAX_LINEAGE = 128
@@ -40,8 +49,6 @@ def verify(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
     declaration = spec.authorization_proof
     if not declaration:
         return
-    from scheduler.base.timeutil import now_ms
-
     now = now_ms()
     method = declaration.get("method")
     try:
@@ -93,8 +100,6 @@ def _recorded_verification(store: Any, run_id: str) -> dict[str, Any] | None:
 
 def _recheck(store: Any, started: Any, recorded: dict[str, Any], now: int) -> dict[str, Any]:
     """After an approval wait: the recorded window and skew again, revocations again, the claim still this dispatch's."""
-    from scheduler.pipeline.proofs.verify import check_window
-
     check_window(recorded, now)
     with store.read() as tx:
         _check_revocations(tx, recorded["proof_id"], recorded["key_id"])
@@ -107,14 +112,10 @@ def _recheck(store: Any, started: Any, recorded: dict[str, Any], now: int) -> di
 
 def _verify_and_claim(store: Any, started: Any, spec: Any, declaration: dict[str, Any], now: int) -> dict[str, Any]:
     """Read the proof afresh, verify it, then check revocations and claim its id (one transaction)."""
-    from scheduler.pipeline.proofs.verify import read_source
-    from scheduler.pipeline.proofs.verify import verify as verify_proof
-
     artifact_digest = started.job.get("artifact_digest")
     verified = verify_proof(declaration, read_source(declaration), artifact_digest=artifact_digest, now_ms=now)
     record = {"status": "verified", **verified.to_json()}
     replayed: SchedulerError | None = None
-    from scheduler.core.transitions import committing
 
     with committing(store) as tx:
         _check_revocations(tx, verified.proof_id, verified.key_id)
@@ -171,9 +172,6 @@ def _same_dispatch(tx: Any, started: Any, claim: dict[str, Any]) -> bool:
 
 def _quarantine(tx: Any, started: Any, verified: Any, claim: dict[str, Any] | None, now: int) -> SchedulerError:
     """Disable the job of a dispatch that presented an already-claimed proof (same transaction); the error to raise."""
-    from scheduler.core.events import append_event
-    from scheduler.core.transitions import cancel_pending_work
-
     owner = (claim or {}).get("dispatch_id")
     reason = (f"quarantined: proof {verified.proof_id} presented again (claimed by dispatch {owner}); PROOF_REPLAYED")[:500]
     tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ?",
@@ -194,10 +192,6 @@ def _quarantine(tx: Any, started: Any, verified: Any, claim: dict[str, Any] | No
 def revoke(store: Any, *, proof_id: str | None, key_id: str | None, reason: str | None, revoked_by: str,
            now: int | None = None) -> dict[str, Any]:
     """Append a revocation of a proof id and/or key id (append-only table); it applies before every later use."""
-    from scheduler.core.events import append_event
-    from scheduler.base.timeutil import now_ms
-    from scheduler.core.transitions import committing
-
     now = now_ms() if now is None else now
     row = {"id": str(uuid.uuid4()), "proof_id": proof_id, "key_id": key_id, "reason": reason, "revoked_by": revoked_by,
            "revoked_at": now}
@@ -218,3 +212,27 @@ def listing(store: Any, *, limit: int = 50) -> dict[str, Any]:
                         " r.claimed_at, r.expires_at, r.artifact_digest FROM authorization_proof_replay r"
                         " LEFT JOIN jobs j ON j.id = r.job_id ORDER BY r.claimed_at DESC, r.proof_id LIMIT ?", (limit,))
     return {"revocations": revocations, "claims": claims}
+
+
+class ProofStep(StepBase):
+    """The pipeline step: a job declaring ``authorization_proof`` presents a fresh, bound, unrevoked proof per dispatch."""
+
+    name = "proofs"
+    fields = {"authorization_proof": normalise}
+    sections = ("authorization_proof",)
+
+    def project(self, spec: JobSpec) -> dict[str, Any]:
+        """The normalised proof declaration (method, source, keys), never a proof; null when none."""
+        return {"authorization_proof": spec.authorization_proof}
+
+    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+        """A compiled proof declaration must be one ``normalise`` accepts."""
+        return [] if value is None else section_problems(normalise(value, "authorization_proof")[1])
+
+    def applies(self, sections: Mapping[str, Any]) -> bool:
+        """Jobs that declare a proof."""
+        return bool(sections.get("authorization_proof"))
+
+    def before(self, run: Run) -> None:
+        """Verify and claim this dispatch's proof (``PROOF_*`` refusals)."""
+        verify(run.store, run.started, run.spec, run.outcomes)

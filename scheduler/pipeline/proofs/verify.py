@@ -15,6 +15,7 @@ Pure functions of the declaration, the proof text and the clock: no database. Ea
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.canonical import canonical_json
 from scheduler.base.errors import SchedulerError
 
 #: Largest proof (token or document) read from a source, and largest key/JWKS/CA file.
@@ -43,7 +45,6 @@ _DOCUMENT_KEYS = frozenset({"proof_id", "artifact_digest", "not_before", "expire
 @attrs.frozen
 class VerifiedProof:
     """What a verified proof established (never the proof itself)."""
-
     method: str
     proof_id: str
     key_id: str
@@ -257,8 +258,6 @@ def signed_message_fields(method: str, proof_id: str, artifact_digest: str, not_
 
 def signed_message(method: str, proof_id: str, artifact_digest: str, not_before: int, expires_at: int) -> bytes:
     """The exact bytes a detached-signature or certificate proof signs."""
-    from scheduler.base.canonical import canonical_json
-
     return canonical_json(signed_message_fields(method, proof_id, artifact_digest, not_before, expires_at)).encode("utf-8")
 
 
@@ -370,7 +369,6 @@ def _ssh_verify(declaration: dict[str, Any], message: bytes, signature: str) -> 
 
 def _verify_certificate(declaration: dict[str, Any], document: dict[str, Any], artifact_digest: str | None,
                         now_ms: int) -> VerifiedProof:
-    import datetime
 
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
