@@ -1,13 +1,13 @@
 """The run pipeline's shared record: what the steps around execution decided, committed with the run.
 
-``claim -> artifact check -> governance -> identity & trust -> (proof, authorization) ->
-credentials materialised -> execute -> evidence attest -> credentials cleaned -> completion``.
-Each step is its own kernel module (``scheduler.pipeline.governance``, ``scheduler.pipeline.identity``,
-``scheduler.pipeline.credentials.step``, ``scheduler.evidence.attest``) and writes what it decided into the
-run's ``RunOutcomes``; the completion transaction commits those run columns, events and
-the evidence row together with the terminal state, so a run's record and its decisions
-never disagree. A step that denies raises ``SchedulerError``: the run ends ``error`` with
-that code and the payload never starts, but what was decided so far is still committed.
+The steps (``scheduler.core.steps``, registered in order by ``scheduler.pipeline``) run as one
+plan per run: ``claim -> artifact check -> governance -> identity & trust -> proofs ->
+authorization -> credentials materialised -> execute -> credentials cleaned -> evidence attest ->
+completion``. Each writes what it decided into the run's ``RunOutcomes``; the completion
+transaction commits those run columns, events and the evidence row together with the terminal
+state, so a run's record and its decisions never disagree. A step that denies raises
+``SchedulerError``: the run ends ``error`` with that code and the payload never starts, but what
+was decided so far is still committed.
 """
 
 from __future__ import annotations

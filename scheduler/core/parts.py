@@ -3,12 +3,14 @@
 Core defines the contracts; pipeline steps, features (delivery, evidence, approvals) and
 plugins implement them; ``scheduler.runtime`` (the composition root used by ``scheduler run``,
 the CLI and ``scheduler.testing``) wires them together and hands core one ``Parts``. Core never
-imports a step or a feature: everything it calls above itself arrives here.
+imports a step or a feature: everything it calls above itself arrives here. The run pipeline's
+steps are the one exception: spec validation and the artifact projection need them outside any
+dispatcher, so the composition root installs them process-wide (``scheduler.core.steps.install``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
 class Parts:
     """The collaborators core calls but does not own (each field's contract is in its own core module)."""
 
-    #: The run pipeline: registered steps in the order they run (contract: ``scheduler.core.steps``).
-    steps: tuple[Any, ...] = ()
     #: Participants in the completion transaction (contract: ``scheduler.core.participants``; the defaults:
     #: ``scheduler.pipeline.participants.default_completion_participants``).
     completion: CompletionParticipants | None = None

@@ -237,7 +237,6 @@ def install(steps: Sequence[Step] | Callable[[], Sequence[Step]]) -> Installed |
         _installed, _pending = None, steps
         _plans.clear()
         return None
-    _pending = None
     names: set[str] = set()
     field_owners: dict[str, tuple[Step, Normaliser | None]] = {}
     section_owners: dict[str, Step] = {}
@@ -256,6 +255,7 @@ def install(steps: Sequence[Step] | Callable[[], Sequence[Step]]) -> Installed |
                 raise ValueError(f"section {section!r} is owned by steps {section_owners[section].name!r} and {step.name!r}")
             section_owners[section] = step
     ordered = tuple(steps)
+    _pending = None
     _installed = Installed(steps=ordered, field_owners=field_owners, section_owners=section_owners,
                            gates=tuple(s for s in ordered if overrides(s, "gates")),
                            binders=tuple(s for s in ordered if overrides(s, "check_binding")))
