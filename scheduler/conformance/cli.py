@@ -17,6 +17,8 @@ from typing import Any
 import click
 
 from scheduler.conformance.engine import CaseResult, Report, load_cases, load_corpus, run_kind
+from scheduler.core import steps
+from scheduler.pipeline import installed_steps
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.protocols import PROVIDER_KINDS
 
@@ -141,6 +143,7 @@ def list_command(ctx: click.Context, kind: str | None, as_json_flag: bool, fixtu
 
 def main() -> None:
     """Entry point of ``python -m scheduler.conformance.cli``."""
+    steps.install(installed_steps)  # the cases validate job specs: the run pipeline's steps own their fields
     conformance_group(prog_name="scheduler conformance")
 
 
