@@ -89,7 +89,7 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
 
 
 def complete_run(
-    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants | None = None,
+    store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants,
     now: int | None = None, check_lease: bool = True, outcomes: RunOutcomes | None = None,
 ) -> dict[str, Any]:
     """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
@@ -108,7 +108,7 @@ def complete_run(
 
 
 def complete_run_in(
-    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants | None = None,
+    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants,
     now: int, outcomes: RunOutcomes | None = None,
 ) -> dict[str, Any]:
     """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
@@ -116,7 +116,6 @@ def complete_run_in(
     The dispatcher's pass completes all its finished runs in its one transaction; raises
     ``StaleFence`` (and writes nothing for this run) when the run is no longer ours.
     """
-    participants = participants or _unwired_completion()
     values = result_columns(result)
     if outcomes is not None:
         values.update(outcomes.columns)
@@ -140,13 +139,6 @@ def complete_run_in(
     apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
                        suppress=outcomes is not None and outcomes.suppress_consequences)
     return run
-
-
-def _unwired_completion() -> CompletionParticipants:
-    """TEMPORARY, until the composition root hands every caller its participants: the default ones."""
-    from scheduler.pipeline.participants import default_completion_participants
-
-    return default_completion_participants()
 
 
 def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, participants: CompletionParticipants, *,

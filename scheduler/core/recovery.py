@@ -96,7 +96,7 @@ def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
     return len(names)
 
 
-def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants | None = None, kill_grace_s: float = 2.0,
+def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, kill_grace_s: float = 2.0,
             hooks: Observers | None = None) -> list[dict[str, Any]]:
     """One recovery pass under our live lease; returns what was done to each orphan.
 
@@ -104,7 +104,6 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants | 
     observers) hear of every transition once it committed. ``participants`` settle each
     orphan's executor work and credentials and write its evidence and messages.
     """
-    participants = participants or _unwired_recovery()
     report = []
     orphans = find_orphans(store)
     for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
@@ -150,10 +149,3 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants | 
     release_expired_claims(store)
     repair_missing_next_runs(store)
     return report
-
-
-def _unwired_recovery() -> RecoveryParticipants:
-    """TEMPORARY, until the composition root hands every caller its participants: the default ones."""
-    from scheduler.pipeline.participants import default_recovery_participants
-
-    return default_recovery_participants()
