@@ -125,7 +125,8 @@ def _entered(plan: Plan, run: Run) -> Any:
 
 
 def _after(hook: Callable[[Run, Any], Any], run: Run, result: ExecutionResult) -> ExecutionResult:
-    """One ``after`` hook; a hook that raises turns the result into an error, never leaves the run unfinished."""
+    """One ``after`` hook; a hook that raises turns the result into an error, never leaves the run unfinished
+    (``EXECUTOR_CRASHED`` for a bug, as when it ran inside the executor's guard)."""
     try:
         return hook(run, result)
     except SchedulerError as exc:
@@ -133,7 +134,7 @@ def _after(hook: Callable[[Run, Any], Any], run: Run, result: ExecutionResult) -
                                details=exc.details if isinstance(exc.details, dict) else {})
     except Exception as exc:  # noqa: BLE001 - a step's bug must not leave the run unfinished
         log.exception("pipeline step after-hook of run %s crashed", run.started.run_id)
-        return ExecutionResult(status="error", error_code="PIPELINE_STEP_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
+        return ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
 
 
 def _unbound_plan(s: StartedRun, spec: Any) -> Plan:
