@@ -43,6 +43,17 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: Commands that never validate, store or run a job: they start without the run pipeline's registry.
+NO_JOB_COMMANDS = frozenset({"version", "capabilities", "schema"})
+
+
+def _install_steps() -> None:
+    """Install the run pipeline's steps, deferred: they are imported when a job is first validated or run."""
+    from scheduler.core import steps
+
+    steps.install(_pipeline_steps)
+
+
 class LazyGroup(click.Group):
     """A click group whose sub-commands are imported only when used."""
 
@@ -52,6 +63,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name == "help":
             return help_cmd
+        if name not in NO_JOB_COMMANDS:
+            _install_steps()
         if name in LAZY_COMMANDS:
             module, attr, _ = LAZY_COMMANDS[name]
             return getattr(importlib.import_module(module), attr)
@@ -178,9 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.cli.output import error_out
     from scheduler.base.errors import SchedulerError
 
-    from scheduler.core import steps
-
-    steps.install(_pipeline_steps)  # deferred: a command that validates and runs no job imports no step
     args, as_json = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     obj: dict[str, Any] = {"json": as_json}
     try:

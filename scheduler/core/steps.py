@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ContextManager, Protocol, runtime_checkable
-
-import attrs
+from typing import TYPE_CHECKING, Any, ContextManager, NamedTuple, Protocol, runtime_checkable
 
 from scheduler.base.errors import SchedulerError
 
@@ -60,19 +58,22 @@ class Problems(Protocol):
         """Whether ``field`` already has a problem (a rule about an invalid field says nothing more)."""
 
 
-@attrs.define(eq=False)
 class Run:
-    """One run as the steps see it on its worker: what they read, and what the hooks hand on to later ones."""
+    """One run as the steps see it on its worker: what they read, and what the hooks hand on to later ones.
 
-    store: Store
-    started: StartedRun
-    spec: JobSpec
-    #: The loaded executor plugin (the dispatcher loads it before the first ``before`` hook).
-    executor: Any = None
-    #: The credentials presented to the executor (set by a step's ``around``), never stored.
-    credentials: tuple[Any, ...] = ()
-    #: True once the executor returned a valid result (``after`` hooks that read its output check it).
-    executed: bool = False
+    (Plain slotted classes and named tuples here, not attrs: the CLI imports this module at start-up.)
+    """
+
+    __slots__ = ("store", "started", "spec", "executor", "credentials", "executed")
+
+    def __init__(self, store: Store, started: StartedRun, spec: JobSpec) -> None:
+        self.store, self.started, self.spec = store, started, spec
+        #: The loaded executor plugin (the dispatcher loads it before the first ``before`` hook).
+        self.executor: Any = None
+        #: The credentials presented to the executor (set by a step's ``around``), never stored.
+        self.credentials: tuple[Any, ...] = ()
+        #: True once the executor returned a valid result (``after`` hooks that read its output check it).
+        self.executed = False
 
     @property
     def outcomes(self) -> RunOutcomes:
@@ -80,8 +81,7 @@ class Run:
         return self.started.outcomes
 
 
-@attrs.frozen(kw_only=True)
-class Gate:
+class Gate(NamedTuple):
     """A claimed dispatch a step gates: the run to create waiting for a decision (``open_gate``)."""
 
     run_id: str
@@ -196,8 +196,7 @@ def overrides(step: Any, hook: str) -> bool:
     return getattr(type(step), hook, None) is not getattr(StepBase, hook)
 
 
-@attrs.frozen
-class Installed:
+class Installed(NamedTuple):
     """The registered steps in pipeline order, and what the kernel looks up in them."""
 
     steps: tuple[Step, ...]
@@ -293,8 +292,7 @@ def installed_as(steps: Sequence[Step] | None) -> Iterator[None]:
 # --------------------------------------------------------------------------- the run plan
 
 
-@attrs.frozen
-class Plan:
+class Plan(NamedTuple):
     """Which steps take part in runs of one artifact, and their hooks in pipeline order (derived, never stored)."""
 
     digest: str
