@@ -148,7 +148,7 @@ def run_dispatcher(ctx: Context, p: dict[str, Any], directory: Path, config: Pat
     from scheduler.core.jobs import create_jobs
     from scheduler.core.queue import enqueue_manual
     from scheduler.core.spec import validate_spec
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     db = fresh_db(directory, "agent.db")
     store = open_store(str(db))

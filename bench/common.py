@@ -175,7 +175,7 @@ def fresh_db(directory: Path, name: str) -> Path:
 
 def kernel_schema_db(path: Path) -> None:
     """Create the kernel's schema (tables, indexes, triggers) in ``path`` through the kernel itself, then close."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     store = open_store(str(path))
     store.close()

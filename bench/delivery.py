@@ -294,7 +294,7 @@ def run_outbox(directory: Path, receiver: Receiver, p: dict[str, Any], rep: int,
     """N parts enqueued at once and drained by a ``scheduler run``; with ``paced``, then the two paced latency phases."""
     from scheduler.delivery.outbox import enqueue
     from scheduler.core.queue import enqueue_manual
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     db = fresh_db(directory, f"outbox-{rep}.db")

@@ -64,7 +64,7 @@ def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, 
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"evidence-{tag}.db")

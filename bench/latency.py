@@ -89,7 +89,7 @@ def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     directory = ctx.scratch(NAME)

@@ -181,7 +181,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> list[str]:
 
 def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: str = f"sleep:{SLEEP_S}") -> dict[str, Any]:
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     schema = f"bench_x_{os.getpid()}_{k}_{'noop' if payload == 'ok' else 'sleep'}"

@@ -103,7 +103,7 @@ def wake_cost(path: Path, calls: int, warmup: int) -> dict[str, Any]:
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.queue import materialize_due, next_due
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     store = open_store(str(path))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=4, artifacts_root=path.parent / "artifacts"), say=None)

@@ -90,7 +90,7 @@ def _specs(jobs: int, at_ms: int) -> list[Any]:
 def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """N due shell jobs through a real ``scheduler run`` process; jobs/s from the due time to the last ``finished_at``."""
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"shell-{tag}.db")
@@ -142,7 +142,7 @@ def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"counted-{tag}.db")

@@ -131,7 +131,7 @@ def _unfinished(store: Any) -> tuple[int, int]:
 
 def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str, Any]:
     """Run the soak on database ``db`` (a SQLite path or PostgreSQL URL); returns the figures."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     say = say or (lambda _m: None)

@@ -73,7 +73,7 @@ def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s:
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"kernel-{tag}.db")
@@ -155,7 +155,7 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, synchrono
     import sys
 
     from scheduler.core.jobs import create_jobs
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
 
     sync = (synchronous or sqlite_synchronous()).upper()

@@ -75,7 +75,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def store(store_url: str) -> Iterator[Any]:
     """An initialised store on ``store_url``."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     s = open_store(store_url)
     yield s

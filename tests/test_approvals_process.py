@@ -18,7 +18,7 @@ from test_multihost import Dispatchers
 from scheduler.approvals.decisions import list_approvals
 from scheduler.core.filemodes import FILE_MODE_ENV
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 
 def pending_ids(store: Any, job_id: str) -> list[str]:

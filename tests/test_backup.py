@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kernel_testing import add_job, scheduler_cmd, wait_for
 
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 
 def cli(db: Path | str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: ``bench`` is not installed
 from bench.common import ACTIVE_SQL, TERMINAL_SQL, count_terminal  # noqa: E402

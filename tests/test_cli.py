@@ -457,7 +457,7 @@ def insert_run(store: Any, job_id: str, run_id: str, status: str, t0: int, **ext
 
 @pytest.fixture
 def with_runs(cli: Any, store_url: str) -> dict[str, Any]:
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     job_id = ok(cli("--json", "jobs", "add", job("worker")))["job"]["id"]
     other = ok(cli("--json", "jobs", "add", job("other")))["job"]["id"]

@@ -19,7 +19,7 @@ from kernel_testing import add_job, run_rows, wait_for
 from test_dispatcher_process import Proc
 
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 SECRET = "rc-" + "9f8e7d6c5b4a"
 

@@ -259,7 +259,7 @@ def _write_config(text: str) -> str:
 @pytest.mark.postgres
 def test_two_consumers_on_postgres_share_the_outbox_and_send_each_part_once(pg_url: str, receiver: LoopbackHTTPServer) -> None:
     from scheduler.delivery.outbox import DeliveryWorker
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     stores = [open_store(pg_url) for _ in range(2)]
     job = add_job(stores[0], payload_message="ok")

@@ -18,7 +18,7 @@ from kernel_testing import add_job, wait_for
 from test_dispatcher_process import Proc
 
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 from scheduler.testing import ServiceAnswer, ServiceRequest
 
 CHANNELS = ("webhook", "slack", "telegram", "email", "openclaw")

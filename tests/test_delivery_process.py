@@ -19,7 +19,7 @@ from kernel_testing import add_job, wait_for
 from test_dispatcher_process import Proc
 
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
 
 SECRET = "whsec_" + base64.b64encode(b"fedcba9876543210fedcba9876543210").decode()

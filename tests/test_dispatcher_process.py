@@ -17,7 +17,7 @@ from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
 from scheduler.core.processes import group_alive
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 TTL = "1500ms"
 

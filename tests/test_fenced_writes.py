@@ -121,7 +121,7 @@ def test_the_writer_thread_ends_when_idle_and_comes_back(store, monkeypatch):
 def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(db_path):
     """SQLite: the writer takes the queue only once its transaction has begun, so writes that arrive while it
     waits for the write lock (held by the loop's own transactions) share its commit instead of waiting for another."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     store = open_store(str(db_path))
     try:

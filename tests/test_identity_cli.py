@@ -19,7 +19,7 @@ from kernel_testing import scheduler_cmd
 from test_file_modes import GROUP, MEMBER, OWNER, as_user, shared_dir  # noqa: F401  (fixture)
 
 from scheduler.core.filemodes import FILE_MODE_ENV
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 GROUP_ENV = {FILE_MODE_ENV: "group"}
 

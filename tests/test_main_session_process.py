@@ -12,7 +12,7 @@ from kernel_testing import add_job, run_rows, wait_for
 from test_dispatcher_process import Proc
 
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 
 def test_a_main_session_turn_through_scheduler_run(tmp_path: Path) -> None:

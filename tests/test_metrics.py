@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from kernel_testing import add_job, scheduler_cmd, wait_for
 
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:

@@ -17,7 +17,7 @@ from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 from scheduler.core.jobs import create_jobs
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.spec import validate_spec
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 from scheduler.base.timeutil import now_ms, to_iso
 
 TTL_MS = 1500

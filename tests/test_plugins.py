@@ -26,7 +26,8 @@ from scheduler.base.errors import SchedulerError
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.inventory import inventory
-from scheduler.plugins.loader import load_driver, load_provider
+from scheduler.plugins.drivers import load_driver
+from scheduler.plugins.loader import load_provider
 
 
 def make_dist(site: Path, dist: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str], version: str = "0.1") -> Path:
@@ -430,7 +431,7 @@ def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
     from scheduler.core.jobs import create_jobs
     from scheduler.core.queue import enqueue_manual
     from scheduler.core.spec import validate_spec
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     store = open_store(db_path)
     job = create_jobs(store, [validate_spec({"name": "hooked", "schedule_kind": "manual", "executor": "testkit",
@@ -604,13 +605,14 @@ def test_loader_touches_no_private_stevedore_attribute() -> None:
     """Regression: the loader popped ``DriverManager.ENTRY_POINT_CACHE`` to see drivers installed after start-up."""
     import ast
 
+    import scheduler.plugins.drivers as drivers
     import scheduler.plugins.loader as loader
     from stevedore import ExtensionManager
 
-    tree = ast.parse(Path(loader.__file__).read_text())
-    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    trees = [ast.parse(Path(module.__file__).read_text()) for module in (drivers, loader)]
+    attributes = {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    modules = {n.module for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert "ENTRY_POINT_CACHE" not in attributes
     assert not any(m and m.startswith("stevedore.") and m.split(".")[1].startswith("_") for m in modules)
     load_driver("scheduler.executors", "testkit")

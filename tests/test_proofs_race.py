@@ -22,7 +22,7 @@ from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public
 from scheduler.base.errors import SchedulerError
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.spec import spec_from_row
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 

@@ -26,7 +26,7 @@ import pytest
 from kernel_testing import scheduler_cmd
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 from scheduler.core.store.sqlite import BUSY_TIMEOUT_ENV, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -220,7 +220,7 @@ def test_dispatcher_applies_retention_on_sqlite(store: Any, dispatcher: Any, tmp
 
 
 def test_three_dispatchers_apply_retention_once_per_interval(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.testing import RunningDispatcher
 
     store = open_store(pg_url)

@@ -15,7 +15,7 @@ import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 
 def svc(tmp_path: Path, *args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -488,7 +488,7 @@ def test_stateful_commands_refuse_an_invalid_settings_file(tmp_path: Path) -> No
 
 
 def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_SYNCHRONOUS", raising=False)
     monkeypatch.setenv("SCHEDULER_CONFIG", str(write(tmp_path / "none.toml", "")))
@@ -519,7 +519,7 @@ def test_sqlite_store_uses_the_synchronous_setting(tmp_path: Path, monkeypatch: 
 
 def test_sqlite_store_uses_the_cache_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``[storage] sqlite_cache_mb`` is every connection's page cache (32 MiB by default, not SQLite's 2 MiB)."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     monkeypatch.delenv("SCHEDULER_STORAGE_SQLITE_CACHE_MB", raising=False)
     for name, text, kib in (("default", "", 32 * 1024), ("set", "[storage]\nsqlite_cache_mb = 7\n", 7 * 1024)):

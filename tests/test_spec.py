@@ -18,7 +18,7 @@ import pytest
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, field_catalogue, spec_from_row, spec_to_input, spec_to_row, validate_spec
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 from scheduler.base.timeutil import parse_iso, to_iso
 
 NOW = parse_iso("2025-06-01T12:00:00Z")

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store import migrations, open_store, schema
+from scheduler.core.store import migrations, schema
 from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
+from scheduler.plugins.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

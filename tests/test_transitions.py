@@ -212,7 +212,7 @@ def test_a_cli_process_runs_the_installed_hook_modules(store_url, store, tmp_pat
 
 
 def test_notifications_fire_after_commit_once_and_never_after_a_rollback(store, store_url):
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     job = add_job(store, payload_message="ok")
     other = open_store(store_url)  # another connection: sees only committed data
@@ -532,7 +532,7 @@ def test_missed_slots_between_two_dispatcher_processes_leave_a_record(tmp_path):
     import os
     import sys
 
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     db = tmp_path / "gap.db"
     store = open_store(db)
@@ -588,7 +588,7 @@ def test_kill9_of_a_dispatcher_whose_shell_run_already_ended_is_recorded_gone(tm
     import sys
 
     from scheduler.core.processes import group_alive
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
     from scheduler.testing import RunningDispatcher
 
     db = tmp_path / "kill9.db"

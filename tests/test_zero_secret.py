@@ -28,7 +28,7 @@ from test_dispatcher_process import Proc
 
 from scheduler.core.cancel import cancel_run
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import open_store
+from scheduler.plugins.stores import open_store
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store import open_store, redact_url, schema
+from scheduler.core.store import redact_url, schema
 from scheduler.core.store.base import Params, Store, Tx
 from scheduler.core.store.migrations import (
     MIGRATIONS,
@@ -42,6 +42,7 @@ from scheduler.core.store.migrations import (
     schema_statements,
     upgrade,
 )
+from scheduler.plugins.stores import open_store
 from scheduler.base.timeutil import now_ms
 
 #: The dialects the kernel's schema definition renders.

@@ -161,7 +161,7 @@ def open_ctx_store(ctx: click.Context | None = None) -> Any:
     root = ctx.find_root()
     if root.obj.get("store") is None:
         from scheduler.core import observers
-        from scheduler.core.store import open_store
+        from scheduler.plugins.stores import open_store
 
         observers.install_default(_process_hooks)  # what this command commits tells the installed hook modules
         store = open_store(root.obj.get("db"), readonly=_command_path(ctx) in READ_ONLY_COMMANDS)

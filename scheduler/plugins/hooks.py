@@ -14,9 +14,10 @@ from typing import Any, Iterable
 import attrs
 import pluggy
 
+from scheduler.base.entry_points import strict_loading
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins import hookspecs
-from scheduler.plugins.loader import load_group, strict_loading
+from scheduler.plugins.loader import load_group
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from typing import Any
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
-from scheduler.plugins.loader import dist_version, check_api, load_group
+from scheduler.plugins.drivers import check_api, dist_version
+from scheduler.plugins.loader import load_group
 from scheduler.plugins.protocols import GROUPS
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.plugins.loader import entry_point_names, is_disabled
+from scheduler.base.entry_points import entry_point_names, is_disabled
 from scheduler.plugins.protocols import PROVIDER_KINDS
 
 

@@ -152,7 +152,7 @@ class RunningDispatcher:
 
 def sqlite_store(path: Path | str) -> Any:
     """An initialised SQLite store on a real file (close it when done)."""
-    from scheduler.core.store import open_store
+    from scheduler.plugins.stores import open_store
 
     return open_store(str(path))
 

@@ -1,14 +1,18 @@
-"""Opening a store: the built-in SQLite file, or a ``scheduler.stores`` plugin chosen by URL scheme."""
+"""The store contract (``Store``, ``Tx``) and what a store target means: a SQLite file path or a plugin's URL.
+
+Parsing a target opens nothing (``split_target``, ``local_path_of``, ``redact_url``), so commands that
+only show where things go stay light. Core opens only its SQLite store
+(``scheduler.core.store.sqlite.open_sqlite``); opening by URL is ``scheduler.plugins.stores.open_store``.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from scheduler.base.errors import SchedulerError
 from scheduler.core.store.base import Store, Tx
 
-__all__ = ["Store", "Tx", "default_db_path", "local_path_of", "open_store", "redact_url"]
+__all__ = ["Store", "Tx", "default_db_path", "local_path_of", "redact_url", "split_target"]
 
 
 def default_db_path() -> Path:
@@ -27,7 +31,7 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
 
 
-def _split_target(target: str | os.PathLike[str] | None) -> tuple[str | None, str]:
+def split_target(target: str | os.PathLike[str] | None) -> tuple[str | None, str]:
     """``(driver, raw)``: driver None for a SQLite file (``raw`` its path), else the ``scheduler.stores`` name."""
     raw = os.fspath(target) if target is not None else str(default_db_path())
     if raw.startswith("sqlite:///"):
@@ -44,33 +48,5 @@ def local_path_of(target: str | os.PathLike[str] | None) -> Path | None:
     For commands that show where things would go without opening the database
     (``scheduler config``); an open store says the same as ``Store.local_path``.
     """
-    driver, raw = _split_target(target)
+    driver, raw = split_target(target)
     return Path(raw).expanduser() if driver is None else None
-
-
-def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True, readonly: bool = False) -> Store:
-    """Open (and by default initialise) the store for a path or URL.
-
-    A plain path or ``sqlite:///path`` uses the built-in SQLite store; any other
-    ``scheme://`` loads the ``scheduler.stores`` driver named by the scheme
-    (``postgresql://`` and ``postgres://`` select ``postgres``). ``readonly=True`` is for
-    commands that only read: initialisation then never writes, and a database that would
-    need creating or migrating is refused with ``DB_INIT_FAILED`` saying so.
-    """
-    driver, raw = _split_target(target)
-    if driver is not None:
-        from scheduler.plugins.loader import load_driver
-
-        factory = load_driver("scheduler.stores", driver)
-        store: Store = factory(raw)
-    else:
-        from scheduler.core.store.sqlite import SQLiteStore
-
-        store = SQLiteStore(raw)
-    if initialize:
-        # Only read-only opens pass the keyword, so a store written before it existed still opens for writing.
-        if readonly:
-            store.initialize(readonly=True)
-        else:
-            store.initialize()
-    return store

@@ -668,3 +668,15 @@ class SQLiteStore:
             checkpointer.join(timeout=5)
         for slot in slots:
             slot.retire()
+
+
+def open_sqlite(path: str | os.PathLike[str], *, initialize: bool = True, readonly: bool = False) -> SQLiteStore:
+    """The built-in store on the SQLite file ``path``, initialised unless ``initialize=False`` (see ``initialize``).
+
+    Core's own opener; opening any store by path or URL (plugin stores too) is
+    ``scheduler.plugins.stores.open_store``.
+    """
+    store = SQLiteStore(path)
+    if initialize:
+        store.initialize(readonly=readonly)
+    return store

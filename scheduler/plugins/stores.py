@@ -1,0 +1,41 @@
+"""Opening a store by path or URL: the built-in SQLite file, or a ``scheduler.stores`` plugin chosen by URL scheme.
+
+Core opens only its own SQLite store (``scheduler.core.store.sqlite.open_sqlite``); a store
+named by URL is a plugin, so choosing one belongs to the plugin layer. Importing this module
+imports the SQLite store and the driver loader (``scheduler.plugins.drivers``), nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+from scheduler.core.store import split_target
+from scheduler.core.store.base import Store
+from scheduler.core.store.sqlite import open_sqlite
+from scheduler.plugins.drivers import load_driver
+
+#: The entry-point group of store drivers (a URL's scheme names one: ``postgresql://`` selects ``postgres``).
+STORES_GROUP = "scheduler.stores"
+
+
+def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True, readonly: bool = False) -> Store:
+    """Open (and by default initialise) the store for a path or URL.
+
+    A plain path or ``sqlite:///path`` uses the built-in SQLite store (``None``: the default
+    database file); any other ``scheme://`` loads the ``scheduler.stores`` driver named by
+    the scheme (``postgresql://`` and ``postgres://`` select ``postgres``). ``readonly=True``
+    is for commands that only read: initialisation then never writes, and a database that
+    would need creating or migrating is refused with ``DB_INIT_FAILED`` saying so.
+    """
+    driver, raw = split_target(target)
+    if driver is None:
+        return open_sqlite(raw, initialize=initialize, readonly=readonly)
+    factory = load_driver(STORES_GROUP, driver)
+    store: Store = factory(raw)
+    if initialize:
+        # Only read-only opens pass the keyword, so a store written before it existed still opens for writing.
+        if readonly:
+            store.initialize(readonly=True)
+        else:
+            store.initialize()
+    return store
