@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store import migrations, schema
+from scheduler.core.store import migrations, schema, schema_steps
 from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
 from scheduler.plugins.stores import open_store
 
@@ -40,10 +40,10 @@ CONTRACT_TABLES = {
 #: What migration 2 adds to a version-1 database.
 V2_COLUMNS = {s.column.name: s for m in migrations.MIGRATIONS if m.version == 2 for s in m.steps}
 #: Columns migration 3 adds and drops.
-V3_ADDED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.AddColumn)}
-V3_DROPPED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, migrations.DropColumn)}
+V3_ADDED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, schema_steps.AddColumn)}
+V3_DROPPED = {s.column.name for m in migrations.MIGRATIONS if m.version == 3 for s in m.steps if isinstance(s, schema_steps.DropColumn)}
 #: Every column some migration dropped (v3's executor fields, v4's old digest columns).
-DROPPED = {s.column.name for m in migrations.MIGRATIONS for s in m.steps if isinstance(s, migrations.DropColumn)}
+DROPPED = {s.column.name for m in migrations.MIGRATIONS for s in m.steps if isinstance(s, schema_steps.DropColumn)}
 ALL_VERSIONS = [{"version": v} for v in range(1, migrations.SCHEMA_VERSION + 1)]
 
 
@@ -474,12 +474,12 @@ def test_widen_check_rewrites_only_the_column_and_keeps_comments() -> None:
     create = ("CREATE TABLE runs (\n    id TEXT PRIMARY KEY,\n    -- process (shell)\n"
               "    process_state   TEXT    CHECK (process_state IS NULL OR process_state IN ('a', 'b')),\n"
               "    note TEXT DEFAULT 'x, (y)',\n    CHECK (id <> '')\n)")
-    new = migrations.replace_column_definition(create, "process_state", "process_state TEXT CHECK (process_state IN ('a', 'b', 'c'))")
+    new = schema_steps.replace_column_definition(create, "process_state", "process_state TEXT CHECK (process_state IN ('a', 'b', 'c'))")
     assert new == create.replace("process_state   TEXT    CHECK (process_state IS NULL OR process_state IN ('a', 'b'))",
                                  "process_state TEXT CHECK (process_state IN ('a', 'b', 'c'))")
-    assert migrations.replace_column_definition(new, "process_state", "process_state  TEXT CHECK (process_state IN ('a', 'b', 'c'))") == new
+    assert schema_steps.replace_column_definition(new, "process_state", "process_state  TEXT CHECK (process_state IN ('a', 'b', 'c'))") == new
     with pytest.raises(ValueError):
-        migrations.replace_column_definition(create, "pid", "pid INTEGER")
+        schema_steps.replace_column_definition(create, "pid", "pid INTEGER")
 
 
 def test_migration_steps_are_idempotent(v1_db: Path) -> None:

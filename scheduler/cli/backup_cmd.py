@@ -27,7 +27,7 @@ def _target() -> tuple[str, Path | None]:
 @click.argument("path", type=click.Path(path_type=Path))
 def backup_cmd(path: Path) -> None:
     """Copy the live SQLite database and its artifacts into the new directory PATH (the dispatcher keeps running)."""
-    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.core.store import default_artifacts_root
     from scheduler.ops.backup import backup_sqlite, unsupported_store
 
     raw, db = _target()
@@ -66,7 +66,7 @@ def backup_cmd(path: Path) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def restore_cmd(path: Path) -> None:
     """Replace the database (and its artifacts) with the backup directory PATH; refused while a dispatcher holds it."""
-    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.core.store import default_artifacts_root
     from scheduler.ops.backup import restore_sqlite, unsupported_store
 
     raw, db = _target()

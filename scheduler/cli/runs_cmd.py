@@ -83,7 +83,8 @@ def runs_output(run_id: str, stream: str) -> None:
     """
     import base64
 
-    from scheduler.core.outputs import default_artifacts_root, read_stream
+    from scheduler.core.outputs import read_stream
+    from scheduler.core.store import default_artifacts_root
 
     store = open_ctx_store()
     with store.read() as tx:
@@ -199,7 +200,7 @@ def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_ru
     pruned run); evidence past its retention is deleted with its run. One runtime event
     (``runs.pruned``) records the counts per table.
     """
-    from scheduler.core.outputs import default_artifacts_root
+    from scheduler.core.store import default_artifacts_root
     from scheduler.core.jobs import resolve_job
     from scheduler.ops.pruning import prune_runs
     from scheduler.base.timeutil import parse_duration_ms

@@ -11,6 +11,7 @@ the store and bytes whose digest no longer matches (tampering or corruption).
 
 Files and directories are created private (``0600``/``0700``) or group-shared
 (``0660``/``2770``), see ``scheduler.core.filemodes``.
+Where a store's artifacts live is ``scheduler.core.store.default_artifacts_root``.
 """
 
 from __future__ import annotations
@@ -45,21 +46,6 @@ class StreamCapture:
     limit_exceeded: bool = False
     #: Credential values replaced by ``[REDACTED:<name>]`` in this stream: count per binding name (never a value).
     redactions: Mapping[str, int] = attrs.Factory(dict)
-
-
-def default_artifacts_root(db_file: str | os.PathLike[str] | None) -> Path:
-    """``$SCHEDULER_ARTIFACTS_DIR``, else ``artifacts/`` beside a local database file, else the XDG data dir.
-
-    ``db_file`` is the store's ``local_path`` (``scheduler.core.store.local_path_of(target)`` before
-    opening): the database file, or None for a server database such as PostgreSQL.
-    """
-    env = os.environ.get("SCHEDULER_ARTIFACTS_DIR")
-    if env:
-        return Path(env)
-    if db_file is not None:
-        return Path(db_file).expanduser().resolve().parent / "artifacts"
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "scheduler" / "artifacts"
 
 
 def run_dir(root: Path, run_id: str, *, create: bool = True) -> Path:

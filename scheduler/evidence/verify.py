@@ -43,7 +43,8 @@ import attrs
 from scheduler.base.canonical import canonical_bytes, hash_bytes
 from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import load_artifact
-from scheduler.core.outputs import default_artifacts_root, resolve_artifact
+from scheduler.core.outputs import resolve_artifact
+from scheduler.core.store import default_artifacts_root
 from scheduler.evidence.build import PAYLOAD_SCHEMA, PAYLOAD_VERSIONS, build_document, requested_bindings
 from scheduler.evidence.payload import EvidenceFailure, parse_canonical
 from scheduler.evidence.providers import PROVIDERS, to_provider_declaration
@@ -93,7 +94,7 @@ def verify_run(store: Any, run_id: str, *, artifacts_root: Path | None = None) -
     """Re-verify the evidence of run ``run_id`` (a full id) from history alone; never raises for a failed check.
 
     Raises ``NOT_FOUND`` only when neither the run, its evidence row nor a tombstone exists.
-    ``artifacts_root`` defaults to the store's (``scheduler.core.outputs.default_artifacts_root``).
+    ``artifacts_root`` defaults to the store's (``scheduler.core.store.default_artifacts_root``).
     """
     root = artifacts_root or default_artifacts_root(store.local_path)
     checks: dict[str, str] = {}

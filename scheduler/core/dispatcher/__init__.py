@@ -46,7 +46,7 @@ from scheduler.core.dispatcher.workers import DbRunControl, Workers
 from scheduler.core.duty import DutyContext
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.fenced_writes import FencedWriter
-from scheduler.core.outputs import default_artifacts_root
+from scheduler.core.store import default_artifacts_root
 from scheduler.core.parts import Parts
 from scheduler.core.queue import StartedRun
 from scheduler.core.recovery import recover

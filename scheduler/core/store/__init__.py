@@ -12,13 +12,29 @@ from pathlib import Path
 
 from scheduler.core.store.base import Store, Tx
 
-__all__ = ["Store", "Tx", "default_db_path", "local_path_of", "redact_url", "split_target"]
+__all__ = ["Store", "Tx", "default_artifacts_root", "default_db_path", "local_path_of", "redact_url", "split_target"]
 
 
 def default_db_path() -> Path:
     """``$XDG_DATA_HOME/scheduler/scheduler.db`` (``~/.local/share`` when unset)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "scheduler" / "scheduler.db"
+
+
+def default_artifacts_root(db_file: str | os.PathLike[str] | None) -> Path:
+    """``$SCHEDULER_ARTIFACTS_DIR``, else ``artifacts/`` beside a local database file, else the XDG data dir.
+
+    ``db_file`` is the store's ``local_path`` (``local_path_of(target)`` before opening): the
+    database file, or None for a server database such as PostgreSQL. Here, beside the database
+    path, because the store's health check looks at the artifacts' file modes too.
+    """
+    env = os.environ.get("SCHEDULER_ARTIFACTS_DIR")
+    if env:
+        return Path(env)
+    if db_file is not None:
+        return Path(db_file).expanduser().resolve().parent / "artifacts"
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "scheduler" / "artifacts"
 
 
 def redact_url(url: str) -> str:

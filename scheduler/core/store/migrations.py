@@ -6,34 +6,40 @@ then applies the schema again (every statement is ``IF NOT EXISTS`` / ``OR REPLA
 in the same transaction, so a failure or a ``kill -9`` leaves nothing half-done. Each
 step checks before it acts, so running it twice is harmless.
 
-Steps are written once, for every dialect: ``AddColumn`` / ``DropColumn`` carry a
-``schema.Column`` (rendered per dialect), data moves run through the small
-``SchemaConnection`` adapter each store provides (``?`` placeholders, rows as dicts),
-and raw per-dialect SQL appears only where the dialects cannot share it
-(``WidenCheck``: SQLite cannot alter a constraint). A store calls ``upgrade`` inside its
+Steps are written once, for every dialect: the schema steps are
+``scheduler.core.store.schema_steps`` (``AddColumn``, ``WidenCheck``, ...), the data moves of
+particular versions ``scheduler.core.store.data_moves``; both run through the small
+``SchemaConnection`` adapter each store provides. A store calls ``upgrade`` inside its
 own write transaction; which transaction and lock that is stays the store's business.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store import legacy_tables, schema
-from scheduler.core.store.base import Params
+from scheduler.core.store.data_moves import BindArtifacts, MoveExecutorFields
 from scheduler.core.store.schema import BIGINT, SCHEMA_VERSION, TEXT, Column
+from scheduler.core.store.schema_steps import (
+    AddColumn,
+    CreateTable,
+    DropColumn,
+    DropEmptyTable,
+    DropIndex,
+    DropTrigger,
+    ReplaceGuard,
+    SchemaConnection,
+    WidenCheck,
+)
 
 __all__ = [
-    "MIGRATIONS", "SCHEMA_VERSION", "AddColumn", "DropColumn", "DropIndex", "DropTrigger", "Migration",
-    "MoveExecutorFields", "CreateTable", "DropEmptyTable", "BindArtifacts", "ReplaceGuard", "SchemaConnection", "StepHook",
-    "UpgradeFailed", "WidenCheck", "migrate",
+    "MIGRATIONS", "SCHEMA_VERSION", "Migration", "SchemaConnection", "Step", "StepHook", "UpgradeFailed", "migrate",
     "schema_fingerprint", "schema_statements", "schema_text", "upgrade",
 ]
 
@@ -76,322 +82,6 @@ def schema_fingerprint(dialect: str) -> str:
     """SHA-256 of the schema text for ``dialect``: recorded by a store so an unchanged schema is recognised cheaply."""
     text = schema_text() if dialect == "sqlite" else schema.render(dialect)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class SchemaConnection(Protocol):
-    """What migration steps need from a store: its dialect, statements with ``?`` placeholders, a column list.
-
-    Every call runs inside the store's open write transaction.
-    """
-
-    #: ``"sqlite"`` or ``"postgresql"``: picks the DDL a ``schema.Column`` renders to.
-    dialect: str
-
-    def execute(self, sql: str, params: Params = ()) -> Any:
-        """Run one statement."""
-
-    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        """Every row of a query, as dicts."""
-
-    def columns(self, table: str) -> list[str]:
-        """The column names of ``table`` in the store's schema (empty when there is no such table)."""
-
-
-# -- steps --------------------------------------------------------------------------------------------
-
-
-class AddColumn(NamedTuple):
-    """Add ``column`` to ``table`` when it is missing."""
-
-    table: str
-    column: Column
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction (a missing table is left to the schema, which creates it whole)."""
-        columns = conn.columns(self.table)
-        if columns and self.column.name not in columns:
-            conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {self.column.definition(conn.dialect)}")
-
-
-class DropColumn(NamedTuple):
-    """Drop ``column`` (as it was defined, kept for the record) from ``table`` when it is present."""
-
-    table: str
-    column: Column
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        if self.column.name in conn.columns(self.table):
-            conn.execute(f"ALTER TABLE {self.table} DROP COLUMN {self.column.name}")
-
-
-class DropIndex(NamedTuple):
-    """Drop an index the schema no longer has (``sql`` is how it was created, for the record)."""
-
-    name: str
-    sql: str
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        conn.execute(f"DROP INDEX IF EXISTS {self.name}")
-
-
-class DropTrigger(NamedTuple):
-    """Drop a guard trigger the schema replaced (``sql`` is the SQLite text it had, for the record)."""
-
-    name: str
-    table: str
-    sql: str
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        on = f" ON {self.table}" if conn.dialect != "sqlite" else ""
-        conn.execute(f"DROP TRIGGER IF EXISTS {self.name}{on}")
-
-
-class WidenCheck(NamedTuple):
-    """Give ``column`` the CHECK of its new definition, which accepts more than ``before`` did.
-
-    Existing rows stay valid (the new check is wider), so no data changes. PostgreSQL
-    replaces the column's constraint; SQLite cannot alter a constraint, so the column's
-    text in ``sqlite_schema`` is rewritten as SQLite documents for exactly this case
-    (``PRAGMA writable_schema``, schema version bumped, inside the migration's
-    transaction), after the new table text is proved to parse and every row to pass.
-    """
-
-    table: str
-    column: Column
-    before: Column
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        if self.column.name not in conn.columns(self.table):
-            return
-        check = self.column.check_expression()
-        if conn.dialect != "sqlite":
-            name = f"{self.table}_{self.column.name}_check"
-            conn.execute(f"ALTER TABLE {self.table} DROP CONSTRAINT IF EXISTS {name}")
-            conn.execute(f"ALTER TABLE {self.table} ADD CONSTRAINT {name} CHECK ({check})")
-            return
-        (row,) = conn.all("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,))
-        old_sql = row["sql"]
-        new_sql = replace_column_definition(old_sql, self.column.name, self.column.definition("sqlite"))
-        if new_sql == old_sql:
-            return
-        probe = sqlite3.connect(":memory:")
-        try:
-            probe.execute(new_sql)  # a syntax error here would make the database unreadable below
-        finally:
-            probe.close()
-        if check:
-            bad = conn.all(f"SELECT COUNT(*) AS n FROM {self.table} WHERE NOT ({check})")[0]["n"]
-            if bad:
-                raise ValueError(f"{bad} row(s) of {self.table} fail the new CHECK ({check})")
-        version = conn.all("PRAGMA schema_version")[0]["schema_version"]
-        conn.execute("PRAGMA writable_schema = ON")
-        try:
-            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (new_sql, self.table))
-            conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
-        finally:
-            conn.execute("PRAGMA writable_schema = OFF")
-
-
-def _split_items(body: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of each top-level comma-separated item of a ``CREATE TABLE`` body."""
-    items, depth, start, i, n = [], 0, 0, 0, len(body)
-    while i < n:
-        ch = body[i]
-        if ch in "'\"":
-            end = body.find(ch, i + 1)
-            while end != -1 and body.startswith(ch * 2, end):
-                end = body.find(ch, end + 2)
-            i = n if end == -1 else end + 1
-            continue
-        if body.startswith("--", i):
-            end = body.find("\n", i)
-            i = n if end == -1 else end
-            continue
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append((start, i))
-            start = i + 1
-        i += 1
-    items.append((start, n))
-    return items
-
-
-_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|$))*")
-
-
-def replace_column_definition(create_sql: str, column: str, definition: str) -> str:
-    """``create_sql`` (a stored ``CREATE TABLE``) with ``column``'s definition replaced by ``definition``.
-
-    Comments and layout around the column are kept. Returns the text unchanged when the
-    column already reads ``definition`` (whitespace aside); ``ValueError`` when the column
-    is not found.
-    """
-    open_paren = create_sql.index("(")
-    close_paren = create_sql.rindex(")")
-    body = create_sql[open_paren + 1 : close_paren]
-    for start, end in _split_items(body):
-        item = body[start:end]
-        lead = _LEADING.match(item)
-        code_start = lead.end() if lead else 0
-        code = item[code_start:].rstrip()
-        if re.match(rf'"?{re.escape(column)}"?\s', code + " ", re.IGNORECASE):
-            if code.split() == definition.split():
-                return create_sql
-            new_item = item[:code_start] + definition + item[code_start + len(code):]
-            new_body = body[:start] + new_item + body[end:]
-            return create_sql[: open_paren + 1] + new_body + create_sql[close_paren:]
-    raise ValueError(f"column {column} not found in {create_sql[:60]!r}...")
-
-
-#: Executor-specific job columns that v3 moves into ``executor_options`` (old column -> option name).
-V3_SHELL_FIELDS = {"shell_env_policy": "env_policy", "working_dir": "working_dir", "stdin_text": "stdin_text"}
-V3_AGENT_FIELDS = {"context_mode": "context_mode", "heartbeat_file": "heartbeat_file"}
-_V3_DEFAULTS = {"shell_env_policy": "minimal", "context_mode": "isolated"}
-_DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-session"}
-
-
-def v3_executor_options(row: dict[str, Any]) -> str:
-    """The ``executor_options`` JSON a v2 job row becomes: its executor's non-default fields under their new names.
-
-    Fields of another executor kind (``context_mode`` on a shell job) were never
-    enforced by that executor, so they are not carried over: nothing changes behaviour.
-    """
-    executor = row.get("executor") or _DEFAULT_EXECUTORS.get(row.get("session_target") or "shell", "shell")
-    fields = V3_SHELL_FIELDS if executor == "shell" else V3_AGENT_FIELDS
-    options = {}
-    for column, option in fields.items():
-        value = row.get(column)
-        if value is not None and value != _V3_DEFAULTS.get(column):
-            options[option] = value
-    return json.dumps(options, sort_keys=True)
-
-
-def v3_executor_handle(row: dict[str, Any]) -> str | None:
-    """The ``executor_handle`` JSON of a v2 run row that recorded a process identity."""
-    if row.get("pid") is None:
-        return None
-    owner = row.get("dispatcher_owner")
-    return json.dumps({
-        "pid": row["pid"], "pgid": row.get("pgid"), "start_time": row.get("process_start_time"),
-        "host": owner.split(":", 1)[0] if owner else None,
-    }, sort_keys=True)
-
-
-class MoveExecutorFields(NamedTuple):
-    """v3 data move: executor-specific job columns into ``executor_options``, process identity into ``executor_handle``.
-
-    Runs between adding the new columns and dropping the old ones; a second run finds
-    the old columns gone and does nothing.
-    """
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        if "shell_env_policy" in conn.columns("jobs"):
-            cols = ", ".join(["id", "executor", "session_target", *V3_SHELL_FIELDS, *V3_AGENT_FIELDS])
-            for row in conn.all(f"SELECT {cols} FROM jobs"):
-                conn.execute("UPDATE jobs SET executor_options = ? WHERE id = ?", (v3_executor_options(row), row["id"]))
-        if "pid" in conn.columns("runs"):
-            for row in conn.all("SELECT id, pid, pgid, process_start_time, dispatcher_owner FROM runs WHERE pid IS NOT NULL"):
-                conn.execute("UPDATE runs SET executor_handle = ? WHERE id = ?", (v3_executor_handle(row), row["id"]))
-
-
-class CreateTable(NamedTuple):
-    """Create a table of the current schema (with its indexes and guards) that later steps of a migration fill."""
-
-    table: str
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        for statement in schema.statements_for((schema.table(self.table),), conn.dialect):
-            conn.execute(statement)
-
-
-class DropEmptyTable(NamedTuple):
-    """Drop a table no released kernel ever wrote (a placeholder whose layout changed); refuse when it holds rows.
-
-    Only the old layout is dropped: when ``old_column`` is given, a table without it is
-    left alone (so running the step again is harmless). The schema applied after the
-    migrations re-creates the table in its current layout when it still exists there.
-    """
-
-    #: The layout dropped (``scheduler.core.store.legacy_tables``), kept for the record.
-    before: schema.Table
-    old_column: str | None = None
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        table = self.before.name
-        columns = conn.columns(table)
-        if not columns or (self.old_column is not None and self.old_column not in columns):
-            return
-        rows = conn.all(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]
-        if rows:
-            raise ValueError(f"{table} holds {rows} row(s) no kernel version wrote; move them aside before upgrading")
-        conn.execute(f"DROP TABLE {table}")
-
-
-class BindArtifacts(NamedTuple):
-    """v4 data move: give every job its native execution artifact, and bind its open work to it.
-
-    Open dispatches and unfinished runs are bound to the job's artifact (they were queued
-    for the job as it is); finished runs keep no binding (they predate artifacts).
-    """
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        from scheduler.base.canonical import canonical_json
-        from scheduler.core.artifact import native_payload
-        from scheduler.core.spec import spec_from_row
-
-        for job in conn.all("SELECT * FROM jobs WHERE artifact_digest IS NULL"):
-            payload = native_payload(spec_from_row(job), job["id"])
-            text = canonical_json(payload)
-            digest = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-            conn.execute(
-                "INSERT INTO execution_artifacts(digest, kind, job_id, payload, payload_bytes, created_at)"
-                " VALUES (?, 'native', ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
-                (digest, job["id"], text, len(text.encode("utf-8")), job["updated_at"]),
-            )
-            conn.execute("UPDATE jobs SET artifact_digest = ? WHERE id = ?", (digest, job["id"]))
-            conn.execute("UPDATE job_dispatch_queue SET artifact_digest = ? WHERE job_id = ? AND artifact_digest IS NULL"
-                         " AND status IN ('pending', 'claimed')", (digest, job["id"]))
-            conn.execute("UPDATE runs SET artifact_digest = ? WHERE job_id = ? AND artifact_digest IS NULL"
-                         " AND status IN ('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked')",
-                         (digest, job["id"]))
-
-
-class ReplaceGuard(NamedTuple):
-    """Re-create guard ``guard`` of ``table`` as the current schema defines it (a changed ``when``).
-
-    SQLite's ``CREATE TRIGGER IF NOT EXISTS`` would keep the old text, so the trigger is
-    dropped and created again in the same transaction; running the step twice gives the same trigger.
-    """
-
-    table: str
-    guard: str
-
-    def apply(self, conn: SchemaConnection) -> None:
-        """Run the step on the caller's open transaction."""
-        current = schema.table(self.table)
-        guard = next(g for g in current.guards if g.name == self.guard)
-        statements = schema.guard_statements(current, guard, conn.dialect)
-        if conn.dialect == "sqlite":
-            def words(sql: str) -> str:
-                return " ".join(sql.replace("IF NOT EXISTS ", "").split())
-
-            rows = conn.all("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", (self.guard,))
-            if rows and words(rows[0]["sql"]) == words(statements[0]):
-                return  # already the current guard
-            conn.execute(f"DROP TRIGGER IF EXISTS {self.guard}")
-        for statement in statements:  # PostgreSQL: CREATE OR REPLACE
-            conn.execute(statement)
 
 
 Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields | CreateTable | DropEmptyTable

@@ -31,7 +31,7 @@ from scheduler import PLUGIN_API_VERSION
 from scheduler.core import filemodes
 from scheduler.base.errors import SchedulerError
 from scheduler.settings import current_settings
-from scheduler.core.store import migrations, schema
+from scheduler.core.store import default_artifacts_root, migrations, schema
 from scheduler.core.store.base import Params
 from scheduler.base.timeutil import now_ms
 
@@ -569,8 +569,6 @@ class SQLiteStore:
         A warning because the operator may have opened them up on purpose; new files
         are created private (or group-only) anyway, see ``scheduler.core.filemodes``.
         """
-        from scheduler.core.outputs import default_artifacts_root
-
         root = default_artifacts_root(self.location)
         candidates = [self.path, Path(f"{self.location}-wal"), Path(f"{self.location}-shm"), root, root / "runs"]
         exposed = [f"{p} ({mode})" for p in candidates if (mode := filemodes.world_access(p)) is not None]
