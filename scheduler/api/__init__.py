@@ -12,7 +12,8 @@ every HTTP channel does with failures and attachments (``error_for_status``,
 ``scheduler.toolkit.channel_support``), what every executor that prompts a language model does with
 untrusted text (``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``;
 ``scheduler.toolkit.prompt_safety``), the error type and the registry of kernel error codes,
-``hookimpl`` for pluggy hook modules, option and settings helpers, and
+``hookimpl`` for pluggy hook modules, the run step contract for a ``scheduler.steps``
+entry point (``Step``, ``StepBase``, ``Run``), option and settings helpers, and
 ``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
 manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
 
@@ -110,6 +111,7 @@ from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
 from scheduler.toolkit.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
 from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
 from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Run, Step, StepBase
 from scheduler.core.structured import structured_from_capture, unparsed_record
 from scheduler.base.timeutil import now_ms, to_iso
 
@@ -166,6 +168,10 @@ __all__ = [
     "ExecutionResult",
     "Executor",
     "JobSpec",
+    # third-party run pipeline steps (scheduler.core.steps; entry-point group scheduler.steps)
+    "Run",
+    "Step",
+    "StepBase",
     # who a run acts as (scheduler.pipeline.identity): RunOutcomes.identity, as_mapping() for providers
     "Delegation",
     "ResolvedIdentity",

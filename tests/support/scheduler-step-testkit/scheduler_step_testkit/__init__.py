@@ -6,8 +6,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from scheduler.base.canonical import hash_text
-from scheduler.core.steps import Run, StepBase
+from scheduler.api import Run, StepBase, hash_text
 
 #: The command (a ``testkit`` executor script) of the jobs this step takes part in.
 MARKER_COMMAND = "echo:step-testkit"
