@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kernel_testing import run_rows, wait_for
 
+from scheduler.base.errors import SchedulerError
 from scheduler.core.queue import enqueue_manual
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,3 +266,24 @@ def test_a_v4_artifact_whose_declaration_differs_from_the_job_stores_nothing(cli
     assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_UNSUPPORTED"
     assert out.json["details"][0]["field"] == "identity.auth"
     assert stored_counts(store) == (0, 0)
+
+
+def test_a_v4_job_is_not_changed_without_the_handoff_kind_installed(cli: Any, store: Any) -> None:
+    """Core binds jobs to handoff v4 through the kind the composition root installs; without it, it fails closed."""
+    from scheduler.core import submissions
+    from scheduler.core.jobs import update_job
+
+    doc = compiled(cli, plain_spec())
+    assert cli("jobs", "add", json.dumps(doc)).code == 0
+    assert cli("jobs", "add", json.dumps(plain_spec(name="native"))).code == 0
+    with submissions.installed_as(None):  # (a CLI command would install it again)
+        for patch in ({"description": "not bound"}, {"handoff_version": None}, doc):
+            with pytest.raises(SchedulerError) as info:
+                update_job(store, "nightly", patch)
+            assert info.value.code == submissions.NOT_INSTALLED
+        # a native job's update needs no kind, and a spec object's submission keys are then unknown fields
+        assert update_job(store, "native", {"description": "changed"})["description"] == "changed"
+        with pytest.raises(SchedulerError) as info:
+            update_job(store, "native", {"handoff_version": 4})
+        assert info.value.code == "VALIDATION_FAILED"
+    assert update_job(store, "nightly", {"description": "not bound"})["artifact_digest"] == doc["handoff_artifact_digest"]

@@ -48,10 +48,18 @@ NO_JOB_COMMANDS = frozenset({"version", "capabilities", "schema"})
 
 
 def _install_steps() -> None:
-    """Install the run pipeline's steps, deferred: they are imported when a job is first validated or run."""
-    from scheduler.core import steps
+    """Install the run pipeline's steps and the handoff v4 kind, deferred: imported when a job is first validated or run."""
+    from scheduler.core import steps, submissions
 
     steps.install(_pipeline_steps)
+    submissions.install(_handoff_kind)
+
+
+def _handoff_kind() -> Any:
+    """The handoff v4 kind of submitted artifacts (``scheduler.artifacts.handoff_kind``), imported when a job binds one."""
+    from scheduler.artifacts.handoff_kind import HANDOFF_KIND
+
+    return HANDOFF_KIND
 
 
 class LazyGroup(click.Group):

@@ -10,6 +10,7 @@ of waiting runs cancelled that way once the transaction committed.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -20,13 +21,14 @@ from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.schedules import next_fire
+from scheduler.core import submissions
 from scheduler.core.store.schema import quote_name
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import cancel_pending_work, committing
 
 if TYPE_CHECKING:
-    from scheduler.artifacts.handoff import Submission
     from scheduler.core.observers import Observers
+    from scheduler.core.submissions import Submission
 
 #: A job id: what ``uuid4`` gives, or what a handoff v4 artifact was compiled for.
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -124,8 +126,8 @@ def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | 
         digest = put_artifact(tx, native_payload(spec, job_id), kind="native", job_id=job_id, now=now)
         return {"artifact_digest": digest, "handoff_version": None, "effective_task_hash": None}
     digest = submission.verify(spec, job_id=job_id)
-    put_artifact(tx, submission.payload, kind="handoff-v4", job_id=job_id, now=now)
-    return {"artifact_digest": digest, "handoff_version": 4, "effective_task_hash": submission.effective_task_hash}
+    put_artifact(tx, submission.payload, kind=f"handoff-v{submission.version}", job_id=job_id, now=now)
+    return {"artifact_digest": digest, "handoff_version": submission.version, "effective_task_hash": submission.effective_task_hash}
 
 
 def _check_chain(tx: Tx, job_id: str | None, parent_id: str) -> None:
@@ -209,16 +211,17 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         raise SchedulerError("VALIDATION_FAILED", "an update must be a JSON object of spec fields", details=[
             {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
         ])
-    from scheduler.artifacts.handoff import SUBMISSION_FIELDS, split_submission
-
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
-        bound_v4 = row.get("handoff_version") == 4
-        if bound_v4 and any(key in patch and patch[key] is None for key in SUBMISSION_FIELDS):
-            raise SchedulerError("HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
-                                 f"job {row['name']!r} is bound to a handoff v4 artifact; it cannot drop it")
-        patch, submission = split_submission(patch)
+        bound = row.get("handoff_version") is not None
+        kind = submissions.bound_kind(row) if bound else submissions.installed()
+        submission = None
+        if kind is not None:
+            if bound and any(key in patch and patch[key] is None for key in kind.fields):
+                raise SchedulerError("HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
+                                     f"job {row['name']!r} is bound to a handoff v{kind.version} artifact; it cannot drop it")
+            patch, submission = kind.split(patch)
         old = spec_from_row(row)
         merged = spec_to_input(old)
         merged["parent_id"] = row["parent_id"]
@@ -265,11 +268,10 @@ def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, s
     """The artifact columns of an updated job: unchanged, a new native artifact, or a replacement v4 artifact."""
     if submission is not None:  # verified against this job's id: an artifact compiled for another job is refused
         return _bind_artifact(tx, spec, row["id"], submission, now)
-    if row.get("handoff_version") == 4:
-        from scheduler.artifacts.handoff import job_binding_digest
-
-        if job_binding_digest(spec) != job_binding_digest(old):
-            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v4 artifact:"
+    if row.get("handoff_version") is not None:
+        kind = submissions.bound_kind(row)
+        if kind.binding_digest(spec) != kind.binding_digest(old):
+            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v{kind.version} artifact:"
                                  " changing its bound fields needs a replacement artifact in the same update")
         return {"artifact_digest": row["artifact_digest"]}
     return _bind_artifact(tx, spec, row["id"], None, now)
@@ -352,8 +354,6 @@ def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
         elif f.metadata["kind"] in ("identity", "authorization_proof") and isinstance(val, str):
-            import json
-
             val = json.loads(val)  # the declaration as an object, as it was written
         out[f.name] = val
     out["artifact_digest"] = row.get("artifact_digest")

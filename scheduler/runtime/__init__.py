@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Callable
 
 from scheduler.approvals.decisions import expire_due as expire_due_approvals
-from scheduler.core import observers, steps
+from scheduler.artifacts.handoff_kind import HANDOFF_KIND
+from scheduler.core import observers, steps, submissions
 from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
 from scheduler.core.observers import Observers
 from scheduler.core.parts import Parts
@@ -31,9 +32,11 @@ EXECUTOR_RETRY_S = 30.0
 def install() -> None:
     """Give this process its defaults: transitions committed without naming their observers (a CLI ``runs cancel``)
     tell the entry-point hook modules (built only when there is something to tell); the run pipeline's steps
-    (built-in and ``scheduler.steps`` entry points, ``scheduler.pipeline.installed_steps``) are installed into core."""
+    (built-in and ``scheduler.steps`` entry points, ``scheduler.pipeline.installed_steps``) are installed into core,
+    and so is the handoff v4 kind of submitted artifacts (``scheduler.core.submissions``)."""
     observers.install_default(Hooks)
     steps.install(installed_steps)
+    submissions.install(HANDOFF_KIND)
 
 
 def loaded_executors() -> LoadedProviders:

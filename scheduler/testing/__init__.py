@@ -41,12 +41,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.artifacts.handoff_kind import HANDOFF_KIND
 from scheduler.core import steps as _steps
+from scheduler.core import submissions as _submissions
 from scheduler.core.execution import ExecutionRequest, LocalRunControl
 from scheduler.pipeline import installed_steps
 
-# Tests validate and run jobs without a CLI or ``scheduler run``: the run pipeline's steps are installed on import.
+# Tests validate and run jobs without a CLI or ``scheduler run``: the run pipeline's steps (and the handoff v4 kind)
+# are installed on import.
 _steps.install(installed_steps)
+_submissions.install(HANDOFF_KIND)
 
 #: The PostgreSQL server the tests use: ``SCHEDULER_TEST_POSTGRES_URL``, else the local one.
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
