@@ -1,0 +1,57 @@
+"""Cancelling a job's pending work (waiting runs, pending dispatch rows, open approvals) in one place."""
+
+from __future__ import annotations
+
+import attrs
+
+from scheduler.core.events import append_event
+from scheduler.core.store.base import Tx
+from scheduler.core.transitions.runs import cancel_waiting_run
+
+
+@attrs.frozen
+class CancelledWork:
+    """What ``cancel_pending_work`` cancelled."""
+
+    #: Pending dispatch rows (not yet runs).
+    dispatches: int
+    #: Waiting runs (``pending``, ``awaiting_approval``, ``approved``), by id.
+    runs: tuple[str, ...]
+    #: Open approvals of the job not tied to one of those runs.
+    approvals: int
+
+
+def cancel_pending_work(
+    tx: Tx, job_id: str, *, reason: str, now: int, actor: str | None = None, include_manual: bool = False
+) -> CancelledWork:
+    """Cancel everything of a job that has not started executing; the one place disable, delete, auto-pause,
+    watchdog self-destruct, update and ``jobs cancel`` do it.
+
+    * waiting runs (``pending``, ``awaiting_approval``, ``approved``) end ``cancelled``, with
+      their dispatch rows and approvals (an approval was asked for the job as it was);
+    * pending dispatch rows are cancelled, except ``manual`` ones unless ``include_manual``
+      (an operator's explicit ``jobs run`` survives disable/update/auto-pause, as before);
+    * the job's other open approvals (``pending``, ``approved``) are cancelled.
+
+    Running runs are not touched (cancelling them is a request to their owner). One
+    ``job.pending_cancelled`` event summarises it when anything was cancelled.
+    """
+    waiting = tx.all(
+        "SELECT id, job_id, status, dispatch_id FROM runs WHERE job_id = ? AND status IN ('pending', 'awaiting_approval', 'approved')",
+        (job_id,),
+    )
+    runs = tuple(r["id"] for r in waiting if cancel_waiting_run(tx, r, reason=reason, actor=actor, now=now))
+    kinds = "" if include_manual else " AND kind <> 'manual'"
+    dispatches = tx.execute(
+        f"UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE job_id = ? AND status = 'pending'{kinds}",
+        (reason, now, job_id),
+    )
+    approvals = tx.execute(
+        "UPDATE approvals SET status = 'cancelled', cancelled_at = ?, decision_reason = ?, version = version + 1"
+        " WHERE job_id = ? AND status IN ('pending', 'approved')",
+        (now, reason, job_id),
+    )
+    if dispatches or runs or approvals:
+        append_event(tx, "job.pending_cancelled", job_id=job_id, actor=actor, at=now,
+                     data={"reason": reason, "dispatches": dispatches, "runs": len(runs), "approvals": approvals})
+    return CancelledWork(dispatches=dispatches, runs=runs, approvals=approvals)
