@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import os
 import threading
 import time
 import uuid
@@ -52,10 +54,18 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.errors import SchedulerError
+from scheduler.base.options import build_options
+from scheduler.base.timeutil import now_ms
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.base.errors import SchedulerError
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.queue import StartedRun
+from scheduler.core.spec import validate_spec
+from scheduler.pipeline.authorization import DECISIONS, check_answer, decide_with, policy_problems
+from scheduler.pipeline.identity import ResolvedIdentity
+from scheduler.plugins.protocols import AuthorizationDecision
 
 #: The method every setup adapter has.
 POLICY_METHOD = "conformance_policy"
@@ -124,8 +134,6 @@ class PolicySetup:
         """Open the FIFO for writing and close it at once: a provider blocked reading it gets an empty file and returns."""
         if self.fifo is None:
             return
-        import os
-
         with contextlib.suppress(OSError):
             fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
             os.close(fd)
@@ -143,8 +151,6 @@ def write_policy_setup(request: PolicyRequest, policy_dir: Path, texts: dict[str
     ``slow_fifo`` a FIFO (ref ``slow``), so reading it blocks until ``close``. Any other
     policy raises ``NotImplementedError`` (the engine skips the case with the reason).
     """
-    import os
-
     if request.policy in texts:
         (policy_dir / f"conformance{suffix}").write_text(texts[request.policy])
         return PolicySetup(policy_dir, "conformance")
@@ -200,8 +206,6 @@ class _Faulty:
         self.own: list[Any] = []
 
     def resolve_authorization(self, request: Any) -> Any:
-        from scheduler.plugins.protocols import AuthorizationDecision
-
         answer = self.inner.resolve_authorization(request)
         self.own.append(answer)
         decision, reason = getattr(answer, "decision", None), getattr(answer, "reason", "")
@@ -221,8 +225,6 @@ class _Faulty:
 
 
 def _spec(case: Case, name: str, setup: Any) -> Any:
-    from scheduler.core.spec import validate_spec
-
     request = case.input.get("request") or {}
     authorization: dict[str, Any] = {}
     config = getattr(setup, "provider_config", None)
@@ -239,11 +241,6 @@ def _spec(case: Case, name: str, setup: Any) -> Any:
 
 
 def _started(spec: Any, case: Case) -> Any:
-    from scheduler.pipeline.identity import ResolvedIdentity
-    from scheduler.core.outcomes import RunOutcomes
-    from scheduler.core.queue import StartedRun
-    from scheduler.base.timeutil import now_ms
-
     request = case.input.get("request") or {}
     principal = PRINCIPAL_NAME if request.get("principal", "subject") == "subject" else STRANGER_NAME
     now = now_ms()
@@ -279,10 +276,6 @@ class _Asked:
 
 def _ask(provider: Any, spec: Any, case: Case) -> _Asked:
     """One decision through the kernel's ``decide_with``."""
-    import json
-
-    from scheduler.pipeline.authorization import decide_with
-
     started = _started(spec, case)
     asked = _Asked()
 
@@ -327,8 +320,6 @@ def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: A
 
 
 def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> CaseCheck:
-    from scheduler.pipeline.authorization import policy_problems
-
     problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
     if problem:
         return CaseCheck(problems=(problem,))
@@ -375,8 +366,6 @@ def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> Cas
 
 def _answer_problems(case: Case, asked: _Asked, faulty: _Faulty | None) -> list[str]:
     """What the provider's own answer must be, whatever the case expects."""
-    from scheduler.pipeline.authorization import DECISIONS, check_answer
-
     record = asked.record or {}
     problems: list[str] = []
     if faulty is not None:
@@ -408,8 +397,6 @@ def _policy_check_problems(provider: Any, name: str, setup: Any, spec: Any, poli
     """``check_policy`` (``jobs validate``, ``doctor``) must flag an invalid or missing policy and pass a valid one."""
     if getattr(provider, "check_policy", None) is None:
         return []
-    from scheduler.base.options import build_options
-
     cls = getattr(provider, "options_class", None)
     raw = (spec.authorization or {}).get("provider_config") or {}
     options = build_options(cls, raw, "authorization.provider_config") if cls is not None else None

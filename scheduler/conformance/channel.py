@@ -43,6 +43,7 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.errors import SchedulerError
 from scheduler.conformance.engine import (
     _DRIVER_NAME,
     Case,
@@ -51,8 +52,18 @@ from scheduler.conformance.engine import (
     _patched_environ,
     register_adapter,
 )
-from scheduler.conformance.service import ReceivedMessage, ServiceAnswer, ServiceRequest
-from scheduler.base.errors import SchedulerError
+from scheduler.conformance.service import ReceivedMessage, ServiceAnswer, ServiceRequest, resolve_service_adapter
+from scheduler.plugins.options import channel_options_for
+from scheduler.plugins.protocols import (
+    ChannelLimits,
+    DeliveryError,
+    DeliveryPart,
+    DeliveryReceipt,
+    DeliveryRoute,
+    PermanentDeliveryError,
+    TransientDeliveryError,
+)
+from scheduler.settings.load import resolve_table
 
 #: How long one ``send`` may take before the engine gives up on it (``expect.max_duration_ms`` lowers it).
 SEND_LIMIT_MS = 30_000
@@ -113,8 +124,6 @@ def _staged(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_part(case: Case, limits: Any) -> Any:
     """The ``DeliveryPart`` of a case (body filled to ``limits.max_chars`` when it asks for that)."""
-    from scheduler.plugins.protocols import DeliveryPart
-
     spec = case.input.get("part") or {}
     body = spec.get("body", f"conformance delivery for {case.id}\nsecond line")
     if isinstance(body, dict):
@@ -164,8 +173,6 @@ class _ChannelContext:
 
 def _prepare_channel(name: str | None, provider: Any, service_adapter: Any) -> _ChannelContext:
     """Find the channel's service adapter once per run (``CONFORMANCE_NO_SERVICE_ADAPTER`` when there is none)."""
-    from scheduler.conformance.service import resolve_service_adapter
-
     adapter = resolve_service_adapter(name, provider, service_adapter)
     return _ChannelContext(name=name if name and _DRIVER_NAME.match(name) else ANONYMOUS_CHANNEL, adapter=adapter)
 
@@ -220,8 +227,6 @@ def _configure(provider: Any, name: str, settings: Any) -> str | None:
         if table:
             return f"the service adapter gives settings ({', '.join(sorted(table))}) but the channel declares no settings_class"
         return None
-    from scheduler.settings.load import resolve_table
-
     resolved, problems = resolve_table(f"channels.{name}", cls, table, "the conformance service adapter", {})
     if problems or resolved is None:
         listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
@@ -237,8 +242,6 @@ def _configure(provider: Any, name: str, settings: Any) -> str | None:
 
 
 def _limits_problem(limits: Any) -> str | None:
-    from scheduler.plugins.protocols import ChannelLimits
-
     if not isinstance(limits, ChannelLimits):
         return f"limits is {type(limits).__name__}, not a ChannelLimits"
     wrong = []
@@ -268,8 +271,6 @@ class _Attempt:
     @property
     def outcome(self) -> str | None:
         """``delivered`` / ``transient`` / ``permanent``, or None when ``send`` did something else."""
-        from scheduler.plugins.protocols import DeliveryReceipt, PermanentDeliveryError, TransientDeliveryError
-
         if self.hung:
             return None
         if self.error is None:
@@ -290,8 +291,6 @@ class _Attempt:
             if hasattr(self.error, "retry_after_s"):
                 extra = f" retry_after_s={self.error.retry_after_s!r}"
             return f"{type(self.error).__name__}{f' [{code}]' if code else ''}{extra}: {self.error}"
-        from scheduler.plugins.protocols import DeliveryReceipt
-
         if isinstance(self.result, DeliveryReceipt):
             details = json.dumps(dict(self.result.details or {}), default=str, ensure_ascii=False)
             return f"DeliveryReceipt receipt_id={self.result.receipt_id!r} details={details}"
@@ -383,9 +382,6 @@ def _send(provider: Any, part: Any, route: Any, answer: ServiceAnswer, stand_in:
 
 
 def _run_with_stand_in(provider: Any, case: Case, context: Any, stand_in: Any, answers: tuple[ServiceAnswer, ...]) -> CaseCheck:
-    from scheduler.plugins.options import channel_options_for
-    from scheduler.plugins.protocols import DeliveryRoute
-
     label = _label(context.adapter)
     secrets = {str(k): str(v) for k, v in dict(stand_in.secrets or {}).items()}
     secret_values = sorted({v for v in secrets.values() if len(v) >= MIN_SECRET_CHARS}, key=len, reverse=True)
@@ -473,8 +469,6 @@ def _leaks(attempt: _Attempt, secrets: list[str]) -> list[str]:
 
 def _shape_problems(attempt: _Attempt) -> list[str]:
     """What is wrong with what ``send`` returned or raised, whatever the case expects."""
-    from scheduler.plugins.protocols import DeliveryError, DeliveryReceipt
-
     if attempt.hung:
         return [(f"send() did not return within {attempt.duration_ms} ms (the stand-in was told: {attempt.answer.kind}); "
                  "the channel must give up on its own (a timeout of its own)")]

@@ -47,10 +47,21 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.errors import SchedulerError
+from scheduler.base.options import build_options
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.base.errors import SchedulerError
+from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
+from scheduler.pipeline.credentials.step import _check_answer, _value_bytes, call_bounded
+from scheduler.plugins.protocols import (
+    CredentialBinding,
+    CredentialContext,
+    CredentialPresent,
+    RefreshResult,
+    ResolvedCredential,
+    RevokeResult,
+)
 
 #: The method every source adapter has.
 SOURCE_METHOD = "conformance_source"
@@ -153,9 +164,6 @@ def _capturing_logs() -> Iterator[_Logs]:
 
 
 def _binding(case: Case, provider: Any, name: str, ref: str) -> Any:
-    from scheduler.base.options import build_options
-    from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
-
     spec = dict(case.input.get("binding") or {})
     present = CredentialPresent(**spec.get("present", {"medium": "env", "key": "CONFORMANCE_TOKEN"}))
     options = spec.get("options")
@@ -184,9 +192,6 @@ class _Step:
 
 def _kernel_resolve(provider: Any, binding: Any, context: Any) -> Any:
     """``resolve`` exactly as the kernel calls and checks it (``scheduler.pipeline.credentials.step``); the checked answer."""
-    from scheduler.pipeline.credentials.step import _check_answer, _value_bytes, call_bounded
-    from scheduler.plugins.protocols import ResolvedCredential
-
     where = {"binding": binding.name, "provider": binding.provider}
     answer = call_bounded(lambda: provider.resolve(binding, context), CALL_LIMIT_S, code="CREDENTIAL_RESOLVE_TIMEOUT",
                           what=f"credential {binding.name!r}: provider {binding.provider!r}", details=where)
@@ -234,9 +239,6 @@ def _forms(value: str) -> list[str]:
 
 
 def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> CaseCheck:
-    from scheduler.plugins.protocols import CredentialContext, RefreshResult, RevokeResult
-    from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
-
     secrets = {str(k): str(v) for k, v in dict(getattr(stand_in, "secrets", None) or {}).items()}
     expect = case.expect
     with _patched_environ(secrets):
@@ -349,8 +351,6 @@ def _step_problems(step: _Step, binding: Any, expect: dict[str, Any], held: set[
 
 
 def _refreshed_problems(result: Any, binding: Any, held: set[str]) -> list[str]:
-    from scheduler.pipeline.credentials.step import _check_answer
-
     if result.credential is None:
         return ["refresh answered refreshed=True without a credential"]
     try:

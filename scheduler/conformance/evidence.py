@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import re
 import threading
 import uuid
@@ -45,10 +46,13 @@ from typing import Any
 
 import attrs
 
+from scheduler.base.canonical import canonical_bytes, hash_bytes
+from scheduler.base.errors import SchedulerError
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
-from scheduler.base.errors import SchedulerError
+from scheduler.evidence.providers import envelope_json, to_provider_declaration
+from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload, EvidenceVerification
 
 #: The method every setup adapter has.
 SETUP_METHOD = "conformance_setup"
@@ -146,9 +150,6 @@ def _document(run_id: str, exit_code: int = 0) -> dict[str, Any]:
 
 def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
     """The ``EvidencePayload`` the kernel would hand over, or one with the case's defect."""
-    from scheduler.base.canonical import canonical_bytes, hash_bytes
-    from scheduler.plugins.protocols import EvidencePayload
-
     canonical = canonical_bytes(document)
     if defect == "noncanonical":  # the same JSON with one blank: not json-sort-v1, digest its own
         spaced = canonical.replace(b'","', b'", "', 1)
@@ -160,17 +161,12 @@ def _payload(document: dict[str, Any], defect: str | None = None) -> Any:
 
 def _declaration(name: str, options: Any, methods: Any) -> Any:
     """The declaration the kernel hands a provider (``to_provider_declaration`` of a stored ``evidence`` block)."""
-    from scheduler.evidence.providers import to_provider_declaration
-
     return to_provider_declaration({"provider": name, "methods": list(methods or ()), "provider_config": dict(options or {}),
                                     "verify": {"required": True}})
 
 
 def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
     """The kernel's acceptance check of an attestation (``scheduler.evidence.attest``): its own, for this payload, storable."""
-    from scheduler.evidence.providers import envelope_json
-    from scheduler.plugins.protocols import EvidenceEnvelope
-
     if not isinstance(envelope, EvidenceEnvelope):
         return f"attest returned {type(envelope).__name__}, not an EvidenceEnvelope"
     if envelope.provider != name:
@@ -186,15 +182,11 @@ def _accepted_problem(envelope: Any, name: str, payload: Any) -> str | None:
 
 def _stored(envelope: Any) -> Any:
     """The envelope as the evidence row stores it and re-verification reads it back (a JSON object)."""
-    from scheduler.evidence.providers import envelope_json
-
     return json.loads(envelope_json(envelope))
 
 
 def _as_given(stored: Any) -> Any:
     """What re-verification hands ``verify`` for a stored envelope (``scheduler.evidence.verify``)."""
-    from scheduler.plugins.protocols import EvidenceEnvelope
-
     keys = {"provider", "format", "payload_digest", "data"}
     return EvidenceEnvelope(**stored) if isinstance(stored, dict) and set(stored) == keys else stored
 
@@ -216,8 +208,6 @@ class _Logs:
     """Every log record emitted while a case runs."""
 
     def __init__(self) -> None:
-        import logging
-
         self.messages: list[str] = []
         outer = self
 
@@ -231,8 +221,6 @@ class _Logs:
 
 @contextlib.contextmanager
 def _capturing_logs() -> Any:
-    import logging
-
     logs = _Logs()
     root = logging.getLogger()
     old = root.level
@@ -285,8 +273,6 @@ def _verify(provider: Any, envelope: Any, payload: Any, declaration: Any) -> _Ve
 
 def _verdict_problems(verdict: _Verdict, name: str, what: str) -> list[str]:
     """What every verification must be: returned (never raised), an EvidenceVerification of this provider, coherent."""
-    from scheduler.plugins.protocols import EvidenceVerification
-
     if verdict.hung:
         return [f"{what}: verify did not return within {CALL_LIMIT_S:g} s"]
     if verdict.error is not None:

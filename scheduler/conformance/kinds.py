@@ -14,8 +14,11 @@ from typing import Any
 
 import attrs
 
-from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
 from scheduler.base.errors import SchedulerError
+from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
+from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
+from scheduler.conformance.service import _instantiate
+from scheduler.settings.load import resolve_table
 
 
 @attrs.frozen(kw_only=True)
@@ -40,9 +43,6 @@ def resolve_adapter(name: str | None, provider: Any, explicit: Any, *, method: s
     the entry point named ``name`` in ``scheduler.conformance_adapters``. None of them is
     ``missing_code``, the message saying ``missing_why`` (what the cases lack without one).
     """
-    from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
-    from scheduler.conformance.service import _instantiate
-
     if explicit is not None:
         adapter = load_adapter_spec(explicit, role) if isinstance(explicit, str) else _instantiate(explicit)
         if not callable(getattr(adapter, method, None)):
@@ -80,8 +80,6 @@ def configure_provider(provider: Any, name: str, settings: Any, *, role: str, wh
     if cls is None:
         return (f"the {role} adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class"
                 if table else None)
-    from scheduler.settings.load import resolve_table
-
     resolved, problems = resolve_table(f"providers.{name}", cls, table, f"the conformance {role} adapter", {})
     if problems or resolved is None:
         listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)

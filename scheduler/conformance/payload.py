@@ -31,12 +31,14 @@ shell script; set ``stdin_option`` / ``env_policy_option`` to the names of your
 
 from __future__ import annotations
 
+import importlib
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
+from scheduler.base.entry_points import dist_name, entry_points_of
 from scheduler.base.errors import SchedulerError
 
 #: Entry-point group of payload adapters; the entry point's name is the executor's driver name.
@@ -202,8 +204,6 @@ def load_adapter_spec(spec: str, what: str = "payload") -> Any:
 
     ``what`` names the kind of adapter in messages (``payload`` for executors, ``service`` for channels).
     """
-    import importlib
-
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise SchedulerError("CONFORMANCE_ADAPTER_INVALID", f"{what} adapter {spec!r} is not MODULE:ATTR")
@@ -231,8 +231,6 @@ def adapter_from_entry_points(name: str, method: str, what: str) -> Any:
     kind's method wins. One that fails to load, or only ones without the method, are
     ``CONFORMANCE_ADAPTER_INVALID``.
     """
-    from scheduler.plugins.loader import dist_name, entry_points_of
-
     failures: list[str] = []
     for ep in (ep for ep in entry_points_of(ADAPTER_GROUP) if ep.name == name):
         # Not load_driver: an adapter is not a provider (no plugin_api); the entry point's target is loaded as is.

@@ -38,8 +38,10 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 
-from scheduler.conformance.engine import Case, load_cases, prepare, run_case, select_cases
 from scheduler.base.errors import SchedulerError
+from scheduler.conformance.engine import Case, extra_fixture_dirs, load_cases, prepare, run_case, select_cases, version_dir
+from scheduler.plugins.loader import load_provider
+from scheduler.plugins.protocols import PROVIDER_KINDS
 
 #: Parameter id of the single test that stands for a provider that could not be loaded.
 LOAD_FAILURE_ID = "provider-load"
@@ -74,8 +76,6 @@ class _ProviderConformance:
 
     def make_provider(self) -> Any:
         """Build the provider under test; by default load ``provider_name`` through its entry point."""
-        from scheduler.plugins.loader import load_provider
-
         if not self.provider_name:
             raise SchedulerError(
                 "CONFORMANCE_NO_PROVIDER", f"{type(self).__name__} sets neither provider_name nor make_provider()"
@@ -218,15 +218,11 @@ class AuthorizationProviderConformance(_ProviderConformance):
 @pytest.fixture
 def conformance_case_ids() -> dict[str, list[str]]:
     """Every case id per kind (handy for a plugin's own sanity tests)."""
-    from scheduler.plugins.protocols import PROVIDER_KINDS
-
     return {kind: [c.id for c in load_cases(kind)] for kind in PROVIDER_KINDS}
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     """Show which fixtures directories the conformance cases come from."""
-    from scheduler.conformance.engine import extra_fixture_dirs, version_dir
-
     try:
         dirs = [str(version_dir()), *(str(d) for d in extra_fixture_dirs())]
         return f"scheduler conformance fixtures: {', '.join(dirs)}"

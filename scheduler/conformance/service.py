@@ -55,6 +55,8 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
+from email import policy as email_policy
+from email.parser import BytesParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -63,6 +65,7 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.conformance.loopback import LoopbackHTTPServer, Recorded, Reply
+from scheduler.conformance.payload import ADAPTER_GROUP, adapter_from_entry_points, load_adapter_spec
 
 #: The method every service adapter has.
 SERVICE_METHOD = "conformance_service"
@@ -169,10 +172,7 @@ class HttpRequest:
         """
         ctype = self.headers.get("content-type", "")
         if ctype.startswith("multipart/form-data"):
-            from email import policy
-            from email.parser import BytesParser
-
-            message = BytesParser(policy=policy.HTTP).parsebytes(
+            message = BytesParser(policy=email_policy.HTTP).parsebytes(
                 f"Content-Type: {ctype}\r\n\r\n".encode("latin-1") + self.body
             )
             fields: dict[str, str] = {}
@@ -332,8 +332,6 @@ def resolve_service_adapter(name: str | None, provider: Any, explicit: Any = Non
     Raises ``CONFORMANCE_NO_SERVICE_ADAPTER`` when there is none and
     ``CONFORMANCE_ADAPTER_INVALID`` when the one found cannot be loaded or used.
     """
-    from scheduler.conformance.payload import ADAPTER_GROUP, adapter_from_entry_points, load_adapter_spec
-
     if explicit is not None:
         if isinstance(explicit, str):
             return check_service_adapter(load_adapter_spec(explicit, "service"), explicit)
