@@ -21,7 +21,13 @@ import logging
 import threading
 from typing import Any, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.lease import list_leases
+from scheduler.plugins.inventory import inventory
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,6 @@ class DispatcherMetrics:
     """The registry of one dispatcher: observed run metrics plus a collector that reads the database on scrape."""
 
     def __init__(self, dispatcher: Any) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
-
         self.dispatcher = dispatcher
         self.registry = CollectorRegistry(auto_describe=True)
         self.runs = Counter("scheduler_runs_finished", "Runs this dispatcher completed, by job and terminal status.",
@@ -62,8 +66,6 @@ class DispatcherMetrics:
 
     def _take_inventory(self) -> None:
         try:
-            from scheduler.plugins.inventory import inventory
-
             self._plugin_failures = [p for p in inventory(load=True) if p["status"] in ("failed", "invalid")]
         except Exception as exc:  # noqa: BLE001 - a metric must never take the dispatcher down
             log.warning("plugin inventory for metrics failed: %s", exc)
@@ -75,8 +77,6 @@ class DispatcherMetrics:
 
         ``METRICS_PORT_UNAVAILABLE`` when the address cannot be bound.
         """
-        from prometheus_client import start_http_server
-
         try:
             self.server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
@@ -102,11 +102,6 @@ class _StoreCollector:
         return []  # families vary with the data; nothing to pre-declare
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        from scheduler.core.lease import list_leases
-        from scheduler.base.timeutil import now_ms
-
         d = self.m.dispatcher
         queue = GaugeMetricFamily("scheduler_queue_depth", "Dispatch rows by status (pending: waiting to run).", labels=["status"])
         outbox = GaugeMetricFamily("scheduler_outbox_parts", "Delivery outbox parts by status.", labels=["status"])
