@@ -27,7 +27,8 @@ from kernel_testing import scheduler_cmd
 
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.stores import open_store
-from scheduler.core.store.sqlite import BUSY_TIMEOUT_ENV, SQLiteStore
+from scheduler.core.store.sqlite import SQLiteStore
+from scheduler.core.store.sqlite_statements import BUSY_TIMEOUT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 

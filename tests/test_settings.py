@@ -136,7 +136,7 @@ def test_kernel_defaults_agree_with_dispatcher_config() -> None:
     config, settings = DispatcherConfig(), KERNEL_TABLES["dispatcher"]()
     for name in ("concurrency", "lease_ttl_ms", "grace_s", "kill_grace_s"):
         assert getattr(config, name) == getattr(settings, name), name
-    from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS
+    from scheduler.core.store.sqlite_statements import BUSY_TIMEOUT_MS
 
     assert KERNEL_TABLES["storage"]().sqlite_busy_timeout_ms == BUSY_TIMEOUT_MS
 

@@ -24,7 +24,8 @@ import pytest
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store import migrations, schema, schema_steps
-from scheduler.core.store.sqlite import BUSY_TIMEOUT_MS, SQLiteSchemaConnection, SQLiteStore
+from scheduler.core.store.sqlite import SQLiteStore
+from scheduler.core.store.sqlite_statements import BUSY_TIMEOUT_MS, SQLiteSchemaConnection
 from scheduler.plugins.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]

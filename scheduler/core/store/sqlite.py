@@ -32,178 +32,25 @@ from scheduler.core import filemodes
 from scheduler.base.errors import SchedulerError
 from scheduler.settings import current_settings
 from scheduler.core.store import default_artifacts_root, migrations, schema
-from scheduler.core.store.base import Params
+from scheduler.core.store.sqlite_statements import (
+    Slot,
+    SQLiteSchemaConnection,
+    SQLiteTx,
+    busy_error,
+    default_busy_timeout_ms,
+    init_failed,
+    is_busy,
+)
 from scheduler.base.timeutil import now_ms
 
 log = logging.getLogger(__name__)
 
-#: How long a connection waits for another connection's lock before ``DB_BUSY``.
-BUSY_TIMEOUT_MS = 10_000
-#: The override variable of ``[storage] sqlite_busy_timeout_ms`` (default ``BUSY_TIMEOUT_MS``).
-BUSY_TIMEOUT_ENV = "SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS"
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
 #: How often the background thread folds the WAL back into the database (PASSIVE beside the writers, then the few
 #: frames appended meanwhile with this process's writers held back, so the WAL starts over: see ``_checkpointer``).
 CHECKPOINT_INTERVAL_S = 0.25
 _SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def default_busy_timeout_ms() -> int:
-    """The busy timeout of new connections: the ``[storage] sqlite_busy_timeout_ms`` setting.
-
-    Overridden by ``SCHEDULER_STORAGE_SQLITE_BUSY_TIMEOUT_MS`` (tests shorten it); the
-    settings loader validates it (``CONFIG_INVALID``).
-    """
-    return int(current_settings().storage.sqlite_busy_timeout_ms)
-
-
-def _is_busy(exc: BaseException) -> bool:
-    """Whether a sqlite3 error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED)."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (and their extended codes)
-    return "is locked" in str(exc)
-
-
-def _busy_error(location: str, timeout_ms: int, what: str) -> SchedulerError:
-    """``DB_BUSY``: the database stayed locked by another connection; retrying later may succeed."""
-    return SchedulerError(
-        "DB_BUSY",
-        f"database {location} is busy: {what} (waited {timeout_ms} ms); try again later",
-        details={"path": location, "busy_timeout_ms": timeout_ms},
-    )
-
-
-def _execute(conn: sqlite3.Connection, sql: str, params: Params, location: str, timeout_ms: int) -> sqlite3.Cursor:
-    """Run one statement; a lock held past the busy timeout is ``DB_BUSY`` (retryable), not a raw error."""
-    try:
-        return conn.execute(sql, params)
-    except sqlite3.OperationalError as exc:
-        if _is_busy(exc):
-            raise _busy_error(location, timeout_ms, f"database is locked ({exc})") from None
-        raise
-
-
-class _SQLiteTx:
-    """A transaction on one SQLite connection."""
-
-    skip_locked = ""
-    for_update = ""
-
-    def __init__(self, conn: sqlite3.Connection, location: str = "", timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self._conn = conn
-        self._location = location
-        self._timeout_ms = timeout_ms
-
-    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
-        try:
-            return _execute(self._conn, sql, params, self._location, self._timeout_ms)
-        except sqlite3.IntegrityError as exc:
-            raise SchedulerError("CONSTRAINT_VIOLATION", str(exc)) from None
-
-    def execute(self, sql: str, params: Params = ()) -> int:
-        return self._run(sql, params).rowcount
-
-    def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
-        cur = self._run(sql, params)
-        row = cur.fetchone()
-        return dict(zip([d[0] for d in cur.description], row)) if row is not None else None
-
-    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        cur = self._run(sql, params)
-        rows = cur.fetchall()
-        if not rows:
-            return []
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in rows]
-
-    def scalar(self, sql: str, params: Params = ()) -> Any:
-        row = self._run(sql, params).fetchone()
-        return row[0] if row is not None else None
-
-
-class _Slot:
-    """One thread's connection, and whether a statement or transaction is using it right now.
-
-    ``users`` counts the active uses (nested ones included); ``close()`` only closes a
-    slot with no user and otherwise marks it ``doomed``, so its thread closes it when
-    the last use ends. ``guard`` makes "start using" and "close" mutually exclusive.
-    """
-
-    __slots__ = ("conn", "thread", "guard", "users", "depth", "doomed", "closed", "seen_version")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.thread = threading.current_thread()
-        self.guard = threading.Lock()
-        self.users = 0
-        #: Transaction nesting of the owning thread (0: none open).
-        self.depth = 0
-        self.doomed = False
-        self.closed = False
-        #: The ``PRAGMA data_version`` this thread last saw on this connection (``wait_for_change``).
-        self.seen_version: int | None = None
-
-    @property
-    def retired(self) -> bool:
-        """Closed, or to be closed when its current use ends: no new use may start."""
-        return self.closed or self.doomed
-
-    def _close_now(self) -> None:
-        self.closed = True
-        try:
-            self.conn.close()
-        except sqlite3.Error as exc:  # pragma: no cover - closing never fails on an idle connection
-            log.debug("closing a SQLite connection: %s", exc)
-
-    def retire(self) -> None:
-        """Close the connection now if nothing uses it, else let its thread close it when done."""
-        with self.guard:
-            if self.closed:
-                return
-            if self.users:
-                self.doomed = True
-            else:
-                self._close_now()
-
-
-def _fail(phase: str, path: str, exc: BaseException | str) -> SchedulerError:
-    return SchedulerError(
-        "DB_INIT_FAILED",
-        f"database initialisation failed during {phase} of {path}: {exc}",
-        details={"phase": phase, "path": path},
-    )
-
-
-class SQLiteSchemaConnection:
-    """``migrations.SchemaConnection`` over a raw SQLite connection (inside its open ``BEGIN IMMEDIATE``)."""
-
-    dialect = "sqlite"
-
-    def __init__(self, conn: sqlite3.Connection, location: str = "", timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self._conn = conn
-        self._location = location
-        self._timeout_ms = timeout_ms
-
-    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
-        return _execute(self._conn, sql, params, self._location, self._timeout_ms)
-
-    def execute(self, sql: str, params: Params = ()) -> None:
-        """Run one statement."""
-        self._run(sql, params)
-
-    def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        """Every row of a query, as dicts."""
-        cur = self._run(sql, params)
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
-
-    def columns(self, table: str) -> list[str]:
-        """The column names of ``table``."""
-        return [r[1] for r in self._run(f"PRAGMA table_info({table})", ())]
 
 
 @lru_cache(maxsize=1)
@@ -253,8 +100,8 @@ class SQLiteStore:
         self._cache_kib = storage.sqlite_cache_mb * 1024
         self._busy_timeout_ms = busy_timeout_ms if busy_timeout_ms is not None else default_busy_timeout_ms()
         self._local = threading.local()
-        #: Every open connection of this store, one per thread (see ``_Slot``).
-        self._slots: list[_Slot] = []
+        #: Every open connection of this store, one per thread (see ``Slot``).
+        self._slots: list[Slot] = []
         self._lock = threading.Lock()
         #: Serialises this process's write transactions. Threads then queue on a Python lock
         #: (woken the moment the writer commits) instead of SQLite's busy handler, which
@@ -276,7 +123,7 @@ class SQLiteStore:
             try:
                 fd, _created = filemodes.create_file(self.path)
             except OSError as exc:
-                raise _fail("open", self.location, exc) from None
+                raise init_failed("open", self.location, exc) from None
             os.close(fd)
         timeout_ms = self._busy_timeout_ms
         conn = sqlite3.connect(self.location, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False)
@@ -296,9 +143,9 @@ class SQLiteStore:
             raise
         return conn
 
-    def _adopt(self, conn: sqlite3.Connection) -> _Slot:
+    def _adopt(self, conn: sqlite3.Connection) -> Slot:
         """Make ``conn`` this thread's connection; close those of threads that have ended."""
-        slot = _Slot(conn)
+        slot = Slot(conn)
         self._local.slot = slot
         with self._lock:
             dead = [s for s in self._slots if not s.thread.is_alive()]
@@ -308,9 +155,9 @@ class SQLiteStore:
             old.retire()  # a thread that has ended cannot be inside a statement: closed at once
         return slot
 
-    def _slot(self) -> _Slot:
+    def _slot(self) -> Slot:
         """This thread's connection slot, opening a connection on first use (or after ``close()``)."""
-        slot: _Slot | None = getattr(self._local, "slot", None)
+        slot: Slot | None = getattr(self._local, "slot", None)
         if slot is not None and (slot.depth or not slot.retired):
             return slot
         if not self._initialized:
@@ -318,7 +165,7 @@ class SQLiteStore:
         return self._adopt(self._connect())
 
     @contextmanager
-    def _using(self, slot: _Slot) -> Iterator[sqlite3.Connection]:
+    def _using(self, slot: Slot) -> Iterator[sqlite3.Connection]:
         """Mark ``slot`` in use for the block, so ``close()`` from another thread leaves it open till the end."""
         with slot.guard:
             if slot.closed:
@@ -341,8 +188,8 @@ class SQLiteStore:
         try:
             return conn.execute(sql)
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                raise _busy_error(self.location, self._busy_timeout_ms, f"{what}: {exc}") from None
+            if is_busy(exc):
+                raise busy_error(self.location, self._busy_timeout_ms, f"{what}: {exc}") from None
             raise
 
     @staticmethod
@@ -374,19 +221,19 @@ class SQLiteStore:
                 filemodes.ensure_dir(self.path.parent)
             if self.path.exists():
                 if self.path.is_dir():
-                    raise _fail("open", path, "path is a directory")
+                    raise init_failed("open", path, "path is a directory")
                 with open(self.path, "rb") as fh:
                     head = fh.read(16)
                 if head and head != _SQLITE_HEADER:
-                    raise _fail("open", path, "file is not a SQLite database")
+                    raise init_failed("open", path, "file is not a SQLite database")
         except SchedulerError:
             raise
         except OSError as exc:
-            raise _fail("open", path, exc) from None
+            raise init_failed("open", path, exc) from None
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
-            raise _fail("open", path, exc) from None
+            raise init_failed("open", path, exc) from None
         try:
             # Read-only look first: a foreign or newer database is refused before anything
             # (not even the journal mode) is written to it, and a current one is left alone.
@@ -399,7 +246,7 @@ class SQLiteStore:
                 if str(mode).lower() != "wal":
                     mode = self._exec(conn, "PRAGMA journal_mode = WAL", "cannot enable WAL").fetchone()[0]
                     if str(mode).lower() != "wal":
-                        raise _fail("open", path, f"cannot enable WAL (journal_mode={mode})")
+                        raise init_failed("open", path, f"cannot enable WAL (journal_mode={mode})")
                 if not current:
                     self._upgrade(conn)
         except SchedulerError:
@@ -407,9 +254,9 @@ class SQLiteStore:
             raise
         except sqlite3.Error as exc:
             conn.close()
-            if _is_busy(exc):
-                raise _busy_error(path, self._busy_timeout_ms, f"opening the database: {exc}") from None
-            raise _fail("open", path, exc) from None
+            if is_busy(exc):
+                raise busy_error(path, self._busy_timeout_ms, f"opening the database: {exc}") from None
+            raise init_failed("open", path, exc) from None
         except BaseException:
             conn.close()
             raise
@@ -428,10 +275,10 @@ class SQLiteStore:
         if "schema_migrations" in tables:
             version = int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
             if version > migrations.SCHEMA_VERSION:
-                raise _fail("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
+                raise init_failed("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
             return version, _expected_objects() <= objects
         if tables - {"sqlite_sequence"}:
-            raise _fail("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
+            raise init_failed("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
         return None, False
 
     def _upgrade(self, conn: sqlite3.Connection) -> None:
@@ -446,18 +293,18 @@ class SQLiteStore:
             self._exec(conn, "COMMIT", "cannot commit the schema")
         except migrations.UpgradeFailed as exc:
             self._rollback(conn)
-            raise _fail(exc.phase, self.location, exc.cause) from None
+            raise init_failed(exc.phase, self.location, exc.cause) from None
         except BaseException:
             self._rollback(conn)
             raise
 
     # -- transactions --------------------------------------------------------------------------
 
-    def _tx(self, conn: sqlite3.Connection) -> _SQLiteTx:
-        return _SQLiteTx(conn, self.location, self._busy_timeout_ms)
+    def _tx(self, conn: sqlite3.Connection) -> SQLiteTx:
+        return SQLiteTx(conn, self.location, self._busy_timeout_ms)
 
     @contextmanager
-    def transaction(self) -> Iterator[_SQLiteTx]:
+    def transaction(self) -> Iterator[SQLiteTx]:
         """``BEGIN IMMEDIATE`` write transaction; nested use joins the outer one.
 
         A lock held elsewhere past the busy timeout (by another process, or by another
@@ -473,7 +320,7 @@ class SQLiteStore:
             return
         with self._using(slot) as conn:
             if not self._write_lock.acquire(timeout=self._busy_timeout_ms / 1000):
-                raise _busy_error(self.location, self._busy_timeout_ms, "another thread of this process holds the write lock")
+                raise busy_error(self.location, self._busy_timeout_ms, "another thread of this process holds the write lock")
             try:
                 self._exec(conn, "BEGIN IMMEDIATE", "cannot start a write transaction")
                 slot.depth = 1
@@ -496,7 +343,7 @@ class SQLiteStore:
             self._start_checkpointer()
 
     @contextmanager
-    def read(self) -> Iterator[_SQLiteTx]:
+    def read(self) -> Iterator[SQLiteTx]:
         """A read snapshot (deferred transaction); inside a transaction it joins that one."""
         slot = self._slot()
         if slot.depth:
@@ -544,7 +391,7 @@ class SQLiteStore:
                 slot.seen_version = current
                 return True
 
-    def _data_version(self, slot: _Slot) -> int:
+    def _data_version(self, slot: Slot) -> int:
         """``PRAGMA data_version`` on this thread's connection (in use only for the statement itself)."""
         with self._using(slot) as conn:
             return int(self._exec(conn, "PRAGMA data_version", "cannot read data_version").fetchone()[0])
