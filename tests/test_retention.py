@@ -20,7 +20,8 @@ import pytest
 from scheduler.base.errors import SchedulerError
 from scheduler.core.events import append_event
 from scheduler.ops.pruning import EVENT_KIND, prune
-from scheduler.ops.retention import Rules, normalise_job_retention
+from scheduler.core.job_retention import normalise_job_retention
+from scheduler.ops.retention_rules import Rules
 from scheduler.settings import reload_settings
 from scheduler.testing import add_job, wait_for
 from scheduler.base.timeutil import now_ms

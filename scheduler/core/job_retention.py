@@ -1,4 +1,4 @@
-"""A job's ``retention`` field: how long its runs are kept (the rules themselves and the duty: ``scheduler.ops.retention``).
+"""A job's ``retention`` field: how long its runs are kept (the rules: ``scheduler.ops.retention_rules``).
 
 The field is validated when the job is stored, like every other spec field, so its normaliser is
 part of the kernel's spec validation; it is not part of the execution artifact.

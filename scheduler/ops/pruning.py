@@ -1,6 +1,6 @@
 """Retention passes: prune old runs, settled outbox messages, old events, unreferenced artifacts and orphaned files.
 
-One pass (``prune``) applies ``scheduler.ops.retention.Rules`` in bounded batches, each its own
+One pass (``prune``) applies ``scheduler.ops.retention_rules.Rules`` in bounded batches, each its own
 short write transaction (``[retention] batch`` rows, 500 by default), never one long one:
 
 1. **The cutoff row.** An unrestricted pass first writes its ``prune_cutoffs`` row (time,
@@ -52,7 +52,12 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.base.timeutil import now_ms
+from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core import lease as leases
+from scheduler.core.events import append_event, os_identity
+from scheduler.core.outputs import resolve_artifact, run_dir
+from scheduler.core.store import schema
+from scheduler.ops.retention_rules import Rules, settings_rules
 
 #: Terminal run statuses (a run in any other status is never pruned).
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
@@ -134,8 +139,6 @@ class PruneReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as the CLI's JSON object."""
-        from scheduler.base.timeutil import to_iso
-
         return {
             "dry_run": self.dry_run,
             "cutoff": to_iso(self.cutoff) if self.cutoff is not None else None,
@@ -204,8 +207,6 @@ def _fence(tx: Any, lease: Any) -> None:
     """Lock and assert the lease the pass runs under (nothing when the pass has none: ``runs prune``)."""
     if lease is None:
         return
-    from scheduler.core import lease as leases
-
     tx.one("SELECT token FROM dispatcher_leases WHERE name = ?" + tx.for_update, (lease.name,))
     leases.assert_live(tx, lease)
 
@@ -261,8 +262,6 @@ def _prune_batch(tx: Any, runs: list[dict[str, Any]], report: PruneReport, now: 
 
 def _remove_files(root: Path, run: dict[str, Any], report: PruneReport) -> None:
     """Remove a pruned run's offloaded output files; problems are reported, not raised."""
-    from scheduler.core.outputs import resolve_artifact, run_dir
-
     for column in _ARTIFACT_COLUMNS:
         relative = run.get(column)
         if not relative:
@@ -335,7 +334,7 @@ class _FencedTx:
         return self._cm.__exit__(*exc)
 
 
-def _begin(p: _Pass, rules: Any, at: int, actor: str, min_interval_ms: int | None) -> None:
+def _begin(p: _Pass, rules: Rules, at: int, actor: str, min_interval_ms: int | None) -> None:
     """The pass's first transaction: the interval check and the ``prune_cutoffs`` row (an unrestricted, real pass)."""
     report = p.report
     if rules.event_age_ms is not None and report.job_id is None:
@@ -351,7 +350,7 @@ def _begin(p: _Pass, rules: Any, at: int, actor: str, min_interval_ms: int | Non
                    (at, actor, report.events_before, json.dumps(report.rules, sort_keys=True)))
 
 
-def _prune_runs(p: _Pass, rules: Any, at: int, artifacts_root: Path | None) -> None:
+def _prune_runs(p: _Pass, rules: Rules, at: int, artifacts_root: Path | None) -> None:
     report = p.report
     with p.store.read() as tx:
         if report.job_id is not None:
@@ -424,8 +423,6 @@ def _prune_events(p: _Pass) -> None:
 
 def artifact_references() -> list[tuple[str, str]]:
     """Every ``(table, column)`` with a foreign key to ``execution_artifacts``, read from the schema (never out of date)."""
-    from scheduler.core.store import schema
-
     return [(t.name, c.name) for t in schema.TABLES for c in t.columns
             if c.references and c.references.startswith("execution_artifacts(")]
 
@@ -477,17 +474,15 @@ def _prune_orphans(p: _Pass, root: Path, cutoff: int) -> None:
                 report.orphans.append(entry.name)
 
 
-def prune(store: Any, rules: Any, *, job_id: str | None = None, dry_run: bool = False, artifacts_root: Path | None = None,
+def prune(store: Any, rules: Rules, *, job_id: str | None = None, dry_run: bool = False, artifacts_root: Path | None = None,
           lease: Any = None, actor: str | None = None, now: int | None = None, min_interval_ms: int | None = None,
           stop: threading.Event | None = None) -> PruneReport:
-    """Apply ``rules`` (``scheduler.ops.retention.Rules``) in one pass of bounded batches; the report (see the module docstring).
+    """Apply ``rules`` in one pass of bounded batches; the report (see the module docstring).
 
     ``job_id`` restricts the pass to that job's runs (no outbox, events, artifacts or
     orphans). ``lease`` fences every batch (the dispatcher's duty); ``min_interval_ms``
     raises ``PassNotDue`` when the newest recorded pass is younger than that.
     """
-    from scheduler.core.events import append_event, os_identity
-
     at = now_ms() if now is None else now
     who = actor or os_identity()
     age = rules.max_age_flag_ms if rules.max_age_flag_ms is not None else rules.max_age_ms
@@ -528,8 +523,6 @@ def prune_runs(store: Any, *, older_than_ms: int | None = None, keep: int | None
     ``INVALID_DURATION`` / ``INVALID_ARGUMENT`` for a non-positive flag; ``RETENTION_NOT_CONFIGURED``
     when neither flags, nor settings, nor (with ``job_id``) the job name any rule for runs.
     """
-    from scheduler.ops.retention import settings_rules
-
     if older_than_ms is not None and older_than_ms <= 0:
         raise SchedulerError("INVALID_DURATION", "--older-than must be positive")
     if keep is not None and keep < 1:
