@@ -40,8 +40,19 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from jsonschema import Draft202012Validator
 
+import scheduler
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.conformance.payload import ADAPTER_FIELDS, Behaviour, resolve_payload_adapter
+from scheduler.core.execution import EXECUTION_STATUSES, ExecutionResult, LocalRunControl
+from scheduler.core.outputs import read_artifact, resolve_artifact
+from scheduler.core.processes import group_alive, kill_group
+from scheduler.core.spec import validate_spec
+from scheduler.pipeline.governance import request_for
+from scheduler.plugins.loader import check_api, load_provider
+from scheduler.plugins.protocols import PROVIDER_KINDS
 
 #: The fixture format version this engine reads (a directory under the fixtures root).
 FIXTURE_VERSION = "v2"
@@ -253,8 +264,6 @@ def fixtures_root(root: PathLike | None = None) -> Path:
     packaged = Path(__file__).resolve().parent / "fixtures"
     if (packaged / FIXTURE_VERSION / SCHEMA_FILE).is_file():
         return packaged.resolve()
-    import scheduler
-
     start = Path(scheduler.__file__).resolve().parent
     for directory in (start, *start.parents):
         candidate = directory / "conformance-fixtures"
@@ -304,8 +313,6 @@ def extra_fixture_dirs(extra: Iterable[PathLike] = ()) -> list[Path]:
 
 def load_schema(root: PathLike | None = None) -> dict[str, Any]:
     """The case-file JSON Schema of this fixture version (itself checked against draft 2020-12)."""
-    from jsonschema import Draft202012Validator
-
     path = version_dir(root) / SCHEMA_FILE
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
@@ -324,8 +331,6 @@ def validate_case_file(data: Any, schema: dict[str, Any], *, source: str) -> Non
 
     Every schema error is listed in ``details`` so a fixture author sees them all at once.
     """
-    from jsonschema import Draft202012Validator
-
     validator = Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if errors:
@@ -417,8 +422,6 @@ def load_corpus(root: PathLike | None = None, *, extra: Iterable[PathLike] = ())
 
 def load_cases(kind: str, root: PathLike | None = None, *, extra: Iterable[PathLike] = ()) -> list[Case]:
     """The validated cases of one provider kind (everything loaded is validated first)."""
-    from scheduler.plugins.protocols import PROVIDER_KINDS
-
     if kind not in PROVIDER_KINDS:
         raise SchedulerError("CONFORMANCE_KIND_UNKNOWN", f"unknown provider kind {kind!r} (known: {', '.join(PROVIDER_KINDS)})")
     return [c for c in load_corpus(root, extra=extra) if c.kind == kind]
@@ -452,9 +455,6 @@ def prepare(kind: str, name: str | None, provider: Any, payload_adapter: Any = N
     what loading checks (``plugin_api`` major, ``capabilities`` a set of strings), so an
     object the kernel would refuse (``PLUGIN_API_MISMATCH``, ``PLUGIN_INVALID``) cannot pass.
     """
-    from scheduler.plugins.loader import check_api
-    from scheduler.plugins.protocols import PROVIDER_KINDS
-
     adapter = ADAPTERS.get(kind)
     if adapter is None:
         raise SchedulerError("CONFORMANCE_KIND_UNSUPPORTED", f"no adapter for kind {kind}")
@@ -572,8 +572,6 @@ def run_kind(
             kind, name, "CONFORMANCE_KIND_UNSUPPORTED", f"no adapter for kind {kind} ({len(cases)} case(s) not run)"
         )
     if provider is None:
-        from scheduler.plugins.loader import load_provider
-
         try:
             provider = load_provider(kind, name)
         except SchedulerError as exc:
@@ -633,8 +631,6 @@ def _job_fields(case: Case) -> dict[str, Any]:
 
 def _check_executor_case(case: Case) -> None:
     """Load-time check: the case's kernel-level job fields must form a valid job spec (with a stand-in payload)."""
-    from scheduler.core.spec import validate_spec
-
     validate_spec({**_job_fields(case), "payload_message": "conformance"}, check_past=False, plugin_options=False)
 
 
@@ -648,8 +644,6 @@ class _ExecutorContext:
 
 def _prepare_executor(name: str | None, provider: Any, payload_adapter: Any) -> _ExecutorContext:
     """Find the executor's payload adapter once per run (``CONFORMANCE_NO_PAYLOAD_ADAPTER`` when there is none)."""
-    from scheduler.conformance.payload import resolve_payload_adapter
-
     adapter = resolve_payload_adapter(name, provider, payload_adapter)
     return _ExecutorContext(name=name if name and _DRIVER_NAME.match(name) else ANONYMOUS_EXECUTOR, adapter=adapter)
 
@@ -660,8 +654,6 @@ def _adapter_label(adapter: Any) -> str:
 
 def _payload_fields(adapter: Any, case: Case) -> tuple[dict[str, Any] | None, CaseCheck | None]:
     """Ask the payload adapter for the case's payload; a decline is a skip, a bad answer a failure."""
-    from scheduler.conformance.payload import ADAPTER_FIELDS, Behaviour
-
     behaviour = Behaviour.from_case_input(case.id, case.input)
     label = _adapter_label(adapter)
     if behaviour.raw is not None:
@@ -694,10 +686,6 @@ def _payload_fields(adapter: Any, case: Case) -> tuple[dict[str, Any] | None, Ca
 
 def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, Any], workdir: Path) -> Any:
     """The ``ExecutionRequest`` the dispatcher would build for this case's job (options validated by the provider)."""
-    from scheduler.pipeline.governance import request_for
-    from scheduler.core.spec import validate_spec
-    from scheduler.base.timeutil import now_ms
-
     spec = validate_spec({**_job_fields(case), **fields, "executor": name}, check_past=False, plugin_options=False)
     root = workdir / "artifacts"
     root.mkdir(parents=True, exist_ok=True)
@@ -708,8 +696,6 @@ def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, An
 
 def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:
     """Run one executor case: payload from the adapter, the request and a ``LocalRunControl``, execute, compare."""
-    from scheduler.core.execution import LocalRunControl
-
     adapter = context.adapter
     fields, early = _payload_fields(adapter, case)
     if early is not None:
@@ -793,8 +779,6 @@ def _quote(capture: Any) -> str | None:
 
 def _observed(result: Any, fields: dict[str, Any], control: Any) -> dict[str, Any]:
     """What a failure message shows besides the differences: the result, its streams and the payload given."""
-    from scheduler.core.execution import ExecutionResult
-
     observed: dict[str, Any] = {}
     if isinstance(result, ExecutionResult):
         observed["result"] = (
@@ -844,8 +828,6 @@ def _recorded_groups(control: Any) -> list[int]:
 
 def _reap_leftover_groups(control: Any) -> None:
     """Stop what a failing executor left running (after the checks), so one case never leaks into the next."""
-    from scheduler.core.processes import group_alive, kill_group
-
     for pgid in _recorded_groups(control):
         with contextlib.suppress(Exception):
             if group_alive(pgid):
@@ -858,8 +840,6 @@ def _stream_text(capture: Any) -> str:
 
 def _artifact_bytes(root: Path, capture: Any) -> bytes | None:
     """The raw bytes of an offloaded stream, if it has one that can be read (no digest check)."""
-    from scheduler.core.outputs import resolve_artifact
-
     if capture is None or not capture.artifact:
         return None
     try:
@@ -870,10 +850,6 @@ def _artifact_bytes(root: Path, capture: Any) -> bytes | None:
 
 def _compare_executor_result(case: Case, result: Any, control: Any, request: Any, duration_ms: int) -> list[str]:
     """Every difference between the executor's result (and what it recorded) and the case's ``expect``."""
-    from scheduler.core.outputs import read_artifact
-    from scheduler.core.execution import EXECUTION_STATUSES, ExecutionResult
-    from scheduler.core.processes import group_alive
-
     if not isinstance(result, ExecutionResult):
         return [f"execute() returned {type(result).__name__}, not an ExecutionResult"]
     root = request.artifacts_root
