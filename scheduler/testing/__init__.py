@@ -17,8 +17,9 @@
   ``make_evidence_payload(run_id, **result)``: evidence payloads shaped like the kernel's,
   canonicalised by an independent oracle (``scheduler.testing.evidence`` has them as the
   ``make_payload`` and ``load_evidence`` fixtures);
-* the conformance adapter classes (``ExecutorConformance`` ...): subclass one in your
-  plugin's tests to run the stock conformance corpus against your provider; the
+* the conformance adapter classes (``ExecutorConformance`` ...; pytest test classes, so
+  present where pytest is installed): subclass one in your plugin's tests to run the stock
+  conformance corpus against your provider (``run_conformance`` runs it without pytest); the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
   channel service-adapter types (``HttpStandIn``, ``ServiceAnswer``,
   ``ReceivedMessage`` ...) and the authorization setup-adapter helpers (``PolicySetup``,
@@ -30,6 +31,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 import os
@@ -37,15 +40,57 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 from scheduler.artifacts.handoff_kind import HANDOFF_KIND
+from scheduler.base.entry_points import entry_point_names
+from scheduler.base.timeutil import now_ms
+from scheduler.cli.main import main as cli_main
+from scheduler.conformance.authorization import PolicySetup, write_policy_setup
+from scheduler.conformance.engine import run_kind as run_conformance
+from scheduler.conformance.payload import Behaviour, PosixShellPayloads, RawPayload, Step
+from scheduler.conformance.service import (
+    HttpReply,
+    HttpRequest,
+    HttpStandIn,
+    ReceivedFile,
+    ReceivedMessage,
+    ServiceAnswer,
+    ServiceRequest,
+)
 from scheduler.core import steps as _steps
 from scheduler.core import submissions as _submissions
+from scheduler.core.dispatcher import DispatcherConfig
 from scheduler.core.execution import ExecutionRequest, LocalRunControl
+from scheduler.core.jobs import create_jobs
+from scheduler.core.spec import validate_spec
 from scheduler.pipeline import installed_steps
+from scheduler.pipeline.governance import request_for
+from scheduler.plugins.hooks import Hooks, make_plugin_manager
+from scheduler.plugins.loader import load_provider as _load_provider
+from scheduler.plugins.protocols import EvidencePayload
+from scheduler.plugins.stores import open_store
+from scheduler.runtime import dispatcher as runtime_dispatcher
+from scheduler.settings import SETTINGS_SECTIONS, reload_settings
+
+try:  # the PostgreSQL helpers need the driver, which only the PostgreSQL store plugin brings
+    import psycopg
+except ImportError:
+    psycopg = None
+
+try:  # the conformance base classes are pytest test classes: only a test run has pytest
+    from scheduler.conformance.pytest_plugin import (
+        AuthorizationProviderConformance,
+        ChannelConformance,
+        CredentialProviderConformance,
+        EvidenceProviderConformance,
+        ExecutorConformance,
+    )
+except ModuleNotFoundError as _missing:
+    if _missing.name not in ("pytest", "_pytest"):
+        raise
 
 # Tests validate and run jobs without a CLI or ``scheduler run``: the run pipeline's steps (and the handoff v4 kind)
 # are installed on import.
@@ -73,11 +118,6 @@ def make_request(
     The spec is validated (plugin options included, when the executor is installed); the
     deadline follows ``run_timeout_ms``; the artifact directory is ``artifacts_root/runs/<run_id>``.
     """
-    from scheduler.pipeline.governance import request_for
-    from scheduler.plugins.loader import load_provider
-    from scheduler.core.spec import validate_spec
-    from scheduler.base.timeutil import now_ms
-
     spec_fields.setdefault("name", "test job")
     spec_fields.setdefault("schedule_kind", "manual")
     spec = validate_spec({"payload_message": payload, **spec_fields})
@@ -105,9 +145,6 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01, what
 
 def add_job(store: Any, **spec: Any) -> dict[str, Any]:
     """Create one job through the kernel, validated like the CLI does (``testkit`` executor by default)."""
-    from scheduler.core.jobs import create_jobs
-    from scheduler.core.spec import validate_spec
-
     spec.setdefault("executor", "testkit")
     spec.setdefault("schedule_kind", "manual")
     spec.setdefault("name", f"job-{uuid.uuid4().hex[:8]}")
@@ -125,14 +162,11 @@ class RunningDispatcher:
 
     def __init__(self, store: Any, *, hooks: Any = None, **config: Any) -> None:
         """Start it (``hooks``: the kernel's hook facade to use, e.g. ``hooks_with(module)``)."""
-        from scheduler.core.dispatcher import DispatcherConfig
-        from scheduler.runtime import dispatcher
-
         config.setdefault("lease_ttl_ms", 3000)
         config.setdefault("kill_grace_s", 0.5)
         config.setdefault("grace_s", 2.0)
         self.messages: list[str] = []
-        self.dispatcher = dispatcher(store, DispatcherConfig(**config), hooks=hooks, say=self.messages.append)
+        self.dispatcher = runtime_dispatcher(store, DispatcherConfig(**config), hooks=hooks, say=self.messages.append)
         self.error: BaseException | None = None
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
@@ -156,8 +190,6 @@ class RunningDispatcher:
 
 def sqlite_store(path: Path | str) -> Any:
     """An initialised SQLite store on a real file (close it when done)."""
-    from scheduler.plugins.stores import open_store
-
     return open_store(str(path))
 
 
@@ -178,12 +210,10 @@ def postgres_unavailable_reason() -> str | None:
 
 def _probe_postgres() -> str | None:
     try:
-        from importlib.metadata import entry_points
-
-        if not any(ep.name == "postgres" for ep in entry_points(group="scheduler.stores")):
+        if "postgres" not in entry_point_names("scheduler.stores"):
             return "scheduler-store-postgres is not installed"
-        import psycopg
-
+        if psycopg is None:
+            raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")
         with psycopg.connect(postgres_url(), connect_timeout=2):
             pass
     except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
@@ -194,8 +224,6 @@ def _probe_postgres() -> str | None:
 @contextmanager
 def temporary_postgres_schema() -> Iterator[str]:
     """A store URL in a fresh PostgreSQL schema of its own, dropped afterwards."""
-    import psycopg
-
     schema = f"t_{uuid.uuid4().hex[:12]}"
     base = postgres_url()
     try:
@@ -207,28 +235,19 @@ def temporary_postgres_schema() -> Iterator[str]:
 
 def hooks_with(*modules: object) -> Any:
     """The kernel's typed hook facade with only ``modules`` registered (no entry points): test a hook module alone."""
-    from scheduler.plugins.hooks import Hooks, make_plugin_manager
-
     return Hooks(make_plugin_manager(list(modules), load_entry_points=False))
 
 
 def load_provider(kind: str, name: str) -> Any:
     """Load an installed provider the way the kernel does (entry point, API major and Protocol checks)."""
-    from scheduler.plugins.loader import load_provider as _load
-
-    return _load(kind, name)
+    return _load_provider(kind, name)
 
 
 def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
     """Run the ``scheduler`` CLI in this process: ``(exit code, stdout, stderr)``; ``db`` adds ``--db``."""
-    import io
-    from contextlib import redirect_stderr, redirect_stdout
-
-    from scheduler.cli.main import main
-
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = main((["--db", db] if db else []) + list(args))
+        code = cli_main((["--db", db] if db else []) + list(args))
     return code, out.getvalue(), err.getvalue()
 
 
@@ -240,8 +259,6 @@ _SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_
 def isolate_settings(monkeypatch: Any, config_home: Path) -> Path:
     """Keep a developer's settings out of a test: no ``SCHEDULER_CONFIG``, no override variables, an empty
     ``XDG_CONFIG_HOME``; the settings cache is reset. Returns the config home (subprocesses inherit it)."""
-    from scheduler.settings import reload_settings
-
     for name in list(os.environ):
         if name == "SCHEDULER_CONFIG" or name.startswith(_SETTINGS_PREFIXES):
             monkeypatch.delenv(name)
@@ -298,9 +315,6 @@ def provider_loader(monkeypatch: Any, tmp_path: Path, kind: str) -> Iterator[Cal
     provider with a ``close`` method is closed and the settings cache is reset. Wrap it in a
     fixture: ``with provider_loader(monkeypatch, tmp_path, "channel") as load: yield load``.
     """
-    from scheduler.plugins.protocols import SETTINGS_SECTIONS
-    from scheduler.settings import reload_settings
-
     section = SETTINGS_SECTIONS[kind]
     isolate_settings(monkeypatch, tmp_path / "xdg")
     loaded: list[Any] = []
@@ -347,10 +361,6 @@ def evidence_payload_for(document: dict[str, Any]) -> Any:
     integers and strings that *is* json-sort-v1, so it is an independent oracle for a
     provider's checks.
     """
-    import hashlib
-
-    from scheduler.plugins.protocols import EvidencePayload
-
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     digest = "sha256:" + hashlib.sha256(canonical).hexdigest()
     return EvidencePayload(document=document, canonical=canonical, digest=digest)
@@ -359,43 +369,6 @@ def evidence_payload_for(document: dict[str, Any]) -> Any:
 def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
     """``evidence_payload_for(evidence_run_document(run_id, **result))``: an ``EvidencePayload`` for a run."""
     return evidence_payload_for(evidence_run_document(run_id, **result))
-
-
-#: Conformance names re-exported here, imported on first use: the pytest base classes (they pull
-#: in pytest), the payload-adapter types (``scheduler.conformance.payload``) and the channel
-#: service-adapter types (``scheduler.conformance.service``).
-_CONFORMANCE_PYTEST = ("ExecutorConformance", "ChannelConformance", "EvidenceProviderConformance",
-                       "CredentialProviderConformance", "AuthorizationProviderConformance")
-_CONFORMANCE_PAYLOAD = ("Behaviour", "PosixShellPayloads", "RawPayload", "Step")
-_CONFORMANCE_SERVICE = ("HttpReply", "HttpRequest", "HttpStandIn", "ReceivedFile", "ReceivedMessage",
-                        "ServiceAnswer", "ServiceRequest")
-#: The authorization setup-adapter helpers for providers whose policies are files (``scheduler.conformance.authorization``).
-_CONFORMANCE_AUTHORIZATION = ("PolicySetup", "write_policy_setup")
-
-
-def __getattr__(name: str) -> Any:
-    """The conformance names (pytest base classes, payload- and service-adapter types), imported on first use."""
-    if name in _CONFORMANCE_PYTEST:
-        from scheduler.conformance import pytest_plugin
-
-        return getattr(pytest_plugin, name)
-    if name in _CONFORMANCE_PAYLOAD:
-        from scheduler.conformance import payload
-
-        return getattr(payload, name)
-    if name in _CONFORMANCE_SERVICE:
-        from scheduler.conformance import service
-
-        return getattr(service, name)
-    if name in _CONFORMANCE_AUTHORIZATION:
-        from scheduler.conformance import authorization
-
-        return getattr(authorization, name)
-    if name == "run_conformance":
-        from scheduler.conformance.engine import run_kind
-
-        return run_kind
-    raise AttributeError(name)
 
 
 __all__ = [

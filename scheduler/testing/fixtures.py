@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.settings import reload_settings
 from scheduler.testing import (
     RunningDispatcher,
     isolate_settings,
@@ -28,8 +29,6 @@ from scheduler.testing import (
 @pytest.fixture
 def scheduler_isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """A fresh, empty settings location for this test; the settings cache is reset before and after."""
-    from scheduler.settings import reload_settings
-
     yield isolate_settings(monkeypatch, tmp_path / "xdg-config")
     reload_settings()
 
