@@ -198,13 +198,8 @@ def test_kernel_packages_form_no_cycle() -> None:
     assert package_cycles(imports_of(KERNEL)) == []
 
 
-#: Debt, not design: scheduler.testing's helpers still import inside functions (23 at the end of the
-#: redesign's first session). The list may only shrink; a module not named here may not add one.
-NOT_YET_HOISTED: tuple[str, ...] = ("scheduler.testing",)
-
-
 def test_no_kernel_import_hides_in_a_function() -> None:
-    bad = hidden_imports(imports_of(KERNEL), STARTUP_LAZY + NOT_YET_HOISTED)
+    bad = hidden_imports(imports_of(KERNEL))
     assert bad == [], f"{len(bad)} imports inside functions:\n" + "\n".join(bad)
 
 
