@@ -150,8 +150,9 @@ class StepBase:
     sections: tuple[str, ...] = ()
 
     def project(self, spec: JobSpec) -> dict[str, Any]:
-        """No sections."""
-        return {}
+        """Each of ``sections`` as the job-spec attribute of the same name (a step whose section is shaped
+        otherwise overrides this)."""
+        return {name: getattr(spec, name) for name in self.sections}
 
     def check(self, values: Mapping[str, Any], problems: Problems) -> None:
         """No cross-field rule."""

@@ -189,10 +189,6 @@ class GovernanceStep(StepBase):
     fields = {"constraints": normalise_constraints}
     sections = ("constraints",)
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
-        """The normalised constraints."""
-        return {"constraints": spec.constraints}
-
     def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
         """Each constraint or ``verify_shell`` check the installed executor cannot enforce (credential media are
         the credential step's to report, with their own code)."""

@@ -34,7 +34,6 @@ from scheduler.approvals.decisions import approver_identity, scope_matches
 from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import section_problems
 from scheduler.core.outcomes import RunOutcomes
-from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Run, StepBase
 from scheduler.settings import current_settings
 
@@ -519,10 +518,6 @@ class IdentityStep(StepBase):
     name = "identity"
     fields = {"identity": normalise_declaration}
     sections = ("identity",)
-
-    def project(self, spec: JobSpec) -> dict[str, Any]:
-        """The normalised identity declaration, null when the job declares none."""
-        return {"identity": spec.identity}
 
     def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled identity declaration must be one ``normalise_declaration`` accepts."""

@@ -34,7 +34,6 @@ from scheduler.base.timeutil import now_ms
 from scheduler.core.artifact import section_problems
 from scheduler.core.events import append_event
 from scheduler.core.outcomes import RunOutcomes
-from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Run, StepBase
 from scheduler.core.transitions import cancel_pending_work, committing
 from scheduler.pipeline.proofs.declaration import normalise
@@ -220,10 +219,6 @@ class ProofStep(StepBase):
     name = "proofs"
     fields = {"authorization_proof": normalise}
     sections = ("authorization_proof",)
-
-    def project(self, spec: JobSpec) -> dict[str, Any]:
-        """The normalised proof declaration (method, source, keys), never a proof; null when none."""
-        return {"authorization_proof": spec.authorization_proof}
 
     def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled proof declaration must be one ``normalise`` accepts."""
