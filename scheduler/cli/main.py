@@ -52,7 +52,7 @@ def _install_steps() -> None:
     from scheduler.core import steps, submissions
 
     steps.install(_pipeline_steps)
-    submissions.install(_handoff_kind)
+    submissions.install_deferred(_handoff_kind)
 
 
 def _handoff_kind() -> Any:

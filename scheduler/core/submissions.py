@@ -61,16 +61,19 @@ _installed: SubmittedKind | None = None
 _pending: Callable[[], SubmittedKind] | None = None
 
 
-def install(kind: SubmittedKind | Callable[[], SubmittedKind] | None) -> None:
-    """Install the submitted artifact kind (the composition root calls this); a function giving it is called on first use.
+def install(kind: SubmittedKind | None) -> None:
+    """Install the submitted artifact kind (the composition root calls this). None uninstalls it.
 
-    None uninstalls it. Replaces whatever was installed before.
+    Replaces whatever was installed before, deferred or not.
     """
     global _installed, _pending
-    if kind is not None and not hasattr(kind, "split") and callable(kind):
-        _installed, _pending = None, kind
-    else:
-        _installed, _pending = kind, None  # type: ignore[assignment]
+    _installed, _pending = kind, None
+
+
+def install_deferred(factory: Callable[[], SubmittedKind]) -> None:
+    """Install the kind ``factory`` gives, made on first use (CLI start-up imports no artifact kind it does not bind)."""
+    global _installed, _pending
+    _installed, _pending = None, factory
 
 
 def installed() -> SubmittedKind | None:
