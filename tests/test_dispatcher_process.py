@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -166,7 +167,7 @@ def test_sigstop_past_lease_then_resume_commits_nothing(sqlite_store, db_path, t
     a.wait_ready()
     enqueue_manual(sqlite_store, job["id"])
     run = wait_for(lambda: running_with_process(sqlite_store, job["id"]), what="process recorded")
-    os.kill(a.p.pid, signal.SIGSTOP)
+    _stall_outside_a_write(a.p.pid, db_path)
     time.sleep(2.0)  # past the 1.5 s lease
     b = start(db_path, procs, tmp_path)
     b.wait_ready()
@@ -413,13 +414,31 @@ def _flock_held(path: Path) -> bool:
         return False
 
 
+def _stall_outside_a_write(pid: int, db_path: Path) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no SQLite write lock (a process stopped inside its write transaction
+    blocks every writer on the file for as long as it is stopped: a takeover cannot happen then, by design)."""
+    for _ in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(db_path, timeout=0.2, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise AssertionError("the dispatcher never left its write transaction")
+
+
 def test_pid_file_names_the_lease_holder_after_takeover(sqlite_store, db_path, tmp_path, procs):
     """Issue 9 defect 10: after a takeover the pid file kept the stalled PID, then a refused dispatcher wrote its own."""
     pidfile = Path(f"{db_path}.dispatcher.pid")
     a = start(db_path, procs, tmp_path)
     a.wait_ready()
     assert pidfile.read_text().strip() == str(a.p.pid)
-    os.kill(a.p.pid, signal.SIGSTOP)
+    _stall_outside_a_write(a.p.pid, db_path)
     time.sleep(2.0)  # past the 1.5 s lease
     b = start(db_path, procs, tmp_path)
     b.wait_ready()
