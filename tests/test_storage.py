@@ -918,7 +918,7 @@ def test_the_wal_starts_over_while_a_writer_never_stops(tmp_path: Path) -> None:
     """A dispatcher under load commits without pause. The background checkpoint still brings the WAL to its end (the
     last frames under the process's write lock), so the next write starts the WAL over: it stays a fraction of what
     was written instead of growing with it (every page lookup of every connection searches the whole WAL)."""
-    from scheduler.core.store import sqlite as sqlite_store
+    from scheduler.core.store import sqlite_upkeep as sqlite_store
 
     store = open_store(str(tmp_path / "w.db"))
     wal = tmp_path / "w.db-wal"

@@ -2,7 +2,7 @@
 
 A job may name a policy decision point: ``authorization_ref`` (``<provider>:<policy-ref>``, at most
 256 characters) and, optionally, ``authorization`` (how the provider is asked). After identity
-and proof, before credentials and the payload (``Dispatcher._execute``), the provider's
+and proof, before credentials and the payload (the run plan, ``scheduler.pipeline.DEFAULT_STEPS``), the provider's
 ``resolve_authorization(request)`` decides ``permit``, ``deny`` or ``escalate``:
 
 * ``permit``: the run goes on;

@@ -23,15 +23,23 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 from scheduler import PLUGIN_API_VERSION
-from scheduler.core import filemodes
 from scheduler.base.errors import SchedulerError
 from scheduler.settings import current_settings
-from scheduler.core.store import default_artifacts_root, migrations, schema
+from scheduler.core.store import migrations
+from scheduler.core.store.sqlite_upkeep import (
+    WalFolder,
+    check_file,
+    file_modes_check,
+    health_checks,
+    inspect_schema,
+    open_connection,
+    rollback,
+    needs_migration,
+)
 from scheduler.core.store.sqlite_statements import (
     Slot,
     SQLiteSchemaConnection,
@@ -47,32 +55,6 @@ log = logging.getLogger(__name__)
 
 #: How often an idle dispatcher looks at ``data_version`` (well inside the 250 ms wake-up promise).
 CHANGE_POLL_S = 0.02
-#: How often the background thread folds the WAL back into the database (PASSIVE beside the writers, then the few
-#: frames appended meanwhile with this process's writers held back, so the WAL starts over: see ``_checkpointer``).
-CHECKPOINT_INTERVAL_S = 0.25
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-@lru_cache(maxsize=1)
-def _expected_objects() -> frozenset[tuple[str, str]]:
-    """``(type, name)`` of every table, index and trigger the schema creates."""
-    return frozenset(
-        {("table", n) for n in schema.table_names()}
-        | {("index", n) for n in schema.index_names()}
-        | {("trigger", n) for n, _table in schema.trigger_names("sqlite")}
-    )
-
-
-def _needs_migration(path: str, version: int) -> SchedulerError:
-    """A read-only open of a database that only a migration (a write) would make usable."""
-    return SchedulerError(
-        "DB_INIT_FAILED",
-        f"database initialisation failed during migration of {path}: the database is at schema version {version}, "
-        f"this scheduler needs {migrations.SCHEMA_VERSION}, and this command only reads, so it does not migrate; "
-        "run `scheduler doctor` (or any command that changes something) once to migrate it",
-        details={"phase": "migration", "path": path, "readonly": True, "version": version,
-                 "expected_version": migrations.SCHEMA_VERSION},
-    )
 
 
 class SQLiteStore:
@@ -107,9 +89,8 @@ class SQLiteStore:
         #: (woken the moment the writer commits) instead of SQLite's busy handler, which
         #: sleeps in growing steps and made a busy dispatcher's runs start hundreds of ms late.
         self._write_lock = threading.Lock()
-        self._wrote = False
-        self._checkpoint_thread: threading.Thread | None = None
-        self._closing = threading.Event()
+        #: Folds the WAL back after writes, on its own thread (``sqlite_upkeep.WalFolder``).
+        self._wal = WalFolder(self._connect, self._write_lock)
         self._initialized = False
         #: Test hook passed to migrations (see ``migrations.StepHook``).
         self.migration_step_hook: migrations.StepHook | None = None
@@ -117,31 +98,9 @@ class SQLiteStore:
     # -- connections ---------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        if not self.path.exists():
-            # Created here with the configured permissions (0600 by default) rather than by
-            # SQLite (0644 under the usual umask); SQLite gives -wal and -shm the same mode.
-            try:
-                fd, _created = filemodes.create_file(self.path)
-            except OSError as exc:
-                raise init_failed("open", self.location, exc) from None
-            os.close(fd)
-        timeout_ms = self._busy_timeout_ms
-        conn = sqlite3.connect(self.location, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False)
-        try:
-            for pragma in (
-                f"PRAGMA busy_timeout = {timeout_ms}",
-                "PRAGMA foreign_keys = ON",
-                f"PRAGMA synchronous = {self._synchronous}",
-                f"PRAGMA cache_size = -{self._cache_kib}",  # negative: KiB, not pages
-                # Checkpoints run on a background thread (see _checkpointer), never inside a commit
-                # that other threads of this process are queued behind.
-                "PRAGMA wal_autocheckpoint = 0",
-            ):
-                self._exec(conn, pragma, "cannot configure a new connection")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        """A new connection configured for this store (``sqlite_upkeep.open_connection``)."""
+        return open_connection(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous,
+                               cache_kib=self._cache_kib)
 
     def _adopt(self, conn: sqlite3.Connection) -> Slot:
         """Make ``conn`` this thread's connection; close those of threads that have ended."""
@@ -192,14 +151,6 @@ class SQLiteStore:
                 raise busy_error(self.location, self._busy_timeout_ms, f"{what}: {exc}") from None
             raise
 
-    @staticmethod
-    def _rollback(conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error as exc:  # the connection is unusable; the error that led here matters more
-                log.debug("rollback failed: %s", exc)
-
     # -- initialisation ------------------------------------------------------------------------
 
     def initialize(self, *, readonly: bool = False) -> None:
@@ -216,20 +167,7 @@ class SQLiteStore:
         if self._initialized:
             return
         path = self.location
-        try:
-            if self.path.parent and not self.path.parent.exists():
-                filemodes.ensure_dir(self.path.parent)
-            if self.path.exists():
-                if self.path.is_dir():
-                    raise init_failed("open", path, "path is a directory")
-                with open(self.path, "rb") as fh:
-                    head = fh.read(16)
-                if head and head != _SQLITE_HEADER:
-                    raise init_failed("open", path, "file is not a SQLite database")
-        except SchedulerError:
-            raise
-        except OSError as exc:
-            raise init_failed("open", path, exc) from None
+        check_file(self.path)
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
@@ -237,10 +175,10 @@ class SQLiteStore:
         try:
             # Read-only look first: a foreign or newer database is refused before anything
             # (not even the journal mode) is written to it, and a current one is left alone.
-            version, complete = self._inspect(conn)
+            version, complete = inspect_schema(conn, path)
             current = version == migrations.SCHEMA_VERSION and complete
             if readonly and version is not None and version < migrations.SCHEMA_VERSION:
-                raise _needs_migration(path, version)
+                raise needs_migration(path, version)
             if not readonly or version is None:
                 mode = self._exec(conn, "PRAGMA journal_mode", "cannot read the journal mode").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -263,39 +201,21 @@ class SQLiteStore:
         self._adopt(conn)
         self._initialized = True
 
-    def _inspect(self, conn: sqlite3.Connection) -> tuple[int | None, bool]:
-        """``(recorded version or None for an empty file, every schema object present)``; reads only.
-
-        Refuses a foreign database (tables but no ``schema_migrations``) and a newer one.
-        """
-        path = self.location
-        objects = {(r[0], r[1]) for r in conn.execute(
-            "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')")}
-        tables = {name for kind, name in objects if kind == "table"}
-        if "schema_migrations" in tables:
-            version = int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
-            if version > migrations.SCHEMA_VERSION:
-                raise init_failed("migration", path, f"database schema version {version} is newer than this scheduler ({migrations.SCHEMA_VERSION})")
-            return version, _expected_objects() <= objects
-        if tables - {"sqlite_sequence"}:
-            raise init_failed("schema", path, "database has tables but is not a scheduler database (no schema_migrations)")
-        return None, False
-
     def _upgrade(self, conn: sqlite3.Connection) -> None:
         """Fresh: schema. Older: migrations, then the schema. Incomplete: the schema again. One transaction, all or nothing."""
         self._exec(conn, "BEGIN IMMEDIATE", "cannot start the schema transaction")
         try:
             # Checked again under the write lock: another process may have initialised meanwhile.
-            version, complete = self._inspect(conn)
+            version, complete = inspect_schema(conn, self.location)
             if version != migrations.SCHEMA_VERSION or not complete:
                 adapter = SQLiteSchemaConnection(conn, self.location, self._busy_timeout_ms)
                 migrations.upgrade(adapter, version, now_ms(), step_hook=self.migration_step_hook)
             self._exec(conn, "COMMIT", "cannot commit the schema")
         except migrations.UpgradeFailed as exc:
-            self._rollback(conn)
+            rollback(conn)
             raise init_failed(exc.phase, self.location, exc.cause) from None
         except BaseException:
-            self._rollback(conn)
+            rollback(conn)
             raise
 
     # -- transactions --------------------------------------------------------------------------
@@ -328,19 +248,20 @@ class SQLiteStore:
                     yield self._tx(conn)
                 except BaseException:
                     slot.depth = 0
-                    self._rollback(conn)
+                    rollback(conn)
                     raise
                 slot.depth = 0
                 try:
                     self._exec(conn, "COMMIT", "cannot commit")
                 except BaseException:
-                    self._rollback(conn)
+                    rollback(conn)
                     raise
             finally:
                 self._write_lock.release()
-        self._wrote = True
-        if self._checkpoint_thread is None and self._initialized:
-            self._start_checkpointer()
+        wal = self._wal
+        wal.written = True
+        if not wal.running and self._initialized:
+            wal.start()
 
     @contextmanager
     def read(self) -> Iterator[SQLiteTx]:
@@ -360,7 +281,7 @@ class SQLiteStore:
                     try:
                         self._exec(conn, "COMMIT", "cannot end a read transaction")
                     except BaseException:
-                        self._rollback(conn)
+                        rollback(conn)
                         raise
 
     # -- wake-ups ------------------------------------------------------------------------------
@@ -406,82 +327,9 @@ class SQLiteStore:
         """Integrity, foreign keys, expected tables, a writable directory, and no world access to the files."""
         slot = self._slot()
         with self._using(slot) as conn:
-            checks = self._health_checks(conn)
-        checks.append(self._file_modes_check())
+            checks = health_checks(conn, self.path)
+        checks.append(file_modes_check(self.path))
         return checks
-
-    def _file_modes_check(self) -> dict[str, Any]:
-        """A warning (never a failure) when others may read or write the database, its WAL/SHM or the artifacts.
-
-        A warning because the operator may have opened them up on purpose; new files
-        are created private (or group-only) anyway, see ``scheduler.core.filemodes``.
-        """
-        root = default_artifacts_root(self.location)
-        candidates = [self.path, Path(f"{self.location}-wal"), Path(f"{self.location}-shm"), root, root / "runs"]
-        exposed = [f"{p} ({mode})" for p in candidates if (mode := filemodes.world_access(p)) is not None]
-        if exposed:
-            return {
-                "check": "file_modes", "ok": True, "warning": True,
-                "detail": "warning: readable or writable by every user: " + ", ".join(exposed)
-                + f" (chmod o-rwx them; new files follow {filemodes.FILE_MODE_ENV}={filemodes.file_mode_setting()})",
-            }
-        return {"check": "file_modes", "ok": True, "warning": False,
-                "detail": f"no world access ({filemodes.file_mode_setting()} mode)"}
-
-    def _health_checks(self, conn: sqlite3.Connection) -> list[dict[str, Any]]:
-        checks: list[dict[str, Any]] = []
-        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
-        checks.append({"check": "integrity", "ok": integrity == ["ok"], "detail": "; ".join(integrity[:5])})
-        fk = conn.execute("PRAGMA foreign_key_check").fetchall()
-        checks.append({"check": "foreign_keys", "ok": not fk, "detail": f"{len(fk)} violation(s)"})
-        expected = {
-            s.split()[5] for s in migrations.schema_statements() if s.upper().startswith("CREATE TABLE IF NOT EXISTS")
-        }
-        present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        missing = sorted(expected - present)
-        checks.append({"check": "tables", "ok": not missing, "detail": "missing: " + ", ".join(missing) if missing else f"{len(expected)} present"})
-        writable = os.access(self.path.parent, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
-        checks.append({"check": "writable", "ok": writable, "detail": str(self.path.parent)})
-        return checks
-
-    def _start_checkpointer(self) -> None:
-        with self._lock:
-            if self._checkpoint_thread is not None:
-                return
-            self._checkpoint_thread = threading.Thread(
-                target=self._checkpointer, args=(self._closing,), name="sqlite-checkpoint", daemon=True
-            )
-        self._checkpoint_thread.start()
-
-    def _checkpointer(self, closing: threading.Event) -> None:
-        """Fold the WAL into the database every second after writes, off every commit path.
-
-        Its connection is its own: opened and closed on this thread only.
-        """
-        try:
-            conn = self._connect()
-        except (sqlite3.Error, OSError, SchedulerError) as exc:
-            log.debug("checkpointer not started: %s", exc)
-            return
-        try:
-            while not closing.wait(CHECKPOINT_INTERVAL_S):
-                if self._wrote:
-                    self._wrote = False
-                    try:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # the bulk, beside the writers
-                        # The frames appended meanwhile, with this process's writers held back for that short while:
-                        # the checkpoint then reaches the end of the WAL, so the next write starts the WAL over
-                        # instead of growing it (a WAL that only grows makes every page lookup of every
-                        # connection slower, and a busy dispatcher's never stopped growing).
-                        if self._write_lock.acquire(timeout=CHECKPOINT_INTERVAL_S):
-                            try:
-                                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                            finally:
-                                self._write_lock.release()
-                    except sqlite3.Error as exc:  # busy: the next round tries again
-                        log.debug("checkpoint skipped: %s", exc)
-        finally:
-            conn.close()
 
     def checkpoint(self) -> None:
         """Fold the WAL into the database now (PASSIVE: readers and writers are not blocked)."""
@@ -498,19 +346,15 @@ class SQLiteStore:
         thread as soon as its statement or transaction ends; new uses are refused
         (``DB_INIT_FAILED``: used after close) until ``initialize()`` is called again.
         """
-        if self._initialized and self._wrote:
+        if self._initialized and self._wal.written:
             try:
                 self.checkpoint()
             except (sqlite3.Error, SchedulerError):
                 pass
         self._initialized = False
         with self._lock:
-            closing, self._closing = self._closing, threading.Event()
-            checkpointer, self._checkpoint_thread = self._checkpoint_thread, None
             slots, self._slots = self._slots, []
-        closing.set()
-        if checkpointer is not None and checkpointer is not threading.current_thread():
-            checkpointer.join(timeout=5)
+        self._wal.stop()
         for slot in slots:
             slot.retire()
 

@@ -1,7 +1,7 @@
 """Credentials: the pipeline step presenting a job's credential bindings to its run, and cleaning them up.
 
 ``presented(store, started, spec, executor, outcomes)`` wraps building the request and
-``executor.execute`` (see ``Dispatcher._execute``):
+``executor.execute`` (its ``around`` hook in the run plan, ``scheduler.core.dispatcher.execute``):
 
 1. every binding is resolved through its provider (group ``scheduler.credential_providers``),
    each call bounded in time; the answer must match the binding (name, medium, key, file
