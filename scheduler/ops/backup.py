@@ -260,7 +260,7 @@ def read_manifest(backup: Path) -> dict[str, Any]:
 
 
 def pidfile_of(db_path: Path) -> Path:
-    """The dispatcher's flock'd pid file beside a SQLite database (see ``Dispatcher._lock_pidfile``)."""
+    """The dispatcher's flock'd pid file beside a SQLite database (see ``scheduler.core.dispatcher.pidfile.PidFile.lock``)."""
     return Path(f"{db_path}.dispatcher.pid")
 
 

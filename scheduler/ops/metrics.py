@@ -3,7 +3,7 @@
 Imported only when the flag is given, so a dispatcher without it pays nothing. Two kinds
 of numbers:
 
-- *observed* on each completion the dispatcher reports (``Dispatcher._report`` calls
+- *observed* on each completion the dispatcher reports (``scheduler.core.dispatcher.passes.Pass.report`` calls
   ``observe``: counters and histograms in memory, no query per run): runs by job and
   status, lateness (``started_at - scheduled_for``) and duration;
 - *collected* on each scrape with a few cheap aggregate queries: queue depth and outbox
