@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 import attrs
 
 from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+from scheduler.core.members import Configurable, DeclaresOptions, PolicyChecking, Recoverable  # optional members; re-exported here
 from scheduler.settings.load import SETTINGS_SECTIONS  # the settings own each kind's section; re-exported here
 
 #: Capability names the kernel and governance understand (kebab-case). A provider may
@@ -398,56 +399,6 @@ class AuthorizationProvider(Protocol):
 
     def resolve_authorization(self, request: AuthorizationRequest) -> AuthorizationDecision:
         """Decide the request."""
-
-
-# -- optional members: each a small Protocol of its own, checked at load ----------------------------
-
-
-@runtime_checkable
-class DeclaresOptions(Protocol):
-    """A provider with per-job options: the job's options block is validated against ``options_class``.
-
-    ``options_class`` is an attrs class (``scheduler.api.build_options`` builds it from the
-    job's JSON object, refusing unknown keys); the kernel stores the result as JSON and never
-    names its fields.
-    """
-
-    options_class: type
-
-
-@runtime_checkable
-class Configurable(Protocol):
-    """A provider with host settings: its settings-file table is validated against ``settings_class``.
-
-    The loader builds the settings (``[executors.shell]``, ``[channels.slack]``,
-    ``[providers.NAME]``, with ``SCHEDULER_<SECTION>_<NAME>_<KEY>`` overrides) and calls
-    ``configure(settings)`` once, before the provider is first used.
-    """
-
-    settings_class: type
-
-    def configure(self, settings: Any) -> None:
-        """Take the validated host settings (an instance of ``settings_class``)."""
-
-
-@runtime_checkable
-class Recoverable(Protocol):
-    """An executor that stops what a dead dispatcher's run left behind (declare the ``recover`` capability).
-
-    Crash recovery calls ``recover`` with the handle the run recorded (a process group,
-    a remote agent turn); an executor that is not ``Recoverable`` leaves nothing to stop.
-    """
-
-    def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
-        """Stop the recorded work and say what was found and done."""
-
-
-@runtime_checkable
-class PolicyChecking(Protocol):
-    """An authorization provider that checks a policy reference before any run (at add, and in ``doctor``)."""
-
-    def check_policy(self, policy_ref: str, options: Any) -> list[str]:
-        """Problems found with the policy (syntax errors, a missing file); empty when it is usable."""
 
 
 #: Provider kind -> (entry-point group, Protocol). The single table the loader and the docs test read.
