@@ -401,6 +401,97 @@ class AuthorizationProvider(Protocol):
         """Decide the request."""
 
 
+# -- authorization-proof verifiers (kind ``proof_verifier``) -------------------------------------
+#
+# The kernel reads a job's proof from its declared source and keeps the policy around it (the window
+# with the declared clock skew, the artifact binding, revocations, the replay ledger, quarantine:
+# docs/proofs.md); a verifier knows one proof FORMAT (a JWT, a detached signature, a certificate
+# chain) and says what a proof states, or why it cannot be believed.
+
+
+@attrs.frozen(kw_only=True)
+class ProofRequest:
+    """One proof to verify: the job's normalised ``authorization_proof`` declaration, the proof text the kernel read
+    from the declared source, the digest of the job's execution artifact, and the kernel's clock.
+
+    The trust anchors (key files, a JWKS, CA roots, an allowed-signers file) are named by the
+    declaration. ``artifact_digest`` is what the kernel will hold the proof's own binding to; a
+    verifier whose format binds the artifact implicitly may use it. ``repr`` never shows the proof.
+    """
+
+    declaration: Mapping[str, Any]
+    proof: str = attrs.field(repr=False)
+    artifact_digest: str | None
+    now_ms: int
+
+
+@attrs.frozen
+class VerifiedProof:
+    """What a verified proof established (never the proof itself): a verifier's answer, and the run's record.
+
+    ``method`` is the declaration's method; ``proof_id`` the id the replay ledger claims once
+    (1-256 characters of ``[A-Za-z0-9._:@/+=-]``); ``key_id`` the id revocations name;
+    ``artifact_digest`` the artifact the proof says it is for; ``not_before_ms`` /
+    ``expires_at_ms`` the window it states (epoch ms), which the kernel checks. ``skew_ms`` is
+    the kernel's: the declared clock skew it applied (a verifier leaves it 0).
+    """
+
+    method: str
+    proof_id: str
+    key_id: str
+    artifact_digest: str
+    not_before_ms: int | None
+    expires_at_ms: int
+    skew_ms: int = 0
+    issuer: str | None = None
+    subject: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record kept on the run (``runs.proof_json``) and in the ``proof.verified`` event."""
+        return {"method": self.method, "proof_id": self.proof_id, "key_id": self.key_id, "artifact_digest": self.artifact_digest,
+                "not_before": self.not_before_ms, "expires_at": self.expires_at_ms, "clock_skew_ms": self.skew_ms,
+                "issuer": self.issuer, "subject": self.subject}
+
+
+#: The verifier of a ``detached-signature`` declaration of format ``ssh``; every other declaration names its ``method``.
+SSH_SIGNATURE_VERIFIER = "detached-signature-ssh"
+
+
+def proof_verifier_name(declaration: Mapping[str, Any]) -> str:
+    """The ``scheduler.proof_verifiers`` entry point that verifies a (normalised) declaration's proofs.
+
+    Its ``method`` (``jwt``, ``detached-signature``, ``certificate``), except a detached signature
+    of format ``ssh``, which another distribution verifies: ``detached-signature-ssh``. The one
+    rule the missing-plugin check and the proof step share.
+    """
+    method = str(declaration.get("method"))
+    if method == "detached-signature" and declaration.get("format") == "ssh":
+        return SSH_SIGNATURE_VERIFIER
+    return method
+
+
+@runtime_checkable
+class ProofVerifier(Protocol):
+    """Verifies authorization proofs of one format (group ``scheduler.proof_verifiers``; name: ``proof_verifier_name``).
+
+    ``verify_proof`` checks the proof against the trust the declaration names and returns the
+    ``VerifiedProof`` it states, or raises ``SchedulerError`` with a ``PROOF_*`` code
+    (``PROOF_MALFORMED``, ``PROOF_KEY_UNAVAILABLE``, ``PROOF_INVALID_SIGNATURE`` ...). It does not
+    judge the window or compare the artifact digest: the kernel does, with the declared skew.
+    Any other exception, a code that is not ``PROOF_*``, or an answer that is not a
+    ``VerifiedProof`` of the declared method denies the run (``PROOF_VERIFICATION_FAILED``).
+    """
+
+    plugin_api: int
+    capabilities: frozenset[str]
+
+    def verify_proof(self, request: ProofRequest) -> VerifiedProof:
+        """Verify one proof's format and signature; say what it states (raise ``SchedulerError`` when it cannot be believed)."""
+
+
+# -- (end of the proof verifiers) -----------------------------------------------------------------
+
+
 #: Provider kind -> (entry-point group, Protocol). The single table the loader and the docs test read.
 PROVIDER_KINDS: dict[str, tuple[str, type]] = {
     "executor": ("scheduler.executors", Executor),
@@ -408,6 +499,7 @@ PROVIDER_KINDS: dict[str, tuple[str, type]] = {
     "evidence": ("scheduler.evidence_providers", EvidenceProvider),
     "credential": ("scheduler.credential_providers", CredentialProvider),
     "authorization": ("scheduler.authorization_providers", AuthorizationProvider),
+    "proof_verifier": ("scheduler.proof_verifiers", ProofVerifier),
 }
 
 
@@ -418,6 +510,7 @@ GROUPS: tuple[str, ...] = (
     "scheduler.evidence_providers",
     "scheduler.credential_providers",
     "scheduler.authorization_providers",
+    "scheduler.proof_verifiers",
     "scheduler.stores",
     "scheduler.hooks",
 )
@@ -430,5 +523,6 @@ __all__ = [
     "EvidenceVerification", "ExecutionRequest", "ExecutionResult", "Executor", "GROUPS", "KNOWN_CAPABILITIES",
     "PROVIDER_KINDS", "PermanentDeliveryError", "ProviderSessions", "REVOKE_CODES", "RecoveryOutcome", "RecoveryRequest", "RefreshResult",
     "ResolvedCredential", "RevokeResult", "RunControl", "SESSION_STATUSES", "SETTINGS_SECTIONS", "TransientDeliveryError",
+    "ProofRequest", "ProofVerifier", "SSH_SIGNATURE_VERIFIER", "VerifiedProof", "proof_verifier_name",
 ]
 

@@ -43,6 +43,7 @@ SETTINGS_SECTIONS: dict[str, str] = {
     "evidence": "providers",
     "credential": "providers",
     "authorization": "providers",
+    "proof_verifier": "providers",
 }
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
