@@ -24,11 +24,11 @@ import pytest
 
 from kernel_testing import scheduler_cmd
 from scheduler.base.errors import SchedulerError
+from scheduler.plugins.loader import apply_settings
 from scheduler.settings import (
     KERNEL_TABLES,
     RETIRED_ENV,
     SecretRef,
-    apply_settings,
     current_settings,
     env_var,
     load_settings,

@@ -59,13 +59,14 @@ def _plugin_options(kind: str, name: str) -> list[dict[str, object]]:
     """A plugin's per-job options catalogue; ``<KIND>_NOT_AVAILABLE`` when it cannot be loaded."""
     from scheduler.base.errors import SchedulerError
     from scheduler.base.options import catalogue
+    from scheduler.core.members import options_class_of
     from scheduler.plugins.loader import load_provider
 
     try:
         provider = load_provider(kind, name)
     except SchedulerError as exc:
         raise SchedulerError(f"{kind.upper()}_NOT_AVAILABLE", f"{kind} {name!r} is not available: {exc.message}") from None
-    cls = getattr(provider, "options_class", None)
+    cls = options_class_of(provider)
     return catalogue(cls) if cls is not None else []
 
 

@@ -29,6 +29,7 @@ from scheduler.core import transitions
 from scheduler.core.completion import RUN_FIELDS_FOR_CONSEQUENCES, apply_consequences
 from scheduler.core.events import append_event
 from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
+from scheduler.core.members import Recoverable
 from scheduler.core.jobs import repair_missing_next_runs
 from scheduler.core.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
 from scheduler.core.observers import Observers
@@ -52,15 +53,14 @@ def _settle_process(run: dict[str, Any], grace_s: float, executors: ExecutorSour
         executor = executors(run.get("executor") or "shell")
     except SchedulerError as exc:
         return "unknown", f"executor not available: {exc.code}"
-    recover_fn = getattr(executor, "recover", None)
-    if recover_fn is None:
+    if not isinstance(executor, Recoverable):
         return "unknown", "executor has no recover()"
     request = RecoveryRequest(
         run_id=run["id"], job_id=run["job_id"], handle=json.loads(raw), owner=run.get("dispatcher_owner"),
         owner_host=owner_host(run.get("dispatcher_owner")), kill_grace_s=grace_s,
     )
     try:
-        outcome = recover_fn(request)
+        outcome = executor.recover(request)
     except Exception as exc:  # a failing recover must not end the run as if its work were gone
         return "blocked", f"recover() raised {type(exc).__name__}: {exc}"
     if not isinstance(outcome, RecoveryOutcome) or outcome.state not in ("gone", "terminated", "unknown", "blocked"):

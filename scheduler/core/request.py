@@ -15,6 +15,7 @@ from scheduler.base.options import build_options
 from scheduler.core.execution import Constraints, ExecutionRequest
 from scheduler.core.outputs import run_dir
 from scheduler.core.spec import JobSpec
+from scheduler.core.members import options_class_of
 
 
 def constraints_of(spec: JobSpec) -> Constraints:
@@ -62,7 +63,7 @@ def executor_options_for(executor: Any, spec: JobSpec) -> Any:
     Raises ``EXECUTOR_OPTIONS_INVALID`` when the stored object no longer fits (the plugin
     changed, or the job was added while the plugin was missing).
     """
-    cls = getattr(executor, "options_class", None)
+    cls = options_class_of(executor)
     if cls is None:
         if spec.executor_options:
             raise SchedulerError("EXECUTOR_OPTIONS_INVALID", f"executor {spec.executor_name()!r} takes no options")

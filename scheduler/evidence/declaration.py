@@ -37,6 +37,7 @@ from scheduler.base.canonical import canonical_bytes
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import option_problems, options_to_json
 from scheduler.evidence.retention import check_retention
+from scheduler.core.members import options_class_of
 
 #: Keys a declaration may hold.
 DECLARATION_KEYS = ("provider", "methods", "provider_config", "payload", "verify", "collect", "retention")
@@ -207,7 +208,7 @@ def provider_problems(declaration: dict[str, Any], load: Callable[[str, str], An
             f"{field}.methods",
             f"provider {declaration['provider']!r} does not perform {', '.join(map(repr, unsupported))}"
             f" (it performs {', '.join(sorted(supported)) or 'nothing'})", "INVALID_CHOICE"))
-    cls = getattr(provider, "options_class", None)
+    cls = options_class_of(provider)
     raw = declaration["provider_config"]
     config: dict[str, Any] | None = None
     if cls is None:

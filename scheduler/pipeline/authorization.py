@@ -43,6 +43,7 @@ from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationRequest
 from scheduler.settings import current_settings
+from scheduler.core.members import options_class_of
 
 #: Longest ``authorization_ref``.
 MAX_REF_CHARS = 256
@@ -194,7 +195,7 @@ def provider_problems(spec: Any, load: Any) -> tuple[dict[str, Any] | None, list
         return None, []  # the missing-plugin rule reports it
     declaration = dict(declaration_of(spec))
     raw = declaration.get("provider_config") or {}
-    cls = getattr(provider, "options_class", None)
+    cls = options_class_of(provider)
     problems: list[dict[str, str]] = []
     options = None
     if cls is None:
@@ -396,7 +397,7 @@ class _Decision:
 
     def _options(self, provider: Any) -> Any:
 
-        cls = getattr(provider, "options_class", None)
+        cls = options_class_of(provider)
         raw = self.declaration.get("provider_config") or {}
         if cls is None:
             if raw:

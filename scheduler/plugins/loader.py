@@ -19,8 +19,9 @@ import attrs
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
+from scheduler.core.members import OPTIONAL_MEMBERS, Configurable
 from scheduler.plugins.protocols import PROVIDER_KINDS
-from scheduler.settings import apply_settings
+from scheduler.settings import plugin_settings
 
 
 def load_provider(kind: str, name: str) -> Any:
@@ -45,11 +46,51 @@ def load_provider(kind: str, name: str) -> Any:
         raise SchedulerError(
             "PLUGIN_INVALID", f"{kind} driver {name!r} from {dist} does not implement the {protocol.__name__} protocol (missing: {', '.join(missing)})"
         )
-    # Settings go here, and only here: a provider declaring ``settings_class`` gets its validated
-    # settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``) through
-    # ``configure(settings)`` before it is returned; CONFIG_INVALID names the key when it does not validate.
+    check_members(provider, kind=kind, name=name, dist=dist)
     apply_settings(kind, name, provider)
     return provider
+
+
+def check_members(provider: Any, *, kind: str, name: str, dist: str) -> None:
+    """Refuse (``PLUGIN_INVALID``) a provider that declares only part of an optional-member Protocol.
+
+    Each optional member is a Protocol of its own (``scheduler.core.members``): a
+    ``settings_class`` without ``configure`` would have its settings validated and then
+    silently ignored, an ``options_class`` that is not an attrs class cannot validate a job's
+    options. Checked once here, so the kernel can ask ``isinstance`` everywhere else.
+    """
+    where = f"{kind} driver {name!r} from {dist}"
+    for protocol, members in OPTIONAL_MEMBERS:
+        declared = [m for m in members if hasattr(provider, m)]
+        if declared and not isinstance(provider, protocol):
+            missing = [m for m in members if m not in declared]
+            raise SchedulerError(
+                "PLUGIN_INVALID", f"{where} declares {', '.join(declared)} but not {', '.join(missing)} "
+                f"(the optional {protocol.__name__} protocol needs all of {', '.join(members)})",
+                details={"protocol": protocol.__name__, "declared": declared, "missing": missing})
+        for member in declared:
+            value = getattr(provider, member)
+            wrong = (not attrs.has(value)) if member.endswith("_class") else not callable(value)
+            if wrong:
+                need = "an attrs class" if member.endswith("_class") else "callable"
+                raise SchedulerError("PLUGIN_INVALID", f"{where}: {member} must be {need}, not {type(value).__name__}",
+                                     details={"protocol": protocol.__name__, "member": member})
+
+
+def apply_settings(kind: str, name: str, provider: Any) -> Any:
+    """Give a loaded provider its host settings: validate its ``settings_class`` table and call ``configure``.
+
+    Settings go here, and only here: a ``Configurable`` provider gets its validated
+    settings-file table (``[executors.shell]``, ``[channels.slack]``, ``[providers.NAME]``)
+    through ``configure(settings)`` before it is returned; ``CONFIG_INVALID`` names the key
+    when it does not validate. Returns the settings (None for a provider that is not
+    ``Configurable``).
+    """
+    if not isinstance(provider, Configurable):
+        return None
+    settings = plugin_settings(kind, name, provider.settings_class)
+    provider.configure(settings)
+    return settings
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
 from scheduler.plugins.loader import load_provider
+from scheduler.core.members import options_class_of
 
 #: Spec field -> (provider kind, attribute of JobSpec naming the driver).
 OPTION_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -71,7 +72,7 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
         provider = provider_for(kind, name)
         if provider is None:
             continue
-        cls = getattr(provider, "options_class", None)
+        cls = options_class_of(provider)
         if cls is None:
             if raw:
                 problems.append({"field": field, "code": "UNKNOWN_FIELD", "error": f"{kind} {name!r} takes no options"})
@@ -91,7 +92,7 @@ def channel_options_for(channel: Any, raw: Any) -> Any:
 
     ``DELIVERY_OPTIONS_INVALID`` when the stored object no longer fits the channel's class.
     """
-    cls = getattr(channel, "options_class", None)
+    cls = options_class_of(channel)
     if cls is None:
         if raw:
             raise SchedulerError("DELIVERY_OPTIONS_INVALID", "the channel takes no delivery_options")

@@ -531,19 +531,3 @@ def plugin_settings(kind: str, name: str, cls: type, *, environ: Mapping[str, st
     if environ is None:
         _plugin_cache[cache_key] = resolved.value
     return resolved.value
-
-
-def apply_settings(kind: str, name: str, provider: Any) -> Any:
-    """Give a loaded provider its settings: validate its ``settings_class`` table and call ``configure(settings)``.
-
-    Returns the settings (None when the provider declares no ``settings_class``). The
-    plugin loader calls this once per provider instance it creates.
-    """
-    cls = getattr(provider, "settings_class", None)
-    if cls is None:
-        return None
-    settings = plugin_settings(kind, name, cls)
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
-        configure(settings)
-    return settings

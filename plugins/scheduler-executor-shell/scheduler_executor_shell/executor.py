@@ -114,6 +114,11 @@ class ShellExecutor:
         #: The settings last resolved, and the override variables they were resolved with.
         self._settings: tuple[tuple[tuple[str, str], ...], ShellSettings] | None = None
 
+    def configure(self, settings: ShellSettings) -> None:
+        """Nothing to keep: the loader has validated the table (a bad value fails the load with
+        ``CONFIG_INVALID``), and each run resolves it again with that run's override variables
+        (``_settings_for``), since ``SCHEDULER_EXECUTORS_SHELL_*`` can change between runs."""
+
     def _settings_for(self, environ: Mapping[str, str]) -> ShellSettings:
         """``resolve_settings(environ)``, resolved again only when the ``SCHEDULER_EXECUTORS_SHELL_*`` variables change.
 

@@ -26,6 +26,7 @@ from scheduler.core.dispatcher.config import ABANDON_SLACK_S, DEADLINE_SLACK_S, 
 from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.events import append_event
 from scheduler.core.execution import CancellationToken, ExecutionResult, RecoveryRequest
+from scheduler.core.members import Recoverable
 from scheduler.core.fenced_writes import FencedWrite, FencedWriter
 from scheduler.core.participants import EvidenceRows
 from scheduler.core.queue import StartedRun
@@ -267,9 +268,9 @@ class Workers:
         if handle is None:
             return
         executor = self.executors.peek(spec_from_row(s.job).executor_name())
-        recover_fn = getattr(executor, "recover", None)
-        if recover_fn is None:
+        if not isinstance(executor, Recoverable):
             return
+        recover_fn = executor.recover
         request = RecoveryRequest(run_id=s.run_id, job_id=s.job["id"], handle=handle, owner=self.owner,
                                   owner_host=leases.owner_host(self.owner), kill_grace_s=self.config.kill_grace_s)
 

@@ -20,6 +20,7 @@ from typing import Any
 from scheduler.base.options import build_options, option_problems
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
+from scheduler.core.members import options_class_of
 
 #: Which media exist, and the executor capability each needs.
 MEDIA = ("env", "file", "stdin")
@@ -238,7 +239,7 @@ def _option_problems(bindings: list[dict[str, Any]]) -> list[dict[str, str]]:
         provider = provider_for("credential", b["provider"])
         if provider is None:
             continue
-        cls = getattr(provider, "options_class", None)
+        cls = options_class_of(provider)
         raw = b.get("options") or {}
         if cls is None:
             if raw:
@@ -256,7 +257,7 @@ def binding_objects(bindings: list[dict[str, Any]], providers: dict[str, Any] | 
     for i, b in enumerate(bindings):
         options = None
         provider = (providers or {}).get(b["provider"])
-        cls = getattr(provider, "options_class", None) if provider is not None else None
+        cls = options_class_of(provider) if provider is not None else None
         if cls is not None:
             options = build_options(cls, b.get("options") or {}, f"credentials[{i}].options")
         p = b["present"]
