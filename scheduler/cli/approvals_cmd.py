@@ -24,12 +24,9 @@ def approvals_group() -> None:
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=100, show_default=True, help="At most N approvals.")
 def approvals_list(pending: bool, job: str | None, limit: int) -> None:
     """Approvals, newest first."""
-    from scheduler.approvals.decisions import approval_to_json, list_approvals
-    from scheduler.core.jobs import resolve_job
+    from scheduler.ops.queries import list_approvals
 
-    with open_ctx_store().read() as tx:
-        job_id = resolve_job(tx, job)["id"] if job is not None else None
-        views = [approval_to_json(r) for r in list_approvals(tx, pending=pending, job_id=job_id, limit=limit)]
+    views = list_approvals(open_ctx_store(), pending=pending, job=job, limit=limit)
     emit({"approvals": views}, lambda: table(
         [(v["id"][:8], v["job_name"] or v["job_id"][:8], _status(v), v["risk_level"], v["approver_scope"] or "-",
           local_time(v["created_at"]), local_time(v["expires_at"])) for v in views],
@@ -44,17 +41,20 @@ def _status(view: dict[str, Any]) -> str:
 @click.argument("approval_id")
 def approvals_show(approval_id: str) -> None:
     """Everything about one approval (id or a unique prefix of at least 8 characters)."""
-    from scheduler.approvals.decisions import approval_to_json, get_approval
+    from scheduler.ops.queries import get_approval
 
-    with open_ctx_store().read() as tx:
-        view = approval_to_json(get_approval(tx, approval_id))
+    view = get_approval(open_ctx_store(), approval_id)
     emit({"approval": view}, lambda: kv(view.items()))
 
 
 def _decide(approval_id: str, decision: str, note: str | None) -> None:
-    from scheduler.approvals.decisions import approval_to_json, decide
+    from scheduler.ops.actions import decide_approval
 
-    view = approval_to_json(decide(open_ctx_store(), approval_id, decision, note=note))
+    _print_decision(decide_approval(open_ctx_store(), approval_id, decision, note=note), decision)
+
+
+def _print_decision(view: dict[str, Any], decision: str) -> None:
+    """What ``approvals approve`` / ``reject`` and ``jobs approve`` / ``reject`` print about the decided approval."""
     verb = "approved" if decision == "approved" else "rejected"
     emit({"approval": view}, lambda: click.echo(f"{verb} approval {view['id']} of job {view['job_name'] or view['job_id']}"
                                                 f" (run {view['run_id'][:8] if view['run_id'] else '-'})"))
@@ -78,9 +78,6 @@ def approvals_reject(approval_id: str, note: str | None) -> None:
 
 def decide_for_job(job: str, decision: str, note: str | None) -> None:
     """``jobs approve`` / ``jobs reject``: decide the job's one pending approval."""
-    from scheduler.approvals.decisions import pending_for_job
-    from scheduler.core.jobs import resolve_job
+    from scheduler.ops.actions import decide_for_job as decide_job_approval
 
-    with open_ctx_store().read() as tx:
-        approval_id = pending_for_job(tx, resolve_job(tx, job)["id"])["id"]
-    _decide(approval_id, decision, note)
+    _print_decision(decide_job_approval(open_ctx_store(), job, decision, note=note), decision)

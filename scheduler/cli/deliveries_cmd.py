@@ -23,12 +23,9 @@ def deliveries_group() -> None:
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=100, show_default=True, help="At most N parts.")
 def deliveries_list(status: str | None, job: str | None, limit: int) -> None:
     """Outbox parts, newest first, with their state, attempts and last error."""
-    from scheduler.delivery.outbox import list_parts, part_to_json
-    from scheduler.core.jobs import resolve_job
+    from scheduler.ops.queries import list_deliveries
 
-    with open_ctx_store().read() as tx:
-        job_id = resolve_job(tx, job)["id"] if job is not None else None
-        views = [part_to_json(r) for r in list_parts(tx, status=status, job_id=job_id, limit=limit)]
+    views = list_deliveries(open_ctx_store(), status=status, job=job, limit=limit)
     emit({"deliveries": views}, lambda: table(
         [(v["id"][-28:], v["job_name"] or "-", v["channel"], f"{v['part_index']}/{v['part_count']}", v["status"],
           f"{v['attempts']}/{v['max_attempts']}", local_time(v["delivered_at"] or v["due_at"]), v["error_code"] or "")
@@ -40,10 +37,9 @@ def deliveries_list(status: str | None, job: str | None, limit: int) -> None:
 @click.argument("part_id")
 def deliveries_show(part_id: str) -> None:
     """One part: its body, receipt, attempts and last error (id or a unique prefix)."""
-    from scheduler.delivery.outbox import get_part, part_to_json
+    from scheduler.ops.queries import get_delivery
 
-    with open_ctx_store().read() as tx:
-        view = part_to_json(get_part(tx, part_id), full=True)
+    view = get_delivery(open_ctx_store(), part_id)
     emit({"delivery": view}, lambda: kv(view.items()))
 
 
@@ -51,10 +47,9 @@ def deliveries_show(part_id: str) -> None:
 @click.argument("part_id")
 def deliveries_retry(part_id: str) -> None:
     """Re-arm a failed part (and the later parts of its message) with fresh attempts; the dispatcher sends it at once."""
-    from scheduler.delivery.outbox import part_to_json, retry_failed
-    from scheduler.core.events import os_identity
+    from scheduler.ops.actions import retry_delivery
 
-    view = part_to_json(retry_failed(open_ctx_store(), part_id, actor=os_identity()))
+    view = retry_delivery(open_ctx_store(), part_id)
     emit({"delivery": view}, lambda: click.echo(f"re-armed {view['id']} ({view['channel']})"))
 
 

@@ -218,17 +218,9 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
               help="Add each handoff v4 job's artifact payload, re-validated; any bad artifact fails the whole listing.")
 def jobs_list(enabled: bool | None, limit: int | None, include_handoff: bool) -> None:
     """List jobs with their state and next run."""
-    from scheduler.core.jobs import job_to_json, list_jobs
+    from scheduler.ops.queries import list_jobs
 
-    with open_ctx_store().read() as tx:
-        rows = list_jobs(tx, enabled=enabled, limit=limit)
-        views = [job_to_json(r) for r in rows]
-        if include_handoff:
-            from scheduler.artifacts.handoff import hydrate
-
-            for row, view in zip(rows, views, strict=True):
-                if row.get("handoff_version") == 4:
-                    view["handoff_artifact_payload"] = hydrate(tx, row)
+    views = list_jobs(open_ctx_store(), enabled=enabled, limit=limit, include_handoff_artifacts=include_handoff)
     emit(
         {"jobs": views},
         lambda: table(
@@ -255,10 +247,9 @@ def _schedule_text(v: dict[str, Any]) -> str:
 @click.argument("job")
 def jobs_get(job: str) -> None:
     """Show one job (by id or name)."""
-    from scheduler.core.jobs import job_to_json, resolve_job
+    from scheduler.ops.queries import get_job
 
-    with open_ctx_store().read() as tx:
-        view = job_to_json(resolve_job(tx, job))
+    view = get_job(open_ctx_store(), job)
     emit({"job": view}, lambda: kv(view.items()))
 
 
@@ -314,9 +305,9 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
 
 
 def _toggle(job: str, enabled: bool) -> None:
-    from scheduler.core.jobs import job_to_json, set_enabled
+    from scheduler.ops.actions import disable_job, enable_job
 
-    view = job_to_json(set_enabled(open_ctx_store(), job, enabled))
+    view = (enable_job if enabled else disable_job)(open_ctx_store(), job)
     nxt = f"; next run {local_time(view['next_run_at'])}" if view["state"] == "enabled" else ""
     emit({"job": view}, lambda: click.echo(f"{view['name']} is {view['state']}{nxt}"))
 
@@ -405,9 +396,9 @@ def jobs_next(job: str, count: int) -> None:
 @click.argument("job")
 def jobs_run(job: str) -> None:
     """Run a job now (enqueues a manual dispatch; the dispatcher picks it up within milliseconds)."""
-    from scheduler.core.queue import enqueue_manual
+    from scheduler.ops.actions import run_job
 
-    row = enqueue_manual(open_ctx_store(), job)
+    row = run_job(open_ctx_store(), job)
     emit({"dispatch": row}, lambda: click.echo(f"queued manual run of {job} (dispatch {row['id']})"))
 
 
@@ -436,7 +427,7 @@ def jobs_reject(job: str, note: str | None) -> None:
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")
 def jobs_cancel(job: str, reason: str | None) -> None:
     """Cancel a job's pending, waiting and running work."""
-    from scheduler.core.cancel import cancel_job
+    from scheduler.ops.actions import cancel_job
 
     result = cancel_job(open_ctx_store(), job, reason=reason)
     emit(result, lambda: click.echo(f"cancel requested: {len(result['runs'])} run(s), {result['dispatches']} queued dispatch(es)"))

@@ -23,50 +23,38 @@ def runs_group() -> None:
 @click.option("--status", default=None, help="Only runs with this status.")
 def runs_list(job: str | None, limit: int, status: str | None) -> None:
     """Recent runs, newest first (of one job when given)."""
-    from scheduler.core.jobs import resolve_job
-    from scheduler.core.runs import RUN_STATUSES, list_runs, run_to_json
+    from scheduler.ops.queries import check_run_status, job_names, list_runs
 
-    if status is not None and status not in RUN_STATUSES:  # an empty --status is a mistake, not "no filter"
-        raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
+    check_run_status(status)  # refused before the database is opened
+    store = open_ctx_store()
+    views = list_runs(store, job=job or None, status=status, limit=limit)
 
-    with open_ctx_store().read() as tx:
-        job_id = resolve_job(tx, job)["id"] if job else None
-        rows = list_runs(tx, job_id=job_id, status=status, limit=limit)
-        names = {r["id"]: r["name"] for r in tx.all("SELECT id, name FROM jobs")} if rows else {}
-    views = [run_to_json(r) for r in rows]
-    emit(
-        {"runs": views},
-        lambda: table(
+    def human() -> None:
+        names = job_names(store) if views else {}
+        table(
             [(v["id"][:8], names.get(v["job_id"], v["job_id"][:8]), v["status"], v["dispatch_kind"], local_time(v["scheduled_for"]),
               local_time(v["started_at"]), f"{v['duration_ms']} ms" if v["duration_ms"] is not None else None,
               v["error_code"] or v["skip_reason"]) for v in views],
             ["run", "job", "status", "kind", "scheduled", "started", "took", "note"],
-        ),
-    )
+        )
+
+    emit({"runs": views}, human)
 
 
 def _resolve_run(tx, ref: str) -> dict:
-    """A run by full id or a unique prefix of at least 6 characters."""
-    from scheduler.core.runs import get_run
+    """A run by full id or a unique prefix of at least 6 characters (``scheduler.ops.queries.resolve_run``)."""
+    from scheduler.ops.queries import resolve_run
 
-    row = tx.one("SELECT * FROM runs WHERE id = ?", (ref,))
-    if row is None and len(ref) >= 6 and all(c in "0123456789abcdef-" for c in ref):
-        matches = tx.all("SELECT * FROM runs WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "g"))
-        if len(matches) == 1:
-            row = matches[0]
-        elif len(matches) > 1:
-            raise SchedulerError("INVALID_ARGUMENT", f"run id prefix {ref!r} is ambiguous")
-    return row if row is not None else get_run(tx, ref)
+    return resolve_run(tx, ref)
 
 
 @runs_group.command("get")
 @click.argument("run_id")
 def runs_get(run_id: str) -> None:
     """Everything recorded about one run."""
-    from scheduler.core.runs import run_to_json
+    from scheduler.ops.queries import get_run
 
-    with open_ctx_store().read() as tx:
-        view = run_to_json(_resolve_run(tx, run_id), full=True)
+    view = get_run(open_ctx_store(), run_id)
     emit({"run": view}, lambda: kv((k, v) for k, v in view.items() if k not in ("stdout_excerpt", "stderr_excerpt")))
 
 
@@ -112,13 +100,10 @@ def runs_output(run_id: str, stream: str) -> None:
 @click.option("--reason", default=None, help="Why (recorded with your OS identity).")
 def runs_cancel(run_id: str, reason: str | None) -> None:
     """Cancel one run: waiting runs end at once, a running one gets its cancellation token."""
-    from scheduler.core.cancel import cancel_run
+    from scheduler.ops.actions import cancel_run
 
-    store = open_ctx_store()
-    with store.read() as tx:
-        full_id = _resolve_run(tx, run_id)["id"]
-    result = cancel_run(store, full_id, reason=reason)
-    emit(result, lambda: click.echo(f"run {full_id[:8]}: {result['outcome']}"))
+    result = cancel_run(open_ctx_store(), run_id, reason=reason)
+    emit(result, lambda: click.echo(f"run {result['run_id'][:8]}: {result['outcome']}"))
 
 
 def evidence_run_id(store, ref: str) -> str:

@@ -1,0 +1,176 @@
+"""Reading the scheduler as the CLI shows it: jobs, runs, approvals and delivery parts, as JSON-ready dicts.
+
+One function per read command (``jobs list``, ``jobs get``, ``runs list``, ``runs get``,
+``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``): the CLI prints
+what it returns under ``--json`` (or renders it as a table) and ``scheduler.api.ops`` hands the
+same value to plugins, so there is one way to read each thing. Every function takes an open
+store, checks its arguments as the CLI's options do (``INVALID_ARGUMENT``), and reads in one
+read transaction. A job is named by id or name, a run, an approval or a part by id or a unique
+prefix; an unknown one is ``NOT_FOUND``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.approvals.decisions import approval_to_json, list_approvals as approval_rows
+from scheduler.approvals.decisions import get_approval as approval_row
+from scheduler.artifacts.handoff import hydrate
+from scheduler.base.errors import SchedulerError
+from scheduler.core.jobs import job_to_json, list_jobs as job_rows, resolve_job
+from scheduler.core.runs import RUN_STATUSES, get_run as run_row, list_runs as run_rows, run_to_json
+from scheduler.core.store.base import Store, Tx
+from scheduler.delivery.outbox import STATUSES as DELIVERY_STATUSES
+from scheduler.delivery.outbox import get_part, list_parts, part_to_json
+
+__all__ = [
+    "DELIVERY_STATUSES",
+    "MAX_LIMIT",
+    "RUN_STATUSES",
+    "check_limit",
+    "check_run_status",
+    "get_approval",
+    "get_delivery",
+    "get_job",
+    "get_run",
+    "job_names",
+    "list_approvals",
+    "list_deliveries",
+    "list_jobs",
+    "list_runs",
+    "resolve_run",
+]
+
+#: The largest ``--limit`` a listing takes (the CLI's ``AsciiIntRange(1, MAX_LIMIT)``).
+MAX_LIMIT = 100_000
+#: The shortest run id prefix ``resolve_run`` accepts.
+RUN_PREFIX_MIN = 6
+
+
+def check_limit(limit: int | None, *, optional: bool = False) -> None:
+    """``INVALID_ARGUMENT`` unless ``limit`` is an integer in 1..MAX_LIMIT (None too when ``optional``): the CLI's ``--limit``."""
+    if limit is None and optional:
+        return
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise SchedulerError("INVALID_ARGUMENT", f"limit must be an integer from 1 to {MAX_LIMIT} (got {limit!r})")
+
+
+def _job_id(tx: Tx, job: str | None) -> str | None:
+    """The id of the job named ``job`` (id or name), None for no job filter; ``NOT_FOUND`` for an unknown job."""
+    return resolve_job(tx, job)["id"] if job is not None else None
+
+
+def list_jobs(store: Store, *, enabled: bool | None = None, limit: int | None = None,
+              include_handoff_artifacts: bool = False) -> list[dict[str, Any]]:
+    """``jobs list``: every job by name, each with its ``state`` and ``next_run_at`` (``job_to_json``).
+
+    ``enabled`` True or False keeps only enabled or only not enabled (disabled or paused)
+    jobs; ``include_handoff_artifacts`` adds each handoff v4 job's artifact payload,
+    re-validated, and any bad artifact fails the whole listing (so none is shown unproved).
+    """
+    check_limit(limit, optional=True)
+    with store.read() as tx:
+        rows = job_rows(tx, enabled=enabled, limit=limit)
+        views = [job_to_json(r) for r in rows]
+        if include_handoff_artifacts:
+            for row, view in zip(rows, views, strict=True):
+                if row.get("handoff_version") == 4:
+                    view["handoff_artifact_payload"] = hydrate(tx, row)
+    return views
+
+
+def get_job(store: Store, job: str) -> dict[str, Any]:
+    """``jobs get``: one job (by id or name) as ``job_to_json`` shows it."""
+    with store.read() as tx:
+        return job_to_json(resolve_job(tx, job))
+
+
+def resolve_run(tx: Tx, ref: str) -> dict[str, Any]:
+    """A run row by full id or a unique prefix of at least 6 characters (what every ``runs`` command takes).
+
+    ``INVALID_ARGUMENT`` for a prefix two runs share, ``NOT_FOUND`` for no run.
+    """
+    row = tx.one("SELECT * FROM runs WHERE id = ?", (ref,))
+    if row is None and len(ref) >= RUN_PREFIX_MIN and all(c in "0123456789abcdef-" for c in ref):
+        matches = tx.all("SELECT * FROM runs WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "g"))
+        if len(matches) == 1:
+            row = matches[0]
+        elif len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"run id prefix {ref!r} is ambiguous")
+    return row if row is not None else run_row(tx, ref)
+
+
+def check_run_status(status: str | None) -> None:
+    """``INVALID_ARGUMENT`` for a status no run has (an empty one too: it is a mistake, not "no filter")."""
+    if status is not None and status not in RUN_STATUSES:
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
+
+
+def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """``runs list``: recent runs, newest first, of one job (id or name) when given, of one status when given.
+
+    An unknown status is ``INVALID_ARGUMENT`` (``check_run_status``).
+    """
+    check_limit(limit)
+    check_run_status(status)
+    with store.read() as tx:
+        rows = run_rows(tx, job_id=_job_id(tx, job), status=status, limit=limit)
+    return [run_to_json(r) for r in rows]
+
+
+def job_names(store: Store) -> dict[str, str]:
+    """Every job's name by id (``runs list`` names the job of each run in its table)."""
+    with store.read() as tx:
+        return {r["id"]: r["name"] for r in tx.all("SELECT id, name FROM jobs")}
+
+
+def get_run(store: Store, run: str) -> dict[str, Any]:
+    """``runs get``: everything recorded about one run (id or unique prefix), ``run_to_json(full=True)``."""
+    with store.read() as tx:
+        return run_to_json(resolve_run(tx, run), full=True)
+
+
+def list_approvals(store: Store, *, pending: bool = False, job: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """``approvals list``: approvals newest first; only those waiting for a decision with ``pending``, of one job when given."""
+    check_limit(limit)
+    with store.read() as tx:
+        return [approval_to_json(r) for r in approval_rows(tx, pending=pending, job_id=_job_id(tx, job), limit=limit)]
+
+
+def get_approval(store: Store, approval: str) -> dict[str, Any]:
+    """``approvals show``: one approval (id or a unique prefix of at least 8 characters)."""
+    with store.read() as tx:
+        return approval_to_json(approval_row(tx, approval))
+
+
+def _parts_of_run(tx: Tx, run_id: str, status: str | None, limit: int) -> list[dict[str, Any]]:
+    """A run's outbox parts, in ``list_parts``' order and shape (``list_parts`` filters by job only)."""
+    sql = ("SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE o.run_id = ?"
+           + (" AND o.status = ?" if status is not None else "") + " ORDER BY o.created_at DESC, o.group_key, o.part_index LIMIT ?")
+    return tx.all(sql, [run_id, *([status] if status is not None else []), limit])
+
+
+def list_deliveries(store: Store, *, status: str | None = None, job: str | None = None, run: str | None = None,
+                    limit: int = 100) -> list[dict[str, Any]]:
+    """``deliveries list``: outbox parts newest first, with state, attempts and last error (``part_to_json``).
+
+    Filters: ``status`` (one of ``DELIVERY_STATUSES``), ``job`` (id or name) and, beyond the
+    CLI's options, ``run`` (id or unique prefix): the parts of that run's messages.
+    """
+    check_limit(limit)
+    if status is not None and status not in DELIVERY_STATUSES:
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown delivery status {status!r}; one of {', '.join(DELIVERY_STATUSES)}")
+    with store.read() as tx:
+        job_id = _job_id(tx, job)
+        if run is None:
+            rows = list_parts(tx, status=status, job_id=job_id, limit=limit)
+        else:
+            found = resolve_run(tx, run)
+            rows = [] if job_id not in (None, found["job_id"]) else _parts_of_run(tx, found["id"], status, limit)
+        return [part_to_json(r) for r in rows]
+
+
+def get_delivery(store: Store, part: str) -> dict[str, Any]:
+    """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
+    with store.read() as tx:
+        return part_to_json(get_part(tx, part), full=True)
