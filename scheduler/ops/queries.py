@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.approvals.decisions import approval_to_json, list_approvals as approval_rows
+from scheduler.approvals.decisions import approval_to_json
 from scheduler.approvals.decisions import get_approval as approval_row
+from scheduler.approvals.decisions import list_approvals as approval_rows
 from scheduler.artifacts.handoff import hydrate
 from scheduler.base.errors import SchedulerError
-from scheduler.core.jobs import job_to_json, list_jobs as job_rows, resolve_job
-from scheduler.core.runs import RUN_STATUSES, get_run as run_row, list_runs as run_rows, run_to_json
+from scheduler.core.jobs import job_to_json, resolve_job
+from scheduler.core.jobs import list_jobs as job_rows
+from scheduler.core.runs import RUN_STATUSES, run_to_json
+from scheduler.core.runs import get_run as run_row
+from scheduler.core.runs import list_runs as run_rows
 from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import STATUSES as DELIVERY_STATUSES
 from scheduler.delivery.outbox import get_part, list_parts, part_to_json

@@ -1,0 +1,240 @@
+"""Acting on the scheduler from a plugin (a web view, a chat bot): the CLI's operations, as functions.
+
+Each function is the one the CLI command calls (``scheduler.ops.queries`` for reading,
+``scheduler.ops.actions`` for acting), so a plugin and the CLI read and change the scheduler
+one way: same checks, same state changes, same ``SchedulerError`` codes, and the value
+returned is what the command prints under ``--json`` (the CLI wraps it as
+``{"ok": true, KEY: value}``; for the cancels the payload is the value itself).
+
+``store`` is an open ``Store`` (kept open) or a path or URL, as ``open_store`` takes it
+(opened for the call and closed after; read-only for the reads). The first call in a
+process installs the process's defaults as the CLI does (``scheduler.runtime.install``:
+the run pipeline, the handoff v4 kind, the hook modules as observers of what the call
+commits). Every action is recorded as the invoking operating-system account.
+
+Read (each returns JSON-ready dicts):
+
+=====================================================  ==========================  ===========================================
+operation                                              CLI command                 returns (the ``--json`` key)
+=====================================================  ==========================  ===========================================
+``list_jobs(store, enabled=, limit=,                   ``jobs list``               list of job views with ``state`` and
+include_handoff_artifacts=)``                                                      ``next_run_at`` (``jobs``)
+``get_job(store, job)``                                ``jobs get JOB``            one job view (``job``)
+``list_runs(store, job=, status=, limit=20)``          ``runs list [JOB]``         run views, newest first (``runs``)
+``get_run(store, run)``                                ``runs get RUN``            the full run view (``run``)
+``list_approvals(store, pending=, job=, limit=100)``   ``approvals list``          approval views, newest first (``approvals``)
+``get_approval(store, approval)``                      ``approvals show ID``       one approval view (``approval``)
+``list_deliveries(store, status=, job=, run=,          ``deliveries list``         outbox part views (``deliveries``); ``run``
+limit=100)``                                                                       (a run's parts) is the facade's own filter
+``get_delivery(store, part)``                          ``deliveries show PART``    one part with body and receipt (``delivery``)
+=====================================================  ==========================  ===========================================
+
+Act:
+
+=====================================================  ==========================  ===========================================
+operation                                              CLI command                 returns (the ``--json`` key)
+=====================================================  ==========================  ===========================================
+``run_job(store, job)``                                ``jobs run JOB``            the queued manual dispatch row (``dispatch``)
+``enable_job(store, job)``                             ``jobs enable JOB``         the job view (``job``)
+``disable_job(store, job)``                            ``jobs disable JOB``        the job view (``job``)
+``cancel_run(store, run, reason=)``                    ``runs cancel RUN``         ``run_id``, ``outcome``, ``requested_by``
+``cancel_job(store, job, reason=)``                    ``jobs cancel JOB``         ``job_id``, ``runs``, ``dispatches``,
+                                                                                   ``requested_by``
+``approve(store, approval, note=)``                    ``approvals approve ID``    the decided approval (``approval``)
+``reject(store, approval, note=)``                     ``approvals reject ID``     the decided approval (``approval``)
+``approve_job(store, job, note=)``                     ``jobs approve JOB``        the decided approval (``approval``)
+``reject_job(store, job, note=)``                      ``jobs reject JOB``         the decided approval (``approval``)
+``retry_delivery(store, part)``                        ``deliveries retry PART``   the re-armed part (``delivery``)
+=====================================================  ==========================  ===========================================
+
+The job operations are named after the CLI's ``enable`` / ``disable``, not pause and resume:
+in the scheduler a *paused* job is one the dispatcher auto-paused after failures (its
+``state`` is ``paused``), while ``disable_job`` leaves it ``disabled``; ``enable_job``
+resumes either. References are what the CLI takes: a job by id or name, a run by id or a
+unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
+Refusals: ``NOT_FOUND`` (unknown job, run, approval, part), ``INVALID_ARGUMENT`` (a bad
+limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
+``RUN_ALREADY_FINISHED``, ``APPROVAL_CONFLICT`` (already decided), ``APPROVAL_AMBIGUOUS``,
+``APPROVAL_SCOPE_MISMATCH``, ``DELIVERY_NOT_FAILED``; a refused action stores nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.store.base import Store
+from scheduler.ops import actions, queries
+from scheduler.plugins.stores import open_store
+from scheduler.runtime import install
+
+__all__ = [
+    "JsonObject",
+    "StoreTarget",
+    "approve",
+    "approve_job",
+    "cancel_job",
+    "cancel_run",
+    "disable_job",
+    "enable_job",
+    "get_approval",
+    "get_delivery",
+    "get_job",
+    "get_run",
+    "list_approvals",
+    "list_deliveries",
+    "list_jobs",
+    "list_runs",
+    "open_store",
+    "reject",
+    "reject_job",
+    "retry_delivery",
+    "run_job",
+]
+
+#: A JSON-ready object, as the CLI prints it under ``--json``.
+JsonObject = dict[str, Any]
+#: What every operation takes as ``store``: an open store, or a path or URL for ``open_store``.
+StoreTarget = Store | str | os.PathLike[str]
+
+
+@functools.cache
+def _process_defaults() -> None:
+    """Install the process's defaults once, as every CLI command does (``scheduler.runtime.install``)."""
+    install()
+
+
+@contextlib.contextmanager
+def _opened(store: StoreTarget, *, readonly: bool = False) -> Iterator[Store]:
+    """The store to use: ``store`` itself, or the one at that path or URL (closed afterwards)."""
+    _process_defaults()
+    if isinstance(store, (str, os.PathLike)):
+        opened = open_store(store, readonly=readonly)
+        try:
+            yield opened
+        finally:
+            opened.close()
+    elif isinstance(store, Store):
+        yield store
+    else:
+        raise SchedulerError("INVALID_ARGUMENT", f"store must be a Store or a path or URL, not {type(store).__name__}")
+
+
+# -- read ------------------------------------------------------------------------------------------
+
+
+def list_jobs(store: StoreTarget, *, enabled: bool | None = None, limit: int | None = None,
+              include_handoff_artifacts: bool = False) -> list[JsonObject]:
+    """``jobs list``: every job by name with its ``state`` and ``next_run_at`` (only enabled or not with ``enabled``)."""
+    with _opened(store, readonly=True) as s:
+        return queries.list_jobs(s, enabled=enabled, limit=limit, include_handoff_artifacts=include_handoff_artifacts)
+
+
+def get_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs get``: one job by id or name."""
+    with _opened(store, readonly=True) as s:
+        return queries.get_job(s, job)
+
+
+def list_runs(store: StoreTarget, *, job: str | None = None, status: str | None = None, limit: int = 20) -> list[JsonObject]:
+    """``runs list``: recent runs, newest first, of one job and of one status when given."""
+    with _opened(store, readonly=True) as s:
+        return queries.list_runs(s, job=job, status=status, limit=limit)
+
+
+def get_run(store: StoreTarget, run: str) -> JsonObject:
+    """``runs get``: everything recorded about one run (id or unique prefix)."""
+    with _opened(store, readonly=True) as s:
+        return queries.get_run(s, run)
+
+
+def list_approvals(store: StoreTarget, *, pending: bool = False, job: str | None = None, limit: int = 100) -> list[JsonObject]:
+    """``approvals list``: approvals newest first (``pending=True``: only those waiting for a decision)."""
+    with _opened(store, readonly=True) as s:
+        return queries.list_approvals(s, pending=pending, job=job, limit=limit)
+
+
+def get_approval(store: StoreTarget, approval: str) -> JsonObject:
+    """``approvals show``: one approval (id or unique prefix)."""
+    with _opened(store, readonly=True) as s:
+        return queries.get_approval(s, approval)
+
+
+def list_deliveries(store: StoreTarget, *, status: str | None = None, job: str | None = None, run: str | None = None,
+                    limit: int = 100) -> list[JsonObject]:
+    """``deliveries list``: outbox parts newest first; ``run`` keeps the parts of one run's messages."""
+    with _opened(store, readonly=True) as s:
+        return queries.list_deliveries(s, status=status, job=job, run=run, limit=limit)
+
+
+def get_delivery(store: StoreTarget, part: str) -> JsonObject:
+    """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
+    with _opened(store, readonly=True) as s:
+        return queries.get_delivery(s, part)
+
+
+# -- act -------------------------------------------------------------------------------------------
+
+
+def run_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs run``: queue a manual run of ``job`` now; the dispatch row (a running dispatcher starts it at once)."""
+    with _opened(store) as s:
+        return actions.run_job(s, job)
+
+
+def enable_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs enable``: enable a disabled job or resume an auto-paused one; the job view."""
+    with _opened(store) as s:
+        return actions.enable_job(s, job)
+
+
+def disable_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs disable``: disable a job and cancel its pending scheduled work; the job view."""
+    with _opened(store) as s:
+        return actions.disable_job(s, job)
+
+
+def cancel_run(store: StoreTarget, run: str, *, reason: str | None = None) -> JsonObject:
+    """``runs cancel``: cancel one run (``RUN_ALREADY_FINISHED`` when it has ended); the outcome."""
+    with _opened(store) as s:
+        return actions.cancel_run(s, run, reason=reason)
+
+
+def cancel_job(store: StoreTarget, job: str, *, reason: str | None = None) -> JsonObject:
+    """``jobs cancel``: cancel a job's queued dispatches and its waiting and running runs; what was cancelled."""
+    with _opened(store) as s:
+        return actions.cancel_job(s, job, reason=reason)
+
+
+def approve(store: StoreTarget, approval: str, *, note: str | None = None) -> JsonObject:
+    """``approvals approve``: approve a pending approval (its run starts); the decided approval."""
+    with _opened(store) as s:
+        return actions.decide_approval(s, approval, "approved", note=note)
+
+
+def reject(store: StoreTarget, approval: str, *, note: str | None = None) -> JsonObject:
+    """``approvals reject``: reject a pending approval (its run ends cancelled, nothing of it runs); the decided approval."""
+    with _opened(store) as s:
+        return actions.decide_approval(s, approval, "rejected", note=note)
+
+
+def approve_job(store: StoreTarget, job: str, *, note: str | None = None) -> JsonObject:
+    """``jobs approve``: approve the job's one pending approval (``APPROVAL_AMBIGUOUS`` when it has several)."""
+    with _opened(store) as s:
+        return actions.decide_for_job(s, job, "approved", note=note)
+
+
+def reject_job(store: StoreTarget, job: str, *, note: str | None = None) -> JsonObject:
+    """``jobs reject``: reject the job's one pending approval (``APPROVAL_AMBIGUOUS`` when it has several)."""
+    with _opened(store) as s:
+        return actions.decide_for_job(s, job, "rejected", note=note)
+
+
+def retry_delivery(store: StoreTarget, part: str) -> JsonObject:
+    """``deliveries retry``: re-arm a failed part and its message's failed parts; the part."""
+    with _opened(store) as s:
+        return actions.retry_delivery(s, part)
