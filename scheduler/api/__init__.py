@@ -1,93 +1,61 @@
-"""The public plugin API: the one module a plugin imports.
+"""The plugin contract: what the kernel hands a provider, what it must hand back, and nothing else.
 
-Everything a third-party executor, channel, evidence, credential or authorization
-provider needs is importable from here: the provider Protocols and the types they
-exchange with the kernel, ``RunControl``, the output stream recorder and the
-structured-output parser, json-sort-v1 canonical JSON and ``sha256:`` digests (what evidence
-and artifacts are bound by), the checks every evidence provider makes of its payload and
-envelopes (``check_payload``, ``envelope_parts`` ...; ``scheduler.evidence.payload``), what
-every HTTP channel does with failures and attachments (``error_for_status``,
-``error_for_exception``, ``retry_after_seconds``, ``endpoint_label``, ``read_attachment``,
-``PooledHttpClient``;
-``scheduler.toolkit.channel_support``), what every executor that prompts a language model does with
-untrusted text (``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``;
-``scheduler.toolkit.prompt_safety``), the error type and the registry of kernel error codes,
-``hookimpl`` for pluggy hook modules, the run step contract for a ``scheduler.steps``
-entry point (``Step``, ``StepBase``, ``Run``), option and settings helpers, and
-``PLUGIN_API_VERSION``. Store plugins use ``scheduler.api.store``; executors that
-manage processes use ``scheduler.api.process``. Plugin tests use ``scheduler.testing``.
+A plugin imports the contract from here (store plugins: ``scheduler.api.store``), the helpers
+several plugins share from the ``scheduler-toolkit`` distribution (``scheduler_toolkit.http``,
+``.process``, ``.evidence``, ``.output``, ``.options``, ``.canonical`` ...) and, in its tests,
+``scheduler.testing``; nothing else of the kernel (tests/test_api.py walks every first-party
+plugin). The contract is at most 35 names across ``scheduler.api`` and its submodules (a test
+counts them), by kind:
 
-A test fails when anything under ``plugins/``, ``providers/`` or ``examples/``
-imports another kernel module, so this module is the whole contract: if a plugin
-needs more, this API grows (and ``PLUGIN_API_VERSION`` says when it breaks).
+* the API version and hooks: ``PLUGIN_API_VERSION`` (what a provider declares as
+  ``plugin_api``), ``hookimpl`` (the pluggy marker of hook modules);
+* errors: ``SchedulerError`` (a failure with a stable ``UPPER_SNAKE`` code),
+  ``TransientDeliveryError``, ``PermanentDeliveryError`` (what a channel's ``send`` raises);
+* executors: ``Executor``; ``ExecutionRequest`` and ``RunControl`` (what ``execute`` is
+  handed), ``ExecutionResult`` (what it returns); ``RecoveryRequest``, ``RecoveryOutcome``
+  (crash recovery's ``recover``);
+* channels: ``Channel``; ``DeliveryPart``, ``DeliveryRoute`` (what ``send`` is handed),
+  ``DeliveryReceipt`` (what it returns);
+* evidence providers: ``EvidenceProvider``; ``EvidencePayload``, ``EvidenceDeclaration``
+  (handed to ``attest`` and ``verify``), ``EvidenceEnvelope`` (``attest``'s answer, handed
+  back to ``verify``), ``EvidenceVerification`` (``verify``'s answer);
+* credential providers: ``CredentialProvider``; ``CredentialBinding``, ``CredentialContext``
+  (what ``resolve`` is handed), ``ResolvedCredential`` (what it returns);
+* authorization providers: ``AuthorizationProvider``; ``AuthorizationRequest``,
+  ``AuthorizationDecision``;
+* proof verifiers: ``ProofVerifier``; ``VerifiedProof`` (what ``verify_proof`` returns);
+* optional members, each a Protocol checked at load: ``DeclaresOptions`` (``options_class``),
+  ``Configurable`` (``settings_class`` + ``configure``), ``Recoverable`` (``recover``),
+  ``PolicyChecking`` (``check_policy``);
+* stores (``scheduler.api.store``): ``Store``, ``Tx``.
+
+Value types a provider meets only inside these (``Constraints``, ``TriggerContext``,
+``StreamCapture``, ``ChannelLimits``, ``CredentialPresent``, ``RefreshResult`` ...) and the
+kernel's vocabularies (``KNOWN_CAPABILITIES``, ``ErrorCode``) are in
+``scheduler_toolkit.types``; helpers (``StepBase``, option builders, canonical JSON, output
+recorders, settings helpers) are in the toolkit or ``scheduler.testing``. Every name this
+module exported before still imports from here for one release, with a ``DeprecationWarning``
+naming its new import (``scheduler.base.deprecation``). If a plugin needs more of the
+contract, it grows here, and ``PLUGIN_API_VERSION`` says when it breaks.
 """
 
 from __future__ import annotations
 
 from scheduler import PLUGIN_API_VERSION
-from scheduler.core.outputs import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamRecorder, read_artifact
-from scheduler.base.canonical import (
-    CANONICALIZATION,
-    UNDEFINED,
-    canonical_bytes,
-    canonical_digest,
-    canonical_json,
-    hash_bytes,
-    hash_text,
-    is_digest,
-)
-from scheduler.toolkit.channel_support import (
-    PooledHttpClient,
-    endpoint_label,
-    error_for_exception,
-    error_for_status,
-    read_attachment,
-    retry_after_seconds,
-)
-from scheduler.base.errors import ErrorCode, SchedulerError
-from scheduler.toolkit.http_request import AbortableRequest
-from scheduler.evidence.payload import (
-    PAYLOAD_FORMAT,
-    CheckedPayload,
-    EvidenceFailure,
-    StrictJSONError,
-    check_bound_payload,
-    check_keys,
-    check_payload,
-    check_requested_methods,
-    declared_options,
-    envelope_parts,
-    parse_canonical,
-    requested_methods,
-    strict_json,
-)
-from scheduler.core.execution import (
-    EXECUTION_STATUSES,
-    CancellationToken,
-    Constraints,
-    CredentialPresentation,
-    ExecutionRequest,
-    ExecutionResult,
-    RecoveryOutcome,
-    RecoveryRequest,
-    RunControl,
-    StreamCapture,
-    TriggerContext,
-)
-from scheduler.base.options import build_options, catalogue, options_to_json
+from scheduler.base.deprecation import moved_names as _moved_names
+from scheduler.base.errors import SchedulerError
+from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.protocols import (
-    KNOWN_CAPABILITIES,
     AuthorizationDecision,
     AuthorizationProvider,
     AuthorizationRequest,
     Channel,
-    ChannelLimits,
+    Configurable,
     CredentialBinding,
     CredentialContext,
-    CredentialPresent,
     CredentialProvider,
-    DeliveryError,
+    DeclaresOptions,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
@@ -97,126 +65,93 @@ from scheduler.plugins.protocols import (
     EvidenceProvider,
     EvidenceVerification,
     Executor,
-    SESSION_STATUSES,
     PermanentDeliveryError,
-    ProviderSessions,
-    RefreshResult,
-    REVOKE_CODES,
+    PolicyChecking,
+    ProofVerifier,
+    Recoverable,
     ResolvedCredential,
-    RevokeResult,
     TransientDeliveryError,
+    VerifiedProof,
 )
-from scheduler.pipeline.identity import TRUST_LEVELS, Delegation, ResolvedIdentity
-from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
-from scheduler.toolkit.prompt_safety import INJECTION_PATTERNS, find_injection, fold_text, sanitise_text
-from scheduler.settings import SecretRef, plugin_settings, register_secret_scheme, reload_settings
-from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Run, Step, StepBase
-from scheduler.core.structured import structured_from_capture, unparsed_record
-from scheduler.base.timeutil import now_ms, to_iso
 
 __all__ = [
-    "AbortableRequest",
-    "CANONICALIZATION",
-    "UNDEFINED",
-    "AuthorizationDecision",
-    "AuthorizationProvider",
-    "AuthorizationRequest",
-    "CancellationToken",
+    # the API version and hooks
+    "PLUGIN_API_VERSION",
+    "hookimpl",
+    # errors
+    "SchedulerError",
+    "TransientDeliveryError",
+    "PermanentDeliveryError",
+    # executors
+    "Executor",
+    "ExecutionRequest",
+    "RunControl",
+    "ExecutionResult",
+    "RecoveryRequest",
+    "RecoveryOutcome",
+    # channels
     "Channel",
-    "canonical_bytes",
-    "canonical_digest",
-    "canonical_json",
-    "hash_bytes",
-    "hash_text",
-    "is_digest",
-    "ChannelLimits",
-    "Constraints",
-    "CredentialBinding",
-    "CredentialContext",
-    "CredentialPresent",
-    "CredentialPresentation",
-    "CredentialProvider",
-    "DEFAULT_EXCERPT_BYTES",
-    "DEFAULT_OFFLOAD_BYTES",
-    "DeliveryError",
     "DeliveryPart",
-    "DeliveryReceipt",
     "DeliveryRoute",
-    "EXECUTION_STATUSES",
-    "ErrorCode",
+    "DeliveryReceipt",
+    # evidence providers
+    "EvidenceProvider",
+    "EvidencePayload",
     "EvidenceDeclaration",
     "EvidenceEnvelope",
-    "EvidencePayload",
-    "EvidenceProvider",
     "EvidenceVerification",
-    # evidence-provider checks (scheduler.evidence.payload)
-    "PAYLOAD_FORMAT",
-    "CheckedPayload",
-    "EvidenceFailure",
-    "StrictJSONError",
-    "check_bound_payload",
-    "check_keys",
-    "check_payload",
-    "check_requested_methods",
-    "declared_options",
-    "envelope_parts",
-    "parse_canonical",
-    "requested_methods",
-    "strict_json",
-    "ExecutionRequest",
-    "ExecutionResult",
-    "Executor",
-    "JobSpec",
-    # third-party run pipeline steps (scheduler.core.steps; entry-point group scheduler.steps)
-    "Run",
-    "Step",
-    "StepBase",
-    # who a run acts as (scheduler.pipeline.identity): RunOutcomes.identity, as_mapping() for providers
-    "Delegation",
-    "ResolvedIdentity",
-    "TRUST_LEVELS",
-    "KNOWN_CAPABILITIES",
-    "PLUGIN_API_VERSION",
-    "PermanentDeliveryError",
-    "ProviderSessions",
-    "MemoryProviderSessions",
-    "SESSION_STATUSES",
-    "RecoveryOutcome",
-    "RecoveryRequest",
-    "RefreshResult",
+    # credential providers
+    "CredentialProvider",
+    "CredentialBinding",
+    "CredentialContext",
     "ResolvedCredential",
-    "REVOKE_CODES",
-    "RevokeResult",
-    "RunControl",
-    "SchedulerError",
-    "SecretRef",
-    "StreamCapture",
-    "TriggerContext",
-    "StreamRecorder",
-    "TransientDeliveryError",
-    # channel helpers (scheduler.toolkit.channel_support)
-    "PooledHttpClient",
-    "endpoint_label",
-    "error_for_exception",
-    "error_for_status",
-    "read_attachment",
-    "retry_after_seconds",
-    # prompt sanitising and injection patterns (scheduler.toolkit.prompt_safety)
-    "INJECTION_PATTERNS",
-    "find_injection",
-    "fold_text",
-    "sanitise_text",
-    "build_options",
-    "catalogue",
-    "hookimpl",
-    "now_ms",
-    "options_to_json",
-    "plugin_settings",
-    "register_secret_scheme",
-    "reload_settings",
-    "read_artifact",
-    "structured_from_capture",
-    "to_iso",
-    "unparsed_record",
+    # authorization providers
+    "AuthorizationProvider",
+    "AuthorizationRequest",
+    "AuthorizationDecision",
+    # proof verifiers
+    "ProofVerifier",
+    "VerifiedProof",
+    # optional members
+    "DeclaresOptions",
+    "Configurable",
+    "Recoverable",
+    "PolicyChecking",
 ]
+
+_HTTP = "scheduler_toolkit.http"
+_PROMPT = "scheduler_toolkit.prompt_safety"
+_EVIDENCE = "scheduler_toolkit.evidence"
+_TYPES = "scheduler_toolkit.types"
+
+#: Every name this module exported before the contract was cut down -> where it lives now (one release).
+__getattr__ = _moved_names(__name__, {
+    # moved into the toolkit
+    **dict.fromkeys(("AbortableRequest", "PooledHttpClient", "endpoint_label", "error_for_exception", "error_for_status",
+                     "read_attachment", "retry_after_seconds"), _HTTP),
+    **dict.fromkeys(("INJECTION_PATTERNS", "find_injection", "fold_text", "sanitise_text"), _PROMPT),
+    **dict.fromkeys(("PAYLOAD_FORMAT", "CheckedPayload", "check_bound_payload", "check_keys", "check_payload",
+                     "check_requested_methods", "declared_options", "envelope_parts", "requested_methods"), _EVIDENCE),
+    # re-exported by the toolkit: the kernel keeps the code (it uses it too)
+    **dict.fromkeys(("EvidenceFailure", "StrictJSONError", "parse_canonical", "strict_json"),
+                    (_EVIDENCE, "scheduler.evidence.payload")),
+    **dict.fromkeys(("CANONICALIZATION", "UNDEFINED", "canonical_bytes", "canonical_digest", "canonical_json", "hash_bytes",
+                     "hash_text", "is_digest"), ("scheduler_toolkit.canonical", "scheduler.base.canonical")),
+    **dict.fromkeys(("DEFAULT_EXCERPT_BYTES", "DEFAULT_OFFLOAD_BYTES", "StreamCapture", "StreamRecorder", "read_artifact"),
+                    ("scheduler_toolkit.output", "scheduler.core.outputs")),
+    **dict.fromkeys(("structured_from_capture", "unparsed_record"), ("scheduler_toolkit.structured", "scheduler.core.structured")),
+    **dict.fromkeys(("build_options", "catalogue", "options_to_json"), ("scheduler_toolkit.options", "scheduler.base.options")),
+    **dict.fromkeys(("SecretRef", "plugin_settings", "register_secret_scheme", "reload_settings"),
+                    ("scheduler_toolkit.settings", "scheduler.settings")),
+    **dict.fromkeys(("now_ms", "to_iso"), ("scheduler_toolkit.timeutil", "scheduler.base.timeutil")),
+    **dict.fromkeys(("Run", "Step", "StepBase"), ("scheduler_toolkit.steps", "scheduler.core.steps")),
+    **dict.fromkeys(("Delegation", "ResolvedIdentity", "TRUST_LEVELS"), ("scheduler_toolkit.identity", "scheduler.pipeline.identity")),
+    **dict.fromkeys(("CancellationToken", "Constraints", "CredentialPresentation", "EXECUTION_STATUSES", "TriggerContext"),
+                    (_TYPES, "scheduler.core.execution")),
+    **dict.fromkeys(("ChannelLimits", "CredentialPresent", "DeliveryError", "KNOWN_CAPABILITIES", "ProviderSessions", "REVOKE_CODES",
+                     "RefreshResult", "RevokeResult", "SESSION_STATUSES"), (_TYPES, "scheduler.plugins.protocols")),
+    "ErrorCode": (_TYPES, "scheduler.base.errors"),
+    "JobSpec": (_TYPES, "scheduler.core.spec"),
+    # a test double: an in-memory ProviderSessions
+    "MemoryProviderSessions": ("scheduler.testing", "scheduler.pipeline.credentials.sessions"),
+})

@@ -1,12 +1,14 @@
-"""For plugins that add CLI commands (``scheduler_register_commands``): the CLI's output contract.
+"""Formerly the CLI's output contract for plugin commands; it is ``scheduler_toolkit.cli`` now (``emit``, ``table``).
 
-``emit(payload, human)`` prints ``{"ok": true, **payload}`` under ``--json`` and calls
-``human()`` otherwise; ``table(rows, headers)`` renders a human table. Raise
-``SchedulerError`` for failures: the CLI prints it as ``{"ok": false, ...}`` and exits non-zero.
+Both names still import from here for one release, with a ``DeprecationWarning`` naming
+their new import; the module defines no names of its own.
 """
 
 from __future__ import annotations
 
-from scheduler.toolkit.cli_output import emit, table
+from scheduler.base.deprecation import moved_names as _moved_names
 
-__all__ = ["emit", "table"]
+__all__: list[str] = []
+
+#: Every name this module exported -> where it lives now (one release).
+__getattr__ = _moved_names(__name__, dict.fromkeys(("emit", "table"), ("scheduler_toolkit.cli", "scheduler.toolkit.cli_output")))

@@ -4,6 +4,8 @@
   for a job spec, with the executor's options validated the way the dispatcher does;
 * ``LocalRunControl``: an in-memory ``RunControl`` that records handles, terminations
   and events, and can be cancelled like the dispatcher does;
+* ``MemoryProviderSessions``: an in-memory ``ProviderSessions`` (``CredentialContext.sessions``)
+  that keeps what a caching credential provider reports, with the kernel's checks;
 * ``RunningDispatcher``, ``add_job``, ``wait_for``, ``run_rows``: a real dispatcher in a
   background thread of the test process, on a real store;
 * ``sqlite_store(path)``, ``postgres_url()``, ``postgres_unavailable_reason()`` and
@@ -67,6 +69,7 @@ from scheduler.core.execution import ExecutionRequest, LocalRunControl
 from scheduler.core.jobs import create_jobs
 from scheduler.core.spec import validate_spec
 from scheduler.pipeline import installed_steps
+from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
 from scheduler.pipeline.governance import request_for
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.loader import load_provider as _load_provider
@@ -374,6 +377,7 @@ def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
 __all__ = [
     "DEFAULT_POSTGRES_URL",
     "LocalRunControl",
+    "MemoryProviderSessions",
     "RunningDispatcher",
     "add_job",
     "evidence_payload_for",

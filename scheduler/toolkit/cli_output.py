@@ -2,8 +2,9 @@
 
 ``emit(payload, human)`` prints ``{"ok": true, **payload}`` under ``--json`` and calls
 ``human()`` otherwise; ``table(rows, headers)`` renders a human table. It sits below the
-CLI so that ``scheduler.api.cli`` can offer it to plugins; ``scheduler.cli.output`` adds the
-CLI's own error and ``key: value`` renderings on top. Light on purpose: every command's
+CLI so that the toolkit can offer it to plugins (``scheduler_toolkit.cli``) while the kernel's
+own commands use it too; ``scheduler.cli.output`` adds the CLI's own error and ``key: value``
+renderings on top. Light on purpose: every command's
 start-up imports it (click, json and sys only).
 """
 

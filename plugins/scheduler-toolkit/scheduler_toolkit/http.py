@@ -1,4 +1,4 @@
-"""What every HTTP delivery channel needs: failure classification, ``Retry-After``, redaction, attachments.
+"""What HTTP plugins share: failure classification, ``Retry-After``, redaction, attachments, a pooled client, an abortable request.
 
 A channel's ``send`` must end in a receipt, a ``TransientDeliveryError`` (worth retrying:
 timeouts, connection failures, 408, 429, 5xx, with ``retry_after_s`` from ``Retry-After``) or
@@ -7,22 +7,30 @@ redirect, a bad URL, a bad attachment), with a stable ``<PREFIX>_*`` code of the
 (``WEBHOOK_RATE_LIMITED``, ``SLACK_AUTH_FAILED`` ...). Messages name the endpoint by scheme,
 host and port only (``endpoint_label``): URLs often carry tokens in their path or query, and
 nothing secret may reach an exception message or a log. The first-party channels (webhook,
-Slack, Telegram, OpenClaw, email) had one copy each of this; ``scheduler.api`` exports it:
+Slack, Telegram, OpenClaw, email) had one copy each of this:
 
 * ``endpoint_label(url)``, ``retry_after_seconds(header)``;
 * ``error_for_status(status, headers, body, where, prefix=...)``: the error an HTTP answer
   means, None for a 2xx;
-* ``error_for_exception(exc, where, prefix=...)``: the error an ``httpx`` exception means
-  (``httpx`` is imported when called: it is not a kernel dependency);
+* ``error_for_exception(exc, where, prefix=...)``: the error an ``httpx`` exception means;
 * ``read_attachment(attachment, max_bytes=..., prefix=...)``: ``(name, mime_type, content)``
   of a staged outbox attachment, its size and SHA-256 checked;
 * ``PooledHttpClient(user_agent, timeout_s, connect_timeout_s)``: the channel's one pooled
-  ``httpx.Client``, made on first use, never following redirects.
+  ``httpx.Client``, made on first use, never following redirects;
+* ``AbortableRequest(client, url, headers, body, name=...)``: one streamed JSON ``POST`` in a
+  helper thread that an executor's worker can stop at once (the agent and main-session
+  executors talk to their agents through it).
+
+``httpx`` is this distribution's dependency, but it is imported only where it is used (the
+pooled client's first ``get()``, ``error_for_exception``): the e-mail channel reads its
+attachments through this module without paying for an HTTP stack it never uses.
 """
 
 from __future__ import annotations
 
 import hashlib
+import queue
+import socket
 import ssl
 import threading
 import time
@@ -32,7 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler.plugins.protocols import DeliveryError, PermanentDeliveryError, TransientDeliveryError
+from scheduler.api import PermanentDeliveryError, TransientDeliveryError
+from scheduler.plugins.protocols import DeliveryError
 
 _SNIPPET = 200
 
@@ -108,7 +117,7 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
 def error_for_exception(exc: Exception, where: str, *, prefix: str) -> DeliveryError:
     """The delivery error an ``httpx`` exception means (the exception text is not repeated: it may hold the URL).
 
-    ``httpx`` is imported here, not at module level: it is the HTTP channels' dependency, not the kernel's.
+    ``httpx`` is imported here, not at module level: only the HTTP channels need it (see the module docstring).
     """
     import httpx
 
@@ -169,8 +178,7 @@ class PooledHttpClient:
 
     Reusing one client keeps connections (and TLS sessions) alive across sends instead of
     reconnecting each time. It is made on the first ``get()``, under a lock so concurrent sends
-    share one, because ``httpx`` is imported only then: it is not a kernel import-time
-    dependency. It never follows redirects (a redirect is a ``*_REDIRECTED`` refusal, see
+    share one, because ``httpx`` is imported only then (see the module docstring). It never follows redirects (a redirect is a ``*_REDIRECTED`` refusal, see
     ``error_for_status``: following one could carry a token to another host) and sends
     ``user_agent``. After ``close()`` the next ``get()`` makes a fresh client. A channel whose
     settings change closes its pool and makes a new one with the new timeouts.
@@ -201,7 +209,75 @@ class PooledHttpClient:
             client.close()
 
 
+# -- a request another thread can stop at once --------------------------------------------------
+#
+# httpx has no way to interrupt a blocked read. ``AbortableRequest`` runs one streamed request in a
+# helper thread and hands what happens over a queue (``events``): ``("head", response)``,
+# ``("data", bytes)`` per chunk, then ``("end", None)`` or ``("fail", exc)``. The supervising thread
+# (the executor's worker) waits on the queue while it watches cancellation and the run deadline;
+# ``abort()`` shuts down the request's sockets (found through httpcore's ``trace`` extension), which
+# wakes the helper out of its read and tells the server at once that the client went away.
+
+#: httpcore trace events that carry a connected socket.
+_CONNECTED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+
+
+class AbortableRequest(threading.Thread):
+    """One streamed ``POST`` of ``body`` (JSON) through ``client`` in a helper thread; ``start()`` it, read ``events``."""
+
+    def __init__(self, client: Any, url: str, headers: dict[str, str], body: dict[str, Any], *, name: str = "http") -> None:
+        super().__init__(name=name, daemon=True)
+        self.client, self.url, self.headers, self.body = client, url, headers, body
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.aborted = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def _trace(self, name: str, info: dict[str, Any]) -> None:
+        if name not in _CONNECTED:
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.append(sock)
+        if self.aborted.is_set():  # aborted while connecting: this socket must not live either
+            _shutdown(sock)
+
+    def run(self) -> None:
+        """The helper thread: the request, its chunks, its end or failure onto ``events`` (nothing once aborted)."""
+        try:
+            with self.client.stream("POST", self.url, headers=self.headers, json=self.body,
+                                    extensions={"trace": self._trace}) as response:
+                self.events.put(("head", response))
+                for chunk in response.iter_bytes():
+                    if self.aborted.is_set():
+                        return
+                    self.events.put(("data", chunk))
+            self.events.put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor
+            if not self.aborted.is_set():
+                self.events.put(("fail", exc))
+
+    def abort(self) -> None:
+        """Stop now: the server sees the connection close, the helper's blocked read returns."""
+        self.aborted.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 __all__ = [
+    "AbortableRequest",
     "PooledHttpClient",
     "endpoint_label",
     "error_for_exception",

@@ -2,9 +2,9 @@
 
 Both agent executors (``agent`` and ``main-session``) build a prompt from text the operator
 may not have written (a job's payload, a heartbeat file, another run's output). They must
-clean it and check it the same way, and a plugin may import only ``scheduler.api``, so the
-shared part lives here in the kernel and is exported through ``scheduler.api``; before, the
-``main-session`` executor carried a copy of the agent executor's code that could drift.
+clean it and check it the same way, so the shared part lives here, in the toolkit both
+depend on; before, the ``main-session`` executor carried a copy of the agent executor's code
+that could drift.
 
 * :func:`sanitise_text`: CR/LF and lone CR become LF; C0 controls except TAB and LF, DEL,
   C1 controls and the bidi embedding/override/isolate characters are removed; *then* the
