@@ -60,18 +60,20 @@ def kernel_switches(ctx: click.Context) -> list[dict[str, Any]]:
 
 def installed_settings_classes() -> tuple[list[PluginSettingsClass], list[str]]:
     """Every enabled executor, channel and provider with its ``settings_class``; warnings for those that did not load."""
+    from scheduler.base.plugin_kinds import KINDS
+    from scheduler.core.members import Configurable
     from scheduler.plugins.loader import load_group
-    from scheduler.plugins.protocols import PROVIDER_KINDS, SETTINGS_SECTIONS
 
     found: list[PluginSettingsClass] = []
     warnings: list[str] = []
-    for kind in SETTINGS_SECTIONS:
-        for loaded in load_group(PROVIDER_KINDS[kind][0]):
+    for kind in (k for k in KINDS if k.section is not None):
+        for loaded in load_group(kind.group):
             if loaded.error is not None:
-                warnings.append(f"{kind} {loaded.name!r} from {loaded.distribution} did not load, so its settings were not "
+                warnings.append(f"{kind.name} {loaded.name!r} from {loaded.distribution} did not load, so its settings were not "
                                 f"checked: {type(loaded.error).__name__}: {loaded.error}")
                 continue
-            found.append(PluginSettingsClass(kind=kind, name=loaded.name, settings_class=getattr(loaded.obj, "settings_class", None)))
+            settings_class = loaded.obj.settings_class if isinstance(loaded.obj, Configurable) else None
+            found.append(PluginSettingsClass(kind=kind.name, name=loaded.name, settings_class=settings_class))
     return found, warnings
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
 from scheduler.core.steps import Step
 from scheduler.pipeline.approval import ApprovalStep
@@ -49,7 +50,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
 )
 
 #: The entry-point group of third-party steps.
-STEPS_GROUP = "scheduler.steps"
+STEPS_GROUP = kind_named("step").group
 
 
 def default_steps() -> tuple[Step, ...]:

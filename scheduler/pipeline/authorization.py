@@ -43,7 +43,7 @@ from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationRequest
 from scheduler.settings import current_settings
-from scheduler.core.members import options_class_of
+from scheduler.core.members import PolicyChecking, options_class_of
 
 #: Longest ``authorization_ref``.
 MAX_REF_CHARS = 256
@@ -221,9 +221,9 @@ def policy_problems(provider: Any, name: str, policy: str, options: Any) -> list
     """What the provider's optional ``check_policy(policy_ref, options)`` finds wrong with the policy (syntax errors,
     a missing file), as ``AUTHORIZATION_POLICY_INVALID`` field problems; a crashing check is a problem too, and so
     is one that does not finish within ``[authorization] timeout_s``."""
-    check = getattr(provider, "check_policy", None)
-    if check is None:
+    if not isinstance(provider, PolicyChecking):
         return []
+    check = provider.check_policy
     try:  # bounded like a decision: a check that hangs (a policy server that never answers) must not hang doctor
         found = list(call_bounded(lambda: check(policy, options), timeout_s(), what=f"the policy check of {name!r}",
                                   details={"provider": name, "policy_ref": policy}) or ())

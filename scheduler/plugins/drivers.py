@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from scheduler.base.plugin_kinds import declares_api
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, short_group
 from scheduler.base.errors import SchedulerError
@@ -60,7 +61,7 @@ def dist_version(ep: Any) -> str | None:
 def check_api(obj: Any, *, group: str, name: str, dist: str) -> None:
     """Refuse a provider whose ``plugin_api`` major differs from the kernel's, or with bad capabilities."""
     api = getattr(obj, "plugin_api", None)
-    if group == "scheduler.hooks":
+    if not declares_api(group):  # hook modules, steps, secret schemes, conformance adapters
         return
     if not isinstance(api, int) or isinstance(api, bool):
         raise SchedulerError(

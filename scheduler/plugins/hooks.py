@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import attrs
 import pluggy
 
+from scheduler.base.plugin_kinds import HOOKS_GROUP
 from scheduler.base.entry_points import strict_loading
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins import hookspecs
@@ -50,7 +51,7 @@ def register_hook_modules(pm: pluggy.PluginManager) -> list[HookLoadFailure]:
     unknown hook is that module's failure, never everyone's; a refused module is unregistered.
     """
     failures: list[HookLoadFailure] = []
-    for item in load_group("scheduler.hooks"):
+    for item in load_group(HOOKS_GROUP):
         ep = item.entry_point
         error, status = item.error, "failed"
         if error is None:

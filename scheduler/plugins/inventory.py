@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.base.plugin_kinds import HOOKS_GROUP, declares_api
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
@@ -24,7 +25,7 @@ def inventory(load: bool = True) -> list[dict[str, Any]]:
     for group in GROUPS:
         results: dict[int, tuple[str, str | None, Any]] = {}
         if load:
-            results = _hook_results() if group == "scheduler.hooks" else _provider_results(group)
+            results = _hook_results() if group == HOOKS_GROUP else _provider_results(group)
         for ep in sorted(entry_points_of(group), key=lambda e: e.name):
             row: dict[str, Any] = {
                 "group": group,
@@ -72,7 +73,7 @@ def _provider_results(group: str) -> dict[Any, tuple[str, str | None, Any]]:
             out[key] = ("failed", f"{type(item.error).__name__}: {item.error}", None)
             continue
         try:
-            if isinstance(item.obj, type) or hasattr(item.obj, "plugin_api"):
+            if declares_api(group) and (isinstance(item.obj, type) or hasattr(item.obj, "plugin_api")):
                 check_api(item.obj, group=group, name=item.name, dist=item.distribution)
         except SchedulerError as exc:
             out[key] = ("invalid", f"{exc.code}: {exc.message}", None)
@@ -86,7 +87,7 @@ def _hook_results() -> dict[Any, tuple[str, str | None, Any]]:
     pm = make_plugin_manager(load_entry_points=False)
     failures = {(f.name, f.target, f.distribution): f for f in register_hook_modules(pm)}
     out: dict[Any, tuple[str, str | None, Any]] = {}
-    for ep in entry_points_of("scheduler.hooks"):
+    for ep in entry_points_of(HOOKS_GROUP):
         failed = failures.get((ep.name, ep.value, dist_name(ep)))
         if failed is not None:
             out[_ep_key(ep)] = (failed.status, failed.error, None)

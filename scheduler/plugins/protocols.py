@@ -24,6 +24,9 @@ from typing import Any, Literal, Mapping, Protocol, runtime_checkable
 import attrs
 
 from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+from scheduler.base.plugin_kinds import GROUPS, KINDS, kind_named
+from scheduler.core.steps import Step  # the contract of kind ``step``; re-exported here
+from scheduler.core.store.base import Store  # the contract of kind ``store``; re-exported here
 from scheduler.core.members import Configurable, DeclaresOptions, PolicyChecking, Recoverable  # optional members; re-exported here
 from scheduler.settings.load import SETTINGS_SECTIONS  # the settings own each kind's section; re-exported here
 
@@ -492,28 +495,16 @@ class ProofVerifier(Protocol):
 # -- (end of the proof verifiers) -----------------------------------------------------------------
 
 
-#: Provider kind -> (entry-point group, Protocol). The single table the loader and the docs test read.
+def protocol_of(kind: str) -> type | None:
+    """The Protocol of plugin kind ``kind`` (the one registry, ``scheduler.base.plugin_kinds``, names it)."""
+    name = kind_named(kind).protocol
+    return None if name is None else globals()[name]
+
+
+#: Provider kind -> (entry-point group, Protocol), derived from the registry: what ``load_provider`` checks against.
 PROVIDER_KINDS: dict[str, tuple[str, type]] = {
-    "executor": ("scheduler.executors", Executor),
-    "channel": ("scheduler.channels", Channel),
-    "evidence": ("scheduler.evidence_providers", EvidenceProvider),
-    "credential": ("scheduler.credential_providers", CredentialProvider),
-    "authorization": ("scheduler.authorization_providers", AuthorizationProvider),
-    "proof_verifier": ("scheduler.proof_verifiers", ProofVerifier),
+    k.name: (k.group, globals()[k.protocol]) for k in KINDS if k.provider and k.protocol is not None
 }
-
-
-#: Every entry-point group the kernel knows, in display order.
-GROUPS: tuple[str, ...] = (
-    "scheduler.executors",
-    "scheduler.channels",
-    "scheduler.evidence_providers",
-    "scheduler.credential_providers",
-    "scheduler.authorization_providers",
-    "scheduler.proof_verifiers",
-    "scheduler.stores",
-    "scheduler.hooks",
-)
 
 __all__ = [
     "AuthorizationDecision", "AuthorizationProvider", "AuthorizationRequest", "Channel", "ChannelLimits", "Configurable",
@@ -524,5 +515,6 @@ __all__ = [
     "PROVIDER_KINDS", "PermanentDeliveryError", "ProviderSessions", "REVOKE_CODES", "RecoveryOutcome", "RecoveryRequest", "RefreshResult",
     "ResolvedCredential", "RevokeResult", "RunControl", "SESSION_STATUSES", "SETTINGS_SECTIONS", "TransientDeliveryError",
     "ProofRequest", "ProofVerifier", "SSH_SIGNATURE_VERIFIER", "VerifiedProof", "proof_verifier_name",
+    "Step", "Store", "protocol_of",
 ]
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.core.store import split_target
 from scheduler.core.store.base import Store
 from scheduler.core.store.sqlite import open_sqlite
 from scheduler.plugins.drivers import load_driver
 
 #: The entry-point group of store drivers (a URL's scheme names one: ``postgresql://`` selects ``postgres``).
-STORES_GROUP = "scheduler.stores"
+STORES_GROUP = kind_named("store").group
 
 
 def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True, readonly: bool = False) -> Store:

@@ -21,6 +21,7 @@ from typing import Any, Literal, NoReturn, get_args, get_origin
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.plugin_kinds import settings_sections
 from scheduler.base.options import option_problems
 from scheduler.settings.kernel import (
     KERNEL_TABLES,
@@ -36,15 +37,8 @@ CONFIG_ENV = "SCHEDULER_CONFIG"
 ENV_PREFIX = "SCHEDULER_"
 #: Sections holding one table per plugin: ``[executors.NAME]``, ``[channels.NAME]``, ``[providers.NAME]``.
 PLUGIN_SECTIONS: tuple[str, ...] = ("executors", "channels", "providers")
-#: Settings-file section of each provider kind (``[executors.shell]``, ``[providers.oauth2]``).
-SETTINGS_SECTIONS: dict[str, str] = {
-    "executor": "executors",
-    "channel": "channels",
-    "evidence": "providers",
-    "credential": "providers",
-    "authorization": "providers",
-    "proof_verifier": "providers",
-}
+#: Settings-file section of each plugin kind (``[executors.shell]``, ``[providers.oauth2]``): from the kinds registry.
+SETTINGS_SECTIONS: dict[str, str] = settings_sections()
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 

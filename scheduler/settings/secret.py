@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.entry_points import entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
 
@@ -58,7 +59,7 @@ def register_secret_scheme(
 
 
 #: The entry-point group through which installed distributions offer more schemes (``command:``, ``oauth2:``).
-SCHEME_GROUP = "scheduler.secret_schemes"
+SCHEME_GROUP = kind_named("secret_scheme").group
 #: Scheme names looked up in ``SCHEME_GROUP`` and not found there (a miss is not looked up again in this process).
 _missing: set[str] = set()
 
