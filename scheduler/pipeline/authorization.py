@@ -429,7 +429,8 @@ class _Decision:
                 proof = json.loads(outcomes.columns["proof_json"])
         digest = s.job.get("artifact_digest") if "artifact_digest" in include else None
         return AuthorizationRequest(policy_ref=self.policy_ref, job=job, trigger=trigger, artifact_digest=digest,
-                                    identity=identity, proof=proof, options=options)
+                                    identity=identity, proof=proof, options=options,
+                                    executor=self.spec.executor_name() if "job" in include else None)
 
     def _ask(self, provider: Any, request: Any, limit_s: float | None = None) -> Any:
         left_s = (self.started.started_at + int(self.spec.run_timeout_ms) - int(time.time() * 1000)) / 1000.0

@@ -58,6 +58,15 @@ def dist_version(ep: Any) -> str | None:
     return getattr(dist, "version", None)
 
 
+#: What changed from an earlier plugin API major to this kernel's, said when a provider built for it is refused.
+API_CHANGES: dict[int, str] = {
+    2: ("plugin API 3 keeps only the contract in scheduler.api (helpers moved to the scheduler-toolkit "
+        "distribution, scheduler_toolkit.*), makes optional members Protocols checked at load (a settings_class "
+        "needs configure, options_class must be an attrs class), adds the proof_verifier kind, and wants plugin_api "
+        "written as the literal 3; see 'From plugin API 2 to 3' in docs/plugins.md"),
+}
+
+
 def check_api(obj: Any, *, group: str, name: str, dist: str) -> None:
     """Refuse a provider whose ``plugin_api`` major differs from the kernel's, or with bad capabilities."""
     api = getattr(obj, "plugin_api", None)
@@ -68,9 +77,13 @@ def check_api(obj: Any, *, group: str, name: str, dist: str) -> None:
             "PLUGIN_API_MISMATCH", f"{short_group(group)} driver {name!r} from {dist} declares no integer plugin_api"
         )
     if api != PLUGIN_API_VERSION:
+        change = API_CHANGES.get(api)
         raise SchedulerError(
             "PLUGIN_API_MISMATCH",
-            f"{short_group(group)} driver {name!r} from {dist} targets plugin API {api}, kernel provides {PLUGIN_API_VERSION}",
+            f"{short_group(group)} driver {name!r} from {dist} targets plugin API {api}, kernel provides {PLUGIN_API_VERSION}"
+            + (f": {change}" if change else ""),
+            details={"group": group, "name": name, "distribution": dist, "plugin_api": api,
+                     "kernel_plugin_api": PLUGIN_API_VERSION, **({"changed": change} if change else {})},
         )
     caps = getattr(obj, "capabilities", None)
     if not isinstance(caps, (set, frozenset)) or not all(isinstance(c, str) for c in caps):

@@ -379,6 +379,9 @@ class AuthorizationRequest:
     identity: Mapping[str, Any] | None = None
     proof: Mapping[str, Any] | None = None
     options: Any = None
+    #: The executor that will run the job, as the kernel resolved it (``executor``, else the default of its
+    #: ``session_target``); sent with the ``job`` part. Providers read this, never a copy of the kernel's defaults.
+    executor: str | None = None
 
 
 @attrs.frozen(kw_only=True)
