@@ -1,0 +1,20 @@
+"""The conformance corpus of kind ``proof_verifier`` against the three verifiers, loaded through their entry points.
+
+Each with its setup adapter (``scheduler_provider_proofs.conformance``, registered in
+``scheduler.conformance_adapters``), through the kernel's own verification path, as
+``python -m scheduler.conformance.ci`` runs them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.testing import run_conformance
+
+
+@pytest.mark.parametrize("name", ["jwt", "detached-signature", "certificate"])
+def test_the_corpus_passes(name: str) -> None:
+    report = run_conformance("proof_verifier", name)
+    failed = [r.explain() for r in report.results if r.outcome != "passed"]
+    assert report.ok and report.error is None and not failed, (report.error, failed)
+    assert report.passed == len(report.results) >= 14
