@@ -1,14 +1,15 @@
-"""Authorization proofs (docs/proofs.md): declarations, every method with real keys, the replay ledger, revocations.
+"""Authorization proofs (docs/proofs.md): declarations, the kernel's policy around a verifier, the replay ledger, revocations.
 
-Verification tests call ``scheduler.pipeline.proofs.verify`` with keys generated in the test; the pipeline
-tests run a real dispatcher on SQLite and PostgreSQL with a shell job whose marker file proves
-whether the payload started.
+Verification tests call ``scheduler.pipeline.proofs.verify`` with keys generated in the test: the
+kernel loads the ``proof_verifier`` plugin the declaration names (``scheduler-provider-proofs``,
+``scheduler-provider-ssh``) and judges its answer, the window and the artifact. Each format's own
+checks are tested with its distribution (``providers/*/tests``) and by the conformance cases. The
+pipeline tests run a real dispatcher on SQLite and PostgreSQL with a shell job whose marker file
+proves whether the payload started, for every first-party method.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
 import json
 import time
 from pathlib import Path
@@ -21,9 +22,7 @@ from test_proofs_support import (
     AUDIENCE,
     ISSUER,
     certificate_proof,
-    ec_key,
     ed25519_proof,
-    jwks,
     jwt_declaration,
     make_ca,
     make_leaf,
@@ -36,11 +35,14 @@ from test_proofs_support import (
     write_public_pem,
 )
 
+from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import native_digest
-from scheduler.pipeline.proofs.verify import read_source, verify
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.spec import validate_spec
+from scheduler.pipeline.proofs.source import read_source
+from scheduler.pipeline.proofs.verify import verifier, verify, verify_with
+from scheduler.plugins.protocols import ProofRequest, VerifiedProof
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 DIGEST = "sha256:" + "ab" * 32
@@ -137,7 +139,7 @@ def test_the_source_is_read_afresh_and_missing_is_refused(tmp_path: Path) -> Non
     assert err.value.code == "PROOF_MISSING"
 
 
-# --------------------------------------------------------------------------- jwt
+# --------------------------------------------------------------------------- the kernel's policy around a verifier
 
 
 @pytest.fixture
@@ -146,34 +148,24 @@ def rsa_decl(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
     return key, decl(**jwt_declaration({"env": "P"}, public_key_file=str(write_public_pem(key, tmp_path / "rsa.pem"))))
 
 
-def test_rsa_and_ec_jwts_verify_and_record_their_window(tmp_path: Path, rsa_decl: Any) -> None:
+def test_the_declared_verifier_verifies_through_its_entry_point(rsa_decl: Any) -> None:
+    """``jwt`` is the scheduler-provider-proofs verifier, loaded by name; the kernel records the declared skew."""
     key, d = rsa_decl
     got = verify(d, mint_jwt(key, DIGEST, jti="rsa-1", kid="idp-2026"), artifact_digest=DIGEST)
     assert (got.method, got.proof_id, got.key_id, got.skew_ms) == ("jwt", "rsa-1", "idp-2026", 30_000)
     assert got.expires_at_ms - got.not_before_ms == 300_000
-    ec = ec_key()
-    d2 = decl(**jwt_declaration({"env": "P"}, public_key_file=str(write_public_pem(ec, tmp_path / "ec.pem"))))
-    got = verify(d2, mint_jwt(ec, DIGEST, alg="ES256", jti="ec-1"), artifact_digest=DIGEST)
-    assert got.proof_id == "ec-1" and got.key_id.startswith("sha256:")  # no kid: the SPKI digest
+    assert type(verifier("jwt")).__module__.startswith("scheduler_provider_proofs")
+    assert type(verifier("detached-signature-ssh")).__module__.startswith("scheduler_provider_ssh")
 
 
-def test_jwt_failures_have_their_codes(rsa_decl: Any) -> None:
+def test_the_window_and_the_artifact_are_the_kernels(rsa_decl: Any) -> None:
+    """The verifier reports the window and the artifact; the kernel judges them (the codes are unchanged)."""
     key, d = rsa_decl
     assert code_of(d, mint_jwt(key, DIGEST, exp_in=-120)) == "PROOF_EXPIRED"
     assert code_of(d, mint_jwt(key, DIGEST, nbf_in=120)) == "PROOF_NOT_YET_VALID"
-    assert code_of(d, mint_jwt(key, DIGEST, aud="someone-else")) == "PROOF_AUDIENCE_MISMATCH"
-    assert code_of(d, mint_jwt(key, DIGEST, iss="https://evil.test")) == "PROOF_ISSUER_MISMATCH"
-    assert code_of(d, mint_jwt(rsa_key(), DIGEST)) == "PROOF_INVALID_SIGNATURE"
     assert code_of(d, mint_jwt(key, "sha256:" + "cd" * 32)) == "PROOF_ARTIFACT_MISMATCH"
-    assert code_of(d, mint_jwt(ec_key(), DIGEST, alg="ES256")) == "PROOF_INVALID_SIGNATURE"  # wrong key type
-    assert code_of(d, "not-a-jwt") == "PROOF_MALFORMED"
-    import jwt
-
-    unbound = jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 60, "jti": "x"}, key, algorithm="RS256")
-    assert code_of(d, unbound) == "PROOF_MALFORMED"
-    hs = jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 60, "jti": "x", "artifact_digest": DIGEST},
-                    "secret" * 6, algorithm="HS256")
-    assert code_of(d, hs) == "PROOF_INVALID_SIGNATURE"  # a symmetric algorithm is never accepted
+    assert code_of(d, mint_jwt(key, DIGEST), digest=None) == "PROOF_ARTIFACT_MISMATCH"  # a job without an artifact
+    assert code_of(d, mint_jwt(rsa_key(), DIGEST)) == "PROOF_INVALID_SIGNATURE"  # and the verifier's own codes pass through
 
 
 def test_the_clock_skew_is_honoured_and_explicit(tmp_path: Path, rsa_decl: Any) -> None:
@@ -187,94 +179,79 @@ def test_the_clock_skew_is_honoured_and_explicit(tmp_path: Path, rsa_decl: Any) 
     assert code_of(strict, early) == "PROOF_NOT_YET_VALID"
 
 
-def test_jwks_file_and_jwks_over_loopback_http(tmp_path: Path) -> None:
-    from scheduler.testing.http import LoopbackHTTPServer
+class _Answers:
+    """A verifier answering what the test gives it (a value, or an exception to raise): the kernel's side of the contract."""
 
-    a, b = rsa_key(), ec_key()
-    (tmp_path / "jwks.json").write_text(json.dumps(jwks(("a", a), ("b", b))))
-    d = decl(**jwt_declaration({"env": "P"}, jwks_file=str(tmp_path / "jwks.json")))
-    assert verify(d, mint_jwt(b, DIGEST, alg="ES256", kid="b"), artifact_digest=DIGEST).key_id == "b"
-    assert code_of(d, mint_jwt(a, DIGEST, kid="zzz")) == "PROOF_KEY_UNAVAILABLE"
-    assert code_of(d, mint_jwt(a, DIGEST)) == "PROOF_MALFORMED"  # a JWKS needs the kid header
-    body = json.dumps(jwks(("a", a))).encode()
-    server = LoopbackHTTPServer()
+    plugin_api = PLUGIN_API_VERSION
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.requests: list[ProofRequest] = []
+
+    def verify_proof(self, request: ProofRequest) -> Any:
+        self.requests.append(request)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def _answer(**fields: Any) -> VerifiedProof:
+    now = int(time.time() * 1000)
+    return VerifiedProof(**{"method": "jwt", "proof_id": "p-1", "key_id": "k-1", "artifact_digest": DIGEST,
+                            "not_before_ms": now - 1000, "expires_at_ms": now + 3_600_000, **fields})
+
+
+@pytest.mark.parametrize(("answer", "code"), [
+    (_answer(), None),
+    ({"proof_id": "p-1"}, "PROOF_VERIFICATION_FAILED"),                         # not a VerifiedProof
+    (_answer(method="certificate"), "PROOF_VERIFICATION_FAILED"),                # another method than declared
+    (_answer(key_id=""), "PROOF_VERIFICATION_FAILED"),                           # nothing to revoke by
+    (_answer(expires_at_ms="soon"), "PROOF_VERIFICATION_FAILED"),                # not epoch milliseconds
+    (_answer(proof_id="has spaces"), "PROOF_MALFORMED"),                          # not a ledger id
+    (_answer(skew_ms=10**9, expires_at_ms=1000), "PROOF_EXPIRED"),               # the skew is the declaration's, not the answer's
+    (RuntimeError("verifier bug"), "PROOF_VERIFICATION_FAILED"),
+    (SchedulerError("JWT_LIBRARY_BROKE", "something"), "PROOF_VERIFICATION_FAILED"),  # only PROOF_* codes pass through
+    (SchedulerError("PROOF_KEY_UNAVAILABLE", "no key"), "PROOF_KEY_UNAVAILABLE"),
+], ids=["valid", "wrong-type", "wrong-method", "empty-key-id", "bad-window", "bad-proof-id", "own-skew", "raises",
+        "foreign-code", "proof-code"])
+def test_a_verifiers_answer_is_checked_and_every_failure_denies(rsa_decl: Any, answer: Any, code: str | None) -> None:
+    _key, d = rsa_decl
+    provider = _Answers(answer)
+    if code is None:
+        got = verify_with(provider, d, "the-proof-text", artifact_digest=DIGEST, now_ms=int(time.time() * 1000))
+        assert got.skew_ms == 30_000 and got.proof_id == "p-1"
+    else:
+        with pytest.raises(SchedulerError) as err:
+            verify_with(provider, d, "the-proof-text", artifact_digest=DIGEST, now_ms=int(time.time() * 1000))
+        assert err.value.code == code
+    (request,) = provider.requests
+    assert (request.declaration, request.proof, request.artifact_digest) == (d, "the-proof-text", DIGEST)
+    assert "the-proof-text" not in repr(request)
+
+
+def test_a_verifier_that_does_not_answer_in_time_denies(rsa_decl: Any) -> None:
+    import threading
+
+    _key, d = rsa_decl
+    release = threading.Event()
+
+    class Hangs(_Answers):
+        def verify_proof(self, request: ProofRequest) -> Any:
+            release.wait(10)
+            return _answer()
+
+    started = time.monotonic()
     try:
-        server.default("/jwks", LoopbackHTTPServer.Reply(body=body, headers={"content-type": "application/json"}))
-        server.default("/missing", LoopbackHTTPServer.Reply(status=404, json={"error": "not found"}))
-        d = decl(**jwt_declaration({"env": "P"}, jwks_url=f"{server.url}/jwks"))
-        assert verify(d, mint_jwt(a, DIGEST, kid="a", jti="over-http"), artifact_digest=DIGEST).proof_id == "over-http"
-        assert code_of(d, mint_jwt(rsa_key(), DIGEST, kid="a")) == "PROOF_INVALID_SIGNATURE"
-        d404 = decl(**jwt_declaration({"env": "P"}, jwks_url=f"{server.url}/missing"))
-        assert code_of(d404, mint_jwt(a, DIGEST, kid="a")) == "PROOF_KEY_UNAVAILABLE"
-        assert len(server.to("/jwks")) == 2  # fetched afresh for every verification
+        with pytest.raises(SchedulerError) as err:
+            verify_with(Hangs(None), d, "x", artifact_digest=DIGEST, now_ms=int(time.time() * 1000), limit_s=0.3)
     finally:
-        server.close()
+        release.set()
+    assert err.value.code == "PROOF_VERIFICATION_FAILED" and "did not answer" in err.value.message
+    assert time.monotonic() - started < 3
 
 
-# --------------------------------------------------------------------------- detached signatures
-
-
-def test_ssh_detached_signature_with_real_ssh_keygen(tmp_path: Path) -> None:
-    key, signers = ssh_keypair(tmp_path)
-    d = decl(method="detached-signature", source={"env": "P"}, format="ssh", allowed_signers_file=str(signers),
-             principal="release@example.test")
-    got = verify(d, ssh_proof(key, DIGEST, proof_id="ssh-1"), artifact_digest=DIGEST)
-    assert (got.proof_id, got.key_id, got.subject) == ("ssh-1", ssh_fingerprint(key), "release@example.test")
-    assert code_of(d, ssh_proof(key, DIGEST, namespace="other")) == "PROOF_INVALID_SIGNATURE"
-    other, _ = ssh_keypair(tmp_path)
-    assert code_of(d, ssh_proof(other, DIGEST)) == "PROOF_INVALID_SIGNATURE"
-    assert code_of({**d, "principal": "someone@else"}, ssh_proof(key, DIGEST)) == "PROOF_INVALID_SIGNATURE"
-    assert code_of(d, ssh_proof(key, DIGEST, exp_in=-100)) == "PROOF_EXPIRED"
-    assert code_of(d, ssh_proof(key, "sha256:" + "00" * 32)) == "PROOF_ARTIFACT_MISMATCH"
-    tampered = json.loads(ssh_proof(key, DIGEST))
-    tampered["expires_at"] += 3600  # a longer window than was signed
-    assert code_of(d, json.dumps(tampered)) == "PROOF_INVALID_SIGNATURE"
-
-
-def test_ed25519_detached_signature_via_cryptography(tmp_path: Path) -> None:
-    from cryptography.hazmat.primitives import serialization
-
-    key = ed25519.Ed25519PrivateKey.generate()
-    pub = tmp_path / "ed.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
-    d = decl(method="detached-signature", source={"env": "P"}, format="ed25519", public_key_file=str(pub))
-    got = verify(d, ed25519_proof(key, DIGEST, proof_id="ed-1"), artifact_digest=DIGEST)
-    import subprocess
-
-    listed = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout.split()[1]
-    assert got.proof_id == "ed-1" and got.key_id == listed  # the same fingerprint ssh-keygen shows
-    assert code_of(d, ed25519_proof(ed25519.Ed25519PrivateKey.generate(), DIGEST)) == "PROOF_INVALID_SIGNATURE"
-    assert code_of(d, ed25519_proof(key, DIGEST, nbf_in=600)) == "PROOF_NOT_YET_VALID"
-    assert code_of(d, json.dumps({"proof_id": "x"})) == "PROOF_MALFORMED"
-
-
-# --------------------------------------------------------------------------- certificates
-
-
-def test_certificate_chain_to_the_configured_ca(tmp_path: Path) -> None:
-    ca_key, ca = make_ca()
-    (tmp_path / "ca.pem").write_text(pem(ca))
-    leaf_key, leaf = make_leaf(ca_key, ca)
-    d = decl(method="certificate", source={"env": "P"}, ca_file=str(tmp_path / "ca.pem"), san="deployer.example.test")
-    got = verify(d, certificate_proof(leaf_key, leaf, DIGEST, proof_id="cert-1"), artifact_digest=DIGEST)
-    assert got.proof_id == "cert-1" and got.subject == "CN=deployer" and got.key_id.startswith("sha256:")
-    other_key, other_ca = make_ca()
-    rogue_key, rogue = make_leaf(other_key, other_ca)
-    assert code_of(d, certificate_proof(rogue_key, rogue, DIGEST)) == "PROOF_CERTIFICATE_INVALID"
-    expired_key, expired = make_leaf(ca_key, ca, start=datetime.timedelta(days=-3), end=datetime.timedelta(days=-1))
-    assert code_of(d, certificate_proof(expired_key, expired, DIGEST)) == "PROOF_CERTIFICATE_INVALID"
-    assert code_of({**d, "san": "other.example.test"}, certificate_proof(leaf_key, leaf, DIGEST)) == "PROOF_CERTIFICATE_INVALID"
-    assert code_of({**d, "subject": "CN=someone"}, certificate_proof(leaf_key, leaf, DIGEST)) == "PROOF_CERTIFICATE_INVALID"
-    forged = json.loads(certificate_proof(leaf_key, leaf, DIGEST))
-    forged["signature"] = base64.b64encode(ec_key().sign(b"x", __import__("cryptography.hazmat.primitives.asymmetric.ec",
-                                                                            fromlist=["ECDSA"]).ECDSA(
-        __import__("cryptography.hazmat.primitives.hashes", fromlist=["SHA256"]).SHA256()))).decode()
-    assert code_of(d, json.dumps(forged)) == "PROOF_INVALID_SIGNATURE"
-    # the verified window is narrowed to the certificate's validity
-    short_key, short = make_leaf(ca_key, ca, end=datetime.timedelta(seconds=60))
-    got = verify(d, certificate_proof(short_key, short, DIGEST, exp_in=3600), artifact_digest=DIGEST)
-    assert got.expires_at_ms <= int(time.time() * 1000) + 61_000
-
+# --------------------------------------------------------------------------- through a real dispatcher
 
 # --------------------------------------------------------------------------- through a real dispatcher
 
@@ -317,6 +294,43 @@ def test_a_verified_proof_is_claimed_and_recorded(store: Any, dispatcher: Any, t
         claim = tx.one("SELECT * FROM authorization_proof_replay WHERE proof_id = 'good-1'")
     assert (claim["run_id"], claim["dispatch_id"], claim["job_id"]) == (run["id"], run["dispatch_id"], job["id"])
     assert "proof.verified" in [e["kind"] for e in events(store, run_id=run["id"])]
+
+
+def test_every_first_party_method_runs_through_the_dispatcher(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    """A detached Ed25519 signature, an ssh-keygen signature and a certificate proof: each verified by its plugin, claimed, run."""
+    from cryptography.hazmat.primitives import serialization
+
+    ed_key = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "ed.pub").write_bytes(ed_key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                                       serialization.PublicFormat.OpenSSH))
+    ssh_key, signers = ssh_keypair(tmp_path)
+    ca_key, ca = make_ca()
+    (tmp_path / "ca.pem").write_text(pem(ca))
+    leaf_key, leaf = make_leaf(ca_key, ca)
+    methods = {
+        "ed25519": ({"method": "detached-signature", "format": "ed25519", "public_key_file": str(tmp_path / "ed.pub")},
+                    lambda digest: ed25519_proof(ed_key, digest, proof_id="e2e-ed25519")),
+        "ssh": ({"method": "detached-signature", "format": "ssh", "allowed_signers_file": str(signers),
+                 "principal": "release@example.test"}, lambda digest: ssh_proof(ssh_key, digest, proof_id="e2e-ssh")),
+        "certificate": ({"method": "certificate", "ca_file": str(tmp_path / "ca.pem"), "san": "deployer.example.test"},
+                        lambda digest: certificate_proof(leaf_key, leaf, digest, proof_id="e2e-certificate")),
+    }
+    jobs = {}
+    for label, (declaration, mint) in methods.items():
+        source, marker = tmp_path / f"{label}.proof", tmp_path / f"{label}.ran"
+        job = add_job(store, name=f"e2e-{label}", executor="shell", payload_message=f"echo ran >> {marker}",
+                      authorization_proof={**declaration, "source": {"file": str(source)}})
+        source.write_text(mint(job["artifact_digest"]))
+        jobs[label] = (job, marker)
+    dispatcher()
+    for job, _marker in jobs.values():
+        enqueue_manual(store, job["id"])
+    for label, (job, marker) in jobs.items():
+        (run,) = finished(store, job["id"])
+        assert (run["status"], marker.read_text()) == ("ok", "ran\n"), (label, run["error_code"], run["error_message"])
+        record = json.loads(run["proof_json"])
+        assert (record["status"], record["proof_id"], record["claim"]) == ("verified", f"e2e-{label}", "claimed")
+    assert json.loads(run_rows(store, jobs["ssh"][0]["id"])[0]["proof_json"])["key_id"] == ssh_fingerprint(ssh_key)
 
 
 @pytest.mark.parametrize(("mint", "code"), [

@@ -1,5 +1,8 @@
 """Helpers for the authorization-proof tests: real keys generated per test, proofs minted like an operator would.
 
+The signed message of a proof document is built here from docs/proofs.md (sorted keys, no
+spaces, UTF-8), not imported from a verifier: an independent oracle of the format the
+first-party verifiers (``scheduler-provider-proofs``, ``scheduler-provider-ssh``) check.
 (No tests here; named so that it belongs with tests/test_proofs*.py.)
 """
 
@@ -19,8 +22,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from scheduler.pipeline.proofs.verify import signed_message
 
 ISSUER = "https://idp.test"
 AUDIENCE = "scheduler-test"
@@ -67,6 +68,13 @@ def document(method: str, digest: str, *, proof_id: str | None = None, nbf_in: i
     now = int(time.time())
     return {"proof_id": proof_id or str(uuid.uuid4()), "artifact_digest": digest, "not_before": now + nbf_in,
             "expires_at": now + exp_in}
+
+
+def signed_message(method: str, proof_id: str, artifact_digest: str, not_before: int, expires_at: int) -> bytes:
+    """The bytes a detached-signature or certificate proof signs, as docs/proofs.md defines them."""
+    fields = {"schema": "scheduler.authorization-proof", "version": 1, "method": method, "proof_id": proof_id,
+              "artifact_digest": artifact_digest, "not_before": not_before, "expires_at": expires_at}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def message_of(method: str, doc: dict[str, Any]) -> bytes:

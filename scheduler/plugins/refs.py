@@ -1,13 +1,14 @@
 """One rule for missing plugins: which plugins a job spec names, and which of them are not installed.
 
 A job names plugins in several places: its executor (``executor``, or the default of its
-``session_target``), its delivery channel, its watchdog alert channel, and (as those fields
-arrive) its evidence, credential and authorization providers. ``jobs add``, ``jobs update``,
-``jobs validate`` and ``jobs add --dry-run`` refuse a spec naming a plugin that is not
-installed, with ``<KIND>_NOT_AVAILABLE`` (``EXECUTOR_NOT_AVAILABLE``, ``CHANNEL_NOT_AVAILABLE``,
-...), unless the operator passes ``--allow-missing-plugins`` (a job prepared for another
-host). Failing at add time is the point: otherwise the job is stored and every one of its
-runs fails later, far from the typo that caused it.
+``session_target``), its delivery channel, its watchdog alert channel, its evidence and
+credential providers, the verifier of its ``authorization_proof`` and its authorization
+provider. ``jobs add``, ``jobs update``, ``jobs validate`` and ``jobs add --dry-run`` refuse a
+spec naming a plugin that is not installed, with ``<KIND>_NOT_AVAILABLE``
+(``EXECUTOR_NOT_AVAILABLE``, ``CHANNEL_NOT_AVAILABLE``, ``PROOF_VERIFIER_NOT_AVAILABLE`` ...),
+unless the operator passes ``--allow-missing-plugins`` (a job prepared for another host).
+Failing at add time is the point: otherwise the job is stored and every one of its runs fails
+later, far from the typo that caused it.
 
 "Installed" means an entry point of that name exists in the kind's group and is not switched
 off by ``SCHEDULER_DISABLE_PLUGINS``. Presence is read from the package metadata only: no
@@ -26,7 +27,12 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.entry_points import entry_point_names, is_disabled
-from scheduler.plugins.protocols import PROVIDER_KINDS
+from scheduler.plugins.protocols import PROVIDER_KINDS, proof_verifier_name
+
+
+def not_available_code(kind: str) -> str:
+    """``<KIND>_NOT_AVAILABLE`` (``PROOF_VERIFIER_NOT_AVAILABLE`` ...): the code of a missing plugin of ``kind``, at add and at run."""
+    return f"{kind.upper()}_NOT_AVAILABLE"
 
 
 @attrs.frozen
@@ -47,7 +53,7 @@ class PluginRef:
     @property
     def code(self) -> str:
         """``<KIND>_NOT_AVAILABLE``: the error when this plugin is not installed (each is in the code registry)."""
-        return f"{self.kind.upper()}_NOT_AVAILABLE"
+        return not_available_code(self.kind)
 
 
 @attrs.frozen
@@ -85,6 +91,16 @@ def _field(kind: str, attr: str) -> Callable[[Any], Iterable[PluginRef]]:
     return refs
 
 
+def _proof_verifier(spec: Any) -> Iterable[PluginRef]:
+    """The verifier of ``authorization_proof``: named by its ``method`` (``format`` for a detached ``ssh`` signature)."""
+    declaration = getattr(spec, "authorization_proof", None)
+    if not declaration:
+        return []
+    name = proof_verifier_name(declaration)
+    return [PluginRef("proof_verifier", name, "authorization_proof.method" if name == declaration.get("method")
+                      else "authorization_proof.format")]
+
+
 def _executor(spec: Any) -> Iterable[PluginRef]:
     """The executor: written in ``executor``, or implied by ``session_target``."""
     name = spec.executor_name()
@@ -102,6 +118,7 @@ SPEC_REFERENCES: tuple[Callable[[Any], Iterable[PluginRef]], ...] = (
     lambda s: [PluginRef("evidence", s.evidence["provider"], "evidence.provider")] if getattr(s, "evidence", None) else [],
     lambda s: [PluginRef("credential", b["provider"], f"credentials[{i}].provider")
                for i, b in enumerate(getattr(s, "credentials", None) or [])],
+    _proof_verifier,
     lambda s: ([PluginRef("authorization", s.authorization_ref.partition(":")[0], "authorization_ref")]
                if getattr(s, "authorization_ref", None) else []),
 )

@@ -1,12 +1,14 @@
 """Authorization proofs: the pipeline step verifying a run's proof and claiming it once (docs/proofs.md).
 
 After identity and before ``authorization_ref``, a job that declares ``authorization_proof``
-(``scheduler.pipeline.proofs.declaration``) has its proof read afresh from the declared source and verified
-(``scheduler.pipeline.proofs.verify``: signature, issuer/audience, window with the declared skew, artifact
-binding). Then, in ONE transaction: the proof id and key id are looked up in ``proof_revocations``
-(``PROOF_REVOKED``), and the proof id is claimed in ``authorization_proof_replay`` for this
-dispatch. The insert is ``ON CONFLICT DO NOTHING``, so of several dispatchers racing for one id
-exactly one claim wins. An existing claim is reused by the dispatch that made it (a crash replay
+(``scheduler.pipeline.proofs.declaration``) has its proof read afresh from the declared source
+(``scheduler.pipeline.proofs.source``) and verified (``scheduler.pipeline.proofs.verify``: the
+``proof_verifier`` plugin the declaration names checks the format, the signature and the trust; the
+kernel checks its answer, the window with the declared skew and the artifact binding; a verifier
+that is not installed is ``PROOF_VERIFIER_NOT_AVAILABLE``). Then, in ONE transaction: the proof
+id and key id are looked up in ``proof_revocations`` (``PROOF_REVOKED``), and the proof id is
+claimed in ``authorization_proof_replay`` for this dispatch. The insert is ``ON CONFLICT DO
+NOTHING``, so of several dispatchers racing for one id exactly one claim wins. An existing claim is reused by the dispatch that made it (a crash replay
 of the same dispatch row keeps its dispatch id) and by retries of that dispatch (a retry is a new
 dispatch row whose ``source_run_id`` chain leads back to a run of the claiming dispatch); any other
 dispatch presenting the id is denied ``PROOF_REPLAYED`` and its job is quarantined (disabled,
@@ -37,7 +39,8 @@ from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.steps import Problem, Run, StepBase
 from scheduler.core.transitions import cancel_pending_work, committing
 from scheduler.pipeline.proofs.declaration import normalise
-from scheduler.pipeline.proofs.verify import check_window, read_source, verify as verify_proof
+from scheduler.pipeline.proofs.source import read_source
+from scheduler.pipeline.proofs.verify import check_window, verify as verify_proof
 
 #: How many earlier runs a retry follows back (``retry_of_run_id`` / ``replay_of_run_id``) to find the claiming dispatch.
 MAX_LINEAGE = 128
