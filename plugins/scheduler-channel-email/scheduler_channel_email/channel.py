@@ -24,20 +24,19 @@ from email.utils import formatdate, getaddresses, parseaddr
 from typing import Any, Literal
 
 import attrs
+from scheduler_toolkit.http import read_attachment
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryError,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
     SchedulerError,
-    SecretRef,
     TransientDeliveryError,
-    build_options,
-    read_attachment,
 )
 
 __version__ = "0.1.0"

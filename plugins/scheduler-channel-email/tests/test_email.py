@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scheduler_toolkit.options import build_options
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
@@ -20,7 +21,6 @@ from scheduler.api import (
     PermanentDeliveryError,
     SchedulerError,
     TransientDeliveryError,
-    build_options,
 )
 
 USER, PASSWORD = "mailer", "s3cret-Pa55word-value"
