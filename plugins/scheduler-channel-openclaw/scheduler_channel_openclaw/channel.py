@@ -16,23 +16,19 @@ import re
 from typing import Any
 
 import attrs
+from scheduler_toolkit.http import PooledHttpClient, endpoint_label, error_for_exception, error_for_status
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryError,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
-    PooledHttpClient,
     SchedulerError,
-    SecretRef,
     TransientDeliveryError,
-    build_options,
-    endpoint_label,
-    error_for_exception,
-    error_for_status,
 )
 
 __version__ = "0.1.0"

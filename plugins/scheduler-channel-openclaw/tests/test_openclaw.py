@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from scheduler_toolkit.options import build_options
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
@@ -16,7 +17,6 @@ from scheduler.api import (
     PermanentDeliveryError,
     SchedulerError,
     TransientDeliveryError,
-    build_options,
 )
 
 TOKEN = "gw-token-SecretValue-0123456789"
