@@ -21,25 +21,26 @@ import re
 from typing import Any, Literal
 
 import attrs
-
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryError,
-    DeliveryPart,
-    DeliveryReceipt,
-    DeliveryRoute,
-    PermanentDeliveryError,
+from scheduler_toolkit.http import (
     PooledHttpClient,
-    SchedulerError,
-    SecretRef,
-    TransientDeliveryError,
-    build_options,
     endpoint_label,
     error_for_exception,
     error_for_status,
     read_attachment,
     retry_after_seconds,
+)
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits, DeliveryError
+
+from scheduler.api import (
+    PLUGIN_API_VERSION,
+    DeliveryPart,
+    DeliveryReceipt,
+    DeliveryRoute,
+    PermanentDeliveryError,
+    SchedulerError,
+    TransientDeliveryError,
 )
 
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+from scheduler_toolkit.options import build_options
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
@@ -19,7 +20,6 @@ from scheduler.api import (
     PermanentDeliveryError,
     SchedulerError,
     TransientDeliveryError,
-    build_options,
 )
 
 TOKEN = "xoxb-1111-2222-SecretBotTokenValue"
