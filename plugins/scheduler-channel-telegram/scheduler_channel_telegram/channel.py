@@ -13,24 +13,19 @@ import re
 from typing import Any, Literal
 
 import attrs
+from scheduler_toolkit.http import PooledHttpClient, endpoint_label, error_for_exception, read_attachment, retry_after_seconds
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryError,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
     PermanentDeliveryError,
-    PooledHttpClient,
     SchedulerError,
-    SecretRef,
     TransientDeliveryError,
-    build_options,
-    endpoint_label,
-    error_for_exception,
-    read_attachment,
-    retry_after_seconds,
 )
 
 __version__ = "0.1.0"

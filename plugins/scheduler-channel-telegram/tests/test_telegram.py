@@ -12,6 +12,7 @@ from email.policy import HTTP
 from typing import Any
 
 import pytest
+from scheduler_toolkit.options import build_options
 
 from scheduler.api import (
     PLUGIN_API_VERSION,
@@ -21,7 +22,6 @@ from scheduler.api import (
     PermanentDeliveryError,
     SchedulerError,
     TransientDeliveryError,
-    build_options,
 )
 
 TOKEN = "123456789:AAF0aTestTokenValue_abcdefghijklmno"
