@@ -19,23 +19,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
+from scheduler_toolkit.http import PooledHttpClient, endpoint_label, error_for_exception, error_for_status, read_attachment
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits
 
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryPart,
-    DeliveryReceipt,
-    DeliveryRoute,
-    PermanentDeliveryError,
-    PooledHttpClient,
-    SchedulerError,
-    SecretRef,
-    build_options,
-    endpoint_label,
-    error_for_exception,
-    error_for_status,
-    read_attachment,
-)
+from scheduler.api import PLUGIN_API_VERSION, DeliveryPart, DeliveryReceipt, DeliveryRoute, PermanentDeliveryError, SchedulerError
 
 __version__ = "0.1.0"
 _USER_AGENT = f"scheduler-channel-webhook/{__version__}"

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from scheduler_toolkit.options import build_options, catalogue
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from scheduler.api import (
@@ -22,8 +23,6 @@ from scheduler.api import (
     PermanentDeliveryError,
     SchedulerError,
     TransientDeliveryError,
-    build_options,
-    catalogue,
 )
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
