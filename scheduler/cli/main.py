@@ -134,6 +134,7 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
 READ_ONLY_COMMANDS = frozenset({
     "jobs list", "jobs get", "jobs tree", "jobs next", "runs list", "runs get", "runs output", "runs events",
     "schedule list", "schedule show", "status", "export",
+    "approvals list", "approvals show", "deliveries list", "deliveries show",
 })
 
 

@@ -379,8 +379,9 @@ def get_part(tx: Tx, ref: str) -> dict[str, Any]:
     return row
 
 
-def list_parts(tx: Tx, *, status: str | None = None, job_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Outbox parts, newest first."""
+def list_parts(tx: Tx, *, status: str | None = None, job_id: str | None = None, run_id: str | None = None,
+               limit: int = 100) -> list[dict[str, Any]]:
+    """Outbox parts, newest first, optionally only those of one status, job or run."""
     sql, params = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE 1 = 1", []
     if status is not None:
         sql += " AND o.status = ?"
@@ -388,6 +389,9 @@ def list_parts(tx: Tx, *, status: str | None = None, job_id: str | None = None, 
     if job_id is not None:
         sql += " AND o.job_id = ?"
         params.append(job_id)
+    if run_id is not None:
+        sql += " AND o.run_id = ?"
+        params.append(run_id)
     sql += " ORDER BY o.created_at DESC, o.group_key, o.part_index LIMIT ?"
     params.append(limit)
     return tx.all(sql, params)

@@ -147,13 +147,6 @@ def get_approval(store: Store, approval: str) -> dict[str, Any]:
         return approval_to_json(approval_row(tx, approval))
 
 
-def _parts_of_run(tx: Tx, run_id: str, status: str | None, limit: int) -> list[dict[str, Any]]:
-    """A run's outbox parts, in ``list_parts``' order and shape (``list_parts`` filters by job only)."""
-    sql = ("SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE o.run_id = ?"
-           + (" AND o.status = ?" if status is not None else "") + " ORDER BY o.created_at DESC, o.group_key, o.part_index LIMIT ?")
-    return tx.all(sql, [run_id, *([status] if status is not None else []), limit])
-
-
 def list_deliveries(store: Store, *, status: str | None = None, job: str | None = None, run: str | None = None,
                     limit: int = 100) -> list[dict[str, Any]]:
     """``deliveries list``: outbox parts newest first, with state, attempts and last error (``part_to_json``).
@@ -166,11 +159,8 @@ def list_deliveries(store: Store, *, status: str | None = None, job: str | None 
         raise SchedulerError("INVALID_ARGUMENT", f"unknown delivery status {status!r}; one of {', '.join(DELIVERY_STATUSES)}")
     with store.read() as tx:
         job_id = _job_id(tx, job)
-        if run is None:
-            rows = list_parts(tx, status=status, job_id=job_id, limit=limit)
-        else:
-            found = resolve_run(tx, run)
-            rows = [] if job_id not in (None, found["job_id"]) else _parts_of_run(tx, found["id"], status, limit)
+        run_id = resolve_run(tx, run)["id"] if run is not None else None
+        rows = list_parts(tx, status=status, job_id=job_id, run_id=run_id, limit=limit)
         return [part_to_json(r) for r in rows]
 
 
