@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from scheduler.api import AbortableRequest
+from scheduler_toolkit.http import AbortableRequest
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
 POLL_S = 0.05

@@ -17,6 +17,9 @@ offloaded and digested exactly like shell output.
 from __future__ import annotations
 
 import os
+from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture, StreamRecorder
+from scheduler_toolkit.structured import structured_from_capture, unparsed_record
+from scheduler_toolkit.timeutil import now_ms
 import socket
 import time
 import uuid
@@ -24,8 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.api import (
-    DEFAULT_EXCERPT_BYTES,
-    DEFAULT_OFFLOAD_BYTES,
     PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
@@ -33,11 +34,6 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    StreamCapture,
-    StreamRecorder,
-    now_ms,
-    structured_from_capture,
-    unparsed_record,
 )
 from scheduler_executor_agent import prompt as prompts
 from scheduler_executor_agent import sessions
@@ -122,7 +118,7 @@ class AgentExecutor:
         sent, ``blocked`` while the recorded process still lives (it still holds the
         connection; recovery asks again), otherwise ``unknown`` with the reason.
         """
-        from scheduler.api.process import same_process
+        from scheduler_toolkit.process import same_process
 
         handle = request.handle or {}
         if handle.get("kind") != "agent-turn":
@@ -355,7 +351,7 @@ class AgentExecutor:
 
 
 def _own_identity() -> str | None:
-    from scheduler.api.process import process_identity
+    from scheduler_toolkit.process import process_identity
 
     return process_identity(os.getpid())
 

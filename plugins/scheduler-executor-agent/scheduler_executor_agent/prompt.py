@@ -1,7 +1,7 @@
 """Prompt assembly: header, heartbeat, trigger context, idempotency note, payload; sanitising and injection checks.
 
-The sanitiser, the injection patterns and their folding are the kernel's
-(``scheduler.api``: ``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``),
+The sanitiser, the injection patterns and their folding are the toolkit's
+(``scheduler_toolkit.prompt_safety``: ``sanitise_text``, ``fold_text``, ``find_injection``, ``INJECTION_PATTERNS``),
 shared with the ``main-session`` executor; they are re-exported here as ``sanitise``, ``fold``,
 ``find_injection`` and ``INJECTION_PATTERNS``.
 
@@ -33,10 +33,12 @@ import stat
 from typing import Any
 
 import attrs
+from scheduler_toolkit.prompt_safety import INJECTION_PATTERNS, find_injection
+from scheduler_toolkit.prompt_safety import fold_text as fold
+from scheduler_toolkit.prompt_safety import sanitise_text as sanitise
+from scheduler_toolkit.timeutil import to_iso
 
-from scheduler.api import INJECTION_PATTERNS, ExecutionRequest, SchedulerError, find_injection, to_iso
-from scheduler.api import fold_text as fold
-from scheduler.api import sanitise_text as sanitise
+from scheduler.api import ExecutionRequest, SchedulerError
 from scheduler_executor_agent.options import heartbeat_path_problem
 
 #: The kernel's limit of ``payload_message`` (64 KiB): the payload part is bounded by it.

@@ -26,7 +26,7 @@ Message = dict[str, str]
 #: Version of the state this module writes (a state of another version starts afresh).
 STATE_VERSION = 1
 #: The kernel's limit of a kept state (``scheduler.core.execution.MAX_EXECUTOR_STATE_BYTES``, not exported by
-#: ``scheduler.api``): a larger state is refused and the previous one stays, so the session would stop advancing.
+#: ``scheduler.api`` or the toolkit): a larger state is refused and the previous one stays, so the session would stop advancing.
 MAX_EXECUTOR_STATE_BYTES = 1024 * 1024
 #: JSON bytes a kept conversation may use: the kernel's limit less room for the envelope.
 STATE_BUDGET_BYTES = MAX_EXECUTOR_STATE_BYTES - 4096

@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import attrs
+from scheduler_toolkit.settings import SecretRef, plugin_settings
 
-from scheduler.api import SchedulerError, SecretRef, plugin_settings
+from scheduler.api import SchedulerError
 
 #: The plain variables that define the endpoint named ``default``.
 ENV_BASE_URL = "SCHEDULER_AGENT_BASE_URL"

@@ -12,9 +12,9 @@ import pytest
 from scheduler_executor_agent import AgentExecutor, sessions
 from scheduler_executor_agent.loopback import LoopbackModel, Reply
 from scheduler_executor_agent.settings import resolve_endpoint, resolve_settings
+from scheduler_toolkit.process import process_identity
 
 from scheduler.api import RecoveryRequest, SchedulerError
-from scheduler.api.process import process_identity
 from scheduler.testing import run_cli
 
 
