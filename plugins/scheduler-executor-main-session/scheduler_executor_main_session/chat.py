@@ -6,7 +6,7 @@ supervisor checks cancellation and the run deadline. Stopping shuts the request'
 down (``shutdown(SHUT_RDWR)`` on the socket httpcore reports through its ``trace``
 extension), which wakes the helper out of its read and tells the server at once.
 
-The helper thread is the kernel's ``scheduler.api.AbortableRequest``, shared with the agent executor.
+The helper thread is the toolkit's ``scheduler_toolkit.http.AbortableRequest``, shared with the agent executor.
 
 Nothing is retried: the main session is a conversation, and a request that may have
 reached it must not be delivered twice (the job's ``max_retries`` is the retry policy).
@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from scheduler.api import AbortableRequest
+from scheduler_toolkit.http import AbortableRequest
 
 POLL_S = 0.05
 EXCERPT_CHARS = 300

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from scheduler_toolkit.evidence import strict_json
+from scheduler_toolkit.process import kill_group, minimal_env, process_identity, snippet
 
-from scheduler.api import SchedulerError, strict_json
-from scheduler.api.process import kill_group, minimal_env, process_identity, snippet
+from scheduler.api import SchedulerError
 
 POLL_S = 0.02
 #: Read one line (the gate), then become the command. No shell: argv is passed as it is.

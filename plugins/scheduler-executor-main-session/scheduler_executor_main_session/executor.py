@@ -18,14 +18,15 @@ with the user; a credential put there would outlive the run).
 from __future__ import annotations
 
 import os
+from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture
+from scheduler_toolkit.structured import structured_from_capture
+from scheduler_toolkit.timeutil import now_ms
 import socket
 import time
 import uuid
 from typing import Any
 
 from scheduler.api import (
-    DEFAULT_EXCERPT_BYTES,
-    DEFAULT_OFFLOAD_BYTES,
     PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
@@ -33,9 +34,6 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    StreamCapture,
-    now_ms,
-    structured_from_capture,
 )
 from scheduler_executor_main_session import chat, event
 from scheduler_executor_main_session.options import MainSessionOptions
@@ -84,7 +82,7 @@ class MainSessionExecutor:
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
         """Event mode: kill what is left of the recorded command group. Reply mode: say honestly what is known."""
-        from scheduler.api.process import kill_group, orphan_group_safe_to_kill, same_process
+        from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill, same_process
 
         handle = request.handle or {}
         kind = handle.get("kind")
@@ -170,7 +168,7 @@ class MainSessionExecutor:
         if control.is_cancelled():
             return ExecutionResult(status="cancelled", error_code="RUN_CANCELLED",
                                    error_message="cancelled before anything was sent", details=details)
-        from scheduler.api.process import process_identity
+        from scheduler_toolkit.process import process_identity
 
         control.record_handle({"kind": "main-session-reply", "request_id": request_id, "session_key": details["session_key"],
                                "model": model, "host": socket.gethostname(), "pid": os.getpid(),

@@ -1,6 +1,6 @@
 """The text delivered to the main session: a header line and the payload, sanitised; the injection tripwire.
 
-The sanitiser and the injection patterns are the kernel's (``scheduler.api``: ``sanitise_text``,
+The sanitiser and the injection patterns are the toolkit's (``scheduler_toolkit.prompt_safety``: ``sanitise_text``,
 ``find_injection``, ``INJECTION_PATTERNS``), the same the agent executor uses, so the two
 agent executors cannot drift apart.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 
 import attrs
+from scheduler_toolkit.prompt_safety import find_injection, sanitise_text
 
-from scheduler.api import ExecutionRequest, SchedulerError, find_injection, sanitise_text
+from scheduler.api import ExecutionRequest, SchedulerError
 
 #: The kernel's limit of ``payload_message`` (64 KiB).
 PAYLOAD_MAX_BYTES = 64 * 1024

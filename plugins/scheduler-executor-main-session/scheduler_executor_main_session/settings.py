@@ -23,8 +23,9 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import attrs
+from scheduler_toolkit.settings import SecretRef, plugin_settings
 
-from scheduler.api import SchedulerError, SecretRef, plugin_settings
+from scheduler.api import SchedulerError
 
 ENV_BASE_URL = "SCHEDULER_AGENT_BASE_URL"
 ENV_MODEL = "SCHEDULER_AGENT_MODEL"

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from scheduler_executor_main_session import MainSessionExecutor
 from scheduler_executor_main_session.loopback import LoopbackChat
+from scheduler_toolkit.settings import reload_settings
 
-from scheduler.api import ExecutionRequest, ExecutionResult, reload_settings
+from scheduler.api import ExecutionRequest, ExecutionResult
 from scheduler.testing import LocalRunControl
 from scheduler.testing import make_request as build_request
 

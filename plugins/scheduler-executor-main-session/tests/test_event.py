@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from scheduler_toolkit.process import group_alive
 
 from scheduler.api import SchedulerError
-from scheduler.api.process import group_alive
 from scheduler.testing import LocalRunControl, wait_for
 
 

@@ -10,8 +10,9 @@ import threading
 import pytest
 from scheduler_executor_main_session import MainSessionExecutor
 from scheduler_executor_main_session.loopback import Answer
+from scheduler_toolkit.types import CredentialPresentation
 
-from scheduler.api import CredentialPresentation, RecoveryRequest, SchedulerError
+from scheduler.api import RecoveryRequest, SchedulerError
 from scheduler.testing import LocalRunControl, wait_for
 
 
@@ -154,7 +155,7 @@ def test_recover_is_honest() -> None:
     assert ask({"kind": "main-session-reply", "host": "elsewhere", "pid": 1}).state == "unknown"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert ask({"kind": "main-session-reply", "host": host, "pid": int(dead.stdout), "process_identity": "x"}).state == "unknown"
-    from scheduler.api.process import process_identity
+    from scheduler_toolkit.process import process_identity
 
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:

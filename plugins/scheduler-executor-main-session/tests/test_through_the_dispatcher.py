@@ -88,7 +88,7 @@ def test_an_event_through_the_dispatcher(fake_openclaw, calls, monkeypatch, db, 
 
 
 def test_cancelling_a_running_event(fake_openclaw, calls, monkeypatch, db, store, dispatcher) -> None:
-    from scheduler.api.process import group_alive
+    from scheduler_toolkit.process import group_alive
 
     path, record = fake_openclaw("hang")
     monkeypatch.setenv("SCHEDULER_EXECUTORS_MAIN_SESSION_OPENCLAW_PATH", str(path))
