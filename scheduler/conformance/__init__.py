@@ -51,6 +51,8 @@ from scheduler.conformance import credential as _credential  # noqa: F401  isort
 from scheduler.conformance import evidence as _evidence  # noqa: F401  isort: skip
 # ... and the authorization kind's (a policy per case from the setup adapter, decided by the kernel's own step).
 from scheduler.conformance import authorization as _authorization  # noqa: F401  isort: skip
+# ... and the proof verifier kind's (trust and a proof per case from the setup adapter, verified by the kernel's own path).
+from scheduler.conformance import proof_verifier as _proof_verifier  # noqa: F401  isort: skip
 
 __all__ = [
     "ADAPTERS",

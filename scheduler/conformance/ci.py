@@ -48,6 +48,10 @@ FIRST_PARTY: tuple[tuple[str, str], ...] = (
     ("authorization", "cedar"),
     ("authorization", "policyfile"),
     ("authorization", "teams"),
+    ("proof_verifier", "jwt"),
+    ("proof_verifier", "detached-signature"),
+    ("proof_verifier", "certificate"),
+    ("proof_verifier", "detached-signature-ssh"),
 )
 
 ALLOW_MISSING_ENV = "SCHEDULER_CONFORMANCE_ALLOW_MISSING"

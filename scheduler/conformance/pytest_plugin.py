@@ -215,6 +215,22 @@ class AuthorizationProviderConformance(_ProviderConformance):
         return type(self).setup_adapter
 
 
+class ProofVerifierConformance(_ProviderConformance):
+    """Conformance cases for ``scheduler.proof_verifiers`` verifiers.
+
+    ``setup_adapter`` (an object, a class or ``"module:attr"``) names the adapter that mints
+    each case's trust and proof in the verifier's format; left ``None``, the verifier's own
+    ``conformance_proof`` method or its ``scheduler.conformance_adapters`` entry point is used.
+    """
+
+    kind: ClassVar[str] = "proof_verifier"
+    setup_adapter: ClassVar[Any] = None
+
+    def make_payload_adapter(self) -> Any:
+        """The kind's adapter handed to the engine: for a proof verifier, its setup adapter."""
+        return type(self).setup_adapter
+
+
 @pytest.fixture
 def conformance_case_ids() -> dict[str, list[str]]:
     """Every case id per kind (handy for a plugin's own sanity tests)."""
