@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from scheduler.api import StreamCapture, StreamRecorder
+from scheduler_toolkit.output import StreamCapture, StreamRecorder
 
 #: Bytes per read; pipes are enlarged to this size when the kernel allows it.
 READ_CHUNK = 1 << 20

@@ -28,10 +28,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES
+from scheduler_toolkit.settings import plugin_settings
+from scheduler_toolkit.structured import structured_from_capture, unparsed_record
+from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    DEFAULT_EXCERPT_BYTES,
-    DEFAULT_OFFLOAD_BYTES,
     PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
@@ -39,10 +41,6 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    now_ms,
-    plugin_settings,
-    structured_from_capture,
-    unparsed_record,
 )
 from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.envpolicy import build_environment

@@ -36,9 +36,9 @@ import time
 from collections.abc import Mapping
 
 import attrs
+from scheduler_toolkit.process import kill_group, leftovers_after_reap, live_group_members, process_identity
 
 from scheduler.api import RunControl, SchedulerError
-from scheduler.api.process import kill_group, leftovers_after_reap, live_group_members, process_identity
 from scheduler_executor_shell.capture import PipePump, Sink
 
 #: Wrapper run by the gate shell: wait for the go-ahead line, pick stdin, then become the payload.

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
+from scheduler_toolkit.settings import reload_settings
 
-from scheduler.api import ExecutionRequest, ExecutionResult, reload_settings
+from scheduler.api import ExecutionRequest, ExecutionResult
 from scheduler.testing import LocalRunControl
 from scheduler.testing import make_request as build_request
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
-from scheduler.api.process import same_process
+from scheduler_toolkit.process import same_process
+from scheduler_toolkit.settings import reload_settings
 
-from scheduler.api import PLUGIN_API_VERSION, Executor, SchedulerError, reload_settings
+from scheduler.api import PLUGIN_API_VERSION, Executor, SchedulerError
 from scheduler.testing import LocalRunControl
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.api.process import group_alive
+from scheduler_toolkit.process import group_alive
 
 _DISPATCHER = textwrap.dedent(
     """

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from scheduler_toolkit.output import read_artifact
 
-from scheduler.api import SchedulerError, read_artifact
+from scheduler.api import SchedulerError
 
 GENERATOR = """
 import random, sys

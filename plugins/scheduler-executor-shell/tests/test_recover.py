@@ -6,9 +6,9 @@ import socket
 import subprocess
 
 from scheduler_executor_shell import ShellExecutor
+from scheduler_toolkit.process import group_alive, process_identity
 
 from scheduler.api import RecoveryRequest
-from scheduler.api.process import group_alive, process_identity
 
 
 def _request(handle: dict | None) -> RecoveryRequest:

@@ -117,7 +117,7 @@ def test_cancel_a_running_shell_job_kills_its_group(db: Path, tmp_path: Path) ->
             time.sleep(0.1)
         done = cli(db, "runs", "get", run["id"])["run"]
         assert done["status"] == "cancelled" and done["cancel_reason"] == "enough" and done["process_state"] == "terminated"
-        from scheduler.api.process import group_alive
+        from scheduler_toolkit.process import group_alive
 
         assert not group_alive(pgid)
     finally:
