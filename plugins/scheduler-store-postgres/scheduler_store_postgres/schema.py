@@ -1,7 +1,7 @@
 """The PostgreSQL side of the kernel's schema machinery: a ``SchemaConnection`` over psycopg.
 
 The schema and the migrations themselves are the kernel's, the same for every store
-(``scheduler.api.store``): this module only lets them run on a psycopg connection inside
+(``scheduler_toolkit.store``): this module only lets them run on a psycopg connection inside
 the store's initialisation transaction. Kernel SQL uses ``?`` placeholders; they become
 psycopg's ``%s`` here exactly as in ``PgTx`` (``sqlcompat.prepare``), and a statement
 without parameters (a PL/pgSQL body full of ``%``) goes through untouched.
@@ -14,12 +14,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from scheduler.api.store import Params
 from scheduler_store_postgres.sqlcompat import prepare
+from scheduler_toolkit.store import Params
 
 
 class PgSchemaConnection:
-    """``scheduler.api.store.SchemaConnection`` on one psycopg connection (inside its open transaction)."""
+    """``scheduler_toolkit.store.SchemaConnection`` on one psycopg connection (inside its open transaction)."""
 
     dialect = "postgresql"
 

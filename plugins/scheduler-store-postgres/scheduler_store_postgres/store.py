@@ -17,7 +17,7 @@
 * ``initialize()`` fails closed with ``DB_INIT_FAILED`` naming the phase and the
   (password-redacted) URL. An up-to-date schema is recognised by a read-only look (the
   recorded version, the schema fingerprint, tables and triggers present): no lock, no
-  DDL. Otherwise the kernel's schema and migrations (``scheduler.api.store``: one
+  DDL. Otherwise the kernel's schema and migrations (``scheduler_toolkit.store``: one
   definition and one migration list for every store) run in one transaction under a
   transaction-scoped advisory lock that serialises concurrent initialisers.
 """
@@ -35,21 +35,21 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
-
-from scheduler.api import PLUGIN_API_VERSION, SchedulerError
-from scheduler.api.store import (
+from scheduler_toolkit.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Migration,
     Params,
     StepHook,
     UpgradeFailed,
-    now_ms,
     schema_fingerprint,
     schema_tables,
     schema_triggers,
     upgrade,
 )
+from scheduler_toolkit.timeutil import now_ms
+
+from scheduler.api import PLUGIN_API_VERSION, SchedulerError
 from scheduler_store_postgres.notify import Listener, channel_name
 from scheduler_store_postgres.schema import PgSchemaConnection
 from scheduler_store_postgres.sqlcompat import (
@@ -268,7 +268,7 @@ class PostgresStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._initialized = False
-        #: Test hooks: the migration list and a hook called before each step (see ``scheduler.api.store``).
+        #: Test hooks: the migration list and a hook called before each step (see ``scheduler_toolkit.store``).
         self.migrations: tuple[Migration, ...] = MIGRATIONS
         self.migration_step_hook: StepHook | None = None
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import attrs
+from scheduler_toolkit.store import redact_url
 
 from scheduler.api import SchedulerError
-from scheduler.api.store import redact_url
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 8

@@ -6,9 +6,10 @@ from importlib.metadata import entry_points
 
 import pytest
 from scheduler_store_postgres import PostgresStore
+from scheduler_toolkit.store import open_store
 
 from scheduler.api import PLUGIN_API_VERSION
-from scheduler.api.store import Store, open_store
+from scheduler.api.store import Store
 
 
 def test_declares_plugin_api_capabilities_and_what_the_kernel_asks_instead_of_the_dialect() -> None:

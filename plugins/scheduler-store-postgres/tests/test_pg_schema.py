@@ -1,6 +1,6 @@
 """Initialisation, migrations, fail-closed errors, health, and drift against the SQLite schema.
 
-The schema and the migrations are the kernel's (``scheduler.api.store``): one definition
+The schema and the migrations are the kernel's (``scheduler_toolkit.store``): one definition
 rendered per dialect, one migration list. These tests hold the PostgreSQL database the
 store builds to the SQLite one the kernel builds, and run the shared migrations here.
 """
@@ -22,9 +22,7 @@ import pytest
 from psycopg import sql
 from scheduler_store_postgres import PostgresStore
 from scheduler_store_postgres import store as store_module
-
-from scheduler.api import SchedulerError
-from scheduler.api.store import (
+from scheduler_toolkit.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     schema_indexes,
@@ -33,6 +31,8 @@ from scheduler.api.store import (
     schema_tables,
     schema_triggers,
 )
+
+from scheduler.api import SchedulerError
 from scheduler.testing import sqlite_store
 
 pytestmark = pytest.mark.postgres
