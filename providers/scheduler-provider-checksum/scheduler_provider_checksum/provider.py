@@ -12,16 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-
-from scheduler.api import (
-    CANONICALIZATION,
+from scheduler_toolkit.canonical import CANONICALIZATION
+from scheduler_toolkit.evidence import (
     PAYLOAD_FORMAT,
-    PLUGIN_API_VERSION,
-    EvidenceDeclaration,
-    EvidenceEnvelope,
     EvidenceFailure,
-    EvidencePayload,
-    EvidenceVerification,
     check_bound_payload,
     check_keys,
     check_payload,
@@ -29,6 +23,8 @@ from scheduler.api import (
     declared_options,
     envelope_parts,
 )
+
+from scheduler.api import PLUGIN_API_VERSION, EvidenceDeclaration, EvidenceEnvelope, EvidencePayload, EvidenceVerification
 
 __version__ = "0.1.0"
 
