@@ -26,18 +26,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from scheduler_toolkit.canonical import CANONICALIZATION, canonical_bytes
+from scheduler_toolkit.evidence import PAYLOAD_FORMAT, CheckedPayload, EvidenceFailure, StrictJSONError, strict_json
 from typing import Any
 
-from scheduler.api import (
-    CANONICALIZATION,
-    PAYLOAD_FORMAT,
-    CheckedPayload,
-    EvidenceFailure,
-    SchedulerError,
-    StrictJSONError,
-    canonical_bytes,
-    strict_json,
-)
+from scheduler.api import SchedulerError
 
 REQUEST_SCHEMA = "scheduler.evidence.external-request"
 ANSWER_SCHEMA = "scheduler.evidence.external-answer"

@@ -19,17 +19,9 @@ import uuid
 from typing import Any
 
 import attrs
-
-from scheduler.api import (
+from scheduler_toolkit.evidence import (
     PAYLOAD_FORMAT,
-    PLUGIN_API_VERSION,
-    EvidenceDeclaration,
-    EvidenceEnvelope,
     EvidenceFailure,
-    EvidencePayload,
-    EvidenceVerification,
-    SchedulerError,
-    SecretRef,
     check_bound_payload,
     check_keys,
     check_payload,
@@ -37,6 +29,16 @@ from scheduler.api import (
     declared_options,
     envelope_parts,
     requested_methods,
+)
+from scheduler_toolkit.settings import SecretRef
+
+from scheduler.api import (
+    PLUGIN_API_VERSION,
+    EvidenceDeclaration,
+    EvidenceEnvelope,
+    EvidencePayload,
+    EvidenceVerification,
+    SchedulerError,
 )
 from scheduler_provider_external import protocol
 from scheduler_provider_external.transport import HttpAttestor, endpoint_label, run_command

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from scheduler.api import EvidenceFailure
-from scheduler.api.process import minimal_env, run_bounded, snippet
+from scheduler_toolkit.evidence import EvidenceFailure
+from scheduler_toolkit.process import minimal_env, run_bounded, snippet
 
 
 def endpoint_label(url: str) -> str:

@@ -11,14 +11,9 @@ from typing import Any
 
 import attrs
 import pytest
+from scheduler_toolkit.options import catalogue
 
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    EvidenceDeclaration,
-    EvidenceProvider,
-    SchedulerError,
-    catalogue,
-)
+from scheduler.api import PLUGIN_API_VERSION, EvidenceDeclaration, EvidenceProvider, SchedulerError
 
 ENVELOPE_KEYS = ["schema", "version", "method", "attestor", "payload_format", "payload_digest", "attestation"]
 METHODS = ["hmac-sha256", "hmac-sha512"]
