@@ -27,8 +27,9 @@ import time
 from collections.abc import Mapping
 
 import attrs
+from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, plugin_settings
+from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 COMMAND_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")

@@ -13,8 +13,9 @@ import re
 from collections.abc import Mapping
 
 import attrs
+from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, plugin_settings
+from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

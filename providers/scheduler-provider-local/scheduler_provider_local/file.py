@@ -27,8 +27,9 @@ import os
 import stat
 
 import attrs
+from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, plugin_settings
+from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 DEFAULT_MAX_BYTES = 64 * 1024

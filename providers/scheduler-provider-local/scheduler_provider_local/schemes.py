@@ -1,6 +1,6 @@
 """Settings references through these providers: ``{credential = "command:NAME"}`` and a stricter ``file:``.
 
-The kernel's registry of reference schemes (``scheduler.api.register_secret_scheme``)
+The kernel's registry of reference schemes (``scheduler_toolkit.settings.register_secret_scheme``)
 has ``env:`` and ``file:`` built in; this module adds
 
 * ``command:NAME``: the standard output of the command ``NAME`` of
@@ -22,7 +22,7 @@ import os
 
 import attrs
 
-from scheduler.api import plugin_settings, register_secret_scheme
+from scheduler_toolkit.settings import plugin_settings, register_secret_scheme
 from scheduler_provider_local.command import COMMAND_NAME, CommandFailed, CommandSettings, run_named_command
 from scheduler_provider_local.file import read_private_file
 

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scheduler_toolkit.settings import reload_settings
+from scheduler_toolkit.types import CredentialPresent
 
-from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, reload_settings
+from scheduler.api import CredentialBinding, CredentialContext
 from scheduler import testing
 from scheduler.testing import isolate_settings, load_provider
 

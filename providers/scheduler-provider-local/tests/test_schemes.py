@@ -19,7 +19,8 @@ from scheduler_provider_local.schemes import COMMAND_SCHEME, check_command, read
 PROBE = r"""
 import json, sys
 from scheduler_provider_local.schemes import register_secret_schemes
-from scheduler.api import SecretRef, SchedulerError
+from scheduler.api import SchedulerError
+from scheduler_toolkit.settings import SecretRef
 print(json.dumps(register_secret_schemes(strict_file=True)))
 for ref in sys.argv[1:]:
     try:
@@ -70,7 +71,7 @@ def test_settings_references_resolve_through_the_local_providers(tmp_path, write
 def test_importing_the_package_registers_nothing_and_the_kernel_loads_command_by_entry_point(tmp_path) -> None:
     code = ("import scheduler_provider_local, scheduler_provider_local.schemes\n"
             "from scheduler.settings.secret import secret_schemes\n"
-            "from scheduler.api import SecretRef\n"
+            "from scheduler_toolkit.settings import SecretRef\n"
             "print(','.join(secret_schemes()))\n"
             "print(SecretRef.parse('command:x').reference, ','.join(secret_schemes()))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -91,7 +92,8 @@ def test_the_scheme_is_declared_as_an_entry_point() -> None:
 
 @pytest.mark.parametrize("driver", ["env", "file", "command"])
 def test_each_driver_is_loaded_and_listed(driver) -> None:
-    from scheduler.api import KNOWN_CAPABILITIES, PLUGIN_API_VERSION, CredentialProvider
+    from scheduler.api import PLUGIN_API_VERSION, CredentialProvider
+    from scheduler_toolkit.types import KNOWN_CAPABILITIES
     from scheduler.testing import load_provider, run_cli
 
     provider = load_provider("credential", driver)
