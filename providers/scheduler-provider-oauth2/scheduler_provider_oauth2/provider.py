@@ -40,18 +40,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+from scheduler_toolkit.options import build_options
+from scheduler_toolkit.settings import plugin_settings
+from scheduler_toolkit.types import RefreshResult, RevokeResult
 
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    CredentialBinding,
-    CredentialContext,
-    RefreshResult,
-    ResolvedCredential,
-    RevokeResult,
-    SchedulerError,
-    build_options,
-    plugin_settings,
-)
+from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, SchedulerError
 from scheduler_provider_oauth2.errors import CredentialError, oauth_error_code, scrub
 from scheduler_provider_oauth2.settings import Client, OAuth2Options, OAuth2Settings, client_of, scope_tokens, shown_url
 

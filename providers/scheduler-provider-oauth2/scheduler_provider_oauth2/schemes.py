@@ -14,8 +14,10 @@ import errno
 import threading
 
 import attrs
+from scheduler_toolkit.settings import register_secret_scheme
+from scheduler_toolkit.types import CredentialPresent
 
-from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, SchedulerError, register_secret_scheme
+from scheduler.api import CredentialBinding, CredentialContext, SchedulerError
 from scheduler_provider_oauth2.settings import CLIENT_NAME
 
 _shared_lock = threading.Lock()

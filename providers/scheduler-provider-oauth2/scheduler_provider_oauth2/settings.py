@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from scheduler.api import SecretRef
+from scheduler_toolkit.settings import SecretRef
 
 CLIENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 # RFC 6749 section 3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )

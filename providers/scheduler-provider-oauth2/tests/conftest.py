@@ -13,8 +13,10 @@ import attrs
 import pytest
 from scheduler_provider_oauth2 import ClientSettings, OAuth2CredentialProvider, OAuth2Settings
 from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
+from scheduler_toolkit.settings import SecretRef, reload_settings
+from scheduler_toolkit.types import CredentialPresent
 
-from scheduler.api import CredentialBinding, CredentialContext, CredentialPresent, SecretRef, reload_settings
+from scheduler.api import CredentialBinding, CredentialContext
 from scheduler.testing import isolate_settings
 
 

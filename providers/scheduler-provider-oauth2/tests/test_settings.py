@@ -10,8 +10,9 @@ import sys
 import pytest
 from scheduler_provider_oauth2 import OAuth2CredentialProvider
 from scheduler_provider_oauth2.schemes import OAUTH2_SCHEME, check_client, read_token
+from scheduler_toolkit.types import KNOWN_CAPABILITIES
 
-from scheduler.api import KNOWN_CAPABILITIES, PLUGIN_API_VERSION, CredentialProvider, SchedulerError
+from scheduler.api import PLUGIN_API_VERSION, CredentialProvider, SchedulerError
 from scheduler.testing import load_provider, run_cli
 
 
@@ -159,7 +160,7 @@ def test_the_scheme_registers_in_a_fresh_interpreter(toml_file, token_server, cl
     token_server.clients["reports-id"] = client_secret
     path = toml_file(settings_text(token_server.url))
     code = ("from scheduler_provider_oauth2.schemes import register_secret_schemes\n"
-            "from scheduler.api import SecretRef\n"
+            "from scheduler_toolkit.settings import SecretRef\n"
             "print(register_secret_schemes())\n"
             "print(SecretRef.parse('oauth2:reports').resolve())\n")
     env = {**os.environ, "SCHEDULER_CONFIG": str(path), "OAUTH2_TEST_SECRET": client_secret}
