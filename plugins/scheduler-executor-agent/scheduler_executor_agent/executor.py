@@ -17,14 +17,16 @@ offloaded and digested exactly like shell output.
 from __future__ import annotations
 
 import os
-from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture, StreamRecorder
-from scheduler_toolkit.structured import structured_from_capture, unparsed_record
-from scheduler_toolkit.timeutil import now_ms
 import socket
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+
+from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture, StreamRecorder
+from scheduler_toolkit.structured import structured_from_capture, unparsed_record
+from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
     PLUGIN_API_VERSION,

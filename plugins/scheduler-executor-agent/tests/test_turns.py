@@ -9,9 +9,9 @@ import time
 
 import pytest
 from scheduler_executor_agent.loopback import Reply
-
 from scheduler_toolkit.output import read_artifact
 from scheduler_toolkit.types import CredentialPresentation
+
 from scheduler.testing import LocalRunControl
 
 API_KEY = "sk-loopback-5f0c3a9e-do-not-leak"  # conftest's key (test modules cannot import conftest)

@@ -18,13 +18,15 @@ with the user; a credential put there would outlive the run).
 from __future__ import annotations
 
 import os
-from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture
-from scheduler_toolkit.structured import structured_from_capture
-from scheduler_toolkit.timeutil import now_ms
 import socket
 import time
 import uuid
 from typing import Any
+
+
+from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture
+from scheduler_toolkit.structured import structured_from_capture
+from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
     PLUGIN_API_VERSION,

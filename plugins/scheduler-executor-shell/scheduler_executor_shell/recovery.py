@@ -8,8 +8,10 @@ group is killed; a PID now owned by another process is never signalled.
 
 from __future__ import annotations
 
-from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill
 import socket
+
+
+from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill
 
 from scheduler.api import RecoveryOutcome, RecoveryRequest, SchedulerError
 

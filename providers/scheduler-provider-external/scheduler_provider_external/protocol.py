@@ -26,9 +26,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import Any
+
+
 from scheduler_toolkit.canonical import CANONICALIZATION, canonical_bytes
 from scheduler_toolkit.evidence import PAYLOAD_FORMAT, CheckedPayload, EvidenceFailure, StrictJSONError, strict_json
-from typing import Any
 
 from scheduler.api import SchedulerError
 
