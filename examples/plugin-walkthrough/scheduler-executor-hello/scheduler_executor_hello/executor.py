@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from scheduler.api import (PLUGIN_API_VERSION, ExecutionRequest, ExecutionResult, RunControl, StreamCapture,
-                           StreamRecorder, now_ms)
+from scheduler_toolkit.output import StreamCapture, StreamRecorder
+from scheduler_toolkit.timeutil import now_ms
+
+from scheduler.api import PLUGIN_API_VERSION, ExecutionRequest, ExecutionResult, RunControl
 
 
 def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture:

@@ -50,7 +50,7 @@ def scheduler_register_commands(cli: Any) -> None:
     if "hello" in cli.commands:  # the kernel may call this hook more than once per process
         return
 
-    from scheduler.api.cli import emit  # plugin commands follow the CLI's --json contract too
+    from scheduler_toolkit.cli import emit  # plugin commands follow the CLI's --json contract too
 
     @cli.command("hello")
     @click.option("--name", default="world", help="Who to greet.")

@@ -8,8 +8,9 @@ import time
 import pytest
 from scheduler_executor_hello import HelloExecutor
 from scheduler_executor_hello import executor as hello_module
+from scheduler_toolkit.output import read_artifact
 
-from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, Executor, read_artifact
+from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, Executor
 from scheduler.testing import LocalRunControl, load_provider
 
 

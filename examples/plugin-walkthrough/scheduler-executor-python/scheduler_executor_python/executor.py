@@ -33,9 +33,12 @@ import threading
 from typing import IO, Any, Literal
 
 import attrs
+from scheduler_toolkit.output import DEFAULT_OFFLOAD_BYTES, StreamRecorder
+from scheduler_toolkit.process import group_alive, kill_group, orphan_group_safe_to_kill, process_identity
+from scheduler_toolkit.structured import structured_from_capture
+from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    DEFAULT_OFFLOAD_BYTES,
     PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
@@ -43,11 +46,7 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    StreamRecorder,
-    now_ms,
-    structured_from_capture,
 )
-from scheduler.api.process import group_alive, kill_group, orphan_group_safe_to_kill, process_identity
 
 #: Seconds between SIGTERM and SIGKILL of the payload's process group.
 KILL_GRACE_S = 1.0

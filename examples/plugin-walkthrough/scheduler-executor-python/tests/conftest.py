@@ -10,8 +10,9 @@ from typing import Any
 import attrs
 import pytest
 from scheduler_executor_python import PythonOptions
+from scheduler_toolkit.options import build_options
 
-from scheduler.api import ExecutionRequest, build_options
+from scheduler.api import ExecutionRequest
 from scheduler.testing import make_request as kernel_make_request
 
 

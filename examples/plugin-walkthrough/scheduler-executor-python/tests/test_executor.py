@@ -12,9 +12,10 @@ import time
 
 import pytest
 from scheduler_executor_python import PythonExecutor, PythonOptions
+from scheduler_toolkit.output import read_artifact
+from scheduler_toolkit.process import group_alive, process_identity
 
-from scheduler.api import PLUGIN_API_VERSION, Executor, RecoveryRequest, SchedulerError, read_artifact
-from scheduler.api.process import group_alive, process_identity
+from scheduler.api import PLUGIN_API_VERSION, Executor, RecoveryRequest, SchedulerError
 from scheduler.testing import LocalRunControl, load_provider
 
 
