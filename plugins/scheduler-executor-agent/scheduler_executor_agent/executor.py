@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-
 from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture, StreamRecorder
 from scheduler_toolkit.structured import structured_from_capture, unparsed_record
 from scheduler_toolkit.timeutil import now_ms

@@ -23,7 +23,6 @@ import time
 import uuid
 from typing import Any
 
-
 from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES, StreamCapture
 from scheduler_toolkit.structured import structured_from_capture
 from scheduler_toolkit.timeutil import now_ms

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 
-
 from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill
 
 from scheduler.api import RecoveryOutcome, RecoveryRequest, SchedulerError

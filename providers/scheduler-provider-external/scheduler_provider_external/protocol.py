@@ -28,7 +28,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-
 from scheduler_toolkit.canonical import CANONICALIZATION, canonical_bytes
 from scheduler_toolkit.evidence import PAYLOAD_FORMAT, CheckedPayload, EvidenceFailure, StrictJSONError, strict_json
 
