@@ -9,14 +9,10 @@ import urllib.request
 from typing import Any
 
 import attrs
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits
 
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    ChannelLimits,
-    DeliveryReceipt,
-    PermanentDeliveryError,
-    SecretRef,
-)
+from scheduler.api import PLUGIN_API_VERSION, DeliveryReceipt, PermanentDeliveryError
 
 log = logging.getLogger("scheduler_channel_broken")
 

@@ -9,6 +9,9 @@ import socket
 import subprocess
 import time
 
+from scheduler_toolkit.output import StreamCapture
+from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill, process_identity
+
 from scheduler.api import (
     PLUGIN_API_VERSION,
     ExecutionRequest,
@@ -17,9 +20,7 @@ from scheduler.api import (
     RecoveryRequest,
     RunControl,
     SchedulerError,
-    StreamCapture,
 )
-from scheduler.api.process import kill_group, orphan_group_safe_to_kill, process_identity
 
 
 def _capture(text: str) -> StreamCapture:

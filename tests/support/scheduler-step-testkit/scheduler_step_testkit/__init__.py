@@ -6,7 +6,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from scheduler.api import Run, StepBase, hash_text
+from scheduler_toolkit.canonical import hash_text
+from scheduler_toolkit.steps import Run, StepBase
 
 #: The command (a ``testkit`` executor script) of the jobs this step takes part in.
 MARKER_COMMAND = "echo:step-testkit"
