@@ -1100,7 +1100,8 @@ def test_pytest_adapter_reports_failures_skips_and_passes(tmp_path: Path, broken
             import hashlib
             import subprocess
 
-            from scheduler.api import PLUGIN_API_VERSION, ExecutionResult, StreamCapture
+            from scheduler.api import PLUGIN_API_VERSION, ExecutionResult
+            from scheduler_toolkit.output import StreamCapture
             from scheduler.testing import ChannelConformance, ExecutorConformance, PosixShellPayloads
 
 

@@ -21,18 +21,17 @@ from typing import Any
 
 import attrs
 import pytest
-
-from scheduler import PLUGIN_API_VERSION
-from scheduler.api import (
-    EvidenceEnvelope,
+from scheduler_toolkit.evidence import (
     EvidenceFailure,
-    EvidenceVerification,
     check_bound_payload,
     check_keys,
     check_payload,
     check_requested_methods,
     envelope_parts,
 )
+
+from scheduler import PLUGIN_API_VERSION
+from scheduler.api import EvidenceEnvelope, EvidenceVerification
 from scheduler.conformance import ci
 from scheduler.conformance.engine import FIXTURES_ENV, load_cases, load_corpus, run_kind
 

@@ -151,7 +151,7 @@ def test_version_2_binds_the_authorization_decision_and_the_proof() -> None:
 
 def test_signed_evidence_is_a_known_capability_of_every_first_party_provider_and_case() -> None:
     """Every capability a first-party evidence provider declares, or a conformance case requires, is a known name."""
-    from scheduler.api import KNOWN_CAPABILITIES
+    from scheduler_toolkit.types import KNOWN_CAPABILITIES
     from scheduler.plugins.loader import load_provider
 
     root = Path(__file__).resolve().parents[1]

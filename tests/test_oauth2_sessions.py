@@ -18,16 +18,12 @@ from typing import Any
 import pytest
 from scheduler_provider_oauth2 import ClientSettings, OAuth2CredentialProvider, OAuth2Settings
 from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import CredentialPresent
 
-from scheduler.api import (
-    CredentialBinding,
-    CredentialContext,
-    CredentialPresent,
-    MemoryProviderSessions,
-    SchedulerError,
-    SecretRef,
-)
+from scheduler.api import CredentialBinding, CredentialContext, SchedulerError
 from scheduler.pipeline.credentials.sessions import StoreProviderSessions, session_id
+from scheduler.testing import MemoryProviderSessions
 
 
 class Clock:

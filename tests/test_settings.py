@@ -327,7 +327,10 @@ from __future__ import annotations
 
 import attrs
 
-from scheduler.api import PLUGIN_API_VERSION, ChannelLimits, DeliveryReceipt, SecretRef, hookimpl
+from scheduler_toolkit.settings import SecretRef
+from scheduler_toolkit.types import ChannelLimits
+
+from scheduler.api import PLUGIN_API_VERSION, DeliveryReceipt, hookimpl
 
 
 @attrs.frozen(kw_only=True)
