@@ -18,9 +18,9 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION
-from scheduler_provider_proofs._kernel import ProofRequest, VerifiedProof
+from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
 from scheduler_provider_proofs.documents import fail, message_of, parse_document, read_trust_file, verified_document
 
 METHOD = "detached-signature"

@@ -18,8 +18,9 @@ import json
 import re
 from typing import Any
 
-from scheduler.api import SchedulerError, canonical_json
-from scheduler_provider_proofs._kernel import VerifiedProof
+from scheduler_toolkit.canonical import canonical_json
+
+from scheduler.api import SchedulerError, VerifiedProof
 
 #: ``schema`` of the signed message.
 MESSAGE_SCHEMA = "scheduler.authorization-proof"

@@ -18,9 +18,9 @@ from typing import Any
 import attrs
 import jwt
 from cryptography.hazmat.primitives import serialization
+from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION
-from scheduler_provider_proofs._kernel import ProofRequest, VerifiedProof
+from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
 from scheduler_provider_proofs.documents import artifact_claim, fail, proof_id, read_trust_file
 from scheduler_provider_proofs.jwks import fetch_jwks
 

@@ -17,9 +17,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import SchedulerError
-from scheduler_provider_proofs._kernel import ProofRequest
 from scheduler_provider_proofs.documents import signed_message
 
 ISSUER = "https://idp.test"

@@ -16,7 +16,9 @@ import json
 import re
 from typing import Any
 
-from scheduler.api import SchedulerError, canonical_json
+from scheduler_toolkit.canonical import canonical_json
+
+from scheduler.api import SchedulerError
 
 MESSAGE_SCHEMA = "scheduler.authorization-proof"
 PROOF_ID_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,256}")

@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 import attrs
+from scheduler_toolkit.process import minimal_env, run_bounded, snippet
+from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION
-from scheduler.api.process import minimal_env, run_bounded, snippet
-from scheduler_provider_ssh._kernel import ProofRequest, VerifiedProof
+from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
 from scheduler_provider_ssh.proof_document import fail, message_of, parse_document
 
 METHOD = "detached-signature"

@@ -22,28 +22,29 @@ import tempfile
 from typing import Any
 
 import attrs
-
-from scheduler.api import (
+from scheduler_toolkit.canonical import canonical_bytes, hash_bytes
+from scheduler_toolkit.evidence import (
     PAYLOAD_FORMAT,
-    PLUGIN_API_VERSION,
     CheckedPayload,
-    EvidenceDeclaration,
-    EvidenceEnvelope,
     EvidenceFailure,
-    EvidencePayload,
-    EvidenceVerification,
-    SchedulerError,
-    canonical_bytes,
     check_bound_payload,
     check_keys,
     check_payload,
     check_requested_methods,
     declared_options,
     envelope_parts,
-    hash_bytes,
     parse_canonical,
 )
-from scheduler.api.process import Completed, minimal_env, run_bounded, snippet
+from scheduler_toolkit.process import Completed, minimal_env, run_bounded, snippet
+
+from scheduler.api import (
+    PLUGIN_API_VERSION,
+    EvidenceDeclaration,
+    EvidenceEnvelope,
+    EvidencePayload,
+    EvidenceVerification,
+    SchedulerError,
+)
 from scheduler_provider_ssh.sshfiles import FINGERPRINT_RE, check_private_key, parse_signature
 
 __version__ = "0.1.0"

@@ -20,8 +20,7 @@ import re
 import stat
 
 import attrs
-
-from scheduler.api import EvidenceFailure
+from scheduler_toolkit.evidence import EvidenceFailure
 
 ARMOR_BEGIN = "-----BEGIN SSH SIGNATURE-----"
 ARMOR_END = "-----END SSH SIGNATURE-----"

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import SchedulerError
 from scheduler.testing import provider_loader, run_conformance
 from scheduler_provider_ssh import SshProofVerifier
-from scheduler_provider_ssh._kernel import ProofRequest
 from scheduler_provider_ssh.proof_conformance import ssh_sign
 from scheduler_provider_ssh.proof_document import signed_message
 

@@ -16,15 +16,9 @@ from typing import Any
 
 import attrs
 import pytest
+from scheduler_toolkit.options import catalogue
 
-from scheduler.api import (
-    PLUGIN_API_VERSION,
-    EvidenceDeclaration,
-    EvidencePayload,
-    EvidenceProvider,
-    SchedulerError,
-    catalogue,
-)
+from scheduler.api import PLUGIN_API_VERSION, EvidenceDeclaration, EvidencePayload, EvidenceProvider, SchedulerError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SIGNED_KEYS = ("schema", "version", "method", "key_fingerprint", "principal", "namespace", "payload_format",
