@@ -279,7 +279,7 @@ def test_only_the_v2_format_is_shipped() -> None:
     Every kind's cases are v2 (channel cases too, though issue 16 named ``v1/channel/``)."""
     assert sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()) == ["v1", "v2"]
     assert sorted(p.name for p in (FIXTURES / "v1").iterdir()) == ["handoff"]
-    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["authorization", "channel", "credential", "evidence", "executor"]
+    assert sorted(p.name for p in V2.iterdir() if p.is_dir()) == ["authorization", "channel", "credential", "evidence", "executor", "proof_verifier"]
 
 
 def test_case_ids_are_unique_across_the_corpus() -> None:
@@ -1085,7 +1085,9 @@ def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> N
                                      ("channel", "openclaw"), ("credential", "env"), ("credential", "file"),
                                      ("credential", "command"), ("credential", "oauth2"), ("evidence", "checksum"),
                                      ("evidence", "ssh"), ("evidence", "external"), ("authorization", "cedar"),
-                                     ("authorization", "policyfile"), ("authorization", "teams")]
+                                     ("authorization", "policyfile"), ("authorization", "teams"),
+                                     ("proof_verifier", "jwt"), ("proof_verifier", "detached-signature"),
+                                     ("proof_verifier", "certificate"), ("proof_verifier", "detached-signature-ssh")]
 
 
 # --------------------------------------------------------------------------- pytest adapter

@@ -139,7 +139,7 @@ __getattr__ = _moved_names(__name__, {
                      "hash_text", "is_digest"), ("scheduler_toolkit.canonical", "scheduler.base.canonical")),
     **dict.fromkeys(("DEFAULT_EXCERPT_BYTES", "DEFAULT_OFFLOAD_BYTES", "StreamCapture", "StreamRecorder", "read_artifact"),
                     ("scheduler_toolkit.output", "scheduler.core.outputs")),
-    **dict.fromkeys(("structured_from_capture", "unparsed_record"), ("scheduler_toolkit.structured", "scheduler.core.structured")),
+    **dict.fromkeys(("structured_from_capture", "unparsed_record"), "scheduler_toolkit.structured"),
     **dict.fromkeys(("build_options", "catalogue", "options_to_json"), ("scheduler_toolkit.options", "scheduler.base.options")),
     **dict.fromkeys(("SecretRef", "plugin_settings", "register_secret_scheme", "reload_settings"),
                     ("scheduler_toolkit.settings", "scheduler.settings")),

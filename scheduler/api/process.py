@@ -12,7 +12,7 @@ __all__: list[str] = []
 
 #: Every name this module exported -> where it lives now (one release).
 __getattr__ = _moved_names(__name__, {
-    **dict.fromkeys(("Completed", "minimal_env", "run_bounded", "snippet"), ("scheduler_toolkit.process", "scheduler.core.bounded")),
+    **dict.fromkeys(("Completed", "minimal_env", "run_bounded", "snippet"), "scheduler_toolkit.process"),
     **dict.fromkeys(("group_alive", "kill_group", "leftovers_after_reap", "live_group_members", "orphan_group_safe_to_kill",
                      "process_identity", "same_process"), ("scheduler_toolkit.process", "scheduler.core.processes")),
 })

@@ -74,8 +74,13 @@ OPTIONAL_MEMBERS: tuple[tuple[type, tuple[str, ...]], ...] = (
 
 
 def options_class_of(provider: Any) -> type | None:
-    """The provider's options class, or None when it takes no per-job options."""
+    """The provider's options class, or None when it takes no per-job options (``options_class = None`` too)."""
     return provider.options_class if isinstance(provider, DeclaresOptions) else None
 
 
-__all__ = ["Configurable", "DeclaresOptions", "OPTIONAL_MEMBERS", "PolicyChecking", "Recoverable", "options_class_of"]
+def declared_members(provider: Any, members: tuple[str, ...]) -> list[str]:
+    """Which of ``members`` the provider declares; a class attribute set to None (``options_class = None``) is not declared."""
+    return [m for m in members if getattr(provider, m, None) is not None]
+
+
+__all__ = ["Configurable", "DeclaresOptions", "OPTIONAL_MEMBERS", "PolicyChecking", "Recoverable", "declared_members", "options_class_of"]

@@ -19,7 +19,7 @@ import attrs
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
-from scheduler.core.members import OPTIONAL_MEMBERS, Configurable
+from scheduler.core.members import OPTIONAL_MEMBERS, Configurable, declared_members
 from scheduler.plugins.protocols import PROVIDER_KINDS
 from scheduler.settings import plugin_settings
 
@@ -61,8 +61,8 @@ def check_members(provider: Any, *, kind: str, name: str, dist: str) -> None:
     """
     where = f"{kind} driver {name!r} from {dist}"
     for protocol, members in OPTIONAL_MEMBERS:
-        declared = [m for m in members if hasattr(provider, m)]
-        if declared and not isinstance(provider, protocol):
+        declared = declared_members(provider, members)
+        if declared and not (isinstance(provider, protocol) and declared == list(members)):
             missing = [m for m in members if m not in declared]
             raise SchedulerError(
                 "PLUGIN_INVALID", f"{where} declares {', '.join(declared)} but not {', '.join(missing)} "
@@ -86,7 +86,7 @@ def apply_settings(kind: str, name: str, provider: Any) -> Any:
     when it does not validate. Returns the settings (None for a provider that is not
     ``Configurable``).
     """
-    if not isinstance(provider, Configurable):
+    if not isinstance(provider, Configurable) or provider.settings_class is None:
         return None
     settings = plugin_settings(kind, name, provider.settings_class)
     provider.configure(settings)

@@ -90,6 +90,7 @@ try:  # the conformance base classes are pytest test classes: only a test run ha
         CredentialProviderConformance,
         EvidenceProviderConformance,
         ExecutorConformance,
+        ProofVerifierConformance,
     )
 except ModuleNotFoundError as _missing:
     if _missing.name not in ("pytest", "_pytest"):

@@ -91,7 +91,7 @@ def test_kernel_without_the_shell_executor_gives_a_coded_error(db: Path) -> None
         json.dumps({"name": "hello", "schedule_kind": "manual", "payload_message": "echo hi"}), env=off)
     cli(db, "jobs", "run", "hello", env=off)
     listed = cli(db, "plugins", "list", env=off)["plugins"]
-    assert [p["status"] for p in listed if p["name"] == "shell"] == ["disabled"]
+    assert [p["status"] for p in listed if p["name"] == "shell" and p["group"] == "scheduler.executors"] == ["disabled"]
     dispatch(db, "1500ms", env=off)
     run = runs_of(db, "hello")[0]
     assert run["status"] == "error" and run["error_code"] == "EXECUTOR_NOT_AVAILABLE"

@@ -18,12 +18,13 @@ program (``ssh-keygen``, an attestor) with stdin, a deadline and output caps, ki
 whole group past them, and returns a ``Completed``; ``snippet(output)`` is a short printable
 excerpt for an error message.
 
-The kernel's own code (``scheduler.core.processes``, ``scheduler.core.bounded``), re-exported.
+``run_bounded`` and its companions are this distribution's (``scheduler_toolkit.helper_programs``); the
+process-group helpers are the kernel's own code (``scheduler.core.processes``, which crash recovery
+and the conformance runner use too), re-exported.
 """
 
 from __future__ import annotations
 
-from scheduler.core.bounded import Completed, minimal_env, run_bounded, snippet
 from scheduler.core.processes import (
     group_alive,
     kill_group,
@@ -33,6 +34,7 @@ from scheduler.core.processes import (
     process_identity,
     same_process,
 )
+from scheduler_toolkit.helper_programs import Completed, minimal_env, run_bounded, snippet
 
 __all__ = [
     "Completed",

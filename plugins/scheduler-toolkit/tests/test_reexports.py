@@ -20,7 +20,7 @@ from scheduler.core.store import migrations, schema
 DIST = Path(__file__).resolve().parents[1]
 MODULES = sorted(f"scheduler_toolkit.{m.name}" for m in pkgutil.iter_modules(scheduler_toolkit.__path__))
 #: Where the code of each module lives: its own (moved here) or the kernel's (re-exported).
-OWN_CODE = {"scheduler_toolkit.http", "scheduler_toolkit.prompt_safety"}
+OWN_CODE = {"scheduler_toolkit.http", "scheduler_toolkit.prompt_safety", "scheduler_toolkit.structured", "scheduler_toolkit.helper_programs"}
 
 
 @pytest.mark.parametrize("module_name", MODULES)

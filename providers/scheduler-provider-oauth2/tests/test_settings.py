@@ -48,7 +48,7 @@ def test_listed_by_plugins_list_and_shown_by_config(toml_file, token_server) -> 
     path = toml_file(settings_text(token_server.url))
     code, out, err = run_cli("--json", "plugins", "list")
     assert code == 0, err
-    (row,) = [r for r in json.loads(out)["plugins"] if r["name"] == "oauth2"]
+    (row,) = [r for r in json.loads(out)["plugins"] if r["name"] == "oauth2" and r["group"] == "scheduler.credential_providers"]
     assert row["status"] == "ok" and row["distribution"] == "scheduler-provider-oauth2"
     code, out, err = run_cli("config")
     assert code == 0, err

@@ -1,4 +1,4 @@
-"""Tests for scheduler.core.structured: json / ndjson / text records, non-fatal errors, inline limit, artifacts.
+"""Tests for scheduler_toolkit.structured: json / ndjson / text records, non-fatal errors, inline limit, artifacts.
 
 Real files and real StreamRecorders for the artifact cases; expected values are
 written out by hand.
@@ -14,7 +14,7 @@ import pytest
 
 from scheduler.core.outputs import StreamRecorder, run_dir
 from scheduler.base.errors import SchedulerError
-from scheduler.core.structured import (
+from scheduler_toolkit.structured import (
     DEFAULT_MAX_PARSED_BYTES,
     normalise_text,
     parse_structured,
