@@ -10,6 +10,6 @@ __version__ = "0.1.0"
 
 #: Major version of the provider/executor API. A provider declares the major it
 #: was written against as ``plugin_api``; the kernel refuses a different major.
-PLUGIN_API_VERSION = 2
+PLUGIN_API_VERSION = 3
 
 __all__ = ["PLUGIN_API_VERSION", "__version__"]

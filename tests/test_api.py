@@ -181,7 +181,7 @@ def test_api_exports_a_protocol_per_provider_kind() -> None:
 
     for kind, (_group, protocol) in PROVIDER_KINDS.items():
         assert getattr(api, protocol.__name__) is protocol, kind
-    assert api.PLUGIN_API_VERSION == 2
+    assert api.PLUGIN_API_VERSION == 3
 
 
 def test_capability_names_are_kebab_case() -> None:

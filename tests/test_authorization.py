@@ -193,6 +193,7 @@ def test_permit_runs_and_records_the_decision(store: Any, dispatcher: Any, tmp_p
     assert req["artifact_digest"] == run["artifact_digest"]
     assert req["job"]["id"] == run["job_id"] and req["job"]["authorization_ref"] == "testauthz:permit"
     assert req["identity"]["principal"].startswith("job:")
+    assert req["executor"] == req["job"]["executor"] == "testkit"  # the executor the run uses, as the kernel resolved it
 
 
 def test_request_include_leaves_parts_out(store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path) -> None:
@@ -200,6 +201,7 @@ def test_request_include_leaves_parts_out(store: Any, dispatcher: Any, tmp_path:
     assert run["status"] == "ok"
     (req,) = requests(testauthz)
     assert req["job"] == {} and req["identity"] is None and req["artifact_digest"] is None and req["proof"] is None
+    assert req["executor"] is None  # sent with the job part only
     assert req["trigger"]["dispatch_kind"] == "manual"
 
 

@@ -9,6 +9,7 @@ executor below, real loopback HTTP servers behind the honest reference channel, 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -716,6 +717,42 @@ def test_broken_api_is_one_api_mismatch(broken_installed: None) -> None:
     assert report.error is not None and report.error["code"] == "PLUGIN_API_MISMATCH"
     assert "99" in report.error["message"]
     assert report.results == () and report.summary_line() == "0 passed, 1 failed, 0 skipped"
+
+
+def test_a_provider_built_for_plugin_api_2_is_refused_naming_what_changed(broken_installed: None) -> None:
+    """The kernel's major is 3: a provider declaring 2 gets PLUGIN_API_MISMATCH saying what moved, through the loader and the CLI."""
+    from scheduler.plugins.loader import load_provider
+
+    with pytest.raises(SchedulerError) as exc:
+        load_provider("executor", "broken-api-two")
+    assert exc.value.code == "PLUGIN_API_MISMATCH"
+    assert "targets plugin API 2, kernel provides 3" in exc.value.message
+    for change in ("scheduler_toolkit", "configure", "proof_verifier", "literal 3", "From plugin API 2 to 3"):
+        assert change in exc.value.message, change
+    assert exc.value.details["changed"] and exc.value.details["plugin_api"] == 2
+    report = run_kind("executor", "broken-api-two", filter="executor.exit-*")
+    assert report.error is not None and report.error["code"] == "PLUGIN_API_MISMATCH" and "scheduler_toolkit" in report.error["message"]
+    # A major the kernel knows nothing about says only the numbers.
+    with pytest.raises(SchedulerError) as exc:
+        load_provider("executor", "broken-api")
+    assert exc.value.code == "PLUGIN_API_MISMATCH" and "changed" not in exc.value.details
+
+
+def test_no_first_party_provider_declares_plugin_api_through_the_kernels_constant() -> None:
+    """``plugin_api`` is a literal int in every first-party distribution: a copied constant would claim every future major."""
+    offenders, literals = [], 0
+    for root in ("plugins", "providers", "examples", "tests/support"):
+        for path in (REPO / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if any(isinstance(t, ast.Name) and t.id == "plugin_api" for t in targets):
+                        if isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+                            literals += 1
+                        else:
+                            offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders
+    assert literals >= 25  # every first-party provider was seen (a scan that finds none proves nothing)
 
 
 def test_missing_provider_is_one_failure() -> None:

@@ -39,10 +39,11 @@ from typing import Any
 import attrs
 
 from scheduler.base.entry_points import dist_name, entry_points_of
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.errors import SchedulerError
 
 #: Entry-point group of payload adapters; the entry point's name is the executor's driver name.
-ADAPTER_GROUP = "scheduler.conformance_adapters"
+ADAPTER_GROUP = kind_named("conformance_adapter").group
 
 #: Every step action a behaviour may use, with what it means (the schema's ``step`` lists the same).
 ACTIONS: dict[str, str] = {

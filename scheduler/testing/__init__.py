@@ -46,6 +46,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.artifacts.handoff_kind import HANDOFF_KIND
 from scheduler.base.entry_points import entry_point_names
 from scheduler.base.timeutil import now_ms
@@ -214,7 +215,7 @@ def postgres_unavailable_reason() -> str | None:
 
 def _probe_postgres() -> str | None:
     try:
-        if "postgres" not in entry_point_names("scheduler.stores"):
+        if "postgres" not in entry_point_names(kind_named("store").group):
             return "scheduler-store-postgres is not installed"
         if psycopg is None:
             raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")

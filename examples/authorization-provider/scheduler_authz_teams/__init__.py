@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from scheduler.api import PLUGIN_API_VERSION, AuthorizationDecision, AuthorizationRequest, SchedulerError
+from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
 __version__ = "0.1.0"
 
@@ -41,7 +41,7 @@ class TeamsSettings:
 class TeamsProvider:
     """The provider object the entry point names; the scheduler makes one per process."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"escalate"})
     options_class = TeamsOptions
     settings_class = TeamsSettings

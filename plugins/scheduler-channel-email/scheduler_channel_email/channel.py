@@ -30,7 +30,6 @@ from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
@@ -200,7 +199,7 @@ def error_for_smtp(exc: BaseException, where: str) -> DeliveryError:
 class EmailChannel:
     """The ``email`` delivery channel (entry point ``scheduler.channels:email``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: No ``idempotency-keys``: SMTP has none. The Message-ID is derived from the part's key, which lets
     #: some mailboxes fold a repeat, but nothing guarantees it.
     capabilities: frozenset[str] = frozenset({"attachments"})

@@ -22,7 +22,6 @@ from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
@@ -145,7 +144,7 @@ def _message_id(result: Any) -> str | None:
 class OpenClawChannel:
     """The ``openclaw`` delivery channel (entry point ``scheduler.channels:openclaw``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``threads``: ``thread_id`` / ``reply_to`` are passed to the message tool. No ``attachments`` (the tool takes
     #: media as paths or URLs on the Gateway's side, not uploads) and no ``idempotency-keys`` (the part's key is
     #: sent as ``Idempotency-Key``, but the Gateway's HTTP tool endpoint does not promise to honour it).

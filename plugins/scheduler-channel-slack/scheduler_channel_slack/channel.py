@@ -34,7 +34,6 @@ from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
@@ -183,7 +182,7 @@ def error_for_slack(method: str, error: str, headers: Any) -> DeliveryError:
 class SlackChannel:
     """The ``slack`` delivery channel (entry point ``scheduler.channels:slack``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: API mode: files and threads. Webhook mode narrows the instance's set to none (see ``configure``).
     #: No ``idempotency-keys``: Slack's message API has none.
     capabilities: frozenset[str] = frozenset({"attachments", "threads"})

@@ -19,7 +19,6 @@ from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits, DeliveryError
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     DeliveryPart,
     DeliveryReceipt,
     DeliveryRoute,
@@ -168,7 +167,7 @@ def _answer_error(method: str, status: int, headers: Any, content: bytes) -> Del
 class TelegramChannel:
     """The ``telegram`` delivery channel (entry point ``scheduler.channels:telegram``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: No ``idempotency-keys``: the Bot API has none, so a part re-sent after a lost answer shows twice.
     #: ``threads``: forum topics (``message_thread_id``).
     capabilities: frozenset[str] = frozenset({"attachments", "threads"})

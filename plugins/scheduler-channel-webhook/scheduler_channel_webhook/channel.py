@@ -24,7 +24,7 @@ from scheduler_toolkit.options import build_options
 from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits
 
-from scheduler.api import PLUGIN_API_VERSION, DeliveryPart, DeliveryReceipt, DeliveryRoute, PermanentDeliveryError, SchedulerError
+from scheduler.api import DeliveryPart, DeliveryReceipt, DeliveryRoute, PermanentDeliveryError, SchedulerError
 
 __version__ = "0.1.0"
 _USER_AGENT = f"scheduler-channel-webhook/{__version__}"
@@ -150,7 +150,7 @@ def _signer(secret: SecretRef | None) -> Any:
 class WebhookChannel:
     """The ``webhook`` delivery channel (entry point ``scheduler.channels:webhook``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``idempotency-keys``: every retry of a part carries the same ``webhook-id`` (and ``Idempotency-Key``),
     #: which Standard Webhooks receivers use to drop duplicates.
     capabilities: frozenset[str] = frozenset({"idempotency-keys", "attachments"})

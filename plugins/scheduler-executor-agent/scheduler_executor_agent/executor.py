@@ -28,7 +28,6 @@ from scheduler_toolkit.structured import structured_from_capture, unparsed_recor
 from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
     RecoveryOutcome,
@@ -89,7 +88,7 @@ def _cancelled(control: RunControl, details: dict[str, Any], when: str) -> Execu
 class AgentExecutor:
     """Executor driver ``agent`` (the default for ``session_target: isolated``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``agent-turn`` is informational (not in KNOWN_CAPABILITIES): the work is one chat-completions turn, with no
     #: process and no exit status; the agent's own conformance cases require it, so no other executor runs them.
     #: ``credentials-env`` is enforced at run time: the values go to the gateway only in ``x-openclaw-env-inject``,

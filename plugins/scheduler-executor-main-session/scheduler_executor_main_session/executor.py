@@ -28,7 +28,6 @@ from scheduler_toolkit.structured import structured_from_capture
 from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
     RecoveryOutcome,
@@ -66,7 +65,7 @@ def _head(request: ExecutionRequest, data: bytes) -> bytes:
 class MainSessionExecutor:
     """Executor driver ``main-session`` (the default for ``session_target: main``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: Both modes: the deadline and cancellation stop the work at once, output goes through StreamRecorder,
     #: output_format applies to stdout; ``main-session-turn`` is informational (the work is a main-session delivery,
     #: with no exit status in reply mode; this distribution's own conformance cases require it). Not claimed: ``process-group`` (reply mode has no process; event mode

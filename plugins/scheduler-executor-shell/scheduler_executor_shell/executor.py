@@ -34,7 +34,6 @@ from scheduler_toolkit.structured import structured_from_capture, unparsed_recor
 from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
     RecoveryOutcome,
@@ -98,7 +97,7 @@ def _signal_name(returncode: int) -> str:
 class ShellExecutor:
     """Executor driver ``shell`` (entry point group ``scheduler.executors``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({
         "process-group", "timeout", "cancel", "output-capture", "structured-output", "verify", "env-policy", "recover",
         "stdin", "credentials-env", "credentials-file", "credentials-stdin",

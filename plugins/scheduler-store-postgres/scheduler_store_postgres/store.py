@@ -49,7 +49,7 @@ from scheduler_toolkit.store import (
 )
 from scheduler_toolkit.timeutil import now_ms
 
-from scheduler.api import PLUGIN_API_VERSION, SchedulerError
+from scheduler.api import SchedulerError
 from scheduler_store_postgres.notify import Listener, channel_name
 from scheduler_store_postgres.schema import PgSchemaConnection
 from scheduler_store_postgres.sqlcompat import (
@@ -249,7 +249,7 @@ class PostgresStore:
     """The PostgreSQL store (``scheduler.stores`` driver ``postgres``)."""
 
     dialect = "postgresql"
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"skip-locked", "listen-notify", "multi-host"})
     #: Several dispatchers share the database, each with its own lease (``Store.exclusive_dispatch``).
     exclusive_dispatch = False

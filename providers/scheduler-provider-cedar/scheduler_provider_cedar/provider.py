@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 
-from scheduler.api import PLUGIN_API_VERSION, AuthorizationDecision, AuthorizationRequest, SchedulerError
+from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
 __version__ = "0.1.0"
 
@@ -99,8 +99,7 @@ def cedar_request(request: AuthorizationRequest, tz: str = "UTC") -> tuple[dict[
         context["trust_level"] = identity["trust_level"]
     if request.artifact_digest:
         context["artifact_digest"] = request.artifact_digest
-    session = job.get("session_target")
-    executor = job.get("executor") or {"shell": "shell", "isolated": "agent", "main": "main-session"}.get(str(session))
+    executor = request.executor or job.get("executor")  # the kernel resolves session_target's default executor
     entities = [
         {"uid": principal, "attrs": _drop_none({"trust_level": (identity or {}).get("trust_level")}), "parents": []},
         {"uid": resource, "attrs": _drop_none({"executor": executor, "schedule_kind": job.get("schedule_kind"),
@@ -117,7 +116,7 @@ def cedar_request(request: AuthorizationRequest, tz: str = "UTC") -> tuple[dict[
 class CedarProvider:
     """The ``cedar`` authorization provider (entry point ``scheduler.authorization_providers:cedar``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset({"escalate"})
     settings_class = CedarSettings
     options_class = CedarOptions

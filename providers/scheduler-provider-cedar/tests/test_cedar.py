@@ -87,3 +87,14 @@ def test_request_mapping_without_identity() -> None:
     assert cedar["principal"] == 'Job::"we\\"ird"' and cedar["action"] == 'Action::"chain"'
     assert cedar["context"]["trigger"] == {"dispatch_kind": "chain", "attempt": 2}
     assert len(entities) == 1  # principal and resource are the same job
+
+
+def test_the_resource_executor_is_the_one_the_kernel_resolved() -> None:
+    """A job without ``executor`` (session_target ``isolated``) is the executor the request names, not a copied default."""
+    job = {"name": "turn", "session_target": "isolated"}
+    _cedar, entities = cedar_request(AuthorizationRequest(policy_ref="x", job=job, trigger={"dispatch_kind": "manual"},
+                                                          executor="agent"))
+    assert entities[0]["attrs"]["executor"] == "agent"
+    _cedar, entities = cedar_request(AuthorizationRequest(policy_ref="x", job=job, trigger={"dispatch_kind": "manual"},
+                                                          executor="my-agent"))
+    assert entities[0]["attrs"]["executor"] == "my-agent"

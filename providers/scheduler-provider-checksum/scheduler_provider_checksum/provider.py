@@ -24,7 +24,7 @@ from scheduler_toolkit.evidence import (
     envelope_parts,
 )
 
-from scheduler.api import PLUGIN_API_VERSION, EvidenceDeclaration, EvidenceEnvelope, EvidencePayload, EvidenceVerification
+from scheduler.api import EvidenceDeclaration, EvidenceEnvelope, EvidencePayload, EvidenceVerification
 
 __version__ = "0.1.0"
 
@@ -44,7 +44,7 @@ class ChecksumSettings:
 class ChecksumProvider:
     """The ``checksum`` evidence provider (entry point ``scheduler.evidence_providers:checksum``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``attest``: makes envelopes; ``verify-evidence``: re-checks them. No signature, no trust anchor.
     capabilities: frozenset[str] = frozenset({"attest", "verify-evidence"})
     #: The evidence methods this provider performs (a declaration naming another is refused).

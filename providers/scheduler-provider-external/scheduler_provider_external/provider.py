@@ -33,7 +33,6 @@ from scheduler_toolkit.evidence import (
 from scheduler_toolkit.settings import SecretRef
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     EvidenceDeclaration,
     EvidenceEnvelope,
     EvidencePayload,
@@ -152,7 +151,7 @@ class ExternalSettings:
 class ExternalProvider:
     """The ``external`` evidence provider (entry point ``scheduler.evidence_providers:external``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``attest`` and ``verify-evidence``, both performed by the configured attestor.
     capabilities: frozenset[str] = frozenset({"attest", "verify-evidence"})
     #: Replaced by ``[providers.external] methods`` when configured.

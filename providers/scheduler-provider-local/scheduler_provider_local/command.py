@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import attrs
 from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
+from scheduler.api import CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 COMMAND_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -244,7 +244,7 @@ def run_named_command(name: str, settings: CommandSettings, environ: Mapping[str
 class CommandCredentialProvider:
     """Credential driver ``command`` (group ``scheduler.credential_providers``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()  # each resolve runs the command again: no refresh or revoke of its own
     settings_class = CommandSettings
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
+from scheduler.api import CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,7 +44,7 @@ def check_env_name(name: str) -> str | None:
 class EnvCredentialProvider:
     """Credential driver ``env`` (group ``scheduler.credential_providers``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()  # a variable cannot be refreshed or revoked
     settings_class = EnvSettings
 

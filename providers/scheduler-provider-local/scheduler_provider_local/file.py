@@ -29,7 +29,7 @@ import stat
 import attrs
 from scheduler_toolkit.settings import plugin_settings
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential
+from scheduler.api import CredentialBinding, CredentialContext, ResolvedCredential
 from scheduler_provider_local.errors import CredentialError
 
 DEFAULT_MAX_BYTES = 64 * 1024
@@ -199,7 +199,7 @@ def read_private_file(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> str |
 class FileCredentialProvider:
     """Credential driver ``file`` (group ``scheduler.credential_providers``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()  # a file is re-read at every resolve: nothing to refresh or revoke
     settings_class = FileSettings
 

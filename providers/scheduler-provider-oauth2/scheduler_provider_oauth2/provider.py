@@ -44,7 +44,7 @@ from scheduler_toolkit.options import build_options
 from scheduler_toolkit.settings import plugin_settings
 from scheduler_toolkit.types import RefreshResult, RevokeResult
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, SchedulerError
+from scheduler.api import CredentialBinding, CredentialContext, ResolvedCredential, SchedulerError
 from scheduler_provider_oauth2.errors import CredentialError, oauth_error_code, scrub
 from scheduler_provider_oauth2.settings import Client, OAuth2Options, OAuth2Settings, client_of, scope_tokens, shown_url
 
@@ -109,7 +109,7 @@ class _Answer:
 class OAuth2CredentialProvider:
     """Credential driver ``oauth2`` (group ``scheduler.credential_providers``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"refresh", "revoke"})
     settings_class = OAuth2Settings
     options_class = OAuth2Options

@@ -34,7 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 
-from scheduler.api import PLUGIN_API_VERSION, AuthorizationDecision, AuthorizationRequest, SchedulerError
+from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
 __version__ = "0.1.0"
 
@@ -198,8 +198,7 @@ def rule_matches(rule: Rule, request: AuthorizationRequest) -> bool:
         return False
     if rule.executors is not None:
         _need(job or None, "job", "executors")
-        executor = job.get("executor") or {"shell": "shell", "isolated": "agent", "main": "main-session"}.get(
-            str(job.get("session_target")))
+        executor = request.executor or job.get("executor")  # the kernel resolves session_target's default executor
         if executor not in rule.executors:
             return False
     if rule.principals is not None or rule.trust_levels is not None:
@@ -239,7 +238,7 @@ def evaluate(rules: Rules, request: AuthorizationRequest) -> AuthorizationDecisi
 class PolicyFileProvider:
     """The ``policyfile`` authorization provider (entry point ``scheduler.authorization_providers:policyfile``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset({"escalate"})
     settings_class = PolicyFileSettings
     options_class = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
@@ -107,3 +108,13 @@ def test_missing_file_bad_ref_and_no_directory(tmp_path: Path) -> None:
     unconfigured = PolicyFileProvider()
     unconfigured.configure(PolicyFileSettings())
     assert "POLICYFILE_NOT_CONFIGURED" in unconfigured.check_policy("rules", None)[0]
+
+
+def test_the_executor_comes_from_the_request_the_kernel_resolved(tmp_path: Path) -> None:
+    """A job without an ``executor`` field runs on its session_target's default: the kernel says which, in the request."""
+    p = provider(tmp_path, RULES.replace('executors = ["shell"]', 'executors = ["agent"]'))
+    base = request()
+    isolated = attrs.evolve(base, job={"name": "backup-db", "session_target": "isolated"}, executor="agent")
+    assert p.resolve_authorization(isolated).decision == "permit"
+    # The same job resolved to another executor is not the rule's: no copy of the kernel's defaults decides it.
+    assert p.resolve_authorization(attrs.evolve(isolated, executor="shell")).decision == "deny"

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
+from scheduler.api import VerifiedProof
 from scheduler_provider_proofs.documents import fail, message_of, parse_document, read_trust_file, verified_document
 
 METHOD = "certificate"
@@ -53,7 +53,7 @@ def _check_signature(key: Any, signature: bytes, message: bytes, key_id: str) ->
 class CertificateVerifier:
     """The ``certificate`` proof verifier. Stateless: thread-safe."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()
 
     def verify_proof(self, request: ProofRequest) -> VerifiedProof:

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
+from scheduler.api import VerifiedProof
 from scheduler_provider_proofs.documents import fail, message_of, parse_document, read_trust_file, verified_document
 
 METHOD = "detached-signature"
@@ -50,7 +50,7 @@ def load_ed25519_key(path: str) -> Ed25519PublicKey:
 class DetachedSignatureVerifier:
     """The ``detached-signature`` proof verifier (format ``ed25519``). Stateless: thread-safe."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()
 
     def verify_proof(self, request: ProofRequest) -> VerifiedProof:

@@ -20,7 +20,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
+from scheduler.api import VerifiedProof
 from scheduler_provider_proofs.documents import artifact_claim, fail, proof_id, read_trust_file
 from scheduler_provider_proofs.jwks import fetch_jwks
 
@@ -38,7 +38,7 @@ class JwtSettings:
 class JwtVerifier:
     """The ``jwt`` proof verifier. Stateless per call (settings aside): thread-safe."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()
     settings_class = JwtSettings
 

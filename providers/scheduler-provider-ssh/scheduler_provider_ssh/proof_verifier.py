@@ -23,7 +23,7 @@ import attrs
 from scheduler_toolkit.process import minimal_env, run_bounded, snippet
 from scheduler_toolkit.types import ProofRequest
 
-from scheduler.api import PLUGIN_API_VERSION, VerifiedProof
+from scheduler.api import VerifiedProof
 from scheduler_provider_ssh.proof_document import fail, message_of, parse_document
 
 METHOD = "detached-signature"
@@ -46,7 +46,7 @@ class SshProofSettings:
 class SshProofVerifier:
     """The ``detached-signature-ssh`` proof verifier. Stateless per call (settings aside): thread-safe."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()
     settings_class = SshProofSettings
 

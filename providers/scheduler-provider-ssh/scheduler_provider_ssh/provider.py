@@ -38,7 +38,6 @@ from scheduler_toolkit.evidence import (
 from scheduler_toolkit.process import Completed, minimal_env, run_bounded, snippet
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     EvidenceDeclaration,
     EvidenceEnvelope,
     EvidencePayload,
@@ -144,7 +143,7 @@ def _real(path: str) -> str:
 class SshProvider:
     """The ``ssh`` evidence provider (entry point ``scheduler.evidence_providers:ssh``). Stateless per call: thread-safe."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     #: ``attest``: signs with ssh-keygen -Y sign; ``verify-evidence``: ssh-keygen -Y verify against the configured trust;
     #: ``signed-evidence``: an envelope cannot be made or rewritten without a key the host trusts (conformance cases
     #: about forged, truncated or wrongly-scoped signatures apply).

@@ -8,7 +8,7 @@ import subprocess
 from scheduler_toolkit.output import StreamCapture, StreamRecorder
 from scheduler_toolkit.timeutil import now_ms
 
-from scheduler.api import PLUGIN_API_VERSION, ExecutionRequest, ExecutionResult, RunControl
+from scheduler.api import ExecutionRequest, ExecutionResult, RunControl
 
 
 def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture:
@@ -19,7 +19,7 @@ def _capture(request: ExecutionRequest, name: str, data: bytes) -> StreamCapture
 
 
 class HelloExecutor:
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()  # claims no cancel, timeout, process-group, env-policy...
 
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:

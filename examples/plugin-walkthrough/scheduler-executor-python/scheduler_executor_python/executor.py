@@ -39,7 +39,6 @@ from scheduler_toolkit.structured import structured_from_capture
 from scheduler_toolkit.timeutil import now_ms
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
     RecoveryOutcome,
@@ -137,7 +136,7 @@ def _feed(fd: int, data: bytes) -> None:
 class PythonExecutor:
     """Executor driver ``python`` (entry point group ``scheduler.executors``)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({
         "process-group", "timeout", "cancel", "output-capture", "structured-output", "stdin", "env-policy", "recover",
     })

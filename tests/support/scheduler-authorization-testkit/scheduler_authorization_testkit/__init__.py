@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from scheduler.api import PLUGIN_API_VERSION, AuthorizationDecision, AuthorizationRequest, SchedulerError
+from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
 
 @attrs.frozen(kw_only=True)
@@ -35,13 +35,14 @@ def _log(request: AuthorizationRequest) -> None:
                                  "artifact_digest": request.artifact_digest,
                                  "identity": dict(request.identity) if request.identity is not None else None,
                                  "proof": dict(request.proof) if request.proof is not None else None,
+                                 "executor": request.executor,
                                  "tag": getattr(request.options, "tag", None)}, default=str) + "\n")
 
 
 class TestAuthorizationProvider:
     """Answers as its policy ref says."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"escalate"})
     options_class = TestAuthzOptions
 
@@ -75,7 +76,7 @@ class TestAuthorizationProvider:
 class PermitEverything:
     """A broken provider: permits every request, whatever the policy says (fails conformance)."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset()
 
     def resolve_authorization(self, request: AuthorizationRequest) -> AuthorizationDecision:

@@ -12,7 +12,7 @@ import attrs
 from scheduler_toolkit.settings import SecretRef
 from scheduler_toolkit.types import ChannelLimits
 
-from scheduler.api import PLUGIN_API_VERSION, DeliveryReceipt, PermanentDeliveryError
+from scheduler.api import DeliveryReceipt, PermanentDeliveryError
 
 log = logging.getLogger("scheduler_channel_broken")
 
@@ -29,7 +29,7 @@ class BrokenSettings:
 class BrokenChannel:
     """Claims files and idempotency keys, sends neither, and turns the service's refusals into receipts."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"attachments", "idempotency-keys"})
     limits = ChannelLimits(max_chars=500, max_parts=5, supports_attachments=True, max_attachment_bytes=1_000_000)
     settings_class = BrokenSettings

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from scheduler.api import PLUGIN_API_VERSION, CredentialBinding, CredentialContext, ResolvedCredential, SchedulerError
+from scheduler.api import CredentialBinding, CredentialContext, ResolvedCredential, SchedulerError
 
 #: Every context this process's provider saw (the tests read the lineage a chain child was resolved with).
 SEEN: list[CredentialContext] = []
@@ -23,7 +23,7 @@ SEEN: list[CredentialContext] = []
 class TestCredentialProvider:
     """Credential driver ``testcred``."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities: frozenset[str] = frozenset()
 
     def resolve(self, binding: CredentialBinding, context: CredentialContext) -> ResolvedCredential:

@@ -15,7 +15,7 @@ ALL_CAPABILITIES = frozenset(
 class BrokenExecutor:
     """Claims everything, does nothing: status ``ok`` for every job, with made-up output metadata."""
 
-    plugin_api = 2
+    plugin_api = 3
     capabilities = ALL_CAPABILITIES
     #: Its own payload adapter accepts the shell-only cases too, so they run (and fail) as well.
     languages = frozenset({"posix-shell"})
@@ -57,3 +57,9 @@ class FutureApiExecutor(BrokenExecutor):
     """Written for a plugin API major the kernel does not provide."""
 
     plugin_api = 99
+
+
+class ApiTwoExecutor(BrokenExecutor):
+    """Written for plugin API 2, before the contract moved (what a provider not yet ported declares)."""
+
+    plugin_api = 2

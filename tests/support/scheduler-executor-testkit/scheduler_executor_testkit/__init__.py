@@ -13,7 +13,6 @@ from scheduler_toolkit.output import StreamCapture
 from scheduler_toolkit.process import kill_group, orphan_group_safe_to_kill, process_identity
 
 from scheduler.api import (
-    PLUGIN_API_VERSION,
     ExecutionRequest,
     ExecutionResult,
     RecoveryOutcome,
@@ -33,7 +32,7 @@ def _capture(text: str) -> StreamCapture:
 class TestkitExecutor:
     """Runs the step script in ``payload_message``."""
 
-    plugin_api = PLUGIN_API_VERSION
+    plugin_api = 3
     capabilities = frozenset({"cancel", "timeout", "process-group", "recover"})
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
