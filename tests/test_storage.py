@@ -860,13 +860,16 @@ def test_nested_transactions_join_the_outer_one_and_commit_at_its_exit(store: An
 
 
 def test_the_store_plugin_api_is_complete() -> None:
+    """A store plugin's contract is ``scheduler.api.store`` (Store, Tx); what it builds the schema from is the toolkit's."""
     import scheduler.api.store as api_store
+    import scheduler_toolkit.store as toolkit_store
 
-    for name in api_store.__all__:
-        assert getattr(api_store, name) is not None, name
-    assert api_store.schema_statements("postgresql") == schema.statements("postgresql")
-    assert api_store.schema_fingerprint("sqlite") == schema.fingerprint("sqlite")  # the shipped file is the render
-    assert api_store.MIGRATIONS is migrations.MIGRATIONS
+    assert set(api_store.__all__) == {"Store", "Tx"}
+    for name in toolkit_store.__all__:
+        assert getattr(toolkit_store, name) is not None, name
+    assert toolkit_store.schema_statements("postgresql") == schema.statements("postgresql")
+    assert toolkit_store.schema_fingerprint("sqlite") == schema.fingerprint("sqlite")  # the shipped file is the render
+    assert toolkit_store.MIGRATIONS is migrations.MIGRATIONS
 
 
 # --- column conventions -----------------------------------------------------------------------

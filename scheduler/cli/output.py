@@ -1,7 +1,7 @@
 """CLI output: one JSON object with ``"ok"`` in ``--json`` mode, aligned tables and local times otherwise.
 
 ``emit``, ``table`` and ``json_mode`` are the contract plugin commands share
-(``scheduler.toolkit.cli_output``, offered to plugins as ``scheduler.api.cli``); this module
+(``scheduler.toolkit.cli_output``, offered to plugins as ``scheduler_toolkit.cli``); this module
 adds the CLI's own renderings: errors, ``key: value`` lines and local times.
 """
 

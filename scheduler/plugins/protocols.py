@@ -14,7 +14,8 @@ never claims enforcement it does not really do). A provider may also declare
   ``[providers.oauth2]``) with ``SCHEDULER_<SECTION>_<NAME>_<KEY>`` overrides; the
   loader validates them and hands them to ``configure(settings)``.
 
-Plugins import these names from ``scheduler.api``.
+Plugins import the contract's names from ``scheduler.api`` (the nested value types, such as
+``ChannelLimits`` and ``ProofRequest``, from ``scheduler_toolkit.types``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ shape of ``location`` (a test enforces this).
 
 The schema itself is one dialect-neutral definition (``scheduler.core.store.schema``) and
 one migration list (``scheduler.core.store.migrations``); a store plugin reaches both, and
-everything else it needs, through ``scheduler.api.store``.
+everything else it needs, through ``scheduler_toolkit.store`` (its contract, ``Store`` and ``Tx``, is ``scheduler.api.store``).
 """
 
 from __future__ import annotations

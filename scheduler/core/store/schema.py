@@ -8,7 +8,7 @@ constraints, foreign keys, partial indexes and guard rules are plain data (built
 * the top-level ``schema.sql`` (shipped in the wheel as ``scheduler/schema.sql``) is
   ``render("sqlite")``, generated and committed: ``python -m scheduler.core.store.schema --write``
   (a test fails when the committed file differs from the generated text);
-* store plugins get their DDL through ``scheduler.api.store.schema_statements(dialect)``.
+* store plugins get their DDL through ``scheduler_toolkit.store.schema_statements(dialect)``.
 
 Logical column types and how each dialect spells them:
 
