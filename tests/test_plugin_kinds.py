@@ -93,6 +93,16 @@ class _RecoverNotCallable:
     recover = "yes"
 
 
+class _ConfigureOnly:
+    def configure(self, settings: Any) -> None:
+        pass
+
+
+class _NoneMeansNone:
+    options_class = None
+    settings_class = None
+
+
 def test_a_provider_implementing_every_optional_member_passes_and_is_configured() -> None:
     provider = _Full()
     check_members(provider, kind="channel", name="full", dist="test")
@@ -108,12 +118,18 @@ def test_a_provider_implementing_every_optional_member_passes_and_is_configured(
     (_SettingsOnly(), "declares settings_class but not configure"),
     (_OptionsNotAttrs(), "options_class must be an attrs class"),
     (_RecoverNotCallable(), "recover must be callable"),
+    (_ConfigureOnly(), "declares configure but not settings_class"),
 ])
 def test_half_an_optional_member_is_refused_at_load(provider: Any, needle: str) -> None:
     with pytest.raises(SchedulerError) as exc:
         check_members(provider, kind="executor", name="half", dist="test-dist")
     assert exc.value.code == "PLUGIN_INVALID"
     assert needle in exc.value.message and "test-dist" in exc.value.message
+
+
+def test_none_declares_no_optional_member() -> None:
+    check_members(_NoneMeansNone(), kind="channel", name="none", dist="test")
+    assert options_class_of(_NoneMeansNone()) is None and apply_settings("channel", "none", _NoneMeansNone()) is None
 
 
 def test_the_loader_and_kernel_ask_protocols_not_getattr_for_provider_members() -> None:
@@ -128,3 +144,4 @@ def test_the_loader_and_kernel_ask_protocols_not_getattr_for_provider_members() 
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in members):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
     assert not offenders, "\n".join(offenders)
+    assert "getattr(" not in (ROOT / "scheduler" / "plugins" / "loader.py").read_text()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import attrs
+
 from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
 
 
@@ -64,13 +66,19 @@ class PolicyChecking(Protocol):
         """Problems found with the policy (syntax errors, a missing file); empty when it is usable."""
 
 
-#: Each optional Protocol with the members that, declared alone, make a provider half of it.
-OPTIONAL_MEMBERS: tuple[tuple[type, tuple[str, ...]], ...] = (
-    (DeclaresOptions, ("options_class",)),
-    (Configurable, ("settings_class", "configure")),
-    (Recoverable, ("recover",)),
-    (PolicyChecking, ("check_policy",)),
-)
+@runtime_checkable
+class _DeclaresSettingsClass(Protocol):
+    """Half of ``Configurable``: what a provider declaring settings but no ``configure`` looks like."""
+
+    settings_class: Any
+
+
+@runtime_checkable
+class _DeclaresConfigure(Protocol):
+    """The other half of ``Configurable``."""
+
+    def configure(self, settings: Any) -> None:
+        """See ``Configurable.configure``."""
 
 
 def options_class_of(provider: Any) -> type | None:
@@ -78,9 +86,35 @@ def options_class_of(provider: Any) -> type | None:
     return provider.options_class if isinstance(provider, DeclaresOptions) else None
 
 
-def declared_members(provider: Any, members: tuple[str, ...]) -> list[str]:
-    """Which of ``members`` the provider declares; a class attribute set to None (``options_class = None``) is not declared."""
-    return [m for m in members if getattr(provider, m, None) is not None]
+def member_problems(provider: Any) -> list[tuple[str, str]]:
+    """``(protocol, what is wrong)`` for each optional member the provider declares only in part, or wrongly.
+
+    Asked once, when the provider is loaded: a ``settings_class`` without ``configure``
+    (its settings would be validated and then silently ignored), ``configure`` without a
+    ``settings_class``, an ``options_class`` or ``settings_class`` that is not an attrs class,
+    a ``recover`` or ``check_policy`` that cannot be called. ``None`` for a class declares none.
+    """
+    problems: list[tuple[str, str]] = []
+    options = options_class_of(provider)
+    if options is not None and not attrs.has(options):
+        problems.append(("DeclaresOptions", f"options_class must be an attrs class, not {type(options).__name__}"))
+    settings = provider.settings_class if isinstance(provider, _DeclaresSettingsClass) else None
+    configure = isinstance(provider, _DeclaresConfigure)
+    if settings is not None and not configure:
+        problems.append(("Configurable", "declares settings_class but not configure (the optional Configurable protocol "
+                                         "needs both: the loader hands the validated settings to configure)"))
+    elif configure and settings is None:
+        problems.append(("Configurable", "declares configure but not settings_class (the optional Configurable protocol "
+                                         "needs both)"))
+    elif settings is not None and not attrs.has(settings):
+        problems.append(("Configurable", f"settings_class must be an attrs class, not {type(settings).__name__}"))
+    elif configure and not callable(provider.configure):
+        problems.append(("Configurable", "configure must be callable"))
+    if isinstance(provider, Recoverable) and not callable(provider.recover):
+        problems.append(("Recoverable", f"recover must be callable, not {type(provider.recover).__name__}"))
+    if isinstance(provider, PolicyChecking) and not callable(provider.check_policy):
+        problems.append(("PolicyChecking", f"check_policy must be callable, not {type(provider.check_policy).__name__}"))
+    return problems
 
 
-__all__ = ["Configurable", "DeclaresOptions", "OPTIONAL_MEMBERS", "PolicyChecking", "Recoverable", "declared_members", "options_class_of"]
+__all__ = ["Configurable", "DeclaresOptions", "PolicyChecking", "Recoverable", "member_problems", "options_class_of"]

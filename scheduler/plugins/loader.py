@@ -19,7 +19,7 @@ import attrs
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
-from scheduler.core.members import OPTIONAL_MEMBERS, Configurable, declared_members
+from scheduler.core.members import Configurable, member_problems
 from scheduler.plugins.protocols import PROVIDER_KINDS
 from scheduler.settings import plugin_settings
 
@@ -59,22 +59,11 @@ def check_members(provider: Any, *, kind: str, name: str, dist: str) -> None:
     silently ignored, an ``options_class`` that is not an attrs class cannot validate a job's
     options. Checked once here, so the kernel can ask ``isinstance`` everywhere else.
     """
-    where = f"{kind} driver {name!r} from {dist}"
-    for protocol, members in OPTIONAL_MEMBERS:
-        declared = declared_members(provider, members)
-        if declared and not (isinstance(provider, protocol) and declared == list(members)):
-            missing = [m for m in members if m not in declared]
-            raise SchedulerError(
-                "PLUGIN_INVALID", f"{where} declares {', '.join(declared)} but not {', '.join(missing)} "
-                f"(the optional {protocol.__name__} protocol needs all of {', '.join(members)})",
-                details={"protocol": protocol.__name__, "declared": declared, "missing": missing})
-        for member in declared:
-            value = getattr(provider, member)
-            wrong = (not attrs.has(value)) if member.endswith("_class") else not callable(value)
-            if wrong:
-                need = "an attrs class" if member.endswith("_class") else "callable"
-                raise SchedulerError("PLUGIN_INVALID", f"{where}: {member} must be {need}, not {type(value).__name__}",
-                                     details={"protocol": protocol.__name__, "member": member})
+    problems = member_problems(provider)
+    if problems:
+        protocol, problem = problems[0]
+        raise SchedulerError("PLUGIN_INVALID", f"{kind} driver {name!r} from {dist}: {problem}",
+                             details={"protocol": protocol, "problems": [p for _protocol, p in problems]})
 
 
 def apply_settings(kind: str, name: str, provider: Any) -> Any:
