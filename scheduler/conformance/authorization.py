@@ -63,6 +63,7 @@ from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.queue import StartedRun
 from scheduler.core.spec import validate_spec
+from scheduler.core.members import PolicyChecking, options_class_of
 from scheduler.pipeline.authorization import DECISIONS, check_answer, decide_with, policy_problems
 from scheduler.pipeline.identity import ResolvedIdentity
 from scheduler.plugins.protocols import AuthorizationDecision
@@ -202,7 +203,7 @@ class _Faulty:
         self.inner, self.fault, self.release = inner, fault, release
         self.plugin_api = inner.plugin_api
         self.capabilities = inner.capabilities
-        self.options_class = getattr(inner, "options_class", None)
+        self.options_class = options_class_of(inner)
         self.own: list[Any] = []
 
     def resolve_authorization(self, request: Any) -> Any:
@@ -395,9 +396,9 @@ def _answer_problems(case: Case, asked: _Asked, faulty: _Faulty | None) -> list[
 def _policy_check_problems(provider: Any, name: str, setup: Any, spec: Any, policy: str, expect: dict[str, Any],
                            policy_problems: Any) -> list[str]:
     """``check_policy`` (``jobs validate``, ``doctor``) must flag an invalid or missing policy and pass a valid one."""
-    if getattr(provider, "check_policy", None) is None:
+    if not isinstance(provider, PolicyChecking):
         return []
-    cls = getattr(provider, "options_class", None)
+    cls = options_class_of(provider)
     raw = (spec.authorization or {}).get("provider_config") or {}
     options = build_options(cls, raw, "authorization.provider_config") if cls is not None else None
     found = policy_problems(provider, name, setup.policy_ref, options)

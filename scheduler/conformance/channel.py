@@ -44,6 +44,7 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.members import Configurable, settings_class_of
 from scheduler.conformance.engine import (
     _DRIVER_NAME,
     Case,
@@ -222,7 +223,7 @@ def _run_channel_case(provider: Any, case: Case, workdir: Path, context: Any) ->
 def _configure(provider: Any, name: str, settings: Any) -> str | None:
     """Validate the stand-in's settings table like the loader does and hand it to ``configure``; the problem, or None."""
     table = dict(settings or {})
-    cls = getattr(provider, "settings_class", None)
+    cls = settings_class_of(provider)
     if cls is None:
         if table:
             return f"the service adapter gives settings ({', '.join(sorted(table))}) but the channel declares no settings_class"
@@ -231,10 +232,9 @@ def _configure(provider: Any, name: str, settings: Any) -> str | None:
     if problems or resolved is None:
         listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
         return f"the service adapter's settings do not validate against {cls.__name__}: {listed}"
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
+    if isinstance(provider, Configurable):
         try:
-            configure(resolved.value)
+            provider.configure(resolved.value)
         except Exception as exc:  # noqa: BLE001 - reported as the case's failure
             code = f" [{exc.code}]" if isinstance(exc, SchedulerError) else ""
             return f"configure() refused the service adapter's settings: {type(exc).__name__}{code}: {exc}"

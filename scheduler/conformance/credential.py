@@ -49,6 +49,7 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options
+from scheduler.core.members import options_class_of
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
@@ -167,7 +168,7 @@ def _binding(case: Case, provider: Any, name: str, ref: str) -> Any:
     spec = dict(case.input.get("binding") or {})
     present = CredentialPresent(**spec.get("present", {"medium": "env", "key": "CONFORMANCE_TOKEN"}))
     options = spec.get("options")
-    cls = getattr(provider, "options_class", None)
+    cls = options_class_of(provider)
     if cls is not None:
         options = build_options(cls, options or {}, "credentials.options")
     return CredentialBinding(name=spec.get("name", "conformance"), provider=name, ref=ref, present=present,

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.members import Configurable, settings_class_of
 from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
 from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
 from scheduler.conformance.service import _instantiate
@@ -76,7 +77,7 @@ def configure_provider(provider: Any, name: str, settings: Any, *, role: str, wh
     is a problem: the provider would silently ignore what the case set up.
     """
     table = dict(settings or {})
-    cls = getattr(provider, "settings_class", None)
+    cls = settings_class_of(provider)
     if cls is None:
         return (f"the {role} adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class"
                 if table else None)
@@ -84,10 +85,9 @@ def configure_provider(provider: Any, name: str, settings: Any, *, role: str, wh
     if problems or resolved is None:
         listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
         return f"the {role} adapter's {which} do not validate against {cls.__name__}: {listed}"
-    configure = getattr(provider, "configure", None)
-    if callable(configure):
+    if isinstance(provider, Configurable):
         try:
-            configure(resolved.value)
+            provider.configure(resolved.value)
         except Exception as exc:  # noqa: BLE001 - the case's failure
             return f"configure() refused the {role} adapter's {which}: {type(exc).__name__}: {exc}"
     return None

@@ -86,6 +86,11 @@ def options_class_of(provider: Any) -> type | None:
     return provider.options_class if isinstance(provider, DeclaresOptions) else None
 
 
+def settings_class_of(provider: Any) -> type | None:
+    """The provider's host-settings class, or None when it has no host settings (``settings_class = None`` too)."""
+    return provider.settings_class if isinstance(provider, _DeclaresSettingsClass) else None
+
+
 def member_problems(provider: Any) -> list[tuple[str, str]]:
     """``(protocol, what is wrong)`` for each optional member the provider declares only in part, or wrongly.
 
@@ -98,7 +103,7 @@ def member_problems(provider: Any) -> list[tuple[str, str]]:
     options = options_class_of(provider)
     if options is not None and not attrs.has(options):
         problems.append(("DeclaresOptions", f"options_class must be an attrs class, not {type(options).__name__}"))
-    settings = provider.settings_class if isinstance(provider, _DeclaresSettingsClass) else None
+    settings = settings_class_of(provider)
     configure = isinstance(provider, _DeclaresConfigure)
     if settings is not None and not configure:
         problems.append(("Configurable", "declares settings_class but not configure (the optional Configurable protocol "
@@ -117,4 +122,4 @@ def member_problems(provider: Any) -> list[tuple[str, str]]:
     return problems
 
 
-__all__ = ["Configurable", "DeclaresOptions", "PolicyChecking", "Recoverable", "member_problems", "options_class_of"]
+__all__ = ["Configurable", "DeclaresOptions", "PolicyChecking", "Recoverable", "member_problems", "options_class_of", "settings_class_of"]
