@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import to_iso
-from scheduler.core.spec import SPEC_COLUMN_ORDER, JobSpec, spec_from_row
+from scheduler.core.rows import JobRow, JSONObject, JSONValue
+from scheduler.core.spec import JobSpec, spec_columns, spec_from_row
 from scheduler.core.steps import NOT_REGISTERED, Plan, plan_for, refuse_unowned, registered
 
 if TYPE_CHECKING:
@@ -47,12 +49,12 @@ SECRET_KEY_RE = re.compile(
 )
 
 
-def redacted(value: Any) -> dict[str, Any]:
+def redacted(value: object) -> JSONObject:
     """The stand-in for a secret-like value: its canonical digest, never the value."""
     return {"redacted": True, "value_hash": hash_text(value) if isinstance(value, str) else canonical_digest(value)}
 
 
-def redact_secrets(value: Any) -> Any:
+def redact_secrets(value: JSONValue) -> JSONValue:
     """``value`` with every secret-like key's value replaced by ``redacted(...)``, recursively."""
     if isinstance(value, dict):
         return {k: redacted(v) if SECRET_KEY_RE.search(k) and v is not None else redact_secrets(v) for k, v in value.items()}
@@ -84,7 +86,7 @@ KERNEL_SECTIONS = frozenset({"target", "command", "runtime", "output", "delivery
 NATIVE_HEADER = frozenset({"schema", "version", "canonicalization", "job_id"})
 
 
-def execution_sections(spec: JobSpec) -> dict[str, Any]:
+def execution_sections(spec: JobSpec) -> JSONObject:
     """The execution contract of ``spec`` as artifact sections (no job id, no header): the kernel's, then each
     registered step's (``PIPELINE_NOT_INSTALLED`` without them: an artifact is never projected without its steps).
 
@@ -92,7 +94,7 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
     """
     steps = registered().steps
     payload = spec.payload_message
-    sections: dict[str, Any] = {
+    sections: JSONObject = {
         "target": {
             "session_target": spec.session_target,
             "executor": spec.executor_name(),
@@ -123,11 +125,11 @@ def execution_sections(spec: JobSpec) -> dict[str, Any]:
     return sections
 
 
-def _native_header(job_id: str) -> dict[str, Any]:
+def _native_header(job_id: str) -> JSONObject:
     return {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1", "job_id": job_id}
 
 
-def native_payload(spec: JobSpec, job_id: str) -> dict[str, Any]:
+def native_payload(spec: JobSpec, job_id: str) -> JSONObject:
     """The native execution artifact of job ``job_id`` with spec ``spec``."""
     return _native_header(job_id) | execution_sections(spec)
 
@@ -137,7 +139,7 @@ def native_digest(spec: JobSpec, job_id: str) -> str:
     return canonical_digest(native_payload(spec, job_id))
 
 
-def put_artifact(tx: Tx, payload: dict[str, Any], *, kind: str, job_id: str, now: int) -> str:
+def put_artifact(tx: Tx, payload: JSONObject, *, kind: str, job_id: str, now: int) -> str:
     """Store ``payload`` as an artifact (once: an identical one is already there) and return its digest."""
     text = canonical_json(payload)
     digest = canonical_digest(payload)
@@ -161,45 +163,59 @@ def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
     return {**row, "payload_text": row["payload"], "payload": parse_stored(row["payload"], digest)}
 
 
-def parse_stored(text: Any, digest: str) -> dict[str, Any]:
+def parse_stored(text: object, digest: str) -> JSONObject:
     """Parse stored artifact text, refusing anything that is not canonical JSON with digest ``digest``."""
+    payload: JSONObject | None = None
     try:
-        payload = json.loads(text) if isinstance(text, str) else None
-        ok = isinstance(payload, dict) and canonical_json(payload) == text and canonical_digest(payload) == digest
+        loaded = json.loads(text) if isinstance(text, str) else None
+        if isinstance(loaded, dict) and canonical_json(loaded) == text and canonical_digest(loaded) == digest:
+            payload = loaded
     except (ValueError, SchedulerError):
-        ok = False
-    if not ok:
+        payload = None
+    if payload is None:
         raise SchedulerError("EXECUTION_ARTIFACT_TAMPERED", f"stored execution artifact {digest} does not match its digest")
-    return payload  # type: ignore[return-value]
+    return payload
 
 
-def expected_digest(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
+def _job(row: JobRow | Mapping[str, object]) -> JobRow:
+    """A job row as its class (a caller that read it as a mapping pays one ``from_row``)."""
+    return row if isinstance(row, JobRow) else JobRow.from_row(row)
+
+
+def expected_digest(tx: Tx | None, row: JobRow | Mapping[str, object], spec: JobSpec | None = None) -> str:
     """The digest the job row ``row`` must carry, recomputed from the row itself.
 
     Native jobs recompute their projection; a job bound to another artifact kind (handoff v4)
     is proven by the registered step that owns that kind (``Step.check_binding``, which reads
     the stored artifact) and keeps its recorded digest. ``spec`` is ``spec_from_row(row)`` when
-    the caller already built it (the dispatcher's worker does): it is not rebuilt.
+    the caller already built it (the dispatcher's worker does): it is not rebuilt. ``tx`` may be None for a
+    native job (its projection needs no database).
     """
-    if row.get("handoff_version") is not None:
-        spec = spec if spec is not None else spec_from_row(row)
-        if not any(step.check_binding(tx, row, spec) for step in registered().binders):
-            raise SchedulerError(NOT_REGISTERED, f"job {row.get('name')!r} is bound to a handoff v{row['handoff_version']}"
+    job = _job(row)
+    if job.handoff_version is not None:
+        if tx is None:
+            raise ValueError(f"job {job.name!r} is bound to a handoff artifact: its binding is proven in a transaction")
+        spec = spec if spec is not None else spec_from_row(job)
+        values = job.to_dict()
+        if not any(step.check_binding(tx, values, spec) for step in registered().binders):
+            raise SchedulerError(NOT_REGISTERED, f"job {job.name!r} is bound to a handoff v{job.handoff_version}"
                                  " artifact and no registered pipeline step proves that kind")
-        return row["artifact_digest"]
-    return _native(row, spec)[0]
+        if job.artifact_digest is None:
+            raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {job.name!r} has no execution artifact")
+        return job.artifact_digest
+    return _native(job, spec)[0]
 
 
-def _native(row: dict[str, Any], spec: JobSpec | None) -> tuple[str, dict[str, Any]]:
+def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, JSONObject]:
     """``(native digest, sections)`` of a native job row. The projection is a pure function of the row's spec
     columns and the installed steps: it is remembered per exact row content, so the check before every run
     costs a lookup, not a canonicalisation."""
     installed = registered()
-    key = (id(installed), row["id"], *map(row.get, SPEC_COLUMN_ORDER))
+    key = (id(installed), row.id, *spec_columns(row))
     hit = _NATIVE_DIGESTS.get(key)
     if hit is None:
         sections = execution_sections(spec if spec is not None else spec_from_row(row))
-        hit = (canonical_digest(_native_header(row["id"]) | sections), sections)
+        hit = (canonical_digest(_native_header(row.id) | sections), sections)
         if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
             _NATIVE_DIGESTS.clear()
         _NATIVE_DIGESTS[key] = hit
@@ -207,31 +223,32 @@ def _native(row: dict[str, Any], spec: JobSpec | None) -> tuple[str, dict[str, A
 
 
 #: ``(installed steps, job id, spec column values...) -> (native digest, sections)``; bounded, cleared when full.
-_NATIVE_DIGESTS: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
+_NATIVE_DIGESTS: dict[tuple[object, ...], tuple[str, JSONObject]] = {}
 _NATIVE_DIGESTS_MAX = 4096
 
 
-def check_job(tx: Tx, row: dict[str, Any], spec: JobSpec | None = None) -> str:
+def check_job(tx: Tx | None, row: JobRow | Mapping[str, object], spec: JobSpec | None = None) -> str:
     """The job's artifact digest after proving the row still matches it (the run pipeline's artifact check).
 
     ``EXECUTION_ARTIFACT_MISMATCH`` when the job no longer projects to its recorded
     artifact (the row changed outside the kernel, or a plugin's option normalisation changed).
-    ``spec``: ``spec_from_row(row)`` when the caller has it (saves rebuilding it).
+    ``spec``: ``spec_from_row(row)`` when the caller has it (saves rebuilding it); ``tx`` may be None for a native job.
     """
-    recorded = row.get("artifact_digest")
-    if not is_digest(recorded):
-        raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {row.get('name')!r} has no execution artifact")
-    actual = expected_digest(tx, row, spec)
+    job = _job(row)
+    recorded = job.artifact_digest
+    if recorded is None or not is_digest(recorded):
+        raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {job.name!r} has no execution artifact")
+    actual = expected_digest(tx, job, spec)
     if actual != recorded:
         raise SchedulerError(
             "EXECUTION_ARTIFACT_MISMATCH",
-            f"job {row.get('name')!r} no longer matches its execution artifact {recorded} (it projects to {actual});"
+            f"job {job.name!r} no longer matches its execution artifact {recorded} (it projects to {actual});"
             " re-save the job with `jobs update` to bind a new artifact",
         )
     return recorded
 
 
-def bind_plan(store: Store, row: dict[str, Any], spec: JobSpec) -> Plan:
+def bind_plan(store: Store, row: JobRow | Mapping[str, object], spec: JobSpec) -> Plan:
     """The run pipeline's artifact check, and the run plan it proves: the first thing every run does.
 
     The job as claimed must still project to the artifact it is bound to (``check_job``; a handoff
@@ -240,15 +257,16 @@ def bind_plan(store: Store, row: dict[str, Any], spec: JobSpec) -> Plan:
     because its stored artifact declares a section no registered step owns (a step's distribution
     was uninstalled) fails with ``PIPELINE_STEP_NOT_REGISTERED`` instead of the mismatch.
     """
-    if row.get("handoff_version") is not None:
+    row = _job(row)
+    if row.handoff_version is not None:
         with store.read() as tx:
             digest = check_job(tx, row, spec)
         return plan_for(digest, lambda: execution_sections(spec), KERNEL_SECTIONS)
     try:
-        digest = check_job(None, row, spec)  # type: ignore[arg-type]  # a native projection needs no database
+        digest = check_job(None, row, spec)  # a native projection needs no database
     except SchedulerError as exc:
-        if exc.code == "EXECUTION_ARTIFACT_MISMATCH":
-            _refuse_unowned_sections(store, row["artifact_digest"])
+        if exc.code == "EXECUTION_ARTIFACT_MISMATCH" and row.artifact_digest is not None:
+            _refuse_unowned_sections(store, row.artifact_digest)
         raise
     return plan_for(digest, lambda: _native(row, spec)[1], KERNEL_SECTIONS)
 
@@ -265,8 +283,8 @@ def _refuse_unowned_sections(store: Store, digest: str) -> None:
     refuse_unowned(digest, sections, KERNEL_SECTIONS)
 
 
-def artifact_to_json(row: dict[str, Any]) -> dict[str, Any]:
-    """JSON view of a loaded artifact row (payload already parsed)."""
+def artifact_to_json(row: Mapping[str, Any]) -> JSONObject:
+    """JSON view of a loaded artifact row (``load_artifact``: payload already parsed)."""
     return {"digest": row["digest"], "kind": row["kind"], "job_id": row["job_id"], "payload_bytes": row["payload_bytes"],
             "created_at": to_iso(row["created_at"]), "payload": row["payload"]}
 

@@ -20,7 +20,7 @@ column once parsed, an event's data, a JSON view (``JSONObject``), and what a co
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING, Union
 
 import attrs
 
@@ -36,7 +36,6 @@ JSONObject: TypeAlias = dict[str, JSONValue]
 #: What one column of a row holds.
 SQLValue: TypeAlias = Union[None, str, int, float, bytes]
 
-_R = TypeVar("_R", bound="Row")
 #: Field names per row class, in schema (and ``__init__``) order.
 _NAMES: dict[type, tuple[str, ...]] = {}
 _NAME_SETS: dict[type, frozenset[str]] = {}
@@ -314,3 +313,8 @@ class OutboxPartRow(Row):
     delivered_at: int | None
     created_at: int
     updated_at: int
+
+
+def json_object(value: object) -> JSONObject:
+    """``value`` when it is a JSON object, else an empty one (reading an optional part of a document)."""
+    return value if isinstance(value, dict) else {}

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable, Mapping
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -19,6 +21,9 @@ from scheduler.core.conditions import compile_pattern
 from scheduler.core.job_retention import normalise_job_retention
 from scheduler.core.schedules import Schedule, validate_cron, validate_timezone
 from scheduler.core.steps import NOT_REGISTERED, Installed, registered
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JobRow, JSONObject, SQLValue
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
@@ -63,7 +68,7 @@ DEFAULT_EXECUTORS = {"shell": "shell", "isolated": "agent", "main": "main-sessio
 
 
 def _f(
-    default: Any = attrs.NOTHING,
+    default: object = attrs.NOTHING,
     *,
     kind: str,
     doc: str,
@@ -225,9 +230,9 @@ class JobSpec:
             dst_fold=self.dst_fold_policy,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """JSON view: instants as ISO-8601 ``Z``."""
-        out = attrs.asdict(self)
+        out: JSONObject = attrs.asdict(self)
         out["schedule_at"] = to_iso(self.schedule_at)
         return out
 
@@ -240,15 +245,16 @@ SPEC_COLUMN_ORDER: tuple[str, ...] = tuple(f.name for f in SPEC_FIELDS)
 
 def _default(f: attrs.Attribute) -> Any:
     """A field's default value (a fresh one for factory defaults)."""
-    return f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+    factory = getattr(f.default, "factory", None)  # an ``attrs.Factory``
+    return factory() if callable(factory) else f.default
 
 
-def field_catalogue() -> list[dict[str, Any]]:
+def field_catalogue() -> list[JSONObject]:
     """The documented field list (`scheduler schema jobs`), generated from ``JobSpec``."""
     rows = []
     for f in SPEC_FIELDS:
         m = f.metadata
-        constraints: dict[str, Any] = {}
+        constraints: JSONObject = {}
         if m["choices"]:
             constraints["choices"] = list(m["choices"])
         if m["minimum"] is not None:
@@ -286,7 +292,7 @@ KERNEL_KINDS = frozenset({"str", "bool", "int", "instant", "choice", "duration",
                           "condition", "options", "retention"})
 
 
-def _coerce(f: attrs.Attribute, value: Any, errors: _Errors, installed: Installed) -> Any:
+def _coerce(f: attrs.Attribute, value: object, errors: _Errors, installed: Installed) -> Any:
     """Type-check and normalise one field value; record an error and return None when bad.
 
     A field a registered step owns with a normaliser of its own is that step's to check
@@ -419,7 +425,7 @@ def _check_condition(name: str, value: str, errors: _Errors) -> str | None:
     return None
 
 
-def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, plugin_options: bool = True) -> JobSpec:
+def validate_spec(obj: object, *, now: int | None = None, check_past: bool = True, plugin_options: bool = True) -> JobSpec:
     """Validate a job spec object into a ``JobSpec``; raise ``VALIDATION_FAILED`` listing every problem.
 
     ``check_past`` rejects an ``at`` instant already in the past unless the spec
@@ -440,7 +446,7 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
             errors.add(str(key), f"moved: set {MOVED_FIELDS[key]} instead", "FIELD_MOVED")
         elif key not in SPEC_FIELD_NAMES:
             errors.add(str(key), f"unknown field {key!r}", "UNKNOWN_FIELD")
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for f in SPEC_FIELDS:
         if f.name in obj:
             values[f.name] = _coerce(f, obj[f.name], errors, installed)
@@ -465,9 +471,9 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
         raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
     if values.get("schedule_kind") == "chain" and values.get("trigger_on") is None:
         values["trigger_on"] = "success"
-    spec = JobSpec(**values)
+    spec = _spec(values)
     if plugin_options:
-        normalised: dict[str, Any] = {}
+        normalised: dict[str, object] = {}
         problems: list[dict[str, str]] = []
         for step in installed.steps:
             changed, found = step.check_installed(spec)
@@ -479,11 +485,12 @@ def validate_spec(obj: Any, *, now: int | None = None, check_past: bool = True, 
             fields = ", ".join(sorted({e["field"] for e in errors.items}))
             raise SchedulerError("VALIDATION_FAILED", f"invalid job spec: {fields}", details=errors.items)
         if normalised:
-            spec = attrs.evolve(spec, **normalised)
+            evolve: Callable[..., JobSpec] = attrs.evolve
+            spec = evolve(spec, **normalised)
     return spec
 
 
-def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: bool) -> None:
+def _cross_checks(v: dict[str, object], errors: _Errors, *, now: int, check_past: bool) -> None:
     """The kernel's rules that involve several fields (each step adds its own: ``Step.check``)."""
     kind = v.get("schedule_kind")
     owners = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
@@ -493,8 +500,9 @@ def _cross_checks(v: dict[str, Any], errors: _Errors, *, now: int, check_past: b
             errors.add(field, f"is required when schedule_kind={owner}", "REQUIRED")
         if kind is not None and kind != owner and present:
             errors.add(field, f"is only valid with schedule_kind={owner}", "CONFLICT")
-    if kind == "at" and v.get("schedule_at") is not None and check_past:
-        if v["schedule_at"] <= now and not v.get("allow_past_at"):
+    at = v.get("schedule_at")
+    if kind == "at" and isinstance(at, int) and check_past:
+        if at <= now and not v.get("allow_past_at"):
             errors.add("schedule_at", "is in the past (set allow_past_at to accept it)", "AT_IN_PAST")
     if kind == "chain" and not v.get("parent_id") and not errors.has("parent_id"):
         errors.add("parent_id", "is required when schedule_kind=chain", "REQUIRED")
@@ -514,9 +522,9 @@ _JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "cred
                          "retention"})
 
 
-def spec_to_row(spec: JobSpec) -> dict[str, Any]:
+def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
     """Storage view of a spec: one column per field, booleans as 0/1, plugin options as JSON text."""
-    row = attrs.asdict(spec)
+    row: dict[str, Any] = attrs.asdict(spec)
     for f in SPEC_FIELDS:
         kind = f.metadata["kind"]
         if kind == "bool":
@@ -527,36 +535,64 @@ def spec_to_row(spec: JobSpec) -> dict[str, Any]:
 
 
 #: (name, kind, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
-_ROW_PLAN = tuple(
-    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in _JSON_KINDS else "", f.default)
+#: The default is a value, or (``attrs.Factory``) its factory.
+_ROW_PLAN: tuple[tuple[str, str, bool, Callable[[], object] | None, object], ...] = tuple(
+    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in _JSON_KINDS else "",
+     f.default is not attrs.NOTHING, getattr(f.default, "factory", None), f.default)
     for f in SPEC_FIELDS
 )
 
 
-def spec_from_row(row: dict[str, Any]) -> JobSpec:
+#: The spec columns of a ``JobRow``, in ``_ROW_PLAN`` order, in one call.
+_SPEC_COLUMNS = attrgetter(*SPEC_COLUMN_ORDER)
+
+
+def spec_columns(row: JobRow | Mapping[str, object]) -> tuple[object, ...]:
+    """The values of the spec columns of a job row (a ``JobRow`` or the mapping a read returned), in spec order."""
+    if isinstance(row, Mapping):
+        return tuple(map(row.get, SPEC_COLUMN_ORDER))
+    values: tuple[object, ...] = _SPEC_COLUMNS(row)
+    return values
+
+
+def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
     """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
-    values = {}
-    for name, kind, default in _ROW_PLAN:
-        val = row.get(name)
+    values: dict[str, object] = {}
+    for (name, kind, has_default, factory, default), val in zip(_ROW_PLAN, spec_columns(row)):
         if val is None:
-            if default is not attrs.NOTHING:
-                val = default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[attr-defined]
+            if has_default:
+                val = factory() if factory is not None else default
         elif kind == "bool":
             val = bool(val)
         elif kind == "json":
-            val = json.loads(val) if isinstance(val, str) else dict(val)
+            if isinstance(val, str):
+                val = json.loads(val)
+            elif isinstance(val, Mapping):
+                val = dict(val)
+            else:
+                raise TypeError(f"the {name} column holds {type(val).__name__}, not JSON text")
         values[name] = val
-    return JobSpec(**values)
+    return _spec(values)
 
 
-def executor_name_of(row: dict[str, Any]) -> str:
+def _spec(values: dict[str, object]) -> JobSpec:
+    """``JobSpec(**values)`` of values validated (or stored validated) field by field."""
+    make: Callable[..., JobSpec] = JobSpec
+    return make(**values)
+
+
+def executor_name_of(row: JobRow | Mapping[str, object]) -> str:
     """The executor driver of a stored job, without rebuilding its whole spec."""
-    return row.get("executor") or DEFAULT_EXECUTORS[row.get("session_target") or "shell"]
+    if isinstance(row, Mapping):
+        executor, target = row.get("executor"), row.get("session_target")
+    else:
+        executor, target = row.executor, row.session_target
+    return str(executor) if executor else DEFAULT_EXECUTORS[str(target or "shell")]
 
 
-def spec_to_input(spec: JobSpec) -> dict[str, Any]:
+def spec_to_input(spec: JobSpec) -> JSONObject:
     """The spec as a user-editable object (only non-default fields), used as the base for updates."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for f in SPEC_FIELDS:
         val = getattr(spec, f.name)
         if f.metadata["required"] or val != _default(f):

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, ContextManager, NamedTuple, Protocol, run
 from scheduler.base.errors import SchedulerError
 
 if TYPE_CHECKING:
+    from scheduler.core.claimed import ClaimedRun
     from scheduler.core.execution import ExecutionResult
     from scheduler.core.outcomes import RunOutcomes
-    from scheduler.core.queue import StartedRun
+    from scheduler.core.rows import JSONObject
     from scheduler.core.spec import JobSpec
     from scheduler.core.store.base import Store, Tx
 
@@ -44,8 +45,8 @@ NOT_REGISTERED = "PIPELINE_STEP_NOT_REGISTERED"
 
 #: One validation finding: ``{"field", "code", "error"}``.
 Problem = dict[str, str]
-#: A field normaliser: ``(value, field name) -> (normalised value or None, problems)``.
-Normaliser = Callable[[Any, str], tuple[Any, list[Problem]]]
+#: A field normaliser: ``(value as given, field name) -> (normalised value or None, problems)``.
+Normaliser = Callable[[Any, str], tuple[object, list[Problem]]]
 
 
 class Problems(Protocol):
@@ -66,7 +67,7 @@ class Run:
 
     __slots__ = ("store", "started", "spec", "executor", "credentials", "executed")
 
-    def __init__(self, store: Store, started: StartedRun, spec: JobSpec) -> None:
+    def __init__(self, store: Store, started: ClaimedRun, spec: JobSpec) -> None:
         self.store, self.started, self.spec = store, started, spec
         #: The loaded executor plugin (the dispatcher loads it before the first ``before`` hook).
         self.executor: Any = None
@@ -85,7 +86,8 @@ class Gate(NamedTuple):
     """A claimed dispatch a step gates: the run to create waiting for a decision (``open_gate``)."""
 
     run_id: str
-    job: dict[str, Any]
+    #: The job row as the claim read it.
+    job: Mapping[str, object]
     dispatch_id: str
     dispatch_kind: str
     attempt: int
@@ -108,25 +110,25 @@ class Step(Protocol):
     #: Execution-artifact sections this step projects and validates.
     sections: tuple[str, ...]
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """This step's sections of the job's execution artifact (exactly ``sections``)."""
 
     def check(self, values: Mapping[str, Any], problems: Problems) -> None:
         """Rules across this step's fields and others (``values``: the normalised fields of a spec being validated)."""
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """What the installed plugins say of the job: normalised field values to store, and problems."""
 
     def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
         """Why section ``name`` of a compiled artifact is not a declaration this step enforces (fields: artifact paths)."""
 
-    def check_binding(self, tx: Tx, row: Mapping[str, Any], spec: JobSpec) -> bool:
+    def check_binding(self, tx: Tx, row: Mapping[str, object], spec: JobSpec) -> bool:
         """Prove a job row bound to an artifact kind this step owns agrees with it (raise); False: not this step's kind."""
 
     def applies(self, sections: Mapping[str, Any]) -> bool:
         """Whether the step takes part in runs of an artifact with these sections (pure: plans are cached per digest)."""
 
-    def gates(self, job: Mapping[str, Any]) -> bool:
+    def gates(self, job: Mapping[str, object]) -> bool:
         """Whether a claimed dispatch of ``job`` (its row) waits at this step's gate before anything runs."""
 
     def open_gate(self, tx: Tx, gate: Gate) -> None:
@@ -149,7 +151,7 @@ class StepBase:
     fields: Mapping[str, Normaliser | None] = {}
     sections: tuple[str, ...] = ()
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """Each of ``sections`` as the job-spec attribute of the same name (a step whose section is shaped
         otherwise overrides this)."""
         return {name: getattr(spec, name) for name in self.sections}
@@ -157,7 +159,7 @@ class StepBase:
     def check(self, values: Mapping[str, Any], problems: Problems) -> None:
         """No cross-field rule."""
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """Nothing to check against plugins."""
         return {}, []
 
@@ -165,7 +167,7 @@ class StepBase:
         """Nothing to refuse."""
         return []
 
-    def check_binding(self, tx: Tx, row: Mapping[str, Any], spec: JobSpec) -> bool:
+    def check_binding(self, tx: Tx, row: Mapping[str, object], spec: JobSpec) -> bool:
         """No artifact kind of its own."""
         return False
 
@@ -173,7 +175,7 @@ class StepBase:
         """Takes part in every run (only the hooks it overrides run)."""
         return True
 
-    def gates(self, job: Mapping[str, Any]) -> bool:
+    def gates(self, job: Mapping[str, object]) -> bool:
         """No gate at claim."""
         return False
 
@@ -192,7 +194,7 @@ class StepBase:
         return result
 
 
-def overrides(step: Any, hook: str) -> bool:
+def overrides(step: object, hook: str) -> bool:
     """Whether ``step`` implements ``hook`` itself (a ``StepBase`` default does nothing and is left out of plans)."""
     return getattr(type(step), hook, None) is not getattr(StepBase, hook)
 
@@ -301,7 +303,7 @@ class Plan(NamedTuple):
     steps: tuple[str, ...]
     before: tuple[Callable[[Run], None], ...]
     around: tuple[Callable[[Run], ContextManager[None]], ...]
-    after: tuple[Callable[[Run, Any], Any], ...]
+    after: tuple[Callable[[Run, ExecutionResult], ExecutionResult], ...]
 
 
 #: Plans by artifact digest (cleared on ``install``); bounded, cleared when full.
