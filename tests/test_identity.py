@@ -317,10 +317,11 @@ def test_resolving_without_a_delegating_declaration_never_touches_the_store() ->
 
     from scheduler.pipeline import identity
     from scheduler.core.outcomes import RunOutcomes
+    from scheduler.core.rows import JobRow
 
     for declared in (None, {"subject": {"kind": "agent", "principal": "a"}, "trust": {"level": "untrusted"}}):
         spec = validate_spec({**spec_with(declared), "schedule_kind": "chain", "parent_id": "p"}, plugin_options=False)
-        started = SimpleNamespace(job={"id": "j1", "name": "j"}, source_run_id="some-parent-run")
+        started = SimpleNamespace(job=JobRow.from_row({"id": "j1", "name": "j"}), source_run_id="some-parent-run")
         outcomes = RunOutcomes()
         identity.resolve(None, started, spec, outcomes)
         assert outcomes.identity.principal == ("job:j" if declared is None else "agent:a")

@@ -21,6 +21,7 @@ from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import JobRow
 from scheduler.core.spec import spec_from_row
 from scheduler.plugins.stores import open_store
 
@@ -29,11 +30,11 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 @attrs.define
 class Started:
-    """The parts of a ``StartedRun`` the proof step reads."""
+    """The parts of a ``ClaimedRun`` the proof step reads."""
 
     run_id: str
     dispatch_id: str
-    job: dict[str, Any]
+    job: JobRow
     dispatch_kind: str = "manual"
     source_run_id: str | None = None
 
@@ -55,7 +56,7 @@ def test_three_connections_racing_for_one_proof_id_one_claim_wins(store_url: str
         outcomes: list[Any] = [None] * 3
 
         def contend(i: int) -> None:
-            started = Started(run_id=f"run-{i}", dispatch_id=f"{job['id']}:manual:{i}", job=job)
+            started = Started(run_id=f"run-{i}", dispatch_id=f"{job['id']}:manual:{i}", job=JobRow.from_row(job))
             barrier.wait()
             try:
                 proofs.verify(stores[i], started, spec, RunOutcomes())

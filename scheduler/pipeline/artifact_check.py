@@ -11,7 +11,6 @@ loaded and validated against the row and the spec exactly (``scheduler.artifacts
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from scheduler.artifacts.handoff import HANDOFF_VERSION, check_bound_job
 from scheduler.core.spec import JobSpec
@@ -24,7 +23,7 @@ class ArtifactCheckStep(StepBase):
 
     name = "artifact"
 
-    def check_binding(self, tx: Tx, row: Mapping[str, Any], spec: JobSpec) -> bool:
+    def check_binding(self, tx: Tx, row: Mapping[str, object], spec: JobSpec) -> bool:
         """A handoff v4 job agrees exactly with its stored artifact (raises ``HANDOFF_ARTIFACT_*`` / ``EXECUTION_ARTIFACT_*``)."""
         if row.get("handoff_version") != HANDOFF_VERSION:
             return False

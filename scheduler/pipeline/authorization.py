@@ -28,22 +28,30 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
 from scheduler.base.timeutil import to_iso
 from scheduler.core.artifact import redact_secrets, section_problems
 from scheduler.core.bounded import call_bounded as bounded
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import ApprovalRow, JSONObject, JSONValue, json_object
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Problems, Run, StepBase
+from scheduler.core.store.base import Store
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
-from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationRequest
+from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationProvider, AuthorizationRequest
 from scheduler.settings import current_settings
 from scheduler.core.members import PolicyChecking, options_class_of
+
+if TYPE_CHECKING:
+    from scheduler.core.queue import StartedRun
+
+_T = TypeVar("_T")
 
 #: Longest ``authorization_ref``.
 MAX_REF_CHARS = 256
@@ -73,13 +81,18 @@ _providers = LoadedProviders("authorization", unavailable_code="AUTHORIZATION_NO
 # -- the job fields -----------------------------------------------------------------------------
 
 
+def _strings(value: JSONValue) -> list[str]:
+    """The strings of a JSON list; nothing for anything else."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def split_ref(ref: str) -> tuple[str, str]:
     """``(provider, policy_ref)`` of a valid ``authorization_ref``."""
     provider, _, policy = ref.partition(":")
     return provider, policy
 
 
-def check_ref(value: Any, field: str = "authorization_ref") -> list[dict[str, str]]:
+def check_ref(value: object, field: str = "authorization_ref") -> list[dict[str, str]]:
     """Problems of an ``authorization_ref`` value (empty when valid)."""
     if not isinstance(value, str):
         return [{"field": field, "code": "INVALID_TYPE", "error": "must be a string `<provider>:<policy-ref>`"}]
@@ -92,7 +105,7 @@ def check_ref(value: Any, field: str = "authorization_ref") -> list[dict[str, st
     return []
 
 
-def normalise_declaration(value: Any, field: str = "authorization") -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+def normalise_declaration(value: object, field: str = "authorization") -> tuple[JSONObject | None, list[dict[str, str]]]:
     """Validate the ``authorization`` object; return it normalised (defaults filled in) and the problems.
 
     Keys: ``provider_config`` (an object the provider's ``options_class`` validates when the job is
@@ -118,7 +131,7 @@ def normalise_declaration(value: Any, field: str = "authorization") -> tuple[dic
     for key in value:
         if key not in _KEYS:
             bad(f".{key}", "UNKNOWN_FIELD", f"unknown key {key!r} (known: {', '.join(_KEYS)})")
-    out: dict[str, Any] = {"on_error": "deny", "request": {"include": list(INCLUDE_PARTS)}, "decision": {}}
+    out: JSONObject = {"on_error": "deny", "request": {"include": list(INCLUDE_PARTS)}, "decision": {}}
     config = value.get("provider_config", {})
     if not isinstance(config, dict):
         bad(".provider_config", "INVALID_TYPE", "must be an object of the provider's options")
@@ -172,7 +185,7 @@ def normalise_declaration(value: Any, field: str = "authorization") -> tuple[dic
     return (None if problems else out), problems
 
 
-def declaration_of(spec: Any) -> dict[str, Any]:
+def declaration_of(spec: JobSpec) -> JSONObject:
     """The job's normalised ``authorization`` (the defaults when it sets none)."""
     declared = getattr(spec, "authorization", None)
     if declared:
@@ -180,7 +193,7 @@ def declaration_of(spec: Any) -> dict[str, Any]:
     return {"on_error": "deny", "request": {"include": list(INCLUDE_PARTS)}, "decision": {}}
 
 
-def provider_problems(spec: Any, load: Any) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+def provider_problems(spec: JobSpec, load: Callable[[str, str], object]) -> tuple[JSONObject | None, list[dict[str, str]]]:
     """``authorization.provider_config`` against the installed provider's ``options_class`` (``load(kind, name)``
     gives the provider or None), and the provider's own policy check (``check_policy``) when it has one.
 
@@ -217,7 +230,7 @@ def provider_problems(spec: Any, load: Any) -> tuple[dict[str, Any] | None, list
     return (declaration if changed and not problems else None), problems
 
 
-def policy_problems(provider: Any, name: str, policy: str, options: Any) -> list[dict[str, str]]:
+def policy_problems(provider: object, name: str, policy: str, options: object) -> list[dict[str, str]]:
     """What the provider's optional ``check_policy(policy_ref, options)`` finds wrong with the policy (syntax errors,
     a missing file), as ``AUTHORIZATION_POLICY_INVALID`` field problems; a crashing check is a problem too, and so
     is one that does not finish within ``[authorization] timeout_s``."""
@@ -239,7 +252,7 @@ def policy_problems(provider: Any, name: str, policy: str, options: Any) -> list
 # -- the pipeline step ----------------------------------------------------------------------------
 
 
-def decide(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
+def decide(store: Store, started: ClaimedRun, spec: JobSpec, outcomes: RunOutcomes) -> None:
     """Ask the job's ``authorization_ref`` provider; any failure denies (raises), ``escalate`` opens the approval gate.
 
     Records the decision in ``outcomes`` (``authorization_json`` and an ``authorization.decided``
@@ -268,7 +281,7 @@ def timeout_s() -> float:
     return float(current_settings().kernel["authorization"].value.timeout_s)
 
 
-def call_bounded(fn: Any, limit_s: float, *, what: str, details: dict[str, Any]) -> Any:
+def call_bounded(fn: Callable[[], _T], limit_s: float, *, what: str, details: JSONObject) -> _T:
     """``fn()`` in a daemon thread, waited for at most ``limit_s`` (``AUTHORIZATION_TIMEOUT`` after that).
 
     A late answer is never read: a hung provider cannot hold the run, and a permit that comes
@@ -277,7 +290,7 @@ def call_bounded(fn: Any, limit_s: float, *, what: str, details: dict[str, Any])
     return bounded(fn, limit_s, code="AUTHORIZATION_TIMEOUT", what=what, details=details, name="authorization-decide")
 
 
-def check_answer(answer: Any, provider_name: str, where: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
+def check_answer(answer: object, provider_name: str, where: JSONObject | None = None) -> tuple[str, str, JSONObject]:
     """The kernel's check of a provider's answer: ``(decision, reason, details)`` of a well-formed
     ``AuthorizationDecision``, else ``AUTHORIZATION_DECISION_INVALID``.
 
@@ -295,9 +308,9 @@ def check_answer(answer: Any, provider_name: str, where: dict[str, Any] | None =
         raise SchedulerError("AUTHORIZATION_DECISION_INVALID",
                              f"authorization provider {provider_name!r} returned a malformed decision"
                              f" ({type(decision).__name__} decision, {type(reason).__name__} reason)", details=where)
-    details = answer.details
+    details: JSONObject
     try:
-        details = json.loads(json.dumps(dict(details or {}), sort_keys=True, default=str))
+        details = json.loads(json.dumps(dict(answer.details or {}), sort_keys=True, default=str))
     except (TypeError, ValueError):
         details = {}
     if len(json.dumps(details)) > 4096:
@@ -305,8 +318,8 @@ def check_answer(answer: Any, provider_name: str, where: dict[str, Any] | None =
     return decision, reason[:MAX_REASON_CHARS], details
 
 
-def decide_with(provider: Any, started: Any, spec: Any, outcomes: RunOutcomes, *, limit_s: float | None = None,
-                on_request: Any = None) -> None:
+def decide_with(provider: AuthorizationProvider, started: ClaimedRun | StartedRun, spec: JobSpec, outcomes: RunOutcomes, *,
+                limit_s: float | None = None, on_request: Callable[[AuthorizationRequest], object] | None = None) -> None:
     """The pipeline step's decision for a run with an already loaded ``provider`` (no store: no approval resume).
 
     Exactly what ``decide`` does after loading the provider: options through its
@@ -317,12 +330,15 @@ def decide_with(provider: Any, started: Any, spec: Any, outcomes: RunOutcomes, *
     engine runs providers through this, so it checks them with the kernel's code, not a copy.
     """
     ref = spec.authorization_ref
-    _Decision(None, started, spec, ref, outcomes).decide(lambda: provider, limit_s, on_request)
+    if ref is None:
+        raise ValueError(f"job {spec.name!r} names no authorization_ref: there is nothing to decide")
+    _Decision(None, ClaimedRun.of(started), spec, ref, outcomes).decide(lambda: provider, limit_s, on_request)
 
 
 class _Decision:
     """One run's authorization decision, from the provider's answer to what is recorded."""
-    def __init__(self, store: Any, started: Any, spec: Any, ref: str, outcomes: RunOutcomes) -> None:
+
+    def __init__(self, store: Store | None, started: ClaimedRun, spec: JobSpec, ref: str, outcomes: RunOutcomes) -> None:
         self.store, self.started, self.spec, self.outcomes = store, started, spec, outcomes
         self.ref = ref
         self.provider_name, self.policy_ref = split_ref(ref)
@@ -330,11 +346,13 @@ class _Decision:
         self.t0 = time.monotonic()
 
     def run(self) -> None:
+        """Resume an approved escalation, or ask the job's provider."""
         if self._resume_approved():
             return
         self.decide(lambda: authorization_provider(self.provider_name))
 
-    def decide(self, get_provider: Any, limit_s: float | None = None, on_request: Any = None) -> None:
+    def decide(self, get_provider: Callable[[], AuthorizationProvider], limit_s: float | None = None,
+               on_request: Callable[[AuthorizationRequest], object] | None = None) -> None:
         """Ask the provider ``get_provider()`` returns, check and map its answer, record it (raises on anything but permit).
 
         ``limit_s`` replaces ``[authorization] timeout_s`` (the conformance engine's own bound);
@@ -356,7 +374,7 @@ class _Decision:
             message = f"authorization failed: {type(exc).__name__}: {exc}"
             self._record("deny", provider_decision=None, reason=message, code="AUTHORIZATION_PROVIDER_FAILED")
             raise SchedulerError("AUTHORIZATION_PROVIDER_FAILED", message) from None
-        decision = self.declaration.get("decision", {}).get(provider_decision, provider_decision)
+        decision = json_object(self.declaration.get("decision", {})).get(provider_decision, provider_decision)
         if decision not in DECISIONS:
             message = f"authorization provider {self.provider_name!r} answered {provider_decision!r}, not permit, deny or escalate"
             self._record("deny", provider_decision=provider_decision, reason=message, code="AUTHORIZATION_DECISION_INVALID")
@@ -377,26 +395,30 @@ class _Decision:
 
     # -- steps --
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> JSONObject:
         return {"provider": self.provider_name, "policy_ref": self.policy_ref}
 
     def _resume_approved(self) -> bool:
         """A run resumed after an approved escalation: the approval is the permit (the provider is not asked again)."""
-        with self.store.read() as tx:
-            approval = tx.one(
+        store = self.store
+        if store is None:  # ``decide_with``: a provider asked without a store has no approval to resume
+            return False
+        with store.read() as tx:
+            row = tx.one(
                 "SELECT id, decided_by, decided_uid, note, approved_at FROM approvals WHERE run_id = ? AND gate_kind = ?"
                 " AND status = 'dispatched' ORDER BY requested_at DESC LIMIT 1", (self.started.run_id, GATE_KIND))
-            if approval is None:
+            if row is None:
                 return False
             earlier = tx.scalar("SELECT authorization_json FROM runs WHERE id = ?", (self.started.run_id,))
+        approval = ApprovalRow.from_row(row)
         escalated = json.loads(earlier) if earlier else None
         self._record("permit", provider_decision=None,
-                     reason=f"escalation approved by {approval['decided_by']}" + (f": {approval['note']}" if approval["note"] else ""),
-                     via="approval", approval_id=approval["id"], escalated=escalated)
+                     reason=f"escalation approved by {approval.decided_by}" + (f": {approval.note}" if approval.note else ""),
+                     via="approval", approval_id=approval.id, escalated=escalated)
         return True
 
-    def _options(self, provider: Any) -> Any:
-
+    def _options(self, provider: object) -> object:
+        """The provider's options instance from ``provider_config`` (None: it declares no options class)."""
         cls = options_class_of(provider)
         raw = self.declaration.get("provider_config") or {}
         if cls is None:
@@ -409,11 +431,11 @@ class _Decision:
         except SchedulerError as exc:
             raise SchedulerError("AUTHORIZATION_OPTIONS_INVALID", exc.message, details=exc.details) from None
 
-    def _request(self, options: Any) -> Any:
-
-        include = set(self.declaration.get("request", {}).get("include", INCLUDE_PARTS))
+    def _request(self, options: object) -> AuthorizationRequest:
+        """The request per ``authorization.request.include``: the parts of the run the job hands its provider."""
+        include = set(_strings(json_object(self.declaration.get("request", {})).get("include", list(INCLUDE_PARTS))))
         s, outcomes = self.started, self.outcomes
-        job = {**self.spec.to_json(), "id": s.job["id"]} if "job" in include else {}
+        job: JSONObject = {**self.spec.to_json(), "id": s.job.id} if "job" in include else {}
         trigger = {
             "dispatch_kind": s.dispatch_kind, "attempt": s.attempt, "source_run_id": s.source_run_id,
             "parent_run_id": s.parent_run_id, "run_id": s.run_id, "scheduled_for": to_iso(s.scheduled_for),
@@ -425,14 +447,16 @@ class _Decision:
         proof = None
         if "proof" in include:
             proof = getattr(outcomes, "proof", None)
-            if proof is None and outcomes.columns.get("proof_json"):
-                proof = json.loads(outcomes.columns["proof_json"])
-        digest = s.job.get("artifact_digest") if "artifact_digest" in include else None
+            text = outcomes.columns.get("proof_json")
+            if proof is None and isinstance(text, str) and text:
+                proof = json.loads(text)
+        digest = s.job.artifact_digest if "artifact_digest" in include else None
         return AuthorizationRequest(policy_ref=self.policy_ref, job=job, trigger=trigger, artifact_digest=digest,
                                     identity=identity, proof=proof, options=options,
                                     executor=self.spec.executor_name() if "job" in include else None)
 
-    def _ask(self, provider: Any, request: Any, limit_s: float | None = None) -> Any:
+    def _ask(self, provider: AuthorizationProvider, request: AuthorizationRequest, limit_s: float | None = None) -> object:
+        """The provider's answer, asked within ``[authorization] timeout_s`` and what is left of the run's timeout."""
         left_s = (self.started.started_at + int(self.spec.run_timeout_ms) - int(time.time() * 1000)) / 1000.0
         limit = min(timeout_s() if limit_s is None else limit_s, left_s)
         if limit <= 0:
@@ -452,20 +476,23 @@ class _Decision:
                                  f"authorization provider {self.provider_name!r} raised {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS],
                                  details=self._where()) from None
 
-    def _check(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
+    def _check(self, answer: object) -> tuple[str, str, JSONObject]:
+        """``check_answer`` for this run's provider."""
         return check_answer(answer, self.provider_name, self._where())
 
-    def _risk_level(self, details: dict[str, Any]) -> str:
+    def _risk_level(self, details: JSONObject) -> str:
         """The escalation's risk level: the declaration's, else the job's; a provider may raise it, never lower it."""
-        level = self.declaration.get("escalation", {}).get("risk_level") or self.started.job.get("approval_risk_level") or "medium"
+        declared = json_object(self.declaration.get("escalation", {})).get("risk_level")
+        level = str(declared or self.started.job.approval_risk_level or "medium")
         asked = details.get("risk_level")
-        if asked in _RISK_LEVELS and _RISK_LEVELS.index(asked) > _RISK_LEVELS.index(level):
+        if isinstance(asked, str) and asked in _RISK_LEVELS and _RISK_LEVELS.index(asked) > _RISK_LEVELS.index(level):
             level = asked
         return level
 
     def _record(self, decision: str, *, provider_decision: str | None, reason: str, code: str | None = None,
-                details: dict[str, Any] | None = None, **extra: Any) -> None:
-        record = {"provider": self.provider_name, "policy_ref": self.policy_ref, "decision": decision,
+                details: JSONObject | None = None, **extra: JSONValue) -> None:
+        """The decision on the run (``authorization_json``) and as an ``authorization.decided`` event."""
+        record: JSONObject = {"provider": self.provider_name, "policy_ref": self.policy_ref, "decision": decision,
                   "provider_decision": provider_decision, "reason": (reason or "")[:MAX_REASON_CHARS], "code": code,
                   "duration_ms": int((time.monotonic() - self.t0) * 1000), **extra}
         if details:
@@ -494,9 +521,9 @@ __all__ = [
 ]
 
 
-def _normalise_ref(value: Any, field: str) -> tuple[str | None, list[Problem]]:
+def _normalise_ref(value: object, field: str) -> tuple[str | None, list[Problem]]:
     found = check_ref(value, field)
-    return (None if found else value), found
+    return (None if found or not isinstance(value, str) else value), found
 
 
 class AuthorizationStep(StepBase):
@@ -506,7 +533,7 @@ class AuthorizationStep(StepBase):
     fields = {"authorization_ref": _normalise_ref, "authorization": normalise_declaration}
     sections = ("authorization_ref", "authorization")
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """The policy decision point and how it is asked (normalised, secrets redacted); null when none."""
         return {"authorization_ref": spec.authorization_ref,
                 "authorization": redact_secrets(spec.authorization) if spec.authorization else None}
@@ -517,14 +544,14 @@ class AuthorizationStep(StepBase):
                 and not problems.has("authorization_ref"):
             problems.add("authorization", "is only valid with authorization_ref", "CONFLICT")
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """``provider_config`` against the installed provider, and the provider's own policy check."""
         if not spec.authorization_ref:
             return {}, []
         authorization, found = provider_problems(spec, provider_for)
         return ({} if authorization is None else {"authorization": authorization}), found
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled ``authorization_ref`` / ``authorization`` must be what ``jobs add`` accepts."""
         if value is None:
             return []

@@ -14,6 +14,7 @@ from typing import Any
 
 from scheduler.core.artifact import redact_secrets, section_problems
 from scheduler.core.execution import ExecutionResult
+from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Problems, Run, StepBase
 from scheduler.evidence.attest import attest_run
@@ -23,9 +24,9 @@ from scheduler.plugins.options import provider_for
 log = logging.getLogger(__name__)
 
 
-def _normalise_ref(value: Any, field: str) -> tuple[str | None, list[Problem]]:
+def _normalise_ref(value: object, field: str) -> tuple[str | None, list[Problem]]:
     found = check_evidence_ref(value, field)
-    return (None if found else value), found
+    return (None if found or not isinstance(value, str) else value), found
 
 
 class EvidenceStep(StepBase):
@@ -35,7 +36,7 @@ class EvidenceStep(StepBase):
     fields = {"evidence": normalise, "evidence_ref": _normalise_ref}
     sections = ("evidence",)
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """The normalised declaration with its ``evidence_ref`` (secrets redacted), null when none."""
         return {"evidence": redact_secrets({**spec.evidence, "ref": spec.evidence_ref}) if spec.evidence else None}
 
@@ -44,17 +45,19 @@ class EvidenceStep(StepBase):
         if values.get("evidence_ref") is not None and values.get("evidence") is None and not problems.has("evidence"):
             problems.add("evidence_ref", "is only valid with evidence", "CONFLICT")
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """The declaration against its provider: methods it performs, its ``provider_config``."""
         if not spec.evidence:
             return {}, []
         evidence, found = provider_problems(spec.evidence, provider_for)
         return ({} if evidence is None else {"evidence": evidence}), found
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled declaration must be one ``jobs add`` accepts, with its ``ref`` (a label, or null)."""
         if value is None:
             return []
+        if not isinstance(value, dict):
+            return section_problems(normalise(value, "evidence")[1])
         found = section_problems(normalise({k: v for k, v in value.items() if k != "ref"}, "evidence")[1])
         if "ref" not in value:
             found.append({"field": "evidence.ref", "code": "REQUIRED", "error": "is required: the job's evidence_ref label, or null"})

@@ -39,6 +39,7 @@ from scheduler.base.options import option_problems, options_to_json
 from scheduler.core.execution import Constraints, ExecutionRequest
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.request import build_request, constraints_of
+from scheduler.core.rows import JSONObject, JSONValue
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Run, StepBase
 from scheduler.plugins.options import provider_for
@@ -56,18 +57,18 @@ CONSTRAINT_CAPABILITIES = {
 }
 
 
-def has_demands(spec: Any) -> bool:
+def has_demands(spec: JobSpec) -> bool:
     """Whether the job asks its executor for anything governance checks (constraints, verification, credentials)."""
     return bool(spec.constraints) or spec.verify_shell is not None or bool(getattr(spec, "credentials", None))
 
 
-def checks(spec: Any, executor: Any) -> list[dict[str, Any]]:
+def checks(spec: JobSpec, executor: object) -> list[JSONObject]:
     """Every demand of the job with the capability it needs and whether ``executor`` declares it, in a stable order.
 
     Each check: ``{"demand": "constraints.network", "requires": "network-restriction", "enforced": bool}``.
     """
     capabilities = frozenset(getattr(executor, "capabilities", ()) or ())
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     if spec.constraints:
         constraints = constraints_of(spec)
         needed = constraints.required_capabilities()
@@ -84,19 +85,19 @@ def checks(spec: Any, executor: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _medium(binding: Any) -> str:
+def _medium(binding: object) -> str:
     present = binding.get("present") if isinstance(binding, dict) else getattr(binding, "present", None)
     medium = present.get("medium") if isinstance(present, dict) else getattr(present, "medium", None)
     return str(medium)
 
 
-def _name(binding: Any) -> str:
+def _name(binding: object) -> str:
     return str(binding.get("name") if isinstance(binding, dict) else getattr(binding, "name", ""))
 
 
-def _reason(spec: Any, check: dict[str, Any]) -> str:
+def _reason(spec: JobSpec, check: JSONObject) -> str:
     executor = spec.executor_name()
-    demand, capability = check["demand"], check["requires"]
+    demand, capability = str(check["demand"]), check["requires"]
     if demand == "verify_shell":
         return f"verify_shell: executor {executor!r} does not run verification checks (it lacks the capability verify)"
     if demand.startswith("credentials["):
@@ -105,7 +106,7 @@ def _reason(spec: Any, check: dict[str, Any]) -> str:
     return f"{demand}: executor {executor!r} cannot enforce this constraint (it lacks the capability {capability})"
 
 
-def problems(spec: Any, executor: Any, *, credentials: bool = True) -> list[dict[str, str]]:
+def problems(spec: JobSpec, executor: object, *, credentials: bool = True) -> list[dict[str, str]]:
     """What governance would deny, one ``{"field", "code", "error", "requires"}`` per demand (``jobs add`` /
     ``jobs validate`` and the request builder). ``credentials=False`` leaves credential media out (validation
     reports those with the credential checks' own, more specific code)."""
@@ -113,19 +114,22 @@ def problems(spec: Any, executor: Any, *, credentials: bool = True) -> list[dict
         return []
     found = []
     for check in checks(spec, executor):
-        if check["enforced"] or (not credentials and check["demand"].startswith("credentials[")):
+        if check["enforced"] or (not credentials and str(check["demand"]).startswith("credentials[")):
             continue
-        found.append({"field": check["demand"], "code": DENIED, "error": _reason(spec, check), "requires": check["requires"]})
+        found.append({"field": str(check["demand"]), "code": DENIED, "error": _reason(spec, check),
+                      "requires": str(check["requires"])})
     return found
 
 
-def evaluate(spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
+def evaluate(spec: JobSpec, executor: object, outcomes: RunOutcomes) -> None:
     """Deny (``SCHEDULER_GOVERNANCE_DENIED``) a run that demands what its executor does not enforce; record the decision.
 
     A job without demands returns at once. Any failure while deciding is itself a deny (fail closed).
     """
     if not has_demands(spec):
         return
+    found: list[JSONObject]
+    capabilities: list[str]
     try:
         found = checks(spec, executor)
         capabilities = sorted(getattr(executor, "capabilities", ()) or ())
@@ -136,28 +140,33 @@ def evaluate(spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
         found, capabilities, denied = [], [], []
         error = f"governance could not decide: {type(exc).__name__}: {exc}"
         reasons = [error]
-    decision = {
+    decision: JSONObject = {
         "decision": "denied" if (denied or error) else "allowed",
         "executor": _executor_name(spec),
-        "capabilities": capabilities,
-        "checks": found,
+        "capabilities": _values(capabilities),
+        "checks": _values(found),
     }
     if denied or error:
-        decision.update(code=DENIED, denied=[c["demand"] for c in denied], reasons=reasons)
+        decision.update(code=DENIED, denied=[c["demand"] for c in denied], reasons=_values(reasons))
     outcomes.columns["governance_json"] = json.dumps(decision, sort_keys=True, separators=(",", ":"))
     outcomes.record("governance.decided", decision)
     if denied or error:
         raise SchedulerError(DENIED, "governance denied the run: " + "; ".join(reasons), details=decision)
 
 
-def _executor_name(spec: Any) -> str | None:
+def _values(items: list[str] | list[JSONObject]) -> list[JSONValue]:
+    """``items`` as a JSON list."""
+    return list(items)
+
+
+def _executor_name(spec: JobSpec) -> str | None:
     try:
         return spec.executor_name()
     except Exception:  # noqa: BLE001 - only a label in the record
         return None
 
 
-def normalise_constraints(value: Any, field: str = "constraints") -> tuple[dict[str, Any] | None, list[Problem]]:
+def normalise_constraints(value: object, field: str = "constraints") -> tuple[JSONObject | None, list[Problem]]:
     """Validate ``constraints`` against ``Constraints``; normalised to its non-default values."""
     kwargs, problems = option_problems(Constraints, value, field)
     if problems:
@@ -171,7 +180,7 @@ def normalise_constraints(value: Any, field: str = "constraints") -> tuple[dict[
     return options_to_json(Constraints(**kwargs)), []
 
 
-def request_for(executor: Any, spec: JobSpec, **fields: Any) -> ExecutionRequest:
+def request_for(executor: object, spec: JobSpec, **fields: Any) -> ExecutionRequest:
     """``scheduler.core.request.build_request`` for callers outside the dispatcher (the conformance engine,
     ``scheduler.testing``): refused with ``SCHEDULER_GOVERNANCE_DENIED`` first when ``executor`` cannot enforce
     the job's constraints or ``verify_shell`` (in a run, the governance step has denied such a run already)."""
@@ -189,7 +198,7 @@ class GovernanceStep(StepBase):
     fields = {"constraints": normalise_constraints}
     sections = ("constraints",)
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """Each constraint or ``verify_shell`` check the installed executor cannot enforce (credential media are
         the credential step's to report, with their own code)."""
         executor = provider_for("executor", spec.executor_name())

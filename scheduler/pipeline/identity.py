@@ -26,16 +26,20 @@ import re
 import stat as st
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
 from scheduler.approvals.decisions import approver_identity, scope_matches
 from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import section_problems
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import JobRow, JSONObject, JSONValue, RunRow, json_object
+from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Run, StepBase
-from scheduler.settings import current_settings
+from scheduler.core.store.base import Store
+from scheduler.settings import Settings, current_settings
 
 #: Trust levels, lowest first.
 TRUST_LEVELS: tuple[str, ...] = ("untrusted", "user", "operator", "system")
@@ -80,7 +84,7 @@ def _problem(field: str, code: str, error: str) -> dict[str, str]:
     return {"field": field, "code": code, "error": error}
 
 
-def _closed(value: Any, keys: tuple[str, ...], field: str, code: str, problems: list[dict[str, str]]) -> bool:
+def _closed(value: object, keys: tuple[str, ...], field: str, code: str, problems: list[dict[str, str]]) -> TypeGuard[JSONObject]:
     """Whether ``value`` is an object (a problem recorded otherwise, and one per key not in ``keys``)."""
     if not isinstance(value, dict):
         problems.append(_problem(field, code, "must be an object"))
@@ -90,7 +94,7 @@ def _closed(value: Any, keys: tuple[str, ...], field: str, code: str, problems: 
     return True
 
 
-def _delegator_pattern(entry: Any) -> bool:
+def _delegator_pattern(entry: object) -> bool:
     """``*``, ``KIND:*`` or ``KIND:NAME`` with a known kind (``job`` included)."""
     if not isinstance(entry, str):
         return False
@@ -100,7 +104,7 @@ def _delegator_pattern(entry: Any) -> bool:
     return bool(sep) and kind in _KINDS_ALL and (name == "*" or bool(_NAME_RE.fullmatch(name)))
 
 
-def normalise_declaration(value: Any, field: str = "identity") -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+def normalise_declaration(value: object, field: str = "identity") -> tuple[JSONObject | None, list[dict[str, str]]]:
     """Validate a job's ``identity`` declaration; return its normalised form (defaults filled in) and the problems.
 
     Problems are ``VALIDATION_FAILED`` details: ``IDENTITY_INVALID`` for the subject, trust level
@@ -115,7 +119,7 @@ def normalise_declaration(value: Any, field: str = "identity") -> tuple[dict[str
         size = MAX_IDENTITY_BYTES + 1
     if size > MAX_IDENTITY_BYTES:
         return None, [_problem(field, "IDENTITY_INVALID", f"must be at most {MAX_IDENTITY_BYTES} bytes of JSON")]
-    out: dict[str, Any] = {"subject": None, "trust": {"level": DEFAULT_TRUST}, "delegation": {"mode": "none"}}
+    out: JSONObject = {"subject": None, "trust": {"level": DEFAULT_TRUST}, "delegation": {"mode": "none"}}
     subject = value.get("subject")
     if subject is not None and _closed(subject, _SUBJECT_KEYS, f"{field}.subject", "IDENTITY_INVALID", problems):
         kind, name = subject.get("kind"), subject.get("principal")
@@ -141,7 +145,7 @@ def normalise_declaration(value: Any, field: str = "identity") -> tuple[dict[str
     return (None, problems) if problems else (out, [])
 
 
-def _normalise_policy(policy: dict[str, Any], field: str, problems: list[dict[str, str]]) -> dict[str, Any]:
+def _normalise_policy(policy: JSONObject, field: str, problems: list[dict[str, str]]) -> JSONObject:
     mode = policy.get("mode", "none")
     if mode not in DELEGATION_MODES:
         problems.append(_problem(f"{field}.mode", "DELEGATION_POLICY_INVALID", f"must be one of {', '.join(DELEGATION_MODES)}"))
@@ -156,7 +160,7 @@ def _normalise_policy(policy: dict[str, Any], field: str, problems: list[dict[st
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DELEGATION_DEPTH:
         problems.append(_problem(f"{field}.max_depth", "DELEGATION_POLICY_INVALID",
                                  f"must be an integer from 1 to {MAX_DELEGATION_DEPTH}"))
-    allowed = policy.get("allowed_delegators")
+    allowed: JSONValue = policy.get("allowed_delegators")
     if not isinstance(allowed, list) or not allowed:
         problems.append(_problem(f"{field}.allowed_delegators", "DELEGATION_POLICY_INVALID",
                                  "is required with a delegating mode: a non-empty list of `KIND:NAME`, `KIND:*` or `*`"
@@ -170,14 +174,15 @@ def _normalise_policy(policy: dict[str, Any], field: str, problems: list[dict[st
             if not _delegator_pattern(entry):
                 problems.append(_problem(f"{field}.allowed_delegators[{index}]", "DELEGATION_POLICY_INVALID",
                                          f"must be `*`, `KIND:*` or `KIND:NAME` with KIND one of {', '.join(_KINDS_ALL)}"))
-    return {"mode": mode, "max_depth": depth, "allowed_delegators": sorted(set(a for a in allowed if isinstance(a, str)))}
+    names: list[JSONValue] = [a for a in sorted(set(a for a in allowed if isinstance(a, str)))]
+    return {"mode": mode, "max_depth": depth, "allowed_delegators": names}
 
 
-def declared_level(declaration: dict[str, Any] | None) -> str:
+def declared_level(declaration: JSONObject | None) -> str:
     """The trust level a job declares (``user`` without a declaration)."""
     if not declaration:
         return DEFAULT_TRUST
-    return (declaration.get("trust") or {}).get("level") or DEFAULT_TRUST
+    return str(json_object(declaration.get("trust")).get("level") or DEFAULT_TRUST)
 
 
 # --------------------------------------------------------------------------- the resolved identity
@@ -197,7 +202,7 @@ class Delegation:
     #: Principals root first, ending with the principal this run acts as.
     chain: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The ``delegation_json`` of the run."""
         return {
             "mode": self.mode, "depth": self.depth, "max_depth": self.max_depth, "chain": list(self.chain),
@@ -237,30 +242,30 @@ class ResolvedIdentity:
         """Delegation hops up to this run (0 when not delegated)."""
         return self.delegation.depth if self.delegation is not None else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The ``identity_json`` of the run."""
         return {"status": "resolved", "principal": self.principal,
                 "subject": {"kind": self.subject_kind, "principal": self.subject_principal},
                 "trust_level": self.trust_level, "declared_level": self.declared_level, "source": self.source,
                 "depth": self.depth}
 
-    def as_mapping(self) -> dict[str, Any]:
+    def as_mapping(self) -> JSONObject:
         """What providers receive (``CredentialContext.identity``, ``AuthorizationRequest.identity``): the run's
         ``identity_json`` plus its ``delegation`` (``delegation_json``, or None when not delegated)."""
         return {**self.to_json(), "delegation": self.delegation.to_json() if self.delegation is not None else None}
 
 
-def default_identity(job: dict[str, Any]) -> ResolvedIdentity:
+def default_identity(job: JobRow) -> ResolvedIdentity:
     """The identity of a run of a job declaring none: the job itself (``job:<name>``) at trust ``user``."""
-    return ResolvedIdentity(subject_kind="job", subject_principal=str(job["name"]), trust_level=DEFAULT_TRUST,
+    return ResolvedIdentity(subject_kind="job", subject_principal=str(job.name), trust_level=DEFAULT_TRUST,
                             declared_level=DEFAULT_TRUST, source="default")
 
 
-def own_identity(job: dict[str, Any], declaration: dict[str, Any]) -> ResolvedIdentity:
+def own_identity(job: JobRow, declaration: JSONObject) -> ResolvedIdentity:
     """The identity a job declares for itself (its subject, or ``job:<name>``, at its declared level)."""
-    subject = declaration.get("subject") or {"kind": "job", "principal": str(job["name"])}
+    subject = json_object(declaration.get("subject")) or {"kind": "job", "principal": str(job.name)}
     level = declared_level(declaration)
-    return ResolvedIdentity(subject_kind=subject["kind"], subject_principal=subject["principal"], trust_level=level,
+    return ResolvedIdentity(subject_kind=str(subject["kind"]), subject_principal=str(subject["principal"]), trust_level=level,
                             declared_level=level, source="declared")
 
 
@@ -274,12 +279,12 @@ def record(outcomes: RunOutcomes, resolved: ResolvedIdentity) -> None:
         outcomes.columns["delegation_json"] = json.dumps(resolved.delegation.to_json(), sort_keys=True)
 
 
-def _declaration(spec: Any) -> dict[str, Any] | None:
+def _declaration(spec: JobSpec) -> JSONObject | None:
     value = getattr(spec, "identity", None)
     return value if isinstance(value, dict) else None
 
 
-def resolve(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
+def resolve(store: Store, started: ClaimedRun, spec: JobSpec, outcomes: RunOutcomes) -> None:
     """Resolve the run's identity and trust level into ``outcomes`` (raises ``DELEGATION_*`` on a delegation failure).
 
     A job without a declaration, or whose delegation mode is ``none``, costs no query. A
@@ -291,7 +296,7 @@ def resolve(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
         record(outcomes, default_identity(started.job))
         return
     own = own_identity(started.job, declaration)
-    policy = declaration.get("delegation") or {"mode": "none"}
+    policy = json_object(declaration.get("delegation")) or {"mode": "none"}
     if policy.get("mode", "none") == "none" or not started.source_run_id:
         record(outcomes, own)
         if own.source == "declared":
@@ -308,7 +313,7 @@ def resolve(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
                                                                                 "trust_level": resolved.trust_level})
 
 
-def _record_denial(outcomes: RunOutcomes, own: ResolvedIdentity, policy: dict[str, Any], exc: SchedulerError) -> None:
+def _record_denial(outcomes: RunOutcomes, own: ResolvedIdentity, policy: JSONObject, exc: SchedulerError) -> None:
     """What a refused delegation leaves on the run: no principal, no trust level, the attempt and why."""
     details = exc.details if isinstance(exc.details, dict) else {}
     outcomes.columns["identity_json"] = json.dumps({
@@ -323,7 +328,7 @@ def _record_denial(outcomes: RunOutcomes, own: ResolvedIdentity, policy: dict[st
 _SOURCE_COLUMNS = "id, job_id, source_run_id, identity_json, trust_level, principal, delegation_json"
 
 
-def delegator_run(store: Any, job_id: str, source_run_id: str) -> dict[str, Any] | None:
+def delegator_run(store: Store, job_id: str, source_run_id: str) -> RunRow | None:
     """The run that delegated to this job's run: the first run of another job behind ``source_run_id``.
 
     A retry or replay's source is an earlier attempt of the same job; those are followed back
@@ -339,11 +344,17 @@ def delegator_run(store: Any, job_id: str, source_run_id: str) -> dict[str, Any]
             if row is None:
                 raise SchedulerError("DELEGATION_SOURCE_UNRESOLVED", f"the run {cursor} this run follows is gone: its delegator"
                                      " cannot be checked", details={"delegator_run_id": cursor})
-            if row["job_id"] != job_id:
-                return row
-            cursor = row["source_run_id"]
+            run = RunRow.from_row(row)
+            if run.job_id != job_id:
+                return run
+            cursor = run.source_run_id
     raise SchedulerError("DELEGATION_SOURCE_UNRESOLVED", f"more than {MAX_ATTEMPT_WALK} attempts lead back to the delegator",
                          details={"delegator_run_id": source_run_id})
+
+
+def _strings(value: JSONValue) -> list[str]:
+    """The strings of a JSON list (an allow list); nothing for anything else."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _allowed(principal: str, allowed: list[str]) -> bool:
@@ -351,8 +362,8 @@ def _allowed(principal: str, allowed: list[str]) -> bool:
     return any(a == "*" or a == principal or a == f"{kind}:*" for a in allowed)
 
 
-def check_delegation(store: Any, job: dict[str, Any], source_run_id: str, *, own: ResolvedIdentity,
-                     policy: dict[str, Any]) -> ResolvedIdentity:
+def check_delegation(store: Store, job: JobRow, source_run_id: str, *, own: ResolvedIdentity,
+                     policy: JSONObject) -> ResolvedIdentity:
     """The identity of a delegating job's run that follows ``source_run_id``, or ``DELEGATION_*``.
 
     ``own`` is the identity the job declares for itself, ``policy`` its normalised delegation
@@ -363,24 +374,25 @@ def check_delegation(store: Any, job: dict[str, Any], source_run_id: str, *, own
     chain (``DELEGATION_CYCLE``). The effective trust is the lower of the job's declared level and
     the delegator's effective level. Also usable by the credential step to re-check a chain child.
     """
-    mode = policy.get("mode", "none")
+    mode = str(policy.get("mode", "none"))
     if mode == "none":
         return own
-    row = delegator_run(store, job["id"], source_run_id)
+    row = delegator_run(store, job.id, source_run_id)
     if row is None:
         return own
-    base = {"delegator_run_id": row["id"], "delegator_job_id": row["job_id"]}
+    base: JSONObject = {"delegator_run_id": row.id, "delegator_job_id": row.job_id}
     try:
-        recorded = json.loads(row["identity_json"]) if row["identity_json"] else None
+        recorded = json.loads(row.identity_json) if row.identity_json else None
     except ValueError:
         recorded = None
-    if not isinstance(recorded, dict) or recorded.get("status") != "resolved" or row["trust_level"] not in TRUST_LEVELS \
-            or not row["principal"]:
-        raise SchedulerError("DELEGATION_SOURCE_UNRESOLVED", f"the delegating run {row['id']} has no resolved identity"
+    trust_level = row.trust_level
+    if not isinstance(recorded, dict) or recorded.get("status") != "resolved" or trust_level not in TRUST_LEVELS \
+            or trust_level is None or not row.principal:
+        raise SchedulerError("DELEGATION_SOURCE_UNRESOLVED", f"the delegating run {row.id} has no resolved identity"
                              " (it predates identities, or its own identity was refused)", details=base)
-    delegator = str(row["principal"])
+    delegator = str(row.principal)
     try:
-        parent = json.loads(row["delegation_json"]) if row["delegation_json"] else None
+        parent = json.loads(row.delegation_json) if row.delegation_json else None
     except ValueError:
         parent = None
     parent_chain = [str(p) for p in parent["chain"]] if isinstance(parent, dict) and isinstance(parent.get("chain"), list) \
@@ -389,21 +401,22 @@ def check_delegation(store: Any, job: dict[str, Any], source_run_id: str, *, own
     depth = parent_depth + 1
     acting = delegator if mode == "inherit" else own.principal
     chain = parent_chain if mode == "inherit" else [*parent_chain, acting]
-    details = {**base, "delegator": delegator, "chain": chain, "depth": depth}
-    if not _allowed(delegator, list(policy.get("allowed_delegators") or [])):
+    details: JSONObject = {**base, "delegator": delegator, "chain": list(chain), "depth": depth}
+    if not _allowed(delegator, _strings(policy.get("allowed_delegators"))):
         raise SchedulerError("DELEGATION_NOT_ALLOWED", f"{delegator} is not among the allowed delegators of job"
-                             f" {job['name']!r}", details=details)
-    if depth > int(policy.get("max_depth") or 1):
+                             f" {job.name!r}", details=details)
+    max_depth = policy.get("max_depth") or 1
+    if depth > int(max_depth if isinstance(max_depth, (int, str)) else 1):
         raise SchedulerError("DELEGATION_DEPTH_EXCEEDED", f"delegation depth {depth} is above the job's max_depth"
                              f" {policy.get('max_depth') or 1}", details=details)
     if mode != "inherit" and acting in parent_chain:
         raise SchedulerError("DELEGATION_CYCLE", f"{acting} already appears in the delegation chain"
                              f" {' -> '.join(parent_chain)}", details=details)
     kind, _, name = acting.partition(":")
-    delegation = Delegation(mode=mode, depth=depth, max_depth=int(policy.get("max_depth") or 1), delegator_principal=delegator,
-                            delegator_trust_level=row["trust_level"], delegator_run_id=row["id"],
-                            delegator_job_id=row["job_id"], chain=tuple(chain))
-    return ResolvedIdentity(subject_kind=kind, subject_principal=name, trust_level=lower(own.declared_level, row["trust_level"]),
+    delegation = Delegation(mode=mode, depth=depth, max_depth=int(max_depth if isinstance(max_depth, (int, str)) else 1),
+                            delegator_principal=delegator, delegator_trust_level=trust_level, delegator_run_id=row.id,
+                            delegator_job_id=row.job_id, chain=tuple(chain))
+    return ResolvedIdentity(subject_kind=kind, subject_principal=name, trust_level=lower(own.declared_level, trust_level),
                             declared_level=own.declared_level, source="delegated", delegation=delegation)
 
 
@@ -421,7 +434,7 @@ class Invoker:
     reason: str
 
 
-def _trusted_file(path: Any, owners: set[int]) -> bool:
+def _trusted_file(path: Path, owners: set[int]) -> bool:
     """Whether a settings file (and its directory) is owned by one of ``owners`` and writable by nobody else.
 
     The directory is checked too, so nobody else can swap the file between its reading and this check.
@@ -442,7 +455,7 @@ def _listed(entries: tuple[str, ...], name: str, uid: int) -> bool:
     return any(scope_matches(entry, name, uid) for entry in entries)
 
 
-def invoker(store: Any = None, *, settings: Any = None) -> Invoker:
+def invoker(store: object = None, *, settings: Settings | None = None) -> Invoker:
     """The invoking account's level: what ``jobs add``/``update`` may give a job at most.
 
     From the effective uid and its password-database name (never ``$USER``): root is
@@ -484,7 +497,7 @@ def invoker(store: Any = None, *, settings: Any = None) -> Invoker:
     return Invoker(name=name, uid=uid, level=lower(default, DEFAULT_TRUST), reason="default level")
 
 
-def check_invoker(spec: Any, who: Invoker, *, previous: Any = None, field: str = "identity") -> None:
+def check_invoker(spec: JobSpec, who: Invoker, *, previous: JobSpec | None = None, field: str = "identity") -> None:
     """Refuse (``IDENTITY_LEVEL_EXCEEDS_INVOKER``) a job whose trust level is above the invoker's, and
     (``IDENTITY_SUBJECT_NOT_ALLOWED``) a ``user`` subject naming another account below ``operator``.
 
@@ -503,7 +516,7 @@ def check_invoker(spec: Any, who: Invoker, *, previous: Any = None, field: str =
                              f" your level {who.level!r} ({who.name}, {who.reason}); see docs/identity.md",
                              details={"field": f"{field}.trust.level", "account": who.name, "uid": who.uid,
                                       "level": who.level, "reason": who.reason})
-    subject = (declaration or {}).get("subject") or {}
+    subject = json_object((declaration or {}).get("subject"))
     if subject.get("kind") == "user" and rank(who.level) < rank("operator") \
             and not _listed((str(subject.get("principal")),), who.name, who.uid):
         raise SchedulerError("IDENTITY_SUBJECT_NOT_ALLOWED", f"job {spec.name!r} would act as user"
@@ -519,7 +532,7 @@ class IdentityStep(StepBase):
     fields = {"identity": normalise_declaration}
     sections = ("identity",)
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled identity declaration must be one ``normalise_declaration`` accepts."""
         return [] if value is None else section_problems(normalise_declaration(value, "identity")[1])
 

@@ -7,8 +7,7 @@ it validates each object with its plugin's ``options_class`` and stores it norma
 
 from __future__ import annotations
 
-from typing import Any
-
+from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, StepBase
 from scheduler.plugins.options import option_problems_of
@@ -19,6 +18,6 @@ class PluginOptionsStep(StepBase):
 
     name = "plugin_options"
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """The normalised options objects, and what their plugins refuse."""
         return option_problems_of(spec)

@@ -9,9 +9,8 @@ kinds) and the ``verification`` section of the execution artifact.
 
 from __future__ import annotations
 
-from typing import Any
-
 from scheduler.base.canonical import hash_text
+from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import StepBase
 
@@ -23,7 +22,7 @@ class VerificationStep(StepBase):
     fields = {"verify_shell": None, "verify_timeout_s": None, "verify_on_failure": None}
     sections = ("verification",)
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """The check as a digest (never its text), its limit and what a failure does."""
         return {"verification": {
             "shell_sha256": None if spec.verify_shell is None else hash_text(spec.verify_shell),

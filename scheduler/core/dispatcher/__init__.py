@@ -30,14 +30,15 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import lease as leases
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.dispatcher.config import MAX_SLEEP_S, DispatcherConfig, is_transient
 from scheduler.core.dispatcher.execute import RunExecution
 from scheduler.core.dispatcher.lease_keeper import LeaseKeeper
-from scheduler.core.dispatcher.passes import Pass
+from scheduler.core.dispatcher.passes import Pass, RunMetrics
 from scheduler.core.dispatcher.pidfile import PidFile
 from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.dispatcher.reload import SettingsReload
@@ -48,7 +49,6 @@ from scheduler.core.execution import ExecutionResult
 from scheduler.core.fenced_writes import FencedWriter
 from scheduler.core.store import default_artifacts_root
 from scheduler.core.parts import Parts
-from scheduler.core.queue import StartedRun
 from scheduler.core.recovery import recover
 from scheduler.core.store.base import Store
 
@@ -67,10 +67,10 @@ class Dispatcher:
 
     def __init__(self, store: Store, parts: Parts, config: DispatcherConfig | None = None, *,
                  say: Callable[[str], None] | None = None) -> None:
-        needed = (("observers", parts.observers), ("executors", parts.executors), ("completion", parts.completion),
-                  ("recovery", parts.recovery))
-        missing = [name for name, part in needed if part is None]
-        if missing:
+        observers, executors, completion, recovery = parts.observers, parts.executors, parts.completion, parts.recovery
+        if observers is None or executors is None or completion is None or recovery is None:
+            needed = (("observers", observers), ("executors", executors), ("completion", completion), ("recovery", recovery))
+            missing = [name for name, part in needed if part is None]
             raise ValueError(f"a Dispatcher needs its parts ({', '.join(missing)} missing): build it with scheduler.runtime")
         self.store = store
         self.parts = parts
@@ -78,12 +78,14 @@ class Dispatcher:
         self.owner = config.owner or leases.new_owner_id()
         self.exclusive = exclusive = config.exclusive if config.exclusive is not None else store.exclusive_dispatch
         self.lease_name = "dispatcher" if exclusive else f"dispatcher:{self.owner}"
-        self.hooks = parts.observers
+        self.hooks = observers
+        #: Crash recovery's participants (executors, credentials, evidence, outbox).
+        self._recovery = recovery
         self.say = say or (lambda _msg: None)
         self.artifacts_root = config.artifacts_root or default_artifacts_root(store.local_path)
         self.stats = {"started": 0, "finished": 0, "skipped_commits": 0, "abandoned": 0, "late_results_discarded": 0}
         #: The loaded executors (``get``/``peek``/``forget``); a failed load is retried after a while.
-        self._executors = parts.executors
+        self._executors = executors
         self._stop = threading.Event()
         #: A second stop request: cancel running work now instead of waiting out the grace period.
         self._hurry = threading.Event()
@@ -94,18 +96,18 @@ class Dispatcher:
         #: Group commit of the workers' ``RunControl`` writes (its thread starts on the first one).
         self.fenced_writes = FencedWriter(store, lambda: self._keeper.lease, self.owner)
         wake = threading.Event()
-        finished: queue.SimpleQueue[tuple[StartedRun, ExecutionResult]] = queue.SimpleQueue()
+        finished: queue.SimpleQueue[tuple[ClaimedRun, ExecutionResult]] = queue.SimpleQueue()
         #: The worker-side run: what a worker thread does with a started run.
-        self._worker = RunExecution(store=store, executor=parts.executors.get, artifacts_root=self.artifacts_root,
+        self._worker = RunExecution(store=store, executor=executors.get, artifacts_root=self.artifacts_root,
                                     finished=finished, wake=wake)
-        self._workers = Workers(store, config, owner=self.owner, executors=parts.executors,
-                                evidence=parts.completion.evidence, fenced=self, execute=self._worker.execute,
+        self._workers = Workers(store, config, owner=self.owner, executors=executors,
+                                evidence=completion.evidence, fenced=self, execute=self._worker.execute,
                                 finished=finished, stats=self.stats, say=say, wake=wake)
-        self._pass = Pass(store, config, keeper=self._keeper, workers=self._workers, observers=parts.observers,
-                          expiries=parts.expiries, completion=parts.completion, stats=self.stats, say=say)
+        self._pass = Pass(store, config, keeper=self._keeper, workers=self._workers, observers=observers,
+                          expiries=parts.expiries, completion=completion, stats=self.stats, say=say)
         self._stopping = Shutdown(config, keeper=self._keeper, workers=self._workers, passes=self._pass,
                                    hurry=self._hurry, on_lease_lost=self._on_lease_lost, say=self.say)
-        self._reload = SettingsReload(parts.executors, self.say)
+        self._reload = SettingsReload(executors, self.say)
 
     # -- what callers read and set ----------------------------------------------------------------
 
@@ -119,12 +121,12 @@ class Dispatcher:
         self._keeper.lease = lease
 
     @property
-    def metrics(self) -> Any:
+    def metrics(self) -> RunMetrics | None:
         """``scheduler.ops.metrics.DispatcherMetrics`` when ``scheduler run --metrics-port`` serves them, else None."""
         return self._pass.metrics
 
     @metrics.setter
-    def metrics(self, metrics: Any) -> None:
+    def metrics(self, metrics: RunMetrics | None) -> None:
         self._pass.metrics = metrics
 
     def stuck_workers(self) -> int:
@@ -133,7 +135,7 @@ class Dispatcher:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def request_stop(self, *_args: Any) -> None:
+    def request_stop(self, *_args: object) -> None:
         """Stop claiming new work (SIGTERM/SIGINT); running work gets the grace period.
 
         A second request (a second SIGTERM/SIGINT) stops waiting: running work is
@@ -145,7 +147,7 @@ class Dispatcher:
         self._stop.set()
         self._workers.wake.set()
 
-    def request_reload(self, *_args: Any) -> None:
+    def request_reload(self, *_args: object) -> None:
         """Reload the settings file (SIGHUP, ``systemctl reload``) on the loop's next pass.
 
         Safe in a signal handler: it only sets events; the loop does the reading, so a
@@ -184,7 +186,7 @@ class Dispatcher:
             if lease is None:
                 return
         try:
-            for item in recover(self.store, lease, participants=self.parts.recovery, kill_grace_s=self.config.kill_grace_s,
+            for item in recover(self.store, lease, participants=self._recovery, kill_grace_s=self.config.kill_grace_s,
                                 hooks=self.hooks):
                 self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
         except leases.LeaseLost:

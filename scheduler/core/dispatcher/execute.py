@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import KERNEL_SECTIONS, bind_plan, execution_sections
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.execution import (
     EXECUTION_STATUSES,
     SOURCE_OUTPUT_CHARS,
@@ -29,9 +31,9 @@ from scheduler.core.execution import (
     ExecutionResult,
     TriggerContext,
 )
-from scheduler.core.queue import StartedRun
 from scheduler.core.request import build_request
-from scheduler.core.spec import spec_from_row
+from scheduler.core.rows import JSONObject
+from scheduler.core.spec import JobSpec, spec_from_row
 from scheduler.core.steps import Plan, Run, derive_plan
 from scheduler.core.store.base import Store
 
@@ -47,11 +49,11 @@ class RunExecution:
     executor: Callable[[str], Any]
     artifacts_root: Path
     #: Where results go for the loop to commit (group commit, under its fence).
-    finished: queue.SimpleQueue[tuple[StartedRun, ExecutionResult]]
+    finished: queue.SimpleQueue[tuple[ClaimedRun, ExecutionResult]]
     #: Set after a result is handed over: wakes the loop.
     wake: threading.Event
 
-    def execute(self, s: StartedRun, control: CancellationToken) -> None:
+    def execute(self, s: ClaimedRun, control: CancellationToken) -> None:
         """One run through its plan; every step records into ``s.outcomes``. A refusal (``SchedulerError``) or a
         crash ends the run ``error`` with its code; the ``after`` hooks see that result too."""
         spec = spec_from_row(s.job)
@@ -65,9 +67,9 @@ class RunExecution:
             trigger, state = self.run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
             with _entered(plan, run):
                 request = build_request(
-                    executor, spec, run_id=s.run_id, job_id=s.job["id"], artifacts_root=self.artifacts_root,
+                    executor, spec, run_id=s.run_id, job_id=s.job.id, artifacts_root=self.artifacts_root,
                     started_at_ms=s.started_at, attempt=s.attempt, scheduled_for_ms=s.scheduled_for, dispatch_kind=s.dispatch_kind,
-                    trigger=trigger, state=state, artifact_digest=s.job.get("artifact_digest"), credentials=run.credentials,
+                    trigger=trigger, state=state, artifact_digest=s.job.artifact_digest, credentials=run.credentials,
                 )
                 result = executor.execute(request, control)
             if not isinstance(result, ExecutionResult) or result.status not in EXECUTION_STATUSES:
@@ -86,7 +88,7 @@ class RunExecution:
         self.finished.put((s, result))  # the loop commits it (group commit), under its fence
         self.wake.set()
 
-    def run_context(self, s: StartedRun, executor: str, keeps_state: bool) -> tuple[TriggerContext, dict[str, Any] | None]:
+    def run_context(self, s: ClaimedRun, executor: str, keeps_state: bool) -> tuple[TriggerContext, JSONObject | None]:
         """The attempt's trigger context (with the run it follows and a bounded excerpt of its output) and the
         state the executor kept for this job after its last ok run (executors declaring ``state``): one read, or none."""
         source, state, row = None, None, None
@@ -95,7 +97,7 @@ class RunExecution:
                 if s.source_run_id:
                     source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
                 if keeps_state:
-                    row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job["id"], executor))
+                    row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job.id, executor))
         if row is not None:
             state = json.loads(row["state"])
         output = (source or {}).get("stdout_excerpt") or None
@@ -108,7 +110,7 @@ class RunExecution:
         return trigger, state
 
 
-def _entered(plan: Plan, run: Run) -> Any:
+def _entered(plan: Plan, run: Run) -> AbstractContextManager[object]:
     """The plan's ``around`` contexts as one (the common cases without an ``ExitStack``)."""
     if not plan.around:
         return contextlib.nullcontext()
@@ -124,7 +126,7 @@ def _entered(plan: Plan, run: Run) -> Any:
     return stack
 
 
-def _after(hook: Callable[[Run, Any], Any], run: Run, result: ExecutionResult) -> ExecutionResult:
+def _after(hook: Callable[[Run, ExecutionResult], ExecutionResult], run: Run, result: ExecutionResult) -> ExecutionResult:
     """One ``after`` hook; a hook that raises turns the result into an error, never leaves the run unfinished
     (``EXECUTOR_CRASHED`` for a bug, as when it ran inside the executor's guard)."""
     try:
@@ -137,11 +139,11 @@ def _after(hook: Callable[[Run, Any], Any], run: Run, result: ExecutionResult) -
         return ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
 
 
-def _unbound_plan(s: StartedRun, spec: Any) -> Plan:
+def _unbound_plan(s: ClaimedRun, spec: JobSpec) -> Plan:
     """The ``after`` hooks of a run refused before its plan was bound (artifact check failed): the steps the job's own
     projection names, so its refusal still gets its evidence; never cached (the job does not match its artifact)."""
     try:
-        return derive_plan(str(s.job.get("artifact_digest")), execution_sections(spec), KERNEL_SECTIONS)
+        return derive_plan(str(s.job.artifact_digest), execution_sections(spec), KERNEL_SECTIONS)
     except Exception:  # noqa: BLE001 - nothing to add to a run that cannot even be projected
         return Plan(digest="", steps=(), before=(), around=(), after=())
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.completion import complete_run_in
 from scheduler.core.contracts import Expiry
 from scheduler.core.dispatcher.config import (
@@ -33,12 +34,21 @@ from scheduler.core.events import batched as batched_events
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.observers import Observers
 from scheduler.core.participants import CompletionParticipants
-from scheduler.core.queue import StartedRun, claim_and_start, materialize_due, next_due_parts
+from scheduler.core.queue import claim_and_start, materialize_due, next_due_parts
+from scheduler.core.rows import RunRow, SQLValue
 from scheduler.core.runs import StaleFence
-from scheduler.core.store.base import Store
+from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import batched_finishes, committing, fail_completion
 
 log = logging.getLogger("scheduler.core.dispatcher")
+
+
+class RunMetrics(Protocol):
+    """What the pass tells about each committed completion (``scheduler.ops.metrics.DispatcherMetrics``)."""
+
+    def observe(self, started: ClaimedRun, run: dict[str, SQLValue]) -> None:
+        """Count one committed completion (memory only, never a query)."""
+        ...
 
 
 class Pass:
@@ -62,7 +72,7 @@ class Pass:
         #: The duties running with the lease (told after each pass); filled when the lease is taken.
         self.duties: list[Duty] = []
         #: ``scheduler.ops.metrics.DispatcherMetrics`` when ``scheduler run --metrics-port`` serves them, else None.
-        self.metrics: Any = None
+        self.metrics: RunMetrics | None = None
         self.wake = workers.wake
         self._cancels_checked_at = 0
         self._busy_since: float | None = None
@@ -105,8 +115,8 @@ class Pass:
             free = self.config.concurrency - len(workers.active) + len(finished)
         # The veto hook is called per candidate: only when a plugin implements it.
         veto = self.hooks.dispatch_veto if self.hooks.wants("scheduler_dispatch_veto") else None
-        committed: list[tuple[StartedRun, dict[str, Any]]] = []
-        started: list[StartedRun] = []
+        committed: list[tuple[ClaimedRun, RunRow]] = []
+        started: list[ClaimedRun] = []
         created = 0
         parts: tuple[int | None, int | None, int | None] = (None, None, None)
         try:
@@ -121,7 +131,8 @@ class Pass:
                     for expire in self.expiries:  # timeouts release or cancel their runs before claiming
                         expire(tx, now=tick_now)
                     if free > 0:
-                        started = claim_and_start(self.store, lease, limit=free, now=tick_now, veto=veto, check_lease=False)
+                        started = [ClaimedRun.of(s) for s in claim_and_start(self.store, lease, limit=free, now=tick_now,
+                                                                             veto=veto, check_lease=False)]
                     parts = next_due_parts(tx)
         except leases.LeaseLost:
             workers.forget(finished)
@@ -178,8 +189,8 @@ class Pass:
         return min(max(0.0, (due - now_ms()) / 1000), MAX_SLEEP_S)
 
     def complete(
-        self, tx: Any, finished: list[tuple[StartedRun, ExecutionResult]], *, now: int | None = None
-    ) -> list[tuple[StartedRun, dict[str, Any]]]:
+        self, tx: Tx, finished: list[tuple[ClaimedRun, ExecutionResult]], *, now: int | None = None
+    ) -> list[tuple[ClaimedRun, RunRow]]:
         """Complete runs inside the caller's ``committing`` transaction ``tx`` (its lease asserted); a run we no longer
         own is skipped, not fatal. With the pass's ``now``, retries and children due at once are claimed in the same pass.
         """
@@ -187,19 +198,19 @@ class Pass:
         assert lease is not None
         now = now_ms() if now is None else now
         participants = self.completion
-        done = []
+        done: list[tuple[ClaimedRun, RunRow]] = []
         for s, result in finished:
             try:
-                done.append((s, complete_run_in(tx, lease, s.run_id, result, participants=participants, now=now,
-                                                outcomes=s.outcomes)))
+                done.append((s, RunRow.from_row(complete_run_in(tx, lease, s.run_id, result, participants=participants,
+                                                                now=now, outcomes=s.outcomes))))
             except StaleFence as exc:
                 self.stats["skipped_commits"] += 1
                 self.say(f"{clock()} not committing run {s.run_id[:8]}: {exc.message}")
         return done
 
-    def complete_each(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> list[tuple[StartedRun, dict[str, Any]]]:
+    def complete_each(self, finished: list[tuple[ClaimedRun, ExecutionResult]]) -> list[tuple[ClaimedRun, RunRow]]:
         """Commit runs one at a time; a run whose completion itself fails still ends (``COMPLETION_FAILED``)."""
-        done = []
+        done: list[tuple[ClaimedRun, RunRow]] = []
         for i, item in enumerate(finished):
             try:
                 with committing(self.store, self.hooks) as tx:
@@ -220,14 +231,14 @@ class Pass:
                 self.end_failed_completion(item[0], exc)
         return done
 
-    def end_failed_completion(self, s: StartedRun, exc: Exception) -> None:
+    def end_failed_completion(self, s: ClaimedRun, exc: Exception) -> None:
         """Nothing stays ``running`` forever: record the failed completion as the run's (fenced) error."""
         lease = self.keeper.lease
         assert lease is not None
         now = now_ms()
         message = f"completion failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"[:2000]
         # An evidence job's run gets its terminal (interrupted) evidence row too; should that fail, the run still ends.
-        for with_evidence in ((True, False) if s.job.get("evidence") else (False,)):
+        for with_evidence in ((True, False) if s.job.evidence else (False,)):
             try:
                 with committing(self.store, self.hooks) as tx:
                     leases.assert_live(tx, lease)
@@ -242,19 +253,19 @@ class Pass:
                 log.exception("could not record the failed completion of run %s%s", s.run_id,
                               " with its interrupted evidence" if with_evidence else "; recovery will end it")
 
-    def report(self, s: StartedRun, run: dict[str, Any], lines: list[str] | None = None) -> None:
+    def report(self, s: ClaimedRun, run: RunRow, lines: list[str] | None = None) -> None:
         """After a completion committed: count it and print it (observers were told by ``committing``).
 
         ``lines``: the pass's output lines, said together by the caller (None: say it now, if anyone listens).
         """
         self.stats["finished"] += 1
         if self.metrics is not None:
-            self.metrics.observe(s, run)
+            self.metrics.observe(s, run.to_dict())
         if not self.says:
             return
-        took = run["duration_ms"] or 0
-        detail = f" [{run['error_code']}]" if run["error_code"] and run["status"] != "ok" else ""
-        line = f"{clock()} {run['status']:<6} {s.job['name']} run {s.run_id[:8]} in {took} ms{detail}"
+        took = run.duration_ms or 0
+        detail = f" [{run.error_code}]" if run.error_code and run.status != "ok" else ""
+        line = f"{clock()} {run.status:<6} {s.job.name} run {s.run_id[:8]} in {took} ms{detail}"
         if lines is None:
             self.say(line)
         else:

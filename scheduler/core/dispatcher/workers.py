@@ -14,13 +14,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.contracts import LoadedExecutors
 from scheduler.core.dispatcher.config import ABANDON_SLACK_S, DEADLINE_SLACK_S, MAX_SLEEP_S, DispatcherConfig, clock
 from scheduler.core.dispatcher.pool import WorkerPool
@@ -29,7 +30,7 @@ from scheduler.core.execution import CancellationToken, ExecutionResult, Recover
 from scheduler.core.members import Recoverable
 from scheduler.core.fenced_writes import FencedWrite, FencedWriter
 from scheduler.core.participants import EvidenceRows
-from scheduler.core.queue import StartedRun
+from scheduler.core.rows import JSONObject, SQLValue
 from scheduler.core.spec import spec_from_row
 from scheduler.core.store.base import Store
 
@@ -51,12 +52,12 @@ class DbRunControl(CancellationToken):
         self.run_id = run_id
         self.job_id = job_id
 
-    def _fenced(self, values: dict[str, Any] | None, kind: str, data: dict[str, Any] | None) -> None:
+    def _fenced(self, values: dict[str, SQLValue] | None, kind: str, data: JSONObject | None) -> None:
         """Commit through the dispatcher's group writer (one transaction for what all workers wrote meanwhile);
         returns once committed, raises ``STALE_FENCE`` / ``LEASE_LOST`` for this write alone (``fenced_writes``)."""
         self._writes.write(FencedWrite(run_id=self.run_id, job_id=self.job_id, kind=kind, data=data, values=values))
 
-    def record_handle(self, handle: dict[str, Any]) -> None:
+    def record_handle(self, handle: JSONObject) -> None:
         """Durably record the executor's handle on its work (before that work may act); fenced."""
         self._fenced({"executor_handle": json.dumps(handle, sort_keys=True, default=str), "process_state": "running"},
                      "run.handle_recorded", {"handle": handle})
@@ -70,7 +71,7 @@ class DbRunControl(CancellationToken):
         except SchedulerError as exc:  # lease lost: the recovering dispatcher records the end instead
             log.warning("could not record termination of run %s: %s", self.run_id, exc.message)
 
-    def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, kind: str, data: JSONObject | None = None) -> None:
         """Append an audit event for this run; committed (grouped with other workers' writes) before it returns."""
         self._fenced(None, kind, data)
 
@@ -80,7 +81,7 @@ class ActiveRun:
     """A run executing on a worker, as the loop supervises it."""
 
     control: DbRunControl
-    started: StartedRun
+    started: ClaimedRun
     #: Epoch ms after which the run is past its ``run_timeout_ms``.
     deadline_ms: int
     #: ``time.monotonic()`` when the loop first saw the run cancelled (by us, a user, shutdown, a lost lease).
@@ -94,8 +95,8 @@ class Workers:
 
     def __init__(self, store: Store, config: DispatcherConfig, *, owner: str, executors: LoadedExecutors,
                  evidence: EvidenceRows, fenced: WritesFenced,
-                 execute: Callable[[StartedRun, DbRunControl], None],
-                 finished: queue.SimpleQueue[tuple[StartedRun, ExecutionResult]],
+                 execute: Callable[[ClaimedRun, DbRunControl], None],
+                 finished: queue.SimpleQueue[tuple[ClaimedRun, ExecutionResult]],
                  stats: dict[str, int], say: Callable[[str], None] | None, wake: threading.Event) -> None:
         self.store = store
         self.config = config
@@ -118,21 +119,21 @@ class Workers:
         #: Results handed from workers to the loop, which commits them in groups.
         self.finished = finished
         #: Results whose commit met a busy database: committed on a later pass.
-        self.retry: list[tuple[StartedRun, ExecutionResult]] = []
+        self.retry: list[tuple[ClaimedRun, ExecutionResult]] = []
         #: Runs whose worker was cut loose: a late result from it is discarded.
         self.abandoned: set[str] = set()
 
-    def submit(self, s: StartedRun, lines: list[str] | None = None) -> None:
+    def submit(self, s: ClaimedRun, lines: list[str] | None = None) -> None:
         """Hand a started run to a worker; its start line goes to ``lines`` (said by the caller) or is said now."""
-        control = DbRunControl(self.fenced, s.run_id, s.job["id"])
+        control = DbRunControl(self.fenced, s.run_id, s.job.id)
         self.stats["started"] += 1
         if self.says:
-            line = f"{clock()} start  {s.job['name']} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})"
+            line = f"{clock()} start  {s.job.name} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})"
             if lines is None:
                 self.say(line)
             else:
                 lines.append(line)
-        entry = ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.get("run_timeout_ms") or 0))
+        entry = ActiveRun(control=control, started=s, deadline_ms=s.started_at + int(s.job.run_timeout_ms or 0))
         with self.lock:
             self.active[s.run_id] = entry
         self.pool.submit(lambda: self.execute(s, control))
@@ -148,7 +149,7 @@ class Workers:
             for entry in self.active.values():
                 entry.control.cancel(reason)
 
-    def take_finished(self) -> list[tuple[StartedRun, ExecutionResult]]:
+    def take_finished(self) -> list[tuple[ClaimedRun, ExecutionResult]]:
         """Results to commit this pass: those kept after a busy database, then new ones.
 
         A late result of a worker we abandoned is discarded here (the run was already
@@ -174,7 +175,7 @@ class Workers:
             kept.append((s, past_deadline(entry, result)))
         return kept
 
-    def forget(self, finished: list[tuple[StartedRun, ExecutionResult]]) -> None:
+    def forget(self, finished: list[tuple[ClaimedRun, ExecutionResult]]) -> None:
         """Drop committed (or given up) runs from the active set."""
         with self.lock:
             for s, _result in finished:
@@ -215,7 +216,7 @@ class Workers:
                         next_in = min(next_in, due_in)
                         continue
                     e.control.cancel("deadline")
-                    self.say(f"{clock()} deadline passed for {e.started.job['name']} run {e.started.run_id[:8]}: cancelling it")
+                    self.say(f"{clock()} deadline passed for {e.started.job.name} run {e.started.run_id[:8]}: cancelling it")
                 e.cancelled_at = mono
             left = e.cancelled_at + abandon_after - mono
             if left > 0:
@@ -237,7 +238,7 @@ class Workers:
         if reason == "deadline":
             result = ExecutionResult(
                 status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED", details=details,
-                error_message=f"executor {executor!r} ignored the run's {s.job.get('run_timeout_ms')} ms deadline and did not"
+                error_message=f"executor {executor!r} ignored the run's {s.job.run_timeout_ms} ms deadline and did not"
                               f" return within {waited_s:.1f}s of being cancelled; its worker was abandoned",
             )
         else:
@@ -249,17 +250,17 @@ class Workers:
                               " its worker was abandoned",
             )
         e.abandoned = result
-        if s.job.get("evidence"):  # committed without its worker: an interrupted evidence row, as recovery gives
+        if s.job.evidence:  # committed without its worker: an interrupted evidence row, as recovery gives
             self.evidence.interrupt(s.outcomes, result.error_code or "EXECUTOR_ABANDONED")
         self.abandoned.add(s.run_id)
         self.stats["abandoned"] += 1
-        self.say(f"{clock()} abandoning {s.job['name']} run {s.run_id[:8]}:"
+        self.say(f"{clock()} abandoning {s.job.name} run {s.run_id[:8]}:"
                  f" executor {executor!r} ignored cancellation ({reason})")
         self.finished.put((s, result))
         self.wake.set()
         self.stop_abandoned_work(s, getattr(e.control, "handle", None))
 
-    def stop_abandoned_work(self, s: StartedRun, handle: dict[str, Any] | None) -> None:
+    def stop_abandoned_work(self, s: ClaimedRun, handle: JSONObject | None) -> None:
         """An abandoned worker's executor ignored cancellation: ask its ``recover`` to stop the work it started.
 
         The same call crash recovery makes (the handle the run recorded, this host), on a
@@ -271,14 +272,14 @@ class Workers:
         if not isinstance(executor, Recoverable):
             return
         recover_fn = executor.recover
-        request = RecoveryRequest(run_id=s.run_id, job_id=s.job["id"], handle=handle, owner=self.owner,
+        request = RecoveryRequest(run_id=s.run_id, job_id=s.job.id, handle=handle, owner=self.owner,
                                   owner_host=leases.owner_host(self.owner), kill_grace_s=self.config.kill_grace_s)
 
         def stop() -> None:
             try:
                 outcome = recover_fn(request)
                 with self.store.transaction() as tx:
-                    append_event(tx, "run.abandoned_work_stopped", job_id=s.job["id"], run_id=s.run_id, actor=self.owner,
+                    append_event(tx, "run.abandoned_work_stopped", job_id=s.job.id, run_id=s.run_id, actor=self.owner,
                                  data={"state": getattr(outcome, "state", None), "detail": getattr(outcome, "detail", None)})
             except Exception:  # noqa: BLE001 - best effort; crash recovery is not involved (the run is ended)
                 log.exception("stopping the work of abandoned run %s failed", s.run_id)
@@ -297,6 +298,6 @@ def past_deadline(entry: ActiveRun, result: ExecutionResult) -> ExecutionResult:
     said = result.status + (f" {result.error_code}" if result.error_code else "")
     return attrs.evolve(
         result, status="timeout", error_code="EXECUTOR_DEADLINE_EXCEEDED",
-        error_message=f"run passed its {entry.started.job.get('run_timeout_ms')} ms deadline and was cancelled by the"
+        error_message=f"run passed its {entry.started.job.run_timeout_ms} ms deadline and was cancelled by the"
                       f" dispatcher (the executor reported {said})",
     )

@@ -20,37 +20,45 @@ Delegation depth, cycles and allowed delegators are the identity step's
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.claimed import ClaimedRun
+from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import JobRow, JSONObject
+from scheduler.core.spec import JobSpec
+from scheduler.core.store.base import Store
+
+#: A normalised credential binding as the job stores it (``name``, ``provider``, ``ref``, ``present``, ``required``...).
+Binding = JSONObject
 
 
-def parent_policy(store: Any, started: Any) -> tuple[str, list[dict[str, Any]]]:
+def parent_policy(store: Store, started: ClaimedRun) -> tuple[str, list[Binding]]:
     """The parent job's policy and bindings (``("none", [])`` when the parent is gone). One primary-key read."""
-    parent_id = started.job.get("parent_id")
+    parent_id = started.job.parent_id
     if not parent_id:
         return "none", []
     with store.read() as tx:
         row = tx.one("SELECT credentials, child_credential_policy FROM jobs WHERE id = ?", (parent_id,))
     if row is None:
         return "none", []
-    raw = row["credentials"]
-    bindings = json.loads(raw) if isinstance(raw, str) else list(raw or [])
-    return row["child_credential_policy"] or "none", bindings
+    parent = JobRow.from_row(row)
+    raw: object = parent.credentials
+    bindings: list[Binding] = json.loads(raw) if isinstance(raw, str) else list(raw) if isinstance(raw, list) else []
+    return parent.child_credential_policy or "none", bindings
 
 
 def bindings_for_run(
-    store: Any, started: Any, spec: Any, own: list[dict[str, Any]], outcomes: Any
-) -> tuple[list[dict[str, Any]], str | None]:
+    store: Store, started: ClaimedRun, spec: JobSpec, own: list[Binding], outcomes: RunOutcomes
+) -> tuple[list[Binding], str | None]:
     """The bindings this run presents (its own, adjusted by its chain parent's policy; recorded in ``outcomes``),
     and that policy (None when the run follows no chain parent)."""
     if spec.schedule_kind != "chain" or not started.parent_run_id:
         return own, None
     policy, parent = parent_policy(store, started)
-    lineage = {"policy": policy, "parent_job_id": started.job.get("parent_id"), "parent_run_id": started.parent_run_id}
+    lineage: JSONObject = {"policy": policy, "parent_job_id": started.job.parent_id, "parent_run_id": started.parent_run_id}
     if policy == "inherit" and parent:
-        names = {b["name"].upper() for b in own}
-        clash = sorted(b["name"] for b in parent if b["name"].upper() in names)
+        names = {_name(b).upper() for b in own}
+        clash = sorted(_name(b) for b in parent if _name(b).upper() in names)
         if clash:
             raise SchedulerError("CREDENTIAL_DUPLICATE", f"the parent job grants credential(s) {', '.join(clash)} that this "
                                  "job binds itself (child_credential_policy inherit)", details={**lineage, "names": clash})
@@ -58,10 +66,15 @@ def bindings_for_run(
         return [*own, *parent], policy
     if policy == "downscope" and own:
         held = {(b["provider"], b["ref"]) for b in parent}
-        denied = sorted(b["name"] for b in own if (b["provider"], b["ref"]) not in held)
+        denied = sorted(_name(b) for b in own if (b["provider"], b["ref"]) not in held)
         if denied:
             raise SchedulerError("CREDENTIAL_DOWNSCOPE_DENIED", f"credential(s) {', '.join(denied)} are not held by the parent "
                                  "job (child_credential_policy downscope)", details={**lineage, "names": denied})
         outcomes.record("credential.downscoped", {**lineage, "names": [b["name"] for b in own]})
     return own, policy
+
+
+def _name(binding: Binding) -> str:
+    """A binding's name (a normalised binding always has one)."""
+    return str(binding["name"])
 

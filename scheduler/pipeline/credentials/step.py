@@ -37,21 +37,25 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core.bounded import call_bounded as bounded
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event
 from scheduler.core.execution import CredentialPresentation
 from scheduler.core.lease import owner_host
 from scheduler.core.artifact import artifact_path, redact_secrets
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.participants import Run as RunRecord
 from scheduler.core.redaction import record_redactions
+from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
+from scheduler.core.store.base import Store, Tx
 from scheduler.core.steps import Problem, Problems, Run, StepBase
 from scheduler.pipeline.credentials.bindings import (
     MEDIUM_CAPABILITY,
@@ -76,17 +80,19 @@ DIR_PREFIX = "scheduler-cred-"
 #: A provider that failed to load is not retried for this long (seconds).
 PROVIDER_RETRY_S = 5.0
 
+_T = TypeVar("_T")
+
 _providers = LoadedProviders("credential", unavailable_code="CREDENTIAL_NOT_AVAILABLE", noun="credential provider",
                              retry_s=PROVIDER_RETRY_S)
 
 
-def redactions_of(credentials: Any) -> tuple[tuple[str, bytes], ...]:
+def redactions_of(credentials: Iterable[object] | None) -> tuple[tuple[str, bytes], ...]:
     """``(binding name, value bytes)`` of every presented credential: what output redaction must hide."""
     out = []
     for c in credentials or ():
         value = getattr(c, "value", None)
         if value:
-            out.append((c.name, value if isinstance(value, bytes) else value.encode("utf-8")))
+            out.append((getattr(c, "name"), value if isinstance(value, bytes) else value.encode("utf-8")))
     return tuple(out)
 
 
@@ -118,7 +124,7 @@ def forget_providers() -> None:
     _providers.forget()
 
 
-def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: dict[str, Any]) -> Any:
+def call_bounded(fn: Callable[[], _T], timeout_s: float, *, code: str, what: str, details: JSONObject) -> _T:
     """``fn()`` waited for at most ``timeout_s`` (``code`` when it takes longer): ``scheduler.core.bounded.call_bounded``.
 
     A late answer is dropped, so a hung provider cannot hold the run, and a value that arrives
@@ -129,10 +135,11 @@ def call_bounded(fn: Any, timeout_s: float, *, code: str, what: str, details: di
 
 class _Presentation:
     """One run's credentials, from resolution to cleanup."""
-    def __init__(self, store: Any, started: Any, spec: Any, executor: Any, outcomes: RunOutcomes) -> None:
+
+    def __init__(self, store: Store, started: ClaimedRun, spec: JobSpec, executor: object, outcomes: RunOutcomes) -> None:
         self.store, self.started, self.spec, self.executor, self.outcomes = store, started, spec, executor, outcomes
         self.held: list[dict[str, Any]] = []  # per presented binding: binding, data, sha, row id, path
-        self.summary: list[dict[str, Any]] = []
+        self.summary: list[JSONObject] = []
         self.directory: str | None = None
         self.rows_written = False
         self.policy: str | None = None
@@ -141,13 +148,12 @@ class _Presentation:
     # -- resolution ------------------------------------------------------------------------------
 
     def _bindings(self) -> list[Any]:
-
-
+        """The run's bindings (its chain parent's policy applied) as ``CredentialBinding`` objects, providers loaded."""
         raw, self.policy = bindings_for_run(self.store, self.started, self.spec, list(self.spec.credentials or []), self.outcomes)
         providers: dict[str, Any] = {}
         for b in raw:
             try:
-                providers[b["provider"]] = credential_provider(b["provider"])
+                providers[str(b["provider"])] = credential_provider(str(b["provider"]))
             except SchedulerError:
                 pass  # reported per binding below
         self.providers = providers
@@ -169,16 +175,17 @@ class _Presentation:
                                      f"credential {b.name!r}: executor {self.spec.executor_name()!r} lacks the capability {need}",
                                      details={"binding": b.name, "medium": b.present.medium})
 
-    def _context(self) -> Any:
-
+    def _context(self) -> CredentialContext:
+        """What every provider is told of the run (its identity, its lineage per the chain policy)."""
         identity = self.outcomes.identity
         if identity is not None and not isinstance(identity, Mapping):
             identity = getattr(identity, "to_json", lambda: None)()
-        return CredentialContext(run_id=self.started.run_id, job_id=self.started.job["id"], attempt=self.started.attempt,
-                                 artifact_digest=self.started.job.get("artifact_digest"),
+        job = self.started.job
+        return CredentialContext(run_id=self.started.run_id, job_id=job.id, attempt=self.started.attempt,
+                                 artifact_digest=job.artifact_digest,
                                  identity=identity if isinstance(identity, Mapping) else None,
                                  source_run_id=self.started.parent_run_id if self.policy != "independent" else None,
-                                 source_job_id=self.started.job.get("parent_id") if self.policy not in (None, "independent") else None,
+                                 source_job_id=job.parent_id if self.policy not in (None, "independent") else None,
                                  sessions=StoreProviderSessions(self.store))  # provider_sessions bookkeeping (OAuth2 tokens)
 
     def _resolve_one(self, binding: Any, context: Any) -> tuple[Any, bytes]:
@@ -210,7 +217,7 @@ class _Presentation:
         _check_answer(binding, answer, where)
         return answer, _value_bytes(binding, answer.value, where)
 
-    def _refresh_if_due(self, provider: Any, answer: Any, binding: Any, context: Any, where: dict[str, Any]) -> Any:
+    def _refresh_if_due(self, provider: Any, answer: Any, binding: Any, context: Any, where: JSONObject) -> Any:
         """An answer already expired is refreshed once when the provider can (``refresh``); else it stays expired."""
         if answer.expires_at_ms is None or answer.expires_at_ms > _now_ms():
             return answer
@@ -232,7 +239,7 @@ class _Presentation:
         self._check_media(bindings)
         context = self._context()
         for binding in bindings:
-            entry: dict[str, Any] = {"name": binding.name, "provider": binding.provider, "medium": binding.present.medium,
+            entry: JSONObject = {"name": binding.name, "provider": binding.provider, "medium": binding.present.medium,
                                      "required": binding.required}
             if binding.present.key:
                 entry["key"] = binding.present.key
@@ -276,7 +283,7 @@ class _Presentation:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, 'one', ?, 'materialized', ?, ?, ?, ?, ?)",
                     (h["id"], self.started.run_id, b.name, b.provider, medium,
                      b.present.key if medium == "env" else file_variable(b.name) if medium == "file" else None,
-                     self._file_name(b) if medium == "file" else None, int(b.required), self.started.job.get("artifact_digest"),
+                     self._file_name(b) if medium == "file" else None, int(b.required), self.started.job.artifact_digest,
                      now, h["sha256"], directory if medium == "file" else None, h["expires_at"]),
                 )
         self.rows_written = True
@@ -363,7 +370,7 @@ class _Presentation:
                 time.sleep(0.05 * (attempt + 1))
 
 
-def _check_answer(binding: Any, answer: Any, where: dict[str, Any]) -> None:
+def _check_answer(binding: Any, answer: Any, where: JSONObject) -> None:
     """The answer must be for exactly this binding, and still valid."""
     present = binding.present
     expected = {"name": binding.name, "medium": present.medium, "key": present.key, "file_name": present.file_name,
@@ -381,7 +388,7 @@ def _check_answer(binding: Any, answer: Any, where: dict[str, Any]) -> None:
                              details={**where, "expires_at_ms": answer.expires_at_ms})
 
 
-def _value_bytes(binding: Any, value: Any, where: dict[str, Any]) -> bytes:
+def _value_bytes(binding: Any, value: object, where: JSONObject) -> bytes:
     """The value as bytes, checked for its medium (text without NUL for env and stdin; anything non-empty for a file)."""
     medium = binding.present.medium
     if not isinstance(value, (str, bytes)) or len(value) == 0:
@@ -447,12 +454,13 @@ def _now_ms() -> int:
     return now_ms()
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @contextmanager
-def presented(store: Any, started: Any, spec: Any, executor: Any, outcomes: RunOutcomes) -> Iterator[tuple[Any, ...]]:
+def presented(store: Store, started: ClaimedRun, spec: JobSpec, executor: object,
+              outcomes: RunOutcomes) -> Iterator[tuple[CredentialPresentation, ...]]:
     """Materialise the job's credentials for the run, and clean them up on every path (see the module docstring).
 
     A job with no bindings that is not a chain child costs one attribute test; a chain child
@@ -493,7 +501,7 @@ def _safe_run_directory(path: str) -> bool:
     return os.path.isabs(path) and os.path.basename(path.rstrip(os.sep)).startswith(DIR_PREFIX) and ".." not in path.split(os.sep)
 
 
-def recover_presentations(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+def recover_presentations(store: Store, run: RunRecord) -> tuple[bool, str | None]:
     """Clean what a dead run presented: remove its files, mark its ``materialized`` rows ``recovery_cleaned``.
 
     Returns ``(True, None)`` when cleanup is proven (nothing left, or every file removed) and
@@ -535,7 +543,7 @@ def recover_presentations(store: Any, run: dict[str, Any]) -> tuple[bool, str | 
     return True, None
 
 
-def retry_failed_cleanup(store: Any, run: dict[str, Any]) -> tuple[bool, str | None]:
+def retry_failed_cleanup(store: Store, run: RunRecord) -> tuple[bool, str | None]:
     """A blocked run's second chance: its ``failed`` rows are tried again (the operator may have fixed the cause)."""
     with store.transaction() as tx:
         tx.execute("UPDATE credential_presentations SET status = 'materialized' WHERE run_id = ? AND status = 'failed'"
@@ -543,7 +551,7 @@ def retry_failed_cleanup(store: Any, run: dict[str, Any]) -> tuple[bool, str | N
     return recover_presentations(store, run)
 
 
-def block_job_for_credentials(tx: Any, run: dict[str, Any], reason: str, *, actor: str, now: int) -> None:
+def block_job_for_credentials(tx: Tx, run: RunRecord, reason: str, *, actor: str, now: int) -> None:
     """Pause the job of a run whose credential cleanup cannot be proven, with the reason (``jobs enable`` re-arms it)."""
     paused = f"recovery blocked: {reason}"
     changed = tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ? AND enabled = 1",
@@ -553,7 +561,7 @@ def block_job_for_credentials(tx: Any, run: dict[str, Any], reason: str, *, acto
                      data={"reason": "credential cleanup not proven", "detail": reason})
 
 
-def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
+def sweep_presentations(store: Store, *, now: int | None = None) -> list[str]:
     """Clean presentations left ``materialized`` by finished runs whose dispatcher is gone (a worker abandoned at
     shutdown that never got to its cleanup); returns the run ids swept."""
     now = _now_ms() if now is None else now
@@ -581,7 +589,7 @@ def sweep_presentations(store: Any, *, now: int | None = None) -> list[str]:
 # -- the pipeline step -----------------------------------------------------------------------------------------
 
 
-def normalise_bindings(value: Any, field: str = "credentials") -> tuple[list[dict[str, Any]] | None, list[Problem]]:
+def normalise_bindings(value: object, field: str = "credentials") -> tuple[list[JSONObject] | None, list[Problem]]:
     """Validate and normalise a ``credentials`` value (``bindings.check_bindings``), every problem reported."""
     problems: list[Problem] = []
     bindings = check_bindings(value, lambda where, message, code: problems.append({"field": where, "code": code, "error": message}))
@@ -595,7 +603,7 @@ class CredentialStep(StepBase):
     fields = {"credentials": normalise_bindings, "child_credential_policy": None}
     sections = ("credential_presentation",)
 
-    def project(self, spec: JobSpec) -> dict[str, Any]:
+    def project(self, spec: JobSpec) -> JSONObject:
         """The normalised bindings (references, never values); the child policy only when not "none", so a job
         without credentials keeps its digest."""
         return {"credential_presentation": {
@@ -609,7 +617,7 @@ class CredentialStep(StepBase):
             problems.add("credentials", "the main session refuses credentials (it is shared and outlives the run)",
                          "CREDENTIAL_MEDIUM_UNSUPPORTED")
 
-    def check_installed(self, spec: JobSpec) -> tuple[dict[str, Any], list[Problem]]:
+    def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """The bindings against the target, the installed executor's media and the providers' options."""
         if not spec.credentials:
             return {}, []

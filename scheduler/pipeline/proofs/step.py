@@ -34,10 +34,15 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core.artifact import section_problems
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import JSONObject
+from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import cancel_pending_work, committing
+from scheduler.plugins.protocols import VerifiedProof
 from scheduler.pipeline.proofs.declaration import normalise
 from scheduler.pipeline.proofs.source import read_source
 from scheduler.pipeline.proofs.verify import check_window, verify as verify_proof
@@ -46,7 +51,7 @@ from scheduler.pipeline.proofs.verify import check_window, verify as verify_proo
 MAX_LINEAGE = 128
 
 
-def verify(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
+def verify(store: Store, started: ClaimedRun, spec: JobSpec, outcomes: RunOutcomes) -> None:
     """Verify the job's ``authorization_proof`` for this dispatch and claim its id in the replay ledger."""
     declaration = spec.authorization_proof
     if not declaration:
@@ -61,7 +66,7 @@ def verify(store: Any, started: Any, spec: Any, outcomes: RunOutcomes) -> None:
             record = _verify_and_claim(store, started, spec, declaration, now)
     except SchedulerError as exc:
         details = exc.details if isinstance(exc.details, dict) else {}
-        denied = {"status": "denied", "error_code": exc.code, "method": method,
+        denied: JSONObject = {"status": "denied", "error_code": exc.code, "method": method,
                   **{k: details[k] for k in ("proof_id", "key_id") if k in details}}
         outcomes.columns["proof_json"] = json.dumps(denied, sort_keys=True)
         outcomes.record("proof.failed", {**denied, "message": exc.message})
@@ -80,7 +85,7 @@ def approval_columns(outcomes: RunOutcomes) -> dict[str, int | None]:
     after this run's proof was verified (an escalation): the trusted window re-checked when the run resumes. Empty
     when the run verified no proof."""
     text = outcomes.columns.get("proof_json")
-    record = json.loads(text) if text else None
+    record = json.loads(text) if isinstance(text, str) and text else None
     if not record or record.get("status") != "verified":
         return {}
     return {"proof_not_before": record.get("not_before"), "proof_expires_at": record.get("expires_at"),
@@ -90,7 +95,7 @@ def approval_columns(outcomes: RunOutcomes) -> dict[str, int | None]:
 # --------------------------------------------------------------------------- steps
 
 
-def _recorded_verification(store: Any, run_id: str) -> dict[str, Any] | None:
+def _recorded_verification(store: Store, run_id: str) -> JSONObject | None:
     """The proof this run verified before an approval wait (its ``proof_json``), or None for a run not verified yet."""
     with store.read() as tx:
         text = tx.scalar("SELECT proof_json FROM runs WHERE id = ?", (run_id,))
@@ -100,11 +105,11 @@ def _recorded_verification(store: Any, run_id: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("status") == "verified" else None
 
 
-def _recheck(store: Any, started: Any, recorded: dict[str, Any], now: int) -> dict[str, Any]:
+def _recheck(store: Store, started: ClaimedRun, recorded: JSONObject, now: int) -> JSONObject:
     """After an approval wait: the recorded window and skew again, revocations again, the claim still this dispatch's."""
     check_window(recorded, now)
     with store.read() as tx:
-        _check_revocations(tx, recorded["proof_id"], recorded["key_id"])
+        _check_revocations(tx, str(recorded["proof_id"]), str(recorded["key_id"]))
         claim = tx.one("SELECT dispatch_id FROM authorization_proof_replay WHERE proof_id = ?", (recorded["proof_id"],))
     if claim is None or claim["dispatch_id"] != started.dispatch_id:
         raise SchedulerError("PROOF_REPLAYED", f"proof {recorded['proof_id']} is no longer claimed by this dispatch",
@@ -112,11 +117,12 @@ def _recheck(store: Any, started: Any, recorded: dict[str, Any], now: int) -> di
     return {**recorded, "claim": "rechecked-after-approval", "checked_at": now}
 
 
-def _verify_and_claim(store: Any, started: Any, spec: Any, declaration: dict[str, Any], now: int) -> dict[str, Any]:
+def _verify_and_claim(store: Store, started: ClaimedRun, spec: JobSpec, declaration: JSONObject, now: int) -> JSONObject:
     """Read the proof afresh, verify it, then check revocations and claim its id (one transaction)."""
-    artifact_digest = started.job.get("artifact_digest")
+    artifact_digest = started.job.artifact_digest
+    job_id = started.job.id
     verified = verify_proof(declaration, read_source(declaration), artifact_digest=artifact_digest, now_ms=now)
-    record = {"status": "verified", **verified.to_json()}
+    record: JSONObject = {"status": "verified", **verified.to_json()}
     replayed: SchedulerError | None = None
 
     with committing(store) as tx:
@@ -125,7 +131,7 @@ def _verify_and_claim(store: Any, started: Any, spec: Any, declaration: dict[str
             "INSERT INTO authorization_proof_replay(proof_id, artifact_digest, run_id, claimed_at, expires_at, dispatch_id,"
             " job_id, method, key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (proof_id) DO NOTHING",
             (verified.proof_id, artifact_digest, started.run_id, now, verified.expires_at_ms, started.dispatch_id,
-             started.job["id"], verified.method, verified.key_id),
+             job_id, verified.method, verified.key_id),
         )
         if inserted == 1:
             record["claim"] = "claimed"
@@ -142,7 +148,7 @@ def _verify_and_claim(store: Any, started: Any, spec: Any, declaration: dict[str
     return record
 
 
-def _check_revocations(tx: Any, proof_id: str, key_id: str) -> None:
+def _check_revocations(tx: Tx, proof_id: str, key_id: str) -> None:
     """``PROOF_REVOKED`` when the proof id or its key id has a row in ``proof_revocations``."""
     row = tx.one("SELECT id, proof_id, key_id, reason, revoked_by FROM proof_revocations WHERE proof_id = ? OR key_id = ?"
                  " ORDER BY revoked_at LIMIT 1", (proof_id, key_id))
@@ -153,17 +159,18 @@ def _check_revocations(tx: Any, proof_id: str, key_id: str) -> None:
                              details={"proof_id": proof_id, "key_id": key_id, "revocation_id": row["id"]})
 
 
-def _same_dispatch(tx: Any, started: Any, claim: dict[str, Any]) -> bool:
+def _same_dispatch(tx: Tx, started: ClaimedRun, claim: Mapping[str, object]) -> bool:
     """Whether ``claim`` belongs to this dispatch: the same dispatch row (a crash replay keeps it) or, for a retry,
     a dispatch of the run it retries, followed back through earlier retries and replays of that slot."""
     if claim["dispatch_id"] == started.dispatch_id:
         return True
-    if started.dispatch_kind != "retry" or claim["job_id"] != started.job["id"]:
+    job_id = started.job.id
+    if started.dispatch_kind != "retry" or claim["job_id"] != job_id:
         return False
     current, seen = started.source_run_id, 0
     while current and seen < MAX_LINEAGE:
         row = tx.one("SELECT dispatch_id, retry_of_run_id, replay_of_run_id FROM runs WHERE id = ? AND job_id = ?",
-                     (current, started.job["id"]))
+                     (current, job_id))
         if row is None:
             return False
         if row["dispatch_id"] == claim["dispatch_id"]:
@@ -172,14 +179,16 @@ def _same_dispatch(tx: Any, started: Any, claim: dict[str, Any]) -> bool:
     return False
 
 
-def _quarantine(tx: Any, started: Any, verified: Any, claim: dict[str, Any] | None, now: int) -> SchedulerError:
+def _quarantine(tx: Tx, started: ClaimedRun, verified: VerifiedProof, claim: Mapping[str, object] | None,
+                now: int) -> SchedulerError:
     """Disable the job of a dispatch that presented an already-claimed proof (same transaction); the error to raise."""
+    job_id = started.job.id
     owner = (claim or {}).get("dispatch_id")
     reason = (f"quarantined: proof {verified.proof_id} presented again (claimed by dispatch {owner}); PROOF_REPLAYED")[:500]
     tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ?",
-               (now, reason, now, started.job["id"]))
-    cancel_pending_work(tx, started.job["id"], reason="job quarantined (PROOF_REPLAYED)", now=now, actor="proofs")
-    append_event(tx, "job.quarantined", job_id=started.job["id"], run_id=started.run_id, dispatch_id=started.dispatch_id,
+               (now, reason, now, job_id))
+    cancel_pending_work(tx, job_id, reason="job quarantined (PROOF_REPLAYED)", now=now, actor="proofs")
+    append_event(tx, "job.quarantined", job_id=job_id, run_id=started.run_id, dispatch_id=started.dispatch_id,
                  actor="proofs", at=now, data={"code": "PROOF_REPLAYED", "proof_id": verified.proof_id,
                                                "key_id": verified.key_id, "claimed_by_dispatch": owner,
                                                "claimed_by_run": (claim or {}).get("run_id")})
@@ -223,7 +232,7 @@ class ProofStep(StepBase):
     fields = {"authorization_proof": normalise}
     sections = ("authorization_proof",)
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """A compiled proof declaration must be one ``normalise`` accepts."""
         return [] if value is None else section_problems(normalise(value, "authorization_proof")[1])
 
