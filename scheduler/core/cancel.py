@@ -23,6 +23,7 @@ from scheduler.core.transitions import committing
 
 if TYPE_CHECKING:
     from scheduler.core.observers import Observers
+    from scheduler.core.rows import JSONObject, JSONValue
 
 
 def _cancel_one(tx: Tx, run: dict[str, Any], reason: str | None, who: str, now: int) -> str:
@@ -36,7 +37,7 @@ def _cancel_one(tx: Tx, run: dict[str, Any], reason: str | None, who: str, now: 
 
 
 def cancel_run(store: Store, run_id: str, *, reason: str | None = None, now: int | None = None,
-               hooks: Observers | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> JSONObject:
     """``runs cancel``: cancel one run (``RUN_ALREADY_FINISHED`` if it is terminal).
 
     ``hooks``: the observers to tell about a run cancelled directly (default: the hook
@@ -54,7 +55,7 @@ def cancel_run(store: Store, run_id: str, *, reason: str | None = None, now: int
 
 
 def cancel_job(store: Store, ref: str, *, reason: str | None = None, now: int | None = None,
-               hooks: Observers | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> JSONObject:
     """``jobs cancel``: cancel every pending dispatch (manual ones too) and every active run of a job.
 
     Waiting work goes through ``transitions.cancel_pending_work`` (the same function as
@@ -70,7 +71,8 @@ def cancel_job(store: Store, ref: str, *, reason: str | None = None, now: int | 
         for r in waiting:  # the request is recorded (who, why) before the run is ended
             transitions.request_cancel(tx, r, reason=reason, actor=who, now=now)
         work = transitions.cancel_pending_work(tx, job["id"], reason=reason or "cancelled", now=now, actor=who, include_manual=True)
-        results = [{"run_id": r["id"], "outcome": "cancelled" if r["id"] in work.runs else "requested"} for r in waiting]
+        results: list[JSONValue] = [{"run_id": r["id"], "outcome": "cancelled" if r["id"] in work.runs else "requested"}
+                                    for r in waiting]
         results += [{"run_id": r["id"], "outcome": _cancel_one(tx, r, reason, who, now)} for r in running]
         append_event(tx, "job.cancel_requested", job_id=job["id"], actor=who, at=now,
                      data={"reason": reason, "dispatches": work.dispatches})

@@ -8,15 +8,19 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.core.store.base import Tx
 from scheduler.base.timeutil import now_ms, to_iso
 
+if TYPE_CHECKING:
+    from scheduler.core.rows import JSONObject
+
 
 #: Default of ``append_event``'s ``principal``/``trust_level``: read from the run in the same statement.
-LOOKUP: Any = object()
+LOOKUP: object = object()
 
 _COLUMNS = "at, kind, job_id, run_id, dispatch_id, actor, artifact_digest, data, principal, trust_level"
 #: Rows per multi-row INSERT of a batch (10 parameters each: well inside every SQLite's and PostgreSQL's limit).
@@ -76,11 +80,11 @@ def append_event(
     run_id: str | None = None,
     dispatch_id: str | None = None,
     actor: str | None = None,
-    data: dict[str, Any] | None = None,
+    data: Mapping[str, object] | None = None,
     at: int | None = None,
     artifact_digest: str | None = None,
-    principal: Any = LOOKUP,
-    trust_level: Any = LOOKUP,
+    principal: str | None | object = LOOKUP,
+    trust_level: str | None | object = LOOKUP,
 ) -> None:
     """Record one event inside the caller's transaction, so the event exists iff the change does.
 
@@ -130,9 +134,9 @@ def append_event(
     )
 
 
-def event_to_json(row: dict[str, Any]) -> dict[str, Any]:
+def event_to_json(row: Mapping[str, Any]) -> JSONObject:
     """JSON view of an event row."""
-    out = dict(row)
+    out: JSONObject = dict(row)
     out["at"] = to_iso(row["at"])
     out["data"] = json.loads(row["data"]) if row.get("data") else None
     return out

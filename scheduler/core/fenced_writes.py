@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -38,6 +38,9 @@ from scheduler.core.lease import Lease, LeaseLost, assert_live
 from scheduler.core.runs import StaleFence
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import fenced_update
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import SQLValue
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,8 @@ class FencedWrite:
     run_id: str
     job_id: str
     kind: str
-    data: dict[str, Any] | None
-    values: dict[str, Any] | None = None
+    data: Mapping[str, object] | None
+    values: dict[str, SQLValue] | None = None
     #: Released (once) when the write is settled: committed, or ``error`` set; its writer waits by acquiring it.
     done: threading.Lock = attrs.field(factory=_held_lock)
     error: BaseException | None = None

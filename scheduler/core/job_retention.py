@@ -6,10 +6,13 @@ part of the kernel's spec validation; it is not part of the execution artifact.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import format_duration_ms, parse_duration_ms
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JSONObject
 
 #: The largest ``keep_runs`` accepted (settings and job field alike).
 MAX_KEEP_RUNS = 10_000_000
@@ -20,7 +23,7 @@ FOREVER = "forever"
 _JOB_KEYS = ("keep_runs", "max_age")
 
 
-def normalise_job_retention(value: Any, field: str = "retention") -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+def normalise_job_retention(value: object, field: str = "retention") -> tuple[JSONObject | None, list[dict[str, str]]]:
     """Validate a job's ``retention`` object: ``{keep_runs?: int, max_age?: duration | "forever"}``, at least one key.
 
     Returns the normalised object (durations in their compact form) and the problems,
@@ -39,7 +42,7 @@ def normalise_job_retention(value: Any, field: str = "retention") -> tuple[dict[
         bad(f"{field}.{key}", "UNKNOWN_FIELD", f"unknown key {key!r} (known: keep_runs, max_age)")
     if not any(k in value for k in _JOB_KEYS):
         bad(field, "REQUIRED", "set keep_runs and/or max_age")
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     if "keep_runs" in value:
         keep = value["keep_runs"]
         if isinstance(keep, bool) or not isinstance(keep, int):

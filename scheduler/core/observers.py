@@ -10,7 +10,10 @@ installed none, such as a script using core alone, has no observers.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JSONObject, SQLValue
 
 
 class Observers(Protocol):
@@ -24,12 +27,13 @@ class Observers(Protocol):
         """Tell observers of a committed transition; never raises."""
         ...
 
-    def run_completed(self, run: dict[str, Any]) -> None:
-        """Tell observers that a run's completion committed; never raises."""
+    def run_completed(self, run: JSONObject) -> None:
+        """Tell observers that a run's completion committed (``run``: its JSON view); never raises."""
         ...
 
-    def dispatch_veto(self, job: dict[str, Any], dispatch_kind: str) -> str | None:
-        """The first veto reason of any observer, or None; a failing observer vetoes (fail closed)."""
+    def dispatch_veto(self, job: dict[str, SQLValue], dispatch_kind: str) -> str | None:
+        """The first veto reason of any observer about a dispatch of ``job`` (its row), or None; a failing observer
+        vetoes (fail closed)."""
         ...
 
 

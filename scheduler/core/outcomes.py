@@ -12,9 +12,13 @@ was decided so far is still committed.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JSONObject, SQLValue
 
 
 @attrs.define
@@ -22,19 +26,19 @@ class RunOutcomes:
     """Decisions of one run, gathered in its worker and committed by the completion transaction."""
 
     #: Extra ``runs`` columns (``identity_json``, ``trust_level``, ``governance_json``, ``credentials_json``, ...).
-    columns: dict[str, Any] = attrs.Factory(dict)
+    columns: dict[str, SQLValue] = attrs.Factory(dict)
     #: Runtime events to append in the completion transaction: ``(kind, data)``.
-    events: list[tuple[str, dict[str, Any]]] = attrs.Factory(list)
+    events: list[tuple[str, Mapping[str, object]]] = attrs.Factory(list)
     #: The evidence row to insert with the terminal state (built by ``scheduler.evidence.attest``), or None.
-    evidence: dict[str, Any] | None = None
+    evidence: JSONObject | None = None
     #: When set, the completion enqueues no delivery and triggers no children (a failed required attestation).
     suppress_consequences: bool = False
     #: The resolved identity (``scheduler.pipeline.identity``), handed to later steps, evidence and events.
     identity: Any = None
     #: Set by ``scheduler.pipeline.authorization`` when its provider escalated (gate_kind, risk_level, reason): the completion
     #: transaction opens an approval gate (run ``awaiting_approval``) instead of ending the run.
-    escalate: dict[str, Any] | None = None
+    escalate: dict[str, str] | None = None
 
-    def record(self, kind: str, data: dict[str, Any]) -> None:
+    def record(self, kind: str, data: Mapping[str, object]) -> None:
         """Queue a runtime event for the completion transaction."""
         self.events.append((kind, data))

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import attrs
 
 from scheduler.core.outcomes import RunOutcomes
+from scheduler.core.rows import JSONObject
 from scheduler.core.store.base import Store, Tx
 
 #: A run row as the store returns it, or the part of one a participant needs (``id`` and ``job_id`` at least).
@@ -51,7 +52,7 @@ class Outbox(Protocol):
 class EvidenceRows(Protocol):
     """Insert evidence: the run's terminal evidence row, in the transaction that ends the run."""
 
-    def insert(self, tx: Tx, run: Run, record: dict[str, Any], *, now: int) -> None:
+    def insert(self, tx: Tx, run: Run, record: JSONObject, *, now: int) -> None:
         """Insert the evidence row the pipeline built (``RunOutcomes.evidence``) for the finished ``run``."""
 
     def interrupted(self, tx: Tx, run: Run, *, now: int, actor: str | None, error_code: str = "INTERRUPTED") -> bool:

@@ -35,10 +35,14 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import attrs
+
+if TYPE_CHECKING:
+    from scheduler.core.execution import ExecutionResult
+    from scheduler.core.outcomes import RunOutcomes
 
 #: Shortest value (bytes) whose hex and base64 forms are redacted as well as its raw bytes.
 MIN_ENCODED_BYTES = 6
@@ -225,7 +229,7 @@ class RedactionStream:
         return self._emit(buf, final=True) if buf else b""
 
 
-def record_redactions(result: Any, outcomes: Any) -> Any:
+def record_redactions(result: ExecutionResult, outcomes: RunOutcomes) -> ExecutionResult:
     """Record on the run what output redaction replaced (the dispatcher, for runs that were presented credentials).
 
     Adds ``details["redactions"]`` (``{"stdout": {name: n}, "stderr": {...}, "total": {name: n}}``) to the
@@ -241,7 +245,7 @@ def record_redactions(result: Any, outcomes: Any) -> Any:
     for counts in streams.values():
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n
-    summary = {**streams, "total": dict(sorted(total.items()))}
+    summary: dict[str, dict[str, int]] = {**streams, "total": dict(sorted(total.items()))}
     _merge_into_credentials(outcomes, summary)
     if not streams:
         return result
@@ -249,11 +253,11 @@ def record_redactions(result: Any, outcomes: Any) -> Any:
     return attrs.evolve(result, details={**(result.details or {}), "redactions": summary})
 
 
-def _merge_into_credentials(outcomes: Any, summary: dict[str, Any]) -> None:
+def _merge_into_credentials(outcomes: RunOutcomes, summary: dict[str, dict[str, int]]) -> None:
     """Put the redaction counts into ``outcomes.columns["credentials_json"]`` (when the run has one): each presented
     binding gets ``redacted`` (its total, 0 when nothing was replaced), the summary gets ``redactions``."""
     text = outcomes.columns.get("credentials_json")
-    if not text:
+    if not text or not isinstance(text, (str, bytes)):
         return
     try:
         record = json.loads(text)
@@ -264,6 +268,7 @@ def _merge_into_credentials(outcomes: Any, summary: dict[str, Any]) -> None:
     total = summary.get("total") or {}
     for binding in record.get("bindings") or ():
         if isinstance(binding, dict) and binding.get("status") == "presented":
-            binding["redacted"] = int(total.get(binding.get("name"), 0))
+            name = binding.get("name")
+            binding["redacted"] = int(total.get(name, 0)) if isinstance(name, str) else 0
     record["redactions"] = summary
     outcomes.columns["credentials_json"] = json.dumps(record, sort_keys=True, separators=(",", ":"))

@@ -1,8 +1,8 @@
 """Typed rows: the jobs, runs, dispatches, approvals and outbox parts core and the pipeline pass around.
 
 A row is read as the mapping the store returns (``Tx.one`` / ``Tx.all``) and turned into its
-class once, at the read (``from_row``): from there on it travels as typed attributes, not as
-``dict[str, Any]``. Each class has one field per column of its table, in schema order
+class once, at the read (``from_row``): from there on it travels as typed attributes, not as an
+untyped mapping. Each class has one field per column of its table, in schema order
 (``scheduler.core.store.schema_runs`` / ``schema_records`` define them; a test holds the two
 together): TEXT is ``str``, INT, BIGINT and the 0/1 flags are ``int``, a nullable column is
 ``... | None``, and a JSON column stays the text it is stored as (the spec parses it:

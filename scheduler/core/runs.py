@@ -7,11 +7,15 @@ Every write of a run's status (and every fenced write on a running run) is in
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store.base import Tx
 from scheduler.base.timeutil import to_iso
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JSONObject
 
 RUN_STATUSES = (
     "pending", "running", "ok", "error", "timeout", "cancelled", "crashed", "skipped",
@@ -44,7 +48,8 @@ def get_run(tx: Tx, run_id: str) -> dict[str, Any]:
 
 def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Most recent runs first, optionally of one job and/or one status."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[object] = []
     if job_id:
         where.append("job_id = ?")
         params.append(job_id)
@@ -59,7 +64,7 @@ def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, l
     return tx.all(sql, params)
 
 
-def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
+def run_to_json(row: Mapping[str, Any], *, full: bool = False) -> JSONObject:
     """JSON view of a run; ``full`` adds output excerpts, structured output and verification."""
     keys = [
         "id", "job_id", "status", "dispatch_id", "dispatch_kind", "attempt", "scheduled_for", "started_at", "finished_at",
@@ -77,10 +82,10 @@ def run_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
             "process_terminated_at", "process_signal", "agent_abort_requested_at", "agent_abort_outcome", "summary",
             "env_policy_warning",
         ]
-    out = {k: row.get(k) for k in keys}
+    out: JSONObject = {k: row.get(k) for k in keys}
     for k in _TIME_FIELDS:
         if k in out:
-            out[k] = to_iso(out[k])
+            out[k] = to_iso(row.get(k))
     if out.get("output_valid") is not None:
         out["output_valid"] = bool(out["output_valid"])
     if full:

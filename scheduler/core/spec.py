@@ -23,7 +23,7 @@ from scheduler.core.schedules import Schedule, validate_cron, validate_timezone
 from scheduler.core.steps import NOT_REGISTERED, Installed, registered
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JobRow, JSONObject, SQLValue
+    from scheduler.core.rows import JobRow, JSONObject
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
@@ -522,9 +522,9 @@ _JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "cred
                          "retention"})
 
 
-def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
+def spec_to_row(spec: JobSpec) -> dict[str, Any]:
     """Storage view of a spec: one column per field, booleans as 0/1, plugin options as JSON text."""
-    row: dict[str, Any] = attrs.asdict(spec)
+    row = attrs.asdict(spec)
     for f in SPEC_FIELDS:
         kind = f.metadata["kind"]
         if kind == "bool":

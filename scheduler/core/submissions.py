@@ -12,11 +12,12 @@ a submitted artifact is not changed: ``SUBMITTED_KIND_NOT_INSTALLED`` (fail clos
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
 from scheduler.base.errors import SchedulerError
 
 if TYPE_CHECKING:
+    from scheduler.core.rows import JobRow, JSONObject
     from scheduler.core.spec import JobSpec
 
 __all__ = ["NOT_INSTALLED", "Submission", "SubmittedKind", "bound_kind", "install", "installed", "installed_as"]
@@ -35,7 +36,7 @@ class Submission(Protocol):
     #: The submitted ``effective_task_hash`` (recorded on the job).
     effective_task_hash: str
     #: The artifact itself, stored as it was submitted once verified.
-    payload: dict[str, Any]
+    payload: JSONObject
 
     def verify(self, spec: JobSpec, *, job_id: str | None = None) -> str:
         """Prove the payload against its digest and ``spec`` (compiled for ``job_id``); return the digest, else raise."""
@@ -49,7 +50,7 @@ class SubmittedKind(Protocol):
     #: The job-spec keys that carry a submission (they are not job fields).
     fields: tuple[str, ...]
 
-    def split(self, obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | None]:
+    def split(self, obj: JSONObject) -> tuple[JSONObject, Submission | None]:
         """``(obj without the submission keys, the Submission or None)``; ``obj`` is not modified."""
 
     def binding_digest(self, spec: JobSpec) -> str:
@@ -84,11 +85,12 @@ def installed() -> SubmittedKind | None:
     return _installed
 
 
-def bound_kind(row: Mapping[str, Any]) -> SubmittedKind:
+def bound_kind(row: JobRow | Mapping[str, object]) -> SubmittedKind:
     """The installed kind of a job row bound to a submitted artifact; ``SUBMITTED_KIND_NOT_INSTALLED`` when it is not."""
     kind = installed()
-    if kind is None or kind.version != row.get("handoff_version"):
-        raise SchedulerError(NOT_INSTALLED, f"job {row.get('name')!r} is bound to a handoff v{row.get('handoff_version')}"
+    version, name = row.get("handoff_version"), row.get("name")
+    if kind is None or kind.version != version:
+        raise SchedulerError(NOT_INSTALLED, f"job {name!r} is bound to a handoff v{version}"
                              " artifact and that artifact kind is not installed (the composition root, scheduler.runtime,"
                              " installs it)")
     return kind

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from typing import Callable, Protocol
 
 import attrs
@@ -52,7 +53,7 @@ class DbRunControl(CancellationToken):
         self.run_id = run_id
         self.job_id = job_id
 
-    def _fenced(self, values: dict[str, SQLValue] | None, kind: str, data: JSONObject | None) -> None:
+    def _fenced(self, values: dict[str, SQLValue] | None, kind: str, data: Mapping[str, object] | None) -> None:
         """Commit through the dispatcher's group writer (one transaction for what all workers wrote meanwhile);
         returns once committed, raises ``STALE_FENCE`` / ``LEASE_LOST`` for this write alone (``fenced_writes``)."""
         self._writes.write(FencedWrite(run_id=self.run_id, job_id=self.job_id, kind=kind, data=data, values=values))
@@ -71,7 +72,7 @@ class DbRunControl(CancellationToken):
         except SchedulerError as exc:  # lease lost: the recovering dispatcher records the end instead
             log.warning("could not record termination of run %s: %s", self.run_id, exc.message)
 
-    def event(self, kind: str, data: JSONObject | None = None) -> None:
+    def event(self, kind: str, data: Mapping[str, object] | None = None) -> None:
         """Append an audit event for this run; committed (grouped with other workers' writes) before it returns."""
         self._fenced(None, kind, data)
 
