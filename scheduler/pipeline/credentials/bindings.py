@@ -15,12 +15,42 @@ which reads the capabilities of an already-loaded executor and the provider's
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Literal, Required, TypedDict
 
 from scheduler.base.options import build_options, option_problems
+from scheduler.core.rows import JSONObject
+from scheduler.core.spec import JobSpec
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
 from scheduler.core.members import options_class_of
+
+
+Medium = Literal["env", "file", "stdin"]
+_MEDIA: dict[object, Medium] = {"env": "env", "file": "file", "stdin": "stdin"}
+
+
+class Present(TypedDict, total=False):
+    """How a normalised binding's value reaches the payload: ``medium``, with ``key`` (env) or ``file_name`` (file)."""
+
+    medium: Required[Medium]
+    key: str
+    file_name: str
+
+
+class Binding(TypedDict, total=False):
+    """A normalised binding as the job stores it (``check_bindings``): references, never a value."""
+
+    name: Required[str]
+    provider: Required[str]
+    ref: Required[str]
+    present: Required[Present]
+    required: Required[bool]
+    options: JSONObject
+
+
+#: Where ``check_bindings`` reports: ``add(field, message, code)``.
+AddProblem = Callable[[str, str, str], object]
 
 #: Which media exist, and the executor capability each needs.
 MEDIA = ("env", "file", "stdin")
@@ -68,11 +98,11 @@ def reserved_key_reason(key: str) -> str | None:
     return None
 
 
-def _text(value: Any, limit: int) -> bool:
+def _text(value: object, limit: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= limit and "\x00" not in value
 
 
-def check_bindings(raw: Any, add: Any) -> list[dict[str, Any]] | None:
+def check_bindings(raw: object, add: AddProblem) -> list[Binding] | None:
     """Validate and normalise a ``credentials`` value; ``add(field, message, code)`` records each problem.
 
     Returns the normalised list (``required`` always present, ``present`` without unset
@@ -84,7 +114,7 @@ def check_bindings(raw: Any, add: Any) -> list[dict[str, Any]] | None:
     if len(raw) > MAX_BINDINGS:
         add("credentials", f"at most {MAX_BINDINGS} bindings", "TOO_LARGE")
         return None
-    out: list[dict[str, Any]] = []
+    out: list[Binding] = []
     bad = False
     for i, item in enumerate(raw):
         where = f"credentials[{i}]"
@@ -97,7 +127,7 @@ def check_bindings(raw: Any, add: Any) -> list[dict[str, Any]] | None:
     return None if bad or problems else out
 
 
-def _check_one(item: Any, where: str, add: Any) -> dict[str, Any] | None:
+def _check_one(item: object, where: str, add: AddProblem) -> Binding | None:
     if not isinstance(item, dict):
         add(where, "must be an object {name, provider, ref, present}", "CREDENTIAL_BINDING_INVALID")
         return None
@@ -125,7 +155,7 @@ def _check_one(item: Any, where: str, add: Any) -> dict[str, Any] | None:
         options = {}
     if not isinstance(options, dict):
         bad("options", "must be an object of the provider's options")
-    norm_present: dict[str, Any] = {}
+    norm_present: Present = {"medium": "env"}
     if not isinstance(present, dict):
         bad("present", 'must be an object {"medium": "env"|"file"|"stdin", "key"?, "file_name"?}')
     else:
@@ -135,7 +165,7 @@ def _check_one(item: Any, where: str, add: Any) -> dict[str, Any] | None:
         key, file_name = present.get("key"), present.get("file_name")
         if medium not in MEDIA:
             bad("present.medium", "must be one of env, file, stdin")
-        norm_present["medium"] = medium
+        norm_present["medium"] = _MEDIA.get(medium, "env")  # a medium not in MEDIA is a problem: nothing is returned
         if medium == "env":
             if not isinstance(key, str) or not _ENV_KEY.match(key):
                 bad("present.key", "an env presentation needs key: an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
@@ -155,15 +185,15 @@ def _check_one(item: Any, where: str, add: Any) -> dict[str, Any] | None:
                     norm_present["file_name"] = file_name
         elif file_name is not None:
             bad("present.file_name", "file_name is only for medium file")
-    if problems:
+    if problems or not isinstance(name, str) or not isinstance(provider, str) or not isinstance(ref, str):
         return None
-    out: dict[str, Any] = {"name": name, "provider": provider, "ref": ref, "present": norm_present, "required": required}
+    out: Binding = {"name": name, "provider": provider, "ref": ref, "present": norm_present, "required": required}
     if options:
         out["options"] = dict(options)
     return out
 
 
-def _cross_check(bindings: list[dict[str, Any]], add: Any) -> int:
+def _cross_check(bindings: list[Binding], add: AddProblem) -> int:
     """Duplicates and media that cannot mix; returns the number of problems."""
     problems = 0
     names: dict[str, int] = {}
@@ -201,7 +231,7 @@ def _cross_check(bindings: list[dict[str, Any]], add: Any) -> int:
     return problems
 
 
-def credential_problems(spec: Any, executor: Any | None) -> list[dict[str, str]]:
+def credential_problems(spec: JobSpec, executor: object | None) -> list[dict[str, str]]:
     """Problems of a validated spec's bindings against its target, executor and providers (``jobs add``/``validate``).
 
     The main-session target refuses credentials; the executor must declare
@@ -232,8 +262,8 @@ def credential_problems(spec: Any, executor: Any | None) -> list[dict[str, str]]
     return problems
 
 
-def _option_problems(bindings: list[dict[str, Any]]) -> list[dict[str, str]]:
-
+def _option_problems(bindings: list[Binding]) -> list[dict[str, str]]:
+    """Each binding's ``options`` against its installed provider's ``options_class``."""
     problems: list[dict[str, str]] = []
     for i, b in enumerate(bindings):
         provider = provider_for("credential", b["provider"])
@@ -251,7 +281,7 @@ def _option_problems(bindings: list[dict[str, Any]]) -> list[dict[str, str]]:
     return problems
 
 
-def binding_objects(bindings: list[dict[str, Any]], providers: dict[str, Any] | None = None) -> list[Any]:
+def binding_objects(bindings: list[Binding], providers: Mapping[str, object] | None = None) -> list[CredentialBinding]:
     """``CredentialBinding`` objects of normalised bindings (``options`` built by each provider's class when given)."""
     out = []
     for i, b in enumerate(bindings):

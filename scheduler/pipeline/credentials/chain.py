@@ -27,9 +27,7 @@ from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import JobRow, JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.store.base import Store
-
-#: A normalised credential binding as the job stores it (``name``, ``provider``, ``ref``, ``present``, ``required``...).
-Binding = JSONObject
+from scheduler.pipeline.credentials.bindings import Binding
 
 
 def parent_policy(store: Store, started: ClaimedRun) -> tuple[str, list[Binding]]:
@@ -75,6 +73,6 @@ def bindings_for_run(
 
 
 def _name(binding: Binding) -> str:
-    """A binding's name (a normalised binding always has one)."""
-    return str(binding["name"])
+    """A binding's name."""
+    return binding["name"]
 

@@ -32,11 +32,10 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
-
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.store.base import Store
 from scheduler.plugins.protocols import SESSION_STATUSES
 from scheduler.base.timeutil import now_ms
 
@@ -76,17 +75,17 @@ def session_id(provider: str, session_key: str, runtime_instance: str) -> str:
     return f"ps_{digest[:32]}"
 
 
-def _invalid(message: str, **details: Any) -> SchedulerError:
+def _invalid(message: str, **details: object) -> SchedulerError:
     return SchedulerError("PROVIDER_SESSION_INVALID", message, details=details or None)
 
 
-def _check_provider(provider: Any) -> str:
+def _check_provider(provider: object) -> str:
     if not isinstance(provider, str) or not PROVIDER_NAME.match(provider):
         raise _invalid("a provider session needs the credential driver's name ([a-z0-9][a-z0-9_.-]{0,63})")
     return provider
 
 
-def _check_key(provider: str, session_key: Any) -> str:
+def _check_key(provider: str, session_key: object) -> str:
     # The key is never quoted back: a provider that passes a raw token here must not see it in an error either.
     if not isinstance(session_key, str) or not SESSION_KEY.match(session_key):
         raise _invalid(f"provider {provider!r}: a session key must be a hash 'sha256:<64 lowercase hex>' (the kernel "
@@ -94,7 +93,7 @@ def _check_key(provider: str, session_key: Any) -> str:
     return session_key
 
 
-def _check_scopes(provider: str, scopes: Any) -> str:
+def _check_scopes(provider: str, scopes: object) -> str:
     if scopes is None:
         return ""
     items = scopes.split() if isinstance(scopes, str) else list(scopes) if isinstance(scopes, Iterable) else None
@@ -108,7 +107,7 @@ def _check_scopes(provider: str, scopes: Any) -> str:
     return text
 
 
-def _check_time(provider: str, what: str, value: Any) -> int | None:
+def _check_time(provider: str, what: str, value: object) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -117,15 +116,15 @@ def _check_time(provider: str, what: str, value: Any) -> int | None:
     return value
 
 
-def _check_status(provider: str, status: Any) -> str:
-    if status not in SESSION_STATUSES:
+def _check_status(provider: str, status: object) -> str:
+    if not isinstance(status, str) or status not in SESSION_STATUSES:
         raise _invalid(f"provider {provider!r}: session status must be one of {', '.join(SESSION_STATUSES)}",
                        provider=provider, status=status if isinstance(status, str) and len(status) <= 32 else None)
     return status
 
 
-def checked_record(provider: Any, session_key: Any, *, scopes: Any, expires_at_ms: Any, refresh_after_ms: Any,
-                   runtime_instance: str) -> SessionRecord:
+def checked_record(provider: object, session_key: object, *, scopes: object, expires_at_ms: object,
+                   refresh_after_ms: object, runtime_instance: str) -> SessionRecord:
     """Validate what a provider reports and return the record to store; ``PROVIDER_SESSION_INVALID`` otherwise."""
     name = _check_provider(provider)
     return SessionRecord(provider=name, session_key=_check_key(name, session_key), runtime_instance=runtime_instance,
@@ -137,13 +136,13 @@ def checked_record(provider: Any, session_key: Any, *, scopes: Any, expires_at_m
 class StoreProviderSessions:
     """``ProviderSessions`` on a store: each call is one short write transaction of its own."""
 
-    def __init__(self, store: Any, *, runtime_instance: str | None = None, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, store: Store, *, runtime_instance: str | None = None, clock: Callable[[], int] = now_ms) -> None:
         """``runtime_instance`` names the process whose memory holds the sessions (default ``host:pid``)."""
         self._store = store
         self.runtime_instance = runtime_instance or default_runtime_instance()
         self._clock = clock
 
-    def record_session(self, provider: str, session_key: str, *, scopes: Any = (), expires_at_ms: int | None = None,
+    def record_session(self, provider: str, session_key: str, *, scopes: object = (), expires_at_ms: int | None = None,
                        refresh_after_ms: int | None = None) -> str:
         """Insert or renew the session row (status ``active``, new times and scopes); returns its id."""
         record = checked_record(provider, session_key, scopes=scopes, expires_at_ms=expires_at_ms,
@@ -186,7 +185,7 @@ class MemoryProviderSessions:
         self.calls: list[tuple[str, str, str]] = []  # (method, provider, status) in order
         self._lock = threading.Lock()
 
-    def record_session(self, provider: str, session_key: str, *, scopes: Any = (), expires_at_ms: int | None = None,
+    def record_session(self, provider: str, session_key: str, *, scopes: object = (), expires_at_ms: int | None = None,
                        refresh_after_ms: int | None = None) -> str:
         """Keep the checked record (status ``active``); returns the id a store would use."""
         record = checked_record(provider, session_key, scopes=scopes, expires_at_ms=expires_at_ms,

@@ -43,6 +43,7 @@ from typing import Any, Mapping, TypeVar
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
+from scheduler.core import state
 from scheduler.core.bounded import call_bounded as bounded
 from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event
@@ -59,6 +60,7 @@ from scheduler.core.store.base import Store, Tx
 from scheduler.core.steps import Problem, Problems, Run, StepBase
 from scheduler.pipeline.credentials.bindings import (
     MEDIUM_CAPABILITY,
+    Binding,
     binding_objects,
     check_bindings,
     credential_problems,
@@ -68,7 +70,7 @@ from scheduler.pipeline.credentials.chain import bindings_for_run
 from scheduler.pipeline.credentials.sessions import StoreProviderSessions
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
-from scheduler.plugins.protocols import CredentialContext, RefreshResult, ResolvedCredential
+from scheduler.plugins.protocols import CredentialContext, CredentialProvider, RefreshResult, ResolvedCredential
 
 log = logging.getLogger(__name__)
 
@@ -143,17 +145,17 @@ class _Presentation:
         self.directory: str | None = None
         self.rows_written = False
         self.policy: str | None = None
-        self.providers: dict[str, Any] = {}
+        self.providers: dict[str, CredentialProvider] = {}
 
     # -- resolution ------------------------------------------------------------------------------
 
     def _bindings(self) -> list[Any]:
         """The run's bindings (its chain parent's policy applied) as ``CredentialBinding`` objects, providers loaded."""
         raw, self.policy = bindings_for_run(self.store, self.started, self.spec, list(self.spec.credentials or []), self.outcomes)
-        providers: dict[str, Any] = {}
+        providers: dict[str, CredentialProvider] = {}
         for b in raw:
             try:
-                providers[str(b["provider"])] = credential_provider(str(b["provider"]))
+                providers[b["provider"]] = credential_provider(b["provider"])
             except SchedulerError:
                 pass  # reported per binding below
         self.providers = providers
@@ -554,8 +556,7 @@ def retry_failed_cleanup(store: Store, run: RunRecord) -> tuple[bool, str | None
 def block_job_for_credentials(tx: Tx, run: RunRecord, reason: str, *, actor: str, now: int) -> None:
     """Pause the job of a run whose credential cleanup cannot be proven, with the reason (``jobs enable`` re-arms it)."""
     paused = f"recovery blocked: {reason}"
-    changed = tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ? AND enabled = 1",
-                         (now, paused[:1000], now, run["job_id"]))
+    changed = state.execute(tx, "block_job", job_id=run["job_id"], now=now, reason=paused[:1000])
     if changed:
         append_event(tx, "job.paused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
                      data={"reason": "credential cleanup not proven", "detail": reason})
@@ -589,7 +590,7 @@ def sweep_presentations(store: Store, *, now: int | None = None) -> list[str]:
 # -- the pipeline step -----------------------------------------------------------------------------------------
 
 
-def normalise_bindings(value: object, field: str = "credentials") -> tuple[list[JSONObject] | None, list[Problem]]:
+def normalise_bindings(value: object, field: str = "credentials") -> tuple[list[Binding] | None, list[Problem]]:
     """Validate and normalise a ``credentials`` value (``bindings.check_bindings``), every problem reported."""
     problems: list[Problem] = []
     bindings = check_bindings(value, lambda where, message, code: problems.append({"field": where, "code": code, "error": message}))

@@ -14,7 +14,10 @@ refused. Unknown keys are refused. Problems are ``VALIDATION_FAILED`` details wi
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
+
+from scheduler.core.rows import JSONObject
 
 METHODS: tuple[str, ...] = ("jwt", "detached-signature", "certificate")
 #: Asymmetric JWT algorithms only: a verifier holds a public key, never a shared secret (``HS*``) or ``none``.
@@ -43,7 +46,7 @@ def _problem(field: str, error: str) -> dict[str, str]:
     return {"field": field, "code": CODE, "error": error}
 
 
-def _path(value: Any, field: str, problems: list[dict[str, str]]) -> str | None:
+def _path(value: object, field: str, problems: list[dict[str, str]]) -> str | None:
     """An absolute path without NUL or ``..`` (the dispatcher's working directory is not the operator's)."""
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value or ".." in value.split("/") or len(value) > 4096:
         problems.append(_problem(field, "must be an absolute path without '..'"))
@@ -51,7 +54,7 @@ def _path(value: Any, field: str, problems: list[dict[str, str]]) -> str | None:
     return value
 
 
-def _text(decl: dict[str, Any], key: str, field: str, problems: list[dict[str, str]], *, required: bool) -> str | None:
+def _text(decl: Mapping[str, object], key: str, field: str, problems: list[dict[str, str]], *, required: bool) -> str | None:
     value = decl.get(key)
     if value is None:
         if required:
@@ -63,7 +66,7 @@ def _text(decl: dict[str, Any], key: str, field: str, problems: list[dict[str, s
     return value
 
 
-def _source(value: Any, field: str, problems: list[dict[str, str]]) -> dict[str, str] | None:
+def _source(value: object, field: str, problems: list[dict[str, str]]) -> JSONObject | None:
     if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("env", "file"):
         problems.append(_problem(field, 'must be {"env": "NAME"} or {"file": "/absolute/path"} (where each dispatch reads the'
                                         " proof afresh; a proof is never stored in the job)"))
@@ -78,7 +81,7 @@ def _source(value: Any, field: str, problems: list[dict[str, str]]) -> dict[str,
     return {"file": path} if path else None
 
 
-def normalise(value: Any, field: str = "authorization_proof") -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+def normalise(value: object, field: str = "authorization_proof") -> tuple[JSONObject | None, list[dict[str, str]]]:
     """Validate an ``authorization_proof`` declaration; return its normalised form (defaults filled in) and the problems."""
     problems: list[dict[str, str]] = []
     if not isinstance(value, dict):
@@ -92,7 +95,7 @@ def normalise(value: Any, field: str = "authorization_proof") -> tuple[dict[str,
                                                        ' with source {"env": NAME} or {"file": PATH}'))
         else:
             problems.append(_problem(f"{field}.{key}", f"unknown key {key!r} for method {method} (known: {', '.join(_KEYS[method])})"))
-    out: dict[str, Any] = {"method": method}
+    out: JSONObject = {"method": method}
     if "source" not in value:
         problems.append(_problem(f"{field}.source", "is required"))
     else:
@@ -160,7 +163,7 @@ def _loopback(url: str) -> bool:
     return host == "localhost" or host.startswith("127.")
 
 
-def recurring_warning(schedule_kind: str | None, declaration: dict[str, Any] | None) -> str | None:
+def recurring_warning(schedule_kind: str | None, declaration: Mapping[str, Any] | None) -> str | None:
     """What ``jobs validate`` says about a recurring job (cron, every) with a proof: each proof id serves ONE dispatch, so
     its source must hold a fresh proof before every slot, or the next dispatch is denied ``PROOF_REPLAYED`` (quarantine)."""
     if not declaration or schedule_kind not in ("cron", "every"):

@@ -8,6 +8,7 @@ is ``PROOF_MALFORMED``, before any verifier sees it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
@@ -16,7 +17,7 @@ from scheduler.base.errors import SchedulerError
 MAX_PROOF_BYTES = 64 * 1024
 
 
-def read_source(declaration: dict[str, Any], env: dict[str, str] | None = None) -> str:
+def read_source(declaration: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
     """The proof text from the declared source, read afresh (``PROOF_MISSING`` when absent, empty or oversized)."""
     source = declaration["source"]
     if "env" in source:

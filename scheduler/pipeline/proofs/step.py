@@ -33,6 +33,7 @@ from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
+from scheduler.core import state
 from scheduler.core.artifact import section_problems
 from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event
@@ -185,8 +186,7 @@ def _quarantine(tx: Tx, started: ClaimedRun, verified: VerifiedProof, claim: Map
     job_id = started.job.id
     owner = (claim or {}).get("dispatch_id")
     reason = (f"quarantined: proof {verified.proof_id} presented again (claimed by dispatch {owner}); PROOF_REPLAYED")[:500]
-    tx.execute("UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ?, updated_at = ? WHERE id = ?",
-               (now, reason, now, job_id))
+    state.execute(tx, "quarantine_job", job_id=job_id, now=now, reason=reason)
     cancel_pending_work(tx, job_id, reason="job quarantined (PROOF_REPLAYED)", now=now, actor="proofs")
     append_event(tx, "job.quarantined", job_id=job_id, run_id=started.run_id, dispatch_id=started.dispatch_id,
                  actor="proofs", at=now, data={"code": "PROOF_REPLAYED", "proof_id": verified.proof_id,
@@ -200,11 +200,11 @@ def _quarantine(tx: Tx, started: ClaimedRun, verified: VerifiedProof, claim: Map
 # --------------------------------------------------------------------------- the CLI's operations
 
 
-def revoke(store: Any, *, proof_id: str | None, key_id: str | None, reason: str | None, revoked_by: str,
-           now: int | None = None) -> dict[str, Any]:
+def revoke(store: Store, *, proof_id: str | None, key_id: str | None, reason: str | None, revoked_by: str,
+           now: int | None = None) -> JSONObject:
     """Append a revocation of a proof id and/or key id (append-only table); it applies before every later use."""
     now = now_ms() if now is None else now
-    row = {"id": str(uuid.uuid4()), "proof_id": proof_id, "key_id": key_id, "reason": reason, "revoked_by": revoked_by,
+    row: JSONObject = {"id": str(uuid.uuid4()), "proof_id": proof_id, "key_id": key_id, "reason": reason, "revoked_by": revoked_by,
            "revoked_at": now}
     with committing(store) as tx:
         tx.execute("INSERT INTO proof_revocations(id, proof_id, key_id, reason, revoked_by, revoked_at) VALUES (?, ?, ?, ?, ?, ?)",
@@ -214,7 +214,7 @@ def revoke(store: Any, *, proof_id: str | None, key_id: str | None, reason: str 
     return row
 
 
-def listing(store: Any, *, limit: int = 50) -> dict[str, Any]:
+def listing(store: Store, *, limit: int = 50) -> JSONObject:
     """Every revocation and the ``limit`` most recent claims of the replay ledger."""
     with store.read() as tx:
         revocations = tx.all("SELECT id, proof_id, key_id, reason, revoked_by, revoked_at FROM proof_revocations"
@@ -222,7 +222,7 @@ def listing(store: Any, *, limit: int = 50) -> dict[str, Any]:
         claims = tx.all("SELECT r.proof_id, r.method, r.key_id, r.job_id, j.name AS job_name, r.dispatch_id, r.run_id,"
                         " r.claimed_at, r.expires_at, r.artifact_digest FROM authorization_proof_replay r"
                         " LEFT JOIN jobs j ON j.id = r.job_id ORDER BY r.claimed_at DESC, r.proof_id LIMIT ?", (limit,))
-    return {"revocations": revocations, "claims": claims}
+    return {"revocations": list(revocations), "claims": list(claims)}
 
 
 class ProofStep(StepBase):

@@ -32,7 +32,7 @@ import attrs
 from scheduler.base.errors import SchedulerError
 from scheduler.core.bounded import call_bounded
 from scheduler.plugins.loaded import LoadedProviders
-from scheduler.plugins.protocols import ProofRequest, VerifiedProof, proof_verifier_name
+from scheduler.plugins.protocols import ProofRequest, ProofVerifier, VerifiedProof, proof_verifier_name
 from scheduler.plugins.refs import not_available_code
 
 #: How long one verifier call may take (a JWKS fetch and a helper program have their own, shorter, bounds).
@@ -48,7 +48,7 @@ _verifiers = LoadedProviders("proof_verifier", unavailable_code=UNAVAILABLE, nou
                              per_settings=True)
 
 
-def fail(code: str, message: str, **details: Any) -> SchedulerError:
+def fail(code: str, message: str, **details: object) -> SchedulerError:
     """A ``PROOF_*`` error (details never hold the proof)."""
     return SchedulerError(code, message, details=details or None)
 
@@ -84,11 +84,11 @@ def _check_artifact(method: str, claimed: str, artifact_digest: str | None) -> N
                                               f" {artifact_digest}", proof_artifact=claimed[:80], artifact_digest=artifact_digest)
 
 
-def _is_ms(value: Any) -> bool:
+def _is_ms(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_answer(answer: Any, declaration: Mapping[str, Any], name: str) -> VerifiedProof:
+def check_answer(answer: object, declaration: Mapping[str, Any], name: str) -> VerifiedProof:
     """The verifier's answer, if it is a ``VerifiedProof`` of the declared method the kernel can record; else a refusal."""
     if not isinstance(answer, VerifiedProof):
         raise fail("PROOF_VERIFICATION_FAILED", f"proof verifier {name!r} answered {type(answer).__name__}, not a VerifiedProof")
@@ -110,7 +110,7 @@ def check_answer(answer: Any, declaration: Mapping[str, Any], name: str) -> Veri
     return answer
 
 
-def _ask(provider: Any, request: ProofRequest, name: str, limit_s: float) -> Any:
+def _ask(provider: ProofVerifier, request: ProofRequest, name: str, limit_s: float) -> object:
     """The verifier's answer within ``limit_s``; its own ``PROOF_*`` refusal as it is, anything else a verification failure."""
     try:
         return call_bounded(lambda: provider.verify_proof(request), limit_s, code="PROOF_VERIFICATION_FAILED",
@@ -123,7 +123,7 @@ def _ask(provider: Any, request: ProofRequest, name: str, limit_s: float) -> Any
         raise fail("PROOF_VERIFICATION_FAILED", f"proof verifier {name!r} raised {type(exc).__name__}: {exc}") from None
 
 
-def verify_with(provider: Any, declaration: Mapping[str, Any], proof: str, *, artifact_digest: str | None, now_ms: int,
+def verify_with(provider: ProofVerifier, declaration: Mapping[str, Any], proof: str, *, artifact_digest: str | None, now_ms: int,
                 name: str | None = None, limit_s: float = VERIFY_LIMIT_S) -> VerifiedProof:
     """Verify ``proof`` with an already loaded verifier, then apply the kernel's policy (answer, proof id, window, artifact).
 
