@@ -10,13 +10,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler.core.store.base import Tx
 from scheduler.base.timeutil import now_ms, to_iso
-
-if TYPE_CHECKING:
-    from scheduler.core.rows import JSONObject
 
 
 #: Default of ``append_event``'s ``principal``/``trust_level``: read from the run in the same statement.
@@ -134,9 +131,9 @@ def append_event(
     )
 
 
-def event_to_json(row: Mapping[str, Any]) -> JSONObject:
+def event_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
     """JSON view of an event row."""
-    out: JSONObject = dict(row)
+    out = dict(row)
     out["at"] = to_iso(row["at"])
     out["data"] = json.loads(row["data"]) if row.get("data") else None
     return out

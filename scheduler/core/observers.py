@@ -10,10 +10,10 @@ installed none, such as a script using core alone, has no observers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JSONObject, SQLValue
+    from scheduler.core.rows import SQLValue
 
 
 class Observers(Protocol):
@@ -27,7 +27,7 @@ class Observers(Protocol):
         """Tell observers of a committed transition; never raises."""
         ...
 
-    def run_completed(self, run: JSONObject) -> None:
+    def run_completed(self, run: dict[str, Any]) -> None:
         """Tell observers that a run's completion committed (``run``: its JSON view); never raises."""
         ...
 

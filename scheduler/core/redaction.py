@@ -81,13 +81,14 @@ def forms_of(value: str | bytes) -> set[bytes]:
     """
     forms: set[bytes] = set()
     if isinstance(value, bytes):
+        raw = value
         try:
-            value = value.decode("utf-8")
+            value = raw.decode("utf-8")
         except UnicodeDecodeError:
-            forms.add(value)
-            if len(value) >= MIN_ENCODED_BYTES:
-                forms.update({value.hex().encode("ascii"), value.hex().upper().encode("ascii")})
-                forms.update(_base64_forms(value))
+            forms.add(raw)
+            if len(raw) >= MIN_ENCODED_BYTES:
+                forms.update({raw.hex().encode("ascii"), raw.hex().upper().encode("ascii")})
+                forms.update(_base64_forms(raw))
             return forms
     texts = {value}
     if value.strip() and value.strip() != value:
@@ -182,15 +183,15 @@ class RedactionStream:
                 return
             end = start + len(hit)
             found = [names[hit]]
-            p = start + 1
-            while p < end:  # an occurrence starting inside this one and reaching further extends the span
-                m2 = pattern.match(buf, p)
+            at = start + 1
+            while at < end:  # an occurrence starting inside this one and reaching further extends the span
+                m2 = pattern.match(buf, at)
                 if m2 is not None and m2.end() > end:
                     end = m2.end()
                     name = names[m2.group()]
                     if name not in found:
                         found.append(name)
-                p += 1
+                at += 1
             yield start, end, found
             pos = end
 

@@ -8,11 +8,13 @@ callers outside the dispatcher. This module only turns a validated spec into the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options
-from scheduler.core.execution import Constraints, ExecutionRequest
+from scheduler.core.execution import Constraints, CredentialPresentation, ExecutionRequest, TriggerContext
 from scheduler.core.outputs import run_dir
 from scheduler.core.spec import JobSpec
 from scheduler.core.members import options_class_of
@@ -27,19 +29,19 @@ def constraints_of(spec: JobSpec) -> Constraints:
 
 
 def build_request(
-    executor: Any,
+    executor: object,
     spec: JobSpec,
     *,
     run_id: str,
     job_id: str,
-    artifacts_root: Any,
+    artifacts_root: Path,
     started_at_ms: int,
     attempt: int = 1,
     scheduled_for_ms: int | None = None,
     dispatch_kind: str = "manual",
-    credentials: tuple[Any, ...] = (),
-    trigger: Any = None,
-    state: Any = None,
+    credentials: tuple[CredentialPresentation, ...] = (),
+    trigger: TriggerContext | None = None,
+    state: Mapping[str, Any] | None = None,
     artifact_digest: str | None = None,
 ) -> ExecutionRequest:
     """The request of one attempt: options built by ``executor``'s class, constraints, deadline, kernel variables.
@@ -57,7 +59,7 @@ def build_request(
     )
 
 
-def executor_options_for(executor: Any, spec: JobSpec) -> Any:
+def executor_options_for(executor: object, spec: JobSpec) -> object:
     """The executor's options instance for a run (``None`` when it declares no options class).
 
     Raises ``EXECUTOR_OPTIONS_INVALID`` when the stored object no longer fits (the plugin

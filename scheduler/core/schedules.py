@@ -104,15 +104,15 @@ def validate_timezone(name: str) -> str:
     return key
 
 
-def _opt_cron(value: Any) -> str | None:
+def _opt_cron(value: str | None) -> str | None:
     return None if value is None else validate_cron(value)
 
 
-def _opt_every(value: Any) -> int | None:
+def _opt_every(value: str | int | None) -> int | None:
     return parse_duration_ms(value, field="every") if isinstance(value, str) else value
 
 
-def _opt_at(value: Any) -> int | None:
+def _opt_at(value: str | int | None) -> int | None:
     return parse_iso(value, field="at") if isinstance(value, str) else value
 
 

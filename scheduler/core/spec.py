@@ -249,7 +249,7 @@ def _default(f: attrs.Attribute) -> Any:
     return factory() if callable(factory) else f.default
 
 
-def field_catalogue() -> list[JSONObject]:
+def field_catalogue() -> list[dict[str, object]]:
     """The documented field list (`scheduler schema jobs`), generated from ``JobSpec``."""
     rows = []
     for f in SPEC_FIELDS:
@@ -590,9 +590,9 @@ def executor_name_of(row: JobRow | Mapping[str, object]) -> str:
     return str(executor) if executor else DEFAULT_EXECUTORS[str(target or "shell")]
 
 
-def spec_to_input(spec: JobSpec) -> JSONObject:
+def spec_to_input(spec: JobSpec) -> dict[str, Any]:
     """The spec as a user-editable object (only non-default fields), used as the base for updates."""
-    out: JSONObject = {}
+    out: dict[str, Any] = {}
     for f in SPEC_FIELDS:
         val = getattr(spec, f.name)
         if f.metadata["required"] or val != _default(f):

@@ -32,7 +32,7 @@ from scheduler.base.errors import SchedulerError
 
 if TYPE_CHECKING:
     from scheduler.core.claimed import ClaimedRun
-    from scheduler.core.execution import ExecutionResult
+    from scheduler.core.execution import CredentialPresentation, ExecutionResult
     from scheduler.core.outcomes import RunOutcomes
     from scheduler.core.rows import JSONObject
     from scheduler.core.spec import JobSpec
@@ -72,7 +72,7 @@ class Run:
         #: The loaded executor plugin (the dispatcher loads it before the first ``before`` hook).
         self.executor: Any = None
         #: The credentials presented to the executor (set by a step's ``around``), never stored.
-        self.credentials: tuple[Any, ...] = ()
+        self.credentials: tuple[CredentialPresentation, ...] = ()
         #: True once the executor returned a valid result (``after`` hooks that read its output check it).
         self.executed = False
 
@@ -105,10 +105,13 @@ class Step(Protocol):
 
     #: Unique name (plans, ``PIPELINE_*`` errors, the ``scheduler.steps`` entry point).
     name: str
-    #: Job-spec fields this step owns -> their normaliser (None: the field's declared kind is checked by the kernel).
-    fields: Mapping[str, Normaliser | None]
-    #: Execution-artifact sections this step projects and validates.
-    sections: tuple[str, ...]
+    @property
+    def fields(self) -> Mapping[str, Normaliser | None]:
+        """Job-spec fields this step owns -> their normaliser (None: the field's declared kind is checked by the kernel)."""
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Execution-artifact sections this step projects and validates."""
 
     def project(self, spec: JobSpec) -> JSONObject:
         """This step's sections of the job's execution artifact (exactly ``sections``)."""
@@ -119,7 +122,7 @@ class Step(Protocol):
     def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """What the installed plugins say of the job: normalised field values to store, and problems."""
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """Why section ``name`` of a compiled artifact is not a declaration this step enforces (fields: artifact paths)."""
 
     def check_binding(self, tx: Tx, row: Mapping[str, object], spec: JobSpec) -> bool:
@@ -163,7 +166,7 @@ class StepBase:
         """Nothing to check against plugins."""
         return {}, []
 
-    def check_section(self, name: str, value: Any, sections: Mapping[str, Any]) -> list[Problem]:
+    def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
         """Nothing to refuse."""
         return []
 

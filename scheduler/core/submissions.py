@@ -12,12 +12,12 @@ a submitted artifact is not changed: ``SUBMITTED_KIND_NOT_INSTALLED`` (fail clos
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
 
 from scheduler.base.errors import SchedulerError
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JobRow, JSONObject
+    from scheduler.core.rows import JobRow
     from scheduler.core.spec import JobSpec
 
 __all__ = ["NOT_INSTALLED", "Submission", "SubmittedKind", "bound_kind", "install", "installed", "installed_as"]
@@ -36,7 +36,7 @@ class Submission(Protocol):
     #: The submitted ``effective_task_hash`` (recorded on the job).
     effective_task_hash: str
     #: The artifact itself, stored as it was submitted once verified.
-    payload: JSONObject
+    payload: dict[str, Any]
 
     def verify(self, spec: JobSpec, *, job_id: str | None = None) -> str:
         """Prove the payload against its digest and ``spec`` (compiled for ``job_id``); return the digest, else raise."""
@@ -50,7 +50,7 @@ class SubmittedKind(Protocol):
     #: The job-spec keys that carry a submission (they are not job fields).
     fields: tuple[str, ...]
 
-    def split(self, obj: JSONObject) -> tuple[JSONObject, Submission | None]:
+    def split(self, obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | None]:
         """``(obj without the submission keys, the Submission or None)``; ``obj`` is not modified."""
 
     def binding_digest(self, spec: JobSpec) -> str:

@@ -17,7 +17,7 @@ built-ins'. The composition root (``scheduler.runtime``) installs the result int
 from __future__ import annotations
 
 import logging
-from typing import Any
+from importlib.metadata import EntryPoint
 
 from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
@@ -85,7 +85,7 @@ def installed_steps() -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def _load(ep: Any) -> Step:
+def _load(ep: EntryPoint) -> Step:
     obj = ep.load()
     step = obj() if isinstance(obj, type) else obj
     if not isinstance(step, Step):

@@ -281,7 +281,7 @@ def timeout_s() -> float:
     return float(current_settings().kernel["authorization"].value.timeout_s)
 
 
-def call_bounded(fn: Callable[[], _T], limit_s: float, *, what: str, details: JSONObject) -> _T:
+def call_bounded(fn: Callable[[], _T], limit_s: float, *, what: str, details: Mapping[str, object]) -> _T:
     """``fn()`` in a daemon thread, waited for at most ``limit_s`` (``AUTHORIZATION_TIMEOUT`` after that).
 
     A late answer is never read: a hung provider cannot hold the run, and a permit that comes

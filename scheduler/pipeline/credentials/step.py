@@ -70,7 +70,13 @@ from scheduler.pipeline.credentials.chain import bindings_for_run
 from scheduler.pipeline.credentials.sessions import StoreProviderSessions
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
-from scheduler.plugins.protocols import CredentialContext, CredentialProvider, RefreshResult, ResolvedCredential
+from scheduler.plugins.protocols import (
+    CredentialBinding,
+    CredentialContext,
+    CredentialProvider,
+    RefreshResult,
+    ResolvedCredential,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +132,7 @@ def forget_providers() -> None:
     _providers.forget()
 
 
-def call_bounded(fn: Callable[[], _T], timeout_s: float, *, code: str, what: str, details: JSONObject) -> _T:
+def call_bounded(fn: Callable[[], _T], timeout_s: float, *, code: str, what: str, details: Mapping[str, object]) -> _T:
     """``fn()`` waited for at most ``timeout_s`` (``code`` when it takes longer): ``scheduler.core.bounded.call_bounded``.
 
     A late answer is dropped, so a hung provider cannot hold the run, and a value that arrives
@@ -190,12 +196,12 @@ class _Presentation:
                                  source_job_id=job.parent_id if self.policy not in (None, "independent") else None,
                                  sessions=StoreProviderSessions(self.store))  # provider_sessions bookkeeping (OAuth2 tokens)
 
-    def _resolve_one(self, binding: Any, context: Any) -> tuple[Any, bytes]:
+    def _resolve_one(self, binding: CredentialBinding, context: CredentialContext) -> tuple[ResolvedCredential, bytes]:
         """The provider's checked answer and the value's bytes, or ``SchedulerError`` (``CREDENTIAL_*``)."""
         where = {"binding": binding.name, "provider": binding.provider}
         provider = self.providers.get(binding.provider)
         if provider is None:
-            credential_provider(binding.provider)  # raises CREDENTIAL_NOT_AVAILABLE
+            provider = credential_provider(binding.provider)  # raises CREDENTIAL_NOT_AVAILABLE (the failure is remembered)
         deadline_s = (self.started.started_at + int(self.spec.run_timeout_ms) - _now_ms()) / 1000.0
         timeout_s = min(RESOLVE_TIMEOUT_S, deadline_s)
         if timeout_s <= 0:
@@ -219,7 +225,8 @@ class _Presentation:
         _check_answer(binding, answer, where)
         return answer, _value_bytes(binding, answer.value, where)
 
-    def _refresh_if_due(self, provider: Any, answer: Any, binding: Any, context: Any, where: JSONObject) -> Any:
+    def _refresh_if_due(self, provider: CredentialProvider, answer: ResolvedCredential, binding: CredentialBinding,
+                        context: CredentialContext, where: Mapping[str, object]) -> ResolvedCredential:
         """An answer already expired is refreshed once when the provider can (``refresh``); else it stays expired."""
         if answer.expires_at_ms is None or answer.expires_at_ms > _now_ms():
             return answer
@@ -265,7 +272,8 @@ class _Presentation:
 
     # -- materialisation -------------------------------------------------------------------------
 
-    def _file_name(self, binding: Any) -> str:
+    def _file_name(self, binding: CredentialBinding) -> str:
+        """The name of a file presentation's file (its ``file_name``, else the binding's name)."""
         return binding.present.file_name or binding.name
 
     def write_rows(self) -> None:
@@ -372,7 +380,7 @@ class _Presentation:
                 time.sleep(0.05 * (attempt + 1))
 
 
-def _check_answer(binding: Any, answer: Any, where: JSONObject) -> None:
+def _check_answer(binding: CredentialBinding, answer: ResolvedCredential, where: Mapping[str, object]) -> None:
     """The answer must be for exactly this binding, and still valid."""
     present = binding.present
     expected = {"name": binding.name, "medium": present.medium, "key": present.key, "file_name": present.file_name,
@@ -390,7 +398,7 @@ def _check_answer(binding: Any, answer: Any, where: JSONObject) -> None:
                              details={**where, "expires_at_ms": answer.expires_at_ms})
 
 
-def _value_bytes(binding: Any, value: object, where: JSONObject) -> bytes:
+def _value_bytes(binding: CredentialBinding, value: object, where: Mapping[str, object]) -> bytes:
     """The value as bytes, checked for its medium (text without NUL for env and stdin; anything non-empty for a file)."""
     medium = binding.present.medium
     if not isinstance(value, (str, bytes)) or len(value) == 0:
@@ -521,6 +529,7 @@ def recover_presentations(store: Store, run: RunRecord) -> tuple[bool, str | Non
     host = owner_host(run.get("dispatcher_owner"))
     failed: dict[str, str] = {}
     for path in sorted({r["temp_path"] for r in rows if r["temp_path"]}):
+        problem: str | None
         if host is not None and host != socket.gethostname():
             problem = f"CREDENTIAL_CLEANUP_FAILED: {path} is on host {host}; it cannot be removed from here"
         elif not _safe_run_directory(path):

@@ -214,7 +214,7 @@ def revoke(store: Store, *, proof_id: str | None, key_id: str | None, reason: st
     return row
 
 
-def listing(store: Store, *, limit: int = 50) -> JSONObject:
+def listing(store: Store, *, limit: int = 50) -> dict[str, list[dict[str, Any]]]:
     """Every revocation and the ``limit`` most recent claims of the replay ledger."""
     with store.read() as tx:
         revocations = tx.all("SELECT id, proof_id, key_id, reason, revoked_by, revoked_at FROM proof_revocations"
@@ -222,7 +222,7 @@ def listing(store: Store, *, limit: int = 50) -> JSONObject:
         claims = tx.all("SELECT r.proof_id, r.method, r.key_id, r.job_id, j.name AS job_name, r.dispatch_id, r.run_id,"
                         " r.claimed_at, r.expires_at, r.artifact_digest FROM authorization_proof_replay r"
                         " LEFT JOIN jobs j ON j.id = r.job_id ORDER BY r.claimed_at DESC, r.proof_id LIMIT ?", (limit,))
-    return {"revocations": list(revocations), "claims": list(claims)}
+    return {"revocations": revocations, "claims": claims}
 
 
 class ProofStep(StepBase):
