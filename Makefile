@@ -9,7 +9,7 @@ DISTS  := $(sort $(wildcard plugins/*/pyproject.toml providers/*/pyproject.toml 
 DEMO_DB ?= .demo/scheduler.db
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench conformance clean
+.PHONY: install run lint test bench conformance clean
 
 $(VENV)/.installed: pyproject.toml $(DISTS)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: install
 	$(BIN)/scheduler --db $(DEMO_DB) runs list --limit 20
 	$(BIN)/scheduler --db $(DEMO_DB) status
 	$(BIN)/scheduler --db $(DEMO_DB) runs evidence --all
+
+# ruff over the tree and mypy over the targets in pyproject.toml ([tool.ruff], [tool.mypy]); make test runs it first.
+lint: install
+	$(BIN)/ruff check --quiet .
+	$(PY) -m mypy
 
 test: install
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests $(foreach d,$(DISTS),$(if $(wildcard $(dir $(d))tests),$(dir $(d))tests))
