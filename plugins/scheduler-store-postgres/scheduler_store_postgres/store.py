@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -37,6 +37,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 from scheduler_toolkit.store import (
     MIGRATIONS,
+    NAMED_STATEMENTS,
     SCHEMA_VERSION,
     Migration,
     Params,
@@ -45,6 +46,8 @@ from scheduler_toolkit.store import (
     schema_fingerprint,
     schema_tables,
     schema_triggers,
+    statement_init_failed,
+    statement_probes,
     upgrade,
 )
 from scheduler_toolkit.timeutil import now_ms
@@ -271,6 +274,8 @@ class PostgresStore:
         #: Test hooks: the migration list and a hook called before each step (see ``scheduler_toolkit.store``).
         self.migrations: tuple[Migration, ...] = MIGRATIONS
         self.migration_step_hook: StepHook | None = None
+        #: The named statements ``initialize`` proves this database can run (a test hook: the kernel's by default).
+        self.statements: Mapping[str, Any] = NAMED_STATEMENTS
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.location!r})"
@@ -333,6 +338,11 @@ class PostgresStore:
         see a half-built schema; a lock not granted within ``INIT_LOCK_TIMEOUT`` is
         ``DB_BUSY``. ``readonly=True`` never migrates nor repairs (an older schema is
         refused, saying so); an empty schema is still created, as on first use.
+
+        A writable open then plans every named statement the kernel runs (``EXPLAIN``, in one
+        round trip): one PostgreSQL cannot run is ``DB_INIT_FAILED`` (phase ``statements``,
+        naming it) now rather than at first use. A read-only open skips that: every named
+        statement writes, and such a process writes nothing.
         """
         if self._initialized:
             return
@@ -347,6 +357,8 @@ class PostgresStore:
             raise _fail("open", location, f"PostgreSQL {version // 10000} is too old; the store needs 14 or later")
         try:
             self._apply_schema(conn, readonly=readonly)
+            if not readonly:
+                self._prove_statements(conn)
         finally:
             conn.close()
         pool: ConnectionPool[Any] = ConnectionPool(
@@ -426,6 +438,44 @@ class PostgresStore:
             ) from None
         except Exception as exc:  # noqa: BLE001 - fail closed: any schema failure is DB_INIT_FAILED
             raise _fail(phase, location, exc) from None
+
+    def _prove_statements(self, conn: psycopg.Connection[Any]) -> None:
+        """Plan every named statement (``EXPLAIN``, nothing runs) in one round trip; ``DB_INIT_FAILED`` naming the first the
+        server refuses (found by planning them one by one), ``DB_BUSY`` for a lock not granted within ``INIT_LOCK_TIMEOUT``."""
+        probes = statement_probes(self.statements)
+        cur = psycopg.ClientCursor(conn)
+        # Bound on the client as the store binds any statement it has not prepared: every parameter NULL.
+        texts = [cur.mogrify(*prepare(probe.sql, probe.params)) for probe in probes]
+        lock_timeout = sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(INIT_LOCK_TIMEOUT))
+        try:
+            try:
+                with conn.transaction():
+                    conn.execute(lock_timeout)
+                    cur.execute("; ".join(texts))
+                return
+            except psycopg.errors.LockNotAvailable:
+                raise
+            except psycopg.Error as exc:
+                first = exc
+            for probe, text in zip(probes, texts, strict=True):
+                try:
+                    with conn.transaction():
+                        conn.execute(lock_timeout)
+                        cur.execute(text)
+                except psycopg.errors.LockNotAvailable:
+                    raise
+                except psycopg.Error as exc:
+                    raise statement_init_failed(probe.name, self.location, error_message(exc)) from None
+        except psycopg.errors.LockNotAvailable as exc:
+            raise SchedulerError(
+                "DB_BUSY",
+                f"database {self.location} is busy: a lock needed to check the named statements was not granted within "
+                f"{INIT_LOCK_TIMEOUT} ({error_message(exc)}); another process holds it, try again",
+                details={"path": self.location, "phase": "statements"},
+            ) from None
+        finally:
+            cur.close()
+        raise _fail("statements", self.location, first)
 
     def _inspect(self, conn: psycopg.Connection[Any]) -> tuple[str | None, int | None, bool]:
         """``(schema, recorded version, up to date)`` from catalog reads only, in the caller's transaction.

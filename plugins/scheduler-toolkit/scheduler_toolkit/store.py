@@ -15,6 +15,10 @@ adding a column never touches a plugin:
   ``execute``/``all`` with ``?`` placeholders, ``columns(table)``); it raises
   ``UpgradeFailed(phase, cause)`` for the store to report as ``DB_INIT_FAILED``;
   ``migrate`` runs the migrations alone;
+* the named statements every store runs (``NAMED_STATEMENTS``: each change of a run, dispatch,
+  approval, job and outbox part, ``scheduler.core.state``): ``statement_probes(statements)`` is what
+  a store compiles or plans at ``initialize()`` (``EXPLAIN``, every parameter NULL) and
+  ``statement_init_failed(name, location, cause)`` its ``DB_INIT_FAILED`` for one it cannot run;
 * ``SCHEMA_VERSION``, ``Params`` (the parameters of one statement), ``StepHook``,
   ``Migration``, ``redact_url`` (a store URL without its password, for messages);
 * ``open_store(path_or_url, readonly=...)``: open any store as the kernel does (through the
@@ -26,6 +30,10 @@ The kernel's own schema and migrations (``scheduler.core.store``), re-exported; 
 
 from __future__ import annotations
 
+from scheduler.core.state import STATEMENTS as NAMED_STATEMENTS
+from scheduler.core.state import Probe as StatementProbe
+from scheduler.core.state import probes as statement_probes
+from scheduler.core.state import unrunnable as statement_init_failed
 from scheduler.core.store import redact_url, schema
 from scheduler.core.store.base import Params
 from scheduler.core.store.migrations import (
@@ -69,10 +77,12 @@ def schema_triggers(dialect: str) -> frozenset[tuple[str, str]]:
 __all__ = [
     "DIALECTS",
     "MIGRATIONS",
+    "NAMED_STATEMENTS",
     "SCHEMA_VERSION",
     "Migration",
     "Params",
     "SchemaConnection",
+    "StatementProbe",
     "StepHook",
     "UpgradeFailed",
     "migrate",
@@ -84,5 +94,7 @@ __all__ = [
     "schema_statements",
     "schema_tables",
     "schema_triggers",
+    "statement_init_failed",
+    "statement_probes",
     "upgrade",
 ]

@@ -22,24 +22,16 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
-from scheduler.settings import current_settings
+from scheduler.base.timeutil import now_ms
+from scheduler.core import state
 from scheduler.core.store import migrations
-from scheduler.core.store.sqlite_upkeep import (
-    WalFolder,
-    check_file,
-    file_modes_check,
-    health_checks,
-    inspect_schema,
-    open_connection,
-    rollback,
-    needs_migration,
-)
 from scheduler.core.store.sqlite_statements import (
     Slot,
     SQLiteSchemaConnection,
@@ -49,7 +41,18 @@ from scheduler.core.store.sqlite_statements import (
     init_failed,
     is_busy,
 )
-from scheduler.base.timeutil import now_ms
+from scheduler.core.store.sqlite_upkeep import (
+    WalFolder,
+    check_file,
+    file_modes_check,
+    health_checks,
+    inspect_schema,
+    needs_migration,
+    open_connection,
+    prove_statements,
+    rollback,
+)
+from scheduler.settings import current_settings
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class SQLiteStore:
         self._initialized = False
         #: Test hook passed to migrations (see ``migrations.StepHook``).
         self.migration_step_hook: migrations.StepHook | None = None
+        #: The named statements ``initialize`` proves this database can run (a test hook: the kernel's by default).
+        self.statements: Mapping[str, state.Statement] = state.STATEMENTS
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -163,6 +168,11 @@ class SQLiteStore:
         never migrates nor repairs: an older database is refused with ``DB_INIT_FAILED``
         saying it must be migrated first (a database that does not exist yet is still
         created, as on first use). A lock held past the busy timeout is ``DB_BUSY``.
+
+        A writable open then compiles every named statement (``scheduler.core.state``) on
+        the database, so one SQLite cannot run is ``DB_INIT_FAILED`` (phase ``statements``,
+        naming it) now rather than at first use. A read-only open skips that: every named
+        statement writes, and such a process writes nothing.
         """
         if self._initialized:
             return
@@ -187,6 +197,8 @@ class SQLiteStore:
                         raise init_failed("open", path, f"cannot enable WAL (journal_mode={mode})")
                 if not current:
                     self._upgrade(conn)
+            if not readonly:
+                prove_statements(conn, path, self.statements, self._busy_timeout_ms)
         except SchedulerError:
             conn.close()
             raise

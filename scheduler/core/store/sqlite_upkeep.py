@@ -11,12 +11,13 @@ import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core import filemodes
+from scheduler.core import filemodes, state
 from scheduler.core.store import default_artifacts_root, migrations, schema
 from scheduler.core.store.sqlite_statements import busy_error, init_failed, is_busy
 
@@ -48,6 +49,19 @@ def needs_migration(path: str, version: int) -> SchedulerError:
         details={"phase": "migration", "path": path, "readonly": True, "version": version,
                  "expected_version": migrations.SCHEMA_VERSION},
     )
+
+
+def prove_statements(conn: sqlite3.Connection, location: str, statements: Mapping[str, state.Statement],
+                     busy_timeout_ms: int) -> None:
+    """Compile every named statement (``EXPLAIN``, nothing runs) on this database: ``DB_INIT_FAILED`` naming the first
+    that SQLite cannot run here (a missing column, a typo), ``DB_BUSY`` for a lock held past the busy timeout."""
+    for probe in state.probes(statements):
+        try:
+            conn.execute(probe.sql, probe.params)
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                raise busy_error(location, busy_timeout_ms, f"checking the named statements: {exc}") from None
+            raise state.unrunnable(probe.name, location, exc) from None
 
 
 def check_file(path: Path) -> None:

@@ -1,0 +1,281 @@
+"""Named statements: the ``-- name:`` source format, parsed once, and binding a statement's keyword parameters.
+
+A source holds blocks like::
+
+    -- name: finish_dispatch
+    -- pending|claimed -> done|failed; last_error replaced only when set_last_error is 1
+    UPDATE job_dispatch_queue SET status = :status, ...
+    WHERE id = :dispatch_id AND status IN ('pending', 'claimed')
+
+The comment lines right after the name are the statement's description; the rest, up to the next
+``-- name:``, is portable SQL (``scheduler.core.store.base`` says what portable means) with
+``:keyword`` parameters. A statement that writes several rows at once marks the part repeated per row
+with ``[[ ... ]]`` (joined by a space) or ``[[, ... ]]`` (joined by a comma): inside it a parameter is
+the row's (``rows=[{...}, ...]``), outside it the statement's. The text is rendered to ``?``
+placeholders once (per row count for a repeated statement, cached), so no SQL is ever built from a
+caller's keys: a statement's parameters are exactly the names its text uses, and a call with a
+missing or an unknown keyword is refused before anything reaches the database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+#: ``-- name: NAME`` opens a statement.
+_NAME_LINE = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
+#: Inside a statement: quoted text (left as written), a comment (dropped), a parameter, a repeated part's start or end.
+#: Every token starts with one of ``'"-:[]``, so the scan skips ahead to those (the lookahead).
+_TOKEN = re.compile(
+    r"""(?=['"\-:\[\]])("""
+    r"""'(?:[^']|'')*'"""
+    r'|"(?:[^"]|"")*"'
+    r"""|--[^\n]*"""
+    r"""|(?<![:\w]):[A-Za-z_][A-Za-z0-9_]*"""
+    r"""|\[\[,?"""
+    r"""|\]\])"""
+)
+_SPACE = re.compile(r"\s+")
+#: Rows per rendered text kept for one repeated statement (the callers chunk: a handful of sizes in practice).
+_RENDERED_MAX = 512
+
+
+class StatementError(ValueError):
+    """A statement source that cannot be parsed, or a call whose parameters do not match its statement."""
+
+
+@attrs.frozen
+class Repeat:
+    """A part of a statement written once per row: its pieces, and what joins the copies."""
+
+    parts: tuple[str | Param, ...]
+    separator: str
+
+
+@attrs.frozen
+class Param:
+    """A ``:name`` parameter."""
+
+    name: str
+
+
+@attrs.frozen
+class Rendered:
+    """A statement as a store runs it: ``?`` placeholders, and where each placeholder's value comes from.
+
+    ``slots`` names, per placeholder in order, ``(-1, name)`` for a statement parameter and
+    ``(i, name)`` for row ``i``'s.
+    """
+
+    sql: str
+    slots: tuple[tuple[int, str], ...]
+
+
+class Statement:
+    """One named statement: its name, what it does, its source text and the parameters that text uses.
+
+    The text is parsed on first use (``params``, ``render``, ``bind``): a process parses only
+    the statements it runs, or all of them once when its store checks them at start-up.
+    """
+
+    __slots__ = ("_by_rows", "_params", "_parts", "_row_params", "_single", "doc", "name", "text")
+
+    def __init__(self, name: str, doc: str, text: str) -> None:
+        self.name = name
+        self.doc = doc
+        self.text = text
+        self._parts: tuple[str | Param | Repeat, ...] | None = None
+        self._params: frozenset[str] = frozenset()
+        self._row_params: frozenset[str] = frozenset()
+        #: The rendered text of a statement without repeated parts (None for a repeated one: see ``render``).
+        self._single: Rendered | None = None
+        self._by_rows: dict[int, Rendered] = {}
+
+    def __repr__(self) -> str:
+        return f"Statement({self.name!r})"
+
+    def _parse(self) -> tuple[str | Param | Repeat, ...]:
+        parts = self._parts
+        if parts is None:
+            parts, self._params, self._row_params = _parse_body(self.name, self.text)
+            if not any(isinstance(p, Repeat) for p in parts):
+                self._single = _render(parts, 1)
+            self._parts = parts
+        return parts
+
+    @property
+    def params(self) -> frozenset[str]:
+        """The statement's own parameters (outside any repeated part)."""
+        self._parse()
+        return self._params
+
+    @property
+    def row_params(self) -> frozenset[str]:
+        """The parameters of each row (inside the repeated parts); empty for a one-row statement."""
+        self._parse()
+        return self._row_params
+
+    @property
+    def repeated(self) -> bool:
+        """Whether the statement writes ``rows`` (a repeated part) rather than one set of values."""
+        return any(isinstance(p, Repeat) for p in self._parse())
+
+    def render(self, rows: int = 1) -> Rendered:
+        """The text with ``?`` placeholders for ``rows`` rows (ignored without a repeated part), cached per count."""
+        parts = self._parse()
+        if self._single is not None:
+            return self._single
+        if rows < 1:
+            raise StatementError(f"statement {self.name!r} needs at least one row")
+        done = self._by_rows.get(rows)
+        if done is None:
+            done = _render(parts, rows)
+            if len(self._by_rows) >= _RENDERED_MAX:
+                self._by_rows.clear()
+            self._by_rows[rows] = done
+        return done
+
+    def bind(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """``(sql, values)`` for a call with ``params`` (``rows`` among them for a repeated statement).
+
+        Refuses (``StatementError``) a missing or unknown parameter, and a row with either.
+        """
+        single = self._single
+        if single is None and self._parts is None:
+            self._parse()
+            single = self._single
+        if single is not None:
+            if len(params) != len(self._params):
+                raise self._mismatch(params, self._params)
+            try:
+                return single.sql, [params[name] for _i, name in single.slots]
+            except KeyError:
+                raise self._mismatch(params, self._params) from None
+        rows: Sequence[Mapping[str, Any]] | None = params.get("rows")
+        if rows is None or isinstance(rows, Mapping):
+            raise StatementError(f"statement {self.name!r} writes rows: pass rows=[{{...}}, ...]")
+        if len(params) != len(self._params) + 1:
+            raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params)
+        wanted = self._row_params
+        width = len(wanted)
+        for row in rows:
+            if len(row) != width or not wanted.issuperset(row):
+                raise self._mismatch(row, wanted, what="a row of ")
+        rendered = self.render(len(rows))
+        try:
+            return rendered.sql, [params[name] if i < 0 else rows[i][name] for i, name in rendered.slots]
+        except KeyError:
+            raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params) from None
+
+    def _mismatch(self, given: Mapping[str, Any], wanted: frozenset[str], what: str = "") -> StatementError:
+        missing = sorted(wanted - set(given))
+        unknown = sorted(set(given) - wanted)
+        return StatementError(f"{what}statement {self.name!r}: missing {missing}, unknown {unknown}")
+
+
+def _render(parts: Sequence[str | Param | Repeat], rows: int) -> Rendered:
+    sql: list[str] = []
+    slots: list[tuple[int, str]] = []
+    for part in parts:
+        if isinstance(part, str):
+            sql.append(part)
+        elif isinstance(part, Param):
+            sql.append("?")
+            slots.append((-1, part.name))
+        else:
+            copies = []
+            for i in range(rows):
+                text = []
+                for piece in part.parts:
+                    if isinstance(piece, Param):
+                        text.append("?")
+                        slots.append((i, piece.name))
+                    else:
+                        text.append(piece)
+                copies.append("".join(text).strip())
+            sql.append(part.separator.join(copies))
+    return Rendered("".join(sql).strip(), tuple(slots))
+
+
+def _parse_body(name: str, body: str) -> tuple[tuple[str | Param | Repeat, ...], frozenset[str], frozenset[str]]:
+    """A statement's text as pieces (text, parameters, repeated parts) with its own and its rows' parameter names."""
+    outer: list[str | Param | Repeat] = []
+    inner: list[str | Param] | None = None
+    target: list[Any] = outer
+    comma = False
+    own: set[str] = set()
+    per_row: set[str] = set()
+    names = own
+    pieces = _TOKEN.split(body)  # text, token, text, token, ..., text
+    for index, piece in enumerate(pieces):
+        if not index % 2:  # text between tokens: any run of whitespace is one space
+            piece = _SPACE.sub(" ", piece)
+        elif piece[0] == ":":
+            target.append(Param(piece[1:]))
+            names.add(piece[1:])
+            continue
+        elif piece.startswith("--"):
+            continue
+        elif piece.startswith("[["):
+            if inner is not None:
+                raise StatementError(f"statement {name!r}: a repeated part inside another")
+            inner, comma = [], piece == "[[,"
+            target, names = inner, per_row
+            continue
+        elif piece == "]]":
+            if inner is None:
+                raise StatementError(f"statement {name!r}: ']]' without '[['")
+            outer.append(Repeat(tuple(inner), ", " if comma else " "))
+            inner, target, names = None, outer, own
+            continue
+        if piece:  # text, or quoted text kept as written
+            if target and isinstance(target[-1], str):
+                if piece[0] == " " and target[-1].endswith(" "):  # where a comment was dropped
+                    piece = piece[1:]
+                target[-1] += piece
+            else:
+                target.append(piece)
+    if inner is not None:
+        raise StatementError(f"statement {name!r}: '[[' without ']]'")
+    if own & per_row:
+        raise StatementError(f"statement {name!r}: {sorted(own & per_row)} used both per row and for the statement")
+    if "rows" in own:
+        raise StatementError(f"statement {name!r}: 'rows' is reserved for the rows of a repeated statement")
+    return tuple(outer), frozenset(own), frozenset(per_row)
+
+
+def parse(source: str) -> dict[str, Statement]:
+    """Every statement of a ``-- name:`` source, by name (see the module docstring); ``StatementError`` if malformed."""
+    statements: dict[str, Statement] = {}
+    current: str | None = None
+    doc: list[str] = []
+    body: list[str] = []
+
+    def close() -> None:
+        if current is None:
+            return
+        text = "\n".join(body).strip()
+        if not text:
+            raise StatementError(f"statement {current!r} has no SQL")
+        if current in statements:
+            raise StatementError(f"statement {current!r} is named twice")
+        statements[current] = Statement(current, " ".join(doc), text)
+
+    for line in source.splitlines():
+        stripped = line.strip()
+        named = _NAME_LINE.match(stripped)
+        if named:
+            close()
+            current, doc, body = named.group(1), [], []
+        elif current is None:
+            if stripped and not stripped.startswith("--"):
+                raise StatementError(f"SQL before the first '-- name:' line: {stripped[:60]!r}")
+        elif stripped.startswith("--") and not body:
+            doc.append(stripped[2:].strip())
+        else:
+            body.append(line)
+    close()
+    return statements
