@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.timeutil import now_ms
-from scheduler.core import transitions
+from scheduler.core import state, transitions
 from scheduler.core.conditions import condition_matches
 from scheduler.core.events import LOOKUP, append_event
 from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES, ExecutionResult
@@ -34,13 +34,6 @@ from scheduler.core.runs import FAILURES, StaleFence
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing, insert_dispatch
 from scheduler.settings import current_settings
-
-#: The run columns completion and its consequences read (narrow: wide rows cost on every pass).
-RUN_FIELDS_FOR_CONSEQUENCES = (
-    "id, job_id, status, attempt, dispatch_id, started_at, finished_at, duration_ms, error_code, error_message,"
-    " dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256, stdout_artifact,"
-    " artifact_digest, principal, trust_level"
-)
 
 #: Longest backoff between retries, whatever the attempt number.
 MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
@@ -128,8 +121,7 @@ def complete_run_in(
         if gated is not None:
             return gated  # waiting for a decision: no terminal state, no consequences
     run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
-                                 error_message=message, now=now, process_state=process_state,
-                                 returning=RUN_FIELDS_FOR_CONSEQUENCES)
+                                 error_message=message, now=now, process_state=process_state)
     if run is None:
         raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
     if result.state is not None and run["status"] == "ok":
@@ -258,25 +250,15 @@ def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | Non
     """
     status = run["status"]
     outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
-    job = tx.one(
-        "UPDATE jobs SET run_count = run_count + 1, last_run_at = ?, last_status = ?, last_error = ?, last_duration_ms = ?,"
-        " consecutive_failures = CASE ? WHEN 'ok' THEN 0 WHEN 'failure' THEN consecutive_failures + 1"
-        "   ELSE consecutive_failures END, updated_at = ? WHERE id = ?"
-        " RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries,"
-        " retry_backoff_ms, delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to,"
-        " watchdog_self_destruct, notify, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children",
-        (run["started_at"] or now, status, run["error_message"] if status != "ok" else None, run["duration_ms"], outcome, now,
-         run["job_id"]),
-    )
+    job = state.one(tx, "count_job_run", job_id=run["job_id"], last_run_at=run["started_at"] or now, status=status,
+                    error=run["error_message"] if status != "ok" else None, duration_ms=run["duration_ms"], outcome=outcome,
+                    now=now)
     if job is None:
         return None
     failures, limit = job["consecutive_failures"], job["max_consecutive_failures"]
     if outcome == "failure" and limit and failures >= limit and job["enabled"]:
         reason = f"auto-paused after {failures} consecutive failures"
-        tx.execute(
-            "UPDATE jobs SET enabled = 0, paused_at = ?, paused_reason = ? WHERE id = ?",
-            (now, reason, job["id"]),
-        )
+        state.execute(tx, "auto_pause_job", job_id=job["id"], now=now, reason=reason)
         transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
         append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], actor=actor, at=now, data={"failures": failures})
         job = {**job, "enabled": 0, "auto_paused": reason}
@@ -378,8 +360,7 @@ def _watchdog(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], 
         outbox.enqueue(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
     if run["status"] == "ok" and job["watchdog_self_destruct"]:
         reason = "watchdog self-destructed after a passing check"
-        tx.execute("UPDATE jobs SET enabled = 0, next_run_at = NULL, paused_reason = ?, updated_at = ? WHERE id = ?",
-                   (reason, now, job["id"]))
+        state.execute(tx, "self_destruct_job", job_id=job["id"], reason=reason, now=now)
         transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
         append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
 

@@ -16,14 +16,13 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.events import append_event, os_identity
+from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core import state, submissions
 from scheduler.core.artifact import check_job, native_payload, put_artifact
+from scheduler.core.events import append_event, os_identity
+from scheduler.core.schedules import next_fire
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.core.store.base import Store, Tx
-from scheduler.core.schedules import next_fire
-from scheduler.core import submissions
-from scheduler.core.store.schema import quote_name
-from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import cancel_pending_work, committing
 
 if TYPE_CHECKING:
@@ -69,10 +68,7 @@ def repair_missing_next_runs(store: Store, *, now: int | None = None, limit: int
         )
         for row in rows:
             next_run, anchor = initial_schedule(spec_from_row(row), now)
-            tx.execute(
-                "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at IS NULL",
-                (next_run, anchor, now, row["id"]),
-            )
+            state.execute(tx, "repair_next_run", job_id=row["id"], next_run_at=next_run, schedule_anchor_at=anchor, now=now)
             append_event(tx, "job.next_run_repaired", job_id=row["id"], at=now, data={"next_run_at": next_run})
     return len(rows)
 
@@ -101,8 +97,7 @@ def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: 
         raise SchedulerError("JOB_ID_CONFLICT", f"a job with id {job_id!r}{why} already exists")
     row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
     row.update(_bind_artifact(tx, spec, job_id, submission, now))
-    cols = list(row)
-    tx.execute(f"INSERT INTO jobs({', '.join(quote_name(c) for c in cols)}) VALUES ({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+    state.execute(tx, "insert_job", **row)
     append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
     return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
 
@@ -246,8 +241,12 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         schedule_changed = bool(_SCHEDULE_FIELDS & set(changed))
         if schedule_changed:
             values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
-        assignments = ", ".join(f"{quote_name(c)} = ?" for c in values)
-        tx.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", [*values.values(), row["id"]])
+        rebound = "handoff_version" in values  # a binding kept as it was leaves the handoff columns alone
+        state.execute(tx, "update_job", id=row["id"], set_handoff=1 if rebound else 0,
+                      set_schedule=1 if schedule_changed else 0, handoff_version=values.pop("handoff_version", None),
+                      effective_task_hash=values.pop("effective_task_hash", None),
+                      next_run_at=values.pop("next_run_at", None), schedule_anchor_at=values.pop("schedule_anchor_at", None),
+                      **values)
         superseded = values["artifact_digest"] != row["artifact_digest"]
         if superseded:
             append_event(tx, "job.artifact_superseded", job_id=row["id"], actor=os_identity(), at=now,
@@ -287,13 +286,9 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
             next_run, anchor = initial_schedule(spec_from_row(row), now)
             if row["schedule_kind"] == "at" and row["last_run_at"] is not None:
                 next_run = None  # a one-shot that already ran stays done
-            tx.execute(
-                "UPDATE jobs SET enabled = 1, consecutive_failures = 0, paused_at = NULL, paused_reason = NULL,"
-                " next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ?",
-                (next_run, anchor, now, row["id"]),
-            )
+            state.execute(tx, "enable_job", job_id=row["id"], next_run_at=next_run, schedule_anchor_at=anchor, now=now)
         else:
-            tx.execute("UPDATE jobs SET enabled = 0, updated_at = ? WHERE id = ?", (now, row["id"]))
+            state.execute(tx, "disable_job", job_id=row["id"], now=now)
             cancel_pending_work(tx, row["id"], reason="job disabled", now=now, actor=os_identity())
         append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row["id"], actor=os_identity(), at=now)
         out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))

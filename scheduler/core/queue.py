@@ -22,19 +22,19 @@ from typing import Any
 
 import attrs
 
-from scheduler.core import transitions
-from scheduler.core.outcomes import RunOutcomes
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core import state, transitions
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import resolve_job
 from scheduler.core.lease import Lease, assert_live
-from scheduler.settings import current_settings
+from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.schedules import missed_slots, next_fire
 from scheduler.core.spec import executor_name_of, spec_from_row
 from scheduler.core.steps import Gate, registered
 from scheduler.core.store.base import Store, Tx
-from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import committing, insert_dispatch
+from scheduler.settings import current_settings
 
 #: How long a claim is valid before recovery may return it to pending (when no run is active).
 CLAIM_TTL_MS = 60_000
@@ -178,10 +178,8 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                     anchor = slot
                 due = due_slots(schedule, slot, now)
             misfire = now - slot > grace_ms  # a misfire, not just a busy loop
-            changed = tx.execute(
-                "UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ?, updated_at = ? WHERE id = ? AND next_run_at = ?",
-                (next_run, anchor, now, job["id"], slot),
-            )
+            changed = state.execute(tx, "advance_next_run", job_id=job["id"], slot=slot, next_run_at=next_run,
+                                    schedule_anchor_at=anchor, now=now)
             if changed != 1:
                 continue  # another dispatcher advanced it first
             if job["misfire_policy"] == "skip":
@@ -200,7 +198,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
     return created
 
 
-#: One-shot jobs per multi-row statement of ``_materialize_one_shots`` (6 parameters a dispatch row).
+#: One-shot jobs per multi-row statement of ``_materialize_one_shots`` (12 parameters a dispatch row).
 _ONE_SHOT_ROWS = 100
 
 
@@ -208,29 +206,21 @@ def _materialize_one_shots(tx: Tx, jobs: list[dict[str, Any]], now: int) -> int:
     """``materialize_due`` for one-shot jobs due within the misfire grace: their single slot becomes a dispatch.
 
     What the per-job path does for them (next run cleared, one ``at`` dispatch bound to the
-    job's artifact, idempotent on the slot's id), in one UPDATE ... RETURNING and one
-    multi-row INSERT per chunk. The rows were read in this transaction (SQLite: exclusive;
+    job's artifact, idempotent on the slot's id), in one ``clear_next_runs`` ... RETURNING and one
+    multi-row ``insert_dispatches`` per chunk. The rows were read in this transaction (SQLite: exclusive;
     PostgreSQL: locked), so their ``next_run_at`` is still the slot read; a job the UPDATE
     does not return is not materialised. Returns how many dispatch rows were created.
     """
     created = 0
     for i in range(0, len(jobs), _ONE_SHOT_ROWS):
         chunk = jobs[i:i + _ONE_SHOT_ROWS]
-        marks = ", ".join("?" for _ in chunk)
-        advanced = {r["id"] for r in tx.all(
-            f"UPDATE jobs SET next_run_at = NULL, updated_at = ? WHERE id IN ({marks}) AND next_run_at IS NOT NULL RETURNING id",
-            [now, *(job["id"] for job in chunk)],
-        )}
+        advanced = {r["id"] for r in state.rows(tx, "clear_next_runs", now=now, rows=[{"job_id": job["id"]} for job in chunk])}
         chunk = [job for job in chunk if job["id"] in advanced]
         if not chunk:
             continue
-        values = ", ".join(["(?, ?, 'at', 'pending', ?, ?, ?, 0, ?)"] * len(chunk))
-        created += len(tx.all(
-            "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, replay_count, artifact_digest)"
-            f" VALUES {values} ON CONFLICT (id) DO NOTHING RETURNING id",
-            [v for job in chunk for v in (slot_dispatch_id(job["id"], "at", job["next_run_at"]), job["id"], job["next_run_at"],
-                                          now, now, job["artifact_digest"])],
-        ))
+        created += len(state.rows(tx, "insert_dispatches", rows=[transitions.dispatch_row(
+            id=slot_dispatch_id(job["id"], "at", job["next_run_at"]), job_id=job["id"], kind="at", due_at=job["next_run_at"],
+            now=now, artifact_digest=job["artifact_digest"]) for job in chunk]))
     return created
 
 

@@ -26,12 +26,12 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import transitions
-from scheduler.core.completion import RUN_FIELDS_FOR_CONSEQUENCES, apply_consequences
+from scheduler.core.completion import apply_consequences
 from scheduler.core.events import append_event
 from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
-from scheduler.core.members import Recoverable
 from scheduler.core.jobs import repair_missing_next_runs
 from scheduler.core.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
+from scheduler.core.members import Recoverable
 from scheduler.core.observers import Observers
 from scheduler.core.participants import ExecutorSource, RecoveryParticipants
 from scheduler.core.queue import release_expired_claims
@@ -131,7 +131,6 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, k
                 tx, run, actor=lease.owner, now=now, message=message, process_state=state, process_signal=signal,
                 data={"process": state, "signal": signal, "detail": None if signal else detail, "replay": replay,
                       "from_owner": run["dispatcher_owner"], "from_token": run["dispatcher_token"]},
-                returning=RUN_FIELDS_FOR_CONSEQUENCES,
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did

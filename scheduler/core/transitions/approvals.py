@@ -1,15 +1,17 @@
 """Approval gate transitions (``approvals.status``, compare-and-swap on ``version``): open a job's gate at claim,
-decide it, dispatch an approved run, and escalate a running run to a gate (an authorization provider asked)."""
+decide it, dispatch an approved run, and escalate a running run to a gate (an authorization provider asked); each
+through its named statements (``scheduler.core.state``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from scheduler.core import state
 from scheduler.core.events import append_event
 from scheduler.core.runs import StaleFence
 from scheduler.core.store.base import Tx
 from scheduler.core.transitions.commit import notify
-from scheduler.core.transitions.runs import cancel_waiting_run
+from scheduler.core.transitions.runs import OUTCOME_COLUMNS, cancel_waiting_run, outcome_params, run_row
 
 if TYPE_CHECKING:
     from scheduler.core.lease import Lease
@@ -26,38 +28,29 @@ def open_approval_gate(
     gate). The approval snapshots the job's risk level, approver scope and timeout, and binds
     the dispatch's execution artifact and source run. A scoped gate never auto-approves.
     """
-    tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'awaiting_approval', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
-        " claim_expires_at = NULL, updated_at = ? WHERE id = ? AND status = 'claimed'",
-        (now, dispatch_id),
-    )
-    tx.execute(
-        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, parent_run_id,"
-        " retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format, artifact_digest, source_run_id,"
-        " source_artifact_digest)"
-        " SELECT ?, ?, ?, ?, 'awaiting_approval', ?, ?, ?, ?, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id,"
-        " d.source_artifact_digest FROM job_dispatch_queue d WHERE d.id = ?",
-        (run_id, job["id"], dispatch_id, dispatch_kind, attempt, scheduled_for, now, parent_run_id, retry_of_run_id,
-         replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"], dispatch_id),
-    )
+    # The gate's run and approval bind the dispatch's artifact and source run (returned by the gate's own UPDATE).
+    binding = state.one(tx, "gate_dispatch", dispatch_id=dispatch_id, now=now) or tx.one(
+        "SELECT artifact_digest, source_run_id, source_artifact_digest FROM job_dispatch_queue WHERE id = ?", (dispatch_id,))
     scope = job.get("approval_approver_scope")
     timeout_action = "reject" if scope else job["approval_timeout_action"]
-    tx.execute(
-        "INSERT INTO approvals(id, job_id, run_id, dispatch_id, gate_kind, status, version, risk_level, approver_scope,"
-        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest)"
-        " SELECT ?, ?, ?, ?, ?, 'pending', 1, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id, d.source_artifact_digest"
-        " FROM job_dispatch_queue d WHERE d.id = ?",
-        (approval_id, job["id"], run_id, dispatch_id, gate_kind, risk_level or job["approval_risk_level"], scope, timeout_action,
-         now, now + int(job["approval_timeout_s"]) * 1000, dispatch_id),
-    )
+    if binding is not None:  # no dispatch row: neither a run nor an approval (there is nothing to bind them to)
+        state.execute(tx, "insert_runs", rows=[run_row(
+            id=run_id, job_id=job["id"], dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="awaiting_approval",
+            attempt=attempt, scheduled_for=scheduled_for, created_at=now, parent_run_id=parent_run_id,
+            retry_of_run_id=retry_of_run_id, replay_of_run_id=replay_of_run_id, delivery_guarantee=job["delivery_guarantee"],
+            executor=executor, output_format=job["output_format"], **binding)])
+        state.execute(tx, "insert_approval", id=approval_id, job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id,
+                      gate_kind=gate_kind, risk_level=risk_level or job["approval_risk_level"], approver_scope=scope,
+                      timeout_action=timeout_action, requested_at=now, expires_at=now + int(job["approval_timeout_s"]) * 1000,
+                      proof_not_before=None, proof_expires_at=None, proof_clock_skew_ms=None, **binding)
     append_event(tx, "approval.requested", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
                  data={"approval_id": approval_id, "gate": gate_kind, "risk_level": risk_level or job["approval_risk_level"],
                        "approver_scope": scope, "kind": dispatch_kind, "attempt": attempt})
     notify(run_id, job["id"], None, "awaiting_approval", now)
 
 
-#: Decisions an approval can take while ``pending``, and the column recording when.
-_DECISION_COLUMNS = {"approved": "approved_at", "rejected": "rejected_at", "timed_out": "timed_out_at"}
+#: Decisions an approval can take while ``pending`` (statement ``decide_approval`` records when in its column).
+_DECISIONS = frozenset({"approved", "rejected", "timed_out"})
 
 
 def decide_approval(
@@ -70,12 +63,10 @@ def decide_approval(
     again, so one dispatcher claims and starts it; rejecting or timing out ends the run
     ``cancelled`` (``APPROVAL_REJECTED`` / ``APPROVAL_TIMED_OUT``) with its dispatch.
     """
-    column = _DECISION_COLUMNS[decision]
-    changed = tx.execute(
-        f"UPDATE approvals SET status = ?, version = version + 1, decided_by = ?, decided_uid = ?, note = ?, {column} = ?"
-        " WHERE id = ? AND status = 'pending' AND version = ?",
-        (decision, actor, uid, note, now, approval["id"], approval["version"]),
-    )
+    if decision not in _DECISIONS:
+        raise KeyError(decision)
+    changed = state.execute(tx, "decide_approval", approval_id=approval["id"], version=approval["version"], decision=decision,
+                            actor=actor, uid=uid, note=note, now=now)
     if changed != 1:
         return False
     run = tx.one("SELECT id, job_id, status, dispatch_id FROM runs WHERE id = ?", (approval["run_id"],))
@@ -85,9 +76,8 @@ def decide_approval(
     if run is None:
         return True
     if decision == "approved":
-        if tx.execute("UPDATE runs SET status = 'approved' WHERE id = ? AND status = 'awaiting_approval'", (run["id"],)) == 1:
-            tx.execute("UPDATE job_dispatch_queue SET status = 'pending', updated_at = ? WHERE id = ? AND status = 'awaiting_approval'",
-                       (now, run["dispatch_id"]))
+        if state.execute(tx, "approve_run", run_id=run["id"]) == 1:
+            state.execute(tx, "requeue_approved_dispatch", dispatch_id=run["dispatch_id"], now=now)
             notify(run["id"], run["job_id"], "awaiting_approval", "approved", now)
         return True
     code = "APPROVAL_REJECTED" if decision == "rejected" else "APPROVAL_TIMED_OUT"
@@ -105,11 +95,9 @@ def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int
     approval = tx.one("SELECT id, version FROM approvals WHERE run_id = ? AND status = 'approved'", (run["id"],))
     if approval is None:
         return False
-    if tx.execute("UPDATE approvals SET status = 'dispatched', version = version + 1, dispatched_at = ?"
-                  " WHERE id = ? AND status = 'approved' AND version = ?", (now, approval["id"], approval["version"])) != 1:
+    if state.execute(tx, "dispatch_approval", approval_id=approval["id"], version=approval["version"], now=now) != 1:
         return False
-    if tx.execute("UPDATE runs SET status = 'running', started_at = ?, dispatcher_owner = ?, dispatcher_token = ?"
-                  " WHERE id = ? AND status = 'approved'", (now, lease.owner, lease.token, run["id"])) != 1:
+    if state.execute(tx, "start_approved_run", run_id=run["id"], now=now, owner=lease.owner, token=lease.token) != 1:
         raise StaleFence(f"run {run['id']} stopped waiting while its approval was being dispatched")
     append_event(tx, "run.started", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"], actor=lease.owner,
                  at=now, data={"kind": run["dispatch_kind"], "attempt": run["attempt"], "token": lease.token,
@@ -126,41 +114,32 @@ def escalate_run(
     ``claimed`` -> ``awaiting_approval``; (new) approval ``pending`` of ``gate_kind``.
 
     Nothing of the payload ran. ``values`` are the run columns the pipeline decided so far
-    (``authorization_json``, ...). None (nothing changed) when the run is no longer ours or a
+    (``authorization_json``, ...: some of ``OUTCOME_COLUMNS``; the others are left as they are). None (nothing changed) when the run is no longer ours or a
     cancel request came first: the caller then ends it as usual. The approval snapshots the
     job's approver scope and timeout like a job gate (``open_approval_gate``), and
     ``proof_window`` (``proofs.approval_columns``: the verified proof's ``proof_not_before``,
     ``proof_expires_at``, ``proof_clock_skew_ms``) when the run verified a proof before escalating.
     """
     window = proof_window or {}
-    sets = "".join(f"{k} = ?, " for k in values)
-    run = tx.one(
-        f"UPDATE runs SET {sets}status = 'awaiting_approval' WHERE id = ? AND status = 'running'"
-        " AND dispatcher_owner = ? AND dispatcher_token = ? AND cancel_requested_at IS NULL"
-        " RETURNING id, job_id, dispatch_id, dispatch_kind, attempt, status, error_code, duration_ms",
-        [*values.values(), run_id, owner, token],
-    )
+    unknown = set(values).difference(OUTCOME_COLUMNS)
+    if unknown:
+        raise ValueError(f"escalate_run: not a pipeline column: {', '.join(sorted(unknown))}")
+    params: dict[str, Any] = {}
+    outcome_params(values, params)
+    run = state.one(tx, "escalate_run", run_id=run_id, owner=owner, token=token, **params)
     if run is None:
         return None
+    binding = {key: run.pop(key) for key in ("artifact_digest", "source_run_id", "source_artifact_digest")}
     job = tx.one("SELECT id, approval_approver_scope, approval_timeout_action, approval_timeout_s FROM jobs WHERE id = ?",
                  (run["job_id"],))
-    tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'awaiting_approval', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
-        " claim_expires_at = NULL, updated_at = ? WHERE id = ? AND status = 'claimed'",
-        (now, run["dispatch_id"]),
-    )
+    state.rows(tx, "gate_dispatch", dispatch_id=run["dispatch_id"], now=now)
     scope = job.get("approval_approver_scope") if job else None
     timeout_action = "reject" if scope or job is None else job["approval_timeout_action"]
-    tx.execute(
-        "INSERT INTO approvals(id, job_id, run_id, dispatch_id, gate_kind, status, version, risk_level, approver_scope,"
-        " timeout_action, requested_at, expires_at, artifact_digest, source_run_id, source_artifact_digest,"
-        " proof_not_before, proof_expires_at, proof_clock_skew_ms)"
-        " SELECT ?, r.job_id, r.id, r.dispatch_id, ?, 'pending', 1, ?, ?, ?, ?, ?, r.artifact_digest, r.source_run_id,"
-        " r.source_artifact_digest, ?, ?, ? FROM runs r WHERE r.id = ?",
-        (approval_id, gate_kind, risk_level, scope, timeout_action, now,
-         now + int(job["approval_timeout_s"] if job else 3600) * 1000, window.get("proof_not_before"),
-         window.get("proof_expires_at"), window.get("proof_clock_skew_ms"), run_id),
-    )
+    state.execute(tx, "insert_approval", id=approval_id, job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
+                  gate_kind=gate_kind, risk_level=risk_level, approver_scope=scope, timeout_action=timeout_action,
+                  requested_at=now, expires_at=now + int(job["approval_timeout_s"] if job else 3600) * 1000,
+                  proof_not_before=window.get("proof_not_before"), proof_expires_at=window.get("proof_expires_at"),
+                  proof_clock_skew_ms=window.get("proof_clock_skew_ms"), **binding)
     append_event(tx, "approval.requested", job_id=run["job_id"], run_id=run_id, dispatch_id=run["dispatch_id"], actor=owner, at=now,
                  data={"approval_id": approval_id, "gate": gate_kind, "risk_level": risk_level, "approver_scope": scope,
                        "kind": run["dispatch_kind"], "attempt": run["attempt"], "reason": reason})

@@ -1,5 +1,5 @@
 """Dispatch row transitions (``job_dispatch_queue.status``): insert, claim, finish (one at a time or batched at the end
-of a dispatcher pass), cancel, and the release of expired claims."""
+of a dispatcher pass), cancel, and the release of expired claims; each through its named statement (``scheduler.core.state``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,19 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from scheduler.core import state
 from scheduler.core.events import append_event
 from scheduler.core.store.base import Tx
 
 if TYPE_CHECKING:
     from scheduler.core.lease import Lease
+
+
+def dispatch_row(*, id: str, job_id: str, kind: str, due_at: int, now: int, source_run_id: str | None = None,
+                 requested_by: str | None = None, replay_count: int = 0, artifact_digest: str | None = None) -> dict[str, Any]:
+    """One row of ``insert_dispatches``; ``artifact_digest`` None: the statement reads the job's."""
+    return {"id": id, "job_id": job_id, "kind": kind, "due_at": due_at, "now": now, "source_run_id": source_run_id,
+            "requested_by": requested_by, "replay_count": replay_count, "artifact_digest": artifact_digest}
 
 
 def insert_dispatch(tx: Tx, *, id: str, job_id: str, kind: str, due_at: int, now: int, source_run_id: str | None = None,
@@ -22,24 +30,17 @@ def insert_dispatch(tx: Tx, *, id: str, job_id: str, kind: str, due_at: int, now
     The row is bound to the job's current execution artifact and, for chain, retry and
     replay work, to its source run and that run's artifact (database guards keep the binding).
     """
-    changed = tx.execute(
-        "INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, source_run_id, requested_by,"
-        " replay_count, artifact_digest, source_artifact_digest)"
-        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, (SELECT artifact_digest FROM jobs WHERE id = ?),"
-        " (SELECT artifact_digest FROM runs WHERE id = ?)) ON CONFLICT (id) DO NOTHING",
-        (id, job_id, kind, due_at, now, now, source_run_id, requested_by, replay_count, job_id, source_run_id),
-    )
-    return changed == 1
+    inserted = state.rows(tx, "insert_dispatches", rows=[dispatch_row(
+        id=id, job_id=job_id, kind=kind, due_at=due_at, now=now, source_run_id=source_run_id, requested_by=requested_by,
+        replay_count=replay_count)])
+    return len(inserted) == 1
 
 
 def claim_dispatch(tx: Tx, dispatch_id: str, lease: Lease, *, run_id: str, claim_token: str, expires_at: int, now: int) -> bool:
     """``pending`` -> ``claimed`` under ``lease`` (owner, fencing token), naming the run it becomes."""
-    changed = tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_fence = ?, claim_expires_at = ?,"
-        " attempts = attempts + 1, run_id = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
-        (lease.owner, claim_token, lease.token, expires_at, run_id, now, dispatch_id),
-    )
-    return changed == 1
+    claimed = state.rows(tx, "claim_dispatches", owner=lease.owner, token=lease.token, expires_at=expires_at, now=now,
+                         rows=[{"dispatch_id": dispatch_id, "claim_token": claim_token, "run_id": run_id}])
+    return len(claimed) == 1
 
 
 _KEEP: Any = object()
@@ -55,7 +56,7 @@ class _Finishes:
 
 
 _finishes: ContextVar[_Finishes | None] = ContextVar("scheduler_dispatch_finishes", default=None)
-#: Dispatch rows per deferred-finish UPDATE (3 parameters each).
+#: Dispatch rows per deferred-finish UPDATE (at most 5 parameters each).
 _FINISH_ROWS = 200
 
 
@@ -66,7 +67,7 @@ def batched_finishes(tx: Tx) -> Iterator[None]:
     The dispatcher's pass completes several runs; their dispatch rows go ``claimed`` -> ``done``
     in one statement instead of one each. Nothing in the pass reads those rows' status in
     between (claims look at ``pending`` rows, which a run's claimed dispatch is not), and the
-    UPDATE runs in ``tx`` before the caller commits; when the block raises, nothing is written.
+    statement runs in ``tx`` before the caller commits; when the block raises, nothing is written.
     Nested blocks join the outermost one.
     """
     if _finishes.get() is not None:
@@ -81,20 +82,11 @@ def batched_finishes(tx: Tx) -> Iterator[None]:
     rows = batch.rows
     for i in range(0, len(rows), _FINISH_ROWS):
         chunk = rows[i:i + _FINISH_ROWS]
-        marks = ", ".join("?" for _ in chunk)
-        ids = [d for d, _e, _n in chunk]
-        if any(e is not None for _d, e, _n in chunk):
-            errors = "CASE id " + " ".join("WHEN ? THEN ?" for _ in chunk) + " END"
-            error_params = [v for d, e, _n in chunk for v in (d, e)]
+        if all(e is None for _d, e, _n in chunk) and len({n for _d, _e, n in chunk}) == 1:
+            state.execute(tx, "finish_dispatches_clean", now=chunk[0][2], rows=[{"dispatch_id": d} for d, _e, _n in chunk])
         else:
-            errors, error_params = "NULL", []
-        if len({n for _d, _e, n in chunk}) == 1:
-            at, at_params = "?", [chunk[0][2]]
-        else:
-            at = "CASE id " + " ".join("WHEN ? THEN ?" for _ in chunk) + " END"
-            at_params = [v for d, _e, n in chunk for v in (d, n)]
-        tx.execute(f"UPDATE job_dispatch_queue SET status = 'done', last_error = {errors}, updated_at = {at}"
-                   f" WHERE id IN ({marks}) AND status IN ('pending', 'claimed')", [*error_params, *at_params, *ids])
+            state.execute(tx, "finish_dispatches",
+                          rows=[{"dispatch_id": d, "last_error": e, "now": n} for d, e, n in chunk])
 
 
 def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, last_error: str | None = _KEEP,
@@ -115,25 +107,15 @@ def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, l
         if batch is not None:
             batch.rows.append((dispatch_id, last_error, now))
             return True
-    if last_error is _KEEP:
-        changed = tx.execute(
-            "UPDATE job_dispatch_queue SET status = ?, updated_at = ? WHERE id = ? AND status IN ('pending', 'claimed')",
-            (status, now, dispatch_id),
-        )
-    else:
-        changed = tx.execute(
-            "UPDATE job_dispatch_queue SET status = ?, last_error = ?, updated_at = ? WHERE id = ? AND status IN ('pending', 'claimed')",
-            (status, last_error, now, dispatch_id),
-        )
+    keep = last_error is _KEEP
+    changed = state.execute(tx, "finish_dispatch", dispatch_id=dispatch_id, status=status, now=now,
+                            set_last_error=0 if keep else 1, last_error=None if keep else last_error)
     return changed == 1
 
 
 def cancel_dispatch(tx: Tx, dispatch_id: str, *, job_id: str, reason: str, now: int, actor: str | None = None) -> bool:
     """``pending`` -> ``cancelled`` with a reason and a ``dispatch.cancelled`` event."""
-    changed = tx.execute(
-        "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
-        (reason, now, dispatch_id),
-    )
+    changed = state.execute(tx, "cancel_dispatch", dispatch_id=dispatch_id, reason=reason, now=now)
     if changed == 1:
         append_event(tx, "dispatch.cancelled", job_id=job_id, dispatch_id=dispatch_id, actor=actor, at=now, data={"reason": reason})
     return changed == 1
@@ -141,15 +123,7 @@ def cancel_dispatch(tx: Tx, dispatch_id: str, *, job_id: str, reason: str, now: 
 
 def release_expired_claims(tx: Tx, *, now: int) -> int:
     """``claimed`` -> ``pending`` for expired claims with no active run (attempts and last error stay)."""
-    rows = tx.all(
-        "UPDATE job_dispatch_queue SET status = 'pending', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,"
-        " claim_expires_at = NULL, last_error = 'claim expired', updated_at = ?"
-        " WHERE status = 'claimed' AND claim_expires_at <= ? AND NOT EXISTS ("
-        "   SELECT 1 FROM runs r WHERE r.dispatch_id = job_dispatch_queue.id"
-        "   AND r.status IN ('running', 'pending', 'awaiting_approval', 'approved', 'recovery_blocked'))"
-        " RETURNING id, job_id",
-        (now, now),
-    )
+    rows = state.rows(tx, "release_expired_claims", now=now)
     for r in rows:
         append_event(tx, "dispatch.claim_released", job_id=r["job_id"], dispatch_id=r["id"], at=now, data={"reason": "claim expired"})
     return len(rows)

@@ -1,9 +1,11 @@
-"""Cancelling a job's pending work (waiting runs, pending dispatch rows, open approvals) in one place."""
+"""Cancelling a job's pending work (waiting runs, pending dispatch rows, open approvals) in one place, through the named
+statements ``cancel_job_dispatches`` and ``cancel_job_approvals`` (``scheduler.core.state``)."""
 
 from __future__ import annotations
 
 import attrs
 
+from scheduler.core import state
 from scheduler.core.events import append_event
 from scheduler.core.store.base import Tx
 from scheduler.core.transitions.runs import cancel_waiting_run
@@ -41,16 +43,9 @@ def cancel_pending_work(
         (job_id,),
     )
     runs = tuple(r["id"] for r in waiting if cancel_waiting_run(tx, r, reason=reason, actor=actor, now=now))
-    kinds = "" if include_manual else " AND kind <> 'manual'"
-    dispatches = tx.execute(
-        f"UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE job_id = ? AND status = 'pending'{kinds}",
-        (reason, now, job_id),
-    )
-    approvals = tx.execute(
-        "UPDATE approvals SET status = 'cancelled', cancelled_at = ?, decision_reason = ?, version = version + 1"
-        " WHERE job_id = ? AND status IN ('pending', 'approved')",
-        (now, reason, job_id),
-    )
+    dispatches = state.execute(tx, "cancel_job_dispatches", job_id=job_id, reason=reason, now=now,
+                               include_manual=1 if include_manual else 0)
+    approvals = state.execute(tx, "cancel_job_approvals", job_id=job_id, reason=reason, now=now)
     if dispatches or runs or approvals:
         append_event(tx, "job.pending_cancelled", job_id=job_id, actor=actor, at=now,
                      data={"reason": reason, "dispatches": dispatches, "runs": len(runs), "approvals": approvals})

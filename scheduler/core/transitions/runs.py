@@ -1,6 +1,6 @@
 """Run transitions (``runs.status``) of the dispatcher and of cancels: start (one or many, with their claims), skip,
 finish under the owner's fence, fail a completion, request and carry out a cancel of a waiting run; and those of
-recovery, on a dead owner's runs (block, crash)."""
+recovery, on a dead owner's runs (block, crash). Each writes through its named statement (``scheduler.core.state``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from scheduler.core import state
 from scheduler.core.events import append_event
 from scheduler.core.runs import CANCEL_DIRECTLY, StaleFence
 from scheduler.core.store.base import Tx
@@ -18,20 +19,50 @@ if TYPE_CHECKING:
     from scheduler.core.lease import Lease
 
 
+#: The bookkeeping columns ``fenced_update`` writes (statement ``update_run_bookkeeping``).
+BOOKKEEPING_COLUMNS = ("executor_handle", "process_state", "process_signal", "process_terminated_at")
+
+
 def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: str, values: dict[str, Any]) -> None:
     """Bookkeeping on a run this owner holds (its executor handle, process state): only with the fence, never the status.
 
-    Raises ``StaleFence`` unless the run still has ``expected_status`` under ``owner`` and ``token``.
+    ``values`` are some of ``BOOKKEEPING_COLUMNS``; the others are left as they are. Raises
+    ``StaleFence`` unless the run still has ``expected_status`` under ``owner`` and ``token``.
     """
     if "status" in values:
         raise ValueError("fenced_update never writes a run's status: use a transition")
-    sets = ", ".join(f"{k} = ?" for k in values)
-    changed = tx.execute(
-        f"UPDATE runs SET {sets} WHERE id = ? AND status = ? AND dispatcher_owner = ? AND dispatcher_token = ?",
-        [*values.values(), run_id, expected_status, owner, token],
-    )
+    unknown = set(values).difference(BOOKKEEPING_COLUMNS)
+    if unknown:
+        raise ValueError(f"fenced_update writes only {', '.join(BOOKKEEPING_COLUMNS)}, not {', '.join(sorted(unknown))}")
+    params: dict[str, Any] = {}
+    for column in BOOKKEEPING_COLUMNS:
+        params[column] = values.get(column)
+        params["set_" + column] = 1 if column in values else 0
+    changed = state.execute(tx, "update_run_bookkeeping", run_id=run_id, expected_status=expected_status, owner=owner,
+                            token=token, **params)
     if changed != 1:
         raise StaleFence(f"run {run_id} is no longer {expected_status} under owner {owner} token {token}")
+
+
+def run_row(
+    *, id: str, job_id: str, status: str, created_at: int, delivery_guarantee: str, dispatch_id: str | None = None,
+    dispatch_kind: str | None = None, attempt: int = 1, scheduled_for: int | None = None, started_at: int | None = None,
+    finished_at: int | None = None, terminal_at: int | None = None, skip_reason: str | None = None,
+    dispatcher_owner: str | None = None, dispatcher_token: int | None = None, parent_run_id: str | None = None,
+    retry_of_run_id: str | None = None, replay_of_run_id: str | None = None, executor: str | None = None,
+    output_format: str | None = None, artifact_digest: str | None = None, source_run_id: str | None = None,
+    source_artifact_digest: str | None = None,
+) -> dict[str, Any]:
+    """One row of ``insert_runs``: a new run's columns, each not given as a run row leaves it (``attempt`` 1, else NULL)."""
+    return {
+        "id": id, "job_id": job_id, "dispatch_id": dispatch_id, "dispatch_kind": dispatch_kind, "status": status,
+        "attempt": attempt, "scheduled_for": scheduled_for, "created_at": created_at, "started_at": started_at,
+        "finished_at": finished_at, "terminal_at": terminal_at, "skip_reason": skip_reason,
+        "dispatcher_owner": dispatcher_owner, "dispatcher_token": dispatcher_token, "parent_run_id": parent_run_id,
+        "retry_of_run_id": retry_of_run_id, "replay_of_run_id": replay_of_run_id, "delivery_guarantee": delivery_guarantee,
+        "executor": executor, "output_format": output_format, "artifact_digest": artifact_digest,
+        "source_run_id": source_run_id, "source_artifact_digest": source_artifact_digest,
+    }
 
 
 def start_run(
@@ -45,15 +76,15 @@ def start_run(
     ``artifact_digest`` is the dispatch's binding when the caller read it (its ``run.started``
     event then needs no lookups: a new run has no identity recorded yet).
     """
-    tx.execute(
-        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
-        " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor, output_format,"
-        " artifact_digest, source_run_id, source_artifact_digest)"
-        " SELECT ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, d.artifact_digest, d.source_run_id, d.source_artifact_digest"
-        " FROM job_dispatch_queue d WHERE d.id = ?",
-        (run_id, job["id"], dispatch_id, dispatch_kind, attempt, scheduled_for, now, now, lease.owner, lease.token, parent_run_id,
-         retry_of_run_id, replay_of_run_id, job["delivery_guarantee"], executor, job["output_format"], dispatch_id),
-    )
+    binding = tx.one("SELECT artifact_digest, source_run_id, source_artifact_digest FROM job_dispatch_queue WHERE id = ?",
+                     (dispatch_id,))
+    if binding is not None:  # the run inherits its dispatch's binding (no dispatch row: no run, as INSERT ... SELECT did)
+        state.execute(tx, "insert_runs", rows=[run_row(
+            id=run_id, job_id=job["id"], dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="running",
+            attempt=attempt, scheduled_for=scheduled_for, created_at=now, started_at=now, dispatcher_owner=lease.owner,
+            dispatcher_token=lease.token, parent_run_id=parent_run_id, retry_of_run_id=retry_of_run_id,
+            replay_of_run_id=replay_of_run_id, delivery_guarantee=job["delivery_guarantee"], executor=executor,
+            output_format=job["output_format"], **binding)])
     append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=lease.owner, at=now,
                  data={"kind": dispatch_kind, "attempt": attempt, "token": lease.token}, artifact_digest=artifact_digest,
                  principal=None, trust_level=None)
@@ -77,7 +108,7 @@ class NewRun:
     replay_of_run_id: str | None
 
 
-#: Rows per multi-row statement of ``claim_and_start_many`` (19 parameters a run row: inside every dialect's limit).
+#: Rows per multi-row statement of ``claim_and_start_many`` (23 parameters a run row: inside every dialect's limit).
 _START_ROWS = 40
 
 
@@ -85,40 +116,32 @@ def claim_and_start_many(tx: Tx, lease: Lease, runs: list[NewRun], *, expires_at
     """``pending`` -> ``claimed`` and (new) -> ``running`` for several dispatches at once; returns the runs started.
 
     The same transitions as ``claim_dispatch`` then ``start_run`` per run, in three statements
-    for the whole list (one claim UPDATE ... RETURNING, one multi-row runs INSERT, the events
+    for the whole list (``claim_dispatches`` ... RETURNING, one multi-row ``insert_runs``, the events
     through ``append_event``): a dispatch no longer ``pending`` is not claimed and gets no run
     (never a run without its claim). The dispatch rows must have been read in this
     transaction (SQLite: the write transaction is exclusive; PostgreSQL: the rows are locked),
     so the run's binding (artifact, source run, source artifact) is the dispatch's, as
-    ``start_run``'s INSERT ... SELECT gives it.
+    ``start_run`` reads it.
     """
     started: list[NewRun] = []
     for i in range(0, len(runs), _START_ROWS):
         chunk = runs[i:i + _START_ROWS]
-        ids = [r.dispatch["id"] for r in chunk]
-        cases_run = " ".join("WHEN ? THEN ?" for _ in chunk)
-        marks = ", ".join("?" for _ in chunk)
-        claimed = {row["id"] for row in tx.all(
-            f"UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = CASE id {cases_run} END,"
-            f" claim_fence = ?, claim_expires_at = ?, attempts = attempts + 1, run_id = CASE id {cases_run} END, updated_at = ?"
-            f" WHERE id IN ({marks}) AND status = 'pending' RETURNING id",
-            [lease.owner, *(v for r in chunk for v in (r.dispatch["id"], r.claim_token)), lease.token, expires_at,
-             *(v for r in chunk for v in (r.dispatch["id"], r.run_id)), now, *ids],
+        claimed = {row["id"] for row in state.rows(
+            tx, "claim_dispatches", owner=lease.owner, token=lease.token, expires_at=expires_at, now=now,
+            rows=[{"dispatch_id": r.dispatch["id"], "claim_token": r.claim_token, "run_id": r.run_id} for r in chunk],
         )}
         chunk = [r for r in chunk if r.dispatch["id"] in claimed]
         if not chunk:
             continue
-        rows = ", ".join(["(?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
-        tx.execute(
-            "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
-            " dispatcher_owner, dispatcher_token, parent_run_id, retry_of_run_id, replay_of_run_id, delivery_guarantee, executor,"
-            f" output_format, artifact_digest, source_run_id, source_artifact_digest) VALUES {rows}",
-            [v for r in chunk for v in (
-                r.run_id, r.job["id"], r.dispatch["id"], r.dispatch["kind"], r.attempt, r.dispatch["due_at"], now, now,
-                lease.owner, lease.token, r.parent_run_id, r.retry_of_run_id, r.replay_of_run_id, r.job["delivery_guarantee"],
-                r.executor, r.job["output_format"], r.dispatch["artifact_digest"], r.dispatch["source_run_id"],
-                r.dispatch["source_artifact_digest"])],
-        )
+        state.execute(tx, "insert_runs", rows=[{
+            "id": r.run_id, "job_id": r.job["id"], "dispatch_id": r.dispatch["id"], "dispatch_kind": r.dispatch["kind"],
+            "status": "running", "attempt": r.attempt, "scheduled_for": r.dispatch["due_at"], "created_at": now,
+            "started_at": now, "finished_at": None, "terminal_at": None, "skip_reason": None,
+            "dispatcher_owner": lease.owner, "dispatcher_token": lease.token, "parent_run_id": r.parent_run_id,
+            "retry_of_run_id": r.retry_of_run_id, "replay_of_run_id": r.replay_of_run_id,
+            "delivery_guarantee": r.job["delivery_guarantee"], "executor": r.executor, "output_format": r.job["output_format"],
+            "artifact_digest": r.dispatch["artifact_digest"], "source_run_id": r.dispatch["source_run_id"],
+            "source_artifact_digest": r.dispatch["source_artifact_digest"]} for r in chunk])
         for r in chunk:
             d = r.dispatch
             append_event(tx, "run.started", job_id=r.job["id"], run_id=r.run_id, dispatch_id=d["id"], actor=lease.owner, at=now,
@@ -134,59 +157,73 @@ def record_skipped(
     dispatch_kind: str | None = None, actor: str | None = None, data: dict[str, Any] | None = None,
 ) -> None:
     """(new) -> ``skipped``: a run that says why a slot did not run (nothing is dropped silently)."""
-    tx.execute(
-        "INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, scheduled_for, created_at, finished_at, terminal_at,"
-        " skip_reason, delivery_guarantee, artifact_digest) VALUES (?, ?, ?, ?, 'skipped', ?, ?, ?, ?, ?, ?, ?)",
-        (run_id, job["id"], dispatch_id, dispatch_kind, slot_ms, now, now, now, reason, job["delivery_guarantee"],
-         job.get("artifact_digest")),
-    )
+    state.execute(tx, "insert_runs", rows=[run_row(
+        id=run_id, job_id=job["id"], dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="skipped",
+        scheduled_for=slot_ms, created_at=now, finished_at=now, terminal_at=now, skip_reason=reason,
+        delivery_guarantee=job["delivery_guarantee"], artifact_digest=job.get("artifact_digest"))])
     append_event(tx, "run.skipped", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
                  data={"reason": reason, **(data or {})})
     notify(run_id, job["id"], None, "skipped", now)
 
 
+#: The result columns ``finish_run`` always writes (an executor's result has each, None or not).
+RESULT_COLUMNS = ("exit_code", "error_code", "summary", "env_policy_warning")
+#: Result columns written as a group or not at all (a result without a stdout capture leaves the stdout columns).
+RESULT_GROUPS: dict[str, tuple[str, ...]] = {
+    "stdout": ("stdout_excerpt", "stdout_bytes", "stdout_sha256", "stdout_artifact", "stdout_truncated"),
+    "stderr": ("stderr_excerpt", "stderr_bytes", "stderr_sha256", "stderr_artifact", "stderr_truncated"),
+    "output": ("output_format", "output_valid", "output_warning", "output_bytes", "output_sha256", "output_parsed",
+               "output_artifact"),
+    "usage": ("usage_json",),
+    "verify": ("verify_status", "verify_json"),
+}
+#: The run columns the pipeline's steps decide (``RunOutcomes.columns``), each written only when decided.
+OUTCOME_COLUMNS = ("identity_json", "trust_level", "principal", "delegation_json", "governance_json", "credentials_json",
+                   "authorization_json", "proof_json", "evidence_status")
+_GROUP_OF = {column: group for group, columns in RESULT_GROUPS.items() for column in columns}
+_FINISHED = frozenset((*RESULT_COLUMNS, *_GROUP_OF, *OUTCOME_COLUMNS))
+
+
+def outcome_params(values: dict[str, Any], params: dict[str, Any]) -> None:
+    """``params`` gain each ``OUTCOME_COLUMNS`` value and its ``set_`` flag (1 when ``values`` decided it)."""
+    for column in OUTCOME_COLUMNS:
+        if column in values:
+            params[column], params["set_" + column] = values[column], 1
+        else:
+            params[column], params["set_" + column] = None, 0
+
+
 def finish_run(
     tx: Tx, run_id: str, *, owner: str, token: int, status: str, values: dict[str, Any], error_message: str | None,
-    now: int, process_state: str = "exited", returning: str,
+    now: int, process_state: str = "exited",
 ) -> dict[str, Any] | None:
     """``running`` -> terminal under the run's fence (owner and token); None if the run is no longer ours.
 
     One compare-and-swap decides everything: if a cancel request was recorded first,
     cancellation wins (``cancelled``, the message says so). ``process_state`` replaces a
     ``running`` process state (the executor returned: ``exited``; an abandoned worker:
-    ``unknown``). RETURNING hands back the ``returning`` columns (which must include
-    ``job_id`` and ``status``) without another read.
+    ``unknown``). ``values`` are the run's result columns (``RESULT_COLUMNS``, whole
+    ``RESULT_GROUPS``) and the pipeline's (``OUTCOME_COLUMNS``); a group or column not in it is
+    left as it is. RETURNING hands back what completion and its consequences read (statement
+    ``finish_run``) without another read.
     """
-    key = (tuple(values), returning)
-    sql = _FINISH_SQL.get(key)
-    if sql is None:
-        sets = ", ".join(f"{k} = ?" for k in values)
-        sql = (
-            f"UPDATE runs SET {sets}{', ' if sets else ''}finished_at = ?, terminal_at = ?,"
-            " status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ? END,"
-            " error_message = CASE WHEN cancel_requested_at IS NOT NULL AND ? <> 'cancelled'"
-            "   THEN COALESCE(?, '') || ' (cancellation won)' ELSE ? END,"
-            " duration_ms = ? - COALESCE(started_at, ?),"
-            " process_state = CASE WHEN process_state = 'running' THEN ? ELSE process_state END"
-            " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
-            f" RETURNING {returning}"
-        )
-        if len(_FINISH_SQL) >= _FINISH_SQL_MAX:
-            _FINISH_SQL.clear()
-        _FINISH_SQL[key] = sql
-    run = tx.one(
-        sql,
-        [*values.values(), now, now, status, status, error_message, error_message, now, now, process_state, run_id, owner, token],
-    )
+    unknown = set(values).difference(_FINISHED)
+    if unknown:
+        raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(unknown))}")
+    params: dict[str, Any] = {column: values.get(column) for column in RESULT_COLUMNS}
+    for group, columns in RESULT_GROUPS.items():
+        given = sum(1 for column in columns if column in values)
+        if given and given != len(columns):
+            raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(columns)})")
+        params["set_" + group] = 1 if given else 0
+        for column in columns:
+            params[column] = values.get(column)
+    outcome_params(values, params)
+    run = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
+                    now=now, process_state=process_state, **params)
     if run is not None:
         notify(run_id, run["job_id"], "running", run["status"], now)
     return run
-
-
-#: ``finish_run``'s statement per (columns set, RETURNING list): a run's result columns come in a handful of shapes,
-#: so the text is built once per shape, not once per run. Bounded; cleared when full.
-_FINISH_SQL: dict[tuple[tuple[str, ...], str], str] = {}
-_FINISH_SQL_MAX = 256
 
 
 def fail_completion(tx: Tx, run_id: str, *, owner: str, token: int, message: str, now: int) -> bool:
@@ -195,15 +232,7 @@ def fail_completion(tx: Tx, run_id: str, *, owner: str, token: int, message: str
     Nothing stays ``running`` forever; the dispatch row becomes ``failed``. No other
     consequence is attempted (the completion that would create them just failed).
     """
-    run = tx.one(
-        "UPDATE runs SET status = 'error', error_code = 'COMPLETION_FAILED', error_message = ?,"
-        " finished_at = CASE WHEN started_at > ? THEN started_at ELSE ? END,"
-        " terminal_at = CASE WHEN started_at > ? THEN started_at ELSE ? END,"
-        " process_state = CASE WHEN process_state = 'running' THEN 'exited' ELSE process_state END"
-        " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?"
-        " RETURNING job_id, dispatch_id, finished_at",
-        (message, now, now, now, now, run_id, owner, token),
-    )
+    run = state.one(tx, "fail_completion", run_id=run_id, owner=owner, token=token, message=message, now=now)
     if run is None:
         return False
     finish_dispatch(tx, run["dispatch_id"], "failed", now=now, last_error=message)
@@ -219,10 +248,7 @@ def request_cancel(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: st
     A running run's owner sees the request, stops its executor and commits ``cancelled``
     through ``finish_run``; a waiting run is then ended by ``cancel_waiting_run``.
     """
-    changed = tx.execute(
-        "UPDATE runs SET cancel_requested_at = ?, cancel_requested_by = ?, cancel_reason = ? WHERE id = ? AND cancel_requested_at IS NULL",
-        (now, actor, reason, run["id"]),
-    )
+    changed = state.execute(tx, "request_cancel", run_id=run["id"], now=now, actor=actor, reason=reason)
     append_event(tx, "run.cancel_requested", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data={"reason": reason})
     return changed == 1
 
@@ -239,27 +265,13 @@ def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor
     if old not in CANCEL_DIRECTLY:
         return False
     why = reason or "cancelled"
-    changed = tx.execute(
-        "UPDATE runs SET status = 'cancelled', finished_at = ?, terminal_at = ?,"
-        " cancel_requested_at = COALESCE(cancel_requested_at, ?), cancel_requested_by = COALESCE(cancel_requested_by, ?),"
-        " cancel_reason = COALESCE(cancel_reason, ?), error_code = COALESCE(?, error_code),"
-        " process_state = CASE WHEN process_state = 'running' THEN 'unknown' ELSE process_state END"
-        " WHERE id = ? AND status = ?",
-        (now, now, now, actor, why, error_code, run["id"], old),
-    )
+    changed = state.execute(tx, "cancel_waiting_run", run_id=run["id"], status=old, now=now, actor=actor, reason=why,
+                            error_code=error_code)
     if changed != 1:
         return False
     if run.get("dispatch_id"):
-        tx.execute(
-            "UPDATE job_dispatch_queue SET status = 'cancelled', cancel_reason = ?, updated_at = ? WHERE id = ?"
-            " AND status IN ('pending', 'claimed', 'awaiting_approval')",
-            (why, now, run["dispatch_id"]),
-        )
-    tx.execute(
-        "UPDATE approvals SET status = 'cancelled', cancelled_at = ?, decision_reason = COALESCE(decision_reason, ?),"
-        " version = version + 1 WHERE run_id = ? AND status IN ('pending', 'approved')",
-        (now, why, run["id"]),
-    )
+        state.execute(tx, "cancel_run_dispatch", dispatch_id=run["dispatch_id"], reason=why, now=now)
+    state.execute(tx, "cancel_run_approvals", run_id=run["id"], reason=why, now=now)
     append_event(tx, "run.cancelled", job_id=run["job_id"], run_id=run["id"], dispatch_id=run.get("dispatch_id"), actor=actor,
                  at=now, data={"reason": why, "from": old})
     notify(run["id"], run["job_id"], old, "cancelled", now)
@@ -269,12 +281,9 @@ def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor
 def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail: str | None, message: str | None = None) -> bool:
     """``running`` -> ``recovery_blocked``: the dead owner's work may still run and cannot be stopped, or what it
     left (credential files) cannot be proven removed (``message`` says which; retried later)."""
-    changed = tx.execute(
-        "UPDATE runs SET status = 'recovery_blocked', error_code = 'RECOVERY_BLOCKED', error_message = ?"
-        " WHERE id = ? AND status = 'running' AND dispatcher_owner = ? AND dispatcher_token = ?",
-        (message or "process group still alive and cannot be signalled", run["id"], run["dispatcher_owner"],
-         run["dispatcher_token"]),
-    )
+    changed = state.execute(tx, "block_recovery", run_id=run["id"], owner=run["dispatcher_owner"],
+                            token=run["dispatcher_token"],
+                            message=message or "process group still alive and cannot be signalled")
     if changed != 1:
         return False
     append_event(tx, "run.recovery_blocked", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
@@ -285,24 +294,18 @@ def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail:
 
 def crash_run(
     tx: Tx, run: dict[str, Any], *, actor: str, now: int, message: str, process_state: str, process_signal: str | None,
-    data: dict[str, Any], returning: str,
+    data: dict[str, Any],
 ) -> dict[str, Any] | None:
     """``running``/``recovery_blocked`` -> ``crashed`` (``DISPATCHER_LOST``), recorded by the recovering ``actor``.
 
     The compare-and-swap names the dead owner and token the row still carries, so a run
     that its owner finished meanwhile is left alone. ``process_state`` is final
     (``gone``, ``terminated`` with ``process_signal``, or ``unknown``); the
-    ``run.recovered`` event carries ``data``. Returns the ``returning`` columns, or None.
+    ``run.recovered`` event carries ``data``. Returns what its consequences read (as ``finish_run``), or None.
     """
-    row = tx.one(
-        "UPDATE runs SET status = 'crashed', finished_at = ?, terminal_at = ?, duration_ms = ? - COALESCE(started_at, ?),"
-        " error_code = 'DISPATCHER_LOST', error_message = ?, process_state = ?, process_signal = ?,"
-        " process_terminated_at = ? WHERE id = ? AND status IN ('running', 'recovery_blocked')"
-        " AND dispatcher_owner = ? AND dispatcher_token = ?"
-        f" RETURNING {returning}",
-        (now, now, now, now, message, process_state, process_signal, now if process_state == "terminated" else None,
-         run["id"], run["dispatcher_owner"], run["dispatcher_token"]),
-    )
+    row = state.one(tx, "crash_run", run_id=run["id"], owner=run["dispatcher_owner"], token=run["dispatcher_token"],
+                    now=now, message=message, process_state=process_state, process_signal=process_signal,
+                    process_terminated_at=now if process_state == "terminated" else None)
     if row is None:
         return None
     append_event(tx, "run.recovered", job_id=run["job_id"], run_id=run["id"], dispatch_id=run.get("dispatch_id"), actor=actor,
