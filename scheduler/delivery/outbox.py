@@ -39,6 +39,7 @@ from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core import state
 from scheduler.core.duty import DutyThread
 from scheduler.core.events import append_event
 from scheduler.core.outputs import read_artifact
@@ -152,12 +153,9 @@ def enqueue(tx: Tx, run: dict[str, Any], channel: str, target: str | None, body:
     created = 0
     for index, text in enumerate(bodies, start=1):
         key = f"{group}:part:{index}/{count}"
-        created += tx.execute(
-            "INSERT INTO delivery_outbox(id, run_id, job_id, channel, target, idempotency_key, group_key, part_index, part_count,"
-            " body, status, max_attempts, due_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)"
-            " ON CONFLICT (idempotency_key) DO NOTHING",
-            (key, run.get("id"), run.get("job_id"), channel, target, key, group, index, count, text, max_attempts, now, now, now),
-        )
+        created += state.execute(tx, "insert_outbox_part", idempotency_key=key, run_id=run.get("id"), job_id=run.get("job_id"),
+                                 channel=channel, target=target, group_key=group, part_index=index, part_count=count, body=text,
+                                 max_attempts=max_attempts, now=now)
         if index == count and created:
             for ordinal, att in enumerate(attachments):
                 tx.execute(
@@ -219,12 +217,8 @@ def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int) ->
         )
         for row in rows:
             token = secrets.token_hex(8)
-            changed = tx.execute(
-                "UPDATE delivery_outbox SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_expires_at = ?,"
-                " attempts = attempts + 1, last_attempt_at = ?, updated_at = ? WHERE id = ? AND (status = 'pending'"
-                " OR (status = 'claimed' AND claim_expires_at <= ?))",
-                (owner, token, now + ttl_ms, now, now, row["id"], now),
-            )
+            changed = state.execute(tx, "claim_outbox_part", part_id=row["id"], owner=owner, claim_token=token,
+                                    expires_at=now + ttl_ms, now=now)
             if changed == 1:
                 if row["status"] == "claimed":
                     append_event(tx, "delivery.claim_taken_over", job_id=row["job_id"], run_id=row["run_id"], actor=owner, at=now,
@@ -304,31 +298,24 @@ def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner:
     cfg = current_settings().delivery
     outcome = result["outcome"]
     with store.transaction() as tx:
-        where = " WHERE id = ? AND status = 'claimed' AND claim_token = ?"
-        key = (part["id"], part["claim_token"])
+        key = {"part_id": part["id"], "claim_token": part["claim_token"]}
         if outcome == "delivered":
-            changed = tx.execute(
-                "UPDATE delivery_outbox SET status = 'delivered', delivered_at = ?, receipt_id = ?, receipt_json = ?, last_error = NULL,"
-                " error_code = NULL, claim_owner = NULL, claim_token = NULL, claim_expires_at = NULL, updated_at = ?" + where,
-                (now, result.get("receipt_id"), json.dumps(result.get("details") or {}, sort_keys=True, default=str), now, *key))
+            changed = state.execute(tx, "deliver_outbox_part", receipt_id=result.get("receipt_id"),
+                                    receipt_json=json.dumps(result.get("details") or {}, sort_keys=True, default=str), now=now,
+                                    **key)
         elif outcome == "retry" and part["attempts"] < part["max_attempts"]:
             delay = backoff_ms(part["attempts"], base_ms=cfg.retry_base_ms, max_ms=cfg.retry_max_ms,
                                retry_after_s=result.get("retry_after_s"))
-            changed = tx.execute(
-                "UPDATE delivery_outbox SET status = 'pending', due_at = ?, last_error = ?, error_code = ?, claim_owner = NULL,"
-                " claim_token = NULL, claim_expires_at = NULL, updated_at = ?" + where,
-                (now + delay, result["error"], result["code"], now, *key))
+            changed = state.execute(tx, "retry_outbox_part", due_at=now + delay, error=result["error"], code=result["code"],
+                                    now=now, **key)
             outcome = "retry_scheduled"
             result = {**result, "next_attempt_at": to_iso(now + delay)}
         else:
-            changed = tx.execute(
-                "UPDATE delivery_outbox SET status = 'failed', last_error = ?, error_code = ?, claim_owner = NULL, claim_token = NULL,"
-                " claim_expires_at = NULL, updated_at = ?" + where, (result["error"], result["code"], now, *key))
+            changed = state.execute(tx, "fail_outbox_part", error=result["error"], code=result["code"], now=now, **key)
             outcome = "failed"
             if changed:  # the parts after it cannot go out in order any more
-                tx.execute("UPDATE delivery_outbox SET status = 'failed', error_code = 'EARLIER_PART_FAILED', last_error = ?,"
-                           " updated_at = ? WHERE group_key = ? AND part_index > ? AND status = 'pending'",
-                           (f"part {part['part_index']}/{part['part_count']} failed", now, part["group_key"], part["part_index"]))
+                state.execute(tx, "fail_later_outbox_parts", group_key=part["group_key"], part_index=part["part_index"],
+                              error=f"part {part['part_index']}/{part['part_count']} failed", now=now)
         if changed:
             data = {"part": part["id"], "channel": part["channel"], "attempt": part["attempts"],
                     **{k: v for k, v in result.items() if k in ("receipt_id", "code", "error", "next_attempt_at")}}
@@ -341,11 +328,7 @@ def release(store: Store, parts: list[dict[str, Any]]) -> int:
     released = 0
     with store.transaction() as tx:
         for part in parts:
-            released += tx.execute(
-                "UPDATE delivery_outbox SET status = 'pending', attempts = attempts - 1, claim_owner = NULL, claim_token = NULL,"
-                " claim_expires_at = NULL WHERE id = ? AND status = 'claimed' AND claim_token = ?",
-                (part["id"], part["claim_token"]),
-            )
+            released += state.execute(tx, "release_outbox_part", part_id=part["id"], claim_token=part["claim_token"])
     return released
 
 
@@ -360,8 +343,7 @@ def retry_failed(store: Store, ref: str, *, actor: str, now: int | None = None) 
         part = get_part(tx, ref)
         if part["status"] != "failed":
             raise SchedulerError("DELIVERY_NOT_FAILED", f"part {part['id']} is {part['status']}; only failed parts are retried")
-        tx.execute("UPDATE delivery_outbox SET status = 'pending', attempts = 0, due_at = ?, updated_at = ?"
-                   " WHERE group_key = ? AND status = 'failed'", (now, now, part["group_key"]))
+        state.execute(tx, "rearm_outbox_parts", group_key=part["group_key"], now=now)
         append_event(tx, "delivery.rearmed", job_id=part["job_id"], run_id=part["run_id"], actor=actor, at=now, data={"part": part["id"]})
         out = get_part(tx, part["id"])
     store.notify_change()

@@ -15,6 +15,7 @@ from typing import Any
 
 from scheduler.base.canonical import canonical_bytes, canonical_json, hash_bytes
 from scheduler.base.errors import SchedulerError
+from scheduler.core import state
 from scheduler.core.artifact import load_artifact
 from scheduler.core.events import append_event
 from scheduler.evidence.build import build_document
@@ -83,7 +84,7 @@ def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | N
         "declaration": canonical_json(declared),
         "source_run_id": row.get("source_run_id"), "retention_policy": section.get("retention"),
     }, now=now)
-    tx.execute("UPDATE runs SET evidence_status = 'interrupted' WHERE id = ?", (run["id"],))
+    state.execute(tx, "mark_evidence_interrupted", run_id=run["id"])
     append_event(tx, "evidence.interrupted", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
                  data={"provider": section.get("provider"), "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"),
                        "code": error_code})

@@ -17,6 +17,7 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
+from scheduler.core import state
 from scheduler.core.jobs import create_jobs
 from scheduler.core.spec import validate_spec
 from scheduler.core.store.base import Store
@@ -119,8 +120,7 @@ def run_import(store: Store, items: list[ImportItem], *, dry_run: bool, same_nam
                 anchor, every = item.phase
                 k = max(0, (now - anchor) // every + 1)
                 first = anchor + k * every  # the source's next slot: same cadence, same phase
-                tx.execute("UPDATE jobs SET next_run_at = ?, schedule_anchor_at = ? WHERE id = ?",
-                           (first, first - every, row["id"]))
+                state.execute(tx, "set_imported_phase", job_id=row["id"], next_run_at=first, schedule_anchor_at=first - every)
 
 
 def report(kind: str, location: str, items: list[ImportItem], *, dry_run: bool, **extra: Any) -> dict[str, Any]:
