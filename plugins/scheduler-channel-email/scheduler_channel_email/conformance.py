@@ -21,6 +21,7 @@ import logging
 import secrets
 import threading
 from email import message_from_bytes, policy
+from email.message import Message
 from typing import Any
 
 from scheduler.testing import ReceivedFile, ReceivedMessage, ServiceAnswer, ServiceRequest
@@ -47,12 +48,18 @@ class _QuietAiosmtpd(logging.Filter):
 _QUIET = _QuietAiosmtpd()
 
 
+def _payload_bytes(part: Message) -> bytes:
+    """A part's decoded payload, b"" when it has none (a multipart part decodes to None)."""
+    payload = part.get_payload(decode=True)
+    return payload if isinstance(payload, bytes) else b""
+
+
 def parse_message(data: bytes, *, accepted: bool) -> ReceivedMessage:
     """What a recipient sees of a message: its text part (lines ending in LF), its attachments, the idempotency-key header."""
     message = message_from_bytes(data, policy=policy.default)
     body = message.get_body(preferencelist=("plain",))
     text = body.get_content().replace("\r\n", "\n") if body is not None else ""
-    files = tuple(ReceivedFile(name=part.get_filename() or "", content=part.get_payload(decode=True) or b"")
+    files = tuple(ReceivedFile(name=part.get_filename() or "", content=_payload_bytes(part))
                   for part in message.iter_attachments())
     return ReceivedMessage(text=text, idempotency_key=message.get("X-Scheduler-Idempotency-Key"), files=files,
                            accepted=accepted)

@@ -133,7 +133,8 @@ def _text_of(result: Any) -> str:
 def _message_id(result: Any) -> str | None:
     if not isinstance(result, dict):
         return None
-    for holder in (result, result.get("details") if isinstance(result.get("details"), dict) else {}):
+    details = result.get("details")
+    for holder in (result, details if isinstance(details, dict) else {}):
         for key in ("messageId", "message_id", "id"):
             value = holder.get(key)
             if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -226,7 +227,7 @@ class OpenClawChannel:
         try:
             content = json.dumps(request, ensure_ascii=False).encode("utf-8")
             response = self._pool.get().post(url, content=content, headers=headers)
-        except Exception as exc:  # classified; the exception text is not repeated
+        except Exception as exc:  # noqa: BLE001 - classified; the exception text is not repeated
             raise error_for_exception(exc, where, prefix=PREFIX) from None
         error = self._answer_error(response, where)
         if error is not None:
@@ -249,14 +250,15 @@ class OpenClawChannel:
                 return TransientDeliveryError(f"{where} answered HTTP {status} without a tool answer",
                                               code=f"{PREFIX}_SERVER_ERROR")
             return error_for_status(status, response.headers, response.content, where, prefix=PREFIX)
-        error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+        said_error = answer.get("error")
+        error = said_error if isinstance(said_error, dict) else {}
         kind, said = str(error.get("type") or ""), " ".join(str(error.get("message") or "").split())[:300]
         if status == 404:
             return PermanentDeliveryError(f"{where}: the message tool is not available (not found, or not allowed by the"
                                           " Gateway's tool policy)" + (f": {said}" if said else ""), code=f"{PREFIX}_TOOL_UNAVAILABLE")
         if status in (401, 403):
             return PermanentDeliveryError(f"{where} refused the token (HTTP {status})", code=f"{PREFIX}_AUTH_FAILED")
-        if not 200 <= status < 300 and status not in (400,):
+        if not 200 <= status < 300 and status != 400:
             return error_for_status(status, response.headers, response.content, where, prefix=PREFIX)
         if answer.get("ok") is not True:
             detail = f"{where}: {kind or 'error'}" + (f": {said}" if said else "")

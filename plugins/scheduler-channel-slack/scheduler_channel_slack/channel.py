@@ -226,7 +226,7 @@ class SlackChannel:
     def _post(self, url: str, where: str, **kwargs: Any) -> Any:
         try:
             return self._pool.get().post(url, **kwargs)
-        except Exception as exc:  # classified; the exception text may hold a secret URL
+        except Exception as exc:  # noqa: BLE001 - classified; the exception text may hold a secret URL
             raise error_for_exception(exc, where, prefix=PREFIX) from None
 
     # -- send ------------------------------------------------------------------------------------

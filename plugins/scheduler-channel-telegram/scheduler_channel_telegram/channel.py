@@ -144,9 +144,10 @@ def _answer_error(method: str, status: int, headers: Any, content: bytes) -> Del
                                           code=f"{PREFIX}_SERVER_ERROR" if status != 429 else f"{PREFIX}_RATE_LIMITED",
                                           retry_after_s=retry_after_seconds(headers.get("retry-after")))
         answer = {}
-    code = answer.get("error_code") if isinstance(answer.get("error_code"), int) else status
+    error_code, said_parameters = answer.get("error_code"), answer.get("parameters")
+    code = error_code if isinstance(error_code, int) else status
     description = str(answer.get("description") or f"HTTP {status}")[:300]
-    parameters = answer.get("parameters") if isinstance(answer.get("parameters"), dict) else {}
+    parameters = said_parameters if isinstance(said_parameters, dict) else {}
     said = f"{where} failed ({code}): {description}"
     if code == 429 or status == 429:
         retry_after = parameters.get("retry_after")
@@ -218,7 +219,7 @@ class TelegramChannel:
             kwargs["timeout"] = httpx.Timeout(s.upload_timeout_s, connect=s.connect_timeout_s)
         try:
             response = self._pool.get().post(url, **kwargs)
-        except Exception as exc:  # classified; the exception text may contain the URL, hence the token
+        except Exception as exc:  # noqa: BLE001 - classified; the exception text may contain the URL, hence the token
             raise error_for_exception(exc, f"telegram {method} at {endpoint_label(url)}", prefix=PREFIX) from None
         error = _answer_error(method, response.status_code, response.headers, response.content)
         if error is not None:
@@ -251,7 +252,7 @@ class TelegramChannel:
             common["disable_notification"] = True
         if options.protect_content:
             common["protect_content"] = True
-        message_ids: list[int] = []
+        message_ids: list[int | None] = []
         caption = text if files and text.strip() and _utf16_len(text) <= MAX_CAPTION_CHARS else None
         if text.strip() and caption is None:
             body: dict[str, Any] = {**common, "text": text}
@@ -271,7 +272,7 @@ class TelegramChannel:
                                details={"chat_id": chat, "message_ids": message_ids})
 
     def _send_files(self, token: str, common: dict[str, Any], batch: list[tuple[str, str, bytes]], caption: str | None,
-                    parse_mode: str | None) -> list[int]:
+                    parse_mode: str | None) -> list[int | None]:
         fields = {k: (json.dumps(v) if isinstance(v, bool) else str(v)) for k, v in common.items()}
         if len(batch) == 1:
             name, mime, data = batch[0]
@@ -293,5 +294,5 @@ class TelegramChannel:
             uploads[f"file{i}"] = (name, data, mime)
         fields["media"] = json.dumps(media)
         result = self._call(token, "sendMediaGroup", data=fields, files=uploads)
-        messages = result.get("result") if "result" in result else [result]
+        messages = result["result"] if "result" in result else [result]
         return [m.get("message_id") for m in messages if isinstance(m, dict)]

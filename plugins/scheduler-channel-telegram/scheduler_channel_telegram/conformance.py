@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import secrets
+from typing import Any
 
 from scheduler.testing import (
     HttpReply,
@@ -81,7 +82,7 @@ class _BotApi(HttpStandIn):
     def reply_for(self, answer: ServiceAnswer, request: HttpRequest) -> HttpReply:
         kind = answer.kind
         if kind == "rate_limit":
-            said = {"ok": False, "error_code": 429, "description": "Too Many Requests"}
+            said: dict[str, Any] = {"ok": False, "error_code": 429, "description": "Too Many Requests"}
             if answer.retry_after_s is not None:
                 said["description"] += f": retry after {answer.retry_after_s}"
                 said["parameters"] = {"retry_after": answer.retry_after_s}

@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -134,7 +134,7 @@ def _signer(secret: SecretRef | None) -> Any:
     except SchedulerError as exc:  # SECRET_UNRESOLVED names the reference, never the value
         raise PermanentDeliveryError(exc.message, code=exc.code) from None
     raw = value.strip()
-    raw = raw[len("whsec_"):] if raw.startswith("whsec_") else raw
+    raw = raw.removeprefix("whsec_")
     try:
         key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
     except (binascii.Error, ValueError):
@@ -187,7 +187,7 @@ class WebhookChannel:
                                          code=f"{PREFIX}_TARGET_INVALID")
         where = f"webhook {endpoint_label(url)}"
         signer = _signer(self._settings.secret)
-        now = datetime.now(timezone.utc).replace(microsecond=0)
+        now = datetime.now(UTC).replace(microsecond=0)
         attachments = []
         for attachment in part.attachments:
             name, mime, data = read_attachment(attachment, max_bytes=self.limits.max_attachment_bytes, prefix=PREFIX)
@@ -221,7 +221,7 @@ class WebhookChannel:
         }
         try:
             response = self._pool.get().post(url, content=body.encode("utf-8"), headers=headers)
-        except Exception as exc:  # httpx errors: classified, the text (it may hold the URL) not repeated
+        except Exception as exc:  # noqa: BLE001 - httpx errors: classified, the text (it may hold the URL) not repeated
             raise error_for_exception(exc, where, prefix=PREFIX) from None
         error = error_for_status(response.status_code, response.headers, response.content, where, prefix=PREFIX)
         if error is not None:

@@ -7,8 +7,8 @@ import hashlib
 import os
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -163,7 +163,7 @@ def test_429_with_retry_after_seconds_is_transient_with_the_delay(channel: Any, 
 
 
 def test_retry_after_as_an_http_date(channel: Any, server: Any) -> None:
-    when = datetime.now(timezone.utc) + timedelta(seconds=120)
+    when = datetime.now(UTC) + timedelta(seconds=120)
     server.queue(HOOK, reply(status=503, headers={"Retry-After": format_datetime(when, usegmt=True)}))
     with pytest.raises(TransientDeliveryError) as caught:
         channel.send(part(), route(server.url + HOOK))

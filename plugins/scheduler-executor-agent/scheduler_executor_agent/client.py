@@ -25,10 +25,9 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
-
 from scheduler_toolkit.http import AbortableRequest
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
@@ -39,11 +38,12 @@ EXCERPT_BYTES = 600
 LINE_SLACK = 1024 * 1024
 
 
-class Sink:
+class Sink(Protocol):
     """Where one stream of the reply goes: ``write(bytes) -> bool`` (False once its cap is exceeded)."""
 
-    def write(self, data: bytes) -> bool:  # pragma: no cover - protocol
-        raise NotImplementedError
+    def write(self, data: bytes) -> bool:
+        """Take the next bytes; False once the stream's cap is exceeded."""
+        ...
 
 
 @attrs.define(kw_only=True)
@@ -129,7 +129,7 @@ class SSEParser:
             return  # a comment (keep-alive)
         field, _, value = line.partition(":")
         if field == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
+            self._data.append(value.removeprefix(" "))
 
 
 class MalformedReply(Exception):
@@ -302,7 +302,8 @@ class Turn:
         while head is None:
             stop = self._stop_reason(last_byte)
             if stop:
-                return self._stopped(stop, aborted=True)
+                self._stopped(stop, aborted=True)
+                return None
             try:
                 kind, value = attempt.events.get(timeout=POLL_S)
             except queue.Empty:
@@ -315,7 +316,8 @@ class Turn:
         if status != 200:
             excerpt = self._excerpt(attempt)
             if isinstance(excerpt, tuple):
-                return self._stopped(excerpt, aborted=True)
+                self._stopped(excerpt, aborted=True)
+                return None
             detail = f"HTTP {status} from the endpoint" + (f": {excerpt}" if excerpt else "")
             if status in RETRY_STATUSES:
                 code = "AGENT_RATE_LIMITED" if status == 429 else "AGENT_SERVER_ERROR"
@@ -330,7 +332,11 @@ class Turn:
             return None
         content_type = head.headers.get("content-type", "").split(";")[0].strip().lower()
         self.out.streamed = content_type == "text/event-stream"
-        return self._read_stream(attempt) if self.out.streamed else self._read_json(attempt)
+        if self.out.streamed:
+            self._read_stream(attempt)
+        else:
+            self._read_json(attempt)
+        return None
 
     def _stopped(self, stop: tuple[str, str, str], *, aborted: bool) -> None:
         reason, code, message = stop

@@ -107,5 +107,11 @@ class AgentPayloadAdapter:
         }
 
 
-__all__ = ["AgentPayloadAdapter", "CASES_DIR", "CONFORMANCE_KEY", "NEEDS_EXIT_STATUS", "point_default_endpoint_at",
-           "scripted_endpoint"]
+__all__ = [
+    "CASES_DIR",
+    "CONFORMANCE_KEY",
+    "NEEDS_EXIT_STATUS",
+    "AgentPayloadAdapter",
+    "point_default_endpoint_at",
+    "scripted_endpoint",
+]

@@ -42,7 +42,7 @@ class Discovery:
 def root_of(base_url: str) -> str:
     """The gateway root: the base URL without a trailing ``/v1`` (``http://h:1/v1`` -> ``http://h:1``)."""
     root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
+    return root.removesuffix("/v1")
 
 
 def parse_declaration(body: bytes) -> frozenset[str] | None:

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -104,7 +104,7 @@ def script_reply(body: Any, headers: dict[str, str]) -> Reply | None:
         elif action == "sleep_ms":
             pauses[len(chunks)] = pauses.get(len(chunks), 0.0) + value / 1000
         # stdin_to_stdout: an agent turn has no standard input, so it copies nothing; ignore_sigterm: no signals
-    prompt_chars = sum(len(m.get("content", "")) for m in messages if isinstance(m, dict))
+    prompt_chars = sum(len(m.get("content", "")) for m in messages or [] if isinstance(m, dict))
     return Reply(chunks=chunks, reasoning=reasoning, pauses=pauses,
                  usage={"prompt_tokens": prompt_chars // 4, "completion_tokens": len(chunks) + len(reasoning)})
 
@@ -163,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes --------------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._record(None)
         model = self.server.model
         value = model.info if self.path == "/v1/info" else model.health if self.path == "/health" else None
@@ -176,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_head(status, ctype, {}, length=len(body))
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -291,7 +291,7 @@ class LoopbackModel:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> LoopbackModel:
+    def start(self) -> Self:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.model = self
         self._server = server
@@ -306,7 +306,7 @@ class LoopbackModel:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> LoopbackModel:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -70,7 +70,7 @@ def _shorten(turn: list[Message], budget: int) -> list[Message]:
         if not content or content == _CUT_MARK:
             break
         excess = _json_size(turn) - budget
-        body = content[:-len(_CUT_MARK)] if content.endswith(_CUT_MARK) else content
+        body = content.removesuffix(_CUT_MARK)
         # a character is at most 12 JSON bytes (an escaped surrogate pair): cutting excess/12 + 64 always makes progress
         keep = max(0, len(body) - excess // 12 - 64)
         longest["content"] = body[:keep] + _CUT_MARK

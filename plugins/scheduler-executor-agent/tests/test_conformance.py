@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from scheduler_executor_agent import AgentExecutor
@@ -37,15 +38,15 @@ class TestAgentThroughEntryPoint(ExecutorConformance):
     """Loaded by entry point with the adapter its distribution registers, plus the agent's own cases."""
 
     provider_name = "agent"
-    extra_fixtures = [CASES_DIR]
+    extra_fixtures = (CASES_DIR,)
 
 
 class TestAgentInProcess(ExecutorConformance):
     """The executor object built directly and the adapter named here."""
 
     payload_adapter = AgentPayloadAdapter
-    extra_fixtures = [CASES_DIR]
-    case_filter = ["executor.agent.*", "executor.run-timeout", "executor.cancel-running"]
+    extra_fixtures = (CASES_DIR,)
+    case_filter: ClassVar[list[str]] = ["executor.agent.*", "executor.run-timeout", "executor.cancel-running"]
 
     def make_provider(self) -> AgentExecutor:
         return AgentExecutor()

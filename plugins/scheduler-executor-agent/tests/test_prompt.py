@@ -10,7 +10,6 @@ from scheduler_executor_agent.prompt import INJECTION_PATTERNS, find_injection, 
 
 from scheduler.api import SchedulerError
 
-
 # -- sanitising ------------------------------------------------------------------------------------
 
 

@@ -92,7 +92,7 @@ def test_cancelling_a_running_turn(model, db, store, dispatcher) -> None:
     assert code == 0, out + err
     running = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "running" and r["executor_handle"]],
                        what="the turn to be running")
-    wait_for(lambda: model.chat_requests(), what="the request to reach the model")
+    wait_for(model.chat_requests, what="the request to reach the model")
     _cli(db, "runs", "cancel", running[0]["id"], "--reason", "not needed")
     (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in FINAL], what="the cancelled run")
     assert run["status"] == "cancelled" and run["process_state"] == "terminated"

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-
 from scheduler_toolkit.http import AbortableRequest
 
 POLL_S = 0.05

@@ -133,7 +133,7 @@ def run(argv: list[str], *, timeout_s: float, deadline: float, max_bytes: int, k
         if any(r.is_alive() for r in readers):
             out.termination = kill_group(pgid, kill_grace_s)
         break
-    for reader, stream in zip(readers, (proc.stdout, proc.stderr)):
+    for reader, stream in zip(readers, (proc.stdout, proc.stderr), strict=True):
         reader.join(0.5)
         if not reader.is_alive():
             stream.close()  # type: ignore[union-attr]

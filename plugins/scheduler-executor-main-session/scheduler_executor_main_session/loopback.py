@@ -97,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return True
         return False
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from scheduler_executor_main_session import MainSessionExecutor
@@ -37,15 +38,15 @@ class TestMainSessionThroughEntryPoint(ExecutorConformance):
     """Loaded by entry point with the adapter its distribution registers, plus its own cases."""
 
     provider_name = "main-session"
-    extra_fixtures = [CASES_DIR]
+    extra_fixtures = (CASES_DIR,)
 
 
 class TestMainSessionInProcess(ExecutorConformance):
     """The executor object built directly and the adapter named here."""
 
     payload_adapter = MainSessionPayloadAdapter
-    extra_fixtures = [CASES_DIR]
-    case_filter = ["executor.main-session.*", "executor.run-timeout", "executor.cancel-running"]
+    extra_fixtures = (CASES_DIR,)
+    case_filter: ClassVar[list[str]] = ["executor.main-session.*", "executor.run-timeout", "executor.cancel-running"]
 
     def make_provider(self) -> MainSessionExecutor:
         return MainSessionExecutor()

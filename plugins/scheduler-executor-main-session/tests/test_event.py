@@ -14,7 +14,7 @@ from scheduler.testing import LocalRunControl, wait_for
 
 
 @pytest.fixture
-def use(monkeypatch):  # noqa: ANN001, ANN201
+def use(monkeypatch):
     """Point [executors.main-session] openclaw_path (and other keys) at values, the kernel's override way."""
 
     def set_(**keys: object) -> None:
@@ -142,7 +142,7 @@ def test_a_lost_fence_never_opens_the_gate(fake_openclaw, calls, use, run_main) 
     use(openclaw_path=path)
 
     class Fenced(LocalRunControl):
-        def record_handle(self, handle):  # noqa: ANN001
+        def record_handle(self, handle):
             self.seen = handle
             raise SchedulerError("LEASE_LOST", "gone")
 

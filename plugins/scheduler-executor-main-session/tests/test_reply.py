@@ -134,7 +134,7 @@ def test_options_never_take_a_url_or_a_command(run_main) -> None:
 
 def test_a_lost_fence_sends_nothing(chat, run_main) -> None:
     class Fenced(LocalRunControl):
-        def record_handle(self, handle):  # noqa: ANN001
+        def record_handle(self, handle):
             raise SchedulerError("STALE_FENCE", "lost")
 
     ran = run_main(control=Fenced())
@@ -144,7 +144,7 @@ def test_a_lost_fence_sends_nothing(chat, run_main) -> None:
 def test_recover_is_honest() -> None:
     executor = MainSessionExecutor()
 
-    def ask(handle):  # noqa: ANN001, ANN202
+    def ask(handle):
         return executor.recover(RecoveryRequest(run_id="r", job_id="j", handle=handle, owner=None, owner_host=None,
                                                 kill_grace_s=0.2))
 

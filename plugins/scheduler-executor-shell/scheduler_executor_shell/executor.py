@@ -82,8 +82,13 @@ def resolve_settings(environ: Mapping[str, str] | None = None) -> ShellSettings:
     """
     settings = plugin_settings("executor", "shell", ShellSettings, environ=environ)
     if settings.shell is None:
-        settings = attrs.evolve(settings, shell=next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1]))
+        settings = attrs.evolve(settings, shell=default_shell())
     return settings
+
+
+def default_shell() -> str:
+    """The first executable of ``DEFAULT_SHELLS`` (/bin/bash, else /bin/sh): the shell when none is configured."""
+    return next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1])
 
 
 def _signal_name(returncode: int) -> str:
@@ -204,7 +209,7 @@ class ShellExecutor:
             for name in ("stdout", "stderr")
         }
         outcome = run_process(
-            shell=settings.shell,
+            shell=settings.shell or default_shell(),  # resolve_settings filled it in
             payload=job.payload_message,
             cwd=cwd,
             env=env,
@@ -269,7 +274,7 @@ class ShellExecutor:
         started_at, t0 = now_ms(), time.monotonic()
         out, err = HashSink(request.redactions), HashSink(request.redactions)
         outcome = run_process(
-            shell=settings.shell,
+            shell=settings.shell or default_shell(),  # resolve_settings filled it in
             payload=job.verify_shell or "",
             cwd=cwd,
             env=env,

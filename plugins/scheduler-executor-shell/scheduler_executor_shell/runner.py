@@ -92,7 +92,7 @@ def _event(control: RunControl, kind: str, data: dict) -> None:
     """Audit event; an event sink failure never changes what happens to the process."""
     try:
         control.event(kind, data)
-    except Exception:  # noqa: BLE001, S110 - audit is best effort; the durable parts are record_*
+    except Exception:  # noqa: BLE001 - audit is best effort; the durable parts are record_*
         pass
 
 

@@ -9,6 +9,7 @@ none may be skipped.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from scheduler_executor_shell import ShellExecutor
 from scheduler_executor_shell.conformance import ShellPayloadAdapter
@@ -27,7 +28,7 @@ class TestShellInProcess(ExecutorConformance):
     """The executor object built directly and the adapter named here (a plain checkout, nothing installed)."""
 
     payload_adapter = ShellPayloadAdapter
-    case_filter = ["executor.stdin-*", "executor.env-*", "executor.exit-*", "executor.posix-shell.*"]
+    case_filter: ClassVar[list[str]] = ["executor.stdin-*", "executor.env-*", "executor.exit-*", "executor.posix-shell.*"]
 
     def make_provider(self) -> ShellExecutor:
         return ShellExecutor()

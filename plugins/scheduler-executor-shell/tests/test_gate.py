@@ -6,8 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from scheduler.testing import LocalRunControl
 from scheduler_executor_shell.runner import run_process
+
+from scheduler.testing import LocalRunControl
 
 
 class _Collect:
@@ -79,7 +80,7 @@ def _silent_gate(monkeypatch, tmp_path: Path) -> Path:
 
     def silent(shell, payload, mode, env):
         ready_r, fds, argv = real(shell, payload, mode, env)
-        script_r, ready_w = fds
+        script_r, _ready_w = fds
         os.read(script_r, 4096)  # swallow the real gate script ...
         quiet_r, quiet_w = os.pipe()
         os.write(quiet_w, b"IFS= read -r _ || exit 125\n")  # ... and source one that never writes the ready byte

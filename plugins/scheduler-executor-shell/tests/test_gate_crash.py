@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from scheduler_toolkit.process import group_alive
 
 _DISPATCHER = textwrap.dedent(

@@ -122,8 +122,9 @@ class Listener:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    ready, _, _ = select.select([conn.fileno(), self._wake_r], [], [], remaining)
-                    if self._wake_r in ready or self._closed:
+                    wake = self._wake_r.fileno()
+                    ready, _, _ = select.select([conn.fileno(), wake], [], [], remaining)
+                    if wake in ready or self._closed:
                         return False
                     if ready and self._drain(conn):
                         return True

@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from scheduler_toolkit.store import Params
 
 from scheduler_store_postgres.sqlcompat import prepare
-from scheduler_toolkit.store import Params
 
 
 class PgSchemaConnection:
@@ -30,13 +30,13 @@ class PgSchemaConnection:
         """Run one statement."""
         query, args = prepare(sql, params)
         with self._conn.cursor() as cur:
-            cur.execute(query, args)  # type: ignore[arg-type]
+            cur.execute(query, args)
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         """Every row of a query, as dicts."""
         query, args = prepare(sql, params)
         with self._conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, args)  # type: ignore[arg-type]
+            cur.execute(query, args)
             return [dict(r) for r in cur.fetchall()] if cur.description is not None else []
 
     def columns(self, table: str) -> list[str]:

@@ -120,9 +120,9 @@ class PgTx:
             cur = psycopg.ClientCursor(self._conn, row_factory=dict_row if rows else tuple_row)
         try:
             if server:
-                cur.execute(query, args, prepare=True)  # type: ignore[arg-type]
+                cur.execute(query, args, prepare=True)
             else:
-                cur.execute(query, args)  # type: ignore[arg-type]
+                cur.execute(query, args)
             if begin is not None:
                 cur.nextset()  # past BEGIN's result to the statement's
         except psycopg.Error as exc:

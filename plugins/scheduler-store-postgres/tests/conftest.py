@@ -21,7 +21,7 @@ PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 if str(PLUGIN_ROOT) not in sys.path:  # running from a source tree without `pip install -e`
     sys.path.insert(0, str(PLUGIN_ROOT))
 
-from scheduler_store_postgres import PostgresStore
+from scheduler_store_postgres import PostgresStore  # noqa: E402 - after the sys.path fallback above
 
 HOST, PORT, DATABASE = "127.0.0.1", 5432, "test"
 

@@ -135,6 +135,10 @@ def check_requested_methods(declaration: Any, supported: frozenset[str], provide
 
 def envelope_parts(envelope: Any, provider: str) -> tuple[str, Mapping[str, Any]]:
     """``(payload_digest, data)`` of an envelope (``EvidenceEnvelope`` or its stored JSON), checked for its provider and format."""
+    name: object
+    fmt: object
+    digest: object
+    data: object
     if isinstance(envelope, EvidenceEnvelope):
         name, fmt, digest, data = envelope.provider, envelope.format, envelope.payload_digest, envelope.data
     elif isinstance(envelope, Mapping):

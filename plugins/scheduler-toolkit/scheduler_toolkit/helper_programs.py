@@ -121,7 +121,7 @@ def run_bounded(argv: Sequence[str], data: bytes, *, timeout_s: float, max_stdou
         if any(t.is_alive() for t in threads[1:]):
             timed_out = True
             _kill_group(proc.pid)
-    for t, stream in zip(threads[1:], (proc.stdout, proc.stderr)):
+    for t, stream in zip(threads[1:], (proc.stdout, proc.stderr), strict=True):
         t.join(0.5)
         if not t.is_alive():  # a reader still blocked holds the stream's lock: leave it to the daemon thread
             try:

@@ -9,4 +9,4 @@ from __future__ import annotations
 
 from scheduler.pipeline.identity import TRUST_LEVELS, Delegation, ResolvedIdentity
 
-__all__ = ["Delegation", "ResolvedIdentity", "TRUST_LEVELS"]
+__all__ = ["TRUST_LEVELS", "Delegation", "ResolvedIdentity"]

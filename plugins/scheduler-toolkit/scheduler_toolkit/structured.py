@@ -202,7 +202,6 @@ def parse_structured(
         )
     if max_parsed_bytes < 0:
         raise SchedulerError("STRUCTURED_INPUT_INVALID", "max_parsed_bytes must not be negative")
-    common = {"total_bytes": total_bytes, "sha256": sha256}
     if total_bytes > len(data):
         where = "see the artifact" if artifact else "the rest was not captured"
         return _record(
@@ -211,7 +210,8 @@ def parse_structured(
             warning=f"only {len(data)} of {total_bytes} bytes of the stream were available, so it was not parsed; {where}",
             parsed=None,
             artifact=artifact,
-            **common,
+            total_bytes=total_bytes,
+            sha256=sha256,
         )
 
     warning: str | None = None
@@ -226,10 +226,10 @@ def parse_structured(
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            return _record(fmt, valid=False, warning=_utf8_problem(data, exc), parsed=None, artifact=None, **common)
+            return _record(fmt, valid=False, warning=_utf8_problem(data, exc), parsed=None, artifact=None, total_bytes=total_bytes, sha256=sha256)
         parsed, problem = _parse_json(text) if fmt == "json" else _parse_ndjson(text)
         if problem is not None:
-            return _record(fmt, valid=False, warning=problem, parsed=None, artifact=None, **common)
+            return _record(fmt, valid=False, warning=problem, parsed=None, artifact=None, total_bytes=total_bytes, sha256=sha256)
 
     too_big, size = _exceeds(parsed, max_parsed_bytes)
     if too_big:
@@ -237,8 +237,8 @@ def parse_structured(
         where = f"see the artifact {artifact}" if artifact else "the stream was not offloaded, so only its digest is kept"
         note = f"parsed value is {shown} when serialised, over the {max_parsed_bytes}-byte inline limit; {where}"
         warning = f"{warning}; {note}" if warning else note
-        return _record(fmt, valid=True, warning=warning, parsed=None, artifact=artifact, **common)
-    return _record(fmt, valid=True, warning=warning, parsed=parsed, artifact=None, **common)
+        return _record(fmt, valid=True, warning=warning, parsed=None, artifact=artifact, total_bytes=total_bytes, sha256=sha256)
+    return _record(fmt, valid=True, warning=warning, parsed=parsed, artifact=None, total_bytes=total_bytes, sha256=sha256)
 
 
 def structured_from_capture(

@@ -39,21 +39,21 @@ from scheduler.plugins.protocols import (
 )
 
 __all__ = [
+    "EXECUTION_STATUSES",
+    "KNOWN_CAPABILITIES",
+    "REVOKE_CODES",
+    "SESSION_STATUSES",
     "CancellationToken",
     "ChannelLimits",
     "Constraints",
     "CredentialPresent",
     "CredentialPresentation",
     "DeliveryError",
-    "EXECUTION_STATUSES",
     "ErrorCode",
     "JobSpec",
-    "KNOWN_CAPABILITIES",
     "ProofRequest",
     "ProviderSessions",
-    "REVOKE_CODES",
     "RefreshResult",
     "RevokeResult",
-    "SESSION_STATUSES",
     "TriggerContext",
 ]

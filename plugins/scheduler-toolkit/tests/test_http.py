@@ -11,8 +11,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -55,7 +55,7 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after_seconds(" 2.5 ") == 2.5
     assert retry_after_seconds("-3") == 0.0
     assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None and retry_after_seconds("nan") is None
-    later = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=60), usegmt=True)
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
     assert 50 <= retry_after_seconds(later) <= 61  # type: ignore[operator]
 
 

@@ -11,9 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from scheduler.core.outputs import StreamRecorder, run_dir
-from scheduler.base.errors import SchedulerError
 from scheduler_toolkit.structured import (
     DEFAULT_MAX_PARSED_BYTES,
     normalise_text,
@@ -21,6 +18,9 @@ from scheduler_toolkit.structured import (
     structured_from_capture,
     unparsed_record,
 )
+
+from scheduler.base.errors import SchedulerError
+from scheduler.core.outputs import StreamRecorder, run_dir
 
 KEYS = ["format", "valid", "warning", "bytes", "sha256", "parsed", "artifact"]
 
