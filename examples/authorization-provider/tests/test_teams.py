@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scheduler_authz_teams import TeamsOptions, TeamsProvider, TeamsSettings
 
 from scheduler.api import AuthorizationDecision, AuthorizationProvider, AuthorizationRequest
-from scheduler_authz_teams import TeamsOptions, TeamsProvider, TeamsSettings
 
 
 def ask(provider: TeamsProvider, principal: str | None, **options: object) -> AuthorizationDecision:

@@ -23,7 +23,7 @@ reports the same problems at ``jobs validate`` and ``doctor``.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -87,8 +87,8 @@ def cedar_request(request: AuthorizationRequest, tz: str = "UTC") -> tuple[dict[
     principal = {"type": kind, "id": principal_name}
     resource = {"type": "Job", "id": name}
     started = trigger.get("started_at")
-    instant = (datetime.fromisoformat(started.replace("Z", "+00:00")) if isinstance(started, str) and started
-               else datetime.now(timezone.utc)).astimezone(ZoneInfo(tz))
+    instant = (datetime.fromisoformat(started) if isinstance(started, str) and started
+               else datetime.now(UTC)).astimezone(ZoneInfo(tz))
     context: dict[str, Any] = {
         "trigger": _drop_none({"dispatch_kind": trigger.get("dispatch_kind"), "attempt": trigger.get("attempt"),
                                "source_run": trigger.get("source_run_id")}),
@@ -100,7 +100,7 @@ def cedar_request(request: AuthorizationRequest, tz: str = "UTC") -> tuple[dict[
     if request.artifact_digest:
         context["artifact_digest"] = request.artifact_digest
     executor = request.executor or job.get("executor")  # the kernel resolves session_target's default executor
-    entities = [
+    entities: list[dict[str, Any]] = [
         {"uid": principal, "attrs": _drop_none({"trust_level": (identity or {}).get("trust_level")}), "parents": []},
         {"uid": resource, "attrs": _drop_none({"executor": executor, "schedule_kind": job.get("schedule_kind"),
                                                "risk": job.get("approval_risk_level")}), "parents": []},

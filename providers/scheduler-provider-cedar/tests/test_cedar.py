@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scheduler_provider_cedar import CedarOptions, CedarProvider, CedarSettings, cedar_request
 
 from scheduler.api import AuthorizationRequest, SchedulerError
-from scheduler_provider_cedar import CedarOptions, CedarProvider, CedarSettings, cedar_request
 
 POLICY = """
 @id("backups at night")

@@ -15,11 +15,13 @@ from typing import Any
 class _Setup:
     """No settings, no job options, no secrets, no signature."""
 
-    settings: dict[str, Any] = {}
     verify_settings: dict[str, Any] | None = None
-    provider_config: dict[str, Any] = {}
-    secrets: dict[str, str] = {}
     signature_field: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}  # per instance: the engine may fill them in
+        self.provider_config: dict[str, Any] = {}
+        self.secrets: dict[str, str] = {}
 
     def secret_values(self) -> list[str]:
         """A checksum holds no secret."""

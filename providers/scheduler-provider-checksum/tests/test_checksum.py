@@ -13,7 +13,6 @@ import pytest
 from scheduler.api import (
     PLUGIN_API_VERSION,
     EvidenceDeclaration,
-    EvidenceEnvelope,
     EvidencePayload,
     EvidenceProvider,
     SchedulerError,

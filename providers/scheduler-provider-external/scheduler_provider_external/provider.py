@@ -110,7 +110,7 @@ class ExternalOptions:
 def _one_transport(instance: ExternalSettings, _attribute: Any, _value: Any) -> None:
     if instance.command and instance.url:
         raise ValueError("set either command or url, not both: which attestor answers must never be ambiguous")
-    if instance.verify_command and instance.url or instance.verify_url and instance.command:
+    if (instance.verify_command and instance.url) or (instance.verify_url and instance.command):
         raise ValueError("verify_command goes with command, verify_url with url")
 
 
@@ -227,7 +227,7 @@ class ExternalProvider:
             return self._verify(envelope, payload, declaration)
         except EvidenceFailure as failure:
             return failure.verification(PROVIDER)
-        except Exception as exc:  # fail closed
+        except Exception as exc:  # noqa: BLE001 - fail closed
             return EvidenceVerification(verified=False, provider=PROVIDER, code="EVIDENCE_VERIFICATION_FAILED",
                                         reason=f"verification failed unexpectedly: {type(exc).__name__}")
 

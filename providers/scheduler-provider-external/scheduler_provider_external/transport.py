@@ -110,7 +110,7 @@ class HttpAttestor:
                 outcome["failure"] = EvidenceFailure("EVIDENCE_EXTERNAL_NOT_CONFIGURED", f"{where}: the URL cannot be used")
             except httpx.HTTPError as exc:  # the exception text may hold the URL: only its type is shown
                 outcome["failure"] = EvidenceFailure("EVIDENCE_EXTERNAL_UNAVAILABLE", f"{where}: connection failed ({type(exc).__name__})")
-            except Exception as exc:  # fail closed, never crash the caller's thread
+            except Exception as exc:  # noqa: BLE001 - fail closed, never crash the caller's thread
                 outcome["failure"] = EvidenceFailure("EVIDENCE_EXTERNAL_UNAVAILABLE", f"{where}: request failed ({type(exc).__name__})")
 
         worker = threading.Thread(target=call, name="scheduler-evidence-external", daemon=True)

@@ -43,7 +43,7 @@ class AttestorServer:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 request = json.loads(body)
                 mode = self.path.strip("/").split("?")[0]

@@ -235,7 +235,7 @@ def run_named_command(name: str, settings: CommandSettings, environ: Mapping[str
     except UnicodeDecodeError:
         value = raw
     if isinstance(value, str) and settings.strip_newline:
-        value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+        value = value[:-2] if value.endswith("\r\n") else value.removesuffix("\n")
     if value in ("", b""):
         raise CommandFailed("CREDENTIAL_EMPTY", f"command {name!r} printed nothing", **facts)
     return value, {"provider": "command", "source": f"command:{name}", "bytes": len(raw)}

@@ -126,7 +126,7 @@ def _decode(raw: bytes, strip_newline: bool) -> str | bytes:
     except UnicodeDecodeError:
         return raw  # binary credentials (a keystore) stay bytes; a file presentation carries them as they are
     if strip_newline:
-        text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+        text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
     return text
 
 

@@ -21,8 +21,8 @@ import errno
 import os
 
 import attrs
-
 from scheduler_toolkit.settings import plugin_settings, register_secret_scheme
+
 from scheduler_provider_local.command import COMMAND_NAME, CommandFailed, CommandSettings, run_named_command
 from scheduler_provider_local.file import read_private_file
 

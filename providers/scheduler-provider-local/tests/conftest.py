@@ -11,8 +11,8 @@ import pytest
 from scheduler_toolkit.settings import reload_settings
 from scheduler_toolkit.types import CredentialPresent
 
-from scheduler.api import CredentialBinding, CredentialContext
 from scheduler import testing
+from scheduler.api import CredentialBinding, CredentialContext
 from scheduler.testing import isolate_settings, load_provider
 
 #: The secret every test hands around; no message, detail, log line or metadata may contain it.

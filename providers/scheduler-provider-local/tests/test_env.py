@@ -79,5 +79,5 @@ def test_settings_overrides_from_the_environment(monkeypatch, write_settings, bi
     monkeypatch.setenv("NOT_THIS", "v2")
     provider = load_provider("credential", "env")
     assert provider.resolve(binding("env", "ONLY_THIS"), context).value == "v1"
-    with pytest.raises(SchedulerError, match="CREDENTIAL_REF_DENIED|not allowed"):
+    with pytest.raises(SchedulerError, match=r"CREDENTIAL_REF_DENIED|not allowed"):
         provider.resolve(binding("env", "NOT_THIS"), context)

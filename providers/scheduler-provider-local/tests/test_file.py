@@ -103,7 +103,7 @@ def test_a_symlink_into_a_root_from_outside_is_refused(tmp_path, root, binding, 
 
 
 def test_symlinks_that_stay_inside_the_root_are_followed(root, binding, context, secret) -> None:
-    token = private(root / "v2" / "token", secret)
+    private(root / "v2" / "token", secret)
     (root / "current").symlink_to(root / "v2", target_is_directory=True)  # the Kubernetes ..data layout
     (root / "token").symlink_to(root / "current" / "token")
     assert provider_for(root).resolve(binding("file", str(root / "token")), context).value == secret

@@ -92,8 +92,9 @@ def test_the_scheme_is_declared_as_an_entry_point() -> None:
 
 @pytest.mark.parametrize("driver", ["env", "file", "command"])
 def test_each_driver_is_loaded_and_listed(driver) -> None:
-    from scheduler.api import PLUGIN_API_VERSION, CredentialProvider
     from scheduler_toolkit.types import KNOWN_CAPABILITIES
+
+    from scheduler.api import PLUGIN_API_VERSION, CredentialProvider
     from scheduler.testing import load_provider, run_cli
 
     provider = load_provider("credential", driver)

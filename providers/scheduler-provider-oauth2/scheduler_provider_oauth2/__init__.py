@@ -11,6 +11,7 @@ from scheduler_provider_oauth2.settings import Client, ClientSettings, OAuth2Opt
 
 __all__ = [
     "CODES",
+    "REVOKE_CODES",
     "CachedToken",
     "Client",
     "ClientSettings",
@@ -18,5 +19,4 @@ __all__ = [
     "OAuth2CredentialProvider",
     "OAuth2Options",
     "OAuth2Settings",
-    "REVOKE_CODES",
 ]

@@ -61,7 +61,7 @@ _TRANSIENT_ERRORS = frozenset({"temporarily_unavailable", "server_error", "slow_
 
 
 @functools.cache
-def _authlib() -> tuple[type, type, Any]:
+def _authlib() -> tuple[type, type[Exception], Any]:
     """Authlib's httpx ``OAuth2Client``, its ``OAuthError`` and the HTTP module the client is built on.
 
     Imported on first use (``scheduler plugins list`` must stay cheap). Authlib 1.9+
@@ -378,7 +378,8 @@ class OAuth2CredentialProvider:
         if not isinstance(access, str) or not access:
             raise CredentialError("CREDENTIAL_OAUTH_BAD_RESPONSE", f"credential {binding.name!r}: the answer of {where} "
                                   "has no access_token", details={**facts, "status": status})
-        token_type = raw.get("token_type") if isinstance(raw.get("token_type"), str) else "Bearer"
+        given_type = raw.get("token_type")
+        token_type = given_type if isinstance(given_type, str) else "Bearer"
         expires_in = raw.get("expires_in")
         assumed = False
         if isinstance(expires_in, (int, float)) and not isinstance(expires_in, bool):

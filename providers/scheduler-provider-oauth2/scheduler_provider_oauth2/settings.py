@@ -29,7 +29,6 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import attrs
-
 from scheduler_toolkit.settings import SecretRef
 
 CLIENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")

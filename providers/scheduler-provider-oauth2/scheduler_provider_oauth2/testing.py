@@ -94,8 +94,8 @@ class TokenServer:
         if "client_secret" in form:
             cid = form.get("client_id", "")
             return "post", cid, self.clients.get(cid) == form["client_secret"]
-        cid = form.get("client_id")
-        return "none", cid, cid in self.public
+        public_id = form.get("client_id")
+        return "none", public_id, public_id in self.public
 
     def handle(self, path: str, headers: dict[str, str], form: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         auth, cid, ok = self._authenticate(headers, form)
@@ -156,7 +156,7 @@ def _json(status: int, document: dict[str, Any]) -> tuple[int, dict[str, str], b
 
 def serve_token_endpoint(state: TokenServer | None = None) -> tuple[TokenServer, Callable[[], None]]:
     """Start ``state`` (a new ``TokenServer`` by default) on loopback; returns it (``url`` set) and a ``close()``."""
-    state = state or TokenServer()
+    served = state or TokenServer()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -164,12 +164,12 @@ def serve_token_endpoint(state: TokenServer | None = None) -> tuple[TokenServer,
         def log_message(self, *_args: Any) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length).decode()
             form = {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
             headers = {k.lower(): v for k, v in self.headers.items()}
-            status, reply_headers, body = state.handle(self.path, headers, form)
+            status, reply_headers, body = served.handle(self.path, headers, form)
             try:
                 self.send_response(status)
                 for k, v in reply_headers.items():
@@ -184,13 +184,13 @@ def serve_token_endpoint(state: TokenServer | None = None) -> tuple[TokenServer,
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    served.url = f"http://127.0.0.1:{server.server_address[1]}"
 
     def close() -> None:
         server.shutdown()
         server.server_close()
 
-    return state, close
+    return served, close
 
 
 def secret_forms(value: str) -> list[str]:

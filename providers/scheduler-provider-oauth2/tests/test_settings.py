@@ -86,8 +86,8 @@ auth_method = "none"
     ('revocation_url = "http://idp.example/revoke"', "", "providers.oauth2.clients.reports.revocation_url", "https"),
     ('revocation_url = "https://user:pw@idp.example/revoke"', "", "providers.oauth2.clients.reports.revocation_url",
      "must not carry credentials"),
-    ("", '[providers.oauth2.clients.billing]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\nauth_method = "none"\n'
-         'scope = "read \\\\ write"\n', "providers.oauth2.clients.billing.scope", "scope tokens"),
+    ("", ('[providers.oauth2.clients.billing]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\nauth_method = "none"\n'
+          'scope = "read \\\\ write"\n'), "providers.oauth2.clients.billing.scope", "scope tokens"),
     ('audience = " "', "", "providers.oauth2.clients.reports.audience", "must not be empty"),
     ('tokn_url = "https://idp.example/token"', "", "providers.oauth2.clients.reports.tokn_url", "unknown key 'tokn_url'"),
     ("", '[providers.oauth2.clients."Bad Name"]\ntoken_url = "https://idp.example/t"\nclient_id = "x"\n',

@@ -28,7 +28,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -143,7 +143,7 @@ def parse_rules(text: str, where: str = "rules") -> tuple[Rules | None, list[str
         reason = raw.get("reason", "")
         if not isinstance(reason, str):
             problems.append(f"{at}.reason: must be a string")
-        if not problems:
+        if not problems and isinstance(effect, str):  # no problems: effect is one of EFFECTS
             rules.append(Rule(effect=effect, reason=reason or f"rule[{i}] {effect}", hours=hours, tz=str(tz), **lists))
     return (None, problems) if problems else (Rules(mode=mode, rules=tuple(rules)), [])
 
@@ -187,8 +187,8 @@ def _any_glob(value: str, patterns: tuple[str, ...]) -> bool:
 def _instant(request: AuthorizationRequest) -> datetime:
     started = (request.trigger or {}).get("started_at")
     if isinstance(started, str) and started:
-        return datetime.fromisoformat(started.replace("Z", "+00:00"))
-    return datetime.now(timezone.utc)
+        return datetime.fromisoformat(started)
+    return datetime.now(UTC)
 
 
 def rule_matches(rule: Rule, request: AuthorizationRequest) -> bool:

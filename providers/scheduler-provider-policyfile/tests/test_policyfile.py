@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 import pytest
+from scheduler_provider_policyfile import PolicyFileProvider, PolicyFileSettings
 
 from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
-from scheduler_provider_policyfile import PolicyFileProvider, PolicyFileSettings
 
 RULES = """
 mode = "first-match"

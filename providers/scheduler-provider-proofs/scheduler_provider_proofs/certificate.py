@@ -70,7 +70,7 @@ class CertificateVerifier:
             raise fail("PROOF_CERTIFICATE_INVALID", f"unreadable certificate: {exc}") from None
         leaf = chain[0]
         key_id = "sha256:" + leaf.fingerprint(hashes.SHA256()).hex()
-        at = datetime.datetime.fromtimestamp(request.now_ms / 1000, tz=datetime.timezone.utc)
+        at = datetime.datetime.fromtimestamp(request.now_ms / 1000, tz=datetime.UTC)
         try:
             PolicyBuilder().store(Store(roots)).time(at).build_client_verifier().verify(leaf, chain[1:])
         except VerificationError as exc:

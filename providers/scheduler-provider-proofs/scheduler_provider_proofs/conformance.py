@@ -176,7 +176,7 @@ class CertificateProofs:
     def conformance_proof(self, request: Any) -> ProofSetup:
         """A CA, a leaf certificate and the case's proof document under ``request.workdir``."""
         _check_defect(request.defect)
-        now = datetime.datetime.fromtimestamp(int(request.now_ms) / 1000, tz=datetime.timezone.utc)
+        now = datetime.datetime.fromtimestamp(int(request.now_ms) / 1000, tz=datetime.UTC)
         ca_key, ca = make_ca(now)
         ca_file = Path(request.workdir) / "ca.pem"
         ca_file.write_text(pem(ca))
@@ -191,5 +191,17 @@ class CertificateProofs:
                           expires_at_ms=exp * 1000, trust_files=[ca_file])
 
 
-__all__ = ["AUDIENCE", "CertificateProofs", "Ed25519Proofs", "ISSUER", "JwtProofs", "KEY_ID", "ProofSetup", "SAN", "make_ca",
-           "make_leaf", "pem", "public_pem"]
+__all__ = [
+    "AUDIENCE",
+    "ISSUER",
+    "KEY_ID",
+    "SAN",
+    "CertificateProofs",
+    "Ed25519Proofs",
+    "JwtProofs",
+    "ProofSetup",
+    "make_ca",
+    "make_leaf",
+    "pem",
+    "public_pem",
+]

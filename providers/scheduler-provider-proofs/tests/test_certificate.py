@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proof_support import DIGEST, code_of, document, ec_key, request, signed
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-
+from proof_support import DIGEST, code_of, document, ec_key, request, signed
 from scheduler_provider_proofs import CertificateVerifier
 from scheduler_provider_proofs.conformance import make_ca, make_leaf, pem
 
-NOW = datetime.datetime.now(datetime.timezone.utc)
+NOW = datetime.datetime.now(datetime.UTC)
 
 
 def proof(leaf_key: Any, leaf: Any, **kw: Any) -> str:

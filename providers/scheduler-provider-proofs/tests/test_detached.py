@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proof_support import DIGEST, code_of, document, request, signed
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
-
+from proof_support import DIGEST, code_of, document, request, signed
 from scheduler_provider_proofs import DetachedSignatureVerifier
 
 

@@ -9,10 +9,22 @@ from typing import Any
 
 import jwt
 import pytest
-from proof_support import AUDIENCE, DIGEST, ISSUER, code_of, ec_key, jwks, jwt_declaration, mint_jwt, request, rsa_key, write_public_pem
+from proof_support import (
+    AUDIENCE,
+    DIGEST,
+    ISSUER,
+    code_of,
+    ec_key,
+    jwks,
+    jwt_declaration,
+    mint_jwt,
+    request,
+    rsa_key,
+    write_public_pem,
+)
+from scheduler_provider_proofs import JwtVerifier
 
 from scheduler.testing.http import LoopbackHTTPServer
-from scheduler_provider_proofs import JwtVerifier
 
 
 @pytest.fixture

@@ -247,7 +247,7 @@ class SshProvider:
             self._verify(envelope, payload, declaration)
         except EvidenceFailure as failure:
             return failure.verification(PROVIDER)
-        except Exception as exc:  # fail closed
+        except Exception as exc:  # noqa: BLE001 - fail closed
             return EvidenceVerification(verified=False, provider=PROVIDER, code="EVIDENCE_VERIFICATION_FAILED",
                                         reason=f"verification failed unexpectedly: {type(exc).__name__}")
         return EvidenceVerification(verified=True, provider=PROVIDER)

@@ -157,7 +157,7 @@ def check_private_key(path: str) -> None:
                                   f"the signing key {path} is protected by a passphrase; the scheduler signs unattended:"
                                   " use a key without one, readable only by the scheduler's account")
         return
-    pem = re.search(r"-----BEGIN ([A-Z ]*)PRIVATE KEY-----(.*?)-----END", text, re.S)
+    pem = re.search(r"-----BEGIN ([A-Z ]*)PRIVATE KEY-----(.*?)-----END", text, re.DOTALL)
     if pem:
         if "ENCRYPTED" in pem.group(1) or "ENCRYPTED" in pem.group(2):
             raise EvidenceFailure("EVIDENCE_SSH_KEY_ENCRYPTED", f"the signing key {path} is protected by a passphrase")

@@ -12,17 +12,18 @@ import json
 import stat
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from scheduler_provider_ssh import SshProofVerifier
+from scheduler_provider_ssh.proof_conformance import ssh_sign
+from scheduler_provider_ssh.proof_document import signed_message
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import SchedulerError
 from scheduler.testing import provider_loader, run_conformance
-from scheduler_provider_ssh import SshProofVerifier
-from scheduler_provider_ssh.proof_conformance import ssh_sign
-from scheduler_provider_ssh.proof_document import signed_message
 
 DIGEST = "sha256:" + "ab" * 32
 METHOD = "detached-signature"

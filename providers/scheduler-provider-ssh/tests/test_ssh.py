@@ -122,7 +122,7 @@ def test_plain_ssh_keygen_verifies_the_envelope(ssh: Any, keys: Any, make_payloa
 def test_the_readme_recipe_verifies_by_hand(ssh: Any, keys: Any, make_payload: Any, tmp_path: Path) -> None:
     text = README.read_text()
     section = text.split("## Verifying by hand", 1)[1]
-    script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    script = re.search(r"```sh\n(.*?)```", section, re.DOTALL).group(1)  # type: ignore[union-attr]
     work = tmp_path / "by-hand"
     work.mkdir()
     payload = make_payload()

@@ -10,6 +10,8 @@ engine, never as passed; every other case runs and must pass.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from scheduler_executor_hello import HelloExecutor
 
@@ -35,7 +37,7 @@ class TestHelloThroughEntryPoint(ExecutorConformance):
     """
 
     provider_name = "hello"
-    case_filter = ["executor.exit-*", "executor.stderr-*", "executor.binary-*", "executor.huge-*", "executor.posix-shell.*"]
+    case_filter: ClassVar[list[str]] = ["executor.exit-*", "executor.stderr-*", "executor.binary-*", "executor.huge-*", "executor.posix-shell.*"]
 
 
 def test_every_case_without_a_capability_passes_and_the_rest_is_skipped() -> None:

@@ -25,12 +25,13 @@ restrict the network.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
 import sys
 import threading
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import attrs
 from scheduler_toolkit.output import DEFAULT_OFFLOAD_BYTES, StreamRecorder
@@ -107,7 +108,7 @@ class _Stream:
             root=request.artifacts_root, directory=request.artifacts_dir, name=name, cap_bytes=MAX_OUTPUT_BYTES
         )
         self.head = bytearray()
-        self._pipe, self._overflow = pipe, overflow
+        self._pipe, self._overflow = cast(io.BufferedReader, pipe), overflow  # Popen's default bufsize: a buffered reader
         self.thread = threading.Thread(target=self._pump, name=f"python-executor-{name}", daemon=True)
         self.thread.start()
 

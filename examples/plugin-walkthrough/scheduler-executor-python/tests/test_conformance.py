@@ -8,6 +8,8 @@ case runs and must pass.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from scheduler_executor_python import PythonExecutor
 from scheduler_executor_python.conformance import PythonPayloads
@@ -30,7 +32,7 @@ class TestPythonThroughEntryPoint(ExecutorConformance):
     exactly as `scheduler conformance run executor python` and the CI runner do."""
 
     provider_name = "python"
-    case_filter = ["executor.exit-*", "executor.stdin-*", "executor.cancel-*", "executor.process-*"]
+    case_filter: ClassVar[list[str]] = ["executor.exit-*", "executor.stdin-*", "executor.cancel-*", "executor.process-*"]
 
 
 def test_the_report_passes_everything_it_can_express() -> None:
