@@ -27,7 +27,7 @@ def test_fields_are_the_schema_columns_in_order_with_their_types(cls: type[Row])
     columns = table(ROWS[cls]).columns
     fields = attrs.fields(cls)
     assert [f.name for f in fields] == [c.name for c in columns]
-    for f, c in zip(fields, columns):
+    for f, c in zip(fields, columns, strict=True):
         nullable = not (c.not_null or c.primary_key)
         assert f.type == _PYTHON[c.type] + (" | None" if nullable else ""), f"{cls.__name__}.{f.name}"
 
@@ -38,7 +38,7 @@ def _check(cls: type[Row], row: dict[str, Any]) -> None:
     assert typed.to_dict() == row, f"{cls.__name__}: the store's columns are not the schema's"
     for f in attrs.fields(cls):
         value = getattr(typed, f.name)
-        assert value is None and f.type.endswith(" | None") or isinstance(value, _TYPES[f.type.split(" ")[0]]), \
+        assert (value is None and f.type.endswith(" | None")) or isinstance(value, _TYPES[f.type.split(" ")[0]]), \
             f"{cls.__name__}.{f.name} = {value!r} is not {f.type}"
         assert typed.get(f.name) == row[f.name]
 
@@ -82,7 +82,7 @@ def test_a_partial_read_leaves_the_columns_it_did_not_select_none_and_ignores_ot
 def test_rows_are_frozen() -> None:
     job = JobRow.from_row({"id": "j-1", "name": "n"})
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        setattr(job, "name", "other")
+        job.name = "other"  # type: ignore[misc]
     assert job == JobRow.from_row({"id": "j-1", "name": "n"}) and job != JobRow.from_row({"id": "j-2", "name": "n"})
 
 

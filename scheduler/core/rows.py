@@ -20,21 +20,18 @@ column once parsed, an event's data, a JSON view (``JSONObject``), and what a co
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Union
+from typing import Self, TypeAlias
 
 import attrs
 
-if TYPE_CHECKING:
-    from typing_extensions import Self, TypeAlias
-
 #: A JSON scalar.
-JSONScalar: TypeAlias = Union[None, bool, int, float, str]
+JSONScalar: TypeAlias = bool | int | float | str | None
 #: Any JSON value (what ``json.loads`` returns).
-JSONValue: TypeAlias = Union[JSONScalar, list["JSONValue"], dict[str, "JSONValue"]]
+JSONValue: TypeAlias = "JSONScalar | list[JSONValue] | dict[str, JSONValue]"
 #: A JSON object: a document (options, a parsed JSON column, event data, a JSON view), not a row.
-JSONObject: TypeAlias = dict[str, JSONValue]
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 #: What one column of a row holds.
-SQLValue: TypeAlias = Union[None, str, int, float, bytes]
+SQLValue: TypeAlias = str | int | float | bytes | None
 
 #: Field names per row class, in schema (and ``__init__``) order.
 _NAMES: dict[type, tuple[str, ...]] = {}

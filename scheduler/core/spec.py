@@ -558,7 +558,7 @@ def spec_columns(row: JobRow | Mapping[str, object]) -> tuple[object, ...]:
 def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
     """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
     values: dict[str, object] = {}
-    for (name, kind, has_default, factory, default), val in zip(_ROW_PLAN, spec_columns(row)):
+    for (name, kind, has_default, factory, default), val in zip(_ROW_PLAN, spec_columns(row), strict=True):
         if val is None:
             if has_default:
                 val = factory() if factory is not None else default

@@ -174,7 +174,7 @@ def _normalise_policy(policy: JSONObject, field: str, problems: list[dict[str, s
             if not _delegator_pattern(entry):
                 problems.append(_problem(f"{field}.allowed_delegators[{index}]", "DELEGATION_POLICY_INVALID",
                                          f"must be `*`, `KIND:*` or `KIND:NAME` with KIND one of {', '.join(_KINDS_ALL)}"))
-    names: list[JSONValue] = [a for a in sorted(set(a for a in allowed if isinstance(a, str)))]
+    names: list[JSONValue] = list(sorted({a for a in allowed if isinstance(a, str)}))
     return {"mode": mode, "max_depth": depth, "allowed_delegators": names}
 
 

@@ -21,4 +21,5 @@ class PluginOptionsStep(StepBase):
     def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:
         """The normalised options objects, and what their plugins refuse."""
         changed, problems = option_problems_of(spec)
-        return {name: value for name, value in changed.items()}, problems
+        normalised: JSONObject = dict(changed)
+        return normalised, problems

@@ -94,13 +94,13 @@ _providers = LoadedProviders("credential", unavailable_code="CREDENTIAL_NOT_AVAI
                              retry_s=PROVIDER_RETRY_S)
 
 
-def redactions_of(credentials: Iterable[object] | None) -> tuple[tuple[str, bytes], ...]:
+def redactions_of(credentials: Iterable[CredentialPresentation] | None) -> tuple[tuple[str, bytes], ...]:
     """``(binding name, value bytes)`` of every presented credential: what output redaction must hide."""
     out = []
     for c in credentials or ():
         value = getattr(c, "value", None)
         if value:
-            out.append((getattr(c, "name"), value if isinstance(value, bytes) else value.encode("utf-8")))
+            out.append((c.name, value if isinstance(value, bytes) else value.encode("utf-8")))
     return tuple(out)
 
 
