@@ -74,7 +74,7 @@ from scheduler.plugins.protocols import (
     VerifiedProof,
 )
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - grouped by topic, as docs/plugins.md presents the contract
     # the API version and hooks
     "PLUGIN_API_VERSION",
     "hookimpl",

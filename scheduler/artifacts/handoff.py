@@ -25,7 +25,8 @@ This module is pure logic over dicts and ``JobSpec``; storage goes through
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -38,6 +39,7 @@ from scheduler.base.canonical import (
     is_digest,
 )
 from scheduler.base.errors import SchedulerError
+from scheduler.base.options import field_default
 from scheduler.base.timeutil import to_iso
 from scheduler.core.artifact import SECRET_KEY_RE, execution_sections, load_artifact
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_from_row, validate_spec
@@ -549,7 +551,7 @@ def manifest_spec(spec: JobSpec) -> dict[str, Any]:
     full = spec.to_json()
     out = {name: full[name] for name in MANIFEST_V1_FIELDS}
     for f in SPEC_FIELDS:
-        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+        default = field_default(f)
         if f.name not in out and getattr(spec, f.name) != default:
             out[f.name] = full[f.name]
     return out
@@ -651,7 +653,7 @@ def _differences(a: Any, b: Any, path: str, out: list[str]) -> None:
             else:
                 _differences(a[key], b[key], where, out)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b)):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
             _differences(x, y, _join(path, index), out)
     elif canonical_json(a) != canonical_json(b):
         out.append(path or "(artifact)")

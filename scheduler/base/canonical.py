@@ -34,8 +34,8 @@ import hashlib
 import json
 import re
 from decimal import Decimal
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
-from typing import Any
+from json.encoder import encode_basestring
+from typing import Any, TypeGuard
 
 from scheduler.base.errors import SchedulerError
 
@@ -61,7 +61,7 @@ class _Undefined:
 
     _instance: _Undefined | None = None
 
-    def __new__(cls) -> _Undefined:
+    def __new__(cls) -> _Undefined:  # noqa: PYI034 - a singleton: every call returns the one instance
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -163,12 +163,12 @@ def hash_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def is_digest(value: Any) -> bool:
+def is_digest(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a digest in the one stored form: ``sha256:`` and 64 lowercase hex digits."""
     return isinstance(value, str) and _DIGEST_RE.fullmatch(value) is not None
 
 
-def format_number(value: int | float) -> str:
+def format_number(value: float) -> str:
     """A number as JavaScript's ``Number.prototype.toString`` writes it (refusing what JS cannot hold)."""
     if isinstance(value, bool):
         raise _unsupported(value)

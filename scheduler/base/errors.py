@@ -14,7 +14,7 @@ import enum
 from typing import Any
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and format() of every member
     """Every error code the kernel raises or records. ``kind`` says where users meet it."""
 
     # -- CLI errors: the ``code`` of an ``{"ok": false}`` object --------------------------------

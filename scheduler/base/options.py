@@ -132,12 +132,22 @@ def build_options(cls: type, raw: Any, prefix: str) -> Any:
     raise SchedulerError("VALIDATION_FAILED", f"invalid {prefix}: " + ", ".join(p["field"] for p in problems), details=problems)
 
 
+#: The class of ``attrs.Factory(...)`` defaults (attrs' stubs type ``Factory`` as a function, so it cannot be named).
+_FACTORY: Any = type(attrs.Factory(list))
+
+
+def field_default(field: attrs.Attribute[Any]) -> Any:
+    """A field's default value, a factory's called: the one place that tests for ``attrs.Factory``."""
+    default = field.default
+    return default.factory() if isinstance(default, _FACTORY) else default
+
+
 def options_to_json(instance: Any) -> dict[str, Any]:
     """The JSON object stored for an options instance: only values that differ from the defaults."""
     out: dict[str, Any] = {}
     for f in attrs.fields(type(instance)):
         value = getattr(instance, f.name)
-        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[attr-defined]
+        default = field_default(f)
         if value != default:
             out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
@@ -159,9 +169,7 @@ def catalogue(cls: type) -> list[dict[str, Any]]:
         for key in ("minimum", "maximum"):
             if f.metadata.get(key) is not None:
                 constraints[key] = f.metadata[key]
-        default = f.default
-        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-            default = default.factory()  # type: ignore[union-attr]
+        default = field_default(f)
         rows.append({
             "name": f.name,
             "type": _describe(tp),

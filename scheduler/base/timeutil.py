@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from scheduler.base.errors import SchedulerError
 
@@ -18,7 +18,7 @@ def to_iso(ms: int | None) -> str | None:
     """Render epoch milliseconds as ISO-8601 UTC with a ``Z`` suffix (``None`` passes through)."""
     if ms is None:
         return None
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
@@ -64,11 +64,11 @@ def parse_iso(text: str, *, field: str = "time") -> int:
     return check_instant_ms(ms, field=field)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
 
 
-_DURATION_RE = re.compile(r"(\d+)(ms|d|h|m|s)", re.ASCII)  # ASCII digits only: "١s" is not a duration
+_DURATION_RE = re.compile(r"(\d+)(ms|d|h|m|s)", re.ASCII)  # noqa: RUF003 - ASCII digits only: "١s" is not a duration
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, table
-from scheduler.base.errors import SchedulerError
 
 
 def _short(value: Any) -> str:
@@ -33,8 +33,8 @@ def apply_cmd(path: str, prune: str | None, dry_run: bool, allow_missing_plugins
     desired = validate_sources(read_sources(path))
     store = open_ctx_store()
     if not allow_missing_plugins:
-        from scheduler.plugins.refs import require_plugins
         from scheduler.core.spec import spec_from_row
+        from scheduler.plugins.refs import require_plugins
 
         with store.read() as tx:
             stored = {r["name"]: spec_from_row(r) for r in tx.all("SELECT * FROM jobs")}

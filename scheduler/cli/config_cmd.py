@@ -36,9 +36,8 @@ def _from_env(var: str, default: Any) -> dict[str, Any]:
 
 def kernel_switches(ctx: click.Context) -> list[dict[str, Any]]:
     """The kernel's values that are not settings-file keys: database, artifact directory, plugin switches, the file itself."""
-    from scheduler.core.store import default_artifacts_root
+    from scheduler.core.store import default_artifacts_root, default_db_path, local_path_of, redact_url
     from scheduler.settings import settings_path
-    from scheduler.core.store import default_db_path, local_path_of, redact_url
 
     root = ctx.find_root()
     db = root.obj.get("db")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.base.errors import SchedulerError
 
 _STATUSES = ("pending", "claimed", "delivered", "failed", "cancelled")
 

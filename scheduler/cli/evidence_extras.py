@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from scheduler.cli.output import emit, json_mode, kv
 from scheduler.base.errors import SchedulerError
+from scheduler.cli.output import emit, json_mode, kv
 
 
 def evidence_extras(store: Any, run_id: str | None, *, all_runs: bool, since: str | None, export_format: str | None,
@@ -40,8 +40,8 @@ def evidence_extras(store: Any, run_id: str | None, *, all_runs: bool, since: st
 
 def check_all(store: Any, since: str | None) -> None:
     """Re-verify many runs with a progress bar on a terminal's stderr, print the summary, fail if any is invalid."""
-    from scheduler.evidence.batch import parse_since, verify_all
     from scheduler.base.timeutil import now_ms
+    from scheduler.evidence.batch import parse_since, verify_all
 
     start = parse_since(since, now=now_ms()) if since is not None else None
     tty = sys.stderr.isatty()

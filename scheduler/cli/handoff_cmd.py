@@ -7,10 +7,10 @@ import uuid
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.input import read_json_input
 from scheduler.cli.jobs_cmd import spec_source
 from scheduler.cli.output import emit
-from scheduler.base.errors import SchedulerError
 
 
 @click.group("handoff")

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, json_mode, table
-from scheduler.base.errors import SchedulerError
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Convert and report; store nothing.")
 _allow_missing = click.option("--allow-missing-plugins", "allow_missing_plugins", is_flag=True,
@@ -51,9 +51,9 @@ def _finish(doc: dict[str, Any]) -> None:
 def import_openclaw(binary: str | None, legacy_json: str | None, allow_inexact_every: bool, dry_run: bool,
                     allow_missing_plugins: bool) -> None:
     """Import OpenClaw Gateway cron jobs (``openclaw cron list/get --json``, or the legacy jobs file)."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.ops.importers import report, run_import
     from scheduler.ops.importers.openclaw import convert, default_binary, default_legacy_path, read_cli, read_legacy
-    from scheduler.base.timeutil import now_ms
 
     if legacy_json is not None:
         kind, (location, jobs) = "legacy-json", read_legacy(legacy_json or default_legacy_path())

@@ -65,7 +65,7 @@ class AsciiIntRange(click.ParamType):
     ``click.IntRange`` converts with ``int()``, which also reads other scripts' digits
     (``١`` is 1) and underscores (``1_0``); a count typed on a command line should mean
     exactly what it shows.
-    """
+    """  # noqa: RUF002 - the Arabic-Indic digit is the example
 
     name = "integer"
 

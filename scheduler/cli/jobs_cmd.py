@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.input import AsciiIntRange, read_json_input
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.base.errors import SchedulerError
 
 _spec_source = [
     click.argument("spec", required=False),
@@ -108,8 +108,8 @@ def _validate_many(doc: Any, *, at: str | None = None, in_: str | None = None,
     submission it carried (or None), already checked against that spec.
     """
     from scheduler.artifacts.handoff import split_submission
-    from scheduler.core.spec import validate_spec
     from scheduler.base.timeutil import now_ms, parse_duration_ms, to_iso
+    from scheduler.core.spec import validate_spec
 
     many = isinstance(doc, list)
     items = doc if many else [doc]
@@ -188,8 +188,8 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
     specs, many, submissions = _validate_many(read_json_input(spec, file, stdin), at=at, in_=in_, allow_past=allow_past)
     _require_plugins(specs, many=many, allow_missing=allow_missing_plugins)
     if dry_run:
-        from scheduler.core.jobs import initial_schedule
         from scheduler.base.timeutil import now_ms, to_iso
+        from scheduler.core.jobs import initial_schedule
 
         views = []
         for s in specs:
@@ -284,8 +284,8 @@ def jobs_artifact(job: str, run_id: str | None) -> None:
 def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow_missing_plugins: bool) -> None:
     """Change fields of a job with a partial spec; ``null`` resets a field to its default."""
     from scheduler.core.jobs import job_to_json, resolve_job, update_job
-    from scheduler.plugins.refs import require_plugins
     from scheduler.core.spec import spec_from_row
+    from scheduler.plugins.refs import require_plugins
 
     patch = read_json_input(spec, file, stdin, what="update")
     _refuse_trusted_provenance(patch)
@@ -368,10 +368,10 @@ def jobs_tree(job: str | None) -> None:
 @click.option("-n", "count", type=AsciiIntRange(1, 1000), default=5, help="How many fire times.")
 def jobs_next(job: str, count: int) -> None:
     """The next N fire times of a job, with UTC offsets."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.jobs import resolve_job
     from scheduler.core.schedules import describe_fire, next_fires
     from scheduler.core.spec import spec_from_row
-    from scheduler.base.timeutil import now_ms
 
     with open_ctx_store().read() as tx:
         row = resolve_job(tx, job)

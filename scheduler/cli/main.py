@@ -10,6 +10,7 @@ traceback.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -197,8 +198,8 @@ def _split_json_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is coded, none is a traceback."""
-    from scheduler.cli.output import error_out
     from scheduler.base.errors import SchedulerError
+    from scheduler.cli.output import error_out
 
     args, as_json = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     obj: dict[str, Any] = {"json": as_json}
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         # standalone_mode=False returns ctx.exit(code) instead of raising it
         return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SchedulerError as exc:
-        _with_json(as_json, lambda: error_out(exc.code, exc.message, exc.details))
+        _with_json(as_json, functools.partial(error_out, exc.code, exc.message, exc.details))
         return exc.exit_code or 1
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         _with_json(as_json, lambda: error_out("INTERRUPTED", "aborted"))
         return 130
     except click.ClickException as exc:
-        _with_json(as_json, lambda: error_out("INVALID_ARGUMENT", exc.format_message()))
+        _with_json(as_json, functools.partial(error_out, "INVALID_ARGUMENT", exc.format_message()))
         return 2
     except KeyboardInterrupt:
         _with_json(as_json, lambda: error_out("INTERRUPTED", "interrupted"))
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still no traceback for the user unless asked
         if os.environ.get("SCHEDULER_DEBUG"):
             raise
-        _with_json(as_json, lambda: error_out("INTERNAL_ERROR", f"{type(exc).__name__}: {exc}"))
+        _with_json(as_json, functools.partial(error_out, "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}"))
         return 70
 
 

@@ -8,8 +8,9 @@ adds the CLI's own renderings: errors, ``key: value`` lines and local times.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 import click
 
@@ -22,7 +23,7 @@ def local_time(iso: str | None) -> str:
     """An ISO-8601 ``Z`` instant shown in the local zone with its abbreviation (``-`` for none)."""
     if not iso:
         return "-"
-    dt = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone()
+    dt = datetime.fromisoformat(iso).astimezone()
     return dt.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 

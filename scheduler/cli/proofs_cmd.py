@@ -48,8 +48,8 @@ def proofs_revoke(proof_id: str | None, key_id: str | None, reason: str | None) 
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=50, show_default=True, help="At most N recent claims.")
 def proofs_list(limit: int) -> None:
     """Every revocation and the most recent claims of the replay ledger (which dispatch used which proof id)."""
-    from scheduler.pipeline.proofs.step import listing
     from scheduler.base.timeutil import to_iso
+    from scheduler.pipeline.proofs.step import listing
 
     found = listing(open_ctx_store(), limit=limit)
     revocations = [_revocation_view(r) for r in found["revocations"]]

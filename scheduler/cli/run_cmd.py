@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from scheduler.cli.main import open_ctx_store
-from scheduler.cli.output import emit, error_out, json_mode
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import parse_duration_ms
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, error_out, json_mode
 
 
 @click.command("run")
@@ -49,7 +49,7 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
         exclusive=None if shared is None else not shared,
     )
     quiet = json_mode()
-    dispatcher = composed_dispatcher(open_ctx_store(), config, say=None if quiet else lambda m: click.echo(m))
+    dispatcher = composed_dispatcher(open_ctx_store(), config, say=None if quiet else click.echo)
     install_signal_handlers(dispatcher)
     if metrics_port is not None:  # prometheus_client is imported only here
         from scheduler.ops.metrics import DispatcherMetrics

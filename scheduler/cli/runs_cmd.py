@@ -6,10 +6,10 @@ import sys
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
-from scheduler.base.errors import SchedulerError
 
 
 @click.group("runs")
@@ -185,10 +185,10 @@ def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_ru
     pruned run); evidence past its retention is deleted with its run. One runtime event
     (``runs.pruned``) records the counts per table.
     """
-    from scheduler.core.store import default_artifacts_root
-    from scheduler.core.jobs import resolve_job
-    from scheduler.ops.pruning import prune_runs
     from scheduler.base.timeutil import parse_duration_ms
+    from scheduler.core.jobs import resolve_job
+    from scheduler.core.store import default_artifacts_root
+    from scheduler.ops.pruning import prune_runs
 
     older_than_ms = parse_duration_ms(older_than, field="--older-than") if older_than is not None else None
     store = open_ctx_store()

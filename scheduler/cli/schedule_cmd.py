@@ -6,8 +6,8 @@ import hashlib
 
 import click
 
-from scheduler.cli.output import emit, table
 from scheduler.base.errors import SchedulerError
+from scheduler.cli.output import emit, table
 
 
 @click.group("schedule")
@@ -24,8 +24,8 @@ def schedule_group() -> None:
 @click.option("--from", "start", default=None, help="Start after this ISO-8601 instant instead of now.")
 def schedule_preview(expr: str, tz: str, count: int, dst_gap: str, dst_fold: str, start: str | None) -> None:
     """The next N fire times of a cron expression (or an interval like 'every 90m'), with UTC offsets. No database."""
-    from scheduler.core.schedules import Schedule, describe_fire, next_fires
     from scheduler.base.timeutil import now_ms, parse_iso
+    from scheduler.core.schedules import Schedule, describe_fire, next_fires
 
     after = parse_iso(start, field="--from") if start else now_ms()
     text = expr.strip()
@@ -99,4 +99,4 @@ def schedule_remove(job: str) -> None:
     click.get_current_context().invoke(jobs_delete, job=job, cascade=False)
 
 
-__all__ = ["schedule_group", "SchedulerError"]
+__all__ = ["SchedulerError", "schedule_group"]

@@ -26,8 +26,8 @@ def service_group() -> None:
 @click.pass_context
 def install_cmd(ctx: click.Context, user: bool, name: str, config: str | None, dry_run: bool, verify: bool) -> None:
     """Write the unit for `scheduler run` on this database (restart on failure, SIGTERM drain, reload on SIGHUP)."""
-    from scheduler.ops import service_unit
     from scheduler.core.store import default_db_path
+    from scheduler.ops import service_unit
 
     db = ctx.find_root().obj.get("db") or str(default_db_path())
     spec = service_unit.build_spec(db, name=name, system=not user, config=config)

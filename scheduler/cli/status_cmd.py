@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 
-from scheduler.cli.main import open_ctx_store
-from scheduler.cli.output import emit, json_mode, kv, local_time, table
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.cli.main import open_ctx_store
+from scheduler.cli.output import emit, json_mode, kv, local_time, table
 
 
 def collect_status(store: Any) -> dict[str, Any]:
@@ -21,10 +21,10 @@ def collect_status(store: Any) -> dict[str, Any]:
         leases = [
             # the holder's PID and host come from the lease owner id (host:pid:random), which the
             # lease itself vouches for; the pid file beside a SQLite database is only a convenience
-            {**l, "live": bool(l["owner"]) and (l["expires_at"] or 0) > now, "pid": owner_pid(l["owner"]),
-             "host": owner_host(l["owner"]),
-             **{k: to_iso(l[k]) for k in ("acquired_at", "renewed_at", "expires_at")}}
-            for l in list_leases(tx)
+            {**lease, "live": bool(lease["owner"]) and (lease["expires_at"] or 0) > now, "pid": owner_pid(lease["owner"]),
+             "host": owner_host(lease["owner"]),
+             **{k: to_iso(lease[k]) for k in ("acquired_at", "renewed_at", "expires_at")}}
+            for lease in list_leases(tx)
         ]
         queue = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM job_dispatch_queue GROUP BY status")}
         expired = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status = 'claimed' AND claim_expires_at <= ?", (now,))
@@ -75,10 +75,10 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
     from scheduler.core.lease import owner_is_dead_local_process
 
     reasons: list[dict[str, Any]] = []
-    live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
-    alive = [l for l in live if not owner_is_dead_local_process(l["owner"])]
+    live = [lease for lease in status["leases"] if lease["live"] and lease["name"] != "maintenance"]
+    alive = [lease for lease in live if not owner_is_dead_local_process(lease["owner"])]
     if not alive:
-        dead = ", ".join(f"pid {l['pid']}" for l in live)
+        dead = ", ".join(f"pid {lease['pid']}" for lease in live)
         reasons.append({"check": "dispatcher", "reason": f"dispatcher gone ({dead} no longer runs; its lease has not expired yet)"
                         if live else "no live dispatcher holds the lease"})
     if status["recovery_blocked"]:
@@ -113,18 +113,18 @@ def status_cmd(check: bool) -> None:
         return
 
     def human() -> None:
-        live = [l for l in status["leases"] if l["live"] and l["name"] != "maintenance"]
+        live = [lease for lease in status["leases"] if lease["live"] and lease["name"] != "maintenance"]
         kv([
             ("database", status["database"]),
-            ("dispatcher", ", ".join(f"pid {l['pid']} on {l['host']}: {l['owner']} (token {l['token']},"
-                                     f" until {local_time(l['expires_at'])})" for l in live) or "not running"),
+            ("dispatcher", ", ".join(f"pid {lease['pid']} on {lease['host']}: {lease['owner']} (token {lease['token']},"
+                                     f" until {local_time(lease['expires_at'])})" for lease in live) or "not running"),
             ("jobs", ", ".join(f"{n} {k}" for k, n in status["jobs"].items()) or "none"),
             ("next run", local_time(status["next_run_at"])),
             ("queue", ", ".join(f"{n} {k}" for k, n in status["queue"].items()) or "empty"),
             ("runs", ", ".join(f"{n} {k}" for k, n in status["runs"].items()) or "none"),
             ("recovery blocked", len(status["recovery_blocked"])),
-            ("credential cleanup", f"{status['credentials']['cleanup_failed']} failed, "
-                                   f"{len(status['credentials']['runs_blocked'])} run(s) blocked"),
+            ("credential cleanup", (f"{status['credentials']['cleanup_failed']} failed, "
+                                    f"{len(status['credentials']['runs_blocked'])} run(s) blocked")),
             ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
             ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
             ("evidence", ", ".join(f"{n} {k}" for k, n in status["evidence"]["records"].items())
@@ -169,8 +169,8 @@ def _authorization_check(store: Any) -> dict[str, Any] | None:
         rows = tx.all("SELECT * FROM jobs WHERE enabled = 1 AND authorization_ref IS NOT NULL ORDER BY name")
     if not rows:
         return None
-    from scheduler.pipeline.authorization import authorization_provider, provider_problems, split_ref
     from scheduler.core.spec import spec_from_row
+    from scheduler.pipeline.authorization import authorization_provider, provider_problems, split_ref
 
     problems: list[dict[str, str]] = []
 

@@ -60,10 +60,10 @@ from scheduler.base.timeutil import now_ms
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, expected_codes, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
+from scheduler.core.members import PolicyChecking, options_class_of
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.queue import StartedRun
 from scheduler.core.spec import validate_spec
-from scheduler.core.members import PolicyChecking, options_class_of
 from scheduler.pipeline.authorization import DECISIONS, check_answer, decide_with, policy_problems
 from scheduler.pipeline.identity import ResolvedIdentity
 from scheduler.plugins.protocols import AuthorizationDecision
@@ -234,7 +234,7 @@ def _spec(case: Case, name: str, setup: Any) -> Any:
     if "include" in request:
         authorization["request"] = {"include": list(request["include"])}
     job = JOB_NAME if request.get("job", "subject") == "subject" else OTHER_JOB_NAME
-    fields = {"name": job, "schedule_kind": "manual", "payload_message": "true",
+    fields: dict[str, Any] = {"name": job, "schedule_kind": "manual", "payload_message": "true",
               "authorization_ref": f"{name}:{setup.policy_ref}"}
     if authorization:
         fields["authorization"] = authorization

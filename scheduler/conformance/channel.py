@@ -44,7 +44,6 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.members import Configurable, settings_class_of
 from scheduler.conformance.engine import (
     _DRIVER_NAME,
     Case,
@@ -54,6 +53,7 @@ from scheduler.conformance.engine import (
     register_adapter,
 )
 from scheduler.conformance.service import ReceivedMessage, ServiceAnswer, ServiceRequest, resolve_service_adapter
+from scheduler.core.members import Configurable, settings_class_of
 from scheduler.plugins.options import channel_options_for
 from scheduler.plugins.protocols import (
     ChannelLimits,
@@ -315,8 +315,9 @@ class _Capture(logging.Handler):
             if record.exc_info and record.exc_info[1] is not None:
                 text += f"\n{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
             self.messages.append(text)
-        if self._forward_at is not None and record.levelno >= self._forward_at:
-            logging.lastResort.handle(record)  # nothing else handles it: what would have been printed still is
+        last_resort = logging.lastResort
+        if self._forward_at is not None and record.levelno >= self._forward_at and last_resort is not None:
+            last_resort.handle(record)  # nothing else handles it: what would have been printed still is
 
 
 class _AtLeast(logging.Filter):

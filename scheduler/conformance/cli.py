@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
+from scheduler.base.errors import SchedulerError
 from scheduler.conformance.engine import CaseResult, Report, load_cases, load_corpus, run_kind
 from scheduler.core import steps
 from scheduler.pipeline import installed_steps
-from scheduler.base.errors import SchedulerError
 from scheduler.plugins.protocols import PROVIDER_KINDS
 
 _KINDS = click.Choice(list(PROVIDER_KINDS))

@@ -49,10 +49,10 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options
-from scheduler.core.members import options_class_of
 from scheduler.conformance.engine import Case, CaseCheck, KindAdapter, _patched_environ, register_adapter
 from scheduler.conformance.kinds import ProviderContext, adapter_label, configure_provider, provider_context
 from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
+from scheduler.core.members import options_class_of
 from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
 from scheduler.pipeline.credentials.step import _check_answer, _value_bytes, call_bounded
 from scheduler.plugins.protocols import (
@@ -265,9 +265,9 @@ def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> 
                     if step.error is None:
                         current = step.result
                 elif action == "refresh":
-                    step = _timed("refresh", lambda: provider.refresh(current, binding, ctx))
+                    step = _timed("refresh", lambda: provider.refresh(current, binding, ctx))  # noqa: B023 - _timed calls it at once
                 else:
-                    step = _timed("revoke", lambda: provider.revoke(current, binding, ctx))
+                    step = _timed("revoke", lambda: provider.revoke(current, binding, ctx))  # noqa: B023 - _timed calls it at once
                 steps.append(step)
                 if action == "resolve" and step.error is not None:
                     break
@@ -302,7 +302,7 @@ def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> 
             if result.outcome != expect.get("revoke", result.outcome):
                 problems.append(f"revoke: expected {expect['revoke']!r}, got {result.outcome!r} ({result.reason})")
             value = _text(steps[0].result.value) if steps[0].error is None else None
-            confirmed = set(getattr(stand_in, "revoked", lambda: [])())
+            confirmed = set(getattr(stand_in, "revoked", list)())
             if result.outcome == "revoked" and value not in confirmed:
                 problems.append("revoke answered revoked, but the source never confirmed a revocation of the value")
             if value is not None:

@@ -707,8 +707,8 @@ def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -
         details = f" {json.dumps(exc.details, default=str)}" if exc.details else ""
         return CaseCheck(
             problems=(
-                f"the job built from payload adapter {_adapter_label(adapter)}'s fields is refused: "
-                f"{exc.code}: {exc.message}{details}",
+                (f"the job built from payload adapter {_adapter_label(adapter)}'s fields is refused: "
+                 f"{exc.code}: {exc.message}{details}"),
             ),
             observed={"payload": fields},
         )
@@ -756,10 +756,10 @@ def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -
                 observed=_observed(None, fields, control),
             )
         if "exc" in outcome:
-            exc = outcome["exc"]
-            code = f" [{exc.code}]" if isinstance(exc, SchedulerError) else ""
+            raised = outcome["exc"]
+            code = f" [{raised.code}]" if isinstance(raised, SchedulerError) else ""
             return CaseCheck(
-                problems=(f"provider raised instead of returning a result: {type(exc).__name__}{code}: {exc}",),
+                problems=(f"provider raised instead of returning a result: {type(raised).__name__}{code}: {raised}",),
                 observed=_observed(None, fields, control),
             )
         result = outcome.get("result")
@@ -820,9 +820,9 @@ def _recorded_groups(control: Any) -> list[int]:
     groups = []
     for handle in control.handles:
         pgid = handle.get("pgid") if isinstance(handle, dict) else None
-        if isinstance(pgid, int) and not isinstance(pgid, bool) and pgid > 1 and pgid != own:
-            if handle.get("host", socket.gethostname()) == socket.gethostname() and pgid not in groups:
-                groups.append(pgid)
+        if (isinstance(pgid, int) and not isinstance(pgid, bool) and pgid > 1 and pgid != own
+                and handle.get("host", socket.gethostname()) == socket.gethostname() and pgid not in groups):
+            groups.append(pgid)
     return groups
 
 
@@ -896,7 +896,7 @@ def _compare_executor_result(case: Case, result: Any, control: Any, request: Any
     if "artifact_offloaded" in expect:
         artifact = None if stdout is None else stdout.artifact
         if expect["artifact_offloaded"]:
-            if not artifact:
+            if not artifact or stdout is None:
                 problems.append("stdout was not offloaded to the artifact store")
             else:
                 try:

@@ -105,9 +105,8 @@ def _check_evidence_case(case: Case) -> None:
     """What the schema cannot say: the expectation fits what the case does."""
     inp, expect = case.input, case.expect
     outcome = expect["outcome"]
-    if inp.get("payload_defect") or (inp.get("methods") and outcome == "attest_refused"):
-        if outcome != "attest_refused":
-            raise ValueError("a defective payload or an unsupported method must expect outcome attest_refused")
+    if inp.get("payload_defect") and outcome != "attest_refused":  # as before SIM102: the methods half could never fire
+        raise ValueError("a defective payload or an unsupported method must expect outcome attest_refused")
     if outcome == "attest_refused" and inp.get("tamper", "none") != "none":
         raise ValueError("an attest_refused case has no envelope to tamper with")
     if (case.polarity == "positive") != (outcome == "verified"):
@@ -276,8 +275,8 @@ def _verdict_problems(verdict: _Verdict, name: str, what: str) -> list[str]:
     if verdict.hung:
         return [f"{what}: verify did not return within {CALL_LIMIT_S:g} s"]
     if verdict.error is not None:
-        return [f"{what}: verify raised {type(verdict.error).__name__}: {verdict.error} (it must return "
-                "verified=False with a code, never raise)"]
+        return [(f"{what}: verify raised {type(verdict.error).__name__}: {verdict.error} (it must return "
+                 "verified=False with a code, never raise)")]
     o = verdict.outcome
     if not isinstance(o, EvidenceVerification):
         return [f"{what}: verify returned {type(o).__name__}, not an EvidenceVerification"]
@@ -315,7 +314,7 @@ def _run_evidence_case(provider: Any, case: Case, workdir: Path, context: Any) -
         secrets = {str(k): str(v) for k, v in dict(getattr(setup, "secrets", None) or {}).items()}
         with _patched_environ(secrets), _capturing_logs() as logs:
             problems, observed, texts = _run_with_setup(provider, case, context.name, setup)
-        values = [v for v in (getattr(setup, "secret_values", lambda: [])() or []) if len(v) >= MIN_SECRET_CHARS]
+        values = [v for v in (getattr(setup, "secret_values", list)() or []) if len(v) >= MIN_SECRET_CHARS]
         values += [v for v in secrets.values() if len(v) >= MIN_SECRET_CHARS]
         texts["a log record"] = "\n".join(logs.messages)
         problems += [f"a secret of the setup (key material) appears in {where}" for where, text in texts.items()
@@ -422,7 +421,8 @@ def _tampered(provider: Any, name: str, tamper: str, stored: dict[str, Any], pay
               declaration: Any, setup: Any) -> tuple[Any, Any, str | None]:
     """(envelope as verify gets it, payload to verify against, a problem) after the case's ``tamper``."""
     envelope = copy.deepcopy(stored)
-    data = envelope.get("data") if isinstance(envelope.get("data"), dict) else {}
+    given_data = envelope.get("data")
+    data: dict[str, Any] = given_data if isinstance(given_data, dict) else {}
     if tamper == "none":
         return _as_given(envelope), payload, None
     if tamper == "payload":

@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.members import Configurable, settings_class_of
 from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
 from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
 from scheduler.conformance.service import _instantiate
+from scheduler.core.members import Configurable, settings_class_of
 from scheduler.settings.load import resolve_table
 
 

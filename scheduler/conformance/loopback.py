@@ -131,8 +131,7 @@ class LoopbackHTTPServer:
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT``."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"  # bound to 127.0.0.1 above
 
     def queue(self, path: str, *behaviours: Behaviour) -> None:
         """Answer the next requests to ``path`` with these, in order (then the path's default)."""

@@ -39,8 +39,8 @@ from typing import Any
 import attrs
 
 from scheduler.base.entry_points import dist_name, entry_points_of
-from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.errors import SchedulerError
+from scheduler.base.plugin_kinds import kind_named
 
 #: Entry-point group of payload adapters; the entry point's name is the executor's driver name.
 ADAPTER_GROUP = kind_named("conformance_adapter").group

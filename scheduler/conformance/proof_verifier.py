@@ -186,7 +186,7 @@ def _declaration(setup: Any) -> dict[str, Any]:
     raw = {**dict(getattr(setup, "declaration", None) or {}), "source": {"env": SOURCE_ENV}, "clock_skew_s": SKEW_S}
     spec = validate_spec({"name": JOB_NAME, "schedule_kind": "manual", "payload_message": "true", "authorization_proof": raw},
                          check_past=False, plugin_options=False)
-    return spec.authorization_proof
+    return spec.authorization_proof or {}  # never None: the declaration was given
 
 
 def _verify(provider: Any, declaration: dict[str, Any], proof: str, name: str, *, artifact_digest: str,
@@ -246,20 +246,20 @@ def _run_with(provider: Any, case: Case, context: Any, setup: Any, control: Any,
         declaration = _declaration(setup)
         control_declaration = declaration if control is setup else _declaration(control)
     except SchedulerError as exc:
-        return CaseCheck(problems=(f"the setup's declaration makes no valid job: {exc.code}: {exc.message}"
-                                   f" {json.dumps(exc.details, default=str)[:400] if exc.details else ''}",))
+        return CaseCheck(problems=((f"the setup's declaration makes no valid job: {exc.code}: {exc.message}"
+                                    f" {json.dumps(exc.details, default=str)[:400] if exc.details else ''}"),))
     name = proof_verifier_name(declaration)
     if context.name != "conformance-proofs" and name != context.name:
-        return CaseCheck(problems=(f"the setup's declaration is verified by {name!r}, not by the verifier under test"
-                                   f" {context.name!r}",))
+        return CaseCheck(problems=((f"the setup's declaration is verified by {name!r}, not by the verifier under test"
+                                    f" {context.name!r}"),))
     inp, expect = case.input, case.expect
     presented = inp["proof"]
     problems: list[str] = []
     if case.polarity == "negative" or "fault" in inp:
         own = _verify(provider, control_declaration, str(control.proof), name, artifact_digest=ARTIFACT_DIGEST, now_ms=now)
         if own.verified is None:
-            return CaseCheck(problems=(f"the setup's valid proof was not verified ({own.describe()}): a verifier that refuses"
-                                       " everything proves nothing by refusing this case",))
+            return CaseCheck(problems=((f"the setup's valid proof was not verified ({own.describe()}): a verifier that refuses"
+                                        " everything proves nothing by refusing this case"),))
     proof, digest, at = str(setup.proof), ARTIFACT_DIGEST, now
     if presented == "garbage":
         proof = GARBAGE
@@ -342,8 +342,8 @@ def _fault_problems(faulty: _Faulty) -> list[str]:
     """The verifier's own answer (before the fault) must have been a verified proof, or the fault proves nothing."""
     own = faulty.own[0] if faulty.own else None
     if not isinstance(own, VerifiedProof):
-        return [f"the verifier's own answer to a valid proof (before the fault) was {type(own).__name__}, not a"
-                " VerifiedProof: the fault proves nothing"]
+        return [(f"the verifier's own answer to a valid proof (before the fault) was {type(own).__name__}, not a"
+                 " VerifiedProof: the fault proves nothing")]
     return []
 
 

@@ -57,6 +57,7 @@ import threading
 from collections.abc import Mapping
 from email import policy as email_policy
 from email.parser import BytesParser
+from email.utils import collapse_rfc2231_value
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -178,8 +179,10 @@ class HttpRequest:
             fields: dict[str, str] = {}
             files: dict[str, tuple[str, str, bytes]] = {}
             for part in message.iter_parts():
-                name = part.get_param("name", header="content-disposition") or ""
-                content = part.get_payload(decode=True) or b""
+                param = part.get_param("name", header="content-disposition") or ""
+                name = param if isinstance(param, str) else collapse_rfc2231_value(param)  # an RFC 2231 name: its text
+                payload = part.get_payload(decode=True)
+                content = payload if isinstance(payload, bytes) else b""
                 filename = part.get_filename()
                 if filename is not None:
                     files[name] = (filename, part.get_content_type(), content)

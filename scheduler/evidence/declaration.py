@@ -31,13 +31,14 @@ redacted output into the payload (``scheduler.evidence.build``, payload version 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scheduler.base.canonical import canonical_bytes
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import option_problems, options_to_json
-from scheduler.evidence.retention import check_retention
 from scheduler.core.members import options_class_of
+from scheduler.evidence.retention import check_retention
 
 #: Keys a declaration may hold.
 DECLARATION_KEYS = ("provider", "methods", "provider_config", "payload", "verify", "collect", "retention")

@@ -95,7 +95,7 @@ def load_signing_key(path: Path) -> Any:
     except (ValueError, TypeError) as exc:
         raise SchedulerError("EVIDENCE_EXPORT_KEY_INVALID",
                              f"the export key {path} is not an unencrypted PEM private key: {exc}") from None
-    except Exception as exc:  # cryptography raises UnsupportedAlgorithm for exotic keys
+    except Exception as exc:  # noqa: BLE001 - cryptography raises UnsupportedAlgorithm for exotic keys
         raise SchedulerError("EVIDENCE_EXPORT_KEY_INVALID", f"the export key {path} cannot be loaded: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SchedulerError("EVIDENCE_EXPORT_KEY_INVALID",
@@ -106,7 +106,7 @@ def load_signing_key(path: Path) -> Any:
 def _hex_digest(value: Any, what: str) -> str:
     """The hex part of a ``sha256:<hex>`` digest (or bare hex) from the payload; ``EVIDENCE_EXPORT_FAILED`` otherwise."""
     text = value if isinstance(value, str) else ""
-    hexpart = text[len("sha256:"):] if text.startswith("sha256:") else text
+    hexpart = text.removeprefix("sha256:")
     if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
         raise SchedulerError("EVIDENCE_EXPORT_FAILED", f"the evidence payload's {what} is not a SHA-256 digest")
     return hexpart

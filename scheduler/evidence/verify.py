@@ -312,7 +312,7 @@ def _check_provider(record: dict[str, Any], document: dict[str, Any], envelope: 
         outcome = provider.verify(env, payload, to_provider_declaration({**declaration, "provider": name}))
     except Exception as exc:  # noqa: BLE001 - a provider that raises did not verify
         raise _Fail("EVIDENCE_VERIFICATION_FAILED", f"provider {name!r} raised while verifying: {type(exc).__name__}") from None
-    if not getattr(outcome, "verified", False) is True or getattr(outcome, "code", None) is not None:
+    if getattr(outcome, "verified", False) is not True or getattr(outcome, "code", None) is not None:
         code = getattr(outcome, "code", None)
         code = code if isinstance(code, str) and code.startswith("EVIDENCE_") else "EVIDENCE_VERIFICATION_FAILED"
         raise _Fail(code, f"provider {name!r} did not verify the envelope: {getattr(outcome, 'reason', None) or code}",

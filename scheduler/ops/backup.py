@@ -32,8 +32,9 @@ import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import filemodes

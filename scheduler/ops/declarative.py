@@ -29,7 +29,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.json_document import MAX_INPUT_BYTES, parse_json_document
 from scheduler.base.timeutil import now_ms
 from scheduler.core.jobs import create_jobs, delete_job, set_enabled, update_job
-from scheduler.core.spec import SPEC_FIELDS, SPEC_FIELD_NAMES, _default, spec_from_row, spec_to_input, validate_spec
+from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, _default, spec_from_row, spec_to_input, validate_spec
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -122,11 +123,11 @@ class _StoreCollector:
                 queue.add_metric([status], n)
             for r in outbox_rows:
                 outbox.add_metric([r["status"]], r["n"])
-            for l in leases:
-                live = bool(l["owner"]) and (l["expires_at"] or 0) > now
+            for held in leases:
+                live = bool(held["owner"]) and (held["expires_at"] or 0) > now
                 if live:
-                    lease.add_metric([l["name"], l["owner"], str(l["token"])], 1)
-                expires.add_metric([l["name"]], ((l["expires_at"] or 0) - now) / 1000)
+                    lease.add_metric([held["name"], held["owner"], str(held["token"])], 1)
+                expires.add_metric([held["name"]], ((held["expires_at"] or 0) - now) / 1000)
             up.add_metric([], 1)
         except Exception as exc:  # noqa: BLE001 - report the database as down rather than fail the scrape
             log.warning("metrics scrape could not read the database: %s", getattr(exc, "message", exc))

@@ -330,7 +330,7 @@ class _FencedTx:
             raise
         return tx
 
-    def __exit__(self, *exc: Any) -> Any:
+    def __exit__(self, *exc: object) -> Any:
         return self._cm.__exit__(*exc)
 
 

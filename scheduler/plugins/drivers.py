@@ -14,10 +14,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from scheduler.base.plugin_kinds import declares_api
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, short_group
 from scheduler.base.errors import SchedulerError
+from scheduler.base.plugin_kinds import declares_api
 
 
 @functools.cache
@@ -29,7 +29,7 @@ def stevedore_managers() -> tuple[type, type]:
     """
     from stevedore import DriverManager, NamedExtensionManager
 
-    class ListedDriverManager(DriverManager):  # type: ignore[misc]
+    class ListedDriverManager(DriverManager):
         """A ``DriverManager`` over the entry points it is given (see ``entry_points_of`` for why)."""
 
         def __init__(self, namespace: str, name: str, listing: list[Any], **kwargs: Any) -> None:
@@ -39,7 +39,7 @@ def stevedore_managers() -> tuple[type, type]:
         def list_entry_points(self) -> list[Any]:
             return self.listing
 
-    class ListedNamedExtensionManager(NamedExtensionManager):  # type: ignore[misc]
+    class ListedNamedExtensionManager(NamedExtensionManager):
         """A ``NamedExtensionManager`` over the entry points it is given (see ``entry_points_of`` for why)."""
 
         def __init__(self, namespace: str, names: list[str], listing: list[Any], **kwargs: Any) -> None:
@@ -116,7 +116,7 @@ def load_named(group: str, name: str) -> tuple[Any, str]:
             group, name, listing, invoke_on_load=False, on_load_failure_callback=on_failure, on_missing_entrypoints_callback=None
         )
         obj = manager.driver
-    except Exception as exc:  # stevedore raises NoMatches (after a load failure), MultipleMatches, ...
+    except Exception as exc:  # noqa: BLE001 - stevedore raises NoMatches (after a load failure), MultipleMatches, ...
         cause = failure[0] if failure else exc
         raise SchedulerError(
             "PLUGIN_LOAD_FAILED",

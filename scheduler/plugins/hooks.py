@@ -9,14 +9,15 @@ fatal (unless strict loading is on).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import pluggy
 
-from scheduler.base.plugin_kinds import HOOKS_GROUP
 from scheduler.base.entry_points import strict_loading
 from scheduler.base.errors import SchedulerError
+from scheduler.base.plugin_kinds import HOOKS_GROUP
 from scheduler.plugins import hookspecs
 from scheduler.plugins.loader import load_group
 
@@ -59,7 +60,7 @@ def register_hook_modules(pm: pluggy.PluginManager) -> list[HookLoadFailure]:
             try:
                 registered = pm.register(item.obj, name=f"entrypoint:{item.name}") is not None
                 pm.check_pending()
-            except Exception as exc:  # pluggy.PluginValidationError, or a module or name registered twice
+            except Exception as exc:  # noqa: BLE001 - pluggy.PluginValidationError, or a module or name registered twice
                 if registered:
                     pm.unregister(item.obj)
                 error, status = exc, "invalid"

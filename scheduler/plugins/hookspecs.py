@@ -56,6 +56,7 @@ def scheduler_config_defaults() -> dict[str, Any]:
     ``scheduler config`` shows them beside the kernel's settings; a plugin cannot
     override a kernel key (kernel keys win), and among plugins the first registered wins.
     """
+    raise NotImplementedError  # a specification: pluggy calls the plugins' implementations, never this
 
 
 @hookspec(firstresult=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.base.plugin_kinds import HOOKS_GROUP, declares_api
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
 from scheduler.base.errors import SchedulerError
-from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
+from scheduler.base.plugin_kinds import HOOKS_GROUP, declares_api
 from scheduler.plugins.drivers import check_api, dist_version
+from scheduler.plugins.hooks import make_plugin_manager, register_hook_modules
 from scheduler.plugins.loader import load_group
 from scheduler.plugins.protocols import GROUPS
 

@@ -18,8 +18,8 @@ import attrs
 
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
-from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
 from scheduler.core.members import Configurable, member_problems
+from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
 from scheduler.plugins.protocols import PROVIDER_KINDS
 from scheduler.settings import plugin_settings
 
@@ -36,7 +36,7 @@ def load_provider(kind: str, name: str) -> Any:
         check_api(target, group=group, name=name, dist=dist)
     try:
         provider = target() if isinstance(target, type) or not hasattr(target, "plugin_api") else target
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of third-party plugin code is reported, coded
         raise SchedulerError(
             "PLUGIN_LOAD_FAILED", f"{kind} driver {name!r} from {dist} failed to initialise: {type(exc).__name__}: {exc}"
         ) from None

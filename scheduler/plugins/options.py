@@ -15,8 +15,8 @@ from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
-from scheduler.plugins.loader import load_provider
 from scheduler.core.members import options_class_of
+from scheduler.plugins.loader import load_provider
 
 #: Spec field -> (provider kind, attribute of JobSpec naming the driver).
 OPTION_FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -20,15 +20,21 @@ Plugins import the contract's names from ``scheduler.api`` (the nested value typ
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
 from scheduler.base.plugin_kinds import GROUPS, KINDS, kind_named
+from scheduler.core.execution import ExecutionRequest, ExecutionResult, RecoveryOutcome, RecoveryRequest, RunControl
+from scheduler.core.members import (  # optional members; re-exported here
+    Configurable,
+    DeclaresOptions,
+    PolicyChecking,
+    Recoverable,
+)
 from scheduler.core.steps import Step  # the contract of kind ``step``; re-exported here
 from scheduler.core.store.base import Store  # the contract of kind ``store``; re-exported here
-from scheduler.core.members import Configurable, DeclaresOptions, PolicyChecking, Recoverable  # optional members; re-exported here
 from scheduler.settings.load import SETTINGS_SECTIONS  # the settings own each kind's section; re-exported here
 
 #: Capability names the kernel and governance understand (kebab-case). A provider may
@@ -511,14 +517,53 @@ PROVIDER_KINDS: dict[str, tuple[str, type]] = {
 }
 
 __all__ = [
-    "AuthorizationDecision", "AuthorizationProvider", "AuthorizationRequest", "Channel", "ChannelLimits", "Configurable",
-    "DeclaresOptions", "PolicyChecking", "Recoverable",
-    "CredentialBinding", "CredentialContext", "CredentialPresent", "CredentialProvider", "DeliveryError", "DeliveryPart",
-    "DeliveryReceipt", "DeliveryRoute", "EvidenceDeclaration", "EvidenceEnvelope", "EvidencePayload", "EvidenceProvider",
-    "EvidenceVerification", "ExecutionRequest", "ExecutionResult", "Executor", "GROUPS", "KNOWN_CAPABILITIES",
-    "PROVIDER_KINDS", "PermanentDeliveryError", "ProviderSessions", "REVOKE_CODES", "RecoveryOutcome", "RecoveryRequest", "RefreshResult",
-    "ResolvedCredential", "RevokeResult", "RunControl", "SESSION_STATUSES", "SETTINGS_SECTIONS", "TransientDeliveryError",
-    "ProofRequest", "ProofVerifier", "SSH_SIGNATURE_VERIFIER", "VerifiedProof", "proof_verifier_name",
-    "Step", "Store", "protocol_of",
+    "GROUPS",
+    "KNOWN_CAPABILITIES",
+    "PROVIDER_KINDS",
+    "REVOKE_CODES",
+    "SESSION_STATUSES",
+    "SETTINGS_SECTIONS",
+    "SSH_SIGNATURE_VERIFIER",
+    "AuthorizationDecision",
+    "AuthorizationProvider",
+    "AuthorizationRequest",
+    "Channel",
+    "ChannelLimits",
+    "Configurable",
+    "CredentialBinding",
+    "CredentialContext",
+    "CredentialPresent",
+    "CredentialProvider",
+    "DeclaresOptions",
+    "DeliveryError",
+    "DeliveryPart",
+    "DeliveryReceipt",
+    "DeliveryRoute",
+    "EvidenceDeclaration",
+    "EvidenceEnvelope",
+    "EvidencePayload",
+    "EvidenceProvider",
+    "EvidenceVerification",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Executor",
+    "PermanentDeliveryError",
+    "PolicyChecking",
+    "ProofRequest",
+    "ProofVerifier",
+    "ProviderSessions",
+    "Recoverable",
+    "RecoveryOutcome",
+    "RecoveryRequest",
+    "RefreshResult",
+    "ResolvedCredential",
+    "RevokeResult",
+    "RunControl",
+    "Step",
+    "Store",
+    "TransientDeliveryError",
+    "VerifiedProof",
+    "proof_verifier_name",
+    "protocol_of",
 ]
 

@@ -21,12 +21,13 @@ is one line in ``scheduler.plugins.protocols.PROVIDER_KINDS`` (its error code is
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 
-from scheduler.base.errors import SchedulerError
 from scheduler.base.entry_points import entry_point_names, is_disabled
+from scheduler.base.errors import SchedulerError
 from scheduler.plugins.protocols import PROVIDER_KINDS, proof_verifier_name
 
 

@@ -8,7 +8,7 @@ gives the process its defaults (the observers of transitions committed outside a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from scheduler.approvals.decisions import expire_due as expire_due_approvals
 from scheduler.artifacts.handoff_kind import HANDOFF_KIND
@@ -17,8 +17,8 @@ from scheduler.core.dispatcher import Dispatcher, DispatcherConfig
 from scheduler.core.observers import Observers
 from scheduler.core.parts import Parts
 from scheduler.core.store.base import Store
-from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
 from scheduler.pipeline import installed_steps
+from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
 from scheduler.plugins.hooks import Hooks
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.runtime import duties

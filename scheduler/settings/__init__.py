@@ -54,11 +54,11 @@ from scheduler.settings.secret import SecretRef, register_secret_scheme, secret_
 
 __all__ = [
     "CONFIG_ENV",
-    "DispatcherSettings",
     "KERNEL_TABLES",
     "PLUGIN_SECTIONS",
     "RETIRED_ENV",
     "SETTINGS_SECTIONS",
+    "DispatcherSettings",
     "Resolved",
     "SecretRef",
     "Settings",

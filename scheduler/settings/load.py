@@ -21,8 +21,8 @@ from typing import Any, Literal, NoReturn, get_args, get_origin
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.base.plugin_kinds import settings_sections
 from scheduler.base.options import option_problems
+from scheduler.base.plugin_kinds import settings_sections
 from scheduler.settings.kernel import (
     KERNEL_TABLES,
     RETIRED_ENV,
@@ -128,7 +128,7 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
-def is_secret(field: attrs.Attribute, tp: Any) -> bool:  # type: ignore[type-arg]
+def is_secret(field: attrs.Attribute, tp: Any) -> bool:
     """Whether a settings field holds a secret: declared ``secret=True`` or typed ``SecretRef``."""
     return bool(field.metadata.get("secret")) or _strip_optional(tp) is SecretRef
 
@@ -201,7 +201,7 @@ class Resolved:
         hints = typing.get_type_hints(type(self.value))
         out = []
         for f in attrs.fields(type(self.value)):
-            if f.name in self.entries and self.entries[f.name]:
+            if self.entries.get(f.name):
                 for entry in self.entries[f.name].values():
                     out.extend(entry.rows())
                 continue

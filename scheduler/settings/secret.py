@@ -21,9 +21,9 @@ from pathlib import Path
 
 import attrs
 
-from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.entry_points import entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
+from scheduler.base.plugin_kinds import kind_named
 
 _REFERENCE = re.compile(r"^([a-z][a-z0-9+.-]{0,31}):(.+)$", re.DOTALL)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -83,10 +83,10 @@ def load_scheme(name: str) -> bool:
         return False
     try:
         target = found[0].load()
-        read, check = getattr(target, "read"), getattr(target, "check", None)
+        read, check = target.read, getattr(target, "check", None)
         if getattr(target, "name", name) != name or not callable(read) or (check is not None and not callable(check)):
             raise TypeError("not a scheme (name, read, check)")
-    except Exception:  # noqa: BLE001 - a broken scheme is an unknown scheme: the reference is refused, never read
+    except Exception:
         log.warning("secret scheme %r from %s cannot be loaded", name, SCHEME_GROUP, exc_info=True)
         _missing.add(name)
         return False
@@ -170,7 +170,7 @@ def _read_file(target: str) -> str | None:
         return None
     text = path.read_text(encoding="utf-8")
     # one trailing line end is how editors and `echo` save a secret; it is not part of it
-    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
 register_secret_scheme("env", _read_env, check=_check_env)

@@ -46,9 +46,9 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from scheduler.base.plugin_kinds import kind_named
 from scheduler.artifacts.handoff_kind import HANDOFF_KIND
 from scheduler.base.entry_points import entry_point_names
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.timeutil import now_ms
 from scheduler.cli.main import main as cli_main
 from scheduler.conformance.authorization import PolicySetup, write_policy_setup
@@ -81,8 +81,10 @@ from scheduler.settings import SETTINGS_SECTIONS, reload_settings
 
 try:  # the PostgreSQL helpers need the driver, which only the PostgreSQL store plugin brings
     import psycopg
+
+    _HAVE_PSYCOPG = True
 except ImportError:
-    psycopg = None
+    _HAVE_PSYCOPG = False
 
 try:  # the conformance base classes are pytest test classes: only a test run has pytest
     from scheduler.conformance.pytest_plugin import (
@@ -128,7 +130,7 @@ def make_request(
     spec = validate_spec({"payload_message": payload, **spec_fields})
     try:
         executor = load_provider("executor", spec.executor_name())
-    except Exception:  # not installed: the caller runs its own executor object directly
+    except Exception:  # noqa: BLE001 - not installed: the caller runs its own executor object directly
         executor = None
     request = request_for(executor, spec, run_id=run_id or f"run-{next(_run_ids)}", job_id=job_id,
                           artifacts_root=artifacts_root, started_at_ms=now_ms(), attempt=attempt, credentials=credentials)
@@ -217,7 +219,7 @@ def _probe_postgres() -> str | None:
     try:
         if "postgres" not in entry_point_names(kind_named("store").group):
             return "scheduler-store-postgres is not installed"
-        if psycopg is None:
+        if not _HAVE_PSYCOPG:
             raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")
         with psycopg.connect(postgres_url(), connect_timeout=2):
             pass
@@ -378,9 +380,21 @@ def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
 
 __all__ = [
     "DEFAULT_POSTGRES_URL",
+    "Behaviour",
+    "HttpReply",
+    "HttpRequest",
+    "HttpStandIn",
     "LocalRunControl",
     "MemoryProviderSessions",
+    "PolicySetup",
+    "PosixShellPayloads",
+    "RawPayload",
+    "ReceivedFile",
+    "ReceivedMessage",
     "RunningDispatcher",
+    "ServiceAnswer",
+    "ServiceRequest",
+    "Step",
     "add_job",
     "evidence_payload_for",
     "evidence_run_document",
@@ -393,10 +407,21 @@ __all__ = [
     "postgres_url",
     "provider_loader",
     "run_cli",
+    "run_conformance",
     "run_rows",
     "sqlite_store",
     "temporary_postgres_schema",
     "toml_value",
     "wait_for",
+    "write_policy_setup",
     "write_settings",
 ]
+if "ExecutorConformance" in globals():  # the pytest base classes, when pytest is there (see the import above)
+    __all__ += [
+        "AuthorizationProviderConformance",
+        "ChannelConformance",
+        "CredentialProviderConformance",
+        "EvidenceProviderConformance",
+        "ExecutorConformance",
+        "ProofVerifierConformance",
+    ]

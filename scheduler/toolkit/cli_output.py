@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import click
 
