@@ -68,6 +68,9 @@ def test_certificate_refusals(pki: Any, tmp_path: Path) -> None:
 
 def test_the_window_is_narrowed_to_the_certificates_validity(pki: Any) -> None:
     d, ca_key, ca, _leaf_key, _leaf = pki
-    short_key, short = make_leaf(ca_key, ca, NOW, san="deployer.example.test", end=datetime.timedelta(seconds=60))
+    # The leaf starts now, not at import (NOW): on a loaded CI machine the test may run minutes after collection,
+    # and a 60-second certificate made at import time had expired by then.
+    start = datetime.datetime.now(datetime.UTC)
+    short_key, short = make_leaf(ca_key, ca, start, san="deployer.example.test", end=datetime.timedelta(seconds=60))
     got = CertificateVerifier().verify_proof(request(d, proof(short_key, short, exp_in=3600)))
-    assert got.expires_at_ms <= int(NOW.timestamp() * 1000) + 61_000
+    assert got.expires_at_ms <= int(start.timestamp() * 1000) + 61_000
