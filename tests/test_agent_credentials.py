@@ -70,7 +70,7 @@ def _leaks(store: Any, tmp_path: Path, secret: str) -> list[str]:
     blobs: dict[str, bytes] = {}
     with store.read() as tx:
         for t in TABLES:
-            rows = tx.all(f"SELECT * FROM {t.name}")
+            rows = tx.all(f"SELECT * FROM {t.name}")  # names come from the schema definition
             blobs[f"table {t.name}"] = json.dumps([dict(r) for r in rows], default=repr).encode()
     for path in sorted(tmp_path.rglob("*")):
         if path.is_file() and (path.name.startswith("scheduler.db") or "artifacts" in path.parts):

@@ -107,7 +107,7 @@ def test_no_values_means_no_redactions_and_the_plain_path(tmp_path: Path) -> Non
     request = make_request("true", artifacts_root=tmp_path)
     assert request.credentials == () and request.redactions is None
     rec = request.stream_recorder("stdout")
-    assert rec._redactor is None
+    assert rec._redactor is None  # the exact current path: nothing scanned, nothing held back
     rec.write(SECRET.encode())
     assert rec.head == SECRET.encode() and rec.finish().redactions == {}
 
