@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from pathlib import Path
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
     SQLiteStore.transaction = transaction  # type: ignore[method-assign]
     path = os.environ.get("BENCH_COMMITS_FILE")
     if path:
-        atexit.register(lambda: Path(path).write_text(str(counted["commits"])))
+        atexit.register(lambda: open(path, "w").write(str(counted["commits"])))
     sys.argv[0] = "scheduler"
     sys.exit(cli_main())
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
-from collections.abc import Iterator
+import uuid
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
+
 from kernel_testing import RunningDispatcher, scheduler_cmd  # noqa: F401  (re-exported for tests)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import pytest
 
 BIN = Path(sys.executable).parent
 
