@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
             try:
                 entry["result"] = module.run(ctx)
-            except Exception as exc:  # one broken benchmark must not hide the others
+            except Exception as exc:  # noqa: BLE001 - one broken benchmark must not hide the others
                 crashed = True
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 ctx.say(f"!! {name} failed: {entry['error']}")

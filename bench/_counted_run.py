@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from pathlib import Path
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     SQLiteStore.transaction = transaction  # type: ignore[method-assign]
     path = os.environ.get("BENCH_COMMITS_FILE")
     if path:
-        atexit.register(lambda: open(path, "w").write(str(counted["commits"])))
+        atexit.register(lambda: Path(path).write_text(str(counted["commits"])))
     sys.argv[0] = "scheduler"
     sys.exit(cli_main())
 

@@ -155,7 +155,7 @@ def run_dispatcher(ctx: Context, p: dict[str, Any], directory: Path, config: Pat
     (job,) = create_jobs(store, [validate_spec(_spec())])
     job_id = job["id"] if isinstance(job, dict) else job
     env = _agent_env(config, directory)
-    log = open(directory / "dispatcher.log", "w")
+    log = open(directory / "dispatcher.log", "w")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen(scheduler_cmd() + ["--db", str(db), "run", "--concurrency", str(p["concurrency"])], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     poll = sqlite3.connect(str(db))
@@ -209,7 +209,7 @@ def run_executor(p: dict[str, Any], directory: Path, config: Path) -> tuple[list
     reload_settings()
     try:
         executor = load_provider("executor", "agent")
-        spec = {k: v for k, v in _spec().items() if k not in ("payload_message",)}
+        spec = {k: v for k, v in _spec().items() if k != "payload_message"}
         out: list[float] = []
         setup: list[float] = []
         for i in range(p["warmup"] + p["turns"]):
@@ -358,8 +358,8 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     r, b = res["run"], res["bare"]
     return [(
         "9. agent turn vs bare HTTP round trip",
-        f"run p50 {r['p50']:.0f} / p99 {r['p99']:.0f} ms vs bare httpx p50 {b['p50']:.1f} / p99 {b['p99']:.1f} ms "
-        f"= {res['run_ratio_p50']:.1f}x / {res['run_ratio_p99']:.1f}x (+{res['run_over_p50_ms']:.1f} ms at p50)",
+        (f"run p50 {r['p50']:.0f} / p99 {r['p99']:.0f} ms vs bare httpx p50 {b['p50']:.1f} / p99 {b['p99']:.1f} ms "
+         f"= {res['run_ratio_p50']:.1f}x / {res['run_ratio_p99']:.1f}x (+{res['run_over_p50_ms']:.1f} ms at p50)"),
         "no numeric goal (tracked)",
         None,
     )]
@@ -375,33 +375,33 @@ def render(res: dict[str, Any]) -> str:
         r99 = "1.00x" if key == "bare" else f"{res[f'{key}_ratio_p99']:.2f}x"
         rows.append((label, fmt(s["n"]), fmt(s["p50"], 2), fmt(s["p90"], 2), fmt(s["p99"], 2), fmt(s["max"], 2), over, r50, r99))
     out = [
-        f"{p['turns']:,} turns per loop after {p['warmup']} warm-up turns, one at a time, against the agent plugin's loopback "
-        "chat-completions server in a child process. Every turn sends the same prompt "
-        f"({q['prompt_bytes']:,} bytes of prompt, {q['payload_bytes']:,} of them the job's payload; request body "
-        f"{q['body_bytes']:,} bytes, `stream: {str(q['stream']).lower()}`) and gets the same streamed reply "
-        f"({q['events']} content events, {q['reply_bytes']:,} bytes of text, then usage and `[DONE]`). The baseline "
-        "POSTs the exact body the dispatcher's agent sent (taken from the server's log), half before and half after "
-        "the executor loop. The job: `session_target: \"isolated\"`, endpoint and model from a settings file, "
-        f"`scheduler run --concurrency {p['concurrency']}` on SQLite (see `bench/agent.py`).",
+        (f"{p['turns']:,} turns per loop after {p['warmup']} warm-up turns, one at a time, against the agent plugin's loopback "
+         "chat-completions server in a child process. Every turn sends the same prompt "
+         f"({q['prompt_bytes']:,} bytes of prompt, {q['payload_bytes']:,} of them the job's payload; request body "
+         f"{q['body_bytes']:,} bytes, `stream: {str(q['stream']).lower()}`) and gets the same streamed reply "
+         f"({q['events']} content events, {q['reply_bytes']:,} bytes of text, then usage and `[DONE]`). The baseline "
+         "POSTs the exact body the dispatcher's agent sent (taken from the server's log), half before and half after "
+         "the executor loop. The job: `session_target: \"isolated\"`, endpoint and model from a settings file, "
+         f"`scheduler run --concurrency {p['concurrency']}` on SQLite (see `bench/agent.py`)."),
         "",
         md_table(["measured", "turns", "p50 ms", "p90 ms", "p99 ms", "max ms", "over bare p50 ms", "x bare p50",
                   "x bare p99"], rows),
         "",
-        f"A run through `scheduler run` takes **{res['run_ratio_p50']:.1f}x** the bare round trip at p50 "
-        f"(+{res['run_over_p50_ms']:.1f} ms) and **{res['run_ratio_p99']:.1f}x** at p99. The executor alone accounts for "
-        f"+{res['executor_over_p50_ms']:.1f} ms at p50 (prompt assembly and checks, settings, the request through its own "
-        "httpx client, output capture and digests, usage); the rest of the run is the kernel's bookkeeping around it "
-        "(run row and handle commits, events, the completion transaction) in another process. End to end adds the "
-        "idle dispatcher's pick-up of the manual dispatch. The kernel stamps have millisecond resolution, the other "
-        f"rows microsecond. The model server answered {res['requests_seen']:,} chat requests in all.",
+        (f"A run through `scheduler run` takes **{res['run_ratio_p50']:.1f}x** the bare round trip at p50 "
+         f"(+{res['run_over_p50_ms']:.1f} ms) and **{res['run_ratio_p99']:.1f}x** at p99. The executor alone accounts for "
+         f"+{res['executor_over_p50_ms']:.1f} ms at p50 (prompt assembly and checks, settings, the request through its own "
+         "httpx client, output capture and digests, usage); the rest of the run is the kernel's bookkeeping around it "
+         "(run row and handle commits, events, the completion transaction) in another process. End to end adds the "
+         "idle dispatcher's pick-up of the manual dispatch. The kernel stamps have millisecond resolution, the other "
+         f"rows microsecond. The model server answered {res['requests_seen']:,} chat requests in all."),
         "",
-        f"For scale: constructing and closing one `httpx.Client()` with default settings (its SSL context loads the CA "
-        f"bundle, even for an `http://` URL) takes p50 {res['client_setup']['p50']:.1f} ms here "
-        f"(timed between the executor-alone turns, {res['client_setup']['n']} times); an executor that builds a client per "
-        "turn pays that on every turn.",
+        (f"For scale: constructing and closing one `httpx.Client()` with default settings (its SSL context loads the CA "
+         f"bundle, even for an `http://` URL) takes p50 {res['client_setup']['p50']:.1f} ms here "
+         f"(timed between the executor-alone turns, {res['client_setup']['n']} times); an executor that builds a client per "
+         "turn pays that on every turn."),
         "",
-        "No numeric goal is set for this figure: against a real model a turn takes hundreds of milliseconds to minutes, "
-        "so the absolute overhead per turn is what matters; it is tracked here against the loopback round trip.",
+        ("No numeric goal is set for this figure: against a real model a turn takes hundreds of milliseconds to minutes, "
+         "so the absolute overhead per turn is what matters; it is tracked here against the loopback round trip."),
     ]
     if res.get("plot"):
         out += ["", f"![agent]({res['plot']})"]

@@ -122,9 +122,9 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     s = res["stats"]
     return [(
         "5. CLI cold start (median)",
-        f"version {s['scheduler version']['p50']:.0f} ms, jobs list "
-        f"{s['scheduler jobs list']['p50'] if 'scheduler jobs list' in s else float('nan'):.0f} ms, jobs add {s['scheduler jobs add']['p50']:.0f} ms "
-        f"(python -c pass {s['python -c pass']['p50']:.0f} ms)",
+        (f"version {s['scheduler version']['p50']:.0f} ms, jobs list "
+         f"{s['scheduler jobs list']['p50'] if 'scheduler jobs list' in s else float('nan'):.0f} ms, jobs add {s['scheduler jobs add']['p50']:.0f} ms "
+         f"(python -c pass {s['python -c pass']['p50']:.0f} ms)"),
         "no numeric goal (tracked)",
         None,
     )]
@@ -141,8 +141,8 @@ def render(res: dict[str, Any]) -> str:
     total = imports[-1]
     imp_rows = [(f"`{r['module']}`", fmt(r["cumulative_ms"], 1)) for r in imports[:-1]]
     out = [
-        f"{res['params']['runs']} cold starts of each command, round-robin after a warm-up round; `scheduler` is "
-        f"`{res['invocation']}`. `jobs add` adds one cron job (unique name) to an initialised database.",
+        (f"{res['params']['runs']} cold starts of each command, round-robin after a warm-up round; `scheduler` is "
+         f"`{res['invocation']}`. `jobs add` adds one cron job (unique name) to an initialised database."),
         "",
         md_table(["command", "median ms", "min ms", "p90 ms", "over `python -c pass` (median)", "x baseline"], rows),
         "",

@@ -184,8 +184,8 @@ def kernel_schema_db(path: Path) -> None:
 def at_job_specs(count: int, *, at_ms: int | Callable[[int], int], payload: str = "ok", executor: str = "testkit",
                  prefix: str = "bench") -> list[Any]:
     """Validated one-shot (``at``) specs; ``at_ms`` is one instant or a function of the job index."""
-    from scheduler.core.spec import validate_spec
     from scheduler.base.timeutil import to_iso
+    from scheduler.core.spec import validate_spec
 
     specs = []
     for i in range(count):

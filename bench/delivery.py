@@ -260,9 +260,9 @@ def write_config(directory: Path) -> Path:
 
 def _job(store: Any, url: str) -> str:
     """A job whose delivery goes to the webhook (parts name it, so the consumer reads its delivery options as in real use)."""
+    from scheduler.base.timeutil import now_ms, to_iso
     from scheduler.core.jobs import create_jobs
     from scheduler.core.spec import validate_spec
-    from scheduler.base.timeutil import now_ms, to_iso
 
     spec = validate_spec({"name": "bench-delivery", "schedule_kind": "at", "schedule_at": to_iso(now_ms() + 86_400_000),
                           "executor": "testkit", "payload_message": "ok", "overlap_policy": "allow", "delivery_mode": "always",
@@ -292,10 +292,10 @@ def _rows(store: Any, where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]
 
 def run_outbox(directory: Path, receiver: Receiver, p: dict[str, Any], rep: int, *, paced: bool) -> dict[str, Any]:
     """N parts enqueued at once and drained by a ``scheduler run``; with ``paced``, then the two paced latency phases."""
-    from scheduler.delivery.outbox import enqueue
-    from scheduler.core.queue import enqueue_manual
-    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
+    from scheduler.core.queue import enqueue_manual
+    from scheduler.delivery.outbox import enqueue
+    from scheduler.plugins.stores import open_store
 
     db = fresh_db(directory, f"outbox-{rep}.db")
     store = open_store(str(db))
@@ -416,7 +416,7 @@ def _plot(ctx: Context, res: dict[str, Any], backlog: list[int], external: list[
     for bar, v, reps in zip(bars, values, every, strict=True):
         left.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, max(v, *reps)), ha="center", va="bottom",
                       xytext=(0, 3), textcoords="offset points")
-    left.set_ylim(0, max(max(values), *every[0], *every[1]) * 1.2)
+    left.set_ylim(0, max(*values, *every[0], *every[1]) * 1.2)
     left.legend(loc="upper left", fontsize=7)
     left.set_ylabel("parts (posts) per second, median")
     left.set_title(f"{res['params']['parts']:,} parts, ratio {res['ratio']:.0%}")

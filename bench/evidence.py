@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Context, fmt, fresh_db, md_table, median, pyplot, ratio, save_plot
+from bench.common import Context, fmt, fresh_db, md_table, median, pyplot, save_plot
 
 NAME = "evidence"
 TITLE = "10. Evidence: run throughput with checksum and SSH evidence vs. none"
@@ -35,8 +35,8 @@ def params(ctx: Context) -> dict[str, Any]:
 
 
 def _specs(count: int, provider: str | None, at_ms: int) -> list[Any]:
-    from scheduler.core.spec import validate_spec
     from scheduler.base.timeutil import to_iso
+    from scheduler.core.spec import validate_spec
 
     extra = {"evidence": {"provider": provider}} if provider else {}
     return [validate_spec({"name": f"ev-{i:06d}", "schedule_kind": "at", "schedule_at": to_iso(at_ms), "allow_past_at": True,
@@ -61,11 +61,11 @@ def _ssh_settings(directory: Path) -> Path:
 def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, *, tag: str,
                 timeout_s: float = 300.0) -> dict[str, Any]:
     """N due no-op jobs (with ``provider``'s evidence, or none) through a real ``Dispatcher``; jobs/s."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
+    from scheduler.runtime import dispatcher as Dispatcher
 
     path = fresh_db(directory, f"evidence-{tag}.db")
     store = open_store(str(path))
@@ -77,7 +77,7 @@ def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, 
     def target() -> None:
         try:
             dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             failure.append(exc)
 
     poll = sqlite3.connect(str(path))
@@ -175,14 +175,14 @@ def render(res: dict[str, Any]) -> str:
                      "—" if variant == "none" else ", ".join(f"{v:.0%}" for v in r["ratio_reps"])))
     table = md_table(["jobs declare", "runs/s (median)", "each repetition", "ratio to none (median)", "each repetition"], rows)
     out = [
-        f"{p['jobs']:,} one-shot jobs due now, testkit payload `ok`, concurrency {CONCURRENCY}, {p['reps']} repetition(s); "
-        "the three variants run one after another within each repetition and each ratio is taken within its repetition.",
+        (f"{p['jobs']:,} one-shot jobs due now, testkit payload `ok`, concurrency {CONCURRENCY}, {p['reps']} repetition(s); "
+         "the three variants run one after another within each repetition and each ratio is taken within its repetition."),
         "",
         table,
         "",
-        f"With a no-op payload the attestation is the whole cost of a run's evidence: the checksum provider keeps "
-        f"**{res['ratio_checksum']:.0%}** of the throughput, the SSH provider **{res['ratio_ssh']:.0%}** (three "
-        "`ssh-keygen` processes per run). A job that runs for a second or more pays the same absolute cost per run.",
+        (f"With a no-op payload the attestation is the whole cost of a run's evidence: the checksum provider keeps "
+         f"**{res['ratio_checksum']:.0%}** of the throughput, the SSH provider **{res['ratio_ssh']:.0%}** (three "
+         "`ssh-keygen` processes per run). A job that runs for a second or more pays the same absolute cost per run."),
     ]
     if res.get("plot"):
         out += ["", f"![evidence]({res['plot']})"]

@@ -86,11 +86,11 @@ class _TooSlow(Exception):
 
 
 def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor: int) -> dict[str, Any]:
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
+    from scheduler.runtime import dispatcher as Dispatcher
 
     directory = ctx.scratch(NAME)
     path = fresh_db(directory, "latency.db")
@@ -121,7 +121,7 @@ def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor
     def target() -> None:
         try:
             dispatcher.run(duration_s=span_s + 60)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
             failure.append(exc)
 
     thread = threading.Thread(target=target, name="bench-dispatcher", daemon=True)
@@ -136,7 +136,7 @@ def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor
                                            (EXECUTOR,))]
     load_info: dict[str, Any] = {}
     if load:
-        lo, hi, n_ok, late = poll.execute(
+        lo, hi, n_ok, _late = poll.execute(
             "SELECT MIN(started_at), MAX(finished_at), SUM(status = 'ok'), MAX(started_at - scheduled_for) FROM runs"
             " WHERE executor = 'testkit'").fetchone()
         lates = [r[0] for r in poll.execute("SELECT started_at - scheduled_for FROM runs WHERE executor = 'testkit'")]
@@ -230,7 +230,7 @@ def _plot(ctx: Context, res: dict[str, Any], kernel: list[float], base: list[flo
     kernel = [min(v, top) for v in kernel]
     base = [min(v, top) for v in base]
     bins = [i * top / 60 for i in range(61)]
-    lo = min(0.0, min(kernel), min(base))
+    lo = min(0.0, *kernel, *base)
     if lo < 0:
         bins = [lo] + bins
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -281,10 +281,10 @@ def render(res: dict[str, Any]) -> str:
                      fmt(s["n"]), fmt(s["p50"], 2), fmt(s["p90"], 2), fmt(s["p99"], 2), fmt(s["max"], 2)))
     reps = res.get("per_rep") or []
     out = [
-        f"{len(reps) or 1} repetition(s) of {p['runs']:,} one-shot jobs due {p['gap_ms'][0]}–{p['gap_ms'][1]} ms apart "
-        f"(seeded random gaps), the first {p['lead_ms'] / 1000:g} s after creation, pooled; one dispatcher, concurrency "
-        f"{p['concurrency']}, an in-bench executor that stamps its entry (bench-only registration through "
-        "`Dispatcher._executors`). Lateness = stamp − `scheduled_for`. The baseline is one repetition.",
+        (f"{len(reps) or 1} repetition(s) of {p['runs']:,} one-shot jobs due {p['gap_ms'][0]}–{p['gap_ms'][1]} ms apart "
+         f"(seeded random gaps), the first {p['lead_ms'] / 1000:g} s after creation, pooled; one dispatcher, concurrency "
+         f"{p['concurrency']}, an in-bench executor that stamps its entry (bench-only registration through "
+         "`Dispatcher._executors`). Lateness = stamp − `scheduled_for`. The baseline is one repetition."),
         "",
         md_table(["measured", "runs", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows),
         "",
@@ -295,22 +295,22 @@ def render(res: dict[str, Any]) -> str:
     if res.get("slow_runs"):
         out += [f"{res['slow_runs']} run(s) started more than 100 ms late.", ""]
     out += [
-        "The bare-sleep baseline shows how late this machine wakes any sleeping thread during the run: well above a "
-        "fraction of a millisecond at p99, the machine was busy with other work and the scheduler's tail is inflated too.",
+        ("The bare-sleep baseline shows how late this machine wakes any sleeping thread during the run: well above a "
+         "fraction of a millisecond at p99, the machine was busy with other work and the scheduler's tail is inflated too."),
         "",
-        *([f"Under load, each repetition: " + "; ".join(
+        *(["Under load, each repetition: " + "; ".join(
             f"p50 {r['p50']:.1f} / p99 {r['p99']:.1f} / max {r['max']:.1f} ms with {r['load_per_s_achieved']:,.0f} load runs/s"
             f" achieved ({r['load_ok']:,} of {r['load_runs']:,} ok; their own start lateness p99 {fmt(r['load_p99'], 0)} ms)"
             for r in res["loaded_reps"]) + f". Goal p99 <= {GOAL_LOADED_P99_MS:g} ms: {verdict(res['met_loaded'])}. "
             f"Load average at the end: {res.get('load_avg_1m_after', '?')}.", "",
-            "Why the loaded goal is missed (profiled for issue 18 in-process: 4,000 no-op jobs due 1 ms apart, loop "
-            "statements timed with a thread-CPU clock): the dispatcher sustains about 820-940 runs/s in this regime, less "
-            "than the 1,000 runs/s offered plus the measured jobs, so a backlog builds through the run and lateness with "
-            "it (seconds, not milliseconds). Jobs due 1 ms apart give each pass only 2.3-3 runs, and a pass's fixed costs "
-            "(the commit and its fsync, the lease check, the due-time reads, materialising the slots that came due) are "
-            "shared by 2-3 runs instead of 4: the loop thread spends about 0.8 ms of CPU per run here against 0.5 ms in "
-            "figure 2's burst. Restarting the WAL under continuous writes (this round) raised the rate from about 600 to "
-            "about 900 runs/s; the rest is the per-run cost that figure 2 explains.", ""] if res.get("loaded") else []),
+            ("Why the loaded goal is missed (profiled for issue 18 in-process: 4,000 no-op jobs due 1 ms apart, loop "
+             "statements timed with a thread-CPU clock): the dispatcher sustains about 820-940 runs/s in this regime, less "
+             "than the 1,000 runs/s offered plus the measured jobs, so a backlog builds through the run and lateness with "
+             "it (seconds, not milliseconds). Jobs due 1 ms apart give each pass only 2.3-3 runs, and a pass's fixed costs "
+             "(the commit and its fsync, the lease check, the due-time reads, materialising the slots that came due) are "
+             "shared by 2-3 runs instead of 4: the loop thread spends about 0.8 ms of CPU per run here against 0.5 ms in "
+             "figure 2's burst. Restarting the WAL under continuous writes (this round) raised the rate from about 600 to "
+             "about 900 runs/s; the rest is the per-run cost that figure 2 explains."), ""] if res.get("loaded") else []),
         f"Goal p99 <= {GOAL_P99_MS:g} ms over >= 500 runs: {verdict(res['met'])}"
         + ("" if res["enough_runs"] else f" (no verdict: the quick form has {p['runs']} runs, fewer than the goal asks)") + ".",
     ]

@@ -252,34 +252,34 @@ def render(res: dict[str, Any]) -> str:
     rows.append(("in-process dispatcher loop (bench thread, no CLI output; reference)", fmt(res["inproc"]["jobs_per_s"], 0),
                  reps(res["inproc"]), extra(res["inproc"], "commits_per_job"), "—", "—"))
     if res.get("floor"):
-        rows.append(("database floor: the kernel's row writes alone, grouped as a pass commits them (plain `sqlite3`,"
-                     " one thread, no logic; figure 1)", fmt(res["floor"]["jobs_per_s"], 0), reps(res["floor"]),
+        rows.append((("database floor: the kernel's row writes alone, grouped as a pass commits them (plain `sqlite3`,"
+                      " one thread, no logic; figure 1)"), fmt(res["floor"]["jobs_per_s"], 0), reps(res["floor"]),
                      extra(res["floor"], "commits_per_job"), "—", f"{res['ratio_ours_floor']:.2f}x"))
     per_rep = lambda key: ", ".join(f"{v:.2f}x" for v in res[key] if v is not None)  # noqa: E731
     out = [
-        f"{p['jobs']:,} one-shot jobs due at one instant, {p['concurrency']} worker threads each, a SQLite file each, "
-        f"{p['reps']} repetition(s), the configurations alternating within each. APScheduler: `BackgroundScheduler`, "
-        "`SQLAlchemyJobStore`, `ThreadPoolExecutor(4)`, date trigger at now, jobs stored while paused, timed from `resume()` "
-        "to the last `EVENT_JOB_EXECUTED`. Scheduler: a real `scheduler run --concurrency 4` process (started through "
-        "`bench._counted_run`, which counts its commits), jobs created due a few seconds ahead, timed from the due time to "
-        "the last run's `finished_at`; each run durably claimed, recorded with its `run.started` and `run.finished` events, "
-        "and completed.",
+        (f"{p['jobs']:,} one-shot jobs due at one instant, {p['concurrency']} worker threads each, a SQLite file each, "
+         f"{p['reps']} repetition(s), the configurations alternating within each. APScheduler: `BackgroundScheduler`, "
+         "`SQLAlchemyJobStore`, `ThreadPoolExecutor(4)`, date trigger at now, jobs stored while paused, timed from `resume()` "
+         "to the last `EVENT_JOB_EXECUTED`. Scheduler: a real `scheduler run --concurrency 4` process (started through "
+         "`bench._counted_run`, which counts its commits), jobs created due a few seconds ahead, timed from the due time to "
+         "the last run's `finished_at`; each run durably claimed, recorded with its `run.started` and `run.finished` events, "
+         "and completed."),
         "",
         md_table(["scheduler", "jobs/s (median)", "each repetition", "commits per run", "process CPU ms/run",
                   "scheduler run / this"], rows),
         "",
-        f"`scheduler run` / APScheduler tuned: **{res['ratio_tuned']:.2f}x** (each repetition {per_rep('ratio_tuned_reps')}), "
-        f"goal >= {GOAL_TUNED:g}x: {verdict(res['met_tuned'])}. "
-        f"`scheduler run` / APScheduler defaults: **{res['ratio_defaults']:.2f}x** (each repetition "
-        f"{per_rep('ratio_defaults_reps')}), goal >= {GOAL_DEFAULTS:g}x: {verdict(res['met_defaults'])}.",
+        (f"`scheduler run` / APScheduler tuned: **{res['ratio_tuned']:.2f}x** (each repetition {per_rep('ratio_tuned_reps')}), "
+         f"goal >= {GOAL_TUNED:g}x: {verdict(res['met_tuned'])}. "
+         f"`scheduler run` / APScheduler defaults: **{res['ratio_defaults']:.2f}x** (each repetition "
+         f"{per_rep('ratio_defaults_reps')}), goal >= {GOAL_DEFAULTS:g}x: {verdict(res['met_defaults'])}."),
         "",
-        f"Why `synchronous` decides it: APScheduler commits one `DELETE` per job, so at FULL every job waits for an fsync; "
-        f"the dispatcher commits a whole pass (the completions of up to 4 finished runs and the claims of up to 4 new ones) "
-        f"at once, {extra(res['ours'], 'commits_per_job')} commits per run here (passes that wrote nothing included). At "
-        f"NORMAL neither waits for the disk and the figure is CPU: the scheduler spends "
-        f"{extra(res.get('ours_normal') or res['ours'], 'cpu_ms_per_job', 2)} ms of CPU per run (claim, run row, two events, "
-        "completion, counters, the run pipeline's steps in the worker), APScheduler one pickled row read and one delete. "
-        f"Load average at the end: {res.get('load_avg_1m_after', '?')} (2-core machine shared with other work).",
+        (f"Why `synchronous` decides it: APScheduler commits one `DELETE` per job, so at FULL every job waits for an fsync; "
+         f"the dispatcher commits a whole pass (the completions of up to 4 finished runs and the claims of up to 4 new ones) "
+         f"at once, {extra(res['ours'], 'commits_per_job')} commits per run here (passes that wrote nothing included). At "
+         f"NORMAL neither waits for the disk and the figure is CPU: the scheduler spends "
+         f"{extra(res.get('ours_normal') or res['ours'], 'cpu_ms_per_job', 2)} ms of CPU per run (claim, run row, two events, "
+         "completion, counters, the run pipeline's steps in the worker), APScheduler one pickled row read and one delete. "
+         f"Load average at the end: {res.get('load_avg_1m_after', '?')} (2-core machine shared with other work)."),
         "",
         "Where the time goes (profiled for issue 18, third round: in-process dispatcher, 3,000 no-op runs, FULL, quiet "
         "machine; per-thread CPU from `/proc/self/task`, every SQL statement timed with a thread-CPU clock, `cProfile` "

@@ -180,9 +180,9 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> list[str]:
 
 
 def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: str = f"sleep:{SLEEP_S}") -> dict[str, Any]:
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
 
     schema = f"bench_x_{os.getpid()}_{k}_{'noop' if payload == 'ok' else 'sleep'}"
     _drop_schema(base_url, schema)
@@ -356,29 +356,29 @@ def render(res: dict[str, Any]) -> str:
              " / ".join(f"{v:.1f}" for v in r.get("repetitions_jobs_per_s", [r["jobs_per_s"]])))
             for r in res["rows"]]
     out = [
-        f"PostgreSQL {res['server']} at {HOST}:{PORT}/{DATABASE}, a fresh schema per row. {p['jobs']} one-shot jobs due now, "
-        f"testkit `sleep:{SLEEP_S}`, created in one transaction while k `scheduler run --shared --concurrency {p['concurrency']}` "
-        "processes were idle; timed from that commit to the last run's `finished_at`. Every job ran exactly once (checked). "
-        f"Each row is the median of {p.get('repetitions', 1)} repetition(s), run in turn (1, 2, 3, 1, 2, 3...) so that "
-        "other load on this shared machine falls on every dispatcher count alike; the row's other columns are that run's.",
+        (f"PostgreSQL {res['server']} at {HOST}:{PORT}/{DATABASE}, a fresh schema per row. {p['jobs']} one-shot jobs due now, "
+         f"testkit `sleep:{SLEEP_S}`, created in one transaction while k `scheduler run --shared --concurrency {p['concurrency']}` "
+         "processes were idle; timed from that commit to the last run's `finished_at`. Every job ran exactly once (checked). "
+         f"Each row is the median of {p.get('repetitions', 1)} repetition(s), run in turn (1, 2, 3, 1, 2, 3...) so that "
+         "other load on this shared machine falls on every dispatcher count alike; the row's other columns are that run's."),
         "",
         md_table(["dispatchers", "seconds", "jobs/s", "vs one", "ideal jobs/s", "of ideal", "runs per dispatcher",
                   "dispatcher CPU ms/job", "PostgreSQL CPU ms/job", "machine CPU busy", "every repetition, jobs/s"], rows),
         "",
-        "Dispatcher CPU is the user+system time the dispatcher processes used while the jobs ran (`/proc/<pid>/stat`), "
-        "PostgreSQL CPU that of the dispatchers' own backends (by `application_name`; — when the server is not local; "
-        "the WAL writer and other sessions are not counted); "
-        "machine CPU busy is the share of all cores busy meanwhile (`/proc/stat`: PostgreSQL, the dispatchers, this bench "
-        "and anything else running). Near 100% the figure is limited by this machine's cores, not by the dispatchers' "
-        f"coordination ({res.get('cores', '?')} cores here).",
+        ("Dispatcher CPU is the user+system time the dispatcher processes used while the jobs ran (`/proc/<pid>/stat`), "
+         "PostgreSQL CPU that of the dispatchers' own backends (by `application_name`; — when the server is not local; "
+         "the WAL writer and other sessions are not counted); "
+         "machine CPU busy is the share of all cores busy meanwhile (`/proc/stat`: PostgreSQL, the dispatchers, this bench "
+         "and anything else running). Near 100% the figure is limited by this machine's cores, not by the dispatchers' "
+         f"coordination ({res.get('cores', '?')} cores here)."),
         "",
         f"3 dispatchers / 1 dispatcher: **{res['ratio']:.2f}x**, goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}.",
     ]
     if res.get("noop_rows"):
         out += [
             "",
-            f"Aggregate no-op throughput (testkit `ok`, {p.get('noop_jobs', '?')} jobs, same procedure; with nothing to wait "
-            "for, this is what the dispatchers and PostgreSQL cost per run on this machine):",
+            (f"Aggregate no-op throughput (testkit `ok`, {p.get('noop_jobs', '?')} jobs, same procedure; with nothing to wait "
+             "for, this is what the dispatchers and PostgreSQL cost per run on this machine):"),
             "",
             md_table(["dispatchers", "seconds", "jobs/s", "vs one", "runs per dispatcher", "dispatcher CPU ms/job",
                       "PostgreSQL CPU ms/job", "machine CPU busy"],

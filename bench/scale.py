@@ -101,9 +101,9 @@ def _timed(fn: Any, calls: int, warmup: int) -> dict[str, float]:
 def wake_cost(path: Path, calls: int, warmup: int) -> dict[str, Any]:
     """Time ``Dispatcher._tick()`` and its queries on an idle database of stored jobs."""
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.queue import materialize_due, next_due
     from scheduler.plugins.stores import open_store
+    from scheduler.runtime import dispatcher as Dispatcher
 
     store = open_store(str(path))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=4, artifacts_root=path.parent / "artifacts"), say=None)
@@ -274,10 +274,10 @@ def render(res: dict[str, Any]) -> str:
             fmt(r["rss"]["peak_rss_mb"], 0), fmt(r["rss"]["runs_ok"]),
         ))
     out = [
-        f"Idle wake-ups timed over {p['calls']} calls (after {p['warmup']} warm-up calls) on the SQLite store the dispatcher "
-        f"uses, nothing due. RSS: `scheduler --db FILE --json run --duration {p['rss_duration_s']}s` as a subprocess, "
-        f"{DUE_JOBS} jobs made due just before it starts; peak RSS from `os.wait4` (`ru_maxrss`). "
-        f"Empty database: {res['empty_rss']['peak_rss_mb']:,.0f} MB.",
+        (f"Idle wake-ups timed over {p['calls']} calls (after {p['warmup']} warm-up calls) on the SQLite store the dispatcher "
+         f"uses, nothing due. RSS: `scheduler --db FILE --json run --duration {p['rss_duration_s']}s` as a subprocess, "
+         f"{DUE_JOBS} jobs made due just before it starts; peak RSS from `os.wait4` (`ru_maxrss`). "
+         f"Empty database: {res['empty_rss']['peak_rss_mb']:,.0f} MB."),
         "",
         md_table(["stored jobs", "db MB", "bulk load s", "_tick µs (median)", "_tick µs (mean)", "materialize_due µs (median)",
                   "next_due µs (median)", "peak RSS MB", "runs in RSS run"], table_rows),

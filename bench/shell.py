@@ -89,9 +89,9 @@ def _specs(jobs: int, at_ms: int) -> list[Any]:
 
 def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """N due shell jobs through a real ``scheduler run`` process; jobs/s from the due time to the last ``finished_at``."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
 
     path = fresh_db(directory, f"shell-{tag}.db")
     store = open_store(str(path))
@@ -139,11 +139,11 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s
 
 def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """The same workload through an in-process ``Dispatcher`` with its commits counted (and its CPU time)."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
+    from scheduler.runtime import dispatcher as Dispatcher
 
     path = fresh_db(directory, f"counted-{tag}.db")
     store = open_store(str(path))
@@ -156,7 +156,7 @@ def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.
     def target() -> None:
         try:
             dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             failure.append(exc)
 
     poll = sqlite3.connect(str(path))
@@ -304,21 +304,21 @@ def render(res: dict[str, Any]) -> str:
          ", ".join(f"{v:,.0f}" for v in res["loop"]["reps"]), "2.00"),
     ]
     out = [
-        f"{p['jobs']} one-shot shell jobs (`true`, default settings) due at once, {p['reps']} repetition(s), SQLite "
-        f"`synchronous={res['synchronous']}` (WAL) for both. The scheduler side is a real `scheduler run` process that was "
-        "idle when the jobs were committed, timed from that commit (the due time) to the last run's `finished_at`; every "
-        "job ran exactly once (checked). The loop runs in this process, one job after the other.",
+        (f"{p['jobs']} one-shot shell jobs (`true`, default settings) due at once, {p['reps']} repetition(s), SQLite "
+         f"`synchronous={res['synchronous']}` (WAL) for both. The scheduler side is a real `scheduler run` process that was "
+         "idle when the jobs were committed, timed from that commit (the due time) to the last run's `finished_at`; every "
+         "job ran exactly once (checked). The loop runs in this process, one job after the other."),
         "",
         md_table(["side", "jobs/s (median)", "each repetition", "commits per run"], rows),
         "",
-        f"Ratio per repetition: {', '.join(f'{r:.2f}x' for r in res['ratios'] if r is not None)}; median **{res['ratio']:.2f}x**, "
-        f"goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}. Load average (1, 5, 15 min) at the end: {res['load_avg_at_end']}.",
+        (f"Ratio per repetition: {', '.join(f'{r:.2f}x' for r in res['ratios'] if r is not None)}; median **{res['ratio']:.2f}x**, "
+         f"goal >= {GOAL_RATIO:g}x: {verdict(res['met'])}. Load average (1, 5, 15 min) at the end: {res['load_avg_at_end']}."),
         "",
-        f"Commits per run were counted in-process (same workload through a `Dispatcher` whose store counts its outermost "
-        f"write transactions): {c['commits']} commits for {c['jobs']} runs = {c['commits_per_run']:.2f} per run "
-        f"(materialise, claim and completion are grouped by the loop; the process identities written before the payloads "
-        f"start went through the group writer: {c.get('handle_writes', '?')} writes in {c.get('handle_commits', '?')} commits). "
-        f"That run: {c['jobs_per_s']:,.0f} jobs/s, {c['cpu_ms_per_job']:.1f} ms dispatcher CPU per job.",
+        (f"Commits per run were counted in-process (same workload through a `Dispatcher` whose store counts its outermost "
+         f"write transactions): {c['commits']} commits for {c['jobs']} runs = {c['commits_per_run']:.2f} per run "
+         f"(materialise, claim and completion are grouped by the loop; the process identities written before the payloads "
+         f"start went through the group writer: {c.get('handle_writes', '?')} writes in {c.get('handle_commits', '?')} commits). "
+         f"That run: {c['jobs_per_s']:,.0f} jobs/s, {c['cpu_ms_per_job']:.1f} ms dispatcher CPU per job."),
     ]
     out += ["", PROFILE_NOTE]
     if res.get("plot"):

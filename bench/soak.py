@@ -61,9 +61,9 @@ def _command(log: Path, seconds: float) -> str:
 
 
 def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random) -> list[dict[str, Any]]:
+    from scheduler.base.timeutil import to_iso
     from scheduler.core.jobs import create_jobs
     from scheduler.core.spec import validate_spec
-    from scheduler.base.timeutil import to_iso
 
     count = p["cycles"] * p["jobs_per_cycle"]
     specs = []
@@ -131,8 +131,8 @@ def _unfinished(store: Any) -> tuple[int, int]:
 
 def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str, Any]:
     """Run the soak on database ``db`` (a SQLite path or PostgreSQL URL); returns the figures."""
-    from scheduler.plugins.stores import open_store
     from scheduler.base.timeutil import now_ms
+    from scheduler.plugins.stores import open_store
 
     say = say or (lambda _m: None)
     rng = random.Random(p["seed"])
@@ -259,10 +259,10 @@ def run(ctx: Context) -> dict[str, Any]:
 def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     return [(
         "7. soak: kill -9 cycles",
-        f"{res['params']['cycles']} cycles, {fmt(res['slots'])} slots: lost {res['lost_slots']}, stuck {res['stuck_runs']}, "
-        f"at-most-once duplicated {res['duplicated_at_most_once']}, at-least-once duplicated "
-        f"{res['duplicated_at_least_once']} of {res['interrupted_at_least_once']} interrupted, "
-        f"orphaned groups {res['orphaned_process_groups']}",
+        (f"{res['params']['cycles']} cycles, {fmt(res['slots'])} slots: lost {res['lost_slots']}, stuck {res['stuck_runs']}, "
+         f"at-most-once duplicated {res['duplicated_at_most_once']}, at-least-once duplicated "
+         f"{res['duplicated_at_least_once']} of {res['interrupted_at_least_once']} interrupted, "
+         f"orphaned groups {res['orphaned_process_groups']}"),
         "all 0; at-least-once duplicates only for interrupted runs",
         _ok(res),
     )]
@@ -287,12 +287,12 @@ def render(res: dict[str, Any]) -> str:
         ("dispatchers killed while runs were running", res["kills_mid_run"], f"of {p['cycles']} cycles"),
     ]
     return "\n".join([
-        f"{p['cycles']} cycles: `scheduler run --concurrency {p['concurrency']} --lease-ttl {p['lease_ttl']}` on a fresh SQLite "
-        f"file, alive {p['min_alive_s']}–{p['max_alive_s']} s after it holds the lease, then `kill -9`; "
-        f"{p['jobs_per_cycle']} one-shot shell jobs per cycle due at random times over the soak, half at-most-once and half "
-        f"at-least-once, each sleeping {p['min_run_s']}–{p['max_run_s']} s between a `start` and an `end` line in a "
-        "side-effect log. A final dispatcher drains everything and stops on SIGTERM "
-        f"(exit {res['drain_exit']}); {res['elapsed']:.0f} s in all. Counts come from the log and the database after the drain.",
+        (f"{p['cycles']} cycles: `scheduler run --concurrency {p['concurrency']} --lease-ttl {p['lease_ttl']}` on a fresh SQLite "
+         f"file, alive {p['min_alive_s']}–{p['max_alive_s']} s after it holds the lease, then `kill -9`; "
+         f"{p['jobs_per_cycle']} one-shot shell jobs per cycle due at random times over the soak, half at-most-once and half "
+         f"at-least-once, each sleeping {p['min_run_s']}–{p['max_run_s']} s between a `start` and an `end` line in a "
+         "side-effect log. A final dispatcher drains everything and stops on SIGTERM "
+         f"(exit {res['drain_exit']}); {res['elapsed']:.0f} s in all. Counts come from the log and the database after the drain."),
         "",
         md_table(["figure", "count", "meaning"], rows, align="lrl"),
         "",

@@ -70,11 +70,11 @@ def params(ctx: Context) -> dict[str, Any]:
 
 def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """N due no-op jobs through a real ``Dispatcher``; returns jobs/s and what the run looked like."""
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
+    from scheduler.runtime import dispatcher as Dispatcher
 
     path = fresh_db(directory, f"kernel-{tag}.db")
     store = open_store(str(path))
@@ -89,7 +89,7 @@ def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s:
     def target() -> None:
         try:
             dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # reported below, never swallowed
+        except BaseException as exc:  # noqa: BLE001 - reported below, never swallowed
             failure.append(exc)
 
     poll = sqlite3.connect(str(path))
@@ -149,14 +149,13 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, synchrono
     for the process (None: the setting in force). The process is started through
     ``bench._counted_run`` (the CLI's ``main`` with its commits counted, see there).
     """
-    import os
     import signal
     import subprocess
     import sys
 
+    from scheduler.base.timeutil import now_ms
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
-    from scheduler.base.timeutil import now_ms
 
     sync = (synchronous or sqlite_synchronous()).upper()
     for lead_ms in (4_000, 8_000, 16_000):  # the lead must cover creating the jobs and starting the process
@@ -326,7 +325,7 @@ def run_raw_grouped(directory: Path, jobs: int, *, group: int = 4, tag: str) -> 
         chunk = ids[lo:lo + group]
         now = int(time.time() * 1000)
         x("BEGIN IMMEDIATE")
-        for run_id, job_id, dispatch_id in running:
+        for run_id, job_id, _dispatch_id in running:
             x("UPDATE runs SET exit_code = ?, error_code = ?, summary = ?, env_policy_warning = ?, stdout_excerpt = ?,"
               " stdout_bytes = ?, stdout_sha256 = ?, stdout_truncated = ?, stdout_artifact = ?, stderr_excerpt = ?,"
               " stderr_bytes = ?, stderr_sha256 = ?, stderr_truncated = ?, stderr_artifact = ?, identity_json = ?,"
@@ -453,40 +452,40 @@ def render(res: dict[str, Any]) -> str:
     for label, key, share in (*labelled,
                               ("raw SQLite, kernel-shaped commits (baseline)", "raw_shaped", f"{res['ratio']:.1%}"),
                               ("raw SQLite, 3 commits per job (reference)", "raw_three", f"{res['ratio_three']:.1%}"),
-                              *((("raw SQLite, the kernel's writes grouped as a pass groups them: the database floor"
-                                  " (reference)", "raw_grouped", f"{res['ratio_grouped']:.1%}"),) if res.get("raw_grouped") else ())):
+                              *(((("raw SQLite, the kernel's writes grouped as a pass groups them: the database floor"
+                                   " (reference)"), "raw_grouped", f"{res['ratio_grouped']:.1%}"),) if res.get("raw_grouped") else ())):
         r = res[key]
         rows.append((label, fmt(r["jobs_per_s"], 0), fmt(r["commits_per_job"], 3), fmt(r.get("cpu_ms_per_job"), 2),
                      ", ".join(f"{v:,.0f}" for v in r["reps"]), share))
     table = md_table(["loop", "jobs/s (median)", "commits/job", "CPU ms/job", "each repetition", "scheduler / this"], rows)
     out = [
-        f"{p['jobs']:,} one-shot jobs due now, testkit payload `ok`, {p['reps']} repetition(s), "
-        f"SQLite `synchronous={res['synchronous']}` (WAL) for every loop. Raw loops are single-threaded `sqlite3` "
-        f"on the kernel's schema doing the kernel's row writes per run (see `bench/throughput.py`); the raw commit rate "
-        f"was {res['raw_shaped']['commits_per_s']:,.0f} commits/s (kernel-shaped) and "
-        f"{res['raw_three']['commits_per_s']:,.0f} commits/s (3 per job).",
+        (f"{p['jobs']:,} one-shot jobs due now, testkit payload `ok`, {p['reps']} repetition(s), "
+         f"SQLite `synchronous={res['synchronous']}` (WAL) for every loop. Raw loops are single-threaded `sqlite3` "
+         f"on the kernel's schema doing the kernel's row writes per run (see `bench/throughput.py`); the raw commit rate "
+         f"was {res['raw_shaped']['commits_per_s']:,.0f} commits/s (kernel-shaped) and "
+         f"{res['raw_three']['commits_per_s']:,.0f} commits/s (3 per job)."),
         "",
         table,
         "",
-        f"Ratio `scheduler run` / kernel-shaped raw loop: **{res['ratio']:.1%}**, goal >= {GOAL_RATIO:.0%}: {verdict(res['met'])}. "
-        "The `scheduler run` process is started through `bench._counted_run` (the CLI's `main` with its outermost write "
-        "transactions counted: commits/job, including passes that wrote nothing); the jobs are created due a few seconds "
-        "ahead and the clock runs from their due time to the last run's `finished_at`; its CPU ms/job is the process's "
-        "user+system time (`/proc/<pid>/stat`) over the same span. The in-process row runs the dispatcher on a thread of the "
-        "bench (no CLI, no per-run output lines), timed from its start; its CPU is the bench process's. Raw loops' CPU is "
-        "`time.process_time`.",
+        (f"Ratio `scheduler run` / kernel-shaped raw loop: **{res['ratio']:.1%}**, goal >= {GOAL_RATIO:.0%}: {verdict(res['met'])}. "
+         "The `scheduler run` process is started through `bench._counted_run` (the CLI's `main` with its outermost write "
+         "transactions counted: commits/job, including passes that wrote nothing); the jobs are created due a few seconds "
+         "ahead and the clock runs from their due time to the last run's `finished_at`; its CPU ms/job is the process's "
+         "user+system time (`/proc/<pid>/stat`) over the same span. The in-process row runs the dispatcher on a thread of the "
+         "bench (no CLI, no per-run output lines), timed from its start; its CPU is the bench process's. Raw loops' CPU is "
+         "`time.process_time`."),
     ]
     if res.get("raw_grouped"):
         g = res["raw_grouped"]
-        out += ["", f"The database floor (last row): the same row writes per run as the kernel's (run row inserted and "
-                f"completed with its result columns and RETURNING, `run.started` and `run.finished` events, the dispatch "
-                f"row inserted, claimed and done, the job's counters), in the kernel's multi-row statements, committed "
-                f"{res['params']['concurrency']} completions and {res['params']['concurrency']} claims at a time as a pass "
-                f"commits them, by a single thread of plain `sqlite3` with no logic around them: {g['jobs_per_s']:,.0f} jobs/s "
-                f"at {g['cpu_ms_per_job']:.2f} ms of CPU per job. The scheduler reaches {res['ratio_grouped']:.0%} of it; "
-                "what keeps the floor itself down is SQLite: the writes of a run touch 4 tables and 12 of their indexes (about 13 "
-                "pages per run, each written to the WAL at commit) and check the tables' constraints and triggers, and "
-                "each commit waits for its fsync."]
+        out += ["", (f"The database floor (last row): the same row writes per run as the kernel's (run row inserted and "
+                 f"completed with its result columns and RETURNING, `run.started` and `run.finished` events, the dispatch "
+                 f"row inserted, claimed and done, the job's counters), in the kernel's multi-row statements, committed "
+                 f"{res['params']['concurrency']} completions and {res['params']['concurrency']} claims at a time as a pass "
+                 f"commits them, by a single thread of plain `sqlite3` with no logic around them: {g['jobs_per_s']:,.0f} jobs/s "
+                 f"at {g['cpu_ms_per_job']:.2f} ms of CPU per job. The scheduler reaches {res['ratio_grouped']:.0%} of it; "
+                 "what keeps the floor itself down is SQLite: the writes of a run touch 4 tables and 12 of their indexes (about 13 "
+                 "pages per run, each written to the WAL at commit) and check the tables' constraints and triggers, and "
+                 "each commit waits for its fsync.")]
     if res.get("plot"):
         out += ["", f"![throughput]({res['plot']})"]
     return "\n".join(out)

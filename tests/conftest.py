@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
-import uuid
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from kernel_testing import RunningDispatcher, scheduler_cmd  # noqa: F401  (re-exported for tests)
 
 ROOT = Path(__file__).resolve().parents[1]

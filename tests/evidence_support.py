@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.core.queue import enqueue_manual

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pytest  # noqa: F401  (kept for helpers that skip)
+import pytest
 
-
-from scheduler.testing import RunningDispatcher, add_job, run_rows, wait_for  # noqa: E402,F401  (one definition, re-exported)
+from scheduler.testing import RunningDispatcher, add_job, run_rows, wait_for  # noqa: F401  (one definition, re-exported)
 
 
 def scheduler_cmd() -> list[str]:

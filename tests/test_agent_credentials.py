@@ -13,13 +13,12 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from kernel_testing import add_job, run_job_once
-
 
 INJECT = "chat-completions-env-inject-v1"
 
@@ -71,7 +70,7 @@ def _leaks(store: Any, tmp_path: Path, secret: str) -> list[str]:
     blobs: dict[str, bytes] = {}
     with store.read() as tx:
         for t in TABLES:
-            rows = tx.all(f"SELECT * FROM {t.name}")  # noqa: S608 - names come from the schema definition
+            rows = tx.all(f"SELECT * FROM {t.name}")  # names come from the schema definition
             blobs[f"table {t.name}"] = json.dumps([dict(r) for r in rows], default=repr).encode()
     for path in sorted(tmp_path.rglob("*")):
         if path.is_file() and (path.name.startswith("scheduler.db") or "artifacts" in path.parts):
@@ -84,8 +83,8 @@ def test_an_agent_job_with_an_env_credential_is_accepted_and_other_media_are_not
     """The executor claims ``credentials-env`` (and only it): ``jobs add`` and governance accept env, refuse file/stdin."""
     from scheduler_executor_agent import AgentExecutor
 
-    from scheduler.pipeline import governance
     from scheduler.core.spec import validate_spec
+    from scheduler.pipeline import governance
 
     spec = {"name": "agent-env", "schedule_kind": "manual", "session_target": "isolated", "payload_message": "Deploy.",
             "credentials": [_binding()]}

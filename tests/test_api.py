@@ -354,7 +354,7 @@ def _documented_codes() -> set[str]:
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     section = text[text.index("### Error codes"):]
     section = section[: section.index("\n## ")]
-    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", section, re.M))
+    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", section, re.MULTILINE))
 
 
 def test_every_registered_code_is_documented() -> None:

@@ -17,9 +17,9 @@ from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
 from scheduler.approvals.decisions import decide, expire_due, list_approvals, scope_matches
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.jobs import delete_job, set_enabled, update_job
 from scheduler.core.queue import enqueue_manual
-from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.transitions import insert_dispatch
 
 
@@ -202,7 +202,7 @@ def test_scope_matching_uses_the_account_not_the_environment(monkeypatch: pytest
     assert scope_matches(None, "anyone", 1234)
     assert scope_matches("uid:1234", "anyone", 1234) and not scope_matches("uid:1234", "anyone", 1235)
     assert scope_matches("alice", "alice", 1) and not scope_matches("alice", "mallory", 2)
-    assert scope_matches("ａｌｉｃｅ", "alice", 1)  # NFKC: full-width letters are the same principal
+    assert scope_matches("ａｌｉｃｅ", "alice", 1)  # noqa: RUF001 - NFKC: full-width letters are the same principal
     from scheduler.approvals.decisions import approver_identity
 
     monkeypatch.setenv("USER", "someone-else")

@@ -109,7 +109,7 @@ def test_a_scoped_gate_refuses_other_local_accounts(shared_dir: Path) -> None:  
     log = shared_dir / "dispatcher.log"
     with open(log, "wb") as fh:
         dispatcher = subprocess.Popen([str(SYSTEM_PYTHON), "-c", code, "--db", str(db), "run", "--duration", "60s"], stdout=fh,
-                                      stderr=subprocess.STDOUT, cwd="/", preexec_fn=switch,
+                                      stderr=subprocess.STDOUT, cwd="/", preexec_fn=switch,  # noqa: PLW1509 - the user switch
                                       env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env})
     try:
         def pending_gate() -> list[dict[str, Any]]:

@@ -8,11 +8,11 @@ payload never started" is a file that does not exist.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.base.errors import SchedulerError
@@ -133,8 +133,8 @@ def test_bad_fields_are_refused(extra: dict[str, Any], expected: dict[str, str])
 
 def test_missing_provider_is_refused_and_nothing_is_stored(store: Any) -> None:
     from scheduler.core.jobs import create_jobs
-    from scheduler.plugins.refs import require_plugins
     from scheduler.core.spec import validate_spec
+    from scheduler.plugins.refs import require_plugins
 
     s = validate_spec(spec(authorization_ref="nosuchauthz:policy"))
     with pytest.raises(SchedulerError) as exc:
@@ -163,9 +163,9 @@ def test_artifact_carries_the_declaration_and_jobs_without_keep_their_digest() -
 
 
 def test_a_job_without_authorization_ref_never_touches_the_store() -> None:
-    from scheduler.pipeline import authorization
     from scheduler.core.outcomes import RunOutcomes
     from scheduler.core.spec import validate_spec
+    from scheduler.pipeline import authorization
 
     class NoStore:
         def read(self) -> Any:

@@ -15,10 +15,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-import pytest
+from typing import Any
 
 BIN = Path(sys.executable).parent
 

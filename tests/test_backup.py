@@ -39,7 +39,7 @@ def loaded(tmp_path: Path):
         add_job(store, executor="shell", name=f"tick-{i}", schedule_kind="every", schedule_every="1s", payload_message="echo tick")
     add_job(store, executor="shell", name="big", schedule_kind="every", schedule_every="1s", payload_message="head -c 150000 /dev/zero | tr '\\0' x")
     store.close()
-    log = open(tmp_path / "dispatcher.log", "wb")
+    log = open(tmp_path / "dispatcher.log", "wb")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen([*scheduler_cmd(), "--db", str(db), "run", "--concurrency", "8", "--lease-ttl", "3s", "--grace", "1s"],
                             stdout=log, stderr=subprocess.STDOUT)
     yield db, proc

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core import lease as leases
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core import lease as leases
 from scheduler.core.events import append_event, batched
 from scheduler.core.queue import claim_and_start, enqueue_manual
-from scheduler.testing import add_job
-from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import NewRun, claim_and_start_many, committing
-
+from scheduler.testing import add_job
 
 
 def _events(store, kinds):
@@ -175,8 +174,8 @@ def test_a_pass_says_every_run_start_and_end_in_one_write(store):
 def test_one_shot_jobs_due_together_are_materialised_together_as_one_by_one(store):
     """Due one-shots become their deterministic ``at`` dispatches (bound to the job's artifact), once; a misfired one
     still takes the per-job path (its ``skip`` policy records a skipped run)."""
-    from scheduler.core.queue import materialize_due, slot_dispatch_id
     from scheduler.base.timeutil import to_iso
+    from scheduler.core.queue import materialize_due, slot_dispatch_id
 
     base = now_ms() + 10_000  # specs refuse a past schedule_at: materialise "later" instead
     due = [add_job(store, schedule_kind="at", schedule_at=to_iso(base + 61_000 + i), payload_message="ok") for i in range(3)]

@@ -9,7 +9,7 @@ from pathlib import Path
 from scheduler.plugins.stores import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: ``bench`` is not installed
-from bench.common import ACTIVE_SQL, TERMINAL_SQL, count_terminal  # noqa: E402
+from bench.common import ACTIVE_SQL, TERMINAL_SQL, count_terminal
 
 
 def _statuses(sql_list: str) -> set[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import enum
 import hashlib
+import itertools
 import json
 import math
 import operator
@@ -24,9 +25,10 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -63,7 +65,7 @@ class NodeReference:
     """One long-lived ``node tests/support/canonical_node.js``: values in, reference bytes out."""
 
     def __init__(self, node: str) -> None:
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the child's stderr, open for its life
         self._proc = subprocess.Popen(
             [node, str(HELPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
         )
@@ -72,7 +74,7 @@ class NodeReference:
         """The reference's UTF-8 bytes for each value (an AssertionError naming the value if node threw)."""
         answers = self._ask([wire(value) for value in values])
         out = []
-        for value, answer in zip(values, answers):
+        for value, answer in zip(values, answers, strict=True):
             assert not answer.startswith("!"), f"node refused {ascii(value)[:300]}: {answer[1:]}"
             out.append(base64.b64decode(answer, validate=True))
         return out
@@ -202,7 +204,7 @@ def compare_with_node(node: NodeReference, values: list[Any], tally: Counter[str
         else:
             sent.append(value)
     expected = [canonical_bytes(value) for value in sent]
-    for value, ours, theirs in zip(sent, expected, node.canonical(sent)):
+    for value, ours, theirs in zip(sent, expected, node.canonical(sent), strict=True):
         assert ours == theirs, f"value {ascii(value)[:500]}\npython {ours[:500]!r}\nnode   {theirs[:500]!r}"
     if tally is not None:
         for value in sent:
@@ -231,7 +233,7 @@ def features(value: Any) -> set[str]:
                     found.add("lone surrogate")
                 if low and not (i > 0 and 0xD800 <= units[i - 1] <= 0xDBFF):
                     found.add("lone surrogate")
-            if any(0xD800 <= ord(a) <= 0xDBFF and 0xDC00 <= ord(b) <= 0xDFFF for a, b in zip(item, item[1:])):
+            if any(0xD800 <= ord(a) <= 0xDBFF and 0xDC00 <= ord(b) <= 0xDFFF for a, b in itertools.pairwise(item)):
                 found.add("pair as two code points")
             if any(ord(ch) > 0xFFFF for ch in item):
                 found.add("astral")
@@ -386,7 +388,7 @@ def test_known_hard_cases_match_node(node: NodeReference) -> None:
     values: list[Any] = [
         {"b": 1, "a": 2, "\uffff": 3, "\U0001f600": 4, "\ue000": 5, "\ud7ff": 6},
         {"10": 1, "9": 2, "a": 3, "": 4, "!": 5, "4294967295": 6, "4294967294": 7, "01": 8, "0": 9, "-1": 10},
-        {"\ud83d\ude00x": 1, "\U0001f600": 2, "\ud83d": 3, "\ude00": 4, "\ud83d\ud83d\ude00": 5},
+        {"\ud83d\ude00x": 1, "\U0001f600": 2, "\ud83d": 3, "\ude00": 4, "\ud83d\ud83d\ude00": 5},  # noqa: F601 - distinct lone surrogates
         ["\ud83d\ude00", "\ude00\ud83d", "\ud800\ud800\udc00", "a\udbff", "\u2028\u2029", "".join(map(chr, range(0x20)))],
         [1.0, -0.0, 1e21, 1e20, 1e-7, 1e-6, 123e-20, 0.1, 5e-324, 1.7976931348623157e308, 100.0, -1e-7],
         [MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER, 0, UNDEFINED, None, True, False, (), {}, [[]], {"": {}}],
@@ -547,7 +549,7 @@ def test_keys_javascript_cannot_hold_are_refused() -> None:
     assert _code({"a": [{"__proto__": {}}]}) == "CANONICAL_KEY_UNSUPPORTED"
     # Two Python keys that are one JavaScript string: the pair as two code points and the character.
     assert _code({"\ud83d\ude00": 1, "\U0001f600": 2}) == "CANONICAL_KEY_UNSUPPORTED"
-    assert canonical_json({"__proto": 1, "__proto__x": 2, "\ud83d": 3, "\ude00": 4}) == (
+    assert canonical_json({"__proto": 1, "__proto__x": 2, "\ud83d": 3, "\ude00": 4}) == (  # noqa: F601 - distinct lone surrogates
         '{"__proto":1,"__proto__x":2,"\\ud83d":3,"\\ude00":4}'
     )
 
@@ -626,7 +628,7 @@ def test_fast_path_writes_what_the_writer_writes() -> None:
 
 @pytest.mark.parametrize("value", [
     {"a": 1.0}, [0.5], {"10": 1, "9": 2}, {"\u00e9": 1, "e": 2}, {"__proto__": 1}, {"a": 2**53}, [-(2**53)],
-    {"a": "\ud800"}, ["x\udfff"], {1: "a"}, {"a": Decimal("1")}, {"a": UNDEFINED}, {"a": True, "b": False, "c": None},
+    {"a": "\ud800"}, ["x\udfff"], {1: "a"}, {"a": Decimal(1)}, {"a": UNDEFINED}, {"a": True, "b": False, "c": None},
     {"": {"x": [1, "\u2028", {"y": ()}]}}, "\x00\x1f\"\\", [("a", 1)],
 ])
 def test_fast_path_hands_back_what_it_cannot_write_exactly(value: Any) -> None:

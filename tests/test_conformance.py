@@ -33,6 +33,7 @@ import pytest
 from click.testing import CliRunner
 
 from scheduler import PLUGIN_API_VERSION
+from scheduler.base.errors import SchedulerError
 from scheduler.conformance import ci
 from scheduler.conformance.channel import fill_body
 from scheduler.conformance.cli import conformance_group, result_line
@@ -58,10 +59,9 @@ from scheduler.conformance.service import (
     ServiceAnswer,
     ServiceRequest,
 )
-from scheduler.base.errors import SchedulerError
 from scheduler.core.execution import ExecutionResult, StreamCapture
-from scheduler.plugins.protocols import ChannelLimits, DeliveryReceipt, PermanentDeliveryError, TransientDeliveryError
 from scheduler.core.processes import group_alive, kill_group, process_identity
+from scheduler.plugins.protocols import ChannelLimits, DeliveryReceipt, PermanentDeliveryError, TransientDeliveryError
 from scheduler.settings import SecretRef
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,15 +15,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
+from scheduler import PLUGIN_API_VERSION
+from scheduler.base.errors import SchedulerError
 from scheduler.conformance import ci
 from scheduler.conformance.engine import FIXTURES_ENV, load_cases, run_kind
-from scheduler import PLUGIN_API_VERSION
 from scheduler.plugins.protocols import ResolvedCredential, RevokeResult
-from scheduler.base.errors import SchedulerError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,9 +64,9 @@ class EnvLikeSource:
         value = "bk-" + secrets.token_urlsafe(20)
 
         class StandIn:
-            settings: dict[str, Any] = {}
+            settings: ClassVar[dict[str, Any]] = {}
             ref = f"BROKEN_CRED_{secrets.token_hex(4).upper()}"
-            secrets = {ref: value} if request.source in ("value", "expired", "slow") else {}
+            secrets: ClassVar[dict[str, str]] = {ref: value} if request.source in ("value", "expired", "slow") else {}
 
             def values(self) -> list[str]:
                 return [value]

@@ -17,7 +17,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import pytest
@@ -98,10 +98,10 @@ class HmacSetup:
         verify_key = "bk-" + secrets.token_hex(16) if request.signer == "untrusted_key" else key
 
         class Setup:
-            settings: dict[str, Any] = {"verify_key_env": SIGN_VAR}
-            verify_settings = {"verify_key_env": VERIFY_VAR}
-            provider_config: dict[str, Any] = {}
-            secrets = {SIGN_VAR: key, VERIFY_VAR: verify_key}
+            settings: ClassVar[dict[str, Any]] = {"verify_key_env": SIGN_VAR}
+            verify_settings: ClassVar[dict[str, Any]] = {"verify_key_env": VERIFY_VAR}
+            provider_config: ClassVar[dict[str, Any]] = {}
+            secrets: ClassVar[dict[str, str]] = {SIGN_VAR: key, VERIFY_VAR: verify_key}
             signature_field = ("mac",)
 
             def secret_values(self) -> list[str]:

@@ -18,13 +18,13 @@ from typing import Any
 
 import attrs
 import pytest
+from scheduler_provider_proofs import DetachedSignatureVerifier
+from scheduler_provider_proofs.conformance import Ed25519Proofs
+from scheduler_provider_proofs.documents import parse_document, verified_document
 
 import scheduler.testing  # noqa: F401  (installs the run pipeline: the cases validate job specs)
 from scheduler.base.errors import SchedulerError
 from scheduler.conformance.engine import Report, load_cases, run_kind
-from scheduler_provider_proofs import DetachedSignatureVerifier
-from scheduler_provider_proofs.conformance import Ed25519Proofs
-from scheduler_provider_proofs.documents import parse_document, verified_document
 
 BIN = Path(sys.executable).parent
 SHIPPED = ["jwt", "detached-signature", "certificate", "detached-signature-ssh"]

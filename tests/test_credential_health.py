@@ -17,7 +17,6 @@ from typing import Any
 from kernel_testing import add_job, run_job_once
 
 
-
 def _finished_run_with_a_file(store: Any, dispatcher: Any, cred_dir: Path) -> dict[str, Any]:
     job = add_job(store, executor="shell", payload_message='test -s "$CREDENTIAL_KEYFILE_FILE"',
                   credentials=[{"name": "keyfile", "provider": "env", "ref": "HEALTH_CRED_SRC", "present": {"medium": "file"}}])

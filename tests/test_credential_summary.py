@@ -15,7 +15,6 @@ from typing import Any
 from kernel_testing import add_job, run_job_once
 
 
-
 def _run(store: Any, dispatcher: Any, command: str, bindings: list[dict[str, Any]]) -> dict[str, Any]:
     job = add_job(store, executor="shell", payload_message=command, credentials=bindings)
     return run_job_once(store, dispatcher, job)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from kernel_testing import TERMINAL, add_job, run_job_once, run_rows, wait_for
 
 from scheduler.base.errors import SchedulerError
@@ -254,8 +254,8 @@ def test_a_provider_that_hangs_is_bounded_by_the_run_timeout(store: Any, dispatc
 
 def test_a_provider_not_installed_at_run_time_fails_closed(store: Any, dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", "credential_providers:testcred")
-    from scheduler.core.spec import validate_spec
     from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
 
     spec = validate_spec({"name": "late", "schedule_kind": "manual", "executor": "shell", "payload_message": "true",
                           "credentials": [binding(provider="testcred", ref=f"value:{SECRET}")]})
@@ -309,8 +309,8 @@ def test_a_job_without_credentials_writes_no_presentation_and_no_summary(store: 
 
 
 def test_redactions_of_gives_every_presented_value() -> None:
-    from scheduler.pipeline.credentials.step import redactions_of
     from scheduler.core.execution import CredentialPresentation
+    from scheduler.pipeline.credentials.step import redactions_of
 
     got = redactions_of((CredentialPresentation(name="a", medium="env", key="A", value="x1"),
                          CredentialPresentation(name="b", medium="file", key="CREDENTIAL_B_FILE", path="/p", value=b"\x00\xff")))

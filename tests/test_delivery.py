@@ -8,22 +8,22 @@ checked the way a real receiver would check it.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.delivery.outbox import backoff_ms, enqueue, retry_failed, split_body
 from scheduler.base.errors import SchedulerError
-from scheduler.plugins.protocols import ChannelLimits
+from scheduler.base.timeutil import now_ms
 from scheduler.core.queue import enqueue_manual
+from scheduler.delivery.outbox import backoff_ms, enqueue, retry_failed, split_body
+from scheduler.plugins.protocols import ChannelLimits
 from scheduler.settings import reload_settings
 from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
-from scheduler.base.timeutil import now_ms
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 

@@ -60,7 +60,7 @@ def test_a_result_reaches_the_channel_through_scheduler_run_after_a_fault(channe
     proc = Proc(db, log=tmp_path / "dispatcher.log", env=env)
     try:
         proc.wait_ready()
-        wait_for(lambda: stand.received(), timeout=20, what=f"first attempt at {channel} ({proc.output()[-300:]})")
+        wait_for(stand.received, timeout=20, what=f"first attempt at {channel} ({proc.output()[-300:]})")
         stand.respond_with(answers[1])
 
         def delivered() -> list[dict[str, Any]]:

@@ -46,20 +46,20 @@ def test_a_re_exported_name_is_read_from_the_kernel_module_and_names_the_new_hom
 def test_every_use_warns_and_the_name_stays_out_of_the_module(old_module: types.ModuleType) -> None:
     for _ in range(2):
         with pytest.warns(DeprecationWarning):
-            old_module.dumps
+            _ = old_module.dumps
     assert "dumps" not in vars(old_module) and old_module.kept == 1
 
 
 def test_an_unknown_name_is_an_attribute_error(old_module: types.ModuleType) -> None:
     with pytest.raises(AttributeError, match="module 'oldplace' has no attribute 'nothing'"):
-        old_module.nothing
+        _ = old_module.nothing
     with pytest.raises(ImportError):
         from oldplace import nothing  # type: ignore[import-not-found] # noqa: F401
 
 
 def test_a_new_home_that_is_not_installed_says_where_the_name_went(old_module: types.ModuleType) -> None:
     with pytest.raises(ModuleNotFoundError, match=r"oldplace\.gone moved to no_such_distribution\.helpers") as raised:
-        old_module.gone
+        _ = old_module.gone
     assert raised.value.name == "no_such_distribution"
 
 

@@ -16,10 +16,10 @@ import time
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
+from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.cancel import cancel_run
 from scheduler.core.queue import enqueue_manual
-from scheduler.base.timeutil import now_ms
 
 
 def statuses(store, job_id):

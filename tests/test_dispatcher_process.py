@@ -29,7 +29,7 @@ class Proc:
     def __init__(self, db: Path | str, *extra: str, log: Path, grace: str = "1s", ttl: str = TTL,
                  env: dict[str, str] | None = None) -> None:
         self.log = log
-        self.fh = open(log, "wb")
+        self.fh = open(log, "wb")  # noqa: SIM115 - the child's log, open for its life
         self.p = subprocess.Popen([*scheduler_cmd(), "--db", str(db), *extra, "run", "--lease-ttl", ttl, "--grace", grace],
                                   stdout=self.fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
@@ -184,7 +184,7 @@ def test_sigstop_past_lease_then_resume_commits_nothing(sqlite_store, db_path, t
     a.p.wait(20)
     assert a.p.returncode != 0 and "LEASE_LOST" in a.output() + "LEASE LOST"
     after = run_rows(sqlite_store, job["id"])
-    same = [r for r in after if r["id"] == run["id"]][0]
+    same = next(r for r in after if r["id"] == run["id"])
     assert same["status"] == "crashed" and same["finished_at"] == crashed["finished_at"]
     with sqlite_store.read() as tx:
         events_after = tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE actor = ?", (run["dispatcher_owner"],))
@@ -229,7 +229,7 @@ def test_executor_ignoring_its_deadline_is_cut_loose_and_grace_is_honoured(sqlit
     assert a.p.wait(15) == 0, a.output()
     took = time.monotonic() - stopping
     assert took < 10, f"stop took {took:.1f}s"  # grace 1 s + kill grace 2 s + 1 s slack, never the 30 s sleep
-    second = [r for r in run_rows(sqlite_store, job["id"]) if r["id"] != first["id"]][0]
+    second = next(r for r in run_rows(sqlite_store, job["id"]) if r["id"] != first["id"])
     assert second["status"] == "cancelled" and second["error_code"] == "EXECUTOR_ABANDONED", second
     with sqlite_store.read() as tx:
         lease = tx.one("SELECT * FROM dispatcher_leases WHERE name = 'dispatcher'")
@@ -454,7 +454,7 @@ def test_pid_file_names_the_lease_holder_after_takeover(sqlite_store, db_path, t
     assert json.loads(c.stdout.strip().splitlines()[-1])["code"] == "DISPATCHER_ALREADY_RUNNING"
     assert pidfile.read_text().strip() == str(b.p.pid)  # a refused dispatcher never writes it
     out = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "status"], capture_output=True, text=True, timeout=30)
-    lease = [row for row in json.loads(out.stdout)["status"]["leases"] if row["name"] == "dispatcher"][0]
+    lease = next(row for row in json.loads(out.stdout)["status"]["leases"] if row["name"] == "dispatcher")
     assert lease["pid"] == b.p.pid and lease["live"]
     b.kill(signal.SIGTERM)
     assert b.p.wait(20) == 0

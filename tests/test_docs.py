@@ -19,16 +19,17 @@ import importlib
 import inspect
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 import pytest
 
 from scheduler.core.execution import RunControl
+from scheduler.core.store.base import Store, Tx
 from scheduler.plugins import hookspecs
 from scheduler.plugins.protocols import PROVIDER_KINDS
-from scheduler.core.store.base import Store, Tx
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS_MD = ROOT / "docs" / "plugins.md"
@@ -326,7 +327,7 @@ def test_global_options_are_documented() -> None:
 
 
 def _quick_start_commands(readme: str) -> list[str]:
-    body = next((b for _level, text, b in sections(readme) if re.search(r"quick\s*-?\s*start", text, re.I)), None)
+    body = next((b for _level, text, b in sections(readme) if re.search(r"quick\s*-?\s*start", text, re.IGNORECASE)), None)
     assert body is not None, "README.md has no Quick start section"
     blocks = code_blocks(body)
     candidates = [line for block in blocks for line in block.splitlines()] if blocks else re.findall(r"`([^`]+)`", body)
@@ -351,7 +352,7 @@ def test_readme_quick_start_is_make_run_and_make_test() -> None:
 def _executor_source_body() -> str:
     """``executor.py`` without its module docstring and ``from __future__`` line."""
     text = EXAMPLE_EXECUTOR.read_text(encoding="utf-8")
-    text = re.sub(r'^""".*?"""\s*', "", text, count=1, flags=re.S)
+    text = re.sub(r'^""".*?"""\s*', "", text, count=1, flags=re.DOTALL)
     text = text.replace("from __future__ import annotations\n", "", 1)
     return text.strip()
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from kernel_testing import add_job, run_rows, wait_for
 from test_authorization import _sideloaded, requests, testauthz  # noqa: F401  (the side-loaded provider's fixtures)
 from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public_pem
-
-from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.core.queue import enqueue_manual
 from scheduler.testing.http import LoopbackHTTPServer
@@ -65,7 +65,7 @@ def _claims(store: Any, proof_id: str) -> list[dict[str, Any]]:
 
 
 def test_the_escalation_gate_carries_the_proof_window_and_the_approved_run_rechecks_it(
-        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:
+        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:  # noqa: F811 - the fixture imported above
     key = rsa_key()
     job, source, marker = _job(store, tmp_path, key)
     source.write_text(mint_jwt(key, job["artifact_digest"], jti="escalated-1", exp_in=600))
@@ -92,7 +92,7 @@ def test_the_escalation_gate_carries_the_proof_window_and_the_approved_run_reche
 
 
 def test_a_proof_revoked_while_the_run_waits_ends_the_approved_run_proof_revoked(
-        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:
+        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:  # noqa: F811 - the fixture imported above
     key = rsa_key()
     job, source, marker = _job(store, tmp_path, key)
     source.write_text(mint_jwt(key, job["artifact_digest"], jti="revoke-me", exp_in=600))
@@ -112,13 +112,13 @@ def test_a_proof_revoked_while_the_run_waits_ends_the_approved_run_proof_revoked
 
 
 def test_a_proof_that_expired_while_the_run_waited_ends_it_proof_expired(
-        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:
+        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, cli: Any) -> None:  # noqa: F811 - the fixture imported above
     key = rsa_key()
     job, source, marker = _job(store, tmp_path, key, skew_s=0)
     source.write_text(mint_jwt(key, job["artifact_digest"], jti="short-lived", exp_in=3))
     dispatcher()
     enqueue_manual(store, job["id"])
-    run, approval = _waiting(store, job["id"])
+    _run, approval = _waiting(store, job["id"])
     assert approval["proof_clock_skew_ms"] == 0
     wait_for(lambda: time.time() * 1000 >= approval["proof_expires_at"] + 50, timeout=10, what="the proof to expire")
     assert cli("--json", "approvals", "approve", approval["id"]).code == 0
@@ -147,7 +147,7 @@ def receiver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Loopba
 
 
 def test_the_approval_notice_of_an_authorization_gate_reaches_the_webhook_once(
-        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, receiver: LoopbackHTTPServer, cli: Any) -> None:
+        store: Any, dispatcher: Any, tmp_path: Path, testauthz: Path, receiver: LoopbackHTTPServer, cli: Any) -> None:  # noqa: F811 - the fixture imported above
     from standardwebhooks import Webhook
 
     marker = tmp_path / "ran-notice"

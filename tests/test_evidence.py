@@ -15,14 +15,13 @@ import pytest
 from evidence_support import (
     EVIDENCE_GUARDS,
     SshKeys,
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
     events_of,
     evidence_row,
     run_job,
-    run_row,
     unguarded,
     use_settings,
 )
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.evidence.verify import verify_run
@@ -114,7 +113,7 @@ def test_a_job_without_evidence_keeps_its_artifact_digest() -> None:
 # -- attestation through the dispatcher ----------------------------------------------------------------------
 
 
-def test_checksum_evidence_of_a_run_with_offloaded_output(store: Any, dispatcher: Any, cli: Any, artifacts_dir: Path) -> None:
+def test_checksum_evidence_of_a_run_with_offloaded_output(store: Any, dispatcher: Any, cli: Any, artifacts_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     dispatcher()
     job, run = run_job(store, payload_message=BIG, evidence={}, evidence_ref="nightly")
     assert run["status"] == "ok" and run["evidence_status"] == "attested", run
@@ -150,7 +149,7 @@ def test_checksum_evidence_of_a_run_with_offloaded_output(store: Any, dispatcher
 
 def test_ssh_evidence_required_and_verified_then_reverified(store: Any, dispatcher: Any, cli: Any, ssh_keys: SshKeys) -> None:
     dispatcher()
-    job, run = run_job(store, payload_message="echo signed", evidence={"provider": "ssh", "verify": {"required": True}})
+    _job, run = run_job(store, payload_message="echo signed", evidence={"provider": "ssh", "verify": {"required": True}})
     assert run["status"] == "ok" and run["evidence_status"] == "verified", run
     row = evidence_row(store, run["id"])
     assert row["verified"] == 1 and row["status"] == "attested" and json.loads(row["methods"]) == ["ssh-signature"]
@@ -235,10 +234,10 @@ def test_a_job_without_evidence_gets_no_row_and_no_query(store: Any, dispatcher:
 
 def test_attest_run_returns_at_once_for_a_job_without_evidence() -> None:
     """The hot path: no store access at all (the store passed here would fail on any use)."""
-    from scheduler.evidence.attest import attest_run
     from scheduler.core.execution import ExecutionResult
     from scheduler.core.outcomes import RunOutcomes
     from scheduler.core.spec import validate_spec
+    from scheduler.evidence.attest import attest_run
 
     spec = validate_spec({"name": "n", "schedule_kind": "manual", "payload_message": "echo"}, plugin_options=False)
     result = ExecutionResult(status="ok")
@@ -260,14 +259,12 @@ def test_an_evidence_row_cannot_be_deleted_before_its_retention_ends(store: Any,
     row = evidence_row(store, kept["id"])
     assert row["retention_policy"] == "30d" and row["retention_until"] >= now_ms() + 29 * 86_400_000
     for run in (kept, forever):
-        with pytest.raises(SchedulerError) as refused:
-            with store.transaction() as tx:
-                tx.execute("DELETE FROM evidence_records WHERE run_id = ?", (run["id"],))
+        with pytest.raises(SchedulerError) as refused, store.transaction() as tx:
+            tx.execute("DELETE FROM evidence_records WHERE run_id = ?", (run["id"],))
         assert "EVIDENCE_RETAINED" in refused.value.message
         assert evidence_row(store, run["id"]) is not None
-    with pytest.raises(SchedulerError) as immutable:
-        with store.transaction() as tx:
-            tx.execute("UPDATE evidence_records SET retention_until = 1 WHERE run_id = ?", (kept["id"],))
+    with pytest.raises(SchedulerError) as immutable, store.transaction() as tx:
+        tx.execute("UPDATE evidence_records SET retention_until = 1 WHERE run_id = ?", (kept["id"],))
     assert "EVIDENCE_IMMUTABLE" in immutable.value.message
 
 

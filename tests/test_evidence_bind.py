@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, unguarded
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
+from evidence_support import (
+    EVIDENCE_GUARDS,
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
+    evidence_row,
+    run_job,
+    unguarded,
+)
 
 from scheduler.base.canonical import canonical_json
-from scheduler.evidence.verify import verify_run
 from scheduler.evidence.build import CORE_BINDINGS, PAYLOAD_VERSION, build_document
+from scheduler.evidence.verify import verify_run
 
 
 def payload_of(store: Any, run_id: str) -> dict[str, Any]:
@@ -152,6 +157,7 @@ def test_version_2_binds_the_authorization_decision_and_the_proof() -> None:
 def test_signed_evidence_is_a_known_capability_of_every_first_party_provider_and_case() -> None:
     """Every capability a first-party evidence provider declares, or a conformance case requires, is a known name."""
     from scheduler_toolkit.types import KNOWN_CAPABILITIES
+
     from scheduler.plugins.loader import load_provider
 
     root = Path(__file__).resolve().parents[1]

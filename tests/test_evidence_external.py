@@ -18,8 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_support import events_of, evidence_row, run_job, use_settings
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
+from evidence_support import (
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
+    events_of,
+    evidence_row,
+    run_job,
+    use_settings,
+)
 from scheduler_provider_external import reference_attestor
 
 from scheduler.evidence.verify import verify_run

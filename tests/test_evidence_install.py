@@ -136,9 +136,9 @@ def test_the_kernel_wheel_installs_without_pyjwt_or_httpx_and_the_demo_runs_from
     version = _run([scheduler, "--json", "version"], env)
     assert version.returncode == 0 and json.loads(version.stdout)["ok"], version.stdout + version.stderr
     # The kernel alone imports every one of its modules without either library.
-    walked = _run([py, "-c", "import pkgutil, importlib, scheduler; [importlib.import_module(m.name) for m in "
+    walked = _run([py, "-c", ("import pkgutil, importlib, scheduler; [importlib.import_module(m.name) for m in "
                    "pkgutil.walk_packages(scheduler.__path__, 'scheduler.') if not m.name.startswith(("
-                   "'scheduler.testing', 'scheduler.conformance.pytest_plugin', 'scheduler.__main__'))]"], env)
+                   "'scheduler.testing', 'scheduler.conformance.pytest_plugin', 'scheduler.__main__'))]")], env)
     assert walked.returncode == 0, walked.stderr[-3000:]
 
     done = _run([*pip, "scheduler-toolkit", "scheduler-executor-shell", "scheduler-provider-checksum"], env)

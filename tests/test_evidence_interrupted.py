@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from evidence_support import events_of, evidence_row
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
+from evidence_support import (
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
+    events_of,
+    evidence_row,
+)
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.evidence.verify import verify_run
-from scheduler.core.queue import enqueue_manual
 from scheduler.base.timeutil import now_ms
+from scheduler.core.queue import enqueue_manual
+from scheduler.evidence.verify import verify_run
 
 
 def statuses(store: Any, job_id: str) -> list[str]:

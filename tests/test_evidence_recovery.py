@@ -13,8 +13,8 @@ import pytest
 from evidence_support import events_of, evidence_row
 from kernel_testing import RunningDispatcher, add_job, run_rows, scheduler_cmd, wait_for
 
-from scheduler.evidence.verify import verify_run
 from scheduler.core.queue import enqueue_manual
+from scheduler.evidence.verify import verify_run
 
 
 def test_kill9_mid_run_gives_an_interrupted_evidence_row(store: Any, store_url: str, tmp_path: Path,
@@ -22,7 +22,7 @@ def test_kill9_mid_run_gives_an_interrupted_evidence_row(store: Any, store_url: 
     monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     job = add_job(store, name="long", executor="shell", payload_message="sleep 30", evidence={"retention": "7d"})
     plain = add_job(store, name="plain", executor="shell", payload_message="sleep 30")
-    log = open(tmp_path / "dispatcher.log", "wb")
+    log = open(tmp_path / "dispatcher.log", "wb")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen([*scheduler_cmd(), "--db", store_url, "run", "--lease-ttl", "1500ms", "--grace", "1s"],
                             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:

@@ -24,8 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_support import EVIDENCE_GUARDS, SshKeys, evidence_row, run_job, unguarded, use_settings
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
+from evidence_support import (
+    EVIDENCE_GUARDS,
+    SshKeys,
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
+    evidence_row,
+    run_job,
+    unguarded,
+    use_settings,
+)
 
 from scheduler.base.canonical import canonical_json
 from scheduler.evidence.verify import verify_run
@@ -165,7 +172,7 @@ def _report(name: str, m: Matrix) -> None:
           f" undetected {m.undetected}; codes {dict(sorted(m.codes.items()))}")
 
 
-def test_tamper_matrix_checksum(store: Any, store_url: str, dispatcher: Any, artifacts_dir: Path) -> None:
+def test_tamper_matrix_checksum(store: Any, store_url: str, dispatcher: Any, artifacts_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     d = dispatcher()
     _job, run = run_job(store, payload_message=BIG, evidence={})
     d.stop()
@@ -179,7 +186,7 @@ def test_tamper_matrix_checksum(store: Any, store_url: str, dispatcher: Any, art
     assert m.undetected == ["payload['result', 'duration_ms']:forged"], m.undetected
 
 
-def test_tamper_matrix_ssh(store: Any, store_url: str, dispatcher: Any, artifacts_dir: Path, tmp_path: Path,
+def test_tamper_matrix_ssh(store: Any, store_url: str, dispatcher: Any, artifacts_dir: Path, tmp_path: Path,  # noqa: F811 - the fixture imported above
                            monkeypatch: pytest.MonkeyPatch) -> None:
     keys = SshKeys(tmp_path / "keys")
     use_settings(monkeypatch, tmp_path, {"providers.ssh": keys.settings()})

@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evidence_support import EVIDENCE_GUARDS, evidence_row, run_job, run_row, unguarded, use_settings
-from evidence_support import artifacts_dir  # noqa: F401  (the autouse artifacts-root fixture)
+from evidence_support import (
+    EVIDENCE_GUARDS,
+    artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
+    evidence_row,
+    run_job,
+    run_row,
+    unguarded,
+    use_settings,
+)
 
 from scheduler.evidence.verify import verify_run
 
@@ -99,7 +106,7 @@ EXPECTED = {"EVIDENCE_SIGNER:checksum-envelope": "EVIDENCE_PAYLOAD_MISMATCH"}
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_each_failure_has_its_own_code(case: str, store: Any, store_url: str, cli: Any, two_runs: Any, artifacts_dir: Path,
+def test_each_failure_has_its_own_code(case: str, store: Any, store_url: str, cli: Any, two_runs: Any, artifacts_dir: Path,  # noqa: F811 - the fixture imported above
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = two_runs
     _tamper(case, store, store_url, first, second, artifacts_dir, monkeypatch)
@@ -111,11 +118,11 @@ def test_each_failure_has_its_own_code(case: str, store: Any, store_url: str, cl
     assert "Traceback" not in out.err and "Traceback" not in out.out
     human = cli("runs", "evidence", first["id"])
     assert human.code != 0 and code in human.err and "Traceback" not in human.err
-    if case not in ("EVIDENCE_PROVIDER_NOT_LOADED",) and not case.startswith("EVIDENCE_ARTIFACT"):
+    if case != "EVIDENCE_PROVIDER_NOT_LOADED" and not case.startswith("EVIDENCE_ARTIFACT"):
         assert verify_run(store, second["id"]).verified  # the other run is untouched
 
 
-def test_a_transplant_names_the_run_it_came_from(store: Any, store_url: str, two_runs: Any, artifacts_dir: Path,
+def test_a_transplant_names_the_run_it_came_from(store: Any, store_url: str, two_runs: Any, artifacts_dir: Path,  # noqa: F811 - the fixture imported above
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = two_runs
     _tamper("EVIDENCE_TRANSPLANTED", store, store_url, first, second, artifacts_dir, monkeypatch)

@@ -30,9 +30,8 @@ def job_row(store: Any, ref: str) -> dict[str, Any]:
 
 def refused(store: Any, sql: str, params: tuple = (), tag: str = "") -> SchedulerError:
     """The statement fails with CONSTRAINT_VIOLATION (naming the guard when ``tag``) and changes nothing."""
-    with pytest.raises(SchedulerError) as info:
-        with store.transaction() as tx:
-            tx.execute(sql, params)
+    with pytest.raises(SchedulerError) as info, store.transaction() as tx:
+        tx.execute(sql, params)
     assert info.value.code == "CONSTRAINT_VIOLATION", info.value
     assert tag in info.value.message
     return info.value

@@ -8,11 +8,11 @@ import threading
 import pytest
 from kernel_testing import add_job, run_rows
 
+from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.dispatcher import DbRunControl, DispatcherConfig
 from scheduler.core.queue import claim_and_start, enqueue_manual
 from scheduler.core.runs import StaleFence
-from scheduler.base.timeutil import now_ms
 from scheduler.runtime import dispatcher as Dispatcher
 
 

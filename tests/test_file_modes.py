@@ -22,9 +22,9 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from kernel_testing import scheduler_cmd, wait_for
@@ -62,7 +62,7 @@ def _exercise(db: Path, env: dict[str, str], tmp_path: Path) -> dict[str, Path]:
     with open(log, "wb") as fh:
         proc = subprocess.Popen([*scheduler_cmd(), "--db", str(db), "run", "--duration", "3s", "--lease-ttl", "2s"],
                                 stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                preexec_fn=lambda: os.umask(0o022))
+                                preexec_fn=lambda: os.umask(0o022))  # noqa: PLW1509 - the umask under test
         try:
             wait_for(lambda: "holds lease" in log.read_text(errors="replace") or proc.poll() is not None, timeout=20,
                      what="dispatcher start")

@@ -15,13 +15,12 @@ from typing import Any
 
 import attrs
 import pytest
-
 from kernel_testing import add_job, run_job_once
 
-from scheduler.pipeline import governance
 from scheduler.base.errors import SchedulerError
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.spec import validate_spec
+from scheduler.pipeline import governance
 
 DENIED = "SCHEDULER_GOVERNANCE_DENIED"
 

@@ -18,9 +18,6 @@ from typing import Any
 import attrs
 import pytest
 
-from scheduler.base.canonical import canonical_digest, canonical_json
-from scheduler.base.errors import SchedulerError
-from scheduler.core.artifact import check_job, execution_sections, native_payload, put_artifact
 from scheduler.artifacts.handoff import (
     BINDING_EXCLUDED_FIELDS,
     MANIFEST_V1_FIELDS,
@@ -39,6 +36,9 @@ from scheduler.artifacts.handoff import (
     submission_fields,
     validate_v4,
 )
+from scheduler.base.canonical import canonical_digest, canonical_json
+from scheduler.base.errors import SchedulerError
+from scheduler.core.artifact import check_job, execution_sections, native_payload, put_artifact
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_to_row, validate_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -315,9 +315,9 @@ def test_resolving_without_a_delegating_declaration_never_touches_the_store() ->
     """The hot path: no declaration, or mode none, resolves from the job row alone (the store here cannot be used)."""
     from types import SimpleNamespace
 
-    from scheduler.pipeline import identity
     from scheduler.core.outcomes import RunOutcomes
     from scheduler.core.rows import JobRow
+    from scheduler.pipeline import identity
 
     for declared in (None, {"subject": {"kind": "agent", "principal": "a"}, "trust": {"level": "untrusted"}}):
         spec = validate_spec({**spec_with(declared), "schedule_kind": "chain", "parent_id": "p"}, plugin_options=False)

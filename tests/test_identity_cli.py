@@ -58,7 +58,7 @@ def test_root_may_add_a_system_job(tmp_path: Path) -> None:
     assert added["job"]["identity"]["trust"] == {"level": "system"}
 
 
-def test_the_database_owner_is_operator_and_nothing_more(shared_dir: Path) -> None:
+def test_the_database_owner_is_operator_and_nothing_more(shared_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     db = shared_dir / "team" / "scheduler.db"
     code, added = as_user(OWNER, GROUP, [], db, "jobs", "add", spec("ops", "operator"), env=GROUP_ENV)
     assert code == 0, added
@@ -68,7 +68,7 @@ def test_the_database_owner_is_operator_and_nothing_more(shared_dir: Path) -> No
     assert job_names(db) == {"ops"}
 
 
-def test_another_account_gets_user_and_cannot_raise_itself(shared_dir: Path) -> None:
+def test_another_account_gets_user_and_cannot_raise_itself(shared_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     db = shared_dir / "team" / "scheduler.db"
     assert as_user(OWNER, GROUP, [], db, "jobs", "add", spec("owners", "operator"), env=GROUP_ENV)[0] == 0
     member = [MEMBER, MEMBER, [GROUP], db]
@@ -107,7 +107,7 @@ def settings_file(directory: Path, owner: int, text: str) -> Path:
     return path
 
 
-def test_only_a_trusted_settings_file_lists_operators(shared_dir: Path) -> None:
+def test_only_a_trusted_settings_file_lists_operators(shared_dir: Path) -> None:  # noqa: F811 - the fixture imported above
     db = shared_dir / "team" / "scheduler.db"
     assert as_user(OWNER, GROUP, [], db, "jobs", "add", spec("first"), env=GROUP_ENV)[0] == 0
     member = [MEMBER, MEMBER, [GROUP], db]

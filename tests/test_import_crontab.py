@@ -121,9 +121,9 @@ def test_default_source_is_crontab_l_on_path(tmp_path: Path) -> None:
 
 def test_an_imported_job_runs_with_its_stdin_and_environment(store: Any, dispatcher: Any, tmp_path: Path) -> None:
     """The shell executor runs the imported command: exported variables and the `%` stdin arrive."""
+    from scheduler.core.queue import enqueue_manual
     from scheduler.ops.importers import run_import
     from scheduler.ops.importers.crontab import parse
-    from scheduler.core.queue import enqueue_manual
 
     out_file = tmp_path / "out.txt"
     items, _ = parse(f"GREETING=hello there\nCRON_TZ=UTC\n0 0 1 1 * (echo \"$GREETING\"; cat) > {out_file}%line 1%50\\% done\n")

@@ -16,8 +16,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 FIXTURE = Path(__file__).parent / "fixtures" / "openclaw" / "jobs.json"
 JOBS = json.loads(FIXTURE.read_text())["jobs"]
 

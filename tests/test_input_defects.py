@@ -8,7 +8,7 @@ accepted an array with duplicate names that ``jobs add`` then refused.
 
 Real ``scheduler`` processes where the defect was seen at process level (an exit status),
 in-process CLI calls otherwise.
-"""
+"""  # noqa: RUF002 - the Arabic-Indic digit is the defect
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kernel_testing import scheduler_cmd
 
 HUGE = "9" * 5000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core import lease as leases
 from scheduler.base.errors import SchedulerError
+from scheduler.core import lease as leases
 
 
 def test_acquire_renew_release_keep_token(store):
@@ -56,12 +56,10 @@ def test_expired_lease_fails_assert_even_without_takeover(store):
 
 def test_token_regression_and_delete_refused_by_schema(store):
     a = leases.acquire(store, "dispatcher", "A", 1000)
-    with pytest.raises(SchedulerError) as info:
-        with store.transaction() as tx:
-            tx.execute("UPDATE dispatcher_leases SET token = 0 WHERE name = 'dispatcher'")
+    with pytest.raises(SchedulerError) as info, store.transaction() as tx:
+        tx.execute("UPDATE dispatcher_leases SET token = 0 WHERE name = 'dispatcher'")
     assert info.value.code == "CONSTRAINT_VIOLATION"
-    with pytest.raises(SchedulerError):
-        with store.transaction() as tx:
-            tx.execute("DELETE FROM dispatcher_leases WHERE name = 'dispatcher'")
+    with pytest.raises(SchedulerError), store.transaction() as tx:
+        tx.execute("DELETE FROM dispatcher_leases WHERE name = 'dispatcher'")
     with store.read() as tx:
         assert tx.scalar("SELECT token FROM dispatcher_leases WHERE name = 'dispatcher'") == a.token

@@ -4,11 +4,11 @@ on SQLite and PostgreSQL; a port in use is a coded error."""
 from __future__ import annotations
 
 import os
-import sys
 import re
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 

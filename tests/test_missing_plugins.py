@@ -19,7 +19,6 @@ from typing import Any
 
 import attrs
 import pytest
-
 from kernel_testing import scheduler_cmd
 
 MANUAL = {"schedule_kind": "manual", "payload_message": "echo hi"}
@@ -156,8 +155,8 @@ def test_an_installed_plugin_is_accepted(tmp_path: Path) -> None:
 def test_the_presence_check_imports_no_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Presence comes from the metadata: a plugin that would fail to import still counts as installed
     (whether it loads is ``doctor``'s business and the run's), and checking it imports nothing."""
-    from scheduler.plugins.refs import missing_plugins, plugin_refs
     from scheduler.core.spec import validate_spec
+    from scheduler.plugins.refs import missing_plugins, plugin_refs
 
     env, marker = _side_loaded_channel(tmp_path, "pager")
     for entry in reversed(env["PYTHONPATH"].split(os.pathsep)):
@@ -200,8 +199,8 @@ def test_update_does_not_recheck_a_plugin_it_leaves_alone(tmp_path: Path) -> Non
 
 def test_each_plugin_kind_has_a_registered_not_available_code() -> None:
     from scheduler.base.errors import ErrorCode
-    from scheduler.plugins.refs import PluginRef
     from scheduler.plugins.protocols import PROVIDER_KINDS
+    from scheduler.plugins.refs import PluginRef
 
     for kind, (group, _protocol) in PROVIDER_KINDS.items():
         ref = PluginRef(kind, "x", "f")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from kernel_testing import add_job, run_rows, scheduler_cmd, wait_for
 
+from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.jobs import create_jobs
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.spec import validate_spec
 from scheduler.plugins.stores import open_store
-from scheduler.base.timeutil import now_ms, to_iso
 
 TTL_MS = 1500
 
@@ -32,7 +32,7 @@ class Dispatchers:
 
     def start(self, concurrency: int = 4) -> subprocess.Popen:
         log = self.tmp / f"dispatcher{len(self.procs)}.log"
-        fh = open(log, "wb")
+        fh = open(log, "wb")  # noqa: SIM115 - the child's log, open for its life
         p = subprocess.Popen(
             [*scheduler_cmd(), "--db", self.url, "run", "--shared", "--lease-ttl", f"{TTL_MS}ms", "--grace", "1s",
              "--concurrency", str(concurrency)],

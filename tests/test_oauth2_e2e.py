@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
-
 from kernel_testing import add_job, run_rows, wait_for
+from scheduler_provider_oauth2.testing import TokenServer, secret_forms, serve_token_endpoint
 
 from scheduler.core.queue import enqueue_manual
 from scheduler.settings import reload_settings

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.core.outputs import StreamRecorder, read_stream, run_dir
 from scheduler.base.errors import SchedulerError
+from scheduler.core.outputs import StreamRecorder, read_stream, run_dir
 
 SCHEDULER = [sys.executable, "-m", "scheduler"]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from scheduler.artifacts.handoff import compile_v4
 from scheduler.base.canonical import canonical_digest
 from scheduler.core.artifact import native_payload
-from scheduler.artifacts.handoff import compile_v4
 from scheduler.core.spec import validate_spec
 
 JOB_ID = "job-pinned"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-
 from kernel_testing import scheduler_cmd
+
 from scheduler.base.errors import SchedulerError
 from scheduler.core import steps
 from scheduler.core.artifact import bind_plan, execution_sections
@@ -90,9 +90,9 @@ def test_a_field_or_section_without_its_step_fails_closed(tmp_path: Path) -> Non
     try:
         declared = spec(name="e", evidence={"provider": "checksum"})
         job = create_jobs(store, [declared])[0]
-        with steps.installed_as(without_evidence):  # the step's distribution went away: its jobs do not run
-            with pytest.raises(SchedulerError) as err:
-                bind_plan(store, job_row(store, job["id"]), declared)
+        # the step's distribution went away: its jobs do not run
+        with steps.installed_as(without_evidence), pytest.raises(SchedulerError) as err:
+            bind_plan(store, job_row(store, job["id"]), declared)
         assert err.value.code == "PIPELINE_STEP_NOT_REGISTERED" and err.value.details == {"sections": ["evidence"]}
     finally:
         store.close()
@@ -101,7 +101,7 @@ def test_a_field_or_section_without_its_step_fails_closed(tmp_path: Path) -> Non
 def test_two_steps_cannot_own_one_field() -> None:
     class Twin(StepBase):
         name = "twin"
-        fields = {"identity": None}
+        fields: ClassVar[dict[str, Any]] = {"identity": None}
 
     with pytest.raises(ValueError, match="owned by steps 'identity' and 'twin'"):
         steps.install([*DEFAULT_STEPS, Twin()])

@@ -27,7 +27,7 @@ def test_every_kind_names_a_protocol_that_exists_and_the_derived_tables_agree() 
             assert protocol.__name__ == kind.protocol
     assert list(PROVIDER_KINDS) == list(PROVIDER_KIND_NAMES)
     assert {k: g for k, (g, _p) in PROVIDER_KINDS.items()} == {k.name: k.group for k in KINDS if k.provider}
-    assert SETTINGS_SECTIONS == {k.name: k.section for k in KINDS if k.section}
+    assert {k.name: k.section for k in KINDS if k.section} == SETTINGS_SECTIONS
     assert len(set(GROUPS)) == len(GROUPS) == len(KINDS)
 
 

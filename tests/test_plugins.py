@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kernel_testing import scheduler_cmd
+
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
+from scheduler.plugins.drivers import load_driver
 from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.inventory import inventory
-from scheduler.plugins.drivers import load_driver
 from scheduler.plugins.loader import load_provider
 
 
@@ -427,11 +427,11 @@ def test_register_commands_hook_adds_a_cli_command(tmp_path: Path) -> None:
 
 def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
     from scheduler.core.dispatcher import DispatcherConfig
-    from scheduler.runtime import dispatcher as Dispatcher
     from scheduler.core.jobs import create_jobs
     from scheduler.core.queue import enqueue_manual
     from scheduler.core.spec import validate_spec
     from scheduler.plugins.stores import open_store
+    from scheduler.runtime import dispatcher as Dispatcher
 
     store = open_store(db_path)
     job = create_jobs(store, [validate_spec({"name": "hooked", "schedule_kind": "manual", "executor": "testkit",
@@ -605,9 +605,10 @@ def test_loader_touches_no_private_stevedore_attribute() -> None:
     """Regression: the loader popped ``DriverManager.ENTRY_POINT_CACHE`` to see drivers installed after start-up."""
     import ast
 
+    from stevedore import ExtensionManager
+
     import scheduler.plugins.drivers as drivers
     import scheduler.plugins.loader as loader
-    from stevedore import ExtensionManager
 
     trees = [ast.parse(Path(module.__file__).read_text()) for module in (drivers, loader)]
     attributes = {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -419,8 +419,8 @@ def test_a_retry_of_the_claiming_dispatch_reuses_the_claim(store: Any, dispatche
 
 
 def test_a_job_without_a_proof_touches_no_proof_table(store: Any) -> None:
-    from scheduler.pipeline.proofs import step as proofs
     from scheduler.core.outcomes import RunOutcomes
+    from scheduler.pipeline.proofs import step as proofs
 
     class NoStore:
         def __getattr__(self, name: str) -> Any:
@@ -437,9 +437,9 @@ def test_after_an_approval_wait_the_recorded_window_and_revocations_are_rechecke
     """A run resuming with a verified proof (its proof_json) is re-checked from the record: no source read, no new claim."""
     from test_proofs_race import Started
 
-    from scheduler.pipeline.proofs import step as proofs
     from scheduler.core.outcomes import RunOutcomes
     from scheduler.core.spec import spec_from_row
+    from scheduler.pipeline.proofs import step as proofs
 
     key = rsa_key()
     job, source, _marker = proof_job(store, tmp_path, key)

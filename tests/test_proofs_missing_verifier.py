@@ -17,9 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public_pem
-
 from kernel_testing import scheduler_cmd
+from test_proofs_support import jwt_declaration, mint_jwt, rsa_key, write_public_pem
 
 CODE = "PROOF_VERIFIER_NOT_AVAILABLE"
 NO_JWT = {"SCHEDULER_DISABLE_PLUGINS": "proof_verifiers:jwt"}

@@ -99,7 +99,7 @@ def test_three_real_dispatchers_on_postgres_exactly_one_claim_wins(pg_url: str, 
             log = tmp_path / f"d{i}.log"
             procs.append(subprocess.Popen(
                 [*scheduler_cmd(), "--db", pg_url, "run", "--shared", "--lease-ttl", "1500ms", "--grace", "1s"],
-                stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115 - the child's log, open for its life
                 env={**os.environ, "SCHEDULER_ARTIFACTS_DIR": str(tmp_path / "artifacts")}))
             wait_for(lambda log=log: "holds lease" in log.read_text(errors="replace"), timeout=20, what="dispatcher ready")
         for _ in range(3):

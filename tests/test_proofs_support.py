@@ -115,7 +115,7 @@ def _name(cn: str) -> x509.Name:
 
 def make_ca(days: int = 30) -> tuple[Any, x509.Certificate]:
     key = ec_key()
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(_name("Proof Test CA")).issuer_name(_name("Proof Test CA"))
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=days))
@@ -132,7 +132,7 @@ def make_leaf(ca_key: Any, ca_cert: x509.Certificate, *, cn: str = "deployer", s
               start: datetime.timedelta = datetime.timedelta(hours=-1),
               end: datetime.timedelta = datetime.timedelta(days=7)) -> tuple[Any, x509.Certificate]:
     key = ec_key()
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now + start).not_valid_after(now + end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core.queue import enqueue_manual
 from scheduler.evidence.retention import MAX_RETENTION_MS, retention_ms, retention_until
 from scheduler.ops.pruning import EVENT_KIND, prune_runs
-from scheduler.core.queue import enqueue_manual
 from scheduler.testing import add_job, run_rows, wait_for
-from scheduler.base.timeutil import now_ms
 
 DAY = 86_400_000
 

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kernel_testing import add_job, run_rows, wait_for
 
-from scheduler.core.outputs import StreamRecorder, read_artifact, read_stream, run_dir
 from scheduler.core.execution import CredentialPresentation
+from scheduler.core.outputs import StreamRecorder, read_artifact, read_stream, run_dir
 from scheduler.core.redaction import MIN_ENCODED_BYTES, forms_of, marker, redactions_for
 
 SECRET = "tok-9fQ/x+Zr_Secret"
@@ -108,7 +107,7 @@ def test_no_values_means_no_redactions_and_the_plain_path(tmp_path: Path) -> Non
     request = make_request("true", artifacts_root=tmp_path)
     assert request.credentials == () and request.redactions is None
     rec = request.stream_recorder("stdout")
-    assert rec._redactor is None  # noqa: SLF001 - the exact current path: nothing scanned, nothing held back
+    assert rec._redactor is None  # the exact current path: nothing scanned, nothing held back
     rec.write(SECRET.encode())
     assert rec.head == SECRET.encode() and rec.finish().redactions == {}
 
@@ -140,7 +139,7 @@ def test_byte_by_byte_and_random_chunkings_agree() -> None:
     rng = random.Random(11)
     for _ in range(100):
         cuts = sorted(rng.sample(range(1, len(data)), 8))
-        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
         assert stream_of(r, chunks) == expected
 
 
@@ -265,8 +264,8 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 
 def test_a_dispatcher_run_stores_only_redacted_output(store: Any, dispatcher: Any, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler.pipeline.credentials import step as credentials
     from scheduler.core.queue import enqueue_manual
+    from scheduler.pipeline.credentials import step as credentials
 
     credentials.forget_providers()
     monkeypatch.setenv("REDACT_SRC", SECRET)

@@ -19,16 +19,17 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kernel_testing import scheduler_cmd
 
 from scheduler.base.errors import SchedulerError
-from scheduler.plugins.stores import open_store
 from scheduler.core.store.sqlite import SQLiteStore
 from scheduler.core.store.sqlite_statements import BUSY_TIMEOUT_ENV
+from scheduler.plugins.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,9 +206,8 @@ def test_write_past_the_busy_timeout_is_db_busy_and_the_store_recovers(tmp_path:
     try:
         holders.append(Holder(db, 30))
         started = time.monotonic()
-        with pytest.raises(SchedulerError) as err:
-            with store.transaction() as tx:
-                tx.execute("UPDATE probe SET x = -1")
+        with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+            tx.execute("UPDATE probe SET x = -1")
         assert err.value.code == "DB_BUSY" and err.value.retryable
         assert err.value.details["busy_timeout_ms"] == 200
         assert time.monotonic() - started < 5
@@ -234,9 +234,8 @@ def test_read_locked_out_is_db_busy(tmp_path: Path, holders: list[Holder]) -> No
     # store initialised as before the close, so only the read path is exercised here.
     store._initialized = True
     try:
-        with pytest.raises(SchedulerError) as err:
-            with store.read() as tx:
-                tx.scalar("SELECT COUNT(*) FROM probe")
+        with pytest.raises(SchedulerError) as err, store.read() as tx:
+            tx.scalar("SELECT COUNT(*) FROM probe")
         assert err.value.code == "DB_BUSY" and err.value.retryable
     finally:
         store.close()
@@ -291,9 +290,8 @@ def test_close_leaves_a_busy_threads_connection_to_that_thread(tmp_path: Path, h
     with check.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM probe WHERE x = -7") == 1
     check.close()
-    with pytest.raises(SchedulerError) as err:  # and the closed store refuses new work
-        with store.read():
-            pass
+    with pytest.raises(SchedulerError) as err, store.read():  # and the closed store refuses new work
+        pass
     assert err.value.code == "DB_INIT_FAILED"
 
 

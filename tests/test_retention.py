@@ -8,6 +8,7 @@ sharing one PostgreSQL database for the singleton test).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -18,13 +19,13 @@ from typing import Any
 import pytest
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
 from scheduler.core.events import append_event
-from scheduler.ops.pruning import EVENT_KIND, prune
 from scheduler.core.job_retention import normalise_job_retention
+from scheduler.ops.pruning import EVENT_KIND, prune
 from scheduler.ops.retention_rules import Rules
 from scheduler.settings import reload_settings
 from scheduler.testing import add_job, wait_for
-from scheduler.base.timeutil import now_ms
 
 DAY = 86_400_000
 
@@ -54,9 +55,8 @@ def _count(store: Any, sql: str, params: tuple[Any, ...] = ()) -> int:
 
 
 def _refused(store: Any, sql: str, params: tuple[Any, ...] = ()) -> SchedulerError:
-    with pytest.raises(SchedulerError) as err:
-        with store.transaction() as tx:
-            tx.execute(sql, params)
+    with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+        tx.execute(sql, params)
     return err.value
 
 
@@ -248,7 +248,7 @@ def test_three_dispatchers_apply_retention_once_per_interval(pg_url: str, tmp_pa
             old_left = tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'test.old'")
         owners = {d.dispatcher.owner for d in ds}
         assert 2 <= len(cutoffs) <= 4, cutoffs
-        assert all(b["at"] - a["at"] >= 3000 for a, b in zip(cutoffs, cutoffs[1:])), "one pass per interval, whoever runs it"
+        assert all(b["at"] - a["at"] >= 3000 for a, b in itertools.pairwise(cutoffs)), "one pass per interval, whoever runs it"
         assert {c["actor"] for c in cutoffs} <= owners
         deleted = sum(e["counts"]["runs"] for e in events)
         assert deleted == 3 * 8 - len(expected), "every run deleted exactly once, counted once"

@@ -4,21 +4,20 @@ auto-pause, misfires, fencing. Driven by the test-only ``testkit`` executor."""
 from __future__ import annotations
 
 import json
-
 import time
 
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
+from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.cancel import cancel_job, cancel_run
 from scheduler.core.completion import complete_run
-from scheduler.base.errors import SchedulerError
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.jobs import set_enabled, update_job
 from scheduler.core.queue import claim_and_start, enqueue_manual, materialize_due, release_expired_claims
 from scheduler.core.runs import StaleFence
-from scheduler.base.timeutil import now_ms
 from scheduler.pipeline.participants import default_completion_participants
 
 PARTICIPANTS = default_completion_participants()

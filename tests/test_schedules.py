@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import parse_iso
 from scheduler.core.schedules import (
     Schedule,
     describe_fire,
@@ -27,7 +28,6 @@ from scheduler.core.schedules import (
     validate_cron,
     validate_timezone,
 )
-from scheduler.base.timeutil import parse_iso
 
 H = 3_600_000
 
@@ -431,7 +431,7 @@ def test_next_fire_is_fast() -> None:
     assert time.perf_counter() - start < 5.0
 
 
-@pytest.mark.parametrize("text", ["١s", "５m", "1h٣0m"])
+@pytest.mark.parametrize("text", ["١s", "５m", "1h٣0m"])  # noqa: RUF001 - non-ASCII digits on purpose
 def test_durations_take_ascii_digits_only(text: str) -> None:
     from scheduler.base.errors import SchedulerError
     from scheduler.base.timeutil import parse_duration_ms

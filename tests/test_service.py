@@ -96,14 +96,14 @@ def test_sighup_reloads_settings_and_keeps_them_when_the_new_file_is_invalid(tmp
         cfg.write_text("[executors.shell]\nmax_output_bytes = 100\n")
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "settings reloaded from file:" in log.read_text(), timeout=20, what="reload")
-        second = sorted(run_once(2), key=lambda r: r["created_at"])[-1]
+        second = max(run_once(2), key=lambda r: r["created_at"])
         assert second["status"] == "error" and second["error_code"] == "OUTPUT_LIMIT_EXCEEDED", second
         cfg.write_text("[executors.shell]\nmax_output_bytes = 'lots'\n[nonsense]\nx = 1\n")
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "settings reload failed (CONFIG_INVALID), keeping the previous settings" in log.read_text(),
                  timeout=20, what="refused reload")
         assert proc.poll() is None
-        third = sorted(run_once(3), key=lambda r: r["created_at"])[-1]
+        third = max(run_once(3), key=lambda r: r["created_at"])
         assert third["error_code"] == "OUTPUT_LIMIT_EXCEEDED", third  # the previous (valid) settings still apply
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import attrs
 import pytest
-
 from kernel_testing import scheduler_cmd
+
 from scheduler.base.errors import SchedulerError
 from scheduler.plugins.loader import apply_settings
 from scheduler.settings import (
@@ -308,11 +308,11 @@ def test_secret_reference_resolves_at_use_time(tmp_path: Path, monkeypatch: pyte
 def test_credential_providers_can_add_a_reference_scheme() -> None:
     with pytest.raises(ValueError, match="known schemes: env, file"):
         SecretRef.parse("vaultish:kv/slack")
-    register_secret_scheme("vaultish", lambda target: {"kv/slack": "from-the-vault"}.get(target))
+    register_secret_scheme("vaultish", {"kv/slack": "from-the-vault"}.get)
     try:
         ref = SecretRef.parse("vaultish:kv/slack")
         assert ref.resolve() == "from-the-vault"
-        with pytest.raises(SchedulerError, match="SECRET_UNRESOLVED|does not exist"):
+        with pytest.raises(SchedulerError, match=r"SECRET_UNRESOLVED|does not exist"):
             SecretRef.parse("vaultish:kv/other").resolve()
     finally:
         from scheduler.settings.secret import _SCHEMES

@@ -17,9 +17,9 @@ import attrs
 import pytest
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import parse_iso, to_iso
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, field_catalogue, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.plugins.stores import open_store
-from scheduler.base.timeutil import parse_iso, to_iso
 
 NOW = parse_iso("2025-06-01T12:00:00Z")
 FUTURE = "2025-06-02T09:00:00Z"
@@ -108,10 +108,7 @@ def test_column_defaults_and_nullability_match_the_catalogue(jobs_table: dict[st
     wrong = []
     for f in SPEC_FIELDS:
         decl, notnull, default, _pk = jobs_table[f.name]
-        if f.metadata["required"]:
-            expected = (1, None)
-        else:
-            expected = (0 if f.default is None else 1, _sql_default(f.default))
+        expected = (1, None) if f.metadata["required"] else (0 if f.default is None else 1, _sql_default(f.default))
         if (notnull, default) != expected:
             wrong.append((f.name, (notnull, default), expected))
         want_type = "INTEGER" if f.metadata["kind"] in ("int", "bool", "instant") else "TEXT"

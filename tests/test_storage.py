@@ -127,7 +127,7 @@ def test_fresh_init_creates_every_contract_table(db_path: Path) -> None:
     store.close()
     conn = sqlite3.connect(db_path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert CONTRACT_TABLES <= tables, CONTRACT_TABLES - tables
+    assert tables >= CONTRACT_TABLES, CONTRACT_TABLES - tables
     assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [(migrations.SCHEMA_VERSION,)]
     conn.close()
 
@@ -163,9 +163,8 @@ def test_connections_have_wal_foreign_keys_and_busy_timeout(db_path: Path) -> No
 
 def test_foreign_keys_are_enforced_through_the_store(db_path: Path) -> None:
     store = open_store(db_path)
-    with pytest.raises(SchedulerError) as info:
-        with store.transaction() as tx:
-            tx.execute("INSERT INTO runs(id, job_id, status, created_at) VALUES ('r1', 'no-such-job', 'pending', 1)")
+    with pytest.raises(SchedulerError) as info, store.transaction() as tx:
+        tx.execute("INSERT INTO runs(id, job_id, status, created_at) VALUES ('r1', 'no-such-job', 'pending', 1)")
     assert info.value.code == "CONSTRAINT_VIOLATION"
     store.close()
 
@@ -361,9 +360,8 @@ def test_nothing_runs_against_a_store_whose_init_failed(tmp_path: Path) -> None:
     with pytest.raises(SchedulerError):
         store.initialize()
     for use in (store.transaction, store.read):
-        with pytest.raises(SchedulerError) as info:
-            with use() as tx:
-                tx.scalar("SELECT 1")
+        with pytest.raises(SchedulerError) as info, use() as tx:
+            tx.scalar("SELECT 1")
         assert info.value.code == "DB_INIT_FAILED"
 
 
@@ -377,7 +375,7 @@ def test_v1_fixture_is_what_the_generator_describes(v1_db: Path, tmp_path: Path)
     assert sidecars(V1_FIXTURE) == []
     assert version_of(v1_db) == [(1, "current schema.sql")]
     assert set(V2_COLUMNS) and not set(V2_COLUMNS) & set(columns(v1_db, "jobs"))
-    assert V3_DROPPED <= set(columns(v1_db, "jobs")) | set(columns(v1_db, "runs"))
+    assert set(columns(v1_db, "jobs")) | set(columns(v1_db, "runs")) >= V3_DROPPED
     assert V1_FIXTURE.stat().st_size < 128 * 1024
     rebuilt = tmp_path / "rebuilt.db"
     build(rebuilt)
@@ -409,7 +407,7 @@ def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_pat
                 assert check_job(tx, row) == row["artifact_digest"]
         store.close()
         assert len(rows) == 2
-        for row, old in zip(rows, jobs_before):
+        for row, old in zip(rows, jobs_before, strict=True):
             # every value of a column that still exists is preserved ...
             assert {k: v for k, v in row.items() if k in old} == {k: v for k, v in old.items() if k not in DROPPED}
             # ... columns added since are at their declared defaults (no executor field was set in the fixture)
@@ -743,9 +741,8 @@ def test_sqlite_store_states_what_the_kernel_would_otherwise_guess(db_path: Path
 
 def refused(store: Any, sql: str, params: tuple = (), tag: str = "") -> None:
     """The statement fails with CONSTRAINT_VIOLATION (naming the guard) and its transaction rolls back."""
-    with pytest.raises(SchedulerError) as info:
-        with store.transaction() as tx:
-            tx.execute(sql, params)
+    with pytest.raises(SchedulerError) as info, store.transaction() as tx:
+        tx.execute(sql, params)
     assert info.value.code == "CONSTRAINT_VIOLATION", info.value
     assert tag in info.value.message
 
@@ -849,20 +846,20 @@ def test_nested_transactions_join_the_outer_one_and_commit_at_its_exit(store: An
         t.start()
         t.join(10)
     assert seen_outside == [0]  # the inner exit committed nothing
-    with pytest.raises(RuntimeError):
-        with store.transaction() as outer:
-            outer.execute("INSERT INTO runtime_events(at, kind) VALUES (3, 'nest')")
-            with store.transaction() as inner:
-                inner.execute("INSERT INTO runtime_events(at, kind) VALUES (4, 'nest')")
-            raise RuntimeError("undo both")
+    with pytest.raises(RuntimeError), store.transaction() as outer:
+        outer.execute("INSERT INTO runtime_events(at, kind) VALUES (3, 'nest')")
+        with store.transaction() as inner:
+            inner.execute("INSERT INTO runtime_events(at, kind) VALUES (4, 'nest')")
+        raise RuntimeError("undo both")
     with store.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM runtime_events WHERE kind = 'nest'") == 2
 
 
 def test_the_store_plugin_api_is_complete() -> None:
     """A store plugin's contract is ``scheduler.api.store`` (Store, Tx); what it builds the schema from is the toolkit's."""
-    import scheduler.api.store as api_store
     import scheduler_toolkit.store as toolkit_store
+
+    import scheduler.api.store as api_store
 
     assert set(api_store.__all__) == {"Store", "Tx"}
     for name in toolkit_store.__all__:
@@ -879,7 +876,7 @@ def test_credential_presentations_has_no_column_for_a_value(db_path: Path) -> No
     open_store(db_path).close()
     names = set(columns(db_path, "credential_presentations"))
     assert {"binding_name", "provider", "medium"} <= names
-    forbidden = re.compile(r"value|secret|token|password|passwd|credential|plaintext|content|data|payload", re.I)
+    forbidden = re.compile(r"value|secret|token|password|passwd|credential|plaintext|content|data|payload", re.IGNORECASE)
     assert [n for n in names if forbidden.search(n)] == []
 
 
@@ -890,9 +887,8 @@ def test_time_columns_are_declared_integer(db_path: Path) -> None:
     for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
         for row in conn.execute(f"PRAGMA table_info({table})"):
             name, decl = row[1], row[2]
-            if name == "at" or name.endswith(("_at", "_ms", "_for")):
-                if decl.upper() != "INTEGER":
-                    offenders.append(f"{table}.{name} {decl}")
+            if (name == "at" or name.endswith(("_at", "_ms", "_for"))) and decl.upper() != "INTEGER":
+                offenders.append(f"{table}.{name} {decl}")
     conn.close()
     assert offenders == []
 

@@ -17,7 +17,6 @@ import base64
 import hashlib
 import importlib.util
 import json
-import os
 import secrets
 import signal
 from pathlib import Path
@@ -86,9 +85,9 @@ def test_no_secret_at_rest_after_every_medium_failures_cancellation_and_kill_9(t
     }
     redaction = importlib.util.find_spec("scheduler.core.redaction") is not None
     if redaction:  # output redaction has landed: the run's output may carry the secret, by every medium
-        jobs["echo"] = ('printf "%s\\n" "$API_TOKEN"; cat "$CREDENTIAL_KEYFILE_FILE"; echo; cat; echo; '
-                        'printf %s "$API_TOKEN" | base64; printf %s "$API_TOKEN" | od -An -tx1 | tr -d " \\n"; echo; '
-                        'yes "$API_TOKEN" | head -c 400000',  # offloaded to the artifacts directory, across chunk boundaries
+        jobs["echo"] = (('printf "%s\\n" "$API_TOKEN"; cat "$CREDENTIAL_KEYFILE_FILE"; echo; cat; echo; '
+                         'printf %s "$API_TOKEN" | base64; printf %s "$API_TOKEN" | od -An -tx1 | tr -d " \\n"; echo; '
+                         'yes "$API_TOKEN" | head -c 400000'),  # offloaded to the artifacts directory, across chunk boundaries
                         [bind("tok", "env"), bind("keyfile", "file"), bind("pipe", "stdin")], {})
     ids = {name: add_job(store, name=f"zs-{name}", executor="shell", payload_message=cmd, credentials=b, **spec)["id"]
            for name, (cmd, b, spec) in jobs.items()}

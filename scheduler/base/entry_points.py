@@ -69,7 +69,7 @@ def entry_points_of(group: str) -> list[Any]:
     lookup reads the metadata (``scheduler jobs list`` on SQLite never does). A standard-library
     module, not a kernel one: no layer is crossed.
     """
-    import importlib.metadata
+    import importlib.metadata  # start-up cost, see above
 
     return list(importlib.metadata.entry_points(group=group))
 

@@ -86,7 +86,7 @@ def load_scheme(name: str) -> bool:
         read, check = target.read, getattr(target, "check", None)
         if getattr(target, "name", name) != name or not callable(read) or (check is not None and not callable(check)):
             raise TypeError("not a scheme (name, read, check)")
-    except Exception:
+    except Exception:  # a broken scheme is an unknown scheme: the reference is refused, never read
         log.warning("secret scheme %r from %s cannot be loaded", name, SCHEME_GROUP, exc_info=True)
         _missing.add(name)
         return False

@@ -28,8 +28,9 @@ class BrokenExecutor:
 
     def execute(self, request: Any, control: Any) -> Any:
         """Pretend the payload ran: echo its text as the output with a wrong size and digest; record nothing."""
-        from scheduler.api import ExecutionResult
         from scheduler_toolkit.output import StreamCapture
+
+        from scheduler.api import ExecutionResult
 
         text = request.job.payload_message
         stdout = StreamCapture(
