@@ -37,7 +37,8 @@ def cli(db: str, tmp_path: Path, *args: str, check: bool = True) -> dict[str, An
     out = subprocess.run([*SCHEDULER, "--db", db, "--json", *args], capture_output=True, text=True, timeout=120,
                          env=_env(tmp_path))
     assert "Traceback" not in out.stdout + out.stderr, out
-    data = json.loads(out.stdout.strip().splitlines()[-1])
+    # split on "\n" only: str.splitlines also breaks at U+0085 and U+2028, which random output bytes can decode to
+    data = json.loads(out.stdout.rstrip("\n").split("\n")[-1])
     if check:
         assert out.returncode == 0 and data.get("ok", True), out
     return data
