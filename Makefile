@@ -1,6 +1,6 @@
 # Two commands for a fresh machine with Python 3.11:
 #   make run    set up .venv and run the scheduler on examples/demo-jobs.json (embedded SQLite)
-#   make test   set up .venv and run every test: kernel, each distribution, conformance
+#   make test   set up .venv, lint (make lint: ruff, mypy), then run every test: kernel, each distribution, conformance
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff check --quiet .
 	$(PY) -m mypy
 
-test: install
+test: install lint
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests $(foreach d,$(DISTS),$(if $(wildcard $(dir $(d))tests),$(dir $(d))tests))
 	$(BIN)/python -m scheduler.conformance.ci
 

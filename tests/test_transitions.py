@@ -21,19 +21,19 @@ from typing import Any
 import pytest
 from kernel_testing import RunningDispatcher, add_job, run_rows, wait_for
 
+from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.cancel import cancel_job, cancel_run
 from scheduler.core.completion import complete_run, watchdog_alerts
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.jobs import delete_job, set_enabled, update_job
-from scheduler.plugins.hookspecs import hookimpl
 from scheduler.core.queue import claim_and_start, enqueue_manual, insert_dispatch, materialize_due, record_skip
 from scheduler.core.recovery import recover
 from scheduler.core.runs import TERMINAL
-from scheduler.testing import hooks_with
-from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing
 from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
+from scheduler.plugins.hookspecs import hookimpl
+from scheduler.testing import hooks_with
 
 COMPLETION = default_completion_participants()
 RECOVERY = default_recovery_participants()
@@ -160,10 +160,10 @@ def test_observers_hear_start_and_every_terminal_status_from_the_dispatcher(stor
     insert_dispatch_now(store, skip_job["id"])
     wait_for(lambda: sorted(statuses(store, skip_job["id"])) == ["running", "skipped"], what="overlap skip")
     for expected, job in jobs.items():
-        run = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], what=expected)[0]
+        run = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], what=expected)[0]  # noqa: B023 - wait_for calls it at once
         assert run["status"] == expected
-        wait_for(lambda: rec.states(run["id"]) == [(None, "running"), ("running", expected)], what=f"{expected} notices")
-        done = wait_for(lambda: rec.completed(run["id"]), what=f"{expected} completed")
+        wait_for(lambda: rec.states(run["id"]) == [(None, "running"), ("running", expected)], what=f"{expected} notices")  # noqa: B023 - wait_for calls it at once
+        done = wait_for(lambda: rec.completed(run["id"]), what=f"{expected} completed")  # noqa: B023 - wait_for calls it at once
         assert len(done) == 1 and done[0]["status"] == expected and done[0]["finished_at"]
     skipped = next(r for r in run_rows(store, skip_job["id"]) if r["status"] == "skipped")
     wait_for(lambda: rec.states(skipped["id"]) == [(None, "skipped")], what="skip notice")
@@ -226,10 +226,9 @@ def test_notifications_fire_after_commit_once_and_never_after_a_rollback(store, 
                 seen.append((new_status, tx.one("SELECT id FROM runs WHERE id = ?", (run_id,)) is not None))
 
     try:
-        with pytest.raises(RuntimeError):
-            with committing(store, hooks_with(Probe())) as tx:
-                record_skip(tx, job, slot_ms=1, reason="test", now=now_ms())
-                raise RuntimeError("roll back")
+        with pytest.raises(RuntimeError), committing(store, hooks_with(Probe())) as tx:
+            record_skip(tx, job, slot_ms=1, reason="test", now=now_ms())
+            raise RuntimeError("roll back")
         assert seen == [] and run_rows(store, job["id"]) == []
         with committing(store, hooks_with(Probe())) as tx:
             # a nested committing block joins the outer one: nothing fires before the outer commit
@@ -594,7 +593,7 @@ def test_kill9_of_a_dispatcher_whose_shell_run_already_ended_is_recorded_gone(tm
 
     db = tmp_path / "kill9.db"
     store = open_store(db)
-    log = open(tmp_path / "dispatcher.log", "wb")
+    log = open(tmp_path / "dispatcher.log", "wb")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--db", str(db), "run", "--lease-ttl", "1500ms"],
                             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     rescuer = None

@@ -28,11 +28,11 @@ import unicodedata
 import uuid
 from typing import Any
 
-from scheduler.core import transitions
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store.base import Store, Tx
 from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core import transitions
 from scheduler.core.spec import executor_name_of
+from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import enqueue as enqueue_message
 
 #: Approvals still waiting for a decision, and those whose decision is not final yet.
@@ -161,7 +161,8 @@ def get_approval(tx: Tx, approval_id: str) -> dict[str, Any]:
 
 def list_approvals(tx: Tx, *, pending: bool = False, job_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """Approvals, newest first (only pending ones with ``pending``)."""
-    sql, params = "SELECT a.*, j.name AS job_name FROM approvals a LEFT JOIN jobs j ON j.id = a.job_id WHERE 1 = 1", []
+    sql = "SELECT a.*, j.name AS job_name FROM approvals a LEFT JOIN jobs j ON j.id = a.job_id WHERE 1 = 1"
+    params: list[object] = []
     if pending:
         sql += " AND a.status = 'pending'"
     if job_id is not None:

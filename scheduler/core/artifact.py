@@ -45,7 +45,7 @@ KINDS = ("native", "handoff-v4")
 
 #: Keys whose values never enter an artifact (or evidence) raw: they are replaced by their hash.
 SECRET_KEY_RE = re.compile(
-    r"(token|secret|passw(or)?d|private[_-]?key|credential|cookie|api[_-]?key|authorization[_-]?header|stdin)", re.I
+    r"(token|secret|passw(or)?d|private[_-]?key|credential|cookie|api[_-]?key|authorization[_-]?header|stdin)", re.IGNORECASE
 )
 
 

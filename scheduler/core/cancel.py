@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from scheduler.core import transitions
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
+from scheduler.core import transitions
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import resolve_job
 from scheduler.core.runs import CANCEL_DIRECTLY, TERMINAL, get_run
 from scheduler.core.store.base import Store, Tx
-from scheduler.base.timeutil import now_ms
 from scheduler.core.transitions import committing
 
 if TYPE_CHECKING:

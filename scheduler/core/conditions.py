@@ -26,7 +26,7 @@ def compile_pattern(pattern: str) -> Any:
     options.log_errors = False
     try:
         return re2.compile(pattern, options)
-    except Exception as exc:  # re2.error and friends
+    except Exception as exc:  # noqa: BLE001 - re2.error and friends
         raise SchedulerError("INVALID_CONDITION", f"regex: cannot compile {pattern!r}: {exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc}") from None
 
 

@@ -12,8 +12,9 @@ as ``Duty`` (built by a ``DutyFactory`` from a ``DutyContext``), handed in throu
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 

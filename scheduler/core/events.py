@@ -5,16 +5,14 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from scheduler.core.store.base import Tx
 from scheduler.base.timeutil import now_ms, to_iso
-
+from scheduler.core.store.base import Tx
 
 #: Default of ``append_event``'s ``principal``/``trust_level``: read from the run in the same statement.
 LOOKUP: object = object()
@@ -64,7 +62,7 @@ def os_identity() -> str:
     """The invoking operating-system account as ``name(uid)``; recorded as the actor of CLI actions."""
     try:
         name = getpass.getuser()
-    except Exception:  # no passwd entry
+    except Exception:  # noqa: BLE001 - no passwd entry
         name = "unknown"
     return f"{name}(uid:{os.getuid()})"
 
@@ -80,8 +78,8 @@ def append_event(
     data: Mapping[str, object] | None = None,
     at: int | None = None,
     artifact_digest: str | None = None,
-    principal: str | None | object = LOOKUP,
-    trust_level: str | None | object = LOOKUP,
+    principal: str | object | None = LOOKUP,
+    trust_level: str | object | None = LOOKUP,
 ) -> None:
     """Record one event inside the caller's transaction, so the event exists iff the change does.
 

@@ -107,7 +107,7 @@ class FencedWriter:
             batch: list[FencedWrite] = []
             try:
                 self._commit_group(batch, take=True)
-            except BaseException as exc:  # noqa: BLE001 - the group failed as a whole: each write on its own
+            except BaseException as exc:  # the group failed as a whole: each write on its own
                 if not batch:  # failed before it took the queue (the transaction did not start)
                     batch = self._take()
                 if not isinstance(exc, Exception):  # an interrupt: nothing is acknowledged, every caller sees it

@@ -50,7 +50,7 @@ def initial_schedule(spec: JobSpec, now: int) -> tuple[int | None, int | None]:
     if kind in ("manual", "chain"):
         return None, None
     schedule = spec.schedule()
-    if kind == "every":
+    if kind == "every" and schedule.every_ms is not None:  # (an every schedule always has its period)
         return next_fire(schedule, now, anchor_ms=now + schedule.every_ms), now
     return next_fire(schedule, now), None
 
@@ -127,7 +127,8 @@ def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | 
 
 def _check_chain(tx: Tx, job_id: str | None, parent_id: str) -> None:
     """Refuse cycles, chains deeper than ``MAX_CHAIN_DEPTH`` and fan-out above ``MAX_CHAIN_FANOUT``."""
-    depth, cursor, seen = 1, parent_id, set()
+    depth, seen = 1, set()
+    cursor: str | None = parent_id
     while cursor is not None:
         if cursor == job_id or cursor in seen:
             raise SchedulerError("CHAIN_CYCLE", "parent_id would create a cycle in the job chain")

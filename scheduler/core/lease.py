@@ -15,8 +15,8 @@ import socket
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store.base import Store, Tx
 from scheduler.base.timeutil import now_ms
+from scheduler.core.store.base import Store, Tx
 
 #: The row whose token is the global fencing counter.
 FENCE_COUNTER = "__fence_counter__"

@@ -106,11 +106,11 @@ def member_problems(provider: Any) -> list[tuple[str, str]]:
     settings = settings_class_of(provider)
     configure = isinstance(provider, _DeclaresConfigure)
     if settings is not None and not configure:
-        problems.append(("Configurable", "declares settings_class but not configure (the optional Configurable protocol "
-                                         "needs both: the loader hands the validated settings to configure)"))
+        problems.append(("Configurable", ("declares settings_class but not configure (the optional Configurable protocol "
+                                          "needs both: the loader hands the validated settings to configure)")))
     elif configure and settings is None:
-        problems.append(("Configurable", "declares configure but not settings_class (the optional Configurable protocol "
-                                         "needs both)"))
+        problems.append(("Configurable", ("declares configure but not settings_class (the optional Configurable protocol "
+                                          "needs both)")))
     elif settings is not None and not attrs.has(settings):
         problems.append(("Configurable", f"settings_class must be an attrs class, not {type(settings).__name__}"))
     elif configure and not callable(provider.configure):

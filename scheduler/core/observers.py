@@ -10,7 +10,8 @@ installed none, such as a script using core alone, has no observers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from scheduler.core.rows import SQLValue

@@ -63,7 +63,7 @@ def same_process(pid: int, identity: str | None) -> bool:
 
 def live_group_members(pgid: int) -> list[int]:
     """PIDs in process group ``pgid`` that are not zombies (they can still act)."""
-    members = []
+    members: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

@@ -326,7 +326,7 @@ def claim_and_start(
                 continue
             running = batch.active(job["id"], d["id"]) if batch else active_runs(tx, job["id"], other_than_dispatch=d["id"])
             policy = job["overlap_policy"]
-            if running and policy != "allow" and d["kind"] not in ("retry",):
+            if running and policy != "allow" and d["kind"] != "retry":
                 waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job["id"],))
                 if policy == "queue" and waiting <= job["queue_limit"]:
                     deferred_jobs.add(job["id"])
@@ -334,9 +334,9 @@ def claim_and_start(
                 reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job['queue_limit']} reached"
                 _skip_dispatch(tx, d, job, reason, now, lease)
                 continue
-            reason = veto(job, d["kind"]) if veto is not None else None
-            if reason:
-                _skip_dispatch(tx, d, job, f"veto: {reason}", now, lease)
+            vetoed = veto(job, d["kind"]) if veto is not None else None
+            if vetoed:
+                _skip_dispatch(tx, d, job, f"veto: {vetoed}", now, lease)
                 continue
             run = _start(tx, lease, d, job, now)
             if run is None:

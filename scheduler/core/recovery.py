@@ -61,7 +61,7 @@ def _settle_process(run: dict[str, Any], grace_s: float, executors: ExecutorSour
     )
     try:
         outcome = executor.recover(request)
-    except Exception as exc:  # a failing recover must not end the run as if its work were gone
+    except Exception as exc:  # noqa: BLE001 - a failing recover must not end the run as if its work were gone
         return "blocked", f"recover() raised {type(exc).__name__}: {exc}"
     if not isinstance(outcome, RecoveryOutcome) or outcome.state not in ("gone", "terminated", "unknown", "blocked"):
         return "blocked", "recover() returned an invalid outcome"

@@ -15,9 +15,9 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options
 from scheduler.core.execution import Constraints, CredentialPresentation, ExecutionRequest, TriggerContext
+from scheduler.core.members import options_class_of
 from scheduler.core.outputs import run_dir
 from scheduler.core.spec import JobSpec
-from scheduler.core.members import options_class_of
 
 
 def constraints_of(spec: JobSpec) -> Constraints:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store.base import Tx
 from scheduler.base.timeutil import to_iso
+from scheduler.core.store.base import Tx
 
 if TYPE_CHECKING:
     from scheduler.core.rows import JSONObject

@@ -37,7 +37,7 @@ DST_GAP_POLICIES = ("shift", "skip")
 DST_FOLD_POLICIES = ("once", "twice")
 
 _EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
+_EPOCH_NAIVE = datetime(1970, 1, 1)  # noqa: DTZ001 - naive on purpose: the wall-clock epoch
 _MS = timedelta(milliseconds=1)
 _ALIASES = {
     "@yearly": "0 0 1 1 *",

@@ -501,9 +501,8 @@ def _cross_checks(v: dict[str, object], errors: _Errors, *, now: int, check_past
         if kind is not None and kind != owner and present:
             errors.add(field, f"is only valid with schedule_kind={owner}", "CONFLICT")
     at = v.get("schedule_at")
-    if kind == "at" and isinstance(at, int) and check_past:
-        if at <= now and not v.get("allow_past_at"):
-            errors.add("schedule_at", "is in the past (set allow_past_at to accept it)", "AT_IN_PAST")
+    if kind == "at" and isinstance(at, int) and check_past and at <= now and not v.get("allow_past_at"):
+        errors.add("schedule_at", "is in the past (set allow_past_at to accept it)", "AT_IN_PAST")
     if kind == "chain" and not v.get("parent_id") and not errors.has("parent_id"):
         errors.add("parent_id", "is required when schedule_kind=chain", "REQUIRED")
     if kind is not None and kind != "chain":

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ContextManager, NamedTuple, Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from scheduler.base.errors import SchedulerError
 
@@ -65,7 +66,7 @@ class Run:
     (Plain slotted classes and named tuples here, not attrs: the CLI imports this module at start-up.)
     """
 
-    __slots__ = ("store", "started", "spec", "executor", "credentials", "executed")
+    __slots__ = ("credentials", "executed", "executor", "spec", "started", "store")
 
     def __init__(self, store: Store, started: ClaimedRun, spec: JobSpec) -> None:
         self.store, self.started, self.spec = store, started, spec
@@ -140,7 +141,7 @@ class Step(Protocol):
     def before(self, run: Run) -> None:
         """Decide before execution: return to continue, raise ``SchedulerError`` to refuse with its code."""
 
-    def around(self, run: Run) -> ContextManager[None]:
+    def around(self, run: Run) -> AbstractContextManager[None]:
         """A context entered before execution and left after it, on every path (credentials)."""
 
     def after(self, run: Run, result: ExecutionResult) -> ExecutionResult:
@@ -188,7 +189,7 @@ class StepBase:
     def before(self, run: Run) -> None:
         """Continue."""
 
-    def around(self, run: Run) -> ContextManager[None]:
+    def around(self, run: Run) -> AbstractContextManager[None]:
         """No context."""
         return contextlib.nullcontext()
 
@@ -305,7 +306,7 @@ class Plan(NamedTuple):
     #: Names of the steps that apply, in order (``runs`` never record it: the artifact is the truth).
     steps: tuple[str, ...]
     before: tuple[Callable[[Run], None], ...]
-    around: tuple[Callable[[Run], ContextManager[None]], ...]
+    around: tuple[Callable[[Run], AbstractContextManager[None]], ...]
     after: tuple[Callable[[Run, ExecutionResult], ExecutionResult], ...]
 
 

@@ -12,7 +12,8 @@ a submitted artifact is not changed: ``SUBMITTED_KIND_NOT_INSTALLED`` (fail clos
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.base.errors import SchedulerError
 
@@ -29,14 +30,21 @@ NOT_INSTALLED = "SUBMITTED_KIND_NOT_INSTALLED"
 class Submission(Protocol):
     """A submitted artifact taken out of a job spec object (shape-checked; ``verify`` proves it against the job)."""
 
-    #: The kind's version, recorded in ``jobs.handoff_version`` (4).
-    version: int
-    #: The artifact's digest as submitted.
-    digest: str
-    #: The submitted ``effective_task_hash`` (recorded on the job).
-    effective_task_hash: str
-    #: The artifact itself, stored as it was submitted once verified.
-    payload: dict[str, Any]
+    @property
+    def version(self) -> int:
+        """The kind's version, recorded in ``jobs.handoff_version`` (4)."""
+
+    @property
+    def digest(self) -> str:
+        """The artifact's digest as submitted."""
+
+    @property
+    def effective_task_hash(self) -> str:
+        """The submitted ``effective_task_hash`` (recorded on the job)."""
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The artifact itself, stored as it was submitted once verified."""
 
     def verify(self, spec: JobSpec, *, job_id: str | None = None) -> str:
         """Prove the payload against its digest and ``spec`` (compiled for ``job_id``); return the digest, else raise."""
@@ -45,10 +53,13 @@ class Submission(Protocol):
 class SubmittedKind(Protocol):
     """A kind of submitted execution artifact: how a spec object carries it, and what a bound job must keep."""
 
-    #: ``jobs.handoff_version`` of the jobs bound to this kind.
-    version: int
-    #: The job-spec keys that carry a submission (they are not job fields).
-    fields: tuple[str, ...]
+    @property
+    def version(self) -> int:
+        """``jobs.handoff_version`` of the jobs bound to this kind."""
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The job-spec keys that carry a submission (they are not job fields)."""
 
     def split(self, obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | None]:
         """``(obj without the submission keys, the Submission or None)``; ``obj`` is not modified."""

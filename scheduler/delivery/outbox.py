@@ -260,7 +260,7 @@ def send_part(part: dict[str, Any], artifacts_root: Any = None) -> dict[str, Any
         return {"outcome": "failed", "code": exc.code, "error": exc.message}
     except SchedulerError as exc:  # a channel that cannot load or resolve its secrets: nothing a retry fixes by itself
         return {"outcome": "failed", "code": exc.code, "error": exc.message}
-    except Exception as exc:  # noqa: BLE001 - a bug in a channel plugin: retried, and visible
+    except Exception as exc:  # a bug in a channel plugin: retried, and visible
         log.exception("channel %s crashed sending %s", part["channel"], part["idempotency_key"])
         return {"outcome": "retry", "code": "CHANNEL_CRASHED", "error": f"{type(exc).__name__}: {exc}", "retry_after_s": None}
     if not isinstance(receipt, DeliveryReceipt):
@@ -364,7 +364,8 @@ def get_part(tx: Tx, ref: str) -> dict[str, Any]:
 def list_parts(tx: Tx, *, status: str | None = None, job_id: str | None = None, run_id: str | None = None,
                limit: int = 100) -> list[dict[str, Any]]:
     """Outbox parts, newest first, optionally only those of one status, job or run."""
-    sql, params = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE 1 = 1", []
+    sql = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id WHERE 1 = 1"
+    params: list[object] = []
     if status is not None:
         sql += " AND o.status = ?"
         params.append(status)
@@ -416,7 +417,7 @@ class DeliveryWorker(DutyThread):
         if isinstance(exc, SchedulerError):
             log.warning("delivery pass failed: %s: %s", exc.code, exc.message)
         else:
-            log.exception("delivery pass crashed")
+            log.error("delivery pass crashed", exc_info=exc)
         return MAX_SLEEP_S
 
     def run_once(self) -> float:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from importlib.metadata import EntryPoint
 
-from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled, strict_loading
+from scheduler.base.plugin_kinds import kind_named
 from scheduler.core.steps import Step
 from scheduler.pipeline.approval import ApprovalStep
 from scheduler.pipeline.artifact_check import ArtifactCheckStep
@@ -78,7 +78,7 @@ def installed_steps() -> tuple[Step, ...]:
                 raise ValueError(f"runs_after must name a registered step ({', '.join(names)}), not {anchor!r}")
             steps.insert(names.index(anchor) + 1 + sum(1 for s in steps if getattr(s, "runs_after", None) == anchor
                                                        and s not in DEFAULT_STEPS), step)
-        except Exception as exc:  # noqa: BLE001 - a broken third-party step must not stop the kernel from starting
+        except Exception as exc:  # a broken third-party step must not stop the kernel from starting
             if strict_loading():
                 raise
             log.warning("pipeline step %r from %s not registered: %s: %s", ep.name, dist_name(ep), type(exc).__name__, exc)

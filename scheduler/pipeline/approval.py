@@ -18,7 +18,7 @@ from typing import Any
 from scheduler.approvals.decisions import open_gate
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Gate, Problems, StepBase
+from scheduler.core.steps import Gate, Normaliser, Problems, StepBase
 from scheduler.core.store.base import Tx
 
 
@@ -26,7 +26,7 @@ class ApprovalStep(StepBase):
     """Every dispatch of an ``approval_required`` job waits for a decision before its run starts."""
 
     name = "approval"
-    fields = {"approval_required": None, "approval_timeout_s": None, "approval_timeout_action": None,
+    fields: Mapping[str, Normaliser | None] = {"approval_required": None, "approval_timeout_s": None, "approval_timeout_action": None,
               "approval_risk_level": None, "approval_approver_scope": None}
     sections = ("approval",)
 

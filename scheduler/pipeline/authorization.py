@@ -37,16 +37,16 @@ from scheduler.base.timeutil import to_iso
 from scheduler.core.artifact import redact_secrets, section_problems
 from scheduler.core.bounded import call_bounded as bounded
 from scheduler.core.claimed import ClaimedRun
+from scheduler.core.members import PolicyChecking, options_class_of
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import ApprovalRow, JSONObject, JSONValue, json_object
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Problem, Problems, Run, StepBase
+from scheduler.core.steps import Normaliser, Problem, Problems, Run, StepBase
 from scheduler.core.store.base import Store
 from scheduler.plugins.loaded import LoadedProviders
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import AuthorizationDecision, AuthorizationProvider, AuthorizationRequest
 from scheduler.settings import current_settings
-from scheduler.core.members import PolicyChecking, options_class_of
 
 if TYPE_CHECKING:
     from scheduler.core.queue import StartedRun
@@ -530,7 +530,7 @@ class AuthorizationStep(StepBase):
     """The pipeline step: the job's ``authorization_ref`` provider permits, denies or escalates every run."""
 
     name = "authorization"
-    fields = {"authorization_ref": _normalise_ref, "authorization": normalise_declaration}
+    fields: Mapping[str, Normaliser | None] = {"authorization_ref": _normalise_ref, "authorization": normalise_declaration}
     sections = ("authorization_ref", "authorization")
 
     def project(self, spec: JobSpec) -> JSONObject:

@@ -16,7 +16,7 @@ from scheduler.core.artifact import redact_secrets, section_problems
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Problem, Problems, Run, StepBase
+from scheduler.core.steps import Normaliser, Problem, Problems, Run, StepBase
 from scheduler.evidence.attest import attest_run
 from scheduler.evidence.declaration import check_evidence_ref, normalise, provider_problems
 from scheduler.plugins.options import provider_for
@@ -33,7 +33,7 @@ class EvidenceStep(StepBase):
     """Attest the run's evidence (the last step: after the credentials are cleaned)."""
 
     name = "evidence"
-    fields = {"evidence": normalise, "evidence_ref": _normalise_ref}
+    fields: Mapping[str, Normaliser | None] = {"evidence": normalise, "evidence_ref": _normalise_ref}
     sections = ("evidence",)
 
     def project(self, spec: JobSpec) -> JSONObject:
@@ -75,7 +75,7 @@ class EvidenceStep(StepBase):
             return result
         try:
             return attest_run(run.store, run.started, run.spec, result, run.outcomes)
-        except Exception as exc:  # noqa: BLE001 - attestation must never leave a run unfinished
+        except Exception as exc:  # attestation must never leave a run unfinished
             log.exception("evidence attestation of run %s crashed", run.started.run_id)
             return ExecutionResult(status="error", error_code="EVIDENCE_ATTESTATION_FAILED",
                                    error_message=f"evidence attestation crashed: {type(exc).__name__}: {exc}")

@@ -41,7 +41,7 @@ from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.request import build_request, constraints_of
 from scheduler.core.rows import JSONObject, JSONValue
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.core.steps import Normaliser, Problem, Run, StepBase
 from scheduler.plugins.options import provider_for
 
 #: The one code of a governance refusal (run ``error_code``; field code at ``jobs add`` / ``jobs validate``).
@@ -195,7 +195,7 @@ class GovernanceStep(StepBase):
     """The pipeline step: what the job demands of its executor, against the executor's capabilities."""
 
     name = "governance"
-    fields = {"constraints": normalise_constraints}
+    fields: Mapping[str, Normaliser | None] = {"constraints": normalise_constraints}
     sections = ("constraints",)
 
     def check_installed(self, spec: JobSpec) -> tuple[JSONObject, list[Problem]]:

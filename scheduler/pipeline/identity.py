@@ -37,7 +37,7 @@ from scheduler.core.claimed import ClaimedRun
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import JobRow, JSONObject, JSONValue, RunRow, json_object
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.core.steps import Normaliser, Problem, Run, StepBase
 from scheduler.core.store.base import Store
 from scheduler.settings import Settings, current_settings
 
@@ -174,7 +174,7 @@ def _normalise_policy(policy: JSONObject, field: str, problems: list[dict[str, s
             if not _delegator_pattern(entry):
                 problems.append(_problem(f"{field}.allowed_delegators[{index}]", "DELEGATION_POLICY_INVALID",
                                          f"must be `*`, `KIND:*` or `KIND:NAME` with KIND one of {', '.join(_KINDS_ALL)}"))
-    names: list[JSONValue] = list(sorted({a for a in allowed if isinstance(a, str)}))
+    names: list[JSONValue] = [*sorted({a for a in allowed if isinstance(a, str)})]
     return {"mode": mode, "max_depth": depth, "allowed_delegators": names}
 
 
@@ -529,7 +529,7 @@ class IdentityStep(StepBase):
     """The pipeline step: every run resolves who it acts as (``resolve``), before proofs, authorization and credentials."""
 
     name = "identity"
-    fields = {"identity": normalise_declaration}
+    fields: Mapping[str, Normaliser | None] = {"identity": normalise_declaration}
     sections = ("identity",)
 
     def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:

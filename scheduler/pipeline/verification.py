@@ -9,17 +9,19 @@ kinds) and the ``verification`` section of the execution artifact.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from scheduler.base.canonical import hash_text
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import StepBase
+from scheduler.core.steps import Normaliser, StepBase
 
 
 class VerificationStep(StepBase):
     """The ``verify_*`` fields and the ``verification`` section (no hook in the run: the executor runs the check)."""
 
     name = "verification"
-    fields = {"verify_shell": None, "verify_timeout_s": None, "verify_on_failure": None}
+    fields: Mapping[str, Normaliser | None] = {"verify_shell": None, "verify_timeout_s": None, "verify_on_failure": None}
     sections = ("verification",)
 
     def project(self, spec: JobSpec) -> JSONObject:

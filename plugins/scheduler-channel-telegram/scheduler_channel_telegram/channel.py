@@ -294,5 +294,5 @@ class TelegramChannel:
             uploads[f"file{i}"] = (name, data, mime)
         fields["media"] = json.dumps(media)
         result = self._call(token, "sendMediaGroup", data=fields, files=uploads)
-        messages = result["result"] if "result" in result else [result]
+        messages = result.get("result", [result])
         return [m.get("message_id") for m in messages if isinstance(m, dict)]

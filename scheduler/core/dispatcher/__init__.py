@@ -29,8 +29,8 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import lease as leases
@@ -47,9 +47,9 @@ from scheduler.core.dispatcher.workers import DbRunControl, Workers
 from scheduler.core.duty import DutyContext
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.fenced_writes import FencedWriter
-from scheduler.core.store import default_artifacts_root
 from scheduler.core.parts import Parts
 from scheduler.core.recovery import recover
+from scheduler.core.store import default_artifacts_root
 from scheduler.core.store.base import Store
 
 __all__ = ["MAX_SLEEP_S", "DbRunControl", "Dispatcher", "DispatcherConfig", "WorkerPool", "install_signal_handlers",

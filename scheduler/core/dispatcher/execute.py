@@ -15,9 +15,10 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
@@ -134,7 +135,7 @@ def _after(hook: Callable[[Run, ExecutionResult], ExecutionResult], run: Run, re
     except SchedulerError as exc:
         return ExecutionResult(status="error", error_code=exc.code, error_message=exc.message,
                                details=exc.details if isinstance(exc.details, dict) else {})
-    except Exception as exc:  # noqa: BLE001 - a step's bug must not leave the run unfinished
+    except Exception as exc:  # a step's bug must not leave the run unfinished
         log.exception("pipeline step after-hook of run %s crashed", run.started.run_id)
         return ExecutionResult(status="error", error_code="EXECUTOR_CRASHED", error_message=f"{type(exc).__name__}: {exc}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
@@ -93,7 +93,7 @@ class LeaseKeeper:
             except leases.LeaseLost as exc:
                 self._on_lost(exc.message)
                 return
-            except Exception as exc:  # database busy or unavailable: keep trying until the lease runs out
+            except Exception as exc:  # noqa: BLE001 - database busy or unavailable: keep trying until the lease runs out
                 log.warning("lease renewal failed: %s", getattr(exc, "message", exc))
                 if now_ms() >= self.lease.expires_at:
                     self._on_lost(f"lease expired while renewal failed: {getattr(exc, 'message', exc)}")

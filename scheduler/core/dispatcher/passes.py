@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
@@ -159,12 +160,12 @@ class Pass:
         for s, run in committed:
             try:
                 self.report(s, run, lines)
-            except Exception:  # noqa: BLE001 - the run is committed; a failing report (hook, read) must not stop the loop
+            except Exception:  # the run is committed; a failing report (hook, read) must not stop the loop
                 log.exception("reporting the end of run %s failed", s.run_id)
         if lines:
             try:
                 self.say("\n".join(lines))
-            except Exception:  # noqa: BLE001 - the runs are committed and submitted; output must not stop the loop
+            except Exception:  # the runs are committed and submitted; output must not stop the loop
                 log.exception("writing the pass's run lines failed")
         if not claim:
             return 0.0 if committed else CANCEL_CHECK_MS / 1000

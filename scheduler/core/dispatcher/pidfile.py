@@ -5,8 +5,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from scheduler.core.dispatcher.config import clock
 from scheduler.core.filemodes import create_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("scheduler.core.dispatcher")
 

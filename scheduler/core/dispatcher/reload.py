@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.contracts import LoadedExecutors

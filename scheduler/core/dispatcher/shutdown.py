@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import lease as leases

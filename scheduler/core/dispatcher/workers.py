@@ -14,8 +14,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Callable, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import attrs
 
@@ -28,8 +28,8 @@ from scheduler.core.dispatcher.config import ABANDON_SLACK_S, DEADLINE_SLACK_S, 
 from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.events import append_event
 from scheduler.core.execution import CancellationToken, ExecutionResult, RecoveryRequest
-from scheduler.core.members import Recoverable
 from scheduler.core.fenced_writes import FencedWrite, FencedWriter
+from scheduler.core.members import Recoverable
 from scheduler.core.participants import EvidenceRows
 from scheduler.core.rows import JSONObject, SQLValue
 from scheduler.core.spec import spec_from_row
@@ -282,7 +282,7 @@ class Workers:
                 with self.store.transaction() as tx:
                     append_event(tx, "run.abandoned_work_stopped", job_id=s.job.id, run_id=s.run_id, actor=self.owner,
                                  data={"state": getattr(outcome, "state", None), "detail": getattr(outcome, "detail", None)})
-            except Exception:  # noqa: BLE001 - best effort; crash recovery is not involved (the run is ended)
+            except Exception:  # best effort; crash recovery is not involved (the run is ended)
                 log.exception("stopping the work of abandoned run %s failed", s.run_id)
 
         threading.Thread(target=stop, name=f"stop-{s.run_id[:8]}", daemon=True).start()

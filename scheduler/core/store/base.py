@@ -22,9 +22,10 @@ everything else it needs, through ``scheduler_toolkit.store`` (its contract, ``S
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 Params = Sequence[Any]
 
@@ -80,9 +81,10 @@ class Store(Protocol):
     #: True when the database allows one dispatcher at a time (SQLite: one writer per file), so dispatchers
     #: share one lease name and a pid file; False when several dispatchers may share it, each with its own lease.
     exclusive_dispatch: bool
-    #: The database file when the store is a local file (the dispatcher's pid file and the default artifacts
-    #: directory live beside it); None for a server database.
-    local_path: Path | None
+    @property
+    def local_path(self) -> Path | None:
+        """The database file when the store is a local file (the dispatcher's pid file and the default artifacts
+        directory live beside it); None for a server database."""
 
     def initialize(self, *, readonly: bool = False) -> None:
         """Fail-closed initialisation: schema, migrations; raise ``DB_INIT_FAILED`` on any problem.

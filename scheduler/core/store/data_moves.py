@@ -17,7 +17,7 @@ from scheduler.core.artifact import native_payload
 from scheduler.core.spec import spec_from_row
 from scheduler.core.store.schema_steps import SchemaConnection
 
-__all__ = ["BindArtifacts", "MoveExecutorFields", "V3_AGENT_FIELDS", "V3_SHELL_FIELDS", "v3_executor_handle", "v3_executor_options"]
+__all__ = ["V3_AGENT_FIELDS", "V3_SHELL_FIELDS", "BindArtifacts", "MoveExecutorFields", "v3_executor_handle", "v3_executor_options"]
 
 
 #: Executor-specific job columns that v3 moves into ``executor_options`` (old column -> option name).

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from scheduler.core.store.schema import Column, Guard, Index, Table
 
-
 HANDOFF_ARTIFACTS_V3 = Table(
     'handoff_artifacts',
     (

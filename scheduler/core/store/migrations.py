@@ -308,6 +308,6 @@ def upgrade(
         if exc.retryable:
             raise
         raise UpgradeFailed(phase, exc) from exc
-    except Exception as exc:  # noqa: BLE001 - every failure fails closed, naming its phase
+    except Exception as exc:  # every failure fails closed, naming its phase
         raise UpgradeFailed(phase, exc) from exc
 

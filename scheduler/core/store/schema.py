@@ -151,12 +151,12 @@ def _guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
         g = g._replace(when=g.when.replace("{events_cutoff}", _EVENTS_CUTOFF[dialect]))
     if dialect == "sqlite":
         when = f"\nWHEN {g.when}" if g.when else ""
-        return [f"CREATE TRIGGER IF NOT EXISTS {g.name}\n{_guard_event(t, g)}{when}\n"
-                f"BEGIN\n    SELECT RAISE(ABORT, {_sql_string(g.message)});\nEND"]
+        return [(f"CREATE TRIGGER IF NOT EXISTS {g.name}\n{_guard_event(t, g)}{when}\n"
+                 f"BEGIN\n    SELECT RAISE(ABORT, {_sql_string(g.message)});\nEND")]
     _check_dialect(dialect)
     when = f" WHEN ({g.when})" if g.when else ""
-    out = [f"CREATE OR REPLACE TRIGGER {g.name}\n{_guard_event(t, g)}\nFOR EACH ROW{when}\n"
-           f"EXECUTE FUNCTION {PG_REFUSE_FUNCTION}({_sql_string(g.message)})"]
+    out = [(f"CREATE OR REPLACE TRIGGER {g.name}\n{_guard_event(t, g)}\nFOR EACH ROW{when}\n"
+            f"EXECUTE FUNCTION {PG_REFUSE_FUNCTION}({_sql_string(g.message)})")]
     if g.event == "DELETE":
         out.append(f"CREATE OR REPLACE TRIGGER {t.name}_no_truncate\nBEFORE TRUNCATE ON {t.name}\nFOR EACH STATEMENT\n"
                    f"EXECUTE FUNCTION {PG_REFUSE_FUNCTION}({_sql_string(g.message)})")

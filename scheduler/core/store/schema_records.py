@@ -4,13 +4,13 @@ tombstones, prune cutoffs, runtime events, provider sessions, credential present
 from __future__ import annotations
 
 from scheduler.core.store.schema_blocks import (
+    _PRESENTATION_STATUSES,
+    _RISK_LEVELS,
     BIGINT,
     BLOB,
     FLAG,
     SERIAL,
     TEXT,
-    _PRESENTATION_STATUSES,
-    _RISK_LEVELS,
     Column,
     Guard,
     Index,

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from scheduler.core.store.schema_blocks import (
-    BIGINT,
-    FLAG,
-    INT,
-    TEXT,
     _DISPATCH_KINDS,
     _GUARANTEES,
     _OUTPUT_FORMATS,
     _RISK_LEVELS,
     _RUN_STATUSES,
     _TERMINAL_RUN_STATUSES,
+    BIGINT,
+    FLAG,
+    INT,
+    TEXT,
     Column,
     Guard,
     Index,

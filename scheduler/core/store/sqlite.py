@@ -22,10 +22,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError

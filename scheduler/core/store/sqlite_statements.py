@@ -85,7 +85,7 @@ class SQLiteTx:
     def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
         cur = self._run(sql, params)
         row = cur.fetchone()
-        return dict(zip([d[0] for d in cur.description], row)) if row is not None else None
+        return dict(zip([d[0] for d in cur.description], row, strict=True)) if row is not None else None
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         cur = self._run(sql, params)
@@ -93,7 +93,7 @@ class SQLiteTx:
         if not rows:
             return []
         cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in rows]
+        return [dict(zip(cols, r, strict=True)) for r in rows]
 
     def scalar(self, sql: str, params: Params = ()) -> Any:
         row = self._run(sql, params).fetchone()
@@ -108,7 +108,7 @@ class Slot:
     the last use ends. ``guard`` makes "start using" and "close" mutually exclusive.
     """
 
-    __slots__ = ("conn", "thread", "guard", "users", "depth", "doomed", "closed", "seen_version")
+    __slots__ = ("closed", "conn", "depth", "doomed", "guard", "seen_version", "thread", "users")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -174,7 +174,7 @@ class SQLiteSchemaConnection:
         """Every row of a query, as dicts."""
         cur = self._run(sql, params)
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def columns(self, table: str) -> list[str]:
         """The column names of ``table``."""

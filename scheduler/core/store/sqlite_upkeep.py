@@ -11,10 +11,10 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import filemodes, state

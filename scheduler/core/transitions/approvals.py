@@ -4,6 +4,7 @@ through its named statements (``scheduler.core.state``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scheduler.core import state
@@ -108,7 +109,7 @@ def dispatch_approved_run(tx: Tx, lease: Lease, run: dict[str, Any], *, now: int
 
 def escalate_run(
     tx: Tx, run_id: str, *, owner: str, token: int, values: dict[str, Any], approval_id: str, gate_kind: str,
-    risk_level: str, reason: str | None, now: int, proof_window: dict[str, int | None] | None = None,
+    risk_level: str, reason: str | None, now: int, proof_window: Mapping[str, int | None] | None = None,
 ) -> dict[str, Any] | None:
     """``running`` -> ``awaiting_approval`` under the run's fence (an authorization provider escalated); its dispatch
     ``claimed`` -> ``awaiting_approval``; (new) approval ``pending`` of ``gate_kind``.

@@ -35,7 +35,7 @@ from scheduler.ops.importers import ImportItem, export_prefix
 _ENV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$")
 _MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 #: What ``crontab -l`` says (cronie, vixie, busybox) for a user who has none: an empty import.
-_NO_CRONTAB = re.compile(r"no crontab for", re.I)
+_NO_CRONTAB = re.compile(r"no crontab for", re.IGNORECASE)
 
 
 def read_crontab(source: str | None, *, binary: str = "crontab") -> tuple[str, str]:

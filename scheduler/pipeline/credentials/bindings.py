@@ -19,12 +19,11 @@ from collections.abc import Callable, Mapping
 from typing import Literal, Required, TypedDict
 
 from scheduler.base.options import build_options, option_problems
+from scheduler.core.members import options_class_of
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.plugins.options import provider_for
 from scheduler.plugins.protocols import CredentialBinding, CredentialPresent
-from scheduler.core.members import options_class_of
-
 
 Medium = Literal["env", "file", "stdin"]
 _MEDIA: dict[object, Medium] = {"env": "env", "file": "file", "stdin": "stdin"}

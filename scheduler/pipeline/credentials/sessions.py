@@ -32,12 +32,13 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterable
+
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms
 from scheduler.core.store.base import Store
 from scheduler.plugins.protocols import SESSION_STATUSES
-from scheduler.base.timeutil import now_ms
 
 #: What a session key must look like: a SHA-256 digest, never the thing it stands for.
 SESSION_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -216,8 +217,8 @@ class MemoryProviderSessions:
 
 
 __all__ = [
-    "MemoryProviderSessions",
     "SESSION_KEY",
+    "MemoryProviderSessions",
     "SessionRecord",
     "StoreProviderSessions",
     "checked_record",

@@ -37,27 +37,26 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state
+from scheduler.core.artifact import artifact_path, redact_secrets
 from scheduler.core.bounded import call_bounded as bounded
 from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event
-from scheduler.core.execution import CredentialPresentation
+from scheduler.core.execution import CredentialPresentation, ExecutionResult
 from scheduler.core.lease import owner_host
-from scheduler.core.artifact import artifact_path, redact_secrets
-from scheduler.core.execution import ExecutionResult
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.participants import Run as RunRecord
 from scheduler.core.redaction import record_redactions
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
+from scheduler.core.steps import Normaliser, Problem, Problems, Run, StepBase
 from scheduler.core.store.base import Store, Tx
-from scheduler.core.steps import Problem, Problems, Run, StepBase
 from scheduler.pipeline.credentials.bindings import (
     MEDIUM_CAPABILITY,
     Binding,
@@ -374,7 +373,7 @@ class _Presentation:
                             tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = ?"
                                        " WHERE id = ? AND status = 'materialized'", (now, h["id"]))
                 return
-            except Exception:  # noqa: BLE001 - a busy database: try again; recovery covers a dead process
+            except Exception:  # a busy database: try again; recovery covers a dead process
                 log.warning("marking credential presentations of run %s cleaned failed (attempt %d)", self.started.run_id,
                             attempt + 1, exc_info=True)
                 time.sleep(0.05 * (attempt + 1))
@@ -485,7 +484,7 @@ def presented(store: Store, started: ClaimedRun, spec: JobSpec, executor: object
             presentation.resolve_all()
             try:
                 presentation.write_rows()
-            except Exception as exc:  # a busy or lost database: nothing may be presented unrecorded
+            except Exception as exc:  # noqa: BLE001 - a busy or lost database: nothing may be presented unrecorded
                 raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", "the credential presentations could not be recorded: "
                                      f"{getattr(exc, 'code', None) or type(exc).__name__}") from None
             credentials = presentation.materialise()
@@ -499,7 +498,7 @@ def presented(store: Store, started: ClaimedRun, spec: JobSpec, executor: object
     finally:
         try:
             presentation.cleanup()
-        except Exception:  # noqa: BLE001 - cleanup must not turn the run's own result into a crash
+        except Exception:  # cleanup must not turn the run's own result into a crash
             log.exception("credential cleanup of run %s failed; recovery removes what is left", started.run_id)
 
 
@@ -550,7 +549,7 @@ def recover_presentations(store: Store, run: RunRecord) -> tuple[bool, str | Non
                 tx.execute("UPDATE credential_presentations SET status = 'recovery_cleaned', cleaned_at = ? WHERE id = ?"
                            " AND status = 'materialized'", (now, r["id"]))
     if failed:
-        return False, sorted(set(failed.values()))[0]
+        return False, min(failed.values())
     return True, None
 
 
@@ -610,7 +609,7 @@ class CredentialStep(StepBase):
     """The pipeline step: credentials materialised around execution and cleaned up on every path, before evidence."""
 
     name = "credentials"
-    fields = {"credentials": normalise_bindings, "child_credential_policy": None}
+    fields: Mapping[str, Normaliser | None] = {"credentials": normalise_bindings, "child_credential_policy": None}
     sections = ("credential_presentation",)
 
     def project(self, spec: JobSpec) -> JSONObject:

@@ -40,13 +40,14 @@ from scheduler.core.events import append_event
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
-from scheduler.core.steps import Problem, Run, StepBase
+from scheduler.core.steps import Normaliser, Problem, Run, StepBase
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import cancel_pending_work, committing
-from scheduler.plugins.protocols import VerifiedProof
 from scheduler.pipeline.proofs.declaration import normalise
 from scheduler.pipeline.proofs.source import read_source
-from scheduler.pipeline.proofs.verify import check_window, verify as verify_proof
+from scheduler.pipeline.proofs.verify import check_window
+from scheduler.pipeline.proofs.verify import verify as verify_proof
+from scheduler.plugins.protocols import VerifiedProof
 
 #: How many earlier runs a retry follows back (``retry_of_run_id`` / ``replay_of_run_id``) to find the claiming dispatch.
 MAX_LINEAGE = 128
@@ -72,7 +73,7 @@ def verify(store: Store, started: ClaimedRun, spec: JobSpec, outcomes: RunOutcom
         outcomes.columns["proof_json"] = json.dumps(denied, sort_keys=True)
         outcomes.record("proof.failed", {**denied, "message": exc.message})
         raise
-    except Exception as exc:  # noqa: BLE001 - a verifier bug denies, never permits
+    except Exception as exc:  # a verifier bug denies, never permits
         denied = {"status": "denied", "error_code": "PROOF_VERIFICATION_FAILED", "method": method}
         outcomes.columns["proof_json"] = json.dumps(denied, sort_keys=True)
         outcomes.record("proof.failed", {**denied, "message": f"{type(exc).__name__}: {exc}"})
@@ -229,7 +230,7 @@ class ProofStep(StepBase):
     """The pipeline step: a job declaring ``authorization_proof`` presents a fresh, bound, unrevoked proof per dispatch."""
 
     name = "proofs"
-    fields = {"authorization_proof": normalise}
+    fields: Mapping[str, Normaliser | None] = {"authorization_proof": normalise}
     sections = ("authorization_proof",)
 
     def check_section(self, name: str, value: object, sections: Mapping[str, Any]) -> list[Problem]:
