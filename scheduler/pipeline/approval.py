@@ -12,6 +12,7 @@ steps before the gate decide again (the proof is re-checked, the approval is the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,9 @@ from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Gate, Normaliser, Problems, StepBase
 from scheduler.core.store.base import Tx
+
+#: The only colon form of a scope: ``uid:`` and a decimal uid (a user name never holds a colon).
+_UID_SCOPE = re.compile(r"^uid:[0-9]{1,10}$")
 
 
 class ApprovalStep(StepBase):
@@ -41,7 +45,11 @@ class ApprovalStep(StepBase):
         }}
 
     def check(self, values: Mapping[str, Any], problems: Problems) -> None:
-        """A scoped gate never auto-approves."""
+        """A scope must be one that some account can match; a scoped gate never auto-approves."""
+        scope = values.get("approval_approver_scope")
+        if isinstance(scope, str) and ":" in scope and not _UID_SCOPE.match(scope):
+            # "uid:abc" (or any other colon form) names no account: nobody could ever approve the gate
+            problems.add("approval_approver_scope", "must be a local user name or uid:N with N a decimal uid", "INVALID_SCOPE")
         if values.get("approval_approver_scope") and values.get("approval_timeout_action") == "approve":
             problems.add("approval_timeout_action", "a scoped approval gate cannot auto-approve on timeout", "CONFLICT")
 

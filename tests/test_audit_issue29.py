@@ -1,0 +1,71 @@
+"""Issue 29: the defects and smaller gaps an end-to-end audit of the seed contracts found.
+
+Each test drives the real ``scheduler`` CLI in a subprocess against a real SQLite file and
+failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from kernel_testing import scheduler_cmd
+
+MANUAL = {"schedule_kind": "manual", "payload_message": "echo hi"}
+
+
+def sub(db: Path, *args: str, stdin: bytes = b"", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``scheduler --db DB --json ARGS`` in a real process."""
+    full = {**os.environ, **(env or {})}
+    full.pop("SCHEDULER_DEBUG", None)
+    return subprocess.run([*scheduler_cmd(), "--db", str(db), "--json", *args], input=stdin, capture_output=True, env=full,
+                          timeout=120)
+
+
+def ok(res: subprocess.CompletedProcess) -> dict[str, Any]:
+    """The JSON answer of a process that succeeded."""
+    assert res.returncode == 0 and b"Traceback" not in res.stderr, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    doc: dict[str, Any] = json.loads(res.stdout.splitlines()[-1])
+    return doc
+
+
+def refused(res: subprocess.CompletedProcess, code: str, exit_status: int = 1) -> dict[str, Any]:
+    """Assert a real process failed with one JSON error object of ``code`` and no traceback."""
+    assert b"Traceback" not in res.stderr, res.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(res.stdout.splitlines()[-1])
+    assert (res.returncode, doc["ok"], doc["code"]) == (exit_status, False, code), (res.returncode, doc)
+    return doc
+
+
+def spec(name: str = "job", **fields: Any) -> str:
+    return json.dumps({"name": name, **MANUAL, **fields})
+
+
+def job_names(db: Path) -> list[str]:
+    return sorted(j["name"] for j in ok(sub(db, "jobs", "list"))["jobs"])
+
+
+# --- defects 1 and 2: approver scopes that nobody could match, look-alikes ------------------------------------------
+
+
+def test_defect_1_an_unmatchable_uid_scope_is_refused_at_add_and_update(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    for bad in ("uid:abc", "uid:", "uid:-1", "uid:1x", "group:wheel"):
+        doc = refused(sub(db, "jobs", "add", spec(approval_required=True, approval_approver_scope=bad)), "VALIDATION_FAILED")
+        assert [(d["field"], d["code"]) for d in doc["details"]] == [("approval_approver_scope", "INVALID_SCOPE")], bad
+    ok(sub(db, "jobs", "add", spec("fine", approval_required=True, approval_approver_scope="uid:1001")))
+    refused(sub(db, "jobs", "update", "fine", json.dumps({"approval_approver_scope": "uid:abc"})), "VALIDATION_FAILED")
+    assert job_names(db) == ["fine"]
+    assert ok(sub(db, "jobs", "get", "fine"))["job"]["approval_approver_scope"] == "uid:1001"
+
+
+def test_defect_2_a_full_width_look_alike_scope_is_refused(tmp_path: Path) -> None:
+    """The docs said a full-width spelling was the same principal; refusing it is safer, and the docs now say so."""
+    db = tmp_path / "s.db"
+    doc = refused(sub(db, "jobs", "add", spec(approval_required=True, approval_approver_scope="ｒｏｏｔ")), "VALIDATION_FAILED")  # noqa: RUF001
+    assert [(d["field"], d["code"]) for d in doc["details"]] == [("approval_approver_scope", "INVALID_SCOPE")]
+    text = (Path(__file__).parent.parent / "docs" / "approvals.md").read_text()
+    assert "is the same principal" not in text and "look-alike" in text
