@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,20 @@ def test_defect_2_a_full_width_look_alike_scope_is_refused(tmp_path: Path) -> No
     assert [(d["field"], d["code"]) for d in doc["details"]] == [("approval_approver_scope", "INVALID_SCOPE")]
     text = (Path(__file__).parent.parent / "docs" / "approvals.md").read_text()
     assert "is the same principal" not in text and "look-alike" in text
+
+
+# --- defect 5: a read-only command on a database missing a table ----------------------------------------------------
+
+
+def test_defect_5_read_only_status_on_a_database_missing_a_table_fails_closed(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    ok(sub(db, "jobs", "add", spec()))
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE runtime_events")
+    for args in (("status",), ("status", "--check"), ("jobs", "list")):
+        doc = refused(sub(db, *args), "DB_INIT_FAILED")
+        assert doc["details"]["phase"] == "schema" and "table runtime_events" in doc["details"]["missing"], doc
+    with sqlite3.connect(db) as conn:  # the read-only commands repaired nothing
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'runtime_events'").fetchone()[0] == 0
+    ok(sub(db, "doctor"))  # a writing open recreates the missing objects
+    assert ok(sub(db, "status"))["status"]["jobs"] == {"enabled": 1}

@@ -646,7 +646,10 @@ def test_readonly_open_creates_a_missing_database_but_never_repairs_an_existing_
     conn.commit()
     conn.close()
     before = logical_dump(fresh)
-    open_store(fresh, readonly=True).close()
+    with pytest.raises(SchedulerError) as refused:  # issue 29, defect 5: nor answers from the damaged schema
+        open_store(fresh, readonly=True).close()
+    assert refused.value.code == "DB_INIT_FAILED" and refused.value.details["phase"] == "schema"
+    assert refused.value.details["missing"] == ["trigger runs_terminal_is_final"]
     assert logical_dump(fresh) == before  # reading does not repair ...
     open_store(fresh).close()
     assert "runs_terminal_is_final" in shape(fresh)["#triggers"]  # ... a writing open does

@@ -46,6 +46,7 @@ from scheduler.core.store.sqlite_upkeep import (
     check_file,
     file_modes_check,
     health_checks,
+    incomplete_schema,
     inspect_schema,
     needs_migration,
     open_connection,
@@ -166,8 +167,9 @@ class SQLiteStore:
         not blocked. A new or empty file gets the schema, an older database the migrations,
         in one ``BEGIN IMMEDIATE`` transaction. ``readonly=True`` (commands that only read)
         never migrates nor repairs: an older database is refused with ``DB_INIT_FAILED``
-        saying it must be migrated first (a database that does not exist yet is still
-        created, as on first use). A lock held past the busy timeout is ``DB_BUSY``.
+        saying it must be migrated first, a current one missing a table, index or trigger
+        with ``DB_INIT_FAILED`` (phase ``schema``, naming them) rather than answered from
+        (a database that does not exist yet is still created, as on first use). A lock held past the busy timeout is ``DB_BUSY``.
 
         A writable open then compiles every named statement (``scheduler.core.state``) on
         the database, so one SQLite cannot run is ``DB_INIT_FAILED`` (phase ``statements``,
@@ -189,6 +191,8 @@ class SQLiteStore:
             current = version == migrations.SCHEMA_VERSION and complete
             if readonly and version is not None and version < migrations.SCHEMA_VERSION:
                 raise needs_migration(path, version)
+            if readonly and version is not None and not complete:
+                raise incomplete_schema(conn, path)
             if not readonly or version is None:
                 mode = self._exec(conn, "PRAGMA journal_mode", "cannot read the journal mode").fetchone()[0]
                 if str(mode).lower() != "wal":

@@ -51,6 +51,24 @@ def needs_migration(path: str, version: int) -> SchedulerError:
     )
 
 
+def incomplete_schema(conn: sqlite3.Connection, path: str) -> SchedulerError:
+    """A read-only open of a current database missing schema objects (a table, index or trigger dropped by hand).
+
+    Such a process never repairs, and answering from a damaged database (``status`` saying
+    ``ok`` with ``runtime_events`` gone) would hide the damage: it fails closed instead.
+    """
+    present = {(r[0], r[1]) for r in conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')")}
+    missing = sorted(f"{kind} {name}" for kind, name in expected_objects() - present)
+    return SchedulerError(
+        "DB_INIT_FAILED",
+        f"database initialisation failed during schema check of {path}: missing {', '.join(missing[:10])}"
+        f"{' ...' if len(missing) > 10 else ''}; this command only reads, so it does not repair; "
+        "run `scheduler doctor` (or any command that changes something) once to recreate them",
+        details={"phase": "schema", "path": path, "readonly": True, "missing": missing},
+    )
+
+
 def prove_statements(conn: sqlite3.Connection, location: str, statements: Mapping[str, state.Statement],
                      busy_timeout_ms: int) -> None:
     """Compile every named statement (``EXPLAIN``, nothing runs) on this database: ``DB_INIT_FAILED`` naming the first
