@@ -168,8 +168,9 @@ class SQLiteStore:
         in one ``BEGIN IMMEDIATE`` transaction. ``readonly=True`` (commands that only read)
         never migrates nor repairs: an older database is refused with ``DB_INIT_FAILED``
         saying it must be migrated first, a current one missing a table, index or trigger
-        with ``DB_INIT_FAILED`` (phase ``schema``, naming them) rather than answered from
-        (a database that does not exist yet is still created, as on first use). A lock held past the busy timeout is ``DB_BUSY``.
+        with ``DB_INIT_FAILED`` (phase ``schema``, naming them) rather than answered from;
+        a database that does not exist yet is still created, as on first use. A lock held
+        past the busy timeout is ``DB_BUSY``.
 
         A writable open then compiles every named statement (``scheduler.core.state``) on
         the database, so one SQLite cannot run is ``DB_INIT_FAILED`` (phase ``statements``,
