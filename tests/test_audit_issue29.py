@@ -87,3 +87,17 @@ def test_defect_5_read_only_status_on_a_database_missing_a_table_fails_closed(tm
         assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'runtime_events'").fetchone()[0] == 0
     ok(sub(db, "doctor"))  # a writing open recreates the missing objects
     assert ok(sub(db, "status"))["status"]["jobs"] == {"enabled": 1}
+
+
+# --- defect 7: the legacy evidence alias ----------------------------------------------------------------------------
+
+
+def test_defect_7_the_legacy_sha256_provider_alias_is_the_checksum_backend(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    for name, declaration in (("plain", {"provider": "sha256"}), ("methods", {"provider": "sha256", "methods": ["sha256"]})):
+        assert ok(sub(db, "jobs", "validate", spec(name, evidence=declaration)))["ok"] is True
+        stored = ok(sub(db, "jobs", "add", spec(name, evidence=declaration)))["job"]["evidence"]
+        stored = json.loads(stored) if isinstance(stored, str) else stored
+        assert stored["provider"] == "checksum" and stored["methods"] == declaration.get("methods", []), stored
+    # the alias is only the checksum backend's: a signed provider asking for the checksum method is still refused
+    refused(sub(db, "jobs", "add", spec("signed", evidence={"provider": "ssh", "methods": ["sha256"]})), "VALIDATION_FAILED")

@@ -8,7 +8,7 @@ The declaration (reference notes §3) says which provider attests the job's runs
 
 Kernel rules (``normalise``, no plugin imported): only these keys; ``provider`` a driver
 name, ``checksum`` when omitted (the default provider for direct jobs; a job that declares
-no ``evidence`` at all gets none); ``methods`` a list of distinct method names, and a
+no ``evidence`` at all gets none; the legacy alias ``sha256`` is stored as ``checksum``); ``methods`` a list of distinct method names, and a
 declaration naming another provider may not ask for the checksum-only method ``sha256``
 (a signed declaration is never quietly a checksum); ``payload.bind`` and ``collect`` drawn
 from fixed vocabularies; ``payload.context`` any JSON value of at most 16 KiB canonical;
@@ -53,6 +53,8 @@ BIND_NAMES = frozenset({
 COLLECT_NAMES = frozenset({"result", "identity", "authorization", "governance", "stdout", "stderr", "exit_code"})
 PAYLOAD_FORMATS = {"canonical-json": "canonical-json", "json": "canonical-json"}
 DEFAULT_PROVIDER = "checksum"
+#: Legacy provider names, stored as the provider they name (seed 000: ``provider: "sha256"`` is the checksum backend).
+PROVIDER_ALIASES = {"sha256": DEFAULT_PROVIDER}
 #: Methods only the checksum provider performs: another provider asking for them would be a downgrade.
 CHECKSUM_ONLY_METHODS = frozenset({"sha256"})
 MAX_CONTEXT_BYTES = 16 * 1024
@@ -100,6 +102,8 @@ def normalise(value: Any, field: str = "evidence") -> tuple[dict[str, Any] | Non
     provider = value.get("provider", DEFAULT_PROVIDER)
     if provider is None:
         provider = DEFAULT_PROVIDER
+    if isinstance(provider, str):
+        provider = PROVIDER_ALIASES.get(provider, provider)
     if not isinstance(provider, str) or not _DRIVER_RE.match(provider):
         problems.append(_problem(f"{field}.provider", "must be a provider name ([a-z0-9_.-], max 64)", "INVALID_VALUE"))
         provider = DEFAULT_PROVIDER
