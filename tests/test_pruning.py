@@ -135,8 +135,10 @@ def test_prune_keeps_retained_evidence_deletes_expired_and_leaves_tombstones(sto
         events = tx.all("SELECT * FROM runtime_events WHERE kind = ?", (EVENT_KIND,))
     assert left == {runs[k]["id"] for k in ("recent", "referenced", "unbound")}
     assert set(evidence) == {runs["retained"]["id"], runs["unbound"]["id"]}, "retained evidence outlives its run; expired goes"
-    assert len(tombstones) == 1
-    stone = tombstones[0]
+    assert len(tombstones) == 2  # issue 29, defect 8: the run whose expired evidence went leaves one too
+    (stone,) = [t for t in tombstones if t["run_id"] == runs["retained"]["id"]]
+    (gone,) = [t for t in tombstones if t["run_id"] == runs["expired"]["id"]]
+    assert (gone["evidence_id"], gone["reason"]) == (None, "pruned; evidence expired and deleted")
     assert (stone["run_id"], stone["evidence_id"], stone["status"]) == (runs["retained"]["id"], kept_id, runs["retained"]["status"])
     assert stone["job_id"] == runs["retained"]["job_id"] and stone["job_name"] and stone["pruned_at"]
     assert not offloaded.exists() and not (root / "runs" / runs["retained"]["id"]).exists() and report.files_removed >= 1
@@ -180,3 +182,26 @@ def test_runs_prune_cli(store: Any, store_url: str, dispatcher: Any, tmp_path: P
     assert _count(store, "SELECT COUNT(*) FROM run_tombstones WHERE run_id = ?", (runs["old"]["id"],)) == 1
     human = cli("runs", "prune", "--older-than", "1d")
     assert human.code == 0 and "pruned 0 run(s)" in human.out
+
+
+def test_issue29_defect_8_pruning_expired_evidence_leaves_a_tombstone(store: Any, dispatcher: Any, tmp_path: Path, cli: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``evidence_deleted 1, tombstoned 0`` and no trace of the run; now a tombstone without an evidence row."""
+    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    runs = _runs(store, dispatcher, tmp_path, {"old": ("testkit", "echo:a")})
+    _age(store, runs["old"], 10)
+    _evidence(store, runs["old"], retention_until=now_ms() - DAY)
+    done = cli("--json", "runs", "prune", "--older-than", "1d")
+    assert done.code == 0, done
+    assert (done.json["pruned"], done.json["tombstoned"], done.json["evidence_retained"], done.json["evidence_deleted"]) == (1, 1, 0, 1)
+    assert done.json["counts"]["run_tombstones"] == 1 and done.json["counts"]["evidence_records"] == 1
+    with store.read() as tx:
+        stone = tx.one("SELECT * FROM run_tombstones WHERE run_id = ?", (runs["old"]["id"],))
+        assert tx.scalar("SELECT COUNT(*) FROM evidence_records") == 0
+    assert stone is not None and stone["evidence_id"] is None and stone["reason"] == "pruned; evidence expired and deleted"
+    assert stone["job_id"] == runs["old"]["job_id"] and stone["status"] == "ok"
+    # the run is known to have existed: its evidence is missing, not the run itself
+    check = cli("--json", "runs", "evidence", runs["old"]["id"])
+    assert check.code != 0 and check.json["code"] == "EVIDENCE_RECORD_MISSING", check
+    human = cli("runs", "prune", "--older-than", "1d")
+    assert human.code == 0 and "0 tombstoned (0 with retained evidence, 0 with expired evidence deleted)" in human.out

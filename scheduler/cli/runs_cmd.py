@@ -201,8 +201,8 @@ def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_ru
     view = report.to_json()
     counts = view["counts"]
     emit(view, lambda: click.echo(
-        f"{'would prune' if dry_run else 'pruned'} {view['pruned']} run(s): {view['tombstoned']} tombstoned with retained evidence,"
-        f" {view['evidence_deleted']} with expired evidence deleted, {len(view['skipped'])} skipped;"
+        f"{'would prune' if dry_run else 'pruned'} {view['pruned']} run(s): {view['tombstoned']} tombstoned ({view['evidence_retained']} with"
+        f" retained evidence, {view['evidence_deleted']} with expired evidence deleted), {len(view['skipped'])} skipped;"
         f" {counts['delivery_outbox']} outbox part(s), {counts['runtime_events']} event(s),"
         f" {counts['execution_artifacts']} artifact(s), {counts['orphaned_dirs']} orphaned output dir(s)"
         + ("" if dry_run else f", {view['files_removed']} output file(s) removed")))

@@ -18,7 +18,8 @@ short write transaction (``[retention] batch`` rows, 500 by default), never one 
    open approval, no credential presentation waiting for its cleanup. Per run: its
    evidence row, when its retention still runs, is KEPT and a ``run_tombstones`` row is
    written (``runs evidence RUN_ID`` still verifies it); expired evidence is deleted with
-   the run (the ``evidence_records_retained`` guard refuses anything else); evidence whose
+   the run (the ``evidence_records_retained`` guard refuses anything else) and a tombstone
+   without an evidence row records that it had some; evidence whose
    binding is broken keeps its run (``skipped``). The run's finished dispatch row and its
    settled (delivered or cancelled) outbox parts go with it. After each batch commits, the runs' offloaded output files are removed.
 3. **Outbox.** With ``delivered_outbox_age``: messages (every part of a group) all
@@ -107,7 +108,9 @@ class PruneReport:
     dry_run: bool
     rules: dict[str, Any] = attrs.Factory(dict)
     pruned: list[str] = attrs.Factory(list)
+    #: Runs pruned with their evidence retained (a tombstone names the evidence row).
     tombstoned: list[str] = attrs.Factory(list)
+    #: Runs pruned with their expired evidence deleted (a tombstone without an evidence row says so).
     evidence_deleted: list[str] = attrs.Factory(list)
     skipped: list[dict[str, str]] = attrs.Factory(list)
     dispatches: int = 0
@@ -128,7 +131,8 @@ class PruneReport:
 
     def counts(self) -> dict[str, int]:
         """Deleted rows per table (``run_tombstones``: written), files removed and orphaned directories."""
-        return {"runs": len(self.pruned), "run_tombstones": len(self.tombstoned), "evidence_records": len(self.evidence_deleted),
+        return {"runs": len(self.pruned), "run_tombstones": len(self.tombstoned) + len(self.evidence_deleted),
+                "evidence_records": len(self.evidence_deleted),
                 "job_dispatch_queue": self.dispatches, "delivery_outbox": self.outbox, "delivery_attachments": self.attachments,
                 "runtime_events": self.events, "execution_artifacts": self.artifacts, "files": self.files_removed,
                 "orphaned_dirs": len(self.orphans)}
@@ -145,7 +149,8 @@ class PruneReport:
             "job_id": self.job_id,
             "rules": self.rules,
             "pruned": len(self.pruned),
-            "tombstoned": len(self.tombstoned),
+            "tombstoned": len(self.tombstoned) + len(self.evidence_deleted),
+            "evidence_retained": len(self.tombstoned),
             "evidence_deleted": len(self.evidence_deleted),
             "skipped": self.skipped,
             "counts": self.counts(),
@@ -232,15 +237,19 @@ def _prune_batch(tx: Any, runs: list[dict[str, Any]], report: PruneReport, now: 
         if report.dry_run:
             deleted = True
         else:
-            if record is not None and tombstone:
+            if record is not None:
+                # Either way the run leaves a tombstone: with retained evidence it names the row that
+                # still verifies; with expired evidence (deleted here) it records that the run existed,
+                # had evidence and was pruned, so `runs evidence` says so instead of "no such run".
                 tx.execute(
                     "INSERT INTO run_tombstones(run_id, job_id, job_name, status, artifact_digest, evidence_id,"
                     " finished_at, pruned_at, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
                     (run["id"], run["job_id"], names.get(run["job_id"]), run["status"], run.get("artifact_digest"),
-                     record["id"], run.get("finished_at"), now, "pruned; evidence retained"),
+                     record["id"] if tombstone else None, run.get("finished_at"), now,
+                     "pruned; evidence retained" if tombstone else "pruned; evidence expired and deleted"),
                 )
-            elif record is not None:
-                tx.execute("DELETE FROM evidence_records WHERE id = ?", (record["id"],))
+                if not tombstone:
+                    tx.execute("DELETE FROM evidence_records WHERE id = ?", (record["id"],))
             # Its settled delivery history goes with it (a delivered part is immutable, so its run_id could
             # not be set NULL by the foreign key); parts that may still be sent keep the run (see _NEEDED).
             report.outbox += tx.execute("DELETE FROM delivery_outbox WHERE run_id = ? AND status IN ('delivered', 'cancelled')",
