@@ -20,7 +20,7 @@ import attrs
 import pytest
 from scheduler_provider_proofs import DetachedSignatureVerifier
 from scheduler_provider_proofs.conformance import Ed25519Proofs
-from scheduler_provider_proofs.documents import parse_document, verified_document
+from scheduler_toolkit.proofs import parse_document, verified_document
 
 import scheduler.testing  # noqa: F401  (installs the run pipeline: the cases validate job specs)
 from scheduler.base.errors import SchedulerError

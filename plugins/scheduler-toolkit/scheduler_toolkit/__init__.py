@@ -22,6 +22,7 @@ only plugins use it, the code lives here.
 * ``scheduler_toolkit.store``: what a store plugin builds its schema and migrations from;
 * ``scheduler_toolkit.steps``: the run step contract and its base class (``scheduler.steps``);
 * ``scheduler_toolkit.identity``: who a run acts as (resolved identities, delegations);
+* ``scheduler_toolkit.proofs``: the JSON proof document of signature proofs and the bytes it signs;
 * ``scheduler_toolkit.types``: value types nested in what a provider receives or returns, the
   result types of optional members, and the kernel's vocabularies (capabilities, error codes).
 

@@ -21,10 +21,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
+from scheduler_toolkit.proofs import fail, message_of, parse_document, read_trust_file, verified_document
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import VerifiedProof
-from scheduler_provider_proofs.documents import fail, message_of, parse_document, read_trust_file, verified_document
 
 METHOD = "certificate"
 

@@ -25,9 +25,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from scheduler_toolkit.proofs import signed_message
 
 from scheduler_provider_proofs.detached import openssh_fingerprint
-from scheduler_provider_proofs.documents import signed_message
 
 ISSUER = "https://idp.conformance.invalid"
 AUDIENCE = "scheduler-conformance"

@@ -2,7 +2,7 @@
 
 For declarations of ``method`` ``detached-signature`` and ``format`` ``ed25519``: the document's
 ``signature`` is the base64 of a raw Ed25519 signature of the signed message
-(``scheduler_provider_proofs.documents``), verified with the declared ``public_key_file`` (PEM,
+(``scheduler_toolkit.proofs``), verified with the declared ``public_key_file`` (PEM,
 or an OpenSSH ``ssh-ed25519`` line). The key id is the key's OpenSSH ``SHA256:...``
 fingerprint, as ``ssh-keygen -l`` prints it. (Format ``ssh`` is the ``detached-signature-ssh``
 verifier of ``scheduler-provider-ssh``.)
@@ -18,10 +18,10 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from scheduler_toolkit.proofs import fail, message_of, parse_document, read_trust_file, verified_document
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import VerifiedProof
-from scheduler_provider_proofs.documents import fail, message_of, parse_document, read_trust_file, verified_document
 
 METHOD = "detached-signature"
 FORMAT = "ed25519"

@@ -8,8 +8,7 @@ verification: a key removed from the set stops verifying at once.
 from __future__ import annotations
 
 import httpx
-
-from scheduler_provider_proofs.documents import MAX_TRUST_FILE_BYTES, fail
+from scheduler_toolkit.proofs import MAX_TRUST_FILE_BYTES, fail
 
 
 def fetch_jwks(url: str, *, timeout_s: float, max_bytes: int = MAX_TRUST_FILE_BYTES) -> bytes:

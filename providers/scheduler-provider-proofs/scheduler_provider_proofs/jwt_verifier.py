@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 import jwt
 from cryptography.hazmat.primitives import serialization
+from scheduler_toolkit.proofs import artifact_claim, fail, proof_id, read_trust_file
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import VerifiedProof
-from scheduler_provider_proofs.documents import artifact_claim, fail, proof_id, read_trust_file
 from scheduler_provider_proofs.jwks import fetch_jwks
 
 METHOD = "jwt"

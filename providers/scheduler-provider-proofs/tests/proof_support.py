@@ -17,7 +17,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from scheduler_provider_proofs.documents import signed_message
+from scheduler_toolkit.proofs import signed_message
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import SchedulerError

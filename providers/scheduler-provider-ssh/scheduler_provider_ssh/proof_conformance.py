@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from scheduler_provider_ssh.proof_document import signed_message
+from scheduler_toolkit.proofs import signed_message
 
 PRINCIPAL = "release@conformance.invalid"
 NAMESPACE = "scheduler-proof"

@@ -2,7 +2,7 @@
 
 For declarations of ``method`` ``detached-signature`` and ``format`` ``ssh``: the proof document's
 ``signature`` is the armored text ``ssh-keygen -Y sign -n <namespace>`` made of the signed message
-(``proof_document``); ``ssh-keygen -Y verify -f <allowed_signers_file> -I <principal> -n
+(``scheduler_toolkit.proofs``); ``ssh-keygen -Y verify -f <allowed_signers_file> -I <principal> -n
 <namespace>`` must accept it. The key id is the signing key's ``SHA256:...`` fingerprint as
 ssh-keygen reports it; the subject is the declared principal. Trust is the declaration's
 allowed-signers file; the window is reported, and judged by the kernel with the declared skew.
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import attrs
 from scheduler_toolkit.process import minimal_env, run_bounded, snippet
+from scheduler_toolkit.proofs import fail, message_of, parse_document
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import VerifiedProof
-from scheduler_provider_ssh.proof_document import fail, message_of, parse_document
 
 METHOD = "detached-signature"
 FORMAT = "ssh"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from scheduler_provider_ssh import SshProofVerifier
 from scheduler_provider_ssh.proof_conformance import ssh_sign
-from scheduler_provider_ssh.proof_document import signed_message
+from scheduler_toolkit.proofs import signed_message
 from scheduler_toolkit.types import ProofRequest
 
 from scheduler.api import SchedulerError

@@ -7,9 +7,10 @@ proofs only)::
      "signature": "...", "certificate_chain": "-----BEGIN CERTIFICATE-----..."}
 
 The signed message is the canonical JSON (json-sort-v1, UTF-8) of ``signed_message_fields``, so
-the method, the proof id, the artifact and the whole window are covered by the signature. Also
-here: what every verifier of this distribution shares (the error helper, the proof-id rule,
-reading a trust file within a size bound).
+the method, the proof id, the artifact and the whole window are covered by the signature. One
+format for every proof verifier that takes a document (``scheduler-provider-proofs``'
+``detached-signature`` and ``certificate``, ``scheduler-provider-ssh``'s ``detached-signature-ssh``),
+with what they share: the error helper, the proof-id rule, reading a trust file within a size bound.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import json
 import re
 from typing import Any
 
-from scheduler_toolkit.canonical import canonical_json
-
 from scheduler.api import SchedulerError, VerifiedProof
+from scheduler_toolkit.canonical import canonical_json
 
 #: ``schema`` of the signed message.
 MESSAGE_SCHEMA = "scheduler.authorization-proof"
