@@ -11,11 +11,14 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install run lint test bench conformance clean
 
+# pip's and setuptools' own output (editable-install warnings among it) goes to $(VENV)/install.log, shown on failure.
 $(VENV)/.installed: pyproject.toml $(DISTS)
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(foreach d,$(DISTS),-e $(dir $(d)))
-	touch $@
+	@echo "setting up $(VENV): the kernel and $(words $(DISTS)) distributions, editable (log: $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@( $(PY) -m pip install -q --disable-pip-version-check --upgrade pip \
+	   && $(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(foreach d,$(DISTS),-e $(dir $(d))) \
+	 ) > $(VENV)/install.log 2>&1 || { tail -n 40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
+	@touch $@
 
 install: $(VENV)/.installed
 
