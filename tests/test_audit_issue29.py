@@ -101,3 +101,29 @@ def test_defect_7_the_legacy_sha256_provider_alias_is_the_checksum_backend(tmp_p
         assert stored["provider"] == "checksum" and stored["methods"] == declaration.get("methods", []), stored
     # the alias is only the checksum backend's: a signed provider asking for the checksum method is still refused
     refused(sub(db, "jobs", "add", spec("signed", evidence={"provider": "ssh", "methods": ["sha256"]})), "VALIDATION_FAILED")
+
+
+def run_once(db: Path, job: str, duration: str = "3s") -> dict[str, Any]:
+    """``jobs run JOB`` then a real dispatcher for ``duration``; the job's newest run as ``runs list`` shows it."""
+    ok(sub(db, "jobs", "run", job))
+    res = subprocess.run([*scheduler_cmd(), "--db", str(db), "run", "--duration", duration], capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = ok(sub(db, "runs", "list", job))["runs"]
+    assert runs and runs[0]["status"] == "ok", runs
+    return runs[0]
+
+
+# --- defect 9: a run row deleted by hand is not "pruned" ------------------------------------------------------------
+
+
+def test_defect_9_evidence_of_a_run_deleted_without_a_tombstone_fails(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    ok(sub(db, "jobs", "add", spec("e", evidence={"provider": "checksum"})))
+    run = run_once(db, "e")
+    assert ok(sub(db, "runs", "evidence", run["id"]))["verified"] is True
+    with sqlite3.connect(db) as conn:  # by hand, around every safeguard: no tombstone is written
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs WHERE id = ?", (run["id"],))
+    doc = refused(sub(db, "runs", "evidence", run["id"]), "EVIDENCE_RUN_MISSING")
+    assert "no tombstone" in doc["error"]
+    assert sub(db, "runs", "evidence", "--all").returncode != 0

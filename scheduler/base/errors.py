@@ -72,6 +72,7 @@ class ErrorCode(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and
     # evidence core: re-verifying one run (scheduler.evidence.verify) and the attestation step
     EVIDENCE_PROVIDER_NOT_LOADED = "EVIDENCE_PROVIDER_NOT_LOADED"
     EVIDENCE_RECORD_MISSING = "EVIDENCE_RECORD_MISSING"
+    EVIDENCE_RUN_MISSING = "EVIDENCE_RUN_MISSING"
     EVIDENCE_NOT_VERIFIED = "EVIDENCE_NOT_VERIFIED"
     EVIDENCE_DIGEST_MISMATCH = "EVIDENCE_DIGEST_MISMATCH"
     EVIDENCE_PAYLOAD_INVALID = "EVIDENCE_PAYLOAD_INVALID"

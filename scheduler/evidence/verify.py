@@ -119,8 +119,13 @@ def verify_run(store: Any, run_id: str, *, artifacts_root: Path | None = None) -
             if run is not None:
                 _check_run_row(run, artifact, document, record, checks)
                 _check_outputs(root, run, checks)
+            elif tombstone is None:
+                # No run row and no tombstone: pruning always leaves one, so the row was deleted by other
+                # means, and its outputs cannot be checked. Never "verified" by skipping the checks.
+                raise _Fail("EVIDENCE_RUN_MISSING", f"run {run_id} is gone and left no tombstone (its row was deleted"
+                            " outside pruning): its run row and outputs cannot be checked")
             else:
-                checks["run_row"] = "skipped: the run was pruned" + (" (tombstone kept)" if tombstone else "")
+                checks["run_row"] = "skipped: the run was pruned (tombstone kept)"
                 checks["outputs"] = "skipped: the run was pruned"
         except _Fail as failure:
             return state.failed(run_id, failure)
