@@ -16,6 +16,7 @@ from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.events import append_event, batched
 from scheduler.core.queue import claim_and_start, enqueue_manual
+from scheduler.core.rows import DispatchRow, JobRow
 from scheduler.core.transitions import NewRun, claim_and_start_many, committing
 from scheduler.testing import add_job
 
@@ -89,8 +90,8 @@ def test_a_dispatch_no_longer_pending_gets_no_run(store):
     with committing(store) as tx:
         rows = {r["id"]: r for r in tx.all("SELECT * FROM job_dispatch_queue WHERE id IN (?, ?)", (da["id"], db["id"]))}
         tx.execute("UPDATE job_dispatch_queue SET status = 'cancelled' WHERE id = ?", (db["id"],))
-        new = [NewRun(run_id=f"run-{k}", claim_token=f"tok-{k}", job=j, dispatch=rows[d["id"]], attempt=1, executor="testkit",
-                      parent_run_id=None, retry_of_run_id=None, replay_of_run_id=None)
+        new = [NewRun(run_id=f"run-{k}", claim_token=f"tok-{k}", job=JobRow.from_row(j), dispatch=DispatchRow.from_row(rows[d["id"]]),
+                      attempt=1, executor="testkit", parent_run_id=None, retry_of_run_id=None, replay_of_run_id=None)
                for k, (j, d) in enumerate(((a, da), (b, db)))]
         got = claim_and_start_many(tx, lease, new, expires_at=now + 60_000, now=now)
     assert [r.run_id for r in got] == ["run-0"]

@@ -86,13 +86,13 @@ def test_rows_are_frozen() -> None:
     assert job == JobRow.from_row({"id": "j-1", "name": "n"}) and job != JobRow.from_row({"id": "j-2", "name": "n"})
 
 
-def test_a_claimed_run_types_its_job_once_and_keeps_the_outcomes_the_steps_fill() -> None:
+def test_a_claimed_run_keeps_the_job_row_the_claim_built_and_the_outcomes_the_steps_fill() -> None:
     outcomes = RunOutcomes()
-    started = StartedRun(run_id="r-1", dispatch_id="d-1", dispatch_kind="manual", job={"id": "j-1", "name": "n",
-                         "run_timeout_ms": 5}, attempt=2, scheduled_for=10, started_at=11, parent_run_id=None,
+    job = JobRow.from_row({"id": "j-1", "name": "n", "run_timeout_ms": 5})
+    started = StartedRun(run_id="r-1", dispatch_id="d-1", dispatch_kind="manual", job=job, attempt=2, scheduled_for=10, started_at=11, parent_run_id=None,
                          source_run_id="r-0", outcomes=outcomes)
     claimed = ClaimedRun.of(started)
-    assert isinstance(claimed.job, JobRow) and claimed.job.run_timeout_ms == 5 and claimed.outcomes is outcomes
+    assert claimed.job is job and claimed.job.run_timeout_ms == 5 and claimed.outcomes is outcomes
     assert (claimed.run_id, claimed.dispatch_id, claimed.attempt, claimed.source_run_id) == ("r-1", "d-1", 2, "r-0")
     assert ClaimedRun.of(claimed) is claimed
 

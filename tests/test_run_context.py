@@ -60,11 +60,12 @@ def test_state_is_kept_only_from_ok_runs_and_handed_to_the_next(store: Any, disp
 def test_unusable_state_is_refused_and_the_previous_kept(store: Any) -> None:
     from scheduler.core.completion import keep_executor_state
     from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES
+    from scheduler.core.rows import RunRow
 
     job = add_job(store, payload_message="ok")
     with store.transaction() as tx:
         tx.execute("INSERT INTO runs(id, job_id, status, created_at, executor) VALUES ('r1', ?, 'ok', 1, 'testkit')", (job["id"],))
-        run = {"id": "r1", "job_id": job["id"]}
+        run = RunRow.from_row({"id": "r1", "job_id": job["id"]})
         assert keep_executor_state(tx, run, {"a": 1}, now=1, actor=None)
         assert not keep_executor_state(tx, run, ["not", "an", "object"], now=2, actor=None)
         assert not keep_executor_state(tx, run, {"big": "x" * MAX_EXECUTOR_STATE_BYTES}, now=3, actor=None)

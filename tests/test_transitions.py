@@ -29,6 +29,7 @@ from scheduler.core.execution import ExecutionResult
 from scheduler.core.jobs import delete_job, set_enabled, update_job
 from scheduler.core.queue import claim_and_start, enqueue_manual, insert_dispatch, materialize_due, record_skip
 from scheduler.core.recovery import recover
+from scheduler.core.rows import JobRow
 from scheduler.core.runs import TERMINAL
 from scheduler.core.transitions import committing
 from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
@@ -227,15 +228,15 @@ def test_notifications_fire_after_commit_once_and_never_after_a_rollback(store, 
 
     try:
         with pytest.raises(RuntimeError), committing(store, hooks_with(Probe())) as tx:
-            record_skip(tx, job, slot_ms=1, reason="test", now=now_ms())
+            record_skip(tx, JobRow.from_row(job), slot_ms=1, reason="test", now=now_ms())
             raise RuntimeError("roll back")
         assert seen == [] and run_rows(store, job["id"]) == []
         with committing(store, hooks_with(Probe())) as tx:
             # a nested committing block joins the outer one: nothing fires before the outer commit
             with committing(store, hooks_with()) as inner:
-                record_skip(inner, job, slot_ms=2, reason="test", now=now_ms())
+                record_skip(inner, JobRow.from_row(job), slot_ms=2, reason="test", now=now_ms())
             assert seen == []
-            record_skip(tx, job, slot_ms=3, reason="test", now=now_ms())
+            record_skip(tx, JobRow.from_row(job), slot_ms=3, reason="test", now=now_ms())
         assert seen == [("skipped", True), ("skipped", True)]
     finally:
         other.close()
@@ -423,7 +424,7 @@ def test_no_finished_run_keeps_process_state_running(store, hooked):
     waiting = insert_run(store, job["id"], "pending")
     cancel_run(store, waiting, hooks=hooks_with())
     with committing(store, hooks_with()) as tx:
-        record_skip(tx, job, slot_ms=1, reason="test", now=now_ms())
+        record_skip(tx, JobRow.from_row(job), slot_ms=1, reason="test", now=now_ms())
     # a run that recorded a handle (process_state running): normal completion, and a completion that fails
     ok = add_job(store, name="spawn-ok", payload_message="spawn:0.2")
     bad = add_job(store, name="spawn-bad", payload_message="spawn:0.5")

@@ -31,6 +31,7 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import transitions
+from scheduler.core.rows import ApprovalRow, JobRow
 from scheduler.core.spec import executor_name_of
 from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import enqueue as enqueue_message
@@ -69,7 +70,7 @@ def scope_matches(scope: str | None, name: str, uid: int) -> bool:
 
 
 def open_gate(
-    tx: Tx, *, run_id: str, job: dict[str, Any], dispatch_id: str, dispatch_kind: str, attempt: int, scheduled_for: int,
+    tx: Tx, *, run_id: str, job: JobRow, dispatch_id: str, dispatch_kind: str, attempt: int, scheduled_for: int,
     parent_run_id: str | None, retry_of_run_id: str | None, replay_of_run_id: str | None, now: int, actor: str | None,
     gate_kind: str = "job", risk_level: str | None = None,
 ) -> str:
@@ -85,12 +86,12 @@ def open_gate(
         retry_of_run_id=retry_of_run_id, replay_of_run_id=replay_of_run_id, now=now, actor=actor, gate_kind=gate_kind,
         risk_level=risk_level,
     )
-    if job["delivery_mode"] != "none" and job["delivery_channel"]:
-        scope = job.get("approval_approver_scope")
-        body = (f"[Approval required] {job['name']} ({dispatch_kind} run {run_id[:8]}), risk {risk_level or job['approval_risk_level']}"
+    if job.delivery_mode != "none" and job.delivery_channel:
+        scope = job.approval_approver_scope
+        body = (f"[Approval required] {job.name} ({dispatch_kind} run {run_id[:8]}), risk {risk_level or job.approval_risk_level}"
                 f"{f', approver {scope}' if scope else ''}.\nApprove: scheduler approvals approve {approval_id}\n"
                 f"Reject:  scheduler approvals reject {approval_id}")
-        enqueue_message(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"], body,
+        enqueue_message(tx, {"id": run_id, "job_id": job.id}, job.delivery_channel, job.delivery_to, body,
                         f"{approval_id}:approval-notice", now)
     return approval_id
 
@@ -115,7 +116,8 @@ def decide(store: Store, approval_id: str, decision: str, *, note: str | None = 
             raise SchedulerError("APPROVAL_SCOPE_MISMATCH",
                                  f"approval {approval['id']} may be decided by {approval['approver_scope']!r}, not {name} (uid {uid})",
                                  details={"approver_scope": approval["approver_scope"], "user": name, "uid": uid})
-        if not transitions.decide_approval(tx, approval, decision, actor=f"{name}(uid:{uid})", uid=uid, note=note, now=now):
+        if not transitions.decide_approval(tx, ApprovalRow.from_row(approval), decision, actor=f"{name}(uid:{uid})", uid=uid,
+                                           note=note, now=now):
             raise SchedulerError("APPROVAL_CONFLICT", f"approval {approval['id']} was decided by someone else first")
         out = get_approval(tx, approval["id"])
     store.notify_change()  # an idle dispatcher claims the released run within milliseconds
@@ -144,7 +146,8 @@ def expire_due(tx: Tx, *, now: int) -> int:
         auto_approve = approval["timeout_action"] == "approve" and approval["approver_scope"] is None
         decision = "approved" if auto_approve else "timed_out"
         note = "timeout: approved by the job's approval_timeout_action" if auto_approve else None
-        decided += transitions.decide_approval(tx, approval, decision, actor=TIMEOUT_ACTOR, uid=None, note=note, now=now)
+        decided += transitions.decide_approval(tx, ApprovalRow.from_row(approval), decision, actor=TIMEOUT_ACTOR, uid=None,
+                                               note=note, now=now)
     return decided
 
 

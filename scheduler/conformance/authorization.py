@@ -63,6 +63,7 @@ from scheduler.conformance.kinds import resolve_adapter as _resolve_adapter
 from scheduler.core.members import PolicyChecking, options_class_of
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.queue import StartedRun
+from scheduler.core.rows import JobRow
 from scheduler.core.spec import validate_spec
 from scheduler.pipeline.authorization import DECISIONS, check_answer, decide_with, policy_problems
 from scheduler.pipeline.identity import ResolvedIdentity
@@ -250,7 +251,7 @@ def _started(spec: Any, case: Case) -> Any:
     outcomes.identity = ResolvedIdentity(subject_kind=PRINCIPAL_KIND, subject_principal=principal, trust_level="operator",
                                          declared_level="operator", source="declared")
     run_id = str(uuid.uuid4())
-    return StartedRun(run_id=run_id, dispatch_id=f"{job['id']}:manual:{now}", dispatch_kind="manual", job=job, attempt=1,
+    return StartedRun(run_id=run_id, dispatch_id=f"{job['id']}:manual:{now}", dispatch_kind="manual", job=JobRow.from_row(job), attempt=1,
                       scheduled_for=now, started_at=now, parent_run_id=None, outcomes=outcomes)
 
 

@@ -1,9 +1,9 @@
 """The claimed run: what a worker and the run pipeline's steps know of a run the dispatcher started.
 
 The claim transaction (``scheduler.core.queue.claim_and_start``) hands back ``StartedRun``s
-whose job is the row as read; the dispatcher turns each into a ``ClaimedRun`` once, before the
-run reaches a worker, so everything downstream (the worker, the steps, the supervision and the
-completion of the pass) reads the job as a typed ``JobRow``.
+whose job is the ``JobRow`` it built at its read; the dispatcher turns each into a ``ClaimedRun``
+once, before the run reaches a worker, so everything downstream (the worker, the steps, the
+supervision and the completion of the pass) reads the job as that typed row.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ class ClaimedRun:
 
     @classmethod
     def of(cls, started: ClaimedRun | StartedRun) -> ClaimedRun:
-        """``started`` with its job row built once (the same outcomes object: what the steps record is committed)."""
+        """``started`` as the run its worker gets (its job row as the claim built it; the same outcomes object: what the
+        steps record is committed)."""
         if isinstance(started, ClaimedRun):
             return started
-        job = started.job
         return cls(run_id=started.run_id, dispatch_id=started.dispatch_id, dispatch_kind=started.dispatch_kind,
-                   job=job if isinstance(job, JobRow) else JobRow.from_row(job), attempt=started.attempt,
+                   job=started.job, attempt=started.attempt,
                    scheduled_for=started.scheduled_for, started_at=started.started_at, parent_run_id=started.parent_run_id,
                    source_run_id=started.source_run_id, outcomes=started.outcomes)

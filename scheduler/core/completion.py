@@ -20,16 +20,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from typing import Any
+
+import attrs
 
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state, transitions
 from scheduler.core.conditions import condition_matches
-from scheduler.core.events import LOOKUP, append_event
-from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES, ExecutionResult
+from scheduler.core.events import append_event
+from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES, ExecutionResult, StreamCapture
 from scheduler.core.lease import Lease, assert_live
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.participants import CompletionParticipants, EvidenceRows, Outbox
+from scheduler.core.rows import JobRow, Row, RunRow, SQLValue
 from scheduler.core.runs import FAILURES, StaleFence
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing, insert_dispatch
@@ -39,7 +41,35 @@ from scheduler.settings import current_settings
 MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
 
 
-def _stream_columns(prefix: str, capture: Any) -> dict[str, Any]:
+@attrs.frozen
+class CountedJob(Row):
+    """What a terminal run's consequences read of its job: statement ``count_job_run``'s RETURNING, once the run counted.
+
+    Not a whole ``JobRow`` (the consequences need these columns only, and the completion's hot
+    path builds one per run): ``has_children`` says whether any job chains on it, ``auto_paused``
+    is the reason when this run's failure just auto-paused it (None otherwise).
+    """
+
+    id: str
+    name: str
+    enabled: int
+    job_type: str
+    consecutive_failures: int
+    max_consecutive_failures: int
+    max_retries: int
+    retry_backoff_ms: int
+    delivery_mode: str
+    delivery_channel: str | None
+    delivery_to: str | None
+    watchdog_alert_channel: str | None
+    watchdog_alert_to: str | None
+    watchdog_self_destruct: int
+    notify: int
+    has_children: int | bool
+    auto_paused: str | None = None
+
+
+def _stream_columns(prefix: str, capture: StreamCapture | None) -> dict[str, SQLValue]:
     if capture is None:
         return {}
     return {
@@ -51,9 +81,9 @@ def _stream_columns(prefix: str, capture: Any) -> dict[str, Any]:
     }
 
 
-def result_columns(result: ExecutionResult) -> dict[str, Any]:
+def result_columns(result: ExecutionResult) -> dict[str, SQLValue]:
     """Run columns describing an execution result (no credential or environment values)."""
-    cols: dict[str, Any] = {
+    cols: dict[str, SQLValue] = {
         "exit_code": result.exit_code,
         "error_code": result.error_code,
         "error_message": result.error_message,
@@ -84,7 +114,7 @@ def result_columns(result: ExecutionResult) -> dict[str, Any]:
 def complete_run(
     store: Store, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants,
     now: int | None = None, check_lease: bool = True, outcomes: RunOutcomes | None = None,
-) -> dict[str, Any]:
+) -> RunRow:
     """Commit a run's terminal state and side effects; raises ``LeaseLost``/``StaleFence`` and writes nothing if not owner.
 
     ``check_lease=False`` is for a caller that already asserted the lease in the same
@@ -103,16 +133,19 @@ def complete_run(
 def complete_run_in(
     tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants,
     now: int, outcomes: RunOutcomes | None = None,
-) -> dict[str, Any]:
+) -> RunRow:
     """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
 
     The dispatcher's pass completes all its finished runs in its one transaction; raises
-    ``StaleFence`` (and writes nothing for this run) when the run is no longer ours.
+    ``StaleFence`` (and writes nothing for this run) when the run is no longer ours. The run
+    returned holds what its terminal write returned (``transitions.finish_run``; an escalated
+    run: ``transitions.escalate_run``'s columns, status ``awaiting_approval``).
     """
     values = result_columns(result)
     if outcomes is not None:
         values.update(outcomes.columns)
-    message = values.pop("error_message")
+    popped = values.pop("error_message")
+    message = popped if isinstance(popped, str) else None
     # The executor returned, so the work it recorded has ended; a worker the dispatcher cut
     # loose (``abandoned``) may still be running it: that is not known.
     process_state = "unknown" if (result.details or {}).get("abandoned") else "exited"
@@ -124,7 +157,7 @@ def complete_run_in(
                                  error_message=message, now=now, process_state=process_state)
     if run is None:
         raise StaleFence(f"run {run_id} is no longer running under owner {lease.owner} token {lease.token}")
-    if result.state is not None and run["status"] == "ok":
+    if result.state is not None and run.status == "ok":
         keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
     if outcomes is not None:
         commit_outcomes(tx, run, outcomes, participants.evidence, now=now, actor=lease.owner)
@@ -134,7 +167,7 @@ def complete_run_in(
 
 
 def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, participants: CompletionParticipants, *,
-                         now: int) -> dict[str, Any] | None:
+                         now: int) -> RunRow | None:
     """An authorization provider escalated: the run waits in ``awaiting_approval`` behind an approval of gate kind
     ``authorization`` (``transitions.escalate_run``), with the pipeline's columns and events; an approval notice goes
     out like a job gate's. None when the run is no longer ours or a cancel came first (the caller ends it as usual).
@@ -148,36 +181,37 @@ def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcome
     if run is None:
         return None
     commit_outcomes(tx, run, outcomes, participants.evidence, now=now, actor=lease.owner)
-    job = tx.one("SELECT id, name, delivery_mode, delivery_channel, delivery_to, approval_approver_scope FROM jobs WHERE id = ?",
-                 (run["job_id"],))
-    if job is not None and job["delivery_mode"] != "none" and job["delivery_channel"]:
-        scope = job["approval_approver_scope"]
-        body = (f"[Approval required] {job['name']} ({run['dispatch_kind']} run {run_id[:8]}), escalated by its authorization"
+    found = tx.one("SELECT id, name, delivery_mode, delivery_channel, delivery_to, approval_approver_scope FROM jobs WHERE id = ?",
+                   (run.job_id,))
+    job = JobRow.from_row(found) if found is not None else None  # those columns (the others are None)
+    if job is not None and job.delivery_mode != "none" and job.delivery_channel:
+        scope = job.approval_approver_scope
+        body = (f"[Approval required] {job.name} ({run.dispatch_kind} run {run_id[:8]}), escalated by its authorization"
                 f" policy, risk {escalate.get('risk_level')}{f', approver {scope}' if scope else ''}."
                 f"{chr(10) + 'Reason: ' + escalate['reason'] if escalate.get('reason') else ''}\n"
                 f"Approve: scheduler approvals approve {approval_id}\nReject:  scheduler approvals reject {approval_id}")
-        participants.outbox.enqueue(tx, {"id": run_id, "job_id": job["id"]}, job["delivery_channel"], job["delivery_to"],
+        participants.outbox.enqueue(tx, {"id": run_id, "job_id": job.id}, job.delivery_channel, job.delivery_to,
                                     body, f"{approval_id}:approval-notice", now)
-    return {**run, "approval_id": approval_id}
+    return run
 
 
-def commit_outcomes(tx: Tx, run: dict[str, Any], outcomes: RunOutcomes, evidence: EvidenceRows, *, now: int,
+def commit_outcomes(tx: Tx, run: RunRow, outcomes: RunOutcomes, evidence: EvidenceRows, *, now: int,
                     actor: str | None) -> None:
     """Write the pipeline's events and (through ``evidence``) its evidence row for ``run`` inside its completion transaction."""
     for kind, data in outcomes.events:
-        append_event(tx, kind, job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data=data)
+        append_event(tx, kind, job_id=run.job_id, run_id=run.id, actor=actor, at=now, data=data)
     if outcomes.evidence is not None:
-        evidence.insert(tx, run, outcomes.evidence, now=now)
+        evidence.insert(tx, run.to_dict(), outcomes.evidence, now=now)
 
 
-def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, actor: str | None) -> bool:
+def keep_executor_state(tx: Tx, run: RunRow, state: object, *, now: int, actor: str | None) -> bool:
     """Keep an ok run's ``ExecutionResult.state`` for its job's next run (replacing the last); False when refused.
 
     A state that is not a JSON object, or is larger than ``MAX_EXECUTOR_STATE_BYTES``, is not
     kept (an event says why) and the previous one stays: a run never loses what an earlier
     one kept by returning something unusable.
     """
-    executor = tx.scalar("SELECT executor FROM runs WHERE id = ?", (run["id"],)) or ""
+    executor = tx.scalar("SELECT executor FROM runs WHERE id = ?", (run.id,)) or ""
     try:
         text = json.dumps(dict(state), sort_keys=True, allow_nan=False) if isinstance(state, Mapping) else None
     except (TypeError, ValueError):
@@ -185,20 +219,20 @@ def keep_executor_state(tx: Tx, run: dict[str, Any], state: Any, *, now: int, ac
     size = len(text.encode("utf-8")) if text is not None else 0
     if text is None or size > MAX_EXECUTOR_STATE_BYTES:
         why = "not a JSON object" if text is None else f"{size} bytes is more than {MAX_EXECUTOR_STATE_BYTES}"
-        append_event(tx, "executor_state.refused", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
+        append_event(tx, "executor_state.refused", job_id=run.job_id, run_id=run.id, actor=actor, at=now,
                      data={"executor": executor, "reason": why})
         return False
     tx.execute(
         "INSERT INTO executor_state(job_id, executor, state, state_bytes, run_id, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (job_id, executor) DO UPDATE SET state = excluded.state, state_bytes = excluded.state_bytes,"
         " run_id = excluded.run_id, updated_at = excluded.updated_at",
-        (run["job_id"], executor, text, size, run["id"], now),
+        (run.job_id, executor, text, size, run.id, now),
     )
     return True
 
 
 def apply_consequences(
-    tx: Tx, run: dict[str, Any], *, outbox: Outbox, details: dict[str, Any] | None = None, now: int, allow_retry: bool = True,
+    tx: Tx, run: RunRow, *, outbox: Outbox, details: Mapping[str, object] | None = None, now: int, allow_retry: bool = True,
     actor: str | None = None, suppress: bool = False,
 ) -> None:
     """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
@@ -207,21 +241,22 @@ def apply_consequences(
     dispatcher after a crash); the ``run.finished`` event names it. ``suppress`` (a run
     whose required evidence failed) counts the run but sends nothing and starts nothing.
     Every message goes through ``outbox``, in this order: notifications, the job's delivery,
-    a watchdog alert.
+    a watchdog alert. ``run`` is what its terminal write returned (``transitions.finish_run``,
+    ``transitions.crash_run``): its binding and identity columns included.
     """
-    status = run["status"]
-    transitions.finish_dispatch(tx, run["dispatch_id"], "done", now=now, last_error=run["error_code"] if status != "ok" else None,
+    status = run.status
+    transitions.finish_dispatch(tx, run.dispatch_id, "done", now=now, last_error=run.error_code if status != "ok" else None,
                                 deferrable=True)  # the dispatcher's pass writes its runs' finishes in one UPDATE
-    actor = actor or run["dispatcher_owner"]
-    data: dict[str, Any] = {"status": status, "error_code": run["error_code"], "token": run["dispatcher_token"]}
-    if actor != run["dispatcher_owner"]:
-        data["run_owner"] = run["dispatcher_owner"]  # recovery: the dead owner the run belonged to
+    actor = actor or run.dispatcher_owner
+    data: dict[str, object] = {"status": status, "error_code": run.error_code, "token": run.dispatcher_token}
+    if actor != run.dispatcher_owner:
+        data["run_owner"] = run.dispatcher_owner  # recovery: the dead owner the run belonged to
     if details:
         data["details"] = details  # executor-reported metadata (never output text or secrets)
     # The run's binding and identity came back with its terminal write: the event needs no lookups.
-    append_event(tx, "run.finished", job_id=run["job_id"], run_id=run["id"], dispatch_id=run["dispatch_id"],
-                 actor=actor, at=now, data=data, artifact_digest=run.get("artifact_digest"),
-                 principal=run.get("principal", LOOKUP), trust_level=run.get("trust_level", LOOKUP))
+    append_event(tx, "run.finished", job_id=run.job_id, run_id=run.id, dispatch_id=run.dispatch_id,
+                 actor=actor, at=now, data=data, artifact_digest=run.artifact_digest,
+                 principal=run.principal, trust_level=run.trust_level)
     job = _update_job_counters(tx, run, now, actor)
     if job is None or suppress:
         return
@@ -229,67 +264,69 @@ def apply_consequences(
     if status == "cancelled":
         return  # cancellation won: no retry, no child, no delivery
     # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
-    retrying = allow_retry and job["enabled"] and status in FAILURES and run["attempt"] <= job["max_retries"]
+    retrying = allow_retry and job.enabled and status in FAILURES and run.attempt <= job.max_retries
     if retrying:
-        backoff = min(MAX_RETRY_BACKOFF_MS, job["retry_backoff_ms"] * (2 ** (run["attempt"] - 1)))
-        insert_dispatch(tx, id=f"{run['id']}:retry", job_id=job["id"], kind="retry", due_at=now + backoff, now=now,
-                        source_run_id=run["id"])
-        append_event(tx, "run.retry_scheduled", job_id=job["id"], run_id=run["id"], at=now,
-                     data={"attempt": run["attempt"] + 1, "due_in_ms": backoff})
+        backoff = min(MAX_RETRY_BACKOFF_MS, job.retry_backoff_ms * (2 ** (run.attempt - 1)))
+        insert_dispatch(tx, id=f"{run.id}:retry", job_id=job.id, kind="retry", due_at=now + backoff, now=now,
+                        source_run_id=run.id)
+        append_event(tx, "run.retry_scheduled", job_id=job.id, run_id=run.id, at=now,
+                     data={"attempt": run.attempt + 1, "due_in_ms": backoff})
     else:
         _trigger_children(tx, job, run, now)
     _enqueue_delivery(tx, outbox, job, run, now)
     _watchdog(tx, outbox, job, run, now, actor)
 
 
-def _update_job_counters(tx: Tx, run: dict[str, Any], now: int, actor: str | None) -> dict[str, Any] | None:
+def _update_job_counters(tx: Tx, run: RunRow, now: int, actor: str | None) -> CountedJob | None:
     """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row.
 
     Auto-pause cancels the job's pending work exactly as ``jobs disable`` does
     (``transitions.cancel_pending_work``): pending dispatches, waiting runs, approvals.
     """
-    status = run["status"]
+    status = run.status
     outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
-    job = state.one(tx, "count_job_run", job_id=run["job_id"], last_run_at=run["started_at"] or now, status=status,
-                    error=run["error_message"] if status != "ok" else None, duration_ms=run["duration_ms"], outcome=outcome,
+    row = state.one(tx, "count_job_run", job_id=run.job_id, last_run_at=run.started_at or now, status=status,
+                    error=run.error_message if status != "ok" else None, duration_ms=run.duration_ms, outcome=outcome,
                     now=now)
-    if job is None:
+    if row is None:
         return None
-    failures, limit = job["consecutive_failures"], job["max_consecutive_failures"]
-    if outcome == "failure" and limit and failures >= limit and job["enabled"]:
+    job = CountedJob.from_row(row)
+    failures, limit = job.consecutive_failures, job.max_consecutive_failures
+    if outcome == "failure" and limit and failures >= limit and job.enabled:
         reason = f"auto-paused after {failures} consecutive failures"
-        state.execute(tx, "auto_pause_job", job_id=job["id"], now=now, reason=reason)
-        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
-        append_event(tx, "job.auto_paused", job_id=job["id"], run_id=run["id"], actor=actor, at=now, data={"failures": failures})
-        job = {**job, "enabled": 0, "auto_paused": reason}
+        state.execute(tx, "auto_pause_job", job_id=job.id, now=now, reason=reason)
+        transitions.cancel_pending_work(tx, job.id, reason=reason, now=now, actor=actor)
+        append_event(tx, "job.auto_paused", job_id=job.id, run_id=run.id, actor=actor, at=now, data={"failures": failures})
+        job = attrs.evolve(job, enabled=0, auto_paused=reason)
     return job
 
 
-def _notify(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
+def _notify(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> None:
     """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox.
 
     Jobs with ``notify: false`` opt out. Events: ``completed`` (ok), ``failed`` (error or
     timeout), ``paused`` (this failure auto-paused the job).
     """
-    if not job.get("notify", 1):
+    if not job.notify:
         return
     cfg = current_settings().notifications
     if not cfg.routes:
         return
     events = []
-    if run["status"] == "ok" and "completed" in cfg.events:
-        events.append(("completed", f"[Job completed] {job['name']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"))
-    elif run["status"] in FAILURES and "failed" in cfg.events:
-        body = f"[Job failed] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
-        if run.get("error_message"):
-            body += f"\nError: {run['error_message']}"
+    if run.status == "ok" and "completed" in cfg.events:
+        events.append(("completed", f"[Job completed] {job.name}\nDuration: {(run.duration_ms or 0) / 1000:.1f}s"))
+    elif run.status in FAILURES and "failed" in cfg.events:
+        body = f"[Job failed] {job.name}\nStatus: {run.status}\nDuration: {(run.duration_ms or 0) / 1000:.1f}s"
+        if run.error_message:
+            body += f"\nError: {run.error_message}"
         events.append(("failed", body))
-    if job.get("auto_paused") and "paused" in cfg.events:
-        events.append(("paused", f"[Job paused] {job['name']}: {job['auto_paused']}\nResume: scheduler jobs enable {job['name']}"))
+    if job.auto_paused and "paused" in cfg.events:
+        events.append(("paused", f"[Job paused] {job.name}: {job.auto_paused}\nResume: scheduler jobs enable {job.name}"))
+    view = run.to_dict() if events else {}
     for event, body in events:
         for index, route in enumerate(cfg.routes):
             channel, _, target = route.partition(":")
-            outbox.enqueue(tx, run, channel, target or None, body, f"{run['id']}:notify:{event}:{index}", now)
+            outbox.enqueue(tx, view, channel, target or None, body, f"{run.id}:notify:{event}:{index}", now)
 
 
 def _outcome_matches(trigger_on: str | None, status: str) -> bool:
@@ -300,35 +337,39 @@ def _outcome_matches(trigger_on: str | None, status: str) -> bool:
     return status == "ok"
 
 
-def _trigger_children(tx: Tx, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
-    if not job.get("has_children", True):  # the counters' RETURNING said so: no query for the common childless job
+def _trigger_children(tx: Tx, job: CountedJob, run: RunRow, now: int) -> None:
+    if not job.has_children:  # the counters' RETURNING said so: no query for the common childless job
         return
-    children = tx.all("SELECT id, trigger_on, trigger_delay_s, trigger_condition, enabled FROM jobs WHERE parent_id = ?", (job["id"],))
-    text = run.get("summary") or run.get("stdout_excerpt") or ""
+    # What a chain trigger reads of each child (the rows' other columns are None).
+    children = [JobRow.from_row(row) for row in tx.all(
+        "SELECT id, trigger_on, trigger_delay_s, trigger_condition, enabled FROM jobs WHERE parent_id = ?", (job.id,))]
+    text = run.summary or run.stdout_excerpt or ""
     for child in children:
-        if not child["enabled"] or not _outcome_matches(child["trigger_on"], run["status"]):
+        if not child.enabled or not _outcome_matches(child.trigger_on, run.status):
             continue
-        if not condition_matches(child["trigger_condition"], text):
-            append_event(tx, "chain.condition_not_met", job_id=child["id"], run_id=run["id"], at=now,
-                         data={"condition": child["trigger_condition"]})
+        if not condition_matches(child.trigger_condition, text):
+            append_event(tx, "chain.condition_not_met", job_id=child.id, run_id=run.id, at=now,
+                         data={"condition": child.trigger_condition})
             continue
-        insert_dispatch(tx, id=f"{run['id']}:chain:{child['id']}", job_id=child["id"], kind="chain",
-                        due_at=now + child["trigger_delay_s"] * 1000, now=now, source_run_id=run["id"])
+        insert_dispatch(tx, id=f"{run.id}:chain:{child.id}", job_id=child.id, kind="chain",
+                        due_at=now + child.trigger_delay_s * 1000, now=now, source_run_id=run.id)
 
 
-def _enqueue_delivery(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int) -> None:
-    mode = job["delivery_mode"]
-    ok = run["status"] == "ok"
+def _enqueue_delivery(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> None:
+    mode = job.delivery_mode
+    ok = run.status == "ok"
     if mode == "none" or (mode == "on_success" and not ok) or (mode == "on_failure" and ok):
         return
     head = "completed" if ok else "failed"
-    body = f"[Job {head}] {job['name']}\nStatus: {run['status']}\nDuration: {(run['duration_ms'] or 0) / 1000:.1f}s"
-    if not ok and run["error_message"]:
-        body += f"\nError: {run['error_message']}"
-    if run.get("summary"):
-        body += f"\n\n{run['summary']}"
-    attachments = outbox.attachments(run, job["delivery_channel"], body)
-    outbox.enqueue(tx, run, job["delivery_channel"], job["delivery_to"], body, f"{run['id']}:delivery", now, attachments=attachments)
+    body = f"[Job {head}] {job.name}\nStatus: {run.status}\nDuration: {(run.duration_ms or 0) / 1000:.1f}s"
+    if not ok and run.error_message:
+        body += f"\nError: {run.error_message}"
+    if run.summary:
+        body += f"\n\n{run.summary}"
+    channel = job.delivery_channel or ""  # a delivering job has its channel (the spec requires it)
+    view = run.to_dict()  # the outbox takes the run as the mapping a read returns
+    attachments = outbox.attachments(view, channel, body)
+    outbox.enqueue(tx, view, channel, job.delivery_to, body, f"{run.id}:delivery", now, attachments=attachments)
 
 
 #: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
@@ -351,16 +392,17 @@ def watchdog_alerts(status: str, error_code: str | None) -> bool:
     return status in ("error", "timeout") and error_code not in WATCHDOG_NO_ALERT_CODES
 
 
-def _watchdog(tx: Tx, outbox: Outbox, job: dict[str, Any], run: dict[str, Any], now: int, actor: str | None) -> None:
+def _watchdog(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int, actor: str | None) -> None:
     """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one."""
-    if job["job_type"] != "watchdog":
+    if job.job_type != "watchdog":
         return
-    if job["watchdog_alert_channel"] and watchdog_alerts(run["status"], run["error_code"]):
-        body = f"[Watchdog alert] {job['name']}: check {run['status']} ({run['error_code'] or 'failed'})"
-        outbox.enqueue(tx, run, job["watchdog_alert_channel"], job["watchdog_alert_to"], body, f"{run['id']}:watchdog-alert", now)
-    if run["status"] == "ok" and job["watchdog_self_destruct"]:
+    if job.watchdog_alert_channel and watchdog_alerts(run.status, run.error_code):
+        body = f"[Watchdog alert] {job.name}: check {run.status} ({run.error_code or 'failed'})"
+        outbox.enqueue(tx, run.to_dict(), job.watchdog_alert_channel, job.watchdog_alert_to, body, f"{run.id}:watchdog-alert",
+                       now)
+    if run.status == "ok" and job.watchdog_self_destruct:
         reason = "watchdog self-destructed after a passing check"
-        state.execute(tx, "self_destruct_job", job_id=job["id"], reason=reason, now=now)
-        transitions.cancel_pending_work(tx, job["id"], reason=reason, now=now, actor=actor)
-        append_event(tx, "job.watchdog_self_destructed", job_id=job["id"], run_id=run["id"], actor=actor, at=now)
+        state.execute(tx, "self_destruct_job", job_id=job.id, reason=reason, now=now)
+        transitions.cancel_pending_work(tx, job.id, reason=reason, now=now, actor=actor)
+        append_event(tx, "job.watchdog_self_destructed", job_id=job.id, run_id=run.id, actor=actor, at=now)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -29,7 +29,8 @@ from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import resolve_job
 from scheduler.core.lease import Lease, assert_live
 from scheduler.core.outcomes import RunOutcomes
-from scheduler.core.schedules import missed_slots, next_fire
+from scheduler.core.rows import DispatchRow, JobRow, JSONObject, RunRow, SQLValue
+from scheduler.core.schedules import Schedule, missed_slots, next_fire
 from scheduler.core.spec import executor_name_of, spec_from_row
 from scheduler.core.steps import Gate, registered
 from scheduler.core.store.base import Store, Tx
@@ -79,7 +80,7 @@ class DueSlots:
     before_last: int | None
     exact: bool = True
 
-    def data(self, *, count: int | None = None, last: int | None = None) -> dict[str, Any]:
+    def data(self, *, count: int | None = None, last: int | None = None) -> JSONObject:
         """The gap (or its first ``count`` slots, up to ``last``) as event data: first and last slot, count, exactness."""
         count = self.count if count is None else count
         last = self.last if last is None else last
@@ -87,7 +88,7 @@ class DueSlots:
                 "exact": self.exact}
 
 
-def due_slots(schedule: Any, first: int, now: int) -> DueSlots:
+def due_slots(schedule: Schedule, first: int, now: int) -> DueSlots:
     """Every slot of ``schedule`` from ``first`` (a slot, <= ``now``) up to ``now``, without listing a long gap.
 
     ``every`` slots are counted arithmetically (any downtime costs nothing); cron slots are
@@ -96,6 +97,7 @@ def due_slots(schedule: Any, first: int, now: int) -> DueSlots:
     """
     if schedule.kind == "every":
         every = schedule.every_ms
+        assert every is not None  # an ``every`` schedule has its period (validated on construction)
         later = max(0, (now - first) // every)
         last = first + later * every
         return DueSlots(first, last, later + 1, last - every if later else None)
@@ -107,7 +109,7 @@ def due_slots(schedule: Any, first: int, now: int) -> DueSlots:
     return DueSlots(first, last, 1 + len(later_slots), before_last, exact=False)
 
 
-def _tail(schedule: Any, known_prev: int, known: int, now: int) -> tuple[int, int]:
+def _tail(schedule: Schedule, known_prev: int, known: int, now: int) -> tuple[int, int]:
     """``(before_last, last)`` of a cron gap too long to enumerate, given two consecutive slots of it.
 
     Scans forward from ever earlier starting points (an hour before ``now``, then four
@@ -125,7 +127,7 @@ def _tail(schedule: Any, known_prev: int, known: int, now: int) -> tuple[int, in
         window *= 4
 
 
-def _last_two(schedule: Any, after: int, to: int) -> list[int]:
+def _last_two(schedule: Schedule, after: int, to: int) -> list[int]:
     """The last (up to) two slots ``t`` with ``after < t <= to``, paging through the schedule."""
     out: list[int] = []
     cursor = after
@@ -153,23 +155,24 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
     grace_ms = current_settings().dispatcher.misfire_grace_ms
     with committing(store) as tx:
         # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
-        rows = tx.all(
+        rows = [JobRow.from_row(row) for row in tx.all(
             "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
             + tx.skip_locked,
             (now, limit),
-        )
+        )]
         # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT.
-        on_time = [job for job in rows if job["schedule_kind"] == "at" and now - job["next_run_at"] <= grace_ms]
+        on_time = [job for job in rows if job.schedule_kind == "at" and now - (job.next_run_at or 0) <= grace_ms]
         if len(on_time) > 1:
             created += _materialize_one_shots(tx, on_time, now)
-            batched_ids = {job["id"] for job in on_time}
-            rows = [job for job in rows if job["id"] not in batched_ids]
+            batched_ids = {job.id for job in on_time}
+            rows = [job for job in rows if job.id not in batched_ids]
         for job in rows:
-            slot = job["next_run_at"]
-            kind = "at" if job["schedule_kind"] == "at" else "schedule"
-            next_run, anchor = None, job["schedule_anchor_at"]
+            slot = job.next_run_at
+            assert slot is not None  # selected on next_run_at IS NOT NULL
+            kind = "at" if job.schedule_kind == "at" else "schedule"
+            next_run, anchor = None, job.schedule_anchor_at
             due = DueSlots(slot, slot, 1, None)
-            if job["schedule_kind"] in ("cron", "every"):
+            if job.schedule_kind in ("cron", "every"):
                 spec = spec_from_row(job)
                 schedule = spec.schedule()
                 anchor_ms = slot if spec.schedule_kind == "every" else None
@@ -178,11 +181,11 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                     anchor = slot
                 due = due_slots(schedule, slot, now)
             misfire = now - slot > grace_ms  # a misfire, not just a busy loop
-            changed = state.execute(tx, "advance_next_run", job_id=job["id"], slot=slot, next_run_at=next_run,
+            changed = state.execute(tx, "advance_next_run", job_id=job.id, slot=slot, next_run_at=next_run,
                                     schedule_anchor_at=anchor, now=now)
             if changed != 1:
                 continue  # another dispatcher advanced it first
-            if job["misfire_policy"] == "skip":
+            if job.misfire_policy == "skip":
                 if misfire:  # none of the gap runs
                     _record_gap_skip(tx, job, due, due.count, due.last, kind, now)
                     continue
@@ -190,9 +193,9 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
                     assert due.before_last is not None
                     _record_gap_skip(tx, job, due, due.count - 1, due.before_last, kind, now)
             elif misfire or due.count > 1:
-                append_event(tx, "slot.misfire_coalesced", job_id=job["id"], at=now,
+                append_event(tx, "slot.misfire_coalesced", job_id=job.id, at=now,
                              data={**due.data(), "not_run": due.count - 1, "run_slot": due.last})
-            if insert_dispatch(tx, id=slot_dispatch_id(job["id"], kind, due.last), job_id=job["id"], kind=kind, due_at=due.last,
+            if insert_dispatch(tx, id=slot_dispatch_id(job.id, kind, due.last), job_id=job.id, kind=kind, due_at=due.last,
                                now=now):
                 created += 1
     return created
@@ -202,7 +205,7 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
 _ONE_SHOT_ROWS = 100
 
 
-def _materialize_one_shots(tx: Tx, jobs: list[dict[str, Any]], now: int) -> int:
+def _materialize_one_shots(tx: Tx, jobs: list[JobRow], now: int) -> int:
     """``materialize_due`` for one-shot jobs due within the misfire grace: their single slot becomes a dispatch.
 
     What the per-job path does for them (next run cleared, one ``at`` dispatch bound to the
@@ -214,25 +217,25 @@ def _materialize_one_shots(tx: Tx, jobs: list[dict[str, Any]], now: int) -> int:
     created = 0
     for i in range(0, len(jobs), _ONE_SHOT_ROWS):
         chunk = jobs[i:i + _ONE_SHOT_ROWS]
-        advanced = {r["id"] for r in state.rows(tx, "clear_next_runs", now=now, rows=[{"job_id": job["id"]} for job in chunk])}
-        chunk = [job for job in chunk if job["id"] in advanced]
+        advanced = {r["id"] for r in state.rows(tx, "clear_next_runs", now=now, rows=[{"job_id": job.id} for job in chunk])}
+        chunk = [job for job in chunk if job.id in advanced]
         if not chunk:
             continue
         created += len(state.rows(tx, "insert_dispatches", rows=[transitions.dispatch_row(
-            id=slot_dispatch_id(job["id"], "at", job["next_run_at"]), job_id=job["id"], kind="at", due_at=job["next_run_at"],
-            now=now, artifact_digest=job["artifact_digest"]) for job in chunk]))
+            id=slot_dispatch_id(job.id, "at", slot), job_id=job.id, kind="at", due_at=slot, now=now,
+            artifact_digest=job.artifact_digest) for job in chunk if (slot := job.next_run_at) is not None]))
     return created
 
 
-def _record_gap_skip(tx: Tx, job: dict[str, Any], due: DueSlots, count: int, slot_ms: int, kind: str, now: int) -> None:
+def _record_gap_skip(tx: Tx, job: JobRow, due: DueSlots, count: int, slot_ms: int, kind: str, now: int) -> None:
     """One ``skipped`` run standing for ``count`` slots of a gap (the last of them is its ``scheduled_for``)."""
     more = "" if due.exact else "+"  # a cron gap too long to count: at least this many
     record_skip(tx, job, slot_ms=slot_ms, reason=f"misfire: {count}{more} slot(s) missed while down", now=now, dispatch_kind=kind,
                 data=due.data(count=count, last=slot_ms))
 
 
-def record_skip(tx: Tx, job: dict[str, Any], *, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
-                dispatch_kind: str | None = None, data: dict[str, Any] | None = None) -> str:
+def record_skip(tx: Tx, job: JobRow, *, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
+                dispatch_kind: str | None = None, data: JSONObject | None = None) -> str:
     """A ``skipped`` run that says why a slot did not run (nothing is dropped silently); returns its id."""
     run_id = str(uuid.uuid4())
     transitions.record_skipped(tx, job, run_id=run_id, slot_ms=slot_ms, reason=reason, now=now, dispatch_id=dispatch_id,
@@ -240,22 +243,26 @@ def record_skip(tx: Tx, job: dict[str, Any], *, slot_ms: int | None, reason: str
     return run_id
 
 
-def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[str, Any]:
-    """``jobs run``: a manual dispatch due now. Refused for a disabled job or a running job under ``skip``."""
+def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[str, SQLValue]:
+    """``jobs run``: a manual dispatch due now (its id, job_id, kind, status and due_at, as the view ``jobs run`` prints).
+
+    Refused for a disabled job or a running job under ``skip``.
+    """
     now = now_ms() if now is None else now
     with store.transaction() as tx:
         job = resolve_job(tx, ref)
-        if not job["enabled"]:
-            raise SchedulerError("JOB_DISABLED", f"job {job['name']!r} is {'paused' if job['paused_at'] else 'disabled'}; enable it first")
-        running = active_runs(tx, job["id"])
-        if running and job["overlap_policy"] == "skip":
-            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job['name']!r} is running (or awaiting approval) and its overlap_policy is skip")
-        dispatch_id = f"{job['id']}:manual:{uuid.uuid4().hex}"
-        insert_dispatch(tx, id=dispatch_id, job_id=job["id"], kind="manual", due_at=now, now=now, requested_by=os_identity())
-        append_event(tx, "dispatch.manual", job_id=job["id"], dispatch_id=dispatch_id, actor=os_identity(), at=now)
+        if not job.enabled:
+            raise SchedulerError("JOB_DISABLED", f"job {job.name!r} is {'paused' if job.paused_at else 'disabled'}; enable it first")
+        running = active_runs(tx, job.id)
+        if running and job.overlap_policy == "skip":
+            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job.name!r} is running (or awaiting approval) and its overlap_policy is skip")
+        dispatch_id = f"{job.id}:manual:{uuid.uuid4().hex}"
+        insert_dispatch(tx, id=dispatch_id, job_id=job.id, kind="manual", due_at=now, now=now, requested_by=os_identity())
+        append_event(tx, "dispatch.manual", job_id=job.id, dispatch_id=dispatch_id, actor=os_identity(), at=now)
         row = tx.one("SELECT id, job_id, kind, status, due_at FROM job_dispatch_queue WHERE id = ?", (dispatch_id,))
     store.notify_change()
-    return row  # type: ignore[return-value]
+    assert row is not None  # inserted above (or already there: the id is new) in this transaction
+    return dict(row)
 
 
 @attrs.frozen
@@ -265,7 +272,7 @@ class StartedRun:
     run_id: str
     dispatch_id: str
     dispatch_kind: str
-    job: dict[str, Any]
+    job: JobRow
     attempt: int
     scheduled_for: int
     started_at: int
@@ -277,9 +284,13 @@ class StartedRun:
 
 
 def claim_and_start(
-    store: Store, lease: Lease, *, limit: int, now: int | None = None, veto: Any = None, check_lease: bool = True
+    store: Store, lease: Lease, *, limit: int, now: int | None = None,
+    veto: Callable[[dict[str, SQLValue], str], str | None] | None = None, check_lease: bool = True
 ) -> list[StartedRun]:
     """Claim up to ``limit`` due dispatches and create their runs, in one fenced transaction.
+
+    ``veto`` (the observers' ``dispatch_veto``) is asked per candidate with the job's row as a
+    mapping and the dispatch's kind. Each candidate's dispatch and job rows are built once, at their read.
 
     Dispatches that must not run become records instead: a disabled job's
     non-manual dispatch is cancelled; an overlapping slot under ``skip`` (or past the
@@ -292,12 +303,13 @@ def claim_and_start(
     with committing(store) as tx:
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
-        candidates = tx.all(
+        # The columns the claim reads of a dispatch (the rows' other columns are None).
+        candidates = [DispatchRow.from_row(row) for row in tx.all(
             "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, source_artifact_digest, run_id"
             " FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
-        )
+        )]
         # Without row locks (SQLite) the write transaction is the only writer: the candidates' jobs and active runs
         # are read in two statements for the whole batch. With row locks (PostgreSQL) each job is locked and then
         # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
@@ -309,53 +321,57 @@ def claim_and_start(
         for d in candidates:
             if len(started) + len(new_runs) >= limit:
                 break
-            job = batch.job(d["job_id"]) if batch else tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d["job_id"],))
+            job = batch.job(d.job_id) if batch else _job_row(tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d.job_id,)))
             if job is None:
                 continue
-            if not job["enabled"] and d["kind"] != "manual":
+            if not job.enabled and d.kind != "manual":
                 _drop_dispatch(tx, d, job, "job disabled", now, lease)
                 if batch:
-                    batch.forget(job["id"])  # a waiting run may have ended with it: count that job afresh
+                    batch.forget(job.id)  # a waiting run may have ended with it: count that job afresh
                 continue
-            if d["artifact_digest"] != job["artifact_digest"]:  # the job changed; its update should have cancelled this
-                _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d['artifact_digest']}", now, lease)
+            if d.artifact_digest != job.artifact_digest:  # the job changed; its update should have cancelled this
+                _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d.artifact_digest}", now, lease)
                 if batch:
-                    batch.forget(job["id"])
+                    batch.forget(job.id)
                 continue
-            if job["id"] in deferred_jobs:
+            if job.id in deferred_jobs:
                 continue
-            running = batch.active(job["id"], d["id"]) if batch else active_runs(tx, job["id"], other_than_dispatch=d["id"])
-            policy = job["overlap_policy"]
-            if running and policy != "allow" and d["kind"] != "retry":
-                waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job["id"],))
-                if policy == "queue" and waiting <= job["queue_limit"]:
-                    deferred_jobs.add(job["id"])
+            running = batch.active(job.id, d.id) if batch else active_runs(tx, job.id, other_than_dispatch=d.id)
+            policy = job.overlap_policy
+            if running and policy != "allow" and d.kind != "retry":
+                waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job.id,))
+                if policy == "queue" and waiting <= job.queue_limit:
+                    deferred_jobs.add(job.id)
                     continue
-                reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job['queue_limit']} reached"
+                reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job.queue_limit} reached"
                 _skip_dispatch(tx, d, job, reason, now, lease)
                 continue
-            vetoed = veto(job, d["kind"]) if veto is not None else None
+            vetoed = veto(job.to_dict(), d.kind) if veto is not None else None
             if vetoed:
                 _skip_dispatch(tx, d, job, f"veto: {vetoed}", now, lease)
                 continue
             run = _start(tx, lease, d, job, now)
             if run is None:
                 if batch:
-                    batch.forget(job["id"])  # an approval gate opened: its waiting run counts from now on
+                    batch.forget(job.id)  # an approval gate opened: its waiting run counts from now on
                 continue
             if isinstance(run, transitions.NewRun):
                 new_runs.append(run)
             else:
                 started.append(run)
             if policy != "allow":
-                deferred_jobs.add(job["id"])
+                deferred_jobs.add(job.id)
         if new_runs:
             for r in transitions.claim_and_start_many(tx, lease, new_runs, expires_at=now + CLAIM_TTL_MS, now=now):
                 d = r.dispatch
-                started.append(StartedRun(run_id=r.run_id, dispatch_id=d["id"], dispatch_kind=d["kind"], job=r.job,
-                                          attempt=r.attempt, scheduled_for=d["due_at"], started_at=now,
-                                          parent_run_id=r.parent_run_id, source_run_id=d["source_run_id"]))
+                started.append(StartedRun(run_id=r.run_id, dispatch_id=d.id, dispatch_kind=d.kind, job=r.job,
+                                          attempt=r.attempt, scheduled_for=d.due_at, started_at=now,
+                                          parent_run_id=r.parent_run_id, source_run_id=d.source_run_id))
     return started
+
+
+def _job_row(row: Mapping[str, object] | None) -> JobRow | None:
+    return JobRow.from_row(row) if row is not None else None
 
 
 #: The statuses ``active_runs`` counts against ``overlap_policy``.
@@ -365,16 +381,19 @@ _ACTIVE = "('running', 'awaiting_approval', 'approved')"
 class _BatchReads:
     """One claim pass's job rows and active runs, read once for all candidates (SQLite: the transaction is exclusive)."""
 
-    def __init__(self, tx: Tx, candidates: list[dict[str, Any]]) -> None:
+    def __init__(self, tx: Tx, candidates: list[DispatchRow]) -> None:
         self._tx = tx
-        ids = list(dict.fromkeys(d["job_id"] for d in candidates))
+        ids = list(dict.fromkeys(d.job_id for d in candidates))
         marks = ", ".join("?" for _ in ids)
-        self._jobs = {row["id"]: row for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids)}
+        self._jobs: dict[str, JobRow] = {}
+        for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids):
+            job = JobRow.from_row(row)
+            self._jobs[job.id] = job
         self._active: dict[str, list[str | None]] = {job_id: [] for job_id in ids}
         for row in tx.all(f"SELECT job_id, dispatch_id FROM runs WHERE job_id IN ({marks}) AND status IN {_ACTIVE}", ids):
             self._active[row["job_id"]].append(row["dispatch_id"])
 
-    def job(self, job_id: str) -> dict[str, Any] | None:
+    def job(self, job_id: str) -> JobRow | None:
         """The job row as the pass read it (None: deleted)."""
         return self._jobs.get(job_id)
 
@@ -402,28 +421,29 @@ def active_runs(tx: Tx, job_id: str, *, other_than_dispatch: str | None = None) 
     )
 
 
-def _drop_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, now: int, lease: Lease) -> None:
+def _drop_dispatch(tx: Tx, d: DispatchRow, job: JobRow, reason: str, now: int, lease: Lease) -> None:
     """Cancel a due dispatch that must not run, with the approved run waiting on it (if any)."""
     waiting = _waiting_run(tx, d)
     if waiting is not None:
         transitions.cancel_waiting_run(tx, waiting, reason=reason, actor=lease.owner, now=now)
-    transitions.cancel_dispatch(tx, d["id"], job_id=job["id"], reason=reason, now=now, actor=lease.owner)
+    transitions.cancel_dispatch(tx, d.id, job_id=job.id, reason=reason, now=now, actor=lease.owner)
 
 
-def _waiting_run(tx: Tx, d: dict[str, Any]) -> dict[str, Any] | None:
+def _waiting_run(tx: Tx, d: DispatchRow) -> RunRow | None:
     """The approved run a re-queued dispatch carries (None for a dispatch that has not been claimed before)."""
-    if not d.get("run_id"):
+    if not d.run_id:
         return None
-    return tx.one("SELECT * FROM runs WHERE id = ? AND status = 'approved'", (d["run_id"],))
+    row = tx.one("SELECT * FROM runs WHERE id = ? AND status = 'approved'", (d.run_id,))
+    return RunRow.from_row(row) if row is not None else None
 
 
-def _skip_dispatch(tx: Tx, d: dict[str, Any], job: dict[str, Any], reason: str, now: int, lease: Lease) -> None:
+def _skip_dispatch(tx: Tx, d: DispatchRow, job: JobRow, reason: str, now: int, lease: Lease) -> None:
     """A due dispatch that must not run: its row is done and a ``skipped`` run says why."""
-    if transitions.finish_dispatch(tx, d["id"], "done", now=now):
-        record_skip(tx, job, slot_ms=d["due_at"], reason=reason, now=now, dispatch_id=d["id"], dispatch_kind=d["kind"])
+    if transitions.finish_dispatch(tx, d.id, "done", now=now):
+        record_skip(tx, job, slot_ms=d.due_at, reason=reason, now=now, dispatch_id=d.id, dispatch_kind=d.kind)
 
 
-def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: int) -> StartedRun | transitions.NewRun | None:
+def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int) -> StartedRun | transitions.NewRun | None:
     """Claim ``d`` and start its run; or open a step's gate (``Step.gates``); or resume the run its approval released.
 
     None when nothing is to execute now (no longer ours, or waiting for a decision); a
@@ -432,34 +452,35 @@ def _start(tx: Tx, lease: Lease, d: dict[str, Any], job: dict[str, Any], now: in
     """
     approved = _waiting_run(tx, d)
     if approved is not None:
-        if not transitions.claim_dispatch(tx, d["id"], lease, run_id=approved["id"], claim_token=secrets.token_hex(8),
+        if not transitions.claim_dispatch(tx, d.id, lease, run_id=approved.id, claim_token=secrets.token_hex(8),
                                           expires_at=now + CLAIM_TTL_MS, now=now):
             return None
         if not transitions.dispatch_approved_run(tx, lease, approved, now=now):
             return None
-        return StartedRun(run_id=approved["id"], dispatch_id=d["id"], dispatch_kind=d["kind"], job=job, attempt=approved["attempt"],
-                          scheduled_for=approved["scheduled_for"], started_at=now, parent_run_id=approved["parent_run_id"],
-                          source_run_id=approved["source_run_id"])
+        assert approved.scheduled_for is not None  # a gated run keeps its dispatch's slot
+        return StartedRun(run_id=approved.id, dispatch_id=d.id, dispatch_kind=d.kind, job=job, attempt=approved.attempt,
+                          scheduled_for=approved.scheduled_for, started_at=now, parent_run_id=approved.parent_run_id,
+                          source_run_id=approved.source_run_id)
     run_id = str(uuid.uuid4())
     attempt, parent_run_id, retry_of = 1, None, None
-    if d["kind"] == "retry" and d["source_run_id"]:
-        src = tx.one("SELECT attempt FROM runs WHERE id = ?", (d["source_run_id"],))
+    if d.kind == "retry" and d.source_run_id:
+        src = tx.one("SELECT attempt FROM runs WHERE id = ?", (d.source_run_id,))
         attempt = (src["attempt"] if src else 0) + 1
-        retry_of = d["source_run_id"]
-    elif d["kind"] == "chain":
-        parent_run_id = d["source_run_id"]
-    replay_of = d["source_run_id"] if d["replay_count"] else None
+        retry_of = d.source_run_id
+    elif d.kind == "chain":
+        parent_run_id = d.source_run_id
+    replay_of = d.source_run_id if d.replay_count else None
     gate = next((step for step in registered().gates if step.gates(job)), None)
     if gate is None:
         return transitions.NewRun(run_id=run_id, claim_token=secrets.token_hex(8), job=job, dispatch=d, attempt=attempt,
                                   executor=executor_name_of(job), parent_run_id=parent_run_id, retry_of_run_id=retry_of,
                                   replay_of_run_id=replay_of)
-    if not transitions.claim_dispatch(tx, d["id"], lease, run_id=run_id, claim_token=secrets.token_hex(8),
+    if not transitions.claim_dispatch(tx, d.id, lease, run_id=run_id, claim_token=secrets.token_hex(8),
                                       expires_at=now + CLAIM_TTL_MS, now=now):
         return None  # no longer pending: someone else's (never a run without its claim)
     # A gated job (the approval step's ``approval_required``): nothing of the payload runs before a decision.
-    gate.open_gate(tx, Gate(run_id=run_id, job=job, dispatch_id=d["id"], dispatch_kind=d["kind"], attempt=attempt,
-                            scheduled_for=d["due_at"], parent_run_id=parent_run_id, retry_of_run_id=retry_of,
+    gate.open_gate(tx, Gate(run_id=run_id, job=job, dispatch_id=d.id, dispatch_kind=d.kind, attempt=attempt,
+                            scheduled_for=d.due_at, parent_run_id=parent_run_id, retry_of_run_id=retry_of,
                             replay_of_run_id=replay_of, now=now, actor=lease.owner))
     return None
 

@@ -21,7 +21,6 @@ outbox). Credentials are cleaned before evidence is written, as in a run.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
@@ -35,29 +34,30 @@ from scheduler.core.members import Recoverable
 from scheduler.core.observers import Observers
 from scheduler.core.participants import ExecutorSource, RecoveryParticipants
 from scheduler.core.queue import release_expired_claims
+from scheduler.core.rows import JSONObject, RunRow
 from scheduler.core.store.base import Store
 from scheduler.core.transitions import committing, insert_dispatch
 
 
-def _settle_process(run: dict[str, Any], grace_s: float, executors: ExecutorSource) -> tuple[str, str | None]:
+def _settle_process(run: RunRow, grace_s: float, executors: ExecutorSource) -> tuple[str, str | None]:
     """Ask the run's executor to make sure its work is gone: ``("gone"|"terminated"|"unknown"|"blocked", detail)``.
 
     The executor's ``recover`` reads the handle the run recorded (a process identity, a
     remote turn id). A run that recorded nothing never started its work: ``gone``. An
     executor that cannot be loaded or has no ``recover`` cannot confirm anything: ``unknown``.
     """
-    raw = run.get("executor_handle")
+    raw = run.executor_handle
     if not raw:
         return "gone", None
     try:
-        executor = executors(run.get("executor") or "shell")
+        executor = executors(run.executor or "shell")
     except SchedulerError as exc:
         return "unknown", f"executor not available: {exc.code}"
     if not isinstance(executor, Recoverable):
         return "unknown", "executor has no recover()"
     request = RecoveryRequest(
-        run_id=run["id"], job_id=run["job_id"], handle=json.loads(raw), owner=run.get("dispatcher_owner"),
-        owner_host=owner_host(run.get("dispatcher_owner")), kill_grace_s=grace_s,
+        run_id=run.id, job_id=run.job_id, handle=json.loads(raw), owner=run.dispatcher_owner,
+        owner_host=owner_host(run.dispatcher_owner), kill_grace_s=grace_s,
     )
     try:
         outcome = executor.recover(request)
@@ -68,16 +68,16 @@ def _settle_process(run: dict[str, Any], grace_s: float, executors: ExecutorSour
     return outcome.state, outcome.detail
 
 
-def find_orphans(store: Store, *, now: int | None = None) -> list[dict[str, Any]]:
+def find_orphans(store: Store, *, now: int | None = None) -> list[RunRow]:
     """Active runs whose owner no longer holds a live lease with the run's token."""
     now = now_ms() if now is None else now
     with store.read() as tx:
-        return tx.all(
+        return [RunRow.from_row(row) for row in tx.all(
             "SELECT r.* FROM runs r WHERE r.status IN ('running', 'recovery_blocked') AND NOT EXISTS ("
             " SELECT 1 FROM dispatcher_leases l WHERE l.owner = r.dispatcher_owner AND l.token = r.dispatcher_token"
             " AND l.expires_at > ?)",
             (now,),
-        )
+        )]
 
 
 def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
@@ -97,53 +97,54 @@ def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
 
 
 def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, kill_grace_s: float = 2.0,
-            hooks: Observers | None = None) -> list[dict[str, Any]]:
+            hooks: Observers | None = None) -> list[JSONObject]:
     """One recovery pass under our live lease; returns what was done to each orphan.
 
     Each orphan is ended in its own transaction; ``hooks`` (default: the process's default
     observers) hear of every transition once it committed. ``participants`` settle each
     orphan's executor work and credentials and write its evidence and messages.
     """
-    report = []
+    report: list[JSONObject] = []
     orphans = find_orphans(store)
-    for owner in {r["dispatcher_owner"] for r in orphans if r["dispatcher_owner"]}:
+    for owner in {r.dispatcher_owner for r in orphans if r.dispatcher_owner}:
         fence_out(store, owner)
     for run in orphans:
         state, detail = _settle_process(run, kill_grace_s, participants.executors)
-        cleaned, why = participants.credentials.clean(store, run)  # the dead run's credential files (none: one read)
+        view = run.to_dict()  # the participants take the run as the mapping a read returns
+        cleaned, why = participants.credentials.clean(store, view)  # the dead run's credential files (none: one read)
         now = now_ms()
         with committing(store, hooks) as tx:
             assert_live(tx, lease, now=now)
             if not cleaned:
                 transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=why, message=why)
-                participants.credentials.block_job(tx, run, why or "", actor=lease.owner, now=now)
-                report.append({"run_id": run["id"], "outcome": "recovery_blocked", "credentials": why})
+                participants.credentials.block_job(tx, view, why or "", actor=lease.owner, now=now)
+                report.append({"run_id": run.id, "outcome": "recovery_blocked", "credentials": why})
                 continue
             if state == "blocked":
                 transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=detail)
-                report.append({"run_id": run["id"], "outcome": "recovery_blocked"})
+                report.append({"run_id": run.id, "outcome": "recovery_blocked"})
                 continue
-            message = describe_lost_dispatcher(run["dispatcher_owner"], run["dispatcher_token"])
-            replay = run["delivery_guarantee"] == "at-least-once" and run["dispatch_id"] is not None
+            message = describe_lost_dispatcher(run.dispatcher_owner, run.dispatcher_token)
+            replay = run.delivery_guarantee == "at-least-once" and run.dispatch_id is not None
             # Only ``terminated`` signalled anything; for the other states the detail is an explanation.
             signal = detail if state == "terminated" else None
             fresh = transitions.crash_run(
                 tx, run, actor=lease.owner, now=now, message=message, process_state=state, process_signal=signal,
                 data={"process": state, "signal": signal, "detail": None if signal else detail, "replay": replay,
-                      "from_owner": run["dispatcher_owner"], "from_token": run["dispatcher_token"]},
+                      "from_owner": run.dispatcher_owner, "from_token": run.dispatcher_token},
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did
-            participants.evidence.interrupted(tx, run, now=now, actor=lease.owner)  # an evidence job's run: its terminal row
+            participants.evidence.interrupted(tx, view, now=now, actor=lease.owner)  # an evidence job's run: its terminal row
             if replay:
-                d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh["dispatch_id"],))
+                d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh.dispatch_id,))
                 count = (d["replay_count"] if d else 0) + 1
                 kind = d["kind"] if d else "manual"
-                insert_dispatch(tx, id=f"{fresh['dispatch_id']}:replay:{count}", job_id=fresh["job_id"], kind=kind,
-                                due_at=now, now=now, source_run_id=fresh["id"], replay_count=count)
+                insert_dispatch(tx, id=f"{fresh.dispatch_id}:replay:{count}", job_id=fresh.job_id, kind=kind,
+                                due_at=now, now=now, source_run_id=fresh.id, replay_count=count)
             # a replay stands in for a retry: both would run the work a third time
             apply_consequences(tx, fresh, outbox=participants.outbox, now=now, allow_retry=not replay, actor=lease.owner)
-            report.append({"run_id": run["id"], "outcome": "crashed", "process": state, "replayed": replay})
+            report.append({"run_id": run.id, "outcome": "crashed", "process": state, "replayed": replay})
     participants.credentials.sweep(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
     release_expired_claims(store)
     repair_missing_next_runs(store)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scheduler.core.claimed import ClaimedRun
     from scheduler.core.execution import CredentialPresentation, ExecutionResult
     from scheduler.core.outcomes import RunOutcomes
-    from scheduler.core.rows import JSONObject
+    from scheduler.core.rows import JobRow, JSONObject
     from scheduler.core.spec import JobSpec
     from scheduler.core.store.base import Store, Tx
 
@@ -88,7 +88,7 @@ class Gate(NamedTuple):
 
     run_id: str
     #: The job row as the claim read it.
-    job: Mapping[str, object]
+    job: JobRow
     dispatch_id: str
     dispatch_kind: str
     attempt: int
@@ -132,7 +132,7 @@ class Step(Protocol):
     def applies(self, sections: Mapping[str, Any]) -> bool:
         """Whether the step takes part in runs of an artifact with these sections (pure: plans are cached per digest)."""
 
-    def gates(self, job: Mapping[str, object]) -> bool:
+    def gates(self, job: JobRow) -> bool:
         """Whether a claimed dispatch of ``job`` (its row) waits at this step's gate before anything runs."""
 
     def open_gate(self, tx: Tx, gate: Gate) -> None:
@@ -179,7 +179,7 @@ class StepBase:
         """Takes part in every run (only the hooks it overrides run)."""
         return True
 
-    def gates(self, job: Mapping[str, object]) -> bool:
+    def gates(self, job: JobRow) -> bool:
         """No gate at claim."""
         return False
 

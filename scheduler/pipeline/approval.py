@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.approvals.decisions import open_gate
-from scheduler.core.rows import JSONObject
+from scheduler.core.rows import JobRow, JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.core.steps import Gate, Normaliser, Problems, StepBase
 from scheduler.core.store.base import Tx
@@ -57,12 +57,12 @@ class ApprovalStep(StepBase):
         """Jobs whose runs need an approval."""
         return bool((sections.get("approval") or {}).get("required"))
 
-    def gates(self, job: Mapping[str, object]) -> bool:
+    def gates(self, job: JobRow) -> bool:
         """A claimed dispatch of an ``approval_required`` job waits at the gate."""
-        return bool(job["approval_required"])
+        return bool(job.approval_required)
 
     def open_gate(self, tx: Tx, gate: Gate) -> None:
         """Open the gate for the claimed dispatch (run ``awaiting_approval``, approval ``pending``, a notice)."""
-        open_gate(tx, run_id=gate.run_id, job=dict(gate.job), dispatch_id=gate.dispatch_id, dispatch_kind=gate.dispatch_kind,
+        open_gate(tx, run_id=gate.run_id, job=gate.job, dispatch_id=gate.dispatch_id, dispatch_kind=gate.dispatch_kind,
                   attempt=gate.attempt, scheduled_for=gate.scheduled_for, parent_run_id=gate.parent_run_id,
                   retry_of_run_id=gate.retry_of_run_id, replay_of_run_id=gate.replay_of_run_id, now=gate.now, actor=gate.actor)

@@ -188,7 +188,7 @@ class Dispatcher:
         try:
             for item in recover(self.store, lease, participants=self._recovery, kill_grace_s=self.config.kill_grace_s,
                                 hooks=self.hooks):
-                self.say(f"recovered run {item['run_id'][:8]}: {item['outcome']}")
+                self.say(f"recovered run {str(item['run_id'])[:8]}: {item['outcome']}")
         except leases.LeaseLost:
             pass
         except SchedulerError as exc:

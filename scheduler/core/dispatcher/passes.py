@@ -202,8 +202,8 @@ class Pass:
         done: list[tuple[ClaimedRun, RunRow]] = []
         for s, result in finished:
             try:
-                done.append((s, RunRow.from_row(complete_run_in(tx, lease, s.run_id, result, participants=participants,
-                                                                now=now, outcomes=s.outcomes))))
+                done.append((s, complete_run_in(tx, lease, s.run_id, result, participants=participants, now=now,
+                                                outcomes=s.outcomes)))
             except StaleFence as exc:
                 self.stats["skipped_commits"] += 1
                 self.say(f"{clock()} not committing run {s.run_id[:8]}: {exc.message}")

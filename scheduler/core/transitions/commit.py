@@ -8,11 +8,12 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from scheduler.core import observers
+from scheduler.core.rows import RunRow
 from scheduler.core.runs import TERMINAL, run_to_json
 from scheduler.core.store.base import Store, Tx
 
@@ -86,14 +87,15 @@ class AfterCommit:
             log.exception("could not notify observers of %d run transition(s)", len(notices))
 
 
-def _read_runs(store: Store, run_ids: list[str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _read_runs(store: Store, run_ids: list[str]) -> dict[str, RunRow]:
+    out: dict[str, RunRow] = {}
     with store.read() as tx:
         for i in range(0, len(run_ids), _READ_CHUNK):
             chunk = run_ids[i:i + _READ_CHUNK]
             marks = ", ".join("?" for _ in chunk)
             for row in tx.all(f"SELECT * FROM runs WHERE id IN ({marks})", chunk):
-                out[row["id"]] = row
+                run = RunRow.from_row(row)
+                out[run.id] = run
     return out
 
 

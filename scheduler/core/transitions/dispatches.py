@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.core import state
 from scheduler.core.events import append_event
+from scheduler.core.rows import SQLValue
 from scheduler.core.store.base import Tx
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def dispatch_row(*, id: str, job_id: str, kind: str, due_at: int, now: int, source_run_id: str | None = None,
-                 requested_by: str | None = None, replay_count: int = 0, artifact_digest: str | None = None) -> dict[str, Any]:
+                 requested_by: str | None = None, replay_count: int = 0,
+                 artifact_digest: str | None = None) -> dict[str, SQLValue]:
     """One row of ``insert_dispatches``; ``artifact_digest`` None: the statement reads the job's."""
     return {"id": id, "job_id": job_id, "kind": kind, "due_at": due_at, "now": now, "source_run_id": source_run_id,
             "requested_by": requested_by, "replay_count": replay_count, "artifact_digest": artifact_digest}

@@ -7,6 +7,7 @@ import attrs
 
 from scheduler.core import state
 from scheduler.core.events import append_event
+from scheduler.core.rows import RunRow
 from scheduler.core.store.base import Tx
 from scheduler.core.transitions.runs import cancel_waiting_run
 
@@ -38,11 +39,12 @@ def cancel_pending_work(
     Running runs are not touched (cancelling them is a request to their owner). One
     ``job.pending_cancelled`` event summarises it when anything was cancelled.
     """
-    waiting = tx.all(
+    # What cancel_waiting_run reads of each run (the row's other columns are None).
+    waiting = [RunRow.from_row(r) for r in tx.all(
         "SELECT id, job_id, status, dispatch_id FROM runs WHERE job_id = ? AND status IN ('pending', 'awaiting_approval', 'approved')",
         (job_id,),
-    )
-    runs = tuple(r["id"] for r in waiting if cancel_waiting_run(tx, r, reason=reason, actor=actor, now=now))
+    )]
+    runs = tuple(r.id for r in waiting if cancel_waiting_run(tx, r, reason=reason, actor=actor, now=now))
     dispatches = state.execute(tx, "cancel_job_dispatches", job_id=job_id, reason=reason, now=now,
                                include_manual=1 if include_manual else 0)
     approvals = state.execute(tx, "cancel_job_approvals", job_id=job_id, reason=reason, now=now)

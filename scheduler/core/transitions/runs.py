@@ -4,12 +4,14 @@ recovery, on a dead owner's runs (block, crash). Each writes through its named s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from scheduler.core import state
 from scheduler.core.events import append_event
+from scheduler.core.rows import DispatchRow, JobRow, JSONObject, RunRow, SQLValue
 from scheduler.core.runs import CANCEL_DIRECTLY, StaleFence
 from scheduler.core.store.base import Tx
 from scheduler.core.transitions.commit import notify
@@ -23,7 +25,8 @@ if TYPE_CHECKING:
 BOOKKEEPING_COLUMNS = ("executor_handle", "process_state", "process_signal", "process_terminated_at")
 
 
-def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: str, values: dict[str, Any]) -> None:
+def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: str,
+                  values: Mapping[str, SQLValue]) -> None:
     """Bookkeeping on a run this owner holds (its executor handle, process state): only with the fence, never the status.
 
     ``values`` are some of ``BOOKKEEPING_COLUMNS``; the others are left as they are. Raises
@@ -34,7 +37,7 @@ def fenced_update(tx: Tx, run_id: str, owner: str, token: int, expected_status: 
     unknown = set(values).difference(BOOKKEEPING_COLUMNS)
     if unknown:
         raise ValueError(f"fenced_update writes only {', '.join(BOOKKEEPING_COLUMNS)}, not {', '.join(sorted(unknown))}")
-    params: dict[str, Any] = {}
+    params: dict[str, SQLValue] = {}
     for column in BOOKKEEPING_COLUMNS:
         params[column] = values.get(column)
         params["set_" + column] = 1 if column in values else 0
@@ -52,7 +55,7 @@ def run_row(
     retry_of_run_id: str | None = None, replay_of_run_id: str | None = None, executor: str | None = None,
     output_format: str | None = None, artifact_digest: str | None = None, source_run_id: str | None = None,
     source_artifact_digest: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, SQLValue]:
     """One row of ``insert_runs``: a new run's columns, each not given as a run row leaves it (``attempt`` 1, else NULL)."""
     return {
         "id": id, "job_id": job_id, "dispatch_id": dispatch_id, "dispatch_kind": dispatch_kind, "status": status,
@@ -66,7 +69,7 @@ def run_row(
 
 
 def start_run(
-    tx: Tx, lease: Lease, *, run_id: str, job: dict[str, Any], dispatch_id: str, dispatch_kind: str, attempt: int,
+    tx: Tx, lease: Lease, *, run_id: str, job: JobRow, dispatch_id: str, dispatch_kind: str, attempt: int,
     scheduled_for: int, executor: str | None, parent_run_id: str | None, retry_of_run_id: str | None,
     replay_of_run_id: str | None, now: int, artifact_digest: str | None = None,
 ) -> None:
@@ -80,15 +83,15 @@ def start_run(
                      (dispatch_id,))
     if binding is not None:  # the run inherits its dispatch's binding (no dispatch row: no run, as INSERT ... SELECT did)
         state.execute(tx, "insert_runs", rows=[run_row(
-            id=run_id, job_id=job["id"], dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="running",
+            id=run_id, job_id=job.id, dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="running",
             attempt=attempt, scheduled_for=scheduled_for, created_at=now, started_at=now, dispatcher_owner=lease.owner,
             dispatcher_token=lease.token, parent_run_id=parent_run_id, retry_of_run_id=retry_of_run_id,
-            replay_of_run_id=replay_of_run_id, delivery_guarantee=job["delivery_guarantee"], executor=executor,
-            output_format=job["output_format"], **binding)])
-    append_event(tx, "run.started", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=lease.owner, at=now,
+            replay_of_run_id=replay_of_run_id, delivery_guarantee=job.delivery_guarantee, executor=executor,
+            output_format=job.output_format, **binding)])
+    append_event(tx, "run.started", job_id=job.id, run_id=run_id, dispatch_id=dispatch_id, actor=lease.owner, at=now,
                  data={"kind": dispatch_kind, "attempt": attempt, "token": lease.token}, artifact_digest=artifact_digest,
                  principal=None, trust_level=None)
-    notify(run_id, job["id"], None, "running", now)
+    notify(run_id, job.id, None, "running", now)
 
 
 @attrs.frozen
@@ -97,10 +100,10 @@ class NewRun:
 
     run_id: str
     claim_token: str
-    job: dict[str, Any]
-    #: The claimed dispatch row as the claimer read it in this transaction (id, kind, due_at, artifact_digest,
-    #: source_run_id, source_artifact_digest).
-    dispatch: dict[str, Any]
+    job: JobRow
+    #: The claimed dispatch row as the claimer read it in this transaction (a partial read: id, kind, due_at,
+    #: artifact_digest, source_run_id, source_artifact_digest at least; ``scheduler.core.queue.claim_and_start``).
+    dispatch: DispatchRow
     attempt: int
     executor: str | None
     parent_run_id: str | None
@@ -128,42 +131,42 @@ def claim_and_start_many(tx: Tx, lease: Lease, runs: list[NewRun], *, expires_at
         chunk = runs[i:i + _START_ROWS]
         claimed = {row["id"] for row in state.rows(
             tx, "claim_dispatches", owner=lease.owner, token=lease.token, expires_at=expires_at, now=now,
-            rows=[{"dispatch_id": r.dispatch["id"], "claim_token": r.claim_token, "run_id": r.run_id} for r in chunk],
+            rows=[{"dispatch_id": r.dispatch.id, "claim_token": r.claim_token, "run_id": r.run_id} for r in chunk],
         )}
-        chunk = [r for r in chunk if r.dispatch["id"] in claimed]
+        chunk = [r for r in chunk if r.dispatch.id in claimed]
         if not chunk:
             continue
         state.execute(tx, "insert_runs", rows=[{
-            "id": r.run_id, "job_id": r.job["id"], "dispatch_id": r.dispatch["id"], "dispatch_kind": r.dispatch["kind"],
-            "status": "running", "attempt": r.attempt, "scheduled_for": r.dispatch["due_at"], "created_at": now,
+            "id": r.run_id, "job_id": r.job.id, "dispatch_id": r.dispatch.id, "dispatch_kind": r.dispatch.kind,
+            "status": "running", "attempt": r.attempt, "scheduled_for": r.dispatch.due_at, "created_at": now,
             "started_at": now, "finished_at": None, "terminal_at": None, "skip_reason": None,
             "dispatcher_owner": lease.owner, "dispatcher_token": lease.token, "parent_run_id": r.parent_run_id,
             "retry_of_run_id": r.retry_of_run_id, "replay_of_run_id": r.replay_of_run_id,
-            "delivery_guarantee": r.job["delivery_guarantee"], "executor": r.executor, "output_format": r.job["output_format"],
-            "artifact_digest": r.dispatch["artifact_digest"], "source_run_id": r.dispatch["source_run_id"],
-            "source_artifact_digest": r.dispatch["source_artifact_digest"]} for r in chunk])
+            "delivery_guarantee": r.job.delivery_guarantee, "executor": r.executor, "output_format": r.job.output_format,
+            "artifact_digest": r.dispatch.artifact_digest, "source_run_id": r.dispatch.source_run_id,
+            "source_artifact_digest": r.dispatch.source_artifact_digest} for r in chunk])
         for r in chunk:
             d = r.dispatch
-            append_event(tx, "run.started", job_id=r.job["id"], run_id=r.run_id, dispatch_id=d["id"], actor=lease.owner, at=now,
-                         data={"kind": d["kind"], "attempt": r.attempt, "token": lease.token},
-                         artifact_digest=d["artifact_digest"], principal=None, trust_level=None)
-            notify(r.run_id, r.job["id"], None, "running", now)
+            append_event(tx, "run.started", job_id=r.job.id, run_id=r.run_id, dispatch_id=d.id, actor=lease.owner, at=now,
+                         data={"kind": d.kind, "attempt": r.attempt, "token": lease.token},
+                         artifact_digest=d.artifact_digest, principal=None, trust_level=None)
+            notify(r.run_id, r.job.id, None, "running", now)
         started += chunk
     return started
 
 
 def record_skipped(
-    tx: Tx, job: dict[str, Any], *, run_id: str, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
-    dispatch_kind: str | None = None, actor: str | None = None, data: dict[str, Any] | None = None,
+    tx: Tx, job: JobRow, *, run_id: str, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
+    dispatch_kind: str | None = None, actor: str | None = None, data: JSONObject | None = None,
 ) -> None:
     """(new) -> ``skipped``: a run that says why a slot did not run (nothing is dropped silently)."""
     state.execute(tx, "insert_runs", rows=[run_row(
-        id=run_id, job_id=job["id"], dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="skipped",
+        id=run_id, job_id=job.id, dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="skipped",
         scheduled_for=slot_ms, created_at=now, finished_at=now, terminal_at=now, skip_reason=reason,
-        delivery_guarantee=job["delivery_guarantee"], artifact_digest=job.get("artifact_digest"))])
-    append_event(tx, "run.skipped", job_id=job["id"], run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
+        delivery_guarantee=job.delivery_guarantee, artifact_digest=job.artifact_digest)])
+    append_event(tx, "run.skipped", job_id=job.id, run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
                  data={"reason": reason, **(data or {})})
-    notify(run_id, job["id"], None, "skipped", now)
+    notify(run_id, job.id, None, "skipped", now)
 
 
 #: The result columns ``finish_run`` always writes (an executor's result has each, None or not).
@@ -184,7 +187,7 @@ _GROUP_OF = {column: group for group, columns in RESULT_GROUPS.items() for colum
 _FINISHED = frozenset((*RESULT_COLUMNS, *_GROUP_OF, *OUTCOME_COLUMNS))
 
 
-def outcome_params(values: dict[str, Any], params: dict[str, Any]) -> None:
+def outcome_params(values: Mapping[str, SQLValue], params: dict[str, SQLValue]) -> None:
     """``params`` gain each ``OUTCOME_COLUMNS`` value and its ``set_`` flag (1 when ``values`` decided it)."""
     for column in OUTCOME_COLUMNS:
         if column in values:
@@ -194,9 +197,9 @@ def outcome_params(values: dict[str, Any], params: dict[str, Any]) -> None:
 
 
 def finish_run(
-    tx: Tx, run_id: str, *, owner: str, token: int, status: str, values: dict[str, Any], error_message: str | None,
+    tx: Tx, run_id: str, *, owner: str, token: int, status: str, values: Mapping[str, SQLValue], error_message: str | None,
     now: int, process_state: str = "exited",
-) -> dict[str, Any] | None:
+) -> RunRow | None:
     """``running`` -> terminal under the run's fence (owner and token); None if the run is no longer ours.
 
     One compare-and-swap decides everything: if a cancel request was recorded first,
@@ -205,12 +208,12 @@ def finish_run(
     ``unknown``). ``values`` are the run's result columns (``RESULT_COLUMNS``, whole
     ``RESULT_GROUPS``) and the pipeline's (``OUTCOME_COLUMNS``); a group or column not in it is
     left as it is. RETURNING hands back what completion and its consequences read (statement
-    ``finish_run``) without another read.
+    ``finish_run``) without another read: the returned row holds those columns (the others are None).
     """
     unknown = set(values).difference(_FINISHED)
     if unknown:
         raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(unknown))}")
-    params: dict[str, Any] = {column: values.get(column) for column in RESULT_COLUMNS}
+    params: dict[str, SQLValue] = {column: values.get(column) for column in RESULT_COLUMNS}
     for group, columns in RESULT_GROUPS.items():
         given = sum(1 for column in columns if column in values)
         if given and given != len(columns):
@@ -219,10 +222,12 @@ def finish_run(
         for column in columns:
             params[column] = values.get(column)
     outcome_params(values, params)
-    run = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
+    row = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
                     now=now, process_state=process_state, **params)
-    if run is not None:
-        notify(run_id, run["job_id"], "running", run["status"], now)
+    if row is None:
+        return None
+    run = RunRow.from_row(row)
+    notify(run_id, run.job_id, "running", run.status, now)
     return run
 
 
@@ -235,80 +240,85 @@ def fail_completion(tx: Tx, run_id: str, *, owner: str, token: int, message: str
     run = state.one(tx, "fail_completion", run_id=run_id, owner=owner, token=token, message=message, now=now)
     if run is None:
         return False
-    finish_dispatch(tx, run["dispatch_id"], "failed", now=now, last_error=message)
-    append_event(tx, "run.completion_failed", job_id=run["job_id"], run_id=run_id, dispatch_id=run["dispatch_id"], actor=owner,
+    job_id, dispatch_id, finished_at = run["job_id"], run["dispatch_id"], run["finished_at"]
+    finish_dispatch(tx, dispatch_id, "failed", now=now, last_error=message)
+    append_event(tx, "run.completion_failed", job_id=job_id, run_id=run_id, dispatch_id=dispatch_id, actor=owner,
                  at=now, data={"error": message})
-    notify(run_id, run["job_id"], "running", "error", run["finished_at"])
+    notify(run_id, job_id, "running", "error", finished_at)
     return True
 
 
-def request_cancel(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: str, now: int) -> bool:
+def request_cancel(tx: Tx, run: RunRow, *, reason: str | None, actor: str, now: int) -> bool:
     """Record who asked to cancel a run, why and when (first request wins); the status is not changed here.
+
+    ``run`` needs ``id`` and ``job_id`` (a partial read is enough).
 
     A running run's owner sees the request, stops its executor and commits ``cancelled``
     through ``finish_run``; a waiting run is then ended by ``cancel_waiting_run``.
     """
-    changed = state.execute(tx, "request_cancel", run_id=run["id"], now=now, actor=actor, reason=reason)
-    append_event(tx, "run.cancel_requested", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now, data={"reason": reason})
+    changed = state.execute(tx, "request_cancel", run_id=run.id, now=now, actor=actor, reason=reason)
+    append_event(tx, "run.cancel_requested", job_id=run.job_id, run_id=run.id, actor=actor, at=now, data={"reason": reason})
     return changed == 1
 
 
-def cancel_waiting_run(tx: Tx, run: dict[str, Any], *, reason: str | None, actor: str | None, now: int,
+def cancel_waiting_run(tx: Tx, run: RunRow, *, reason: str | None, actor: str | None, now: int,
                        error_code: str | None = None) -> bool:
     """``pending``/``awaiting_approval``/``approved`` -> ``cancelled``, with its dispatch row and open approvals.
 
     No executor holds a waiting run, so it ends at once. The request fields are filled
     in unless an earlier request already did; ``error_code`` says why when a gate ended it
-    (``APPROVAL_REJECTED``, ``APPROVAL_TIMED_OUT``).
+    (``APPROVAL_REJECTED``, ``APPROVAL_TIMED_OUT``). ``run`` needs ``id``, ``job_id``, ``status`` and
+    ``dispatch_id`` (a partial read is enough).
     """
-    old = run["status"]
+    old = run.status
     if old not in CANCEL_DIRECTLY:
         return False
     why = reason or "cancelled"
-    changed = state.execute(tx, "cancel_waiting_run", run_id=run["id"], status=old, now=now, actor=actor, reason=why,
+    changed = state.execute(tx, "cancel_waiting_run", run_id=run.id, status=old, now=now, actor=actor, reason=why,
                             error_code=error_code)
     if changed != 1:
         return False
-    if run.get("dispatch_id"):
-        state.execute(tx, "cancel_run_dispatch", dispatch_id=run["dispatch_id"], reason=why, now=now)
-    state.execute(tx, "cancel_run_approvals", run_id=run["id"], reason=why, now=now)
-    append_event(tx, "run.cancelled", job_id=run["job_id"], run_id=run["id"], dispatch_id=run.get("dispatch_id"), actor=actor,
+    if run.dispatch_id:
+        state.execute(tx, "cancel_run_dispatch", dispatch_id=run.dispatch_id, reason=why, now=now)
+    state.execute(tx, "cancel_run_approvals", run_id=run.id, reason=why, now=now)
+    append_event(tx, "run.cancelled", job_id=run.job_id, run_id=run.id, dispatch_id=run.dispatch_id, actor=actor,
                  at=now, data={"reason": why, "from": old})
-    notify(run["id"], run["job_id"], old, "cancelled", now)
+    notify(run.id, run.job_id, old, "cancelled", now)
     return True
 
 
-def block_recovery(tx: Tx, run: dict[str, Any], *, actor: str, now: int, detail: str | None, message: str | None = None) -> bool:
+def block_recovery(tx: Tx, run: RunRow, *, actor: str, now: int, detail: str | None, message: str | None = None) -> bool:
     """``running`` -> ``recovery_blocked``: the dead owner's work may still run and cannot be stopped, or what it
     left (credential files) cannot be proven removed (``message`` says which; retried later)."""
-    changed = state.execute(tx, "block_recovery", run_id=run["id"], owner=run["dispatcher_owner"],
-                            token=run["dispatcher_token"],
+    changed = state.execute(tx, "block_recovery", run_id=run.id, owner=run.dispatcher_owner,
+                            token=run.dispatcher_token,
                             message=message or "process group still alive and cannot be signalled")
     if changed != 1:
         return False
-    append_event(tx, "run.recovery_blocked", job_id=run["job_id"], run_id=run["id"], actor=actor, at=now,
-                 data={"detail": detail, "from_owner": run["dispatcher_owner"]})
-    notify(run["id"], run["job_id"], "running", "recovery_blocked", now)
+    append_event(tx, "run.recovery_blocked", job_id=run.job_id, run_id=run.id, actor=actor, at=now,
+                 data={"detail": detail, "from_owner": run.dispatcher_owner})
+    notify(run.id, run.job_id, "running", "recovery_blocked", now)
     return True
 
 
 def crash_run(
-    tx: Tx, run: dict[str, Any], *, actor: str, now: int, message: str, process_state: str, process_signal: str | None,
-    data: dict[str, Any],
-) -> dict[str, Any] | None:
+    tx: Tx, run: RunRow, *, actor: str, now: int, message: str, process_state: str, process_signal: str | None,
+    data: JSONObject,
+) -> RunRow | None:
     """``running``/``recovery_blocked`` -> ``crashed`` (``DISPATCHER_LOST``), recorded by the recovering ``actor``.
 
     The compare-and-swap names the dead owner and token the row still carries, so a run
     that its owner finished meanwhile is left alone. ``process_state`` is final
     (``gone``, ``terminated`` with ``process_signal``, or ``unknown``); the
-    ``run.recovered`` event carries ``data``. Returns what its consequences read (as ``finish_run``), or None.
+    ``run.recovered`` event carries ``data``. Returns what its consequences read (as ``finish_run``: the
+    statement's RETURNING columns, the others None), or None.
     """
-    row = state.one(tx, "crash_run", run_id=run["id"], owner=run["dispatcher_owner"], token=run["dispatcher_token"],
+    row = state.one(tx, "crash_run", run_id=run.id, owner=run.dispatcher_owner, token=run.dispatcher_token,
                     now=now, message=message, process_state=process_state, process_signal=process_signal,
                     process_terminated_at=now if process_state == "terminated" else None)
     if row is None:
         return None
-    append_event(tx, "run.recovered", job_id=run["job_id"], run_id=run["id"], dispatch_id=run.get("dispatch_id"), actor=actor,
+    append_event(tx, "run.recovered", job_id=run.job_id, run_id=run.id, dispatch_id=run.dispatch_id, actor=actor,
                  at=now, data=data)
-    notify(run["id"], run["job_id"], run["status"], "crashed", now)
-    return row
+    notify(run.id, run.job_id, run.status, "crashed", now)
+    return RunRow.from_row(row)
