@@ -250,10 +250,10 @@ def test_provider_not_installed_at_run_time_denies(store: Any, dispatcher: Any, 
     marker = tmp_path / "ran"
     (job,) = create_jobs(store, [validate_spec({"name": "gone", "schedule_kind": "manual", "executor": "testkit",
                                                 "payload_message": f"touch:{marker}", "authorization_ref": "nosuchauthz:p"})])
-    enqueue_manual(store, job["id"])
+    enqueue_manual(store, job.id)
     d = dispatcher()
     try:
-        (run,) = finished(store, job["id"])
+        (run,) = finished(store, job.id)
     finally:
         d.stop()
     assert run["status"] == "error" and run["error_code"] == "AUTHORIZATION_NOT_AVAILABLE" and not marker.exists()

@@ -260,10 +260,10 @@ def test_a_provider_not_installed_at_run_time_fails_closed(store: Any, dispatche
     spec = validate_spec({"name": "late", "schedule_kind": "manual", "executor": "shell", "payload_message": "true",
                           "credentials": [binding(provider="testcred", ref=f"value:{SECRET}")]})
     job = create_jobs(store, [spec])[0]
-    enqueue_manual(store, job["id"])
+    enqueue_manual(store, job.id)
     d = dispatcher()
     try:
-        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], timeout=30)
+        (run,) = wait_for(lambda: [r for r in run_rows(store, job.id) if r["status"] in TERMINAL], timeout=30)
     finally:
         d.stop()
     assert (run["status"], run["error_code"]) == ("error", "CREDENTIAL_NOT_AVAILABLE")

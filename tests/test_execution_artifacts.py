@@ -20,10 +20,11 @@ from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import check_job, load_artifact, native_payload, redact_secrets
 from scheduler.core.jobs import resolve_job, set_enabled, update_job
 from scheduler.core.queue import enqueue_manual
+from scheduler.core.rows import JobRow
 from scheduler.core.spec import spec_from_row, validate_spec
 
 
-def job_row(store: Any, ref: str) -> dict[str, Any]:
+def job_row(store: Any, ref: str) -> JobRow:
     with store.read() as tx:
         return resolve_job(tx, ref)
 
@@ -144,11 +145,11 @@ def test_changing_the_contract_binds_a_new_artifact_and_cancels_work_bound_to_th
     old = job["artifact_digest"]
     pending = enqueue_manual(store, job["id"])
     renamed = update_job(store, job["id"], {"name": "contract-2", "description": "cosmetic"})
-    assert renamed["artifact_digest"] == old
+    assert renamed.artifact_digest == old
     with store.read() as tx:
         assert tx.scalar("SELECT status FROM job_dispatch_queue WHERE id = ?", (pending["id"],)) == "pending"
     changed = update_job(store, job["id"], {"run_timeout_ms": 1234})
-    new = changed["artifact_digest"]
+    new = changed.artifact_digest
     assert new != old and is_digest(new)
     with store.read() as tx:
         row = tx.one("SELECT status, cancel_reason, artifact_digest FROM job_dispatch_queue WHERE id = ?", (pending["id"],))
@@ -158,24 +159,24 @@ def test_changing_the_contract_binds_a_new_artifact_and_cancels_work_bound_to_th
     assert row["status"] == "cancelled" and "execution contract changed" in row["cancel_reason"] and row["artifact_digest"] == old
     assert json.loads(superseded["data"]) == {"previous": old, "current": new}
     back = update_job(store, job["id"], {"run_timeout_ms": None})  # back to the old contract: the same artifact again
-    assert back["artifact_digest"] == old
+    assert back.artifact_digest == old
 
 
 def test_disabling_keeps_the_artifact_and_enabling_requires_the_job_to_match_it(store: Any) -> None:
     job = add_job(store, payload_message="ok")
     disabled = set_enabled(store, job["id"], False)
-    assert disabled["artifact_digest"] == job["artifact_digest"]
-    assert set_enabled(store, job["id"], True)["enabled"] == 1
+    assert disabled.artifact_digest == job["artifact_digest"]
+    assert set_enabled(store, job["id"], True).enabled == 1
     set_enabled(store, job["id"], False)
     with store.transaction() as tx:  # someone edits the row behind the scheduler's back
         tx.execute("UPDATE jobs SET run_timeout_ms = 1 WHERE id = ?", (job["id"],))
     with pytest.raises(SchedulerError) as err:
         set_enabled(store, job["id"], True)
     assert err.value.code == "EXECUTION_ARTIFACT_MISMATCH"
-    assert job_row(store, job["id"])["enabled"] == 0
+    assert job_row(store, job["id"]).enabled == 0
     rebound = update_job(store, job["id"], {})  # re-saving the edited row binds the artifact it now projects to
-    assert rebound["artifact_digest"] != job["artifact_digest"]
-    assert set_enabled(store, job["id"], True)["enabled"] == 1
+    assert rebound.artifact_digest != job["artifact_digest"]
+    assert set_enabled(store, job["id"], True).enabled == 1
 
 
 def test_a_job_edited_outside_the_scheduler_never_runs(store: Any, dispatcher: Any, tmp_path: Path) -> None:
@@ -213,20 +214,20 @@ def job_status(store: Any, dispatch_id: str) -> str | None:
 def test_the_remembered_projection_never_hides_an_edit(store: Any) -> None:
     job = add_job(store, payload_message="ok")
     row = job_row(store, job["id"])
-    assert check_job(None, row) == check_job(None, dict(row)) == job["artifact_digest"]  # type: ignore[arg-type]
+    assert check_job(None, row) == check_job(None, row.to_dict()) == job["artifact_digest"]
     for column, value in (("payload_message", "echo:x"), ("executor_options", '{"a":1}'), ("approval_required", 1)):
         with pytest.raises(SchedulerError) as err:
-            check_job(None, {**row, column: value})  # type: ignore[arg-type]
+            check_job(None, {**row.to_dict(), column: value})
         assert err.value.code == "EXECUTION_ARTIFACT_MISMATCH", column
 
 
 def test_check_job_reports_a_missing_binding(store: Any) -> None:
     job = add_job(store, payload_message="ok")
-    row = {**job_row(store, job["id"]), "artifact_digest": None}
+    row = {**job_row(store, job["id"]).to_dict(), "artifact_digest": None}
     with store.read() as tx, pytest.raises(SchedulerError) as err:
         check_job(tx, row)
     assert err.value.code == "EXECUTION_ARTIFACT_MISSING"
-    assert check_job(None, job_row(store, job["id"])) == job["artifact_digest"]  # type: ignore[arg-type]
+    assert check_job(None, job_row(store, job["id"])) == job["artifact_digest"]
     assert canonical_digest(native_payload(spec_from_row(job), job["id"])) == job["artifact_digest"]
 
 

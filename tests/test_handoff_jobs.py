@@ -282,8 +282,8 @@ def test_a_v4_job_is_not_changed_without_the_handoff_kind_installed(cli: Any, st
                 update_job(store, "nightly", patch)
             assert info.value.code == submissions.NOT_INSTALLED
         # a native job's update needs no kind, and a spec object's submission keys are then unknown fields
-        assert update_job(store, "native", {"description": "changed"})["description"] == "changed"
+        assert update_job(store, "native", {"description": "changed"}).description == "changed"
         with pytest.raises(SchedulerError) as info:
             update_job(store, "native", {"handoff_version": 4})
         assert info.value.code == "VALIDATION_FAILED"
-    assert update_job(store, "nightly", {"description": "not bound"})["artifact_digest"] == doc["handoff_artifact_digest"]
+    assert update_job(store, "nightly", {"description": "not bound"}).artifact_digest == doc["handoff_artifact_digest"]

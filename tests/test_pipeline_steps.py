@@ -58,13 +58,13 @@ def test_the_plan_is_derived_from_the_artifact_and_cached_per_digest(tmp_path: P
     try:
         plain = create_jobs(store, [spec(name="plain")])[0]
         gated = create_jobs(store, [spec(name="gated", authorization_ref="policy:x", evidence={"provider": "checksum"})])[0]
-        plain_plan = bind_plan(store, job_row(store, plain["id"]), spec(name="plain"))
+        plain_plan = bind_plan(store, job_row(store, plain.id), spec(name="plain"))
         assert plain_plan.steps == ("artifact", "plugin_options", "identity", "credentials", "verification")
         assert len(plain_plan.before) == 1 and len(plain_plan.around) == 1 and plain_plan.after == (plain_plan.after[0],)
         gated_spec = spec(name="gated", authorization_ref="policy:x", evidence={"provider": "checksum"})
-        gated_plan = bind_plan(store, job_row(store, gated["id"]), gated_spec)
+        gated_plan = bind_plan(store, job_row(store, gated.id), gated_spec)
         assert "authorization" in gated_plan.steps and "evidence" in gated_plan.steps and "proofs" not in gated_plan.steps
-        assert bind_plan(store, job_row(store, plain["id"]), spec(name="plain")) is plain_plan  # cached per digest
+        assert bind_plan(store, job_row(store, plain.id), spec(name="plain")) is plain_plan  # cached per digest
     finally:
         store.close()
 
@@ -92,7 +92,7 @@ def test_a_field_or_section_without_its_step_fails_closed(tmp_path: Path) -> Non
         job = create_jobs(store, [declared])[0]
         # the step's distribution went away: its jobs do not run
         with steps.installed_as(without_evidence), pytest.raises(SchedulerError) as err:
-            bind_plan(store, job_row(store, job["id"]), declared)
+            bind_plan(store, job_row(store, job.id), declared)
         assert err.value.code == "PIPELINE_STEP_NOT_REGISTERED" and err.value.details == {"sections": ["evidence"]}
     finally:
         store.close()

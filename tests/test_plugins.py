@@ -441,16 +441,16 @@ def test_dispatcher_calls_state_and_completion_hooks(db_path: Path) -> None:
     dispatcher = Dispatcher(store, DispatcherConfig(lease_ttl_ms=2000), hooks=Hooks(make_plugin_manager(extra=[recorder])))
     assert dispatcher.run(duration_s=1.5) == 0
     with store.read() as tx:
-        run = tx.one("SELECT * FROM runs WHERE job_id = ?", (job["id"],))
+        run = tx.one("SELECT * FROM runs WHERE job_id = ?", (job.id,))
     store.close()
     assert run is not None and run["status"] == "ok"
     states = [args for kind, args in recorder.calls if kind == "state"]
-    assert [(s[0], s[1], s[2], s[3]) for s in states] == [(run["id"], job["id"], None, "running"),
-                                                          (run["id"], job["id"], "running", "ok")]
+    assert [(s[0], s[1], s[2], s[3]) for s in states] == [(run["id"], job.id, None, "running"),
+                                                          (run["id"], job.id, "running", "ok")]
     assert states[0][4] == run["started_at"] and states[1][4] == run["finished_at"]
     completed = [args for kind, args in recorder.calls if kind == "completed"]
     assert len(completed) == 1
-    assert completed[0]["id"] == run["id"] and completed[0]["status"] == "ok" and completed[0]["job_id"] == job["id"]
+    assert completed[0]["id"] == run["id"] and completed[0]["status"] == "ok" and completed[0]["job_id"] == job.id
     assert "hi" in (completed[0]["stdout_excerpt"] or completed[0]["summary"] or "")
     assert [k for k, _ in recorder.calls] == ["state", "state", "completed"]
 

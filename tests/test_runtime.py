@@ -296,12 +296,13 @@ def test_auto_pause_after_consecutive_failures_and_enable_resumes(store, dispatc
     time.sleep(1.5)
     assert statuses(store, job["id"]).count("error") == 2  # paused: no more runs
     from scheduler.core.jobs import job_to_json
+    from scheduler.core.rows import JobRow
 
-    assert job_to_json(j)["state"] == "paused"
+    assert job_to_json(JobRow.from_row(j))["state"] == "paused"
     before = now_ms()
-    j = set_enabled(store, job["id"], True)
-    assert j["enabled"] == 1 and j["consecutive_failures"] == 0 and j["paused_at"] is None
-    assert j["next_run_at"] > before  # recomputed from now, not the stale slot
+    enabled = set_enabled(store, job["id"], True)
+    assert enabled.enabled == 1 and enabled.consecutive_failures == 0 and enabled.paused_at is None
+    assert enabled.next_run_at is not None and enabled.next_run_at > before  # recomputed from now, not the stale slot
 
 
 def test_success_resets_consecutive_failures(store, dispatcher):

@@ -498,7 +498,7 @@ def test_migrated_jobs_are_usable_through_the_cli(v1_db: Path) -> None:
 
     store = open_store(v1_db)
     updated = update_job(store, "nightly-backup", {"dst_gap_policy": "skip"})
-    assert updated["dst_gap_policy"] == "skip" and updated["schedule_cron"] == "30 2 * * *"
+    assert updated.dst_gap_policy == "skip" and updated.schedule_cron == "30 2 * * *"
     with store.read() as tx:
         views = {v["name"]: v for v in map(job_to_json, list_jobs(tx))}
     store.close()
@@ -754,7 +754,7 @@ def make_job(store: Any, name: str = "guarded") -> str:
     from scheduler.core.jobs import create_jobs
     from scheduler.core.spec import validate_spec
 
-    return create_jobs(store, [validate_spec({"name": name, "schedule_kind": "manual", "payload_message": "true"})])[0]["id"]
+    return create_jobs(store, [validate_spec({"name": name, "schedule_kind": "manual", "payload_message": "true"})])[0].id
 
 
 def test_runtime_events_are_append_only(store: Any) -> None:

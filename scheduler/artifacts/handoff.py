@@ -46,6 +46,7 @@ from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_from_row, validate_sp
 from scheduler.core.steps import registered
 
 if TYPE_CHECKING:
+    from scheduler.core.rows import JobRow
     from scheduler.core.store.base import Tx
 
 # --------------------------------------------------------------------------- contract constants
@@ -817,7 +818,8 @@ def split_submission(obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | 
 # --------------------------------------------------------------------------- stored v4 jobs
 
 
-def _bound_payload(tx: Tx, row: dict[str, Any], spec: JobSpec, *, missing_code: str | None = None) -> dict[str, Any]:
+def _bound_payload(tx: Tx, row: JobRow | Mapping[str, object], spec: JobSpec, *,
+                   missing_code: str | None = None) -> dict[str, Any]:
     """Load a v4 job's artifact, validate it against the row and ``spec`` and return the payload."""
     name = row.get("name")
     if row.get("handoff_version") != HANDOFF_VERSION:
@@ -837,7 +839,7 @@ def _bound_payload(tx: Tx, row: dict[str, Any], spec: JobSpec, *, missing_code: 
         raise SchedulerError("HANDOFF_ARTIFACT_INVALID", f"artifact {digest} of job {name!r} is a {stored.get('kind')} artifact, not handoff-v4",
                              details=[_problem("artifact_digest", "INVALID_VALUE", "must name a handoff-v4 artifact")])
     payload = stored["payload"]
-    validate_v4(payload, expected_digest=digest, spec=spec, job_id=row["id"])
+    validate_v4(payload, expected_digest=digest, spec=spec, job_id=str(row.get("id")))
     if row.get("effective_task_hash") != payload["compiled"]["effective_task_hash"]:
         raise SchedulerError(
             "HANDOFF_ARTIFACT_BINDING_MISMATCH",
@@ -848,7 +850,7 @@ def _bound_payload(tx: Tx, row: dict[str, Any], spec: JobSpec, *, missing_code: 
     return payload
 
 
-def check_bound_job(tx: Tx, row: dict[str, Any], spec: JobSpec) -> None:
+def check_bound_job(tx: Tx, row: JobRow | Mapping[str, object], spec: JobSpec) -> None:
     """Prove that a stored v4 job row still agrees exactly with its stored artifact (the run pipeline's check).
 
     Loads the artifact (``EXECUTION_ARTIFACT_MISSING`` / ``EXECUTION_ARTIFACT_TAMPERED``),
@@ -859,7 +861,7 @@ def check_bound_job(tx: Tx, row: dict[str, Any], spec: JobSpec) -> None:
     _bound_payload(tx, row, spec)
 
 
-def hydrate(tx: Tx, row: dict[str, Any]) -> dict[str, Any]:
+def hydrate(tx: Tx, row: JobRow | Mapping[str, object]) -> dict[str, Any]:
     """The validated artifact payload of a stored v4 job row (``jobs list --include-handoff-artifacts``).
 
     Same checks as ``check_bound_job`` with the spec rebuilt from the row; any failure

@@ -264,11 +264,11 @@ def jobs_artifact(job: str, run_id: str | None) -> None:
 
     with open_ctx_store().read() as tx:
         row = resolve_job(tx, job)
-        digest = row["artifact_digest"]
+        digest = row.artifact_digest
         if run_id is not None:
             run = get_run(tx, run_id)
-            if run["job_id"] != row["id"]:
-                raise SchedulerError("NOT_FOUND", f"run {run_id} is not a run of job {row['name']!r}")
+            if run["job_id"] != row.id:
+                raise SchedulerError("NOT_FOUND", f"run {run_id} is not a run of job {row.name!r}")
             digest = run["artifact_digest"]
             if digest is None:
                 raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"run {run_id} predates execution artifacts: it has no binding")
@@ -334,7 +334,7 @@ def jobs_delete(job: str, cascade: bool) -> None:
     from scheduler.core.jobs import delete_job
 
     row = delete_job(open_ctx_store(), job, cascade=cascade)
-    emit({"deleted": {"id": row["id"], "name": row["name"]}}, lambda: click.echo(f"deleted {row['name']} ({row['id']})"))
+    emit({"deleted": {"id": row.id, "name": row.name}}, lambda: click.echo(f"deleted {row.name} ({row.id})"))
 
 
 @jobs_group.command("tree")
@@ -376,18 +376,18 @@ def jobs_next(job: str, count: int) -> None:
     with open_ctx_store().read() as tx:
         row = resolve_job(tx, job)
     spec = spec_from_row(row)
-    start = row["next_run_at"]
+    start = row.next_run_at
     fires: list[int] = []
     try:
         if start is not None:
-            fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row["schedule_anchor_at"]) if count > 1 else [start]
+            fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row.schedule_anchor_at) if count > 1 else [start]
         elif spec.schedule_kind in ("cron", "every"):
-            fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row["schedule_anchor_at"])
+            fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row.schedule_anchor_at)
         views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
     except (OverflowError, ValueError) as exc:  # fire times past year 9999
         raise SchedulerError("OUT_OF_RANGE", f"the next {count} fire times run past 9999-12-31T23:59:59Z ({exc})") from None
     emit(
-        {"job_id": row["id"], "fires": views},
+        {"job_id": row.id, "fires": views},
         lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]),
     )
 

@@ -195,7 +195,7 @@ def runs_prune(older_than: str | None, keep: int | None, job: str | None, dry_ru
     job_id = None
     if job is not None:
         with store.read() as tx:
-            job_id = resolve_job(tx, job)["id"]
+            job_id = resolve_job(tx, job).id
     report = prune_runs(store, older_than_ms=older_than_ms, keep=keep, job_id=job_id, dry_run=dry_run,
                         artifacts_root=default_artifacts_root(store.local_path))
     view = report.to_json()

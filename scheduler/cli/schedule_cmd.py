@@ -76,7 +76,7 @@ def schedule_list() -> None:
     from scheduler.core.jobs import job_to_json, list_jobs
 
     with open_ctx_store().read() as tx:
-        views = [job_to_json(r) for r in list_jobs(tx) if r["schedule_kind"] == "cron"]
+        views = [job_to_json(r) for r in list_jobs(tx) if r.schedule_kind == "cron"]
     emit({"jobs": views}, lambda: table([(v["name"], v["schedule_cron"], v["schedule_tz"], v["state"], local_time(v["next_run_at"]))
                                          for v in views], ["name", "cron", "tz", "state", "next run"]))
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state, submissions
 from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.events import append_event, os_identity
+from scheduler.core.rows import JobRow
 from scheduler.core.schedules import next_fire
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.core.store.base import Store, Tx
@@ -27,6 +28,7 @@ from scheduler.core.transitions import cancel_pending_work, committing
 
 if TYPE_CHECKING:
     from scheduler.core.observers import Observers
+    from scheduler.core.rows import JSONObject, SQLValue
     from scheduler.core.submissions import Submission
 
 #: A job id: what ``uuid4`` gives, or what a handoff v4 artifact was compiled for.
@@ -63,26 +65,34 @@ def repair_missing_next_runs(store: Store, *, now: int | None = None, limit: int
     """
     now = now_ms() if now is None else now
     with store.transaction() as tx:
-        rows = tx.all(
+        rows = [JobRow.from_row(r) for r in tx.all(
             "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NULL AND schedule_kind IN ('cron', 'every') LIMIT ?", (limit,)
-        )
+        )]
         for row in rows:
             next_run, anchor = initial_schedule(spec_from_row(row), now)
-            state.execute(tx, "repair_next_run", job_id=row["id"], next_run_at=next_run, schedule_anchor_at=anchor, now=now)
-            append_event(tx, "job.next_run_repaired", job_id=row["id"], at=now, data={"next_run_at": next_run})
+            state.execute(tx, "repair_next_run", job_id=row.id, next_run_at=next_run, schedule_anchor_at=anchor, now=now)
+            append_event(tx, "job.next_run_repaired", job_id=row.id, at=now, data={"next_run_at": next_run})
     return len(rows)
 
 
-def resolve_job(tx: Tx, ref: str) -> dict[str, Any]:
+def resolve_job(tx: Tx, ref: str) -> JobRow:
     """A job row by id or by name; ``NOT_FOUND`` otherwise."""
     row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Job not found: {ref}")
-    return row
+    return JobRow.from_row(row)
+
+
+def _read_job(tx: Tx, job_id: str) -> JobRow:
+    """The stored row of job ``job_id``, which this transaction has just written."""
+    row = tx.one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+    if row is None:  # (only if the job went in this very transaction, which no caller does)
+        raise SchedulerError("NOT_FOUND", f"Job not found: {job_id}")
+    return JobRow.from_row(row)
 
 
 def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: Submission | None = None,
-            job_id: str | None = None) -> dict[str, Any]:
+            job_id: str | None = None) -> JobRow:
     if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
         raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
     row = spec_to_row(spec)
@@ -98,8 +108,8 @@ def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: 
     row.update(id=job_id, created_at=now, updated_at=now, next_run_at=next_run, schedule_anchor_at=anchor)
     row.update(_bind_artifact(tx, spec, job_id, submission, now))
     state.execute(tx, "insert_job", **row)
-    append_event(tx, "job.created", job_id=row["id"], actor=os_identity(), data={"name": spec.name}, at=now)
-    return tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))  # type: ignore[return-value]
+    append_event(tx, "job.created", job_id=job_id, actor=os_identity(), data={"name": spec.name}, at=now)
+    return _read_job(tx, job_id)
 
 
 def _submitted_job_id(submission: Submission) -> str:
@@ -112,7 +122,7 @@ def _submitted_job_id(submission: Submission) -> str:
     return job_id
 
 
-def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | None, now: int) -> dict[str, Any]:
+def _bind_artifact(tx: Tx, spec: JobSpec, job_id: str, submission: Submission | None, now: int) -> dict[str, SQLValue]:
     """Store the job's execution artifact (native, or the submitted handoff v4 one once it agrees exactly).
 
     Returns the job columns that record the binding. Nothing is stored when a v4 artifact is refused.
@@ -157,7 +167,7 @@ def _subtree_depth(tx: Tx, job_id: str) -> int:
 
 def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
                 submissions: list[Submission | None] | None = None,
-                job_ids: list[str | None] | None = None) -> list[dict[str, Any]]:
+                job_ids: list[str | None] | None = None) -> list[JobRow]:
     """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch.
 
     Each job gets its execution artifact first (``submissions[i]``, a handoff v4 artifact
@@ -166,21 +176,21 @@ def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
     ``openclaw-cron:<id>``, so a second import recognises it); ``JOB_ID_CONFLICT`` if taken.
     """
     now = now_ms() if now is None else now
-    created: list[dict[str, Any]] = []
+    created: list[JobRow] = []
     subs = submissions or [None] * len(specs)
     ids = job_ids or [None] * len(specs)
     with store.transaction() as tx:
         for spec, submission in zip(specs, subs, strict=True):
             parent_id = None
             if spec.parent_id is not None:
-                parent_id = resolve_job(tx, spec.parent_id)["id"]
+                parent_id = resolve_job(tx, spec.parent_id).id
                 _check_chain(tx, None, parent_id)
             created.append(_insert(tx, spec, now, parent_id, submission, ids[len(created)]))
     store.notify_change()
     return created
 
 
-def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) -> list[JobRow]:
     """Jobs ordered by name."""
     sql, params = "SELECT * FROM jobs", []
     if enabled is not None:
@@ -190,10 +200,10 @@ def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) 
     if limit:
         sql += " LIMIT ?"
         params.append(limit)
-    return tx.all(sql, params)
+    return [JobRow.from_row(r) for r in tx.all(sql, params)]
 
 
-def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None = None, hooks: Observers | None = None) -> dict[str, Any]:
+def update_job(store: Store, ref: str, patch: JSONObject, *, now: int | None = None, hooks: Observers | None = None) -> JobRow:
     """Apply a partial spec (``null`` resets a field to its default), revalidate, recompute the schedule.
 
     A change of the job's execution contract binds a new artifact (the old one is kept) and,
@@ -210,17 +220,17 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
-        bound = row.get("handoff_version") is not None
+        bound = row.handoff_version is not None
         kind = submissions.bound_kind(row) if bound else submissions.installed()
         submission = None
         if kind is not None:
             if bound and any(key in patch and patch[key] is None for key in kind.fields):
                 raise SchedulerError("HANDOFF_ARTIFACT_DOWNGRADE_REFUSED",
-                                     f"job {row['name']!r} is bound to a handoff v{kind.version} artifact; it cannot drop it")
+                                     f"job {row.name!r} is bound to a handoff v{kind.version} artifact; it cannot drop it")
             patch, submission = kind.split(patch)
         old = spec_from_row(row)
         merged = spec_to_input(old)
-        merged["parent_id"] = row["parent_id"]
+        merged["parent_id"] = row.parent_id
         for key, value in patch.items():
             if value is None and key in merged and key in SPEC_FIELD_NAMES:
                 del merged[key]
@@ -229,10 +239,10 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         spec = validate_spec(merged, now=now, check_past="schedule_at" in patch)
         parent_id = None
         if spec.parent_id is not None:
-            parent_id = resolve_job(tx, spec.parent_id)["id"]
-            if parent_id != row["parent_id"]:
-                _check_chain(tx, row["id"], parent_id)
-        if spec.name != old.name and tx.one("SELECT id FROM jobs WHERE name = ? AND id <> ?", (spec.name, row["id"])):
+            parent_id = resolve_job(tx, spec.parent_id).id
+            if parent_id != row.parent_id:
+                _check_chain(tx, row.id, parent_id)
+        if spec.name != old.name and tx.one("SELECT id FROM jobs WHERE name = ? AND id <> ?", (spec.name, row.id)):
             raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
         values = spec_to_row(spec)
         values["parent_id"] = parent_id
@@ -243,41 +253,41 @@ def update_job(store: Store, ref: str, patch: dict[str, Any], *, now: int | None
         if schedule_changed:
             values["next_run_at"], values["schedule_anchor_at"] = initial_schedule(spec, now)
         rebound = "handoff_version" in values  # a binding kept as it was leaves the handoff columns alone
-        state.execute(tx, "update_job", id=row["id"], set_handoff=1 if rebound else 0,
+        state.execute(tx, "update_job", id=row.id, set_handoff=1 if rebound else 0,
                       set_schedule=1 if schedule_changed else 0, handoff_version=values.pop("handoff_version", None),
                       effective_task_hash=values.pop("effective_task_hash", None),
                       next_run_at=values.pop("next_run_at", None), schedule_anchor_at=values.pop("schedule_anchor_at", None),
                       **values)
-        superseded = values["artifact_digest"] != row["artifact_digest"]
+        superseded = values["artifact_digest"] != row.artifact_digest
         if superseded:
-            append_event(tx, "job.artifact_superseded", job_id=row["id"], actor=os_identity(), at=now,
-                         data={"previous": row["artifact_digest"], "current": values["artifact_digest"]})
+            append_event(tx, "job.artifact_superseded", job_id=row.id, actor=os_identity(), at=now,
+                         data={"previous": row.artifact_digest, "current": values["artifact_digest"]})
         if superseded or schedule_changed:
             reason = "job updated: execution contract changed" if superseded else "job updated: schedule changed"
             # Work queued for the superseded contract goes, manual requests included; a schedule change
             # drops the slots of the old schedule but keeps what an operator asked for by hand.
-            cancel_pending_work(tx, row["id"], reason=reason, now=now, actor=os_identity(), include_manual=superseded)
-        append_event(tx, "job.updated", job_id=row["id"], actor=os_identity(), data={"changed": changed}, at=now)
-        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+            cancel_pending_work(tx, row.id, reason=reason, now=now, actor=os_identity(), include_manual=superseded)
+        append_event(tx, "job.updated", job_id=row.id, actor=os_identity(), data={"changed": changed}, at=now)
+        out = _read_job(tx, row.id)
     store.notify_change()
-    return out  # type: ignore[return-value]
+    return out
 
 
-def _rebind_artifact(tx: Tx, row: dict[str, Any], old: JobSpec, spec: JobSpec, submission: Submission | None,
-                     now: int) -> dict[str, Any]:
+def _rebind_artifact(tx: Tx, row: JobRow, old: JobSpec, spec: JobSpec, submission: Submission | None,
+                     now: int) -> dict[str, SQLValue]:
     """The artifact columns of an updated job: unchanged, a new native artifact, or a replacement v4 artifact."""
     if submission is not None:  # verified against this job's id: an artifact compiled for another job is refused
-        return _bind_artifact(tx, spec, row["id"], submission, now)
-    if row.get("handoff_version") is not None:
+        return _bind_artifact(tx, spec, row.id, submission, now)
+    if row.handoff_version is not None:
         kind = submissions.bound_kind(row)
         if kind.binding_digest(spec) != kind.binding_digest(old):
-            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row['name']!r} is bound to a handoff v{kind.version} artifact:"
+            raise SchedulerError("HANDOFF_ARTIFACT_REQUIRED", f"job {row.name!r} is bound to a handoff v{kind.version} artifact:"
                                  " changing its bound fields needs a replacement artifact in the same update")
-        return {"artifact_digest": row["artifact_digest"]}
-    return _bind_artifact(tx, spec, row["id"], None, now)
+        return {"artifact_digest": row.artifact_digest}
+    return _bind_artifact(tx, spec, row.id, None, now)
 
 
-def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Observers | None = None) -> dict[str, Any]:
+def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None, hooks: Observers | None = None) -> JobRow:
     """Enable (clears an auto-pause, recomputes the next run from now) or disable (cancels pending work)."""
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
@@ -285,20 +295,20 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
         if enabled:
             check_job(tx, row)  # re-enabling needs the job to match its artifact exactly (disabling never rewrites it)
             next_run, anchor = initial_schedule(spec_from_row(row), now)
-            if row["schedule_kind"] == "at" and row["last_run_at"] is not None:
+            if row.schedule_kind == "at" and row.last_run_at is not None:
                 next_run = None  # a one-shot that already ran stays done
-            state.execute(tx, "enable_job", job_id=row["id"], next_run_at=next_run, schedule_anchor_at=anchor, now=now)
+            state.execute(tx, "enable_job", job_id=row.id, next_run_at=next_run, schedule_anchor_at=anchor, now=now)
         else:
-            state.execute(tx, "disable_job", job_id=row["id"], now=now)
-            cancel_pending_work(tx, row["id"], reason="job disabled", now=now, actor=os_identity())
-        append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row["id"], actor=os_identity(), at=now)
-        out = tx.one("SELECT * FROM jobs WHERE id = ?", (row["id"],))
+            state.execute(tx, "disable_job", job_id=row.id, now=now)
+            cancel_pending_work(tx, row.id, reason="job disabled", now=now, actor=os_identity())
+        append_event(tx, "job.enabled" if enabled else "job.disabled", job_id=row.id, actor=os_identity(), at=now)
+        out = _read_job(tx, row.id)
     store.notify_change()
-    return out  # type: ignore[return-value]
+    return out
 
 
 def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None,
-               hooks: Observers | None = None) -> dict[str, Any]:
+               hooks: Observers | None = None) -> JobRow:
     """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
 
     Its pending work is cancelled first (events and observers see it end) before the rows go.
@@ -306,34 +316,35 @@ def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
         row = resolve_job(tx, ref)
-        children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row["id"],))
+        children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row.id,))
         if children and not cascade:
-            raise SchedulerError("JOB_HAS_CHILDREN", f"job {row['name']!r} has {children} chained child job(s); use --cascade")
-        active = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (row["id"],))
+            raise SchedulerError("JOB_HAS_CHILDREN", f"job {row.name!r} has {children} chained child job(s); use --cascade")
+        active = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ? AND status = 'running'", (row.id,))
         if active:
-            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row['name']!r} is running; cancel it first")
-        cancel_pending_work(tx, row["id"], reason="job deleted", now=now, actor=os_identity(), include_manual=True)
-        tx.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
-        append_event(tx, "job.deleted", job_id=row["id"], actor=os_identity(), data={"name": row["name"]}, at=now)
+            raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row.name!r} is running; cancel it first")
+        cancel_pending_work(tx, row.id, reason="job deleted", now=now, actor=os_identity(), include_manual=True)
+        tx.execute("DELETE FROM jobs WHERE id = ?", (row.id,))
+        append_event(tx, "job.deleted", job_id=row.id, actor=os_identity(), data={"name": row.name}, at=now)
     store.notify_change()
     return row
 
 
-def job_tree(tx: Tx, ref: str | None = None) -> list[dict[str, Any]]:
+def job_tree(tx: Tx, ref: str | None = None) -> list[JSONObject]:
     """Chains as nested ``{"id", "name", "trigger_on", "children": [...]}``, from one job or from every root."""
-    rows = tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled FROM jobs ORDER BY name")
-    by_parent: dict[str | None, list[dict[str, Any]]] = {}
+    rows = [JobRow.from_row(r) for r in
+            tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled FROM jobs ORDER BY name")]
+    by_parent: dict[str | None, list[JobRow]] = {}
     for r in rows:
-        by_parent.setdefault(r["parent_id"], []).append(r)
+        by_parent.setdefault(r.parent_id, []).append(r)
 
-    def build(r: dict[str, Any], depth: int) -> dict[str, Any]:
-        kids = by_parent.get(r["id"], []) if depth <= MAX_CHAIN_DEPTH else []
+    def build(r: JobRow, depth: int) -> JSONObject:
+        kids = by_parent.get(r.id, []) if depth <= MAX_CHAIN_DEPTH else []
         return {
-            "id": r["id"],
-            "name": r["name"],
-            "trigger_on": r["trigger_on"],
-            "trigger_condition": r["trigger_condition"],
-            "enabled": bool(r["enabled"]),
+            "id": r.id,
+            "name": r.name,
+            "trigger_on": r.trigger_on,
+            "trigger_condition": r.trigger_condition,
+            "enabled": bool(r.enabled),
             "children": [build(k, depth + 1) for k in kids],
         }
 
@@ -342,31 +353,35 @@ def job_tree(tx: Tx, ref: str | None = None) -> list[dict[str, Any]]:
     return [build(r, 0) for r in by_parent.get(None, [])]
 
 
-def job_to_json(row: dict[str, Any]) -> dict[str, Any]:
+#: The runtime columns ``job_to_json`` shows after the spec fields, in that order.
+_RUNTIME_COLUMNS = ("next_run_at", "last_run_at", "last_status", "last_error", "last_duration_ms", "run_count",
+                    "consecutive_failures", "paused_at", "paused_reason", "created_at", "updated_at", "schedule_anchor_at")
+
+
+def job_to_json(row: JobRow) -> JSONObject:
     """JSON view of a job row: spec fields, runtime state, instants as ISO-8601 ``Z``."""
-    out: dict[str, Any] = {"id": row["id"]}
+    out: JSONObject = {"id": row.id}
     for f in SPEC_FIELDS:
-        val = row.get(f.name)
+        val = getattr(row, f.name)
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
         elif f.metadata["kind"] in ("identity", "authorization_proof") and isinstance(val, str):
             val = json.loads(val)  # the declaration as an object, as it was written
         out[f.name] = val
-    out["artifact_digest"] = row.get("artifact_digest")
-    out["handoff_version"] = row.get("handoff_version")
-    if row.get("handoff_version") == 4:
-        out["effective_task_hash"] = row.get("effective_task_hash")
-    for key in ("next_run_at", "last_run_at", "last_status", "last_error", "last_duration_ms", "run_count",
-                "consecutive_failures", "paused_at", "paused_reason", "created_at", "updated_at", "schedule_anchor_at"):
-        out[key] = row.get(key)
+    out["artifact_digest"] = row.artifact_digest
+    out["handoff_version"] = row.handoff_version
+    if row.handoff_version == 4:
+        out["effective_task_hash"] = row.effective_task_hash
+    for key in _RUNTIME_COLUMNS:
+        out[key] = getattr(row, key)
     for key in _TIME_COLUMNS:
-        out[key] = to_iso(out.get(key))
+        out[key] = to_iso(getattr(row, key))
     out["state"] = job_state(row)
     return out
 
 
-def job_state(row: dict[str, Any]) -> str:
+def job_state(row: JobRow) -> str:
     """``enabled``, ``paused`` (auto-paused after failures) or ``disabled``."""
-    if row.get("enabled"):
+    if row.enabled:
         return "enabled"
-    return "paused" if row.get("paused_at") else "disabled"
+    return "paused" if row.paused_at else "disabled"

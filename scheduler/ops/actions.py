@@ -98,7 +98,7 @@ def decide_for_job(store: Store, job: str, decision: str, *, note: str | None = 
     ``NOT_FOUND`` when the job has none, ``APPROVAL_AMBIGUOUS`` when it has several (decide one by id).
     """
     with store.read() as tx:
-        approval_id = pending_for_job(tx, resolve_job(tx, job)["id"])["id"]
+        approval_id = pending_for_job(tx, resolve_job(tx, job).id)["id"]
     return decide_approval(store, approval_id, decision, note=note)
 
 

@@ -272,7 +272,7 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
         created_ids: dict[str, str] = {}
         for job in to_create:
             row = create_jobs(store, [job.spec], submissions=[job.submission])[0]
-            created_ids[job.spec.name] = row["id"]
+            created_ids[job.spec.name] = row.id
         for action in actions:
             if action.action == "create":
                 action.job_id = created_ids[action.name]

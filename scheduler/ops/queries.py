@@ -61,7 +61,7 @@ def check_limit(limit: int | None, *, optional: bool = False) -> None:
 
 def _job_id(tx: Tx, job: str | None) -> str | None:
     """The id of the job named ``job`` (id or name), None for no job filter; ``NOT_FOUND`` for an unknown job."""
-    return resolve_job(tx, job)["id"] if job is not None else None
+    return resolve_job(tx, job).id if job is not None else None
 
 
 def list_jobs(store: Store, *, enabled: bool | None = None, limit: int | None = None,
@@ -78,7 +78,7 @@ def list_jobs(store: Store, *, enabled: bool | None = None, limit: int | None = 
         views = [job_to_json(r) for r in rows]
         if include_handoff_artifacts:
             for row, view in zip(rows, views, strict=True):
-                if row.get("handoff_version") == 4:
+                if row.handoff_version == 4:
                     view["handoff_artifact_payload"] = hydrate(tx, row)
     return views
 

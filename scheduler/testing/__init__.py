@@ -68,6 +68,7 @@ from scheduler.core import submissions as _submissions
 from scheduler.core.dispatcher import DispatcherConfig
 from scheduler.core.execution import ExecutionRequest, LocalRunControl
 from scheduler.core.jobs import create_jobs
+from scheduler.core.rows import SQLValue
 from scheduler.core.spec import validate_spec
 from scheduler.pipeline import installed_steps
 from scheduler.pipeline.credentials.sessions import MemoryProviderSessions
@@ -150,12 +151,15 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.01, what
         time.sleep(interval)
 
 
-def add_job(store: Any, **spec: Any) -> dict[str, Any]:
-    """Create one job through the kernel, validated like the CLI does (``testkit`` executor by default)."""
+def add_job(store: Any, **spec: Any) -> dict[str, SQLValue]:
+    """Create one job through the kernel, validated like the CLI does (``testkit`` executor by default).
+
+    Returns the stored row as the mapping a read gives (``JobRow.to_dict``), as plugin tests index it.
+    """
     spec.setdefault("executor", "testkit")
     spec.setdefault("schedule_kind", "manual")
     spec.setdefault("name", f"job-{uuid.uuid4().hex[:8]}")
-    return create_jobs(store, [validate_spec(spec)])[0]
+    return create_jobs(store, [validate_spec(spec)])[0].to_dict()
 
 
 def run_rows(store: Any, job_id: str) -> list[dict[str, Any]]:

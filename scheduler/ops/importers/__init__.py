@@ -115,12 +115,12 @@ def run_import(store: Store, items: list[ImportItem], *, dry_run: bool, same_nam
         rows = create_jobs(store, [specs[i] for i in order], now=now, job_ids=[items[i].job_id for i in order])
         for index, row in zip(order, rows, strict=True):
             item = items[index]
-            item.status, item.job_id = "imported", row["id"]
-            if item.phase is not None and row["schedule_kind"] == "every":
+            item.status, item.job_id = "imported", row.id
+            if item.phase is not None and row.schedule_kind == "every":
                 anchor, every = item.phase
                 k = max(0, (now - anchor) // every + 1)
                 first = anchor + k * every  # the source's next slot: same cadence, same phase
-                state.execute(tx, "set_imported_phase", job_id=row["id"], next_run_at=first, schedule_anchor_at=first - every)
+                state.execute(tx, "set_imported_phase", job_id=row.id, next_run_at=first, schedule_anchor_at=first - every)
 
 
 def report(kind: str, location: str, items: list[ImportItem], *, dry_run: bool, **extra: Any) -> dict[str, Any]:
