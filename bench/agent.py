@@ -153,7 +153,7 @@ def run_dispatcher(ctx: Context, p: dict[str, Any], directory: Path, config: Pat
     db = fresh_db(directory, "agent.db")
     store = open_store(str(db))
     (job,) = create_jobs(store, [validate_spec(_spec())])
-    job_id = job["id"] if isinstance(job, dict) else job
+    job_id = job.id
     env = _agent_env(config, directory)
     log = open(directory / "dispatcher.log", "w")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen(scheduler_cmd() + ["--db", str(db), "run", "--concurrency", str(p["concurrency"])], env=env,

@@ -267,7 +267,7 @@ def _job(store: Any, url: str) -> str:
     spec = validate_spec({"name": "bench-delivery", "schedule_kind": "at", "schedule_at": to_iso(now_ms() + 86_400_000),
                           "executor": "testkit", "payload_message": "ok", "overlap_policy": "allow", "delivery_mode": "always",
                           "delivery_channel": "webhook", "delivery_to": url})
-    return create_jobs(store, [spec])[0]["id"]
+    return create_jobs(store, [spec])[0].id
 
 
 def _wait_delivered(store: Any, where: str, args: tuple[Any, ...], count: int, proc: Dispatcher, timeout_s: float) -> None:

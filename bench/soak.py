@@ -36,9 +36,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import Context, bench_env, fmt, fresh_db, md_table, scheduler_cmd
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import JobRow
 
 NAME = "soak"
 TITLE = "7. Soak: kill -9 cycles of a real dispatcher"
@@ -60,7 +63,7 @@ def _command(log: Path, seconds: float) -> str:
             f"echo \"end $SCHEDULER_RUN_ID $$\" >> '{q}'")
 
 
-def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random) -> list[dict[str, Any]]:
+def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random) -> list[JobRow]:
     from scheduler.base.timeutil import to_iso
     from scheduler.core.jobs import create_jobs
     from scheduler.core.spec import validate_spec
@@ -177,12 +180,12 @@ def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str
         store.close()
 
 
-def _figures(store: Any, log: Path, jobs: list[dict[str, Any]], p: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **extra: Any) -> dict[str, Any]:
     with store.read() as tx:
         runs = tx.all("SELECT id, job_id, status, error_code, replay_of_run_id, delivery_guarantee FROM runs")
     by_run = {r["id"]: r for r in runs}
-    guarantee = {j["id"]: j["delivery_guarantee"] for j in jobs}
-    starts: dict[str, int] = {j["id"]: 0 for j in jobs}
+    guarantee = {j.id: j.delivery_guarantee for j in jobs}
+    starts: dict[str, int] = {j.id: 0 for j in jobs}
     pgids: set[int] = set()
     unknown_runs = 0
     begun: dict[str, int] = {}
@@ -206,10 +209,10 @@ def _figures(store: Any, log: Path, jobs: list[dict[str, Any]], p: dict[str, Any
     stuck = [r for r in runs if r["status"] not in TERMINAL]
     crashed = [r for r in runs if r["status"] == "crashed"]
     crashed_jobs = {r["job_id"] for r in crashed}
-    most = [j for j in jobs if guarantee[j["id"]] == "at-most-once"]
-    least = [j for j in jobs if guarantee[j["id"]] == "at-least-once"]
-    dup_most = [j["id"] for j in most if starts[j["id"]] > 1]
-    dup_least = [j["id"] for j in least if starts[j["id"]] > 1]
+    most = [j for j in jobs if guarantee[j.id] == "at-most-once"]
+    least = [j for j in jobs if guarantee[j.id] == "at-least-once"]
+    dup_most = [j.id for j in most if starts[j.id] > 1]
+    dup_least = [j.id for j in least if starts[j.id] > 1]
     unjustified = [jid for jid in dup_least if jid not in crashed_jobs]
     extra_least = sum(starts[jid] - 1 for jid in dup_least)
     orphans = sorted(g for g in pgids if _group_alive(g))
@@ -222,8 +225,8 @@ def _figures(store: Any, log: Path, jobs: list[dict[str, Any]], p: dict[str, Any
         "slots_at_least_once": len(least),
         "runs": len(runs),
         "executions": sum(starts.values()),
-        "lost_slots": len([j for j in jobs if j["id"] not in terminal_jobs]),
-        "never_executed_slots": len([j for j in jobs if starts[j["id"]] == 0]),
+        "lost_slots": len([j for j in jobs if j.id not in terminal_jobs]),
+        "never_executed_slots": len([j for j in jobs if starts[j.id] == 0]),
         "stuck_runs": len(stuck),
         "stuck_statuses": sorted({r["status"] for r in stuck}),
         "interrupted_runs": len(crashed),
