@@ -127,3 +127,40 @@ def test_defect_9_evidence_of_a_run_deleted_without_a_tombstone_fails(tmp_path: 
     doc = refused(sub(db, "runs", "evidence", run["id"]), "EVIDENCE_RUN_MISSING")
     assert "no tombstone" in doc["error"]
     assert sub(db, "runs", "evidence", "--all").returncode != 0
+
+
+# --- defects 10 and 14: agent jobs that could only fail every run are refused at add --------------------------------
+
+
+def _agent(name: str, **fields: Any) -> str:
+    return json.dumps({"name": name, "schedule_kind": "manual", "payload_message": "hi", "executor": "agent", **fields})
+
+
+def test_defect_10_a_heartbeat_symlink_out_of_the_workspace_is_refused_at_add(tmp_path: Path) -> None:
+    db, workspace, outside = tmp_path / "s.db", tmp_path / "ws", tmp_path / "private"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "secret.md").write_text("not for the model\n")
+    (workspace / "escape.md").symlink_to(outside / "secret.md")
+    (workspace / "notes.md").write_text("fine\n")
+    (workspace / "inside.md").symlink_to(workspace / "notes.md")
+    env = {"SCHEDULER_EXECUTORS_AGENT_WORKSPACE": str(workspace)}
+    for command in ("validate", "add"):
+        doc = refused(sub(db, "jobs", command, _agent("hb", executor_options={"heartbeat_file": "escape.md", "model": "m"}),
+                          env=env), "VALIDATION_FAILED")
+        assert [(d["field"], d["code"]) for d in doc["details"]] == [("executor_options.heartbeat_file", "HEARTBEAT_PATH_REFUSED")]
+    ok(sub(db, "jobs", "add", _agent("kept", executor_options={"heartbeat_file": "inside.md", "model": "m"}), env=env))
+    refused(sub(db, "jobs", "update", "kept", json.dumps({"executor_options": {"heartbeat_file": "escape.md", "model": "m"}}),
+                env=env), "VALIDATION_FAILED")
+    assert job_names(db) == ["kept"]
+
+
+def test_defect_14_max_cost_without_a_price_is_refused_at_add(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    capped = _agent("capped", executor_options={"model": "m1"}, constraints={"max_cost": 0.5})
+    doc = refused(sub(db, "jobs", "add", capped), "VALIDATION_FAILED")
+    assert [(d["field"], d["code"]) for d in doc["details"]] == [("constraints.max_cost", "AGENT_PRICE_UNKNOWN")]
+    assert not db.exists() or job_names(db) == []
+    priced = {"SCHEDULER_EXECUTORS_AGENT_PRICES": '{"m1" = "0.15/0.60"}'}
+    assert ok(sub(db, "jobs", "add", capped, env=priced))["job"]["name"] == "capped"
+    ok(sub(db, "jobs", "add", _agent("uncapped", executor_options={"model": "m1"})))  # no cap, no price needed

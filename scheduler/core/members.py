@@ -67,6 +67,21 @@ class PolicyChecking(Protocol):
 
 
 @runtime_checkable
+class JobChecking(Protocol):
+    """A provider that judges a job it would run against its host settings, when the job is added.
+
+    ``check_job(options, spec)`` gets the job's validated ``options_class`` instance (None
+    without one) and its ``JobSpec``; each problem is ``{"field", "code", "error"}`` and
+    refuses the job (``VALIDATION_FAILED``) at ``jobs add`` / ``update`` / ``apply`` /
+    ``import`` / ``validate``, so a job that could only fail every run is not stored. The
+    run-time checks stay: the settings may change after the job was added.
+    """
+
+    def check_job(self, options: Any, spec: Any) -> list[dict[str, str]]:
+        """Problems of a job this provider would run, judged with this host's settings; empty when none."""
+
+
+@runtime_checkable
 class _DeclaresSettingsClass(Protocol):
     """Half of ``Configurable``: what a provider declaring settings but no ``configure`` looks like."""
 
@@ -117,9 +132,11 @@ def member_problems(provider: Any) -> list[tuple[str, str]]:
         problems.append(("Configurable", "configure must be callable"))
     if isinstance(provider, Recoverable) and not callable(provider.recover):
         problems.append(("Recoverable", f"recover must be callable, not {type(provider.recover).__name__}"))
+    if isinstance(provider, JobChecking) and not callable(provider.check_job):
+        problems.append(("JobChecking", f"check_job must be callable, not {type(provider.check_job).__name__}"))
     if isinstance(provider, PolicyChecking) and not callable(provider.check_policy):
         problems.append(("PolicyChecking", f"check_policy must be callable, not {type(provider.check_policy).__name__}"))
     return problems
 
 
-__all__ = ["Configurable", "DeclaresOptions", "PolicyChecking", "Recoverable", "member_problems", "options_class_of", "settings_class_of"]
+__all__ = ["Configurable", "DeclaresOptions", "JobChecking", "PolicyChecking", "Recoverable", "member_problems", "options_class_of", "settings_class_of"]

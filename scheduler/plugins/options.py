@@ -15,7 +15,7 @@ from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
-from scheduler.core.members import options_class_of
+from scheduler.core.members import JobChecking, options_class_of
 from scheduler.plugins.loader import load_provider
 
 #: Spec field -> (provider kind, attribute of JobSpec naming the driver).
@@ -81,10 +81,26 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
         problems += found
         if not found:
             try:
-                normalised[field] = options_to_json(cls(**kwargs))
+                instance = cls(**kwargs)
             except (TypeError, ValueError) as exc:
                 problems.append({"field": field, "code": "INVALID_VALUE", "error": str(exc)})
+                continue
+            normalised[field] = options_to_json(instance)
+            problems += job_problems(provider, instance, spec, field)
     return normalised, problems
+
+
+def job_problems(provider: Any, options: Any, spec: Any, field: str) -> list[dict[str, str]]:
+    """The provider's own judgement of the job (``JobChecking.check_job``), when it has one; a broken check is a problem."""
+    if not isinstance(provider, JobChecking):
+        return []
+    try:
+        found = provider.check_job(options, spec)
+    except SchedulerError as exc:
+        return [{"field": field, "code": exc.code, "error": exc.message}]
+    except Exception as exc:  # noqa: BLE001 - third-party plugin code: reported, never a traceback
+        return [{"field": field, "code": "PLUGIN_INVALID", "error": f"{type(exc).__name__}: {exc}"}]
+    return [dict(p) for p in found or ()]
 
 
 def channel_options_for(channel: Any, raw: Any) -> Any:

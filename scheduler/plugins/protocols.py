@@ -30,6 +30,7 @@ from scheduler.core.execution import ExecutionRequest, ExecutionResult, Recovery
 from scheduler.core.members import (  # optional members; re-exported here
     Configurable,
     DeclaresOptions,
+    JobChecking,
     PolicyChecking,
     Recoverable,
 )
@@ -547,6 +548,7 @@ __all__ = [
     "ExecutionRequest",
     "ExecutionResult",
     "Executor",
+    "JobChecking",
     "PermanentDeliveryError",
     "PolicyChecking",
     "ProofRequest",

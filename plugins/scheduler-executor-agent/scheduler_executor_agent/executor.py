@@ -107,6 +107,40 @@ class AgentExecutor:
     def configure(self, settings: AgentSettings) -> None:
         """The loader validated ``[executors.agent]`` once; each run reads it again, so a change applies to the next run."""
 
+    # -- at add ----------------------------------------------------------------------------------
+
+    def check_job(self, options: AgentOptions | None, spec: Any) -> list[dict[str, str]]:
+        """What would fail every run of this job, judged with this host's ``[executors.agent]`` when the job is added.
+
+        A ``heartbeat_file`` that resolves outside the workspace (a symlink out of it:
+        ``HEARTBEAT_PATH_REFUSED``), and ``constraints.max_cost`` for a model with no configured
+        price (``AGENT_PRICE_UNKNOWN``). What cannot be judged yet (no workspace, no endpoint
+        configured on this host, a heartbeat file not created yet) is left to the run, which
+        checks everything again.
+        """
+        options = options if isinstance(options, AgentOptions) else AgentOptions()
+        settings = resolve_settings(None)
+        problems: list[dict[str, str]] = []
+        if options.heartbeat_file:
+            problem = prompts.heartbeat_outside(settings.workspace, options.heartbeat_file)
+            if problem:
+                problems.append({"field": "executor_options.heartbeat_file", "code": "HEARTBEAT_PATH_REFUSED", "error": problem})
+        constraints = getattr(spec, "constraints", None) or {}
+        if isinstance(constraints, dict) and constraints.get("max_cost") is not None:
+            endpoint_name = options.endpoint or settings.default_endpoint
+            model = options.model
+            if not model:
+                try:
+                    endpoint = resolve_endpoint(settings, options.endpoint, dict(os.environ))
+                except SchedulerError:
+                    endpoint = None  # not configured here (yet): the run says so
+                endpoint_name, model = (endpoint.name, endpoint.model) if endpoint is not None else (endpoint_name, None)
+            if model and price_of(settings, endpoint_name, model) is None:
+                problems.append({"field": "constraints.max_cost", "code": "AGENT_PRICE_UNKNOWN",
+                                 "error": f"max_cost needs a price for model {model!r} ([executors.agent] prices); every run"
+                                          " would fail with AGENT_PRICE_UNKNOWN"})
+        return problems
+
     # -- recovery --------------------------------------------------------------------------------
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:

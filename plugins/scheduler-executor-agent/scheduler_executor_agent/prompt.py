@@ -72,6 +72,23 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def heartbeat_outside(workspace: str | None, relative: str) -> str | None:
+    """Why ``relative`` resolves outside ``workspace`` after symlinks (checked when the job is added), or None.
+
+    None too when it cannot be judged yet (no workspace configured, not a directory, the
+    path refused by ``heartbeat_path_problem`` which the options already report): the run
+    checks again (``read_heartbeat``).
+    """
+    if not workspace or heartbeat_path_problem(relative):
+        return None
+    root = os.path.realpath(os.path.expanduser(workspace))
+    if not os.path.isdir(root):
+        return None
+    if _inside(os.path.realpath(os.path.join(root, relative)), root):
+        return None
+    return f"heartbeat_file {relative!r} resolves outside the workspace (symlinks followed)"
+
+
 def read_heartbeat(workspace: str | None, relative: str, max_bytes: int) -> Heartbeat:
     """Read ``relative`` inside ``workspace``; refuse anything that resolves outside it after symlinks.
 
@@ -241,4 +258,4 @@ def heartbeat_for(request: ExecutionRequest, workspace: str | None, relative: st
 
 
 __all__ = ["CHECKED_PROVENANCE", "INJECTION_PATTERNS", "Heartbeat", "Prompt", "SourceOutput", "assemble", "check_injection",
-           "find_injection", "fold", "read_heartbeat", "sanitise", "source_output_of"]
+           "find_injection", "fold", "heartbeat_outside", "read_heartbeat", "sanitise", "source_output_of"]

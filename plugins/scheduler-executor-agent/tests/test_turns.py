@@ -246,10 +246,20 @@ def test_the_token_cap_is_checked_on_the_exact_usage(model, run_turn) -> None:
     assert (unverified.status, unverified.error_code) == ("error", "AGENT_USAGE_UNREPORTED")
 
 
-def test_the_cost_cap(model, run_turn, settings_file) -> None:
-    unpriced = run_turn(constraints={"max_cost": 0.01}).result
+def test_the_cost_cap(model, run_turn, settings_file, artifacts_root) -> None:
+    from scheduler.api import SchedulerError
+    from scheduler.testing import make_request
+
+    with pytest.raises(SchedulerError) as refused:  # issue 29, defect 14: no price, so refused when the job is added
+        run_turn(constraints={"max_cost": 0.01})
+    assert [(d["field"], d["code"]) for d in refused.value.details] == [("constraints.max_cost", "AGENT_PRICE_UNKNOWN")]
+    priced = '[executors.agent]\nprices = { "default:loop-small" = "1000/1000" }\n'  # 0.001 USD per token
+    settings_file(priced)
+    request = make_request("Say hello.", artifacts_root=artifacts_root, session_target="isolated", constraints={"max_cost": 0.01})
+    settings_file("[executors.agent]\n")  # the price removed after the job was added: the run checks again
+    unpriced = run_turn.executor.execute(request, LocalRunControl())
     assert unpriced.error_code == "AGENT_PRICE_UNKNOWN" and model.chat_requests() == []
-    settings_file('[executors.agent]\nprices = { "default:loop-small" = "1000/1000" }\n')  # 0.001 USD per token
+    settings_file(priced)
     model.enqueue(Reply(chunks=["token "] * 100, delay_s=0.002, usage=None))
     ran = run_turn(constraints={"max_cost": 0.01})
     r = ran.result
