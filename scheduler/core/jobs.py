@@ -6,6 +6,9 @@ missing next run never means "fire now". Disable, delete and update cancel the
 job's pending work through ``transitions.cancel_pending_work`` (auto-pause and
 ``jobs cancel`` use the same function); observers installed in this process hear
 of waiting runs cancelled that way once the transaction committed.
+
+Rows leave here as ``JobRow`` (built once at the read); JSON views (``job_to_json``,
+``job_tree``) are ``JSONObject`` documents, and columns written go as ``dict[str, SQLValue]``.
 """
 
 from __future__ import annotations
