@@ -172,3 +172,18 @@ def test_every_as_cron_only_when_exact() -> None:
     assert every_as_cron(5 * 3_600_000, 0) is None  # does not divide a day
     assert every_as_cron(60_000, 30_000) is None  # phase off the minute
     assert every_as_cron(90_000, 0) is None
+
+
+def test_issue29_defect_11_reimporting_a_job_that_now_fails_conversion_is_already_imported(cli: Any, store: Any,
+                                                                                          tmp_path: Path) -> None:
+    """Before: the second import reported Fast poll ``failed`` (INEXACT_EVERY) and exited 1 though it was imported."""
+    legacy = tmp_path / "jobs.json"
+    legacy.write_text(json.dumps({"version": 1, "jobs": [j for j in JOBS if j["name"] in ("Fast poll", "Quarter past")]}))
+    first = cli("--json", "import", "openclaw", "--legacy-json", str(legacy), "--allow-inexact-every")
+    assert first.code == 0 and first.json["summary"]["imported"] == 2, first
+    again = cli("--json", "import", "openclaw", "--legacy-json", str(legacy))  # without the flag the conversion fails
+    assert again.code == 0, again
+    assert {n: (r["status"], r["code"]) for n, r in by_name(again.json).items()} == {
+        "Fast poll": ("skipped", "ALREADY_IMPORTED"), "Quarter past": ("skipped", "ALREADY_IMPORTED")}
+    assert again.json["summary"]["skipped"] == 2 and again.json["summary"]["failed"] == 0
+    assert set(stored(cli)) == {"Fast poll", "Quarter past"}

@@ -71,10 +71,17 @@ def run_import(store: Store, items: list[ImportItem], *, dry_run: bool, same_nam
     """Validate, de-duplicate and (unless ``dry_run``) create the pending items in one transaction.
 
     An item whose ``job_id`` already exists was imported before (``skipped``,
-    ``ALREADY_IMPORTED``); with ``same_name_is_import`` so is one whose derived name exists
+    ``ALREADY_IMPORTED``, checked before the conversion's or validation's verdict counts); with ``same_name_is_import`` so is one whose derived name exists
     (crontab names are derived from the line), otherwise a taken name is ``NAME_CONFLICT``.
     Items are updated in place (status, code, job id).
     """
+    with store.read() as tx:
+        known = {r["id"] for r in tx.all("SELECT id FROM jobs")}
+    for item in items:
+        # Imported before, whatever the conversion or validation says today (an `--allow-inexact-every`
+        # import, a one-shot now past): that job is already here, so it is skipped, never a failure.
+        if item.job_id is not None and item.job_id in known and item.status in ("pending", "failed"):
+            item.status, item.code, item.error, item.details = "skipped", "ALREADY_IMPORTED", f"imported before: job {item.job_id}", None
     specs: dict[int, Any] = {}
     for index, item in enumerate(items):
         if item.status != "pending" or item.spec is None:
