@@ -86,8 +86,8 @@ def test_a_declaration_is_stored_normalised_and_becomes_part_of_the_artifact(cli
                                                 evidence_ref="audit-7")).json["job"]
     with store.read() as tx:
         row = tx.one("SELECT evidence, evidence_ref FROM jobs WHERE id = ?", (added["id"],))
-        artifact = load_artifact(tx, added["artifact_digest"])["payload"]
-        plain_artifact = load_artifact(tx, plain["artifact_digest"])["payload"]
+        artifact = load_artifact(tx, added["artifact_digest"]).payload
+        plain_artifact = load_artifact(tx, plain["artifact_digest"]).payload
     declaration = json.loads(row["evidence"])
     assert declaration == {"provider": "checksum", "methods": [], "provider_config": {}, "verify": {"required": True},
                            "payload": {"bind": ["command", "result"], "context": None, "format": "canonical-json"},

@@ -125,7 +125,7 @@ def test_a_version_1_payload_still_verifies_and_an_unknown_version_is_refused(st
     document = payload_of(store, run["id"])
     with store.read() as tx:
         stored = tx.one("SELECT * FROM runs WHERE id = ?", (run["id"],))
-        artifact = load_artifact(tx, stored["artifact_digest"])["payload"]
+        artifact = load_artifact(tx, stored["artifact_digest"]).payload
     old = build_document(stored, artifact, duration_ms=document["result"]["duration_ms"], version=1)
     assert old["version"] == 1 and "bindings" not in old and "collected" not in old
     forge(store, store_url, run["id"], old)  # as the version-1 builder attested it

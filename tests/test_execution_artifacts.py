@@ -45,13 +45,13 @@ def test_a_new_job_is_bound_to_its_canonical_artifact(store: Any) -> None:
     with store.read() as tx:
         artifact = load_artifact(tx, digest)
         event = tx.one("SELECT artifact_digest FROM runtime_events WHERE kind = 'job.created' AND job_id = ?", (job["id"],))
-    assert artifact["kind"] == "native" and artifact["job_id"] == job["id"]
-    payload = artifact["payload"]
-    assert artifact["payload_text"] == canonical_json(payload)
-    assert "sha256:" + hashlib.sha256(artifact["payload_text"].encode()).hexdigest() == digest
+    assert artifact.kind == "native" and artifact.job_id == job["id"]
+    payload = artifact.payload
+    assert artifact.payload_text == canonical_json(payload)
+    assert "sha256:" + hashlib.sha256(artifact.payload_text.encode()).hexdigest() == digest
     assert payload["job_id"] == job["id"] and payload["runtime"] == {"timeout_ms": 5000}
     assert payload["target"]["executor"] == "testkit" and payload["output"] == {"format": "json"}
-    assert "echo:hi" not in artifact["payload_text"]  # the command is a digest, never raw text
+    assert "echo:hi" not in artifact.payload_text  # the command is a digest, never raw text
     assert payload["command"]["payload_sha256"] == "sha256:" + hashlib.sha256(b"echo:hi").hexdigest()
     assert event["artifact_digest"] == digest
 
@@ -94,7 +94,7 @@ def test_artifacts_are_immutable_and_kept_while_referenced(store: Any) -> None:
     with store.transaction() as tx:
         assert tx.execute("DELETE FROM execution_artifacts WHERE digest = ?", (orphan,)) == 1
     with store.read() as tx:
-        assert load_artifact(tx, digest)["digest"] == digest
+        assert load_artifact(tx, digest).digest == digest
 
 
 def test_bindings_on_dispatches_runs_and_approvals_never_change(store: Any, dispatcher: Any) -> None:
@@ -154,8 +154,8 @@ def test_changing_the_contract_binds_a_new_artifact_and_cancels_work_bound_to_th
     with store.read() as tx:
         row = tx.one("SELECT status, cancel_reason, artifact_digest FROM job_dispatch_queue WHERE id = ?", (pending["id"],))
         superseded = tx.one("SELECT data FROM runtime_events WHERE kind = 'job.artifact_superseded' AND job_id = ?", (job["id"],))
-        assert load_artifact(tx, old)["payload"]["runtime"]["timeout_ms"] == 300000  # the old one is kept, unchanged
-        assert load_artifact(tx, new)["payload"]["runtime"]["timeout_ms"] == 1234
+        assert load_artifact(tx, old).payload["runtime"]["timeout_ms"] == 300000  # the old one is kept, unchanged
+        assert load_artifact(tx, new).payload["runtime"]["timeout_ms"] == 1234
     assert row["status"] == "cancelled" and "execution contract changed" in row["cancel_reason"] and row["artifact_digest"] == old
     assert json.loads(superseded["data"]) == {"previous": old, "current": new}
     back = update_job(store, job["id"], {"run_timeout_ms": None})  # back to the old contract: the same artifact again

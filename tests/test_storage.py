@@ -403,7 +403,7 @@ def test_v1_database_migrates_and_a_second_open_is_harmless(v1_db: Path, tmp_pat
             assert tx.scalar("SELECT COUNT(*) FROM runtime_events") == events_before
             # v4 bound every job to its native execution artifact, which it still matches exactly
             for row in rows:
-                assert load_artifact(tx, row["artifact_digest"])["payload"]["job_id"] == row["id"]
+                assert load_artifact(tx, row["artifact_digest"]).payload["job_id"] == row["id"]
                 assert check_job(tx, row) == row["artifact_digest"]
         store.close()
         assert len(rows) == 2

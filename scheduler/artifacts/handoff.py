@@ -42,6 +42,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.options import field_default
 from scheduler.base.timeutil import to_iso
 from scheduler.core.artifact import SECRET_KEY_RE, execution_sections, load_artifact
+from scheduler.core.rows import json_object
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, spec_from_row, validate_spec
 from scheduler.core.steps import registered
 
@@ -835,16 +836,16 @@ def _bound_payload(tx: Tx, row: JobRow | Mapping[str, object], spec: JobSpec, *,
             raise SchedulerError(missing_code, f"handoff v4 job {name!r}: {exc.message}",
                                  details=[_problem("artifact_digest", missing_code, exc.message)]) from None
         raise
-    if stored.get("kind") != "handoff-v4":
-        raise SchedulerError("HANDOFF_ARTIFACT_INVALID", f"artifact {digest} of job {name!r} is a {stored.get('kind')} artifact, not handoff-v4",
+    if stored.kind != "handoff-v4":
+        raise SchedulerError("HANDOFF_ARTIFACT_INVALID", f"artifact {digest} of job {name!r} is a {stored.kind} artifact, not handoff-v4",
                              details=[_problem("artifact_digest", "INVALID_VALUE", "must name a handoff-v4 artifact")])
-    payload = stored["payload"]
+    payload = stored.payload
     validate_v4(payload, expected_digest=digest, spec=spec, job_id=str(row.get("id")))
-    if row.get("effective_task_hash") != payload["compiled"]["effective_task_hash"]:
+    compiled_hash = json_object(payload.get("compiled")).get("effective_task_hash")  # validate_v4 checked its shape
+    if row.get("effective_task_hash") != compiled_hash:
         raise SchedulerError(
             "HANDOFF_ARTIFACT_BINDING_MISMATCH",
-            f"job {name!r} records effective_task_hash {row.get('effective_task_hash')}, its artifact"
-            f" {payload['compiled']['effective_task_hash']}",
+            f"job {name!r} records effective_task_hash {row.get('effective_task_hash')}, its artifact {compiled_hash}",
             details=[_problem("effective_task_hash", "HANDOFF_ARTIFACT_BINDING_MISMATCH", "must equal compiled.effective_task_hash")],
         )
     return payload

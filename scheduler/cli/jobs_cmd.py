@@ -267,14 +267,14 @@ def jobs_artifact(job: str, run_id: str | None) -> None:
         digest = row.artifact_digest
         if run_id is not None:
             run = get_run(tx, run_id)
-            if run["job_id"] != row.id:
+            if run.job_id != row.id:
                 raise SchedulerError("NOT_FOUND", f"run {run_id} is not a run of job {row.name!r}")
-            digest = run["artifact_digest"]
+            digest = run.artifact_digest
             if digest is None:
                 raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"run {run_id} predates execution artifacts: it has no binding")
         artifact = load_artifact(tx, digest)
     # Exactly the canonical bytes when piped (so `| sha256sum` gives the digest); a newline on a terminal.
-    emit({"artifact": artifact_to_json(artifact)}, lambda: click.echo(artifact["payload_text"], nl=sys.stdout.isatty()))
+    emit({"artifact": artifact_to_json(artifact)}, lambda: click.echo(artifact.payload_text, nl=sys.stdout.isatty()))
 
 
 @jobs_group.command("update")

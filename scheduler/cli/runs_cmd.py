@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from scheduler.base.errors import SchedulerError
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
+
+if TYPE_CHECKING:
+    from scheduler.core.rows import RunRow
 
 
 @click.group("runs")
@@ -41,8 +45,8 @@ def runs_list(job: str | None, limit: int, status: str | None) -> None:
     emit({"runs": views}, human)
 
 
-def _resolve_run(tx, ref: str) -> dict:
-    """A run by full id or a unique prefix of at least 6 characters (``scheduler.ops.queries.resolve_run``)."""
+def _resolve_run(tx, ref: str) -> RunRow:
+    """A run row by full id or a unique prefix of at least 6 characters (``scheduler.ops.queries.resolve_run``)."""
     from scheduler.ops.queries import resolve_run
 
     return resolve_run(tx, ref)
@@ -83,7 +87,7 @@ def runs_output(run_id: str, stream: str) -> None:
             content, encoding = data.decode("utf-8"), "utf-8"
         except UnicodeDecodeError:
             content, encoding = base64.b64encode(data).decode("ascii"), "base64"
-        emit({"run_id": run["id"], "stream": stream, "bytes": len(data), "sha256": run.get(f"{stream}_sha256"),
+        emit({"run_id": run.id, "stream": stream, "bytes": len(data), "sha256": run.get(f"{stream}_sha256"),
               "offloaded": bool(run.get(f"{stream}_artifact")), "encoding": encoding, "content": content})
         return
     out = getattr(sys.stdout, "buffer", None)
@@ -110,7 +114,7 @@ def evidence_run_id(store, ref: str) -> str:
     """The full run id ``runs evidence`` works on: a run (id or unique prefix), else a pruned run's evidence row."""
     with store.read() as tx:
         try:
-            return _resolve_run(tx, ref)["id"]
+            return _resolve_run(tx, ref).id
         except SchedulerError as exc:
             if exc.code != "NOT_FOUND":
                 raise
@@ -163,7 +167,7 @@ def runs_events(run_id: str) -> None:
 
     with open_ctx_store().read() as tx:
         run = _resolve_run(tx, run_id)
-        events = [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (run["id"],))]
+        events = [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (run.id,))]
     emit({"events": events}, lambda: table([(local_time(e["at"]), e["kind"], e["actor"], e["data"]) for e in events],
                                            ["at", "event", "actor", "data"]))
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import attrs
 
 from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest
 from scheduler.base.errors import SchedulerError
@@ -151,8 +153,23 @@ def put_artifact(tx: Tx, payload: JSONObject, *, kind: str, job_id: str, now: in
     return digest
 
 
-def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
-    """The stored artifact row for ``digest``: payload parsed, ``payload_text`` the exact canonical text.
+@attrs.frozen
+class StoredArtifact:
+    """An ``execution_artifacts`` row as ``load_artifact`` returns it: verified, its payload parsed."""
+
+    digest: str
+    kind: str
+    job_id: str | None
+    #: The payload parsed (canonical JSON hashing to ``digest``: checked at the load).
+    payload: JSONObject
+    #: The exact stored text of the payload (its SHA-256 is the digest).
+    payload_text: str
+    payload_bytes: int
+    created_at: int
+
+
+def load_artifact(tx: Tx, digest: str) -> StoredArtifact:
+    """The stored artifact for ``digest``: payload parsed, ``payload_text`` the exact canonical text.
 
     ``EXECUTION_ARTIFACT_MISSING`` when there is none, ``EXECUTION_ARTIFACT_TAMPERED`` when the
     stored text is not canonical JSON hashing to ``digest``.
@@ -160,7 +177,9 @@ def load_artifact(tx: Tx, digest: str) -> dict[str, Any]:
     row = tx.one("SELECT * FROM execution_artifacts WHERE digest = ?", (digest,))
     if row is None:
         raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"execution artifact {digest} is not stored")
-    return {**row, "payload_text": row["payload"], "payload": parse_stored(row["payload"], digest)}
+    return StoredArtifact(digest=row["digest"], kind=row["kind"], job_id=row["job_id"],
+                          payload=parse_stored(row["payload"], digest), payload_text=row["payload"],
+                          payload_bytes=row["payload_bytes"], created_at=row["created_at"])
 
 
 def parse_stored(text: object, digest: str) -> JSONObject:
@@ -276,17 +295,17 @@ def _refuse_unowned_sections(store: Store, digest: str) -> None:
     registered step owns; nothing when it cannot be read (the caller reports the mismatch)."""
     try:
         with store.read() as tx:
-            payload = load_artifact(tx, digest)["payload"]
+            payload = load_artifact(tx, digest).payload
     except SchedulerError:
         return
     sections = {k: v for k, v in payload.items() if k not in NATIVE_HEADER}
     refuse_unowned(digest, sections, KERNEL_SECTIONS)
 
 
-def artifact_to_json(row: Mapping[str, Any]) -> JSONObject:
-    """JSON view of a loaded artifact row (``load_artifact``: payload already parsed)."""
-    return {"digest": row["digest"], "kind": row["kind"], "job_id": row["job_id"], "payload_bytes": row["payload_bytes"],
-            "created_at": to_iso(row["created_at"]), "payload": row["payload"]}
+def artifact_to_json(artifact: StoredArtifact) -> JSONObject:
+    """JSON view of a loaded artifact (``load_artifact``: payload already parsed)."""
+    return {"digest": artifact.digest, "kind": artifact.kind, "job_id": artifact.job_id,
+            "payload_bytes": artifact.payload_bytes, "created_at": to_iso(artifact.created_at), "payload": artifact.payload}
 
 
 def verify_stored(tx: Tx, *, limit: int | None = None) -> list[dict[str, str]]:

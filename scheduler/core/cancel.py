@@ -10,13 +10,14 @@ process hear of runs cancelled here once the transaction committed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import transitions
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import resolve_job
+from scheduler.core.rows import RunRow
 from scheduler.core.runs import CANCEL_DIRECTLY, TERMINAL, get_run
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing
@@ -26,12 +27,12 @@ if TYPE_CHECKING:
     from scheduler.core.rows import JSONObject, JSONValue
 
 
-def _cancel_one(tx: Tx, run: dict[str, Any], reason: str | None, who: str, now: int) -> str:
+def _cancel_one(tx: Tx, run: RunRow, reason: str | None, who: str, now: int) -> str:
     """Record the request on one run and finish it if no executor holds it; returns what happened."""
-    if run["status"] in TERMINAL:
+    if run.status in TERMINAL:
         return "already_terminal"
     transitions.request_cancel(tx, run, reason=reason, actor=who, now=now)
-    if run["status"] in CANCEL_DIRECTLY:
+    if run.status in CANCEL_DIRECTLY:
         return "cancelled" if transitions.cancel_waiting_run(tx, run, reason=reason, actor=who, now=now) else "requested"
     return "requested"
 
@@ -47,8 +48,8 @@ def cancel_run(store: Store, run_id: str, *, reason: str | None = None, now: int
     who = os_identity()
     with committing(store, hooks) as tx:
         run = get_run(tx, run_id)
-        if run["status"] in TERMINAL:
-            raise SchedulerError("RUN_ALREADY_FINISHED", f"run {run_id} already finished with status {run['status']}")
+        if run.status in TERMINAL:
+            raise SchedulerError("RUN_ALREADY_FINISHED", f"run {run_id} already finished with status {run.status}")
         outcome = _cancel_one(tx, run, reason, who, now)
     store.notify_change()
     return {"run_id": run_id, "outcome": outcome, "requested_by": who}
@@ -65,16 +66,16 @@ def cancel_job(store: Store, ref: str, *, reason: str | None = None, now: int | 
     who = os_identity()
     with committing(store, hooks) as tx:
         job = resolve_job(tx, ref)
-        running = tx.all("SELECT * FROM runs WHERE job_id = ? AND status = 'running'", (job["id"],))
-        waiting = tx.all("SELECT id, job_id, status, dispatch_id FROM runs WHERE job_id = ? AND status IN ('pending', 'awaiting_approval',"
-                         " 'approved')", (job["id"],))
+        running = [RunRow.from_row(r) for r in tx.all("SELECT * FROM runs WHERE job_id = ? AND status = 'running'", (job.id,))]
+        waiting = [RunRow.from_row(r) for r in tx.all(
+            "SELECT * FROM runs WHERE job_id = ? AND status IN ('pending', 'awaiting_approval', 'approved')", (job.id,))]
         for r in waiting:  # the request is recorded (who, why) before the run is ended
             transitions.request_cancel(tx, r, reason=reason, actor=who, now=now)
-        work = transitions.cancel_pending_work(tx, job["id"], reason=reason or "cancelled", now=now, actor=who, include_manual=True)
-        results: list[JSONValue] = [{"run_id": r["id"], "outcome": "cancelled" if r["id"] in work.runs else "requested"}
+        work = transitions.cancel_pending_work(tx, job.id, reason=reason or "cancelled", now=now, actor=who, include_manual=True)
+        results: list[JSONValue] = [{"run_id": r.id, "outcome": "cancelled" if r.id in work.runs else "requested"}
                                     for r in waiting]
-        results += [{"run_id": r["id"], "outcome": _cancel_one(tx, r, reason, who, now)} for r in running]
-        append_event(tx, "job.cancel_requested", job_id=job["id"], actor=who, at=now,
+        results += [{"run_id": r.id, "outcome": _cancel_one(tx, r, reason, who, now)} for r in running]
+        append_event(tx, "job.cancel_requested", job_id=job.id, actor=who, at=now,
                      data={"reason": reason, "dispatches": work.dispatches})
     store.notify_change()
-    return {"job_id": job["id"], "runs": results, "dispatches": work.dispatches, "requested_by": who}
+    return {"job_id": job.id, "runs": results, "dispatches": work.dispatches, "requested_by": who}

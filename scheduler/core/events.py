@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import Any
 
 from scheduler.base.timeutil import now_ms, to_iso
+from scheduler.core.rows import JSONObject
 from scheduler.core.store.base import Tx
 
 #: Default of ``append_event``'s ``principal``/``trust_level``: read from the run in the same statement.
@@ -129,9 +130,9 @@ def append_event(
     )
 
 
-def event_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+def event_to_json(row: Mapping[str, Any]) -> JSONObject:
     """JSON view of an event row."""
-    out = dict(row)
+    out: JSONObject = dict(row)
     out["at"] = to_iso(row["at"])
     out["data"] = json.loads(row["data"]) if row.get("data") else None
     return out

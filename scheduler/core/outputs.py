@@ -20,13 +20,14 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import filemodes
 from scheduler.core.redaction import Redactions
+from scheduler.core.rows import RunRow
 
 #: Bytes of each stream kept in the database row.
 DEFAULT_EXCERPT_BYTES = 64 * 1024
@@ -221,7 +222,7 @@ def read_artifact(root: Path, relative: str, expected_sha256: str, expected_byte
     return data
 
 
-def read_stream(root: Path, run: Mapping[str, Any], stream: str) -> bytes:
+def read_stream(root: Path, row: RunRow | Mapping[str, object], stream: str) -> bytes:
     """The exact bytes of one output stream of a run row, verified against its recorded size and SHA-256.
 
     An offloaded stream is read through ``read_artifact``; an inline one is its excerpt,
@@ -230,11 +231,16 @@ def read_stream(root: Path, run: Mapping[str, Any], stream: str) -> bytes:
     excerpt); a stream of which only a cut-off excerpt was kept is ``ARTIFACT_MISSING``.
     Never returns bytes that do not match the record.
     """
-    artifact = run.get(f"{stream}_artifact")
-    digest = run.get(f"{stream}_sha256")
-    size = run.get(f"{stream}_bytes")
-    excerpt = run.get(f"{stream}_excerpt")
-    run_ref = str(run.get("id", "?"))
+    run = row if isinstance(row, RunRow) else RunRow.from_row(row)
+    if stream == "stdout":
+        artifact, digest, size, excerpt, truncated = (run.stdout_artifact, run.stdout_sha256, run.stdout_bytes,
+                                                      run.stdout_excerpt, run.stdout_truncated)
+    elif stream == "stderr":
+        artifact, digest, size, excerpt, truncated = (run.stderr_artifact, run.stderr_sha256, run.stderr_bytes,
+                                                      run.stderr_excerpt, run.stderr_truncated)
+    else:
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown output stream {stream!r}; one of stdout, stderr")
+    run_ref = run.id
     if artifact:
         if not digest:
             raise SchedulerError("ARTIFACT_TAMPERED", f"run {run_ref} {stream}: artifact {artifact} has no recorded digest")
@@ -247,7 +253,7 @@ def read_stream(root: Path, run: Mapping[str, Any], stream: str) -> bytes:
     found = hashlib.sha256(data).hexdigest()
     if found == digest and (size is None or len(data) == size):
         return data
-    if run.get(f"{stream}_truncated"):
+    if truncated:
         raise SchedulerError(
             "ARTIFACT_MISSING",
             f"run {run_ref} {stream}: only an excerpt of the {size}-byte stream was kept (cut off or not text), not the stream",

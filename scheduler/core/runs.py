@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import to_iso
+from scheduler.core.rows import RunRow
 from scheduler.core.store.base import Tx
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JSONObject
+    from scheduler.core.rows import JSONObject, JSONValue
 
 RUN_STATUSES = (
     "pending", "running", "ok", "error", "timeout", "cancelled", "crashed", "skipped",
@@ -38,15 +39,15 @@ class StaleFence(SchedulerError):
         super().__init__("STALE_FENCE", message)
 
 
-def get_run(tx: Tx, run_id: str) -> dict[str, Any]:
+def get_run(tx: Tx, run_id: str) -> RunRow:
     """A run row by id; ``NOT_FOUND`` otherwise."""
     row = tx.one("SELECT * FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Run not found: {run_id}")
-    return row
+    return RunRow.from_row(row)
 
 
-def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50) -> list[RunRow]:
     """Most recent runs first, optionally of one job and/or one status."""
     where: list[str] = []
     params: list[object] = []
@@ -61,10 +62,15 @@ def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, l
     sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
     params.append(limit)
-    return tx.all(sql, params)
+    return [RunRow.from_row(row) for row in tx.all(sql, params)]
 
 
-def run_to_json(row: Mapping[str, Any], *, full: bool = False) -> JSONObject:
+def _parsed(column: str | None) -> JSONValue:
+    """A JSON column of a run, parsed (None when it is empty)."""
+    return json.loads(column) if column else None
+
+
+def run_to_json(row: RunRow | Mapping[str, Any], *, full: bool = False) -> JSONObject:
     """JSON view of a run; ``full`` adds output excerpts, structured output and verification."""
     keys = [
         "id", "job_id", "status", "dispatch_id", "dispatch_kind", "attempt", "scheduled_for", "started_at", "finished_at",
@@ -82,23 +88,25 @@ def run_to_json(row: Mapping[str, Any], *, full: bool = False) -> JSONObject:
             "process_terminated_at", "process_signal", "agent_abort_requested_at", "agent_abort_outcome", "summary",
             "env_policy_warning",
         ]
-    out: JSONObject = {k: row.get(k) for k in keys}
+    run = row if isinstance(row, RunRow) else RunRow.from_row(row)
+    # Every column of a run is a JSON scalar (text, integer or NULL); the time columns are integers or NULL.
+    out = cast("JSONObject", {k: run.get(k) for k in keys})
     for k in _TIME_FIELDS:
         if k in out:
-            out[k] = to_iso(row.get(k))
+            out[k] = to_iso(cast("int | None", run.get(k)))
     if out.get("output_valid") is not None:
         out["output_valid"] = bool(out["output_valid"])
     if full:
-        out["output_parsed"] = json.loads(row["output_parsed"]) if row.get("output_parsed") else None
-        out["verification"] = json.loads(row["verify_json"]) if row.get("verify_json") else None
-        out["executor_handle"] = json.loads(row["executor_handle"]) if row.get("executor_handle") else None
-        out["usage"] = json.loads(row["usage_json"]) if row.get("usage_json") else None
-        out["identity"] = json.loads(row["identity_json"]) if row.get("identity_json") else None
-        out["delegation"] = json.loads(row["delegation_json"]) if row.get("delegation_json") else None
+        out["output_parsed"] = _parsed(run.output_parsed)
+        out["verification"] = _parsed(run.verify_json)
+        out["executor_handle"] = _parsed(run.executor_handle)
+        out["usage"] = _parsed(run.usage_json)
+        out["identity"] = _parsed(run.identity_json)
+        out["delegation"] = _parsed(run.delegation_json)
         # The authorization_ref decision (docs/authorization.md): provider, policy ref, decision, reason, code.
-        out["authorization"] = json.loads(row["authorization_json"]) if row.get("authorization_json") else None
+        out["authorization"] = _parsed(run.authorization_json)
         # The credentials summary (docs/credentials.md): per binding name, medium, status, digest, redaction counts; no value.
-        out["credentials"] = json.loads(row["credentials_json"]) if row.get("credentials_json") else None
+        out["credentials"] = _parsed(run.credentials_json)
         for k in ("stdout_truncated", "stderr_truncated"):
             out[k] = bool(out[k])
     return out

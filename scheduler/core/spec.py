@@ -23,7 +23,7 @@ from scheduler.core.schedules import Schedule, validate_cron, validate_timezone
 from scheduler.core.steps import NOT_REGISTERED, Installed, registered
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JobRow, JSONObject
+    from scheduler.core.rows import JobRow, JSONObject, SQLValue
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
@@ -521,15 +521,16 @@ _JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "cred
                          "retention"})
 
 
-def spec_to_row(spec: JobSpec) -> dict[str, Any]:
+def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
     """Storage view of a spec: one column per field, booleans as 0/1, plugin options as JSON text."""
-    row = attrs.asdict(spec)
+    values = attrs.asdict(spec)
     for f in SPEC_FIELDS:
         kind = f.metadata["kind"]
         if kind == "bool":
-            row[f.name] = int(row[f.name])
+            values[f.name] = int(values[f.name])
         elif kind in _JSON_KINDS:
-            row[f.name] = None if row[f.name] is None else json.dumps(row[f.name], sort_keys=True)
+            values[f.name] = None if values[f.name] is None else json.dumps(values[f.name], sort_keys=True)
+    row: dict[str, SQLValue] = values
     return row
 
 
@@ -589,9 +590,9 @@ def executor_name_of(row: JobRow | Mapping[str, object]) -> str:
     return str(executor) if executor else DEFAULT_EXECUTORS[str(target or "shell")]
 
 
-def spec_to_input(spec: JobSpec) -> dict[str, Any]:
+def spec_to_input(spec: JobSpec) -> JSONObject:
     """The spec as a user-editable object (only non-default fields), used as the base for updates."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for f in SPEC_FIELDS:
         val = getattr(spec, f.name)
         if f.metadata["required"] or val != _default(f):

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.rows import JSONObject
 
 if TYPE_CHECKING:
     from scheduler.core.rows import JobRow
@@ -43,7 +44,7 @@ class Submission(Protocol):
         """The submitted ``effective_task_hash`` (recorded on the job)."""
 
     @property
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> JSONObject:
         """The artifact itself, stored as it was submitted once verified."""
 
     def verify(self, spec: JobSpec, *, job_id: str | None = None) -> str:
@@ -61,7 +62,7 @@ class SubmittedKind(Protocol):
     def fields(self) -> tuple[str, ...]:
         """The job-spec keys that carry a submission (they are not job fields)."""
 
-    def split(self, obj: dict[str, Any]) -> tuple[dict[str, Any], Submission | None]:
+    def split(self, obj: JSONObject) -> tuple[JSONObject, Submission | None]:
         """``(obj without the submission keys, the Submission or None)``; ``obj`` is not modified."""
 
     def binding_digest(self, spec: JobSpec) -> str:

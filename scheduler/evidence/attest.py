@@ -149,7 +149,7 @@ def _payload(store: Any, started: Any, result: ExecutionResult, outcomes: RunOut
         run = tx.one("SELECT * FROM runs WHERE id = ?", (started.run_id,))
         if run is None:
             raise SchedulerError("EVIDENCE_ATTESTATION_FAILED", f"run {started.run_id} is not stored")
-        artifact = load_artifact(tx, run["artifact_digest"])["payload"] if run.get("artifact_digest") else None
+        artifact = load_artifact(tx, run["artifact_digest"]).payload if run.get("artifact_digest") else None
     row = {**run, **result_columns(result), **outcomes.columns, "status": result.status}
     started_at = run.get("started_at") or started.started_at
     document = build_document(row, artifact, duration_ms=max(0, now_ms() - started_at) if started_at else None)

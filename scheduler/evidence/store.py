@@ -18,6 +18,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.core import state
 from scheduler.core.artifact import load_artifact
 from scheduler.core.events import append_event
+from scheduler.core.rows import json_object
 from scheduler.evidence.build import build_document
 from scheduler.evidence.retention import retention_until
 
@@ -63,11 +64,11 @@ def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | N
     if not digest:
         return False
     try:
-        artifact = load_artifact(tx, digest)["payload"]
+        artifact = load_artifact(tx, digest).payload
     except SchedulerError as exc:  # recovery must still end the run; doctor reports the artifact
         log.warning("no interrupted-evidence row for run %s: %s: %s", run.get("id"), exc.code, exc.message)
         return False
-    section = artifact.get("evidence")
+    section = json_object(artifact.get("evidence"))
     if not section:
         return False
     if tx.one("SELECT 1 AS x FROM evidence_records WHERE run_id = ?", (run["id"],)) is not None:
@@ -77,7 +78,7 @@ def record_interrupted(tx: Any, run: dict[str, Any], *, now: int, actor: str | N
     canonical = canonical_bytes(document)
     declared = {k: v for k, v in section.items() if k != "ref"}
     insert_record(tx, row, {
-        "provider": section.get("provider") or "checksum", "methods": list(section.get("methods") or []),
+        "provider": section.get("provider") or "checksum", "methods": list(methods) if isinstance(methods := section.get("methods"), list) else [],
         "payload_sha256": hash_bytes(canonical).removeprefix("sha256:"), "canonical_payload": canonical.decode("utf-8"),
         "envelope": None, "artifact_digest": digest, "verification": None, "verified": 0, "status": "interrupted",
         "error_code": error_code, "evidence_ref": section.get("ref"),

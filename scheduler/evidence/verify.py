@@ -203,7 +203,7 @@ def _check_artifact(tx: Any, record: dict[str, Any], run: dict[str, Any] | None,
     if run is not None and run.get("artifact_digest") != digest:
         raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the evidence names artifact {digest}, the run {run.get('artifact_digest')}")
     try:
-        artifact = load_artifact(tx, digest)["payload"]
+        artifact = load_artifact(tx, digest).payload
     except SchedulerError as exc:
         raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the run's execution artifact cannot be used: {exc.code}: {exc.message}",
                     cause=exc.code) from None

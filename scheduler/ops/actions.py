@@ -68,7 +68,7 @@ def cancel_run(store: Store, run: str, *, reason: str | None = None) -> dict[str
     ``requested_by``; a finished run is ``RUN_ALREADY_FINISHED``.
     """
     with store.read() as tx:
-        full_id = resolve_run(tx, run)["id"]
+        full_id = resolve_run(tx, run).id
     return cancel_run_work(store, full_id, reason=reason)
 
 

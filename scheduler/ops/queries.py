@@ -20,6 +20,7 @@ from scheduler.artifacts.handoff import hydrate
 from scheduler.base.errors import SchedulerError
 from scheduler.core.jobs import job_to_json, resolve_job
 from scheduler.core.jobs import list_jobs as job_rows
+from scheduler.core.rows import RunRow
 from scheduler.core.runs import RUN_STATUSES, run_to_json
 from scheduler.core.runs import get_run as run_row
 from scheduler.core.runs import list_runs as run_rows
@@ -89,7 +90,7 @@ def get_job(store: Store, job: str) -> dict[str, Any]:
         return job_to_json(resolve_job(tx, job))
 
 
-def resolve_run(tx: Tx, ref: str) -> dict[str, Any]:
+def resolve_run(tx: Tx, ref: str) -> RunRow:
     """A run row by full id or a unique prefix of at least 6 characters (what every ``runs`` command takes).
 
     ``INVALID_ARGUMENT`` for a prefix two runs share, ``NOT_FOUND`` for no run.
@@ -101,7 +102,7 @@ def resolve_run(tx: Tx, ref: str) -> dict[str, Any]:
             row = matches[0]
         elif len(matches) > 1:
             raise SchedulerError("INVALID_ARGUMENT", f"run id prefix {ref!r} is ambiguous")
-    return row if row is not None else run_row(tx, ref)
+    return RunRow.from_row(row) if row is not None else run_row(tx, ref)
 
 
 def check_run_status(status: str | None) -> None:
@@ -159,7 +160,7 @@ def list_deliveries(store: Store, *, status: str | None = None, job: str | None 
         raise SchedulerError("INVALID_ARGUMENT", f"unknown delivery status {status!r}; one of {', '.join(DELIVERY_STATUSES)}")
     with store.read() as tx:
         job_id = _job_id(tx, job)
-        run_id = resolve_run(tx, run)["id"] if run is not None else None
+        run_id = resolve_run(tx, run).id if run is not None else None
         rows = list_parts(tx, status=status, job_id=job_id, run_id=run_id, limit=limit)
         return [part_to_json(r) for r in rows]
 

@@ -55,7 +55,7 @@ def catalogue(*sources: str) -> dict[str, Statement]:
 STATEMENTS: Mapping[str, Statement] = catalogue(runs.SOURCE, dispatches.SOURCE, approvals.SOURCE, jobs.SOURCE, outbox.SOURCE)
 
 
-def _bound(name: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+def _bound(name: str, params: Mapping[str, object]) -> tuple[str, list[Any]]:
     try:
         stmt = STATEMENTS[name]
     except KeyError:

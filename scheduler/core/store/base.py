@@ -27,6 +27,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from scheduler.core.rows import JSONObject
+
 Params = Sequence[Any]
 
 
@@ -112,7 +114,7 @@ class Store(Protocol):
         Blocks up to ``timeout_s`` waiting for such a change; ``0`` is a non-blocking check.
         """
 
-    def health(self) -> list[dict[str, Any]]:
+    def health(self) -> list[JSONObject]:
         """Checks for ``doctor``: each ``{"check", "ok", "detail"}``."""
 
     def schema_version(self) -> int:

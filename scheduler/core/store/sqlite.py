@@ -25,12 +25,12 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from scheduler import PLUGIN_API_VERSION
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state
+from scheduler.core.rows import JSONObject
 from scheduler.core.store import migrations
 from scheduler.core.store.sqlite_statements import (
     Slot,
@@ -340,7 +340,7 @@ class SQLiteStore:
         with self.read() as tx:
             return int(tx.scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
 
-    def health(self) -> list[dict[str, Any]]:
+    def health(self) -> list[JSONObject]:
         """Integrity, foreign keys, expected tables, a writable directory, and no world access to the files."""
         slot = self._slot()
         with self._using(slot) as conn:

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import filemodes, state
+from scheduler.core.rows import JSONObject
 from scheduler.core.store import default_artifacts_root, migrations, schema
 from scheduler.core.store.sqlite_statements import busy_error, init_failed, is_busy
 
@@ -165,9 +165,9 @@ def inspect_schema(conn: sqlite3.Connection, location: str) -> tuple[int | None,
     return None, False
 
 
-def health_checks(conn: sqlite3.Connection, path: Path) -> list[dict[str, Any]]:
+def health_checks(conn: sqlite3.Connection, path: Path) -> list[JSONObject]:
     """Integrity, foreign keys, expected tables and a writable directory, as ``doctor`` rows."""
-    checks: list[dict[str, Any]] = []
+    checks: list[JSONObject] = []
     integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
     checks.append({"check": "integrity", "ok": integrity == ["ok"], "detail": "; ".join(integrity[:5])})
     fk = conn.execute("PRAGMA foreign_key_check").fetchall()
@@ -184,7 +184,7 @@ def health_checks(conn: sqlite3.Connection, path: Path) -> list[dict[str, Any]]:
     return checks
 
 
-def file_modes_check(path: Path) -> dict[str, Any]:
+def file_modes_check(path: Path) -> JSONObject:
     """A warning (never a failure) when others may read or write the database, its WAL/SHM or the artifacts.
 
     A warning because the operator may have opened them up on purpose; new files

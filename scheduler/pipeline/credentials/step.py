@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import attrs
+
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state
@@ -140,12 +142,25 @@ def call_bounded(fn: Callable[[], _T], timeout_s: float, *, code: str, what: str
     return bounded(fn, timeout_s, code=code, what=what, details=details, name="credential-resolve")
 
 
+@attrs.define
+class _Held:
+    """One presented binding while the run holds it: its value (dropped at cleanup) and its row's facts."""
+
+    binding: CredentialBinding
+    data: bytes | None
+    text: str | None
+    sha256: str
+    expires_at: int | None
+    #: The binding's ``credential_presentations`` row id.
+    id: str
+
+
 class _Presentation:
     """One run's credentials, from resolution to cleanup."""
 
     def __init__(self, store: Store, started: ClaimedRun, spec: JobSpec, executor: object, outcomes: RunOutcomes) -> None:
         self.store, self.started, self.spec, self.executor, self.outcomes = store, started, spec, executor, outcomes
-        self.held: list[dict[str, Any]] = []  # per presented binding: binding, data, sha, row id, path
+        self.held: list[_Held] = []
         self.summary: list[JSONObject] = []
         self.directory: str | None = None
         self.rows_written = False
@@ -266,8 +281,8 @@ class _Presentation:
             sha = sha256_of(data)
             entry.update(status="presented", sha256=sha, expires_at=answer.expires_at_ms)
             self.summary.append(entry)
-            self.held.append({"binding": binding, "data": data, "sha256": sha, "expires_at": answer.expires_at_ms,
-                              "id": uuid.uuid4().hex, "text": answer.value if isinstance(answer.value, str) else None})
+            self.held.append(_Held(binding=binding, data=data, sha256=sha, expires_at=answer.expires_at_ms, id=uuid.uuid4().hex,
+                                   text=answer.value if isinstance(answer.value, str) else None))
 
     # -- materialisation -------------------------------------------------------------------------
 
@@ -280,20 +295,20 @@ class _Presentation:
         if not self.held:
             return
         now = _now_ms()
-        directory = run_directory(self.started.run_id) if any(h["binding"].present.medium == "file" for h in self.held) else None
+        directory = run_directory(self.started.run_id) if any(h.binding.present.medium == "file" for h in self.held) else None
         self.directory = directory
         with self.store.transaction() as tx:
             for h in self.held:
-                b = h["binding"]
+                b = h.binding
                 medium = b.present.medium
                 tx.execute(
                     "INSERT INTO credential_presentations (id, run_id, binding_name, provider, medium, env_key, file_name,"
                     " cardinality, required, status, artifact_digest, materialized_at, presented_sha256, temp_path, expires_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, 'one', ?, 'materialized', ?, ?, ?, ?, ?)",
-                    (h["id"], self.started.run_id, b.name, b.provider, medium,
+                    (h.id, self.started.run_id, b.name, b.provider, medium,
                      b.present.key if medium == "env" else file_variable(b.name) if medium == "file" else None,
                      self._file_name(b) if medium == "file" else None, int(b.required), self.started.job.artifact_digest,
-                     now, h["sha256"], directory if medium == "file" else None, h["expires_at"]),
+                     now, h.sha256, directory if medium == "file" else None, h.expires_at),
                 )
         self.rows_written = True
 
@@ -307,24 +322,24 @@ class _Presentation:
                 raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", f"cannot make the private credential directory: "
                                      f"{exc.strerror or type(exc).__name__}", details={"path": self.directory}) from None
         for h in self.held:
-            b = h["binding"]
+            b = h.binding
             medium = b.present.medium
             if medium == "file":
                 path = os.path.join(self.directory or "", self._file_name(b))
                 try:
-                    _write_private(path, h["data"])
+                    _write_private(path, h.data or b"")  # materialised before cleanup, which is what drops the value
                 except OSError as exc:
                     raise SchedulerError("CREDENTIAL_MATERIALIZE_FAILED", f"credential {b.name!r}: cannot write its file: "
                                          f"{exc.strerror or type(exc).__name__}", details={"binding": b.name}) from None
-                value: Any = h["text"] if h["text"] is not None else h["data"]
+                value: Any = h.text if h.text is not None else h.data
                 out.append(CredentialPresentation(name=b.name, medium="file", key=file_variable(b.name), path=path,
-                                                  value=value, sha256=h["sha256"]))
+                                                  value=value, sha256=h.sha256))
             else:
                 out.append(CredentialPresentation(name=b.name, medium=medium, key=b.present.key if medium == "env" else None,
-                                                  value=h["text"], sha256=h["sha256"]))
+                                                  value=h.text, sha256=h.sha256))
         if self.held:
             self.outcomes.record("credential.materialized", {
-                "bindings": [{"name": h["binding"].name, "medium": h["binding"].present.medium, "sha256": h["sha256"]}
+                "bindings": [{"name": h.binding.name, "medium": h.binding.present.medium, "sha256": h.sha256}
                              for h in self.held]})
         return tuple(out)
 
@@ -337,18 +352,18 @@ class _Presentation:
         failed: dict[str, str] = {}
         if self.directory is not None:
             for h in self.held:
-                if h["binding"].present.medium != "file":
+                if h.binding.present.medium != "file":
                     continue
-                problem = remove_file(os.path.join(self.directory, self._file_name(h["binding"])))
+                problem = remove_file(os.path.join(self.directory, self._file_name(h.binding)))
                 if problem:
-                    failed[h["id"]] = problem
+                    failed[h.id] = problem
             problem = remove_directory(self.directory)
             if problem:
                 for h in self.held:
-                    if h["binding"].present.medium == "file":
-                        failed.setdefault(h["id"], problem)
+                    if h.binding.present.medium == "file":
+                        failed.setdefault(h.id, problem)
         for h in self.held:
-            h["data"] = h["text"] = None  # the values go with the last reference the kernel holds
+            h.data = h.text = None  # the values go with the last reference the kernel holds
         if self.rows_written:
             self._mark_rows(failed)
         counts = {"presented": sum(1 for e in self.summary if e["status"] == "presented"),
@@ -358,7 +373,7 @@ class _Presentation:
                                                            "cleanup": "failed" if failed else "cleaned"})
         if self.held:
             kind = "credential.cleanup_failed" if failed else "credential.cleaned"
-            self.outcomes.record(kind, {"bindings": [h["binding"].name for h in self.held], "failed": len(failed)})
+            self.outcomes.record(kind, {"bindings": [h.binding.name for h in self.held], "failed": len(failed)})
 
     def _mark_rows(self, failed: dict[str, str]) -> None:
         now = _now_ms()
@@ -366,12 +381,12 @@ class _Presentation:
             try:
                 with self.store.transaction() as tx:
                     for h in self.held:
-                        if h["id"] in failed:
+                        if h.id in failed:
                             tx.execute("UPDATE credential_presentations SET status = 'failed', cleaned_at = ?, last_error = ?"
-                                       " WHERE id = ? AND status = 'materialized'", (now, failed[h["id"]], h["id"]))
+                                       " WHERE id = ? AND status = 'materialized'", (now, failed[h.id], h.id))
                         else:
                             tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = ?"
-                                       " WHERE id = ? AND status = 'materialized'", (now, h["id"]))
+                                       " WHERE id = ? AND status = 'materialized'", (now, h.id))
                 return
             except Exception:  # a busy database: try again; recovery covers a dead process
                 log.warning("marking credential presentations of run %s cleaned failed (attempt %d)", self.started.run_id,

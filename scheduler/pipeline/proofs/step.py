@@ -215,7 +215,7 @@ def revoke(store: Store, *, proof_id: str | None, key_id: str | None, reason: st
     return row
 
 
-def listing(store: Store, *, limit: int = 50) -> dict[str, list[dict[str, Any]]]:
+def listing(store: Store, *, limit: int = 50) -> dict[str, list[JSONObject]]:
     """Every revocation and the ``limit`` most recent claims of the replay ledger."""
     with store.read() as tx:
         revocations = tx.all("SELECT id, proof_id, key_id, reason, revoked_by, revoked_at FROM proof_revocations"
