@@ -73,12 +73,12 @@ def test_a_claim_pass_starts_several_runs_with_their_claims_bindings_and_events(
             assert (d["status"], d["run_id"], d["claim_owner"], d["claim_fence"], d["attempts"]) == (
                 "claimed", s.run_id, "D", lease.token, 1)
             assert (run["artifact_digest"], run["source_artifact_digest"]) == (d["artifact_digest"], d["source_artifact_digest"])
-            assert run["job_id"] == s.job["id"] and run["executor"] == "testkit" and run["attempt"] == 1
+            assert run["job_id"] == s.job.id and run["executor"] == "testkit" and run["attempt"] == 1
         tokens = tx.all("SELECT claim_token FROM job_dispatch_queue WHERE status = 'claimed'")
     assert len({t["claim_token"] for t in tokens}) == 6  # each claim its own token
     events = _events(store, ["run.started"])
     assert sorted(e["run_id"] for e in events) == sorted(s.run_id for s in started)
-    assert all(e["artifact_digest"] == next(s.job["artifact_digest"] for s in started if s.run_id == e["run_id"]) for e in events)
+    assert all(e["artifact_digest"] == next(s.job.artifact_digest for s in started if s.run_id == e["run_id"]) for e in events)
 
 
 def test_a_dispatch_no_longer_pending_gets_no_run(store):

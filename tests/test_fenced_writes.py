@@ -39,7 +39,7 @@ def test_concurrent_handles_share_commits_and_each_is_durable_on_return(store):
     seen: dict[str, int | None] = {}
 
     def worker(s) -> None:
-        control = DbRunControl(d, s.run_id, s.job["id"])
+        control = DbRunControl(d, s.run_id, s.job.id)
         barrier.wait()
         control.record_handle({"pid": 4000 + s.attempt, "pgid": 4000, "start_time": "ticks:7", "run": s.run_id})
         with store.read() as tx:  # durable before record_handle returned: another connection sees it
@@ -69,7 +69,7 @@ def test_a_stale_run_fails_only_its_own_write(store):
     barrier = threading.Barrier(len(started))
 
     def worker(s) -> None:
-        control = DbRunControl(d, s.run_id, s.job["id"])
+        control = DbRunControl(d, s.run_id, s.job.id)
         barrier.wait()
         try:
             control.record_handle({"pid": 1, "pgid": 1, "start_time": "ticks:1"})
@@ -84,7 +84,7 @@ def test_a_stale_run_fails_only_its_own_write(store):
         t.join(30)
     assert isinstance(errors[stale.run_id], StaleFence)
     assert all(errors[s.run_id] is None for s in fine)
-    rows = {r["id"]: r for r in (run_rows(store, s.job["id"])[0] for s in started)}
+    rows = {r["id"]: r for r in (run_rows(store, s.job.id)[0] for s in started)}
     assert rows[stale.run_id]["executor_handle"] is None and _events(store, stale.run_id, "run.handle_recorded") == []
     for s in fine:
         assert json.loads(rows[s.run_id]["executor_handle"])["pid"] == 1
@@ -93,11 +93,11 @@ def test_a_stale_run_fails_only_its_own_write(store):
 def test_a_lost_lease_fails_fenced_writes_but_keeps_plain_events(store):
     d, started = _running(store, 1)
     s = started[0]
-    control = DbRunControl(d, s.run_id, s.job["id"])
+    control = DbRunControl(d, s.run_id, s.job.id)
     leases.acquire(store, d.lease_name, "someone-else", 1000, now=now_ms() + 20_000)  # taken over after expiry
     with pytest.raises(leases.LeaseLost):
         control.record_handle({"pid": 2, "pgid": 2, "start_time": "ticks:2"})
-    assert run_rows(store, s.job["id"])[0]["executor_handle"] is None
+    assert run_rows(store, s.job.id)[0]["executor_handle"] is None
     control.event("probe.noted", {"n": 1})  # an audit event is not fenced: it still commits
     assert [json.loads(e["data"]) for e in _events(store, s.run_id, "probe.noted")] == [{"n": 1}]
 
@@ -108,14 +108,14 @@ def test_the_writer_thread_ends_when_idle_and_comes_back(store, monkeypatch):
     monkeypatch.setattr(fw, "IDLE_EXIT_S", 0.05)
     d, started = _running(store, 1)
     s = started[0]
-    control = DbRunControl(d, s.run_id, s.job["id"])
+    control = DbRunControl(d, s.run_id, s.job.id)
     control.event("probe.one", None)
     deadline = now_ms() + 5000
     while any(t.name == "fenced-writes" and t.is_alive() for t in threading.enumerate()) and now_ms() < deadline:
         threading.Event().wait(0.02)
     assert not d.fenced_writes._running
     control.record_handle({"pid": 3, "pgid": 3, "start_time": "ticks:3"})
-    assert json.loads(run_rows(store, s.job["id"])[0]["executor_handle"])["pid"] == 3
+    assert json.loads(run_rows(store, s.job.id)[0]["executor_handle"])["pid"] == 3
 
 
 def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(db_path):
@@ -129,7 +129,7 @@ def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(
         first, *rest = started
 
         def record(s) -> None:
-            DbRunControl(d, s.run_id, s.job["id"]).record_handle({"pid": 5, "pgid": 5, "start_time": "ticks:5"})
+            DbRunControl(d, s.run_id, s.job.id).record_handle({"pid": 5, "pgid": 5, "start_time": "ticks:5"})
 
         threads = [threading.Thread(target=record, args=(first,))]
         with store.transaction():  # holds the write lock, as the dispatcher loop's claim and completion do
@@ -143,6 +143,6 @@ def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(
             t.join(30)
         assert (d.fenced_writes.writes, d.fenced_writes.commits) == (4, 1)
         for s in started:
-            assert json.loads(run_rows(store, s.job["id"])[0]["executor_handle"])["pid"] == 5
+            assert json.loads(run_rows(store, s.job.id)[0]["executor_handle"])["pid"] == 5
     finally:
         store.close()

@@ -29,7 +29,7 @@ from scheduler.core.execution import ExecutionResult
 from scheduler.core.jobs import delete_job, set_enabled, update_job
 from scheduler.core.queue import claim_and_start, enqueue_manual, insert_dispatch, materialize_due, record_skip
 from scheduler.core.recovery import recover
-from scheduler.core.rows import JobRow
+from scheduler.core.rows import JobRow, RunRow
 from scheduler.core.runs import TERMINAL
 from scheduler.core.transitions import committing
 from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
@@ -377,7 +377,7 @@ def _alerts(store, job_id: str) -> list[dict[str, Any]]:
         return tx.all("SELECT * FROM delivery_outbox WHERE job_id = ? AND group_key LIKE '%:watchdog-alert'", (job_id,))
 
 
-def _run_once(store, lease, job, result: ExecutionResult) -> dict[str, Any]:
+def _run_once(store, lease, job, result: ExecutionResult) -> RunRow:
     enqueue_manual(store, job["id"])
     started = claim_and_start(store, lease, limit=1)
     return complete_run(store, lease, started[0].run_id, result, participants=COMPLETION)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -303,13 +303,12 @@ def claim_and_start(
     with committing(store) as tx:
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
-        # The columns the claim reads of a dispatch (the rows' other columns are None).
-        candidates = [DispatchRow.from_row(row) for row in tx.all(
+        candidates = tx.all(
             "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, source_artifact_digest, run_id"
             " FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
-        )]
+        )
         # Without row locks (SQLite) the write transaction is the only writer: the candidates' jobs and active runs
         # are read in two statements for the whole batch. With row locks (PostgreSQL) each job is locked and then
         # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
@@ -318,9 +317,11 @@ def claim_and_start(
         # New runs are claimed and inserted together after the loop (transitions.claim_and_start_many): the loop's
         # decisions never read them back (a job with a run started here is deferred, or its policy is ``allow``).
         new_runs: list[transitions.NewRun] = []
-        for d in candidates:
+        for candidate in candidates:
             if len(started) + len(new_runs) >= limit:
                 break
+            # Typed once it is looked at (up to 4 x limit are read): the columns the claim reads (the others are None).
+            d = DispatchRow.from_row(candidate)
             job = batch.job(d.job_id) if batch else _job_row(tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d.job_id,)))
             if job is None:
                 continue
@@ -379,23 +380,32 @@ _ACTIVE = "('running', 'awaiting_approval', 'approved')"
 
 
 class _BatchReads:
-    """One claim pass's job rows and active runs, read once for all candidates (SQLite: the transaction is exclusive)."""
+    """One claim pass's job rows and active runs, read once for all candidates (SQLite: the transaction is exclusive).
 
-    def __init__(self, tx: Tx, candidates: list[DispatchRow]) -> None:
+    A job's row becomes its ``JobRow`` when the pass first looks at it (the read covers every
+    candidate's job; the pass stops at its limit), and once only.
+    """
+
+    def __init__(self, tx: Tx, candidates: Sequence[Mapping[str, object]]) -> None:
         self._tx = tx
-        ids = list(dict.fromkeys(d.job_id for d in candidates))
+        ids = list(dict.fromkeys(str(d["job_id"]) for d in candidates))
         marks = ", ".join("?" for _ in ids)
+        self._rows: dict[str, Mapping[str, object]] = {
+            str(row["id"]): row for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids)}
         self._jobs: dict[str, JobRow] = {}
-        for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids):
-            job = JobRow.from_row(row)
-            self._jobs[job.id] = job
         self._active: dict[str, list[str | None]] = {job_id: [] for job_id in ids}
         for row in tx.all(f"SELECT job_id, dispatch_id FROM runs WHERE job_id IN ({marks}) AND status IN {_ACTIVE}", ids):
             self._active[row["job_id"]].append(row["dispatch_id"])
 
     def job(self, job_id: str) -> JobRow | None:
         """The job row as the pass read it (None: deleted)."""
-        return self._jobs.get(job_id)
+        job = self._jobs.get(job_id)
+        if job is None:
+            row = self._rows.get(job_id)
+            if row is None:
+                return None
+            job = self._jobs[job_id] = JobRow.from_row(row)
+        return job
 
     def active(self, job_id: str, dispatch_id: str) -> int:
         """``active_runs(tx, job_id, other_than_dispatch=dispatch_id)`` from the pass's read (or afresh once forgotten)."""
