@@ -6,6 +6,7 @@ failed on the code before its fix.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sqlite3
@@ -164,3 +165,34 @@ def test_defect_14_max_cost_without_a_price_is_refused_at_add(tmp_path: Path) ->
     priced = {"SCHEDULER_EXECUTORS_AGENT_PRICES": '{"m1" = "0.15/0.60"}'}
     assert ok(sub(db, "jobs", "add", capped, env=priced))["job"]["name"] == "capped"
     ok(sub(db, "jobs", "add", _agent("uncapped", executor_options={"model": "m1"})))  # no cap, no price needed
+
+
+# --- defect 12: the dispatcher log on a delivery's last attempt ------------------------------------------------------
+
+
+def test_defect_12_the_last_attempt_of_a_delivery_is_logged_failed_not_retry(tmp_path: Path) -> None:
+    from scheduler.testing.http import LoopbackHTTPServer, Reply
+
+    server = LoopbackHTTPServer()
+    server.default("/hook", Reply(status=500))  # retryable every time
+    config = tmp_path / "scheduler.toml"
+    config.write_text('[channels.webhook]\nsecret = {credential = "env:TEST_WEBHOOK_SECRET"}\n'
+                      "[delivery]\nretry_base_ms = 50\nretry_max_ms = 100\nmax_attempts = 2\n")
+    env = {"SCHEDULER_CONFIG": str(config),
+           "TEST_WEBHOOK_SECRET": "whsec_" + base64.b64encode(b"fedcba9876543210fedcba9876543210").decode()}
+    db = tmp_path / "s.db"
+    try:
+        ok(sub(db, "jobs", "add", spec("d", delivery_mode="always", delivery_channel="webhook", delivery_to=f"{server.url}/hook"),
+               env=env))
+        ok(sub(db, "jobs", "run", "d", env=env))
+        res = subprocess.run([*scheduler_cmd(), "--db", str(db), "run", "--duration", "4s"], capture_output=True, timeout=120,
+                             env={**os.environ, **env})
+    finally:
+        server.close()
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.decode().splitlines() if " deliver webhook " in ln or ln.startswith("deliver webhook ")]
+    assert len(lines) == 2, res.stdout.decode()
+    assert ": retry (" in lines[0] and "attempt 1/2" in lines[0], lines
+    assert ": failed (" in lines[1] and "attempt 2/2" in lines[1] and ": retry" not in lines[1], lines
+    parts = ok(sub(db, "deliveries", "list", env=env))
+    assert [p["status"] for p in parts.get("deliveries", parts.get("parts", []))] == ["failed"], parts

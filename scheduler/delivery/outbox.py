@@ -292,6 +292,19 @@ def backoff_ms(attempts: int, *, base_ms: int, max_ms: int, retry_after_s: float
     return max(1, int(delay * (rng or random).uniform(0.8, 1.2)))
 
 
+def settled_outcome(part: dict[str, Any], result: dict[str, Any]) -> str:
+    """What a send's result makes of the part: ``delivered``, ``retry_scheduled`` (attempts left) or ``failed``.
+
+    A retryable error on the last attempt is ``failed``: the log and the stats say what the
+    part became, not what the channel asked for.
+    """
+    if result["outcome"] == "delivered":
+        return "delivered"
+    if result["outcome"] == "retry" and part["attempts"] < part["max_attempts"]:
+        return "retry_scheduled"
+    return "failed"
+
+
 def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner: str, now: int | None = None) -> bool:
     """Record a send's outcome under the part's claim token; False when the claim was lost (taken over)."""
     now = now_ms() if now is None else now
@@ -299,20 +312,19 @@ def record(store: Store, part: dict[str, Any], result: dict[str, Any], *, owner:
     outcome = result["outcome"]
     with store.transaction() as tx:
         key = {"part_id": part["id"], "claim_token": part["claim_token"]}
+        outcome = settled_outcome(part, result)
         if outcome == "delivered":
             changed = state.execute(tx, "deliver_outbox_part", receipt_id=result.get("receipt_id"),
                                     receipt_json=json.dumps(result.get("details") or {}, sort_keys=True, default=str), now=now,
                                     **key)
-        elif outcome == "retry" and part["attempts"] < part["max_attempts"]:
+        elif outcome == "retry_scheduled":
             delay = backoff_ms(part["attempts"], base_ms=cfg.retry_base_ms, max_ms=cfg.retry_max_ms,
                                retry_after_s=result.get("retry_after_s"))
             changed = state.execute(tx, "retry_outbox_part", due_at=now + delay, error=result["error"], code=result["code"],
                                     now=now, **key)
-            outcome = "retry_scheduled"
             result = {**result, "next_attempt_at": to_iso(now + delay)}
         else:
             changed = state.execute(tx, "fail_outbox_part", error=result["error"], code=result["code"], now=now, **key)
-            outcome = "failed"
             if changed:  # the parts after it cannot go out in order any more
                 state.execute(tx, "fail_later_outbox_parts", group_key=part["group_key"], part_index=part["part_index"],
                               error=f"part {part['part_index']}/{part['part_count']} failed", now=now)
@@ -437,9 +449,12 @@ class DeliveryWorker(DutyThread):
                 break
             result = send_part(part, self.artifacts_root)
             if record(self.store, part, result, owner=self.owner):
-                key = {"delivered": "delivered", "retry": "retried"}.get(result["outcome"], "failed")
+                settled = settled_outcome(part, result)  # the last attempt's retryable error is "failed", not "retry"
+                key = {"delivered": "delivered", "retry_scheduled": "retried", "failed": "failed"}[settled]
                 self.stats[key] += 1
-                self.say(f"deliver {part['channel']} {part['idempotency_key']}: {result['outcome']}"
-                         + (f" ({result.get('code')})" if result["outcome"] != "delivered" else ""))
+                word = {"retry_scheduled": "retry"}.get(settled, settled)
+                attempt = f", attempt {part['attempts']}/{part['max_attempts']}" if settled != "delivered" else ""
+                self.say(f"deliver {part['channel']} {part['idempotency_key']}: {word}"
+                         + (f" ({result.get('code')}{attempt})" if settled != "delivered" else ""))
         # delivered parts may have made the next parts of their messages sendable; nothing claimable: wait
         return 0.0 if parts else MAX_SLEEP_S / 4
