@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +198,35 @@ def test_defect_12_the_last_attempt_of_a_delivery_is_logged_failed_not_retry(tmp
     assert ": failed (" in lines[1] and "attempt 2/2" in lines[1] and ": retry" not in lines[1], lines
     parts = ok(sub(db, "deliveries", "list", env=env))
     assert [p["status"] for p in parts.get("deliveries", parts.get("parts", []))] == ["failed"], parts
+
+
+# --- defect 13: doctor checks the live lease and pending cancellations ----------------------------------------------
+
+
+def _check(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    checks = doc.get("checks") or doc.get("details")
+    (found,) = [c for c in checks if c["check"] == name]
+    return found
+
+
+def test_defect_13_doctor_checks_the_dispatcher_lease_and_pending_cancellations(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    ok(sub(db, "jobs", "add", spec()))
+    healthy = ok(sub(db, "doctor"))
+    assert _check(healthy, "dispatcher_lease")["warning"] is True and "no live dispatcher" in _check(healthy, "dispatcher_lease")["detail"]
+    assert _check(healthy, "cancellations")["ok"] is True
+    job_id = ok(sub(db, "jobs", "get", "job"))["job"]["id"]
+    now = int(time.time() * 1000)
+    dead_pid = subprocess.Popen(["true"])  # a pid that no longer runs: this finished child's
+    dead_pid.wait()
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO runs(id, job_id, status, attempt, created_at, started_at, cancel_requested_at)"
+                     " VALUES ('stuck-run', ?, 'running', 1, ?, ?, ?)", (job_id, now - 600_000, now - 600_000, now - 300_000))
+        conn.execute("INSERT INTO dispatcher_leases(name, owner, token, acquired_at, renewed_at, expires_at)"
+                     " VALUES ('dispatcher', ?, 1, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET owner = excluded.owner,"
+                     " token = excluded.token + dispatcher_leases.token, expires_at = excluded.expires_at",
+                     (f"{socket.gethostname()}:{dead_pid.pid}:abcd", now, now, now + 600_000))
+    doc = refused(sub(db, "doctor"), "UNHEALTHY")
+    cancels, lease = _check(doc, "cancellations"), _check(doc, "dispatcher_lease")
+    assert cancels["ok"] is False and cancels["runs"] == ["stuck-run"] and "not honoured" in cancels["detail"]
+    assert lease["ok"] is False and f"pid {dead_pid.pid}" in lease["detail"] and "no longer runs" in lease["detail"]

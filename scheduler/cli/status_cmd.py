@@ -193,6 +193,43 @@ def _authorization_check(store: Any) -> dict[str, Any] | None:
     return {"check": "authorization_policies", "ok": not problems, "detail": detail, "problems": problems}
 
 
+#: A cancel request on a running run older than this, still not honoured, fails ``doctor`` (a dispatcher honours one
+#: within its grace, 10 s by default; a request this old means no dispatcher is handling the run).
+CANCEL_OVERDUE_MS = 60_000
+
+
+def _lease_check(status: dict[str, Any]) -> dict[str, Any]:
+    """The dispatcher lease: a warning when none is live (nothing runs), a failure when its holder is a dead local process."""
+    from scheduler.core.lease import owner_is_dead_local_process
+
+    live = [lease for lease in status["leases"] if lease["live"] and lease["name"] != "maintenance"]
+    dead = [lease for lease in live if owner_is_dead_local_process(lease["owner"])]
+    if dead:
+        return {"check": "dispatcher_lease", "ok": False,
+                "detail": "; ".join(f"lease {lease['name']!r} held by pid {lease['pid']}, which no longer runs (the lease"
+                                    f" expires at {lease['expires_at']}; its runs are recovered then)" for lease in dead)}
+    if not live:
+        return {"check": "dispatcher_lease", "ok": True, "warning": True,
+                "detail": "warning: no live dispatcher lease: nothing runs until `scheduler run` (or its service) starts"}
+    return {"check": "dispatcher_lease", "ok": True,
+            "detail": "; ".join(f"{lease['name']} held by pid {lease['pid']} on {lease['host']} (token {lease['token']},"
+                                f" until {lease['expires_at']})" for lease in live)}
+
+
+def _cancellation_check(store: Any) -> dict[str, Any]:
+    """Cancel requests on running runs: pending ones are fine; one not honoured for ``CANCEL_OVERDUE_MS`` fails."""
+    now = now_ms()
+    with store.read() as tx:
+        rows = tx.all("SELECT id, cancel_requested_at FROM runs WHERE cancel_requested_at IS NOT NULL AND status = 'running'"
+                      " ORDER BY cancel_requested_at")
+    overdue = [r for r in rows if now - int(r["cancel_requested_at"]) > CANCEL_OVERDUE_MS]
+    detail = f"{len(rows)} pending cancel request(s), {len(overdue)} not honoured after {CANCEL_OVERDUE_MS // 1000} s"
+    if overdue:
+        detail += (": " + ", ".join(f"run {r['id'][:8]} (requested {to_iso(r['cancel_requested_at'])})" for r in overdue[:5])
+                   + " (is a dispatcher running?)")
+    return {"check": "cancellations", "ok": not overdue, "detail": detail, "runs": [r["id"] for r in overdue]}
+
+
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
@@ -204,6 +241,8 @@ def doctor_cmd() -> None:
         checks.append({"check": "open", "ok": True, "detail": f"{store.location} (schema {store.schema_version()})"})
         checks.extend(store.health())
         status = collect_status(store)
+        checks.append(_lease_check(status))
+        checks.append(_cancellation_check(store))
         checks.append({"check": "expired_claims", "ok": status["queue"]["expired_claims"] == 0,
                        "detail": f"{status['queue']['expired_claims']} expired claim(s)"})
         checks.append({"check": "recovery_blocked", "ok": not status["recovery_blocked"],
