@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scheduler.core import state
 from scheduler.core.events import append_event
@@ -45,7 +45,13 @@ def claim_dispatch(tx: Tx, dispatch_id: str, lease: Lease, *, run_id: str, claim
     return len(claimed) == 1
 
 
-_KEEP: Any = object()
+class _Keep:
+    """``finish_dispatch``'s default ``last_error``: the row's last error stays as it is."""
+
+    __slots__ = ()
+
+
+_KEEP = _Keep()
 
 
 class _Finishes:
@@ -91,7 +97,7 @@ def batched_finishes(tx: Tx) -> Iterator[None]:
                           rows=[{"dispatch_id": d, "last_error": e, "now": n} for d, e, n in chunk])
 
 
-def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, last_error: str | None = _KEEP,
+def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, last_error: str | _Keep | None = _KEEP,
                     deferrable: bool = False) -> bool:
     """``pending``/``claimed`` -> ``done``/``failed``; a cancelled or finished row is never rewritten.
 
@@ -104,14 +110,14 @@ def finish_dispatch(tx: Tx, dispatch_id: str | None, status: str, *, now: int, l
         return False
     if status not in ("done", "failed"):
         raise ValueError(f"finish_dispatch: {status!r} is not done or failed")
-    if deferrable and status == "done" and last_error is not _KEEP:
+    if deferrable and status == "done" and not isinstance(last_error, _Keep):
         batch = _finishes.get()
         if batch is not None:
             batch.rows.append((dispatch_id, last_error, now))
             return True
-    keep = last_error is _KEEP
+    keep = isinstance(last_error, _Keep)
     changed = state.execute(tx, "finish_dispatch", dispatch_id=dispatch_id, status=status, now=now,
-                            set_last_error=0 if keep else 1, last_error=None if keep else last_error)
+                            set_last_error=0 if keep else 1, last_error=None if isinstance(last_error, _Keep) else last_error)
     return changed == 1
 
 
