@@ -11,10 +11,10 @@ installed none, such as a script using core alone, has no observers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import SQLValue
+    from scheduler.core.rows import JSONObject, SQLValue
 
 
 class Observers(Protocol):
@@ -28,7 +28,7 @@ class Observers(Protocol):
         """Tell observers of a committed transition; never raises."""
         ...
 
-    def run_completed(self, run: dict[str, Any]) -> None:
+    def run_completed(self, run: JSONObject) -> None:
         """Tell observers that a run's completion committed (``run``: its JSON view); never raises."""
         ...
 

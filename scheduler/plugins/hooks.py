@@ -18,6 +18,7 @@ import pluggy
 from scheduler.base.entry_points import strict_loading
 from scheduler.base.errors import SchedulerError
 from scheduler.base.plugin_kinds import HOOKS_GROUP
+from scheduler.core.rows import JSONObject
 from scheduler.plugins import hookspecs
 from scheduler.plugins.loader import load_group
 
@@ -120,7 +121,7 @@ class Hooks:
             "scheduler_run_state_changed", run_id=run_id, job_id=job_id, old_status=old_status, new_status=new_status, at_ms=at_ms
         )
 
-    def run_completed(self, run: dict[str, Any]) -> None:
+    def run_completed(self, run: JSONObject) -> None:
         """Notify observers that a run's completion committed."""
         self._notify_each("scheduler_run_completed", run=run)
 

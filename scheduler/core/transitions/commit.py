@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from scheduler.core import observers
-from scheduler.core.rows import RunRow
+from scheduler.core.rows import JSONObject, RunRow
 from scheduler.core.runs import TERMINAL, run_to_json
 from scheduler.core.store.base import Store, Tx
 
@@ -80,7 +80,7 @@ class AfterCommit:
                     hooks.run_state_changed(n.run_id, n.job_id, n.old_status, n.new_status, n.at_ms)
                 if wants_done and n.terminal:
                     row = rows.get(n.run_id)  # None: deleted meanwhile (``jobs delete``)
-                    view = run_to_json(row, full=True) if row is not None else {
+                    view: JSONObject = run_to_json(row, full=True) if row is not None else {
                         "id": n.run_id, "job_id": n.job_id, "status": n.new_status}
                     hooks.run_completed(view)
         except Exception:  # an observer problem never undoes or blocks a committed transition
