@@ -230,3 +230,34 @@ def test_defect_13_doctor_checks_the_dispatcher_lease_and_pending_cancellations(
     cancels, lease = _check(doc, "cancellations"), _check(doc, "dispatcher_lease")
     assert cancels["ok"] is False and cancels["runs"] == ["stuck-run"] and "not honoured" in cancels["detail"]
     assert lease["ok"] is False and f"pid {dead_pid.pid}" in lease["detail"] and "no longer runs" in lease["detail"]
+
+
+# --- defect 15: job names in the decision answers and deliveries show -----------------------------------------------
+
+
+def test_defect_15_approve_reject_and_deliveries_show_name_the_job(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    config = tmp_path / "scheduler.toml"
+    config.write_text('[channels.webhook]\nsecret = {credential = "env:TEST_WEBHOOK_SECRET"}\n[delivery]\nmax_attempts = 1\n')
+    env = {"SCHEDULER_CONFIG": str(config),
+           "TEST_WEBHOOK_SECRET": "whsec_" + base64.b64encode(b"fedcba9876543210fedcba9876543210").decode()}
+    for name in ("gated", "gated2"):
+        ok(sub(db, "jobs", "add", spec(name, approval_required=True, delivery_mode="always", delivery_channel="webhook",
+                                       delivery_to="http://127.0.0.1:9/hook"), env=env))
+        ok(sub(db, "jobs", "run", name, env=env))
+    res = subprocess.run([*scheduler_cmd(), "--db", str(db), "run", "--duration", "3s"], capture_output=True, timeout=120,
+                         env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr[-2000:]
+    pending = ok(sub(db, "approvals", "list", env=env))["approvals"]
+    by_job = {a["job_name"]: a["id"] for a in pending}
+    assert set(by_job) == {"gated", "gated2"}, pending
+    approved = ok(sub(db, "approvals", "approve", by_job["gated"], env=env))
+    rejected = ok(sub(db, "approvals", "reject", by_job["gated2"], env=env))
+    assert approved["approval"]["job_name"] == "gated" and rejected["approval"]["job_name"] == "gated2", (approved, rejected)
+    parts = ok(sub(db, "deliveries", "list", env=env))["deliveries"]
+    assert parts and parts[0]["job_name"] in ("gated", "gated2"), parts
+    assert ok(sub(db, "deliveries", "show", parts[0]["id"], env=env))["delivery"]["job_name"] == parts[0]["job_name"]
+    human = subprocess.run([*scheduler_cmd(), "--db", str(db), "deliveries", "show", parts[0]["id"]], capture_output=True,
+                           timeout=60, env={**os.environ, **env})
+    assert human.returncode == 0 and any(ln.replace(":", " ").split() == ["job_name", parts[0]["job_name"]]
+                                         for ln in human.stdout.decode().splitlines()), human.stdout.decode()

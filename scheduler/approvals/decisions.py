@@ -152,10 +152,11 @@ def expire_due(tx: Tx, *, now: int) -> int:
 
 
 def get_approval(tx: Tx, approval_id: str) -> dict[str, Any]:
-    """An approval by id or unique id prefix (at least 8 characters); ``NOT_FOUND`` otherwise."""
-    row = tx.one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
+    """An approval by id or unique id prefix (at least 8 characters), with its job's ``job_name``; ``NOT_FOUND`` otherwise."""
+    select = "SELECT a.*, j.name AS job_name FROM approvals a LEFT JOIN jobs j ON j.id = a.job_id"
+    row = tx.one(f"{select} WHERE a.id = ?", (approval_id,))
     if row is None and len(approval_id) >= 8:
-        rows = tx.all("SELECT * FROM approvals WHERE id LIKE ? LIMIT 2", (approval_id.replace("%", "").replace("_", "\\_") + "%",))
+        rows = tx.all(f"{select} WHERE a.id LIKE ? LIMIT 2", (approval_id.replace("%", "").replace("_", "\\_") + "%",))
         row = rows[0] if len(rows) == 1 else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Approval not found: {approval_id}")

@@ -363,10 +363,11 @@ def retry_failed(store: Store, ref: str, *, actor: str, now: int | None = None) 
 
 
 def get_part(tx: Tx, ref: str) -> dict[str, Any]:
-    """An outbox part by id (its idempotency key) or unique id prefix; ``NOT_FOUND`` otherwise."""
-    row = tx.one("SELECT * FROM delivery_outbox WHERE id = ?", (ref,))
+    """An outbox part by id (its idempotency key) or unique id prefix, with its job's ``job_name``; ``NOT_FOUND`` otherwise."""
+    select = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id"
+    row = tx.one(f"{select} WHERE o.id = ?", (ref,))
     if row is None and len(ref) >= 8:
-        rows = tx.all("SELECT * FROM delivery_outbox WHERE id LIKE ? LIMIT 2", (ref.replace("%", "").replace("_", "\\_") + "%",))
+        rows = tx.all(f"{select} WHERE o.id LIKE ? LIMIT 2", (ref.replace("%", "").replace("_", "\\_") + "%",))
         row = rows[0] if len(rows) == 1 else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Delivery not found: {ref}")
