@@ -580,6 +580,12 @@ CREATE TABLE IF NOT EXISTS provider_sessions (
     refresh_after     INTEGER,
     UNIQUE (provider, session_key, artifact_digest)
 );
+CREATE TRIGGER IF NOT EXISTS provider_sessions_binding_immutable
+BEFORE UPDATE OF artifact_digest ON provider_sessions
+WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest)
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: a provider session''s artifact binding never changes');
+END;
 
 -- Credential release bookkeeping. There is deliberately no column for the value.
 CREATE TABLE IF NOT EXISTS credential_presentations (
@@ -608,6 +614,12 @@ CREATE INDEX IF NOT EXISTS credential_presentations_run_idx ON credential_presen
 CREATE INDEX IF NOT EXISTS credential_presentations_materialized_idx ON credential_presentations(status, run_id) WHERE status = 'materialized';
 -- status and doctor count cleanup failures without reading every presentation.
 CREATE INDEX IF NOT EXISTS credential_presentations_failed_idx ON credential_presentations(status, run_id) WHERE status = 'failed';
+CREATE TRIGGER IF NOT EXISTS credential_presentations_binding_immutable
+BEFORE UPDATE OF artifact_digest ON credential_presentations
+WHEN OLD.artifact_digest IS NOT NULL AND (NEW.artifact_digest IS DISTINCT FROM OLD.artifact_digest)
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_BINDING_IMMUTABLE: a credential presentation''s artifact binding never changes');
+END;
 
 -- Proof nonce / JTI claims: a proof is accepted once, for one artifact.
 CREATE TABLE IF NOT EXISTS authorization_proof_replay (

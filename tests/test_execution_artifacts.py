@@ -283,3 +283,23 @@ def test_doctor_finds_a_tampered_artifact_and_a_drifted_job(cli: Any, store: Any
     assert ("tampered", "EXECUTION_ARTIFACT_TAMPERED") in codes and ("drifted", "EXECUTION_ARTIFACT_MISMATCH") in codes
     refused_print = cli("--json", "jobs", "artifact", "tampered")
     assert refused_print.code != 0 and refused_print.json["code"] == "EXECUTION_ARTIFACT_TAMPERED"
+
+
+def test_issue29_defect_3_session_and_presentation_bindings_never_change(store: Any) -> None:
+    """Before: ``UPDATE provider_sessions SET artifact_digest = ...`` (and on presentations) succeeded."""
+    job = add_job(store, payload_message="ok")
+    other = add_job(store, payload_message="other")["artifact_digest"]
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO provider_sessions(id, provider, session_key, artifact_digest, created_at, updated_at)"
+                   " VALUES ('s1', 'p', 'k', ?, 1, 1)", (job["artifact_digest"],))
+        tx.execute("INSERT INTO credential_presentations(id, run_id, binding_name, provider, medium, artifact_digest,"
+                   " materialized_at) VALUES ('c1', 'r1', 'b', 'p', 'env', ?, 1)", (job["artifact_digest"],))
+    for table, key in (("provider_sessions", "s1"), ("credential_presentations", "c1")):
+        refused(store, f"UPDATE {table} SET artifact_digest = ? WHERE id = ?", (other, key), "ARTIFACT_BINDING_IMMUTABLE")
+        refused(store, f"UPDATE {table} SET artifact_digest = NULL WHERE id = ?", (key,), "ARTIFACT_BINDING_IMMUTABLE")
+    with store.transaction() as tx:  # the rest of the row still moves as the runtime needs
+        tx.execute("UPDATE provider_sessions SET status = 'revoked', updated_at = 2 WHERE id = 's1'")
+        tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = 2 WHERE id = 'c1'")
+    with store.read() as tx:
+        assert tx.scalar("SELECT artifact_digest FROM provider_sessions WHERE id = 's1'") == job["artifact_digest"]
+        assert tx.scalar("SELECT artifact_digest FROM credential_presentations WHERE id = 'c1'") == job["artifact_digest"]

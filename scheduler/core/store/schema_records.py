@@ -270,6 +270,7 @@ RECORD_TABLES: tuple[Table, ...] = (
             Column("refresh_after", BIGINT),
         ),
         constraints=("UNIQUE (provider, session_key, artifact_digest)",),
+        guards=(binding_guard("provider_sessions", "a provider session's", ("artifact_digest",)),),
         comment="Resumable provider sessions scoped to an exact artifact and runtime instance.",
     ),
     Table(
@@ -301,6 +302,7 @@ RECORD_TABLES: tuple[Table, ...] = (
             Index("credential_presentations_failed_idx", "status, run_id", "status = 'failed'",
                   comment="status and doctor count cleanup failures without reading every presentation."),
         ),
+        guards=(binding_guard("credential_presentations", "a credential presentation's", ("artifact_digest",)),),
         comment="Credential release bookkeeping. There is deliberately no column for the value.",
     ),
     Table(
