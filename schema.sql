@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 );
 
 -- Execution artifacts: each job's execution contract as canonical JSON, stored once by digest.
--- Immutable; foreign keys from jobs, dispatches, runs and events keep a referenced one from deletion.
+-- Immutable; foreign keys and a delete guard keep a referenced one from deletion.
 CREATE TABLE IF NOT EXISTS execution_artifacts (
     -- sha256:<hex> of payload (json-sort-v1 canonical JSON); the one stored digest form
     digest         TEXT    PRIMARY KEY CHECK (digest LIKE 'sha256:%' AND length(digest) = 71),
@@ -672,3 +672,11 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at   INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_session_idx ON messages(session_key, status);
+
+-- Foreign keys alone keep a referenced artifact only on connections that enforce them.
+CREATE TRIGGER IF NOT EXISTS execution_artifacts_referenced
+BEFORE DELETE ON execution_artifacts
+WHEN (EXISTS (SELECT 1 FROM jobs WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM job_dispatch_queue WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM job_dispatch_queue WHERE source_artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM runs WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM runs WHERE source_artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM approvals WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM approvals WHERE source_artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM evidence_records WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM run_tombstones WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM runtime_events WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM provider_sessions WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM credential_presentations WHERE artifact_digest = OLD.digest) OR EXISTS (SELECT 1 FROM authorization_proof_replay WHERE artifact_digest = OLD.digest))
+BEGIN
+    SELECT RAISE(ABORT, 'ARTIFACT_REFERENCED: an execution artifact cannot be deleted while a row refers to it');
+END;

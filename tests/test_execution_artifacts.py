@@ -84,7 +84,8 @@ def test_artifacts_are_immutable_and_kept_while_referenced(store: Any) -> None:
     job = add_job(store, payload_message="ok")
     digest = job["artifact_digest"]
     refused(store, "UPDATE execution_artifacts SET payload = '{}' WHERE digest = ?", (digest,), "ARTIFACT_IMMUTABLE")
-    refused(store, "DELETE FROM execution_artifacts WHERE digest = ?", (digest,))  # the job (and its events) refer to it
+    # the job (and its events) refer to it: the delete guard refuses before the foreign keys are even asked (issue 29, defect 4)
+    refused(store, "DELETE FROM execution_artifacts WHERE digest = ?", (digest,), "ARTIFACT_REFERENCED")
     refused(store, "INSERT INTO execution_artifacts VALUES ('sha256:abc', 'native', NULL, '{}', 2, 1)")  # not a digest
     refused(store, "INSERT INTO execution_artifacts VALUES (?, 'other', NULL, '{}', 2, 1)", ("sha256:" + "0" * 64,))
     refused(store, "UPDATE jobs SET artifact_digest = ? WHERE id = ?", ("sha256:" + "1" * 64, job["id"]))  # no such artifact

@@ -144,7 +144,23 @@ _EVENTS_CUTOFF = {
 }
 
 
+#: The PL/pgSQL function telling whether any row refers to an execution artifact (a trigger's WHEN cannot hold a subquery).
+PG_ARTIFACT_REFERENCED_FUNCTION = "scheduler_artifact_referenced"
+
+
+def _artifact_references() -> list[tuple[str, str]]:
+    """``(table, column)`` of every column referring to ``execution_artifacts(digest)``."""
+    return [(t.name, c.name) for t in TABLES for c in t.columns if c.references and c.references.startswith("execution_artifacts(")]
+
+
+def _artifact_referenced(digest: str) -> str:
+    return "(" + " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE {c} = {digest})" for t, c in _artifact_references()) + ")"
+
+
 def _guard_statements(t: Table, g: Guard, dialect: str) -> list[str]:
+    if g.when and "{artifact_referenced}" in g.when:
+        expression = _artifact_referenced("OLD.digest") if dialect == "sqlite" else f"{PG_ARTIFACT_REFERENCED_FUNCTION}(OLD.digest)"
+        g = g._replace(when=g.when.replace("{artifact_referenced}", expression))
     if g.when and "{now_ms}" in g.when:
         g = g._replace(when=g.when.replace("{now_ms}", _NOW_MS[dialect]))
     if g.when and "{events_cutoff}" in g.when:
@@ -187,6 +203,16 @@ _PG_EVENTS_CUTOFF = (
 )
 
 
+def _pg_artifact_referenced() -> str:
+    """PL/pgSQL (its body is not checked against tables at creation): does any row refer to artifact ``d``?"""
+    return (f"CREATE OR REPLACE FUNCTION {PG_ARTIFACT_REFERENCED_FUNCTION}(d text) RETURNS boolean\n"
+            "LANGUAGE plpgsql STABLE AS $$\n"
+            "BEGIN\n"
+            f"    RETURN {_artifact_referenced('d')};\n"
+            "END;\n"
+            "$$")
+
+
 def _groups(dialect: str, tables: tuple[Table, ...] = TABLES) -> list[list[tuple[list[str], str]]]:
     """The schema as groups (a table with its indexes and guards) of ``(comment lines, statement)`` pairs.
 
@@ -196,15 +222,26 @@ def _groups(dialect: str, tables: tuple[Table, ...] = TABLES) -> list[list[tuple
     out: list[list[tuple[list[str], str]]] = []
     if dialect == "postgresql":
         out.append([(_comment("One guard function for every refusing trigger: the trigger passes its message."), _PG_REFUSE),
-                    (_comment("The runtime events' delete cutoff (see prune_cutoffs)."), _PG_EVENTS_CUTOFF)])
+                    (_comment("The runtime events' delete cutoff (see prune_cutoffs)."), _PG_EVENTS_CUTOFF),
+                    (_comment("Whether any row refers to an execution artifact (its delete guard)."), _pg_artifact_referenced())])
+    # A guard reading other tables ({artifact_referenced}) comes after every table it reads, and only with all of
+    # them: a migration's CreateTable of one table must not leave a trigger naming tables an older database lacks
+    # (SQLite re-checks every trigger on ALTER TABLE). The full schema, applied after the migrations, creates it.
+    names = {t.name for t in tables}
+    deferred: list[tuple[list[str], str]] = []
     for t in tables:
         group = [(_comment(t.comment), _create_table(t, dialect))]
         group.extend((_comment(ix.comment), _create_index(t, ix)) for ix in t.indexes)
         for g in t.guards:
+            reads_others = bool(g.when and "{artifact_referenced}" in g.when)
+            if reads_others and not {table for table, _c in _artifact_references()} <= names:
+                continue
             for i, statement in enumerate(_guard_statements(t, g, dialect)):
                 note = _comment(g.comment if i == 0 else "PostgreSQL only: TRUNCATE skips row triggers, so refuse it too.")
-                group.append((note, statement))
+                (deferred if reads_others else group).append((note, statement))
         out.append(group)
+    if deferred:
+        out.append(deferred)
     return out
 
 

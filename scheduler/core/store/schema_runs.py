@@ -44,9 +44,15 @@ RUN_TABLES: tuple[Table, ...] = (
             Column("created_at", BIGINT, not_null=True),
         ),
         indexes=(Index("execution_artifacts_job_idx", "job_id, created_at"),),
-        guards=(no_update("execution_artifacts", "ARTIFACT_IMMUTABLE: execution artifacts cannot be updated"),),
+        guards=(
+            no_update("execution_artifacts", "ARTIFACT_IMMUTABLE: execution artifacts cannot be updated"),
+            Guard("execution_artifacts_referenced", "DELETE",
+                  "ARTIFACT_REFERENCED: an execution artifact cannot be deleted while a row refers to it",
+                  when="{artifact_referenced}",
+                  comment="Foreign keys alone keep a referenced artifact only on connections that enforce them."),
+        ),
         comment="Execution artifacts: each job's execution contract as canonical JSON, stored once by digest.\n"
-                "Immutable; foreign keys from jobs, dispatches, runs and events keep a referenced one from deletion.",
+                "Immutable; foreign keys and a delete guard keep a referenced one from deletion.",
     ),
     Table(
         "jobs",
