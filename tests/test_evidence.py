@@ -18,6 +18,7 @@ from evidence_support import (
     artifacts_dir,  # noqa: F401  (the autouse artifacts-root fixture)
     events_of,
     evidence_row,
+    is_postgres,
     run_job,
     unguarded,
     use_settings,
@@ -290,8 +291,12 @@ def test_status_counts_and_doctor_reverifies(store: Any, store_url: str, dispatc
         unguarded(tx, store_url, *EVIDENCE_GUARDS)
         tx.execute("UPDATE runs SET exit_code = 9 WHERE id = ?", (bad["id"],))
         tx.execute("DELETE FROM evidence_records WHERE run_id = ?", (good["id"],))
+    if not is_postgres(store_url):  # a read-only SQLite open refuses a database missing its guards (issue 29 defect 5)
+        refused = cli("--json", "status")
+        assert refused.code != 0 and refused.json["code"] == "DB_INIT_FAILED", refused
+        assert "trigger evidence_records_no_update" in refused.json["details"]["missing"], refused.json
+    sick = evidence_check()  # doctor writes: it recreates the guards, then re-verifies
     assert cli("--json", "status").json["status"]["evidence"]["missing"] == 1
-    sick = evidence_check()
     assert not sick["ok"] and sick["evidence"]["invalid"] == 1 and sick["evidence"]["missing"] == 1, sick
     assert sick["evidence"]["invalid_samples"][0] == {**sick["evidence"]["invalid_samples"][0], "run_id": bad["id"],
                                                       "code": "EVIDENCE_PAYLOAD_MISMATCH"}

@@ -150,16 +150,25 @@ def test_a_tampered_or_missing_artifact_fails_the_whole_listing(cli: Any, store:
         payload = doc["handoff_artifact_payload"]
         tampered = json.dumps({**payload, "runtime": {"timeout_ms": 1}}, sort_keys=True, separators=(",", ":"))
         tx.execute("UPDATE execution_artifacts SET payload = ? WHERE digest = ?", (tampered, doc["handoff_artifact_digest"]))
+    if not postgres:  # a read-only SQLite open refuses a database missing a guard (issue 29 defect 5), naming it
+        out = cli("--json", "jobs", "list", "--include-handoff-artifacts")
+        assert out.code != 0 and out.json["code"] == "DB_INIT_FAILED", out
+        assert "trigger execution_artifacts_no_update" in out.json["details"]["missing"], out.json
+        cli("jobs", "disable", "native")  # a writing command recreates the guard; the tampered payload stays
     out = cli("--json", "jobs", "list", "--include-handoff-artifacts")
     assert out.code != 0 and out.json["code"] in ("EXECUTION_ARTIFACT_TAMPERED", "HANDOFF_ARTIFACT_DIGEST_MISMATCH"), out
     assert "jobs" not in out.json
     if postgres:
         return
-    conn = sqlite3.connect(store_url)  # SQLite only: deleting a referenced artifact needs foreign keys off
+    conn = sqlite3.connect(store_url)  # SQLite only: with foreign keys off only the delete guard keeps the artifact
     conn.execute("PRAGMA foreign_keys = OFF")
+    with pytest.raises(sqlite3.IntegrityError, match="ARTIFACT_REFERENCED"):
+        conn.execute("DELETE FROM execution_artifacts WHERE digest = ?", (doc["handoff_artifact_digest"],))
+    conn.execute("DROP TRIGGER execution_artifacts_referenced")  # as an attacker with the file would
     conn.execute("DELETE FROM execution_artifacts WHERE digest = ?", (doc["handoff_artifact_digest"],))
     conn.commit()
     conn.close()
+    cli("jobs", "enable", "native")  # the guard comes back; the artifact does not
     out = cli("--json", "jobs", "list", "--include-handoff-artifacts")
     assert out.code != 0 and out.json["code"] == "HANDOFF_ARTIFACT_MISSING"
 
