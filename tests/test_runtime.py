@@ -349,11 +349,14 @@ def test_expired_claim_without_run_returns_to_pending(store):
     with store.transaction() as tx:
         tx.execute(
             "UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = 'ghost', claim_token = 'x', claim_expires_at = ?,"
-            " attempts = 1 WHERE id = ?", (now_ms() - 1, d["id"]))
+            " attempts = 1, last_error = 'EXECUTOR_CRASHED: the first attempt' WHERE id = ?", (now_ms() - 1, d["id"]))
     assert release_expired_claims(store) == 1
     with store.read() as tx:
         row = tx.one("SELECT * FROM job_dispatch_queue WHERE id = ?", (d["id"],))
-    assert row["status"] == "pending" and row["attempts"] == 1 and row["last_error"] == "claim expired"
+        (event,) = tx.all("SELECT data FROM runtime_events WHERE kind = 'dispatch.claim_released' AND dispatch_id = ?", (d["id"],))
+    # issue 29 piece 1: the earlier error stays on the row (it was overwritten with "claim expired") and the expiry is an event
+    assert row["status"] == "pending" and row["attempts"] == 1 and row["last_error"] == "EXECUTOR_CRASHED: the first attempt"
+    assert json.loads(event["data"]) == {"reason": "claim expired", "attempts": 1, "last_error": "EXECUTOR_CRASHED: the first attempt"}
 
 
 def test_executor_missing_is_a_coded_error(store, dispatcher):

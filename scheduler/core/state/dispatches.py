@@ -70,11 +70,12 @@ UPDATE job_dispatch_queue SET status = 'pending', updated_at = :now
 WHERE id = :dispatch_id AND status = 'awaiting_approval'
 
 -- name: release_expired_claims
--- claimed -> pending for expired claims with no active run (attempts and the last error stay); returns them.
+-- claimed -> pending for expired claims with no active run (attempts and the last error stay: the expiry is an
+-- event, dispatch.claim_released); returns them.
 UPDATE job_dispatch_queue SET status = 'pending', claim_owner = NULL, claim_token = NULL, claim_fence = NULL,
-  claim_expires_at = NULL, last_error = 'claim expired', updated_at = :now
+  claim_expires_at = NULL, updated_at = :now
 WHERE status = 'claimed' AND claim_expires_at <= :now AND NOT EXISTS (
   SELECT 1 FROM runs r WHERE r.dispatch_id = job_dispatch_queue.id
   AND r.status IN ('running', 'pending', 'awaiting_approval', 'approved', 'recovery_blocked'))
-RETURNING id, job_id
+RETURNING id, job_id, attempts, last_error
 """

@@ -130,8 +130,13 @@ def cancel_dispatch(tx: Tx, dispatch_id: str, *, job_id: str, reason: str, now: 
 
 
 def release_expired_claims(tx: Tx, *, now: int) -> int:
-    """``claimed`` -> ``pending`` for expired claims with no active run (attempts and last error stay)."""
+    """``claimed`` -> ``pending`` for expired claims with no active run.
+
+    The row keeps its attempts and last error; the expiry is a ``dispatch.claim_released`` event carrying both, so
+    no error of an earlier attempt is lost.
+    """
     rows = state.rows(tx, "release_expired_claims", now=now)
     for r in rows:
-        append_event(tx, "dispatch.claim_released", job_id=r["job_id"], dispatch_id=r["id"], at=now, data={"reason": "claim expired"})
+        append_event(tx, "dispatch.claim_released", job_id=r["job_id"], dispatch_id=r["id"], at=now,
+                     data={"reason": "claim expired", "attempts": r["attempts"], "last_error": r["last_error"]})
     return len(rows)
