@@ -143,3 +143,30 @@ def test_the_loader_and_kernel_ask_protocols_not_getattr_for_provider_members() 
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
     assert not offenders, "\n".join(offenders)
     assert "getattr(" not in (ROOT / "scheduler" / "plugins" / "loader.py").read_text()
+
+
+class _ClassOptions:
+    options_class = _NoneMeansNone
+
+
+class _InstanceOptions:
+    def __init__(self, cls: type | None) -> None:
+        if cls is not None:
+            self.options_class = cls
+
+
+class _Proxy:
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_options_class_of_answers_per_instance_where_the_class_does_not_declare_it() -> None:
+    """The class's answer is remembered; an instance's own attribute and a proxy's are still seen."""
+    assert options_class_of(_ClassOptions()) is _NoneMeansNone and options_class_of(_ClassOptions()) is _NoneMeansNone
+    assert options_class_of(_InstanceOptions(None)) is None
+    assert options_class_of(_InstanceOptions(_ClassOptions)) is _ClassOptions  # after a negative answer for its class
+    assert options_class_of(_Proxy(_ClassOptions())) is _NoneMeansNone
+    assert options_class_of(_Proxy(object())) is None

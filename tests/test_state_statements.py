@@ -193,6 +193,37 @@ UPDATE t SET x = CASE id [[WHEN :id THEN :x]] ELSE x END, at = :now WHERE id IN 
     assert values == ["a", 1, "b", 2, 5, "a", "b"]
 
 
+def test_a_section_is_in_the_text_only_when_its_flag_is_set() -> None:
+    stmt = parse("""
+-- name: s
+UPDATE t SET a = :a, {{set_b: b = :b, c = :c,}} {{set_d: d = :d,}} at = :now WHERE id = :id
+""")["s"]
+    assert stmt.params == {"a", "set_b", "b", "c", "set_d", "d", "now", "id"} and stmt.flags == ("set_b", "set_d")
+    call = {"a": 1, "b": 2, "c": 3, "d": 4, "now": 5, "id": "r"}
+    assert stmt.bind({**call, "set_b": 0, "set_d": 0}) == ("UPDATE t SET a = ?, at = ? WHERE id = ?", [1, 5, "r"])
+    assert stmt.bind({**call, "set_b": 1, "set_d": 0}) == (
+        "UPDATE t SET a = ?, b = ?, c = ?, at = ? WHERE id = ?", [1, 2, 3, 5, "r"])
+    assert stmt.bind({**call, "set_b": 0, "set_d": True}) == ("UPDATE t SET a = ?, d = ?, at = ? WHERE id = ?", [1, 4, 5, "r"])
+    assert stmt.render().sql == "UPDATE t SET a = ?, b = ?, c = ?, d = ?, at = ? WHERE id = ?"  # what a store compiles
+    for bad in ({**call, "set_b": 1}, {**call, "set_b": 1, "set_d": 0, "x": 1}):  # a flag missing; an unknown keyword
+        with pytest.raises(StatementError):
+            stmt.bind(bad)
+    unset = dict(call)
+    del unset["c"]  # a section's parameter is the statement's, set or not
+    with pytest.raises(StatementError):
+        stmt.bind({**unset, "set_b": 0, "set_d": 0})
+
+
+def test_finish_run_writes_only_the_groups_it_sets() -> None:
+    stmt = state.STATEMENTS["finish_run"]
+    call = {name: (1 if name.startswith("set_") else None) for name in stmt.params}
+    everything = stmt.bind(call)[0]
+    nothing = stmt.bind({**call, **dict.fromkeys(stmt.flags, 0)})[0]
+    assert "stdout_excerpt" in everything and "evidence_status" in everything
+    assert "stdout_excerpt" not in nothing.split(" RETURNING ")[0] and "evidence_status" not in nothing
+    assert "CASE WHEN ? = 1" not in everything  # no column is bound and evaluated only to be left as it was
+
+
 @pytest.mark.parametrize("params", [
     {"a": 1},  # missing
     {"a": 1, "id": "r", "extra": 2},  # unknown
@@ -218,6 +249,10 @@ def test_a_repeated_statement_wants_rows_each_with_exactly_its_parameters() -> N
     "-- name: s\nUPDATE t SET a = :a\n-- name: s\nUPDATE t SET b = :b",  # named twice
     "-- name: s\nUPDATE t SET a = CASE id [[WHEN :id THEN :a END",  # unclosed repeat
     "-- name: s\nUPDATE t SET a = :a WHERE id IN ([[, :a]])",  # one name per row and for the statement
+    "-- name: s\nUPDATE t SET {{set_a: a = :a, b = 1 WHERE id = :id",  # unclosed section
+    "-- name: s\nUPDATE t SET a = 1 }} WHERE id = :id",  # a section closed that was never opened
+    "-- name: s\nUPDATE t SET {{set_a: a = CASE [[WHEN :id THEN 1]] END,}} b = 1",  # a repeat inside a section
+    "-- name: s\nUPDATE t SET {{set_a: a = :a,}} b = 1 WHERE id IN ([[, :id]])",  # sections and repeats
 ])
 def test_a_malformed_source_is_refused(source: str) -> None:
     with pytest.raises(StatementError):

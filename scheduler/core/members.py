@@ -96,9 +96,29 @@ class _DeclaresConfigure(Protocol):
         """See ``Configurable.configure``."""
 
 
+#: Per provider class: whether the class itself declares ``options_class``, and whether it answers attributes
+#: dynamically (``__getattr__``: a proxy, asked per instance).
+_OPTIONS_BY_CLASS: dict[type, tuple[bool, bool]] = {}
+
+
 def options_class_of(provider: Any) -> type | None:
-    """The provider's options class, or None when it takes no per-job options (``options_class = None`` too)."""
-    return provider.options_class if isinstance(provider, DeclaresOptions) else None
+    """The provider's options class, or None when it takes no per-job options (``options_class = None`` too).
+
+    Asked for every run (the executor's options), so the Protocol is asked of the provider's
+    class once and remembered (``isinstance`` on a runtime-checkable Protocol costs microseconds):
+    a class that declares it answers for every instance; otherwise an instance declares it only
+    in its own ``__dict__``, or through a ``__getattr__`` (then the Protocol is asked each time).
+    """
+    kind = type(provider)
+    known = _OPTIONS_BY_CLASS.get(kind)
+    if known is None:
+        known = _OPTIONS_BY_CLASS[kind] = (isinstance(kind, DeclaresOptions), hasattr(kind, "__getattr__"))
+    declared, dynamic = known
+    if declared:
+        return provider.options_class
+    if dynamic or "options_class" in getattr(provider, "__dict__", ()):
+        return provider.options_class if isinstance(provider, DeclaresOptions) else None
+    return None
 
 
 def settings_class_of(provider: Any) -> type | None:

@@ -20,6 +20,7 @@ column once parsed, an event's data, a JSON view (``JSONObject``), and what a co
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Self, TypeAlias
 
 import attrs
@@ -36,6 +37,8 @@ SQLValue: TypeAlias = str | int | float | bytes | None
 #: Field names per row class, in schema (and ``__init__``) order.
 _NAMES: dict[type, tuple[str, ...]] = {}
 _NAME_SETS: dict[type, frozenset[str]] = {}
+#: Per row class, one C-level read of every field in schema order (``to_dict``).
+_READ_ALL: dict[type, Callable[[object], tuple[SQLValue, ...]]] = {}
 
 
 def _names(cls: type) -> tuple[str, ...]:
@@ -43,6 +46,7 @@ def _names(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _NAMES[cls] = tuple(a.name for a in attrs.fields(cls))
         _NAME_SETS[cls] = frozenset(names)
+        _READ_ALL[cls] = attrgetter(*names)
     return names
 
 
@@ -60,7 +64,8 @@ class Row:
 
     def to_dict(self) -> dict[str, SQLValue]:
         """The row as the store returns it: column name to value, in schema order."""
-        return {name: getattr(self, name) for name in _names(type(self))}
+        names = _names(type(self))
+        return dict(zip(names, _READ_ALL[type(self)](self), strict=True))
 
     def get(self, column: str, default: object = None) -> object:
         """``row.get(column, default)`` of the mapping this row was built from (for callers not yet on attributes)."""

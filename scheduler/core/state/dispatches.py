@@ -27,8 +27,7 @@ RETURNING id
 -- name: finish_dispatch
 -- pending | claimed -> done | failed; last_error is replaced only when set_last_error is 1 (a finished or cancelled
 -- row is never rewritten).
-UPDATE job_dispatch_queue SET status = :status,
-  last_error = CASE WHEN :set_last_error = 1 THEN :last_error ELSE last_error END, updated_at = :now
+UPDATE job_dispatch_queue SET status = :status, {{set_last_error: last_error = :last_error,}} updated_at = :now
 WHERE id = :dispatch_id AND status IN ('pending', 'claimed')
 
 -- name: finish_dispatches

@@ -52,12 +52,10 @@ UPDATE jobs SET name = :name, description = :description, enabled = :enabled, jo
   watchdog_alert_to = :watchdog_alert_to, watchdog_self_destruct = :watchdog_self_destruct, identity = :identity,
   credentials = :credentials, child_credential_policy = :child_credential_policy, evidence = :evidence,
   evidence_ref = :evidence_ref, authorization_ref = :authorization_ref, "authorization" = :authorization,
-  authorization_proof = :authorization_proof, retention = :retention, updated_at = :updated_at,
-  artifact_digest = :artifact_digest,
-  handoff_version = CASE WHEN :set_handoff = 1 THEN :handoff_version ELSE handoff_version END,
-  effective_task_hash = CASE WHEN :set_handoff = 1 THEN :effective_task_hash ELSE effective_task_hash END,
-  next_run_at = CASE WHEN :set_schedule = 1 THEN :next_run_at ELSE next_run_at END,
-  schedule_anchor_at = CASE WHEN :set_schedule = 1 THEN :schedule_anchor_at ELSE schedule_anchor_at END
+  authorization_proof = :authorization_proof, retention = :retention, artifact_digest = :artifact_digest,
+  {{set_handoff: handoff_version = :handoff_version, effective_task_hash = :effective_task_hash,}}
+  {{set_schedule: next_run_at = :next_run_at, schedule_anchor_at = :schedule_anchor_at,}}
+  updated_at = :updated_at
 WHERE id = :id
 
 -- name: enable_job

@@ -11,35 +11,48 @@ The comment lines right after the name are the statement's description; the rest
 ``-- name:``, is portable SQL (``scheduler.core.store.base`` says what portable means) with
 ``:keyword`` parameters. A statement that writes several rows at once marks the part repeated per row
 with ``[[ ... ]]`` (joined by a space) or ``[[, ... ]]`` (joined by a comma): inside it a parameter is
-the row's (``rows=[{...}, ...]``), outside it the statement's. The text is rendered to ``?``
-placeholders once (per row count for a repeated statement, cached), so no SQL is ever built from a
-caller's keys: a statement's parameters are exactly the names its text uses, and a call with a
-missing or an unknown keyword is refused before anything reaches the database.
+the row's (``rows=[{...}, ...]``), outside it the statement's.
+
+A part written ``{{flag: ... }}`` is a section: it is in the text a call runs only when that
+call's ``flag`` parameter is true (``set_stdout=1``). A statement that writes a group of columns
+only when asked lists them in a section rather than as ``CASE WHEN :flag = 1 THEN ... ELSE
+column END``: the SQL a store runs then holds only the columns it changes (the CASE form binds
+and evaluates every column on every call, which doubled the cost of finishing a run). The
+section's own parameters are still the statement's: a call passes them, set or not, so a call's
+keywords never depend on its flags.
+
+The text is rendered to ``?`` placeholders once (per row count for a repeated statement, per
+combination of flags for one with sections; cached), so no SQL is ever built from a caller's
+keys: a statement's parameters are exactly the names its text uses, and a call with a missing or
+an unknown keyword is refused before anything reaches the database.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import attrs
 
 #: ``-- name: NAME`` opens a statement.
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
-#: Inside a statement: quoted text (left as written), a comment (dropped), a parameter, a repeated part's start or end.
-#: Every token starts with one of ``'"-:[]``, so the scan skips ahead to those (the lookahead).
+#: Inside a statement: quoted text (left as written), a comment (dropped), a parameter, a repeated part's start or
+#: end, a section's start or end. Every token starts with one of ``'"-:[]{}``, so the scan skips ahead to those.
 _TOKEN = re.compile(
-    r"""(?=['"\-:\[\]])("""
+    r"""(?=['"\-:\[\]{}])("""
     r"""'(?:[^']|'')*'"""
     r'|"(?:[^"]|"")*"'
     r"""|--[^\n]*"""
     r"""|(?<![:\w]):[A-Za-z_][A-Za-z0-9_]*"""
     r"""|\[\[,?"""
-    r"""|\]\])"""
+    r"""|\]\]"""
+    r"""|\{\{[a-z_][a-z0-9_]*:"""
+    r"""|\}\})"""
 )
 _SPACE = re.compile(r"\s+")
-#: Rows per rendered text kept for one repeated statement (the callers chunk: a handful of sizes in practice).
+#: Rendered texts kept for one statement (row counts: the callers chunk; flag combinations: a handful in practice).
 _RENDERED_MAX = 512
 
 
@@ -53,6 +66,14 @@ class Repeat:
 
     parts: tuple[str | Param, ...]
     separator: str
+
+
+@attrs.frozen
+class Section:
+    """A part of a statement in the text only when the call's ``flag`` parameter is true."""
+
+    flag: str
+    parts: tuple[str | Param, ...]
 
 
 @attrs.frozen
@@ -72,6 +93,8 @@ class Rendered:
 
     sql: str
     slots: tuple[tuple[int, str], ...]
+    #: The values of a statement without repeated parts, from a call's parameters, in placeholder order.
+    values: Callable[[Mapping[str, Any]], list[Any]] = attrs.field(eq=False, repr=False)
 
 
 class Statement:
@@ -81,27 +104,39 @@ class Statement:
     the statements it runs, or all of them once when its store checks them at start-up.
     """
 
-    __slots__ = ("_by_rows", "_params", "_parts", "_row_params", "_single", "doc", "name", "text")
+    __slots__ = ("_by_flags", "_by_rows", "_flags", "_params", "_parts", "_pick_flags", "_row_params", "_segments", "_single", "doc", "name", "text")
 
     def __init__(self, name: str, doc: str, text: str) -> None:
         self.name = name
         self.doc = doc
         self.text = text
-        self._parts: tuple[str | Param | Repeat, ...] | None = None
+        self._parts: tuple[Part, ...] | None = None
         self._params: frozenset[str] = frozenset()
         self._row_params: frozenset[str] = frozenset()
         #: The rendered text of a statement without repeated parts (None for a repeated one: see ``render``).
         self._single: Rendered | None = None
         self._by_rows: dict[int, Rendered] = {}
+        #: The flags of the sections, in text order, and the rendered text per combination of them.
+        self._flags: tuple[str, ...] = ()
+        self._pick_flags: Callable[[Mapping[str, Any]], list[Any]] = _picker(())
+        #: A repeated statement's values in placeholder order: a statement parameter's name, or a repeated part's
+        #: reader of one row's values (asked per row).
+        self._segments: tuple[str | Callable[[Mapping[str, Any]], list[Any]], ...] = ()
+        self._by_flags: dict[tuple[bool, ...], Rendered] = {}
 
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
 
-    def _parse(self) -> tuple[str | Param | Repeat, ...]:
+    def _parse(self) -> tuple[Part, ...]:
         parts = self._parts
         if parts is None:
             parts, self._params, self._row_params = _parse_body(self.name, self.text)
-            if not any(isinstance(p, Repeat) for p in parts):
+            self._flags = tuple(dict.fromkeys(p.flag for p in parts if isinstance(p, Section)))
+            self._pick_flags = _picker(self._flags)
+            self._segments = tuple(
+                p.name if isinstance(p, Param) else _picker(tuple(q.name for q in p.parts if isinstance(q, Param)))
+                for p in parts if isinstance(p, Param | Repeat))
+            if not self._flags and not any(isinstance(p, Repeat) for p in parts):
                 self._single = _render(parts, 1)
             self._parts = parts
         return parts
@@ -123,11 +158,24 @@ class Statement:
         """Whether the statement writes ``rows`` (a repeated part) rather than one set of values."""
         return any(isinstance(p, Repeat) for p in self._parse())
 
-    def render(self, rows: int = 1) -> Rendered:
-        """The text with ``?`` placeholders for ``rows`` rows (ignored without a repeated part), cached per count."""
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The flags of the statement's sections, in text order (empty for a statement without sections)."""
+        self._parse()
+        return self._flags
+
+    def render(self, rows: int = 1, flags: Mapping[str, object] | None = None) -> Rendered:
+        """The text with ``?`` placeholders for ``rows`` rows (ignored without a repeated part), cached per count.
+
+        For a statement with sections, the text with those whose flag is true in ``flags``
+        (``None``: every section, as a store's start-up check compiles it), cached per combination.
+        """
         parts = self._parse()
         if self._single is not None:
             return self._single
+        if self._flags:
+            key = tuple(True for _ in self._flags) if flags is None else tuple(bool(flags[f]) for f in self._flags)
+            return self._switched(key)
         if rows < 1:
             raise StatementError(f"statement {self.name!r} needs at least one row")
         done = self._by_rows.get(rows)
@@ -136,6 +184,17 @@ class Statement:
             if len(self._by_rows) >= _RENDERED_MAX:
                 self._by_rows.clear()
             self._by_rows[rows] = done
+        return done
+
+    def _switched(self, key: tuple[bool, ...]) -> Rendered:
+        done = self._by_flags.get(key)
+        if done is None:
+            parts = self._parts or ()
+            on = frozenset(flag for flag, value in zip(self._flags, key, strict=True) if value)
+            done = _render(parts, 1, on)
+            if len(self._by_flags) >= _RENDERED_MAX:
+                self._by_flags.clear()
+            self._by_flags[key] = done
         return done
 
     def bind(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -151,7 +210,15 @@ class Statement:
             if len(params) != len(self._params):
                 raise self._mismatch(params, self._params)
             try:
-                return single.sql, [params[name] for _i, name in single.slots]
+                return single.sql, single.values(params)
+            except KeyError:
+                raise self._mismatch(params, self._params) from None
+        if self._flags:
+            if len(params) != len(self._params):
+                raise self._mismatch(params, self._params)
+            try:
+                rendered = self._switched(tuple(map(bool, self._pick_flags(params))))
+                return rendered.sql, rendered.values(params)
             except KeyError:
                 raise self._mismatch(params, self._params) from None
         rows: Sequence[Mapping[str, Any]] | None = params.get("rows")
@@ -161,14 +228,24 @@ class Statement:
             raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params)
         wanted = self._row_params
         width = len(wanted)
-        for row in rows:
-            if len(row) != width or not wanted.issuperset(row):
-                raise self._mismatch(row, wanted, what="a row of ")
         rendered = self.render(len(rows))
-        try:
-            return rendered.sql, [params[name] if i < 0 else rows[i][name] for i, name in rendered.slots]
-        except KeyError:
-            raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params) from None
+        values: list[Any] = []
+        for segment in self._segments:  # in placeholder order: a statement parameter, or a repeated part per row
+            if isinstance(segment, str):
+                try:
+                    values.append(params[segment])
+                except KeyError:
+                    raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params) from None
+                continue
+            for row in rows:
+                # as many keys as the row's parameters, each of them found: exactly those (no unknown key either)
+                if len(row) != width:
+                    raise self._mismatch(row, wanted, what="a row of ")
+                try:
+                    values.extend(segment(row))
+                except KeyError:
+                    raise self._mismatch(row, wanted, what="a row of ") from None
+        return rendered.sql, values
 
     def _mismatch(self, given: Mapping[str, Any], wanted: frozenset[str], what: str = "") -> StatementError:
         missing = sorted(wanted - set(given))
@@ -176,15 +253,35 @@ class Statement:
         return StatementError(f"{what}statement {self.name!r}: missing {missing}, unknown {unknown}")
 
 
-def _render(parts: Sequence[str | Param | Repeat], rows: int) -> Rendered:
+#: A piece of a parsed statement: text, a parameter, a repeated part or a section.
+Part = str | Param | Repeat | Section
+
+
+def _render(parts: Sequence[Part], rows: int, on: frozenset[str] = frozenset()) -> Rendered:
+    """The text of ``parts`` with ``rows`` copies of each repeated part and the sections whose flag is in ``on``."""
     sql: list[str] = []
     slots: list[tuple[int, str]] = []
+
+    def add_text(piece: str) -> None:  # a section left out leaves two spaces where it was: keep one
+        if sql and piece[:1] == " " and sql[-1][-1:] == " ":
+            piece = piece[1:]
+        if piece:
+            sql.append(piece)
+
     for part in parts:
         if isinstance(part, str):
-            sql.append(part)
+            add_text(part)
         elif isinstance(part, Param):
             sql.append("?")
             slots.append((-1, part.name))
+        elif isinstance(part, Section):
+            if part.flag in on:
+                for piece in part.parts:
+                    if isinstance(piece, Param):
+                        sql.append("?")
+                        slots.append((-1, piece.name))
+                    else:
+                        add_text(piece)
         else:
             copies = []
             for i in range(rows):
@@ -197,15 +294,28 @@ def _render(parts: Sequence[str | Param | Repeat], rows: int) -> Rendered:
                         text.append(piece)
                 copies.append("".join(text).strip())
             sql.append(part.separator.join(copies))
-    return Rendered("".join(sql).strip(), tuple(slots))
+    return Rendered("".join(sql).strip(), tuple(slots), _picker(tuple(name for _i, name in slots)))
 
 
-def _parse_body(name: str, body: str) -> tuple[tuple[str | Param | Repeat, ...], frozenset[str], frozenset[str]]:
-    """A statement's text as pieces (text, parameters, repeated parts) with its own and its rows' parameter names."""
-    outer: list[str | Param | Repeat] = []
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[Any]]:
+    """A call's values for ``names``, in order (``KeyError`` for a missing one): one C-level lookup per call."""
+    if not names:
+        return lambda params: []
+    if len(names) == 1:
+        name = names[0]
+        return lambda params: [params[name]]
+    pick = itemgetter(*names)
+    return lambda params: list(pick(params))
+
+
+def _parse_body(name: str, body: str) -> tuple[tuple[Part, ...], frozenset[str], frozenset[str]]:
+    """A statement's text as pieces (text, parameters, repeated parts, sections) with its own and its rows' parameter names."""
+    outer: list[Part] = []
     inner: list[str | Param] | None = None
     target: list[Any] = outer
     comma = False
+    flag: str | None = None  # the open section's
+    repeats = sections = False
     own: set[str] = set()
     per_row: set[str] = set()
     names = own
@@ -221,15 +331,28 @@ def _parse_body(name: str, body: str) -> tuple[tuple[str | Param | Repeat, ...],
             continue
         elif piece.startswith("[["):
             if inner is not None:
-                raise StatementError(f"statement {name!r}: a repeated part inside another")
-            inner, comma = [], piece == "[[,"
+                raise StatementError(f"statement {name!r}: a repeated part or section inside another")
+            inner, comma, repeats = [], piece == "[[,", True
             target, names = inner, per_row
             continue
         elif piece == "]]":
-            if inner is None:
+            if inner is None or flag is not None:
                 raise StatementError(f"statement {name!r}: ']]' without '[['")
             outer.append(Repeat(tuple(inner), ", " if comma else " "))
             inner, target, names = None, outer, own
+            continue
+        elif piece.startswith("{{"):
+            if inner is not None:
+                raise StatementError(f"statement {name!r}: a section inside a repeated part or another section")
+            inner, flag, sections = [], piece[2:-1], True
+            own.add(flag)
+            target = inner
+            continue
+        elif piece == "}}":
+            if inner is None or flag is None:
+                raise StatementError(f"statement {name!r}: '}}}}' without '{{{{'")
+            outer.append(Section(flag, tuple(inner)))
+            inner, flag, target = None, None, outer
             continue
         if piece:  # text, or quoted text kept as written
             if target and isinstance(target[-1], str):
@@ -239,7 +362,9 @@ def _parse_body(name: str, body: str) -> tuple[tuple[str | Param | Repeat, ...],
             else:
                 target.append(piece)
     if inner is not None:
-        raise StatementError(f"statement {name!r}: '[[' without ']]'")
+        raise StatementError(f"statement {name!r}: '{{{{' without '}}}}'" if flag else f"statement {name!r}: '[[' without ']]'")
+    if repeats and sections:
+        raise StatementError(f"statement {name!r}: both repeated parts and sections (one statement does one or the other)")
     if own & per_row:
         raise StatementError(f"statement {name!r}: {sorted(own & per_row)} used both per row and for the statement")
     if "rows" in own:

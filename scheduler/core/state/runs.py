@@ -34,38 +34,28 @@ WHERE id = :run_id AND status = :expected_status AND dispatcher_owner = :owner A
 -- name: finish_run
 -- running -> ok | error | timeout | cancelled under the run's fence (owner and token): a cancel request recorded first
 -- wins (cancelled, and the message says so). set_stdout, set_stderr, set_output, set_usage, set_verify write their
--- group of result columns; set_<column> one pipeline column. A running process state becomes process_state.
+-- group of result columns; set_<column> one pipeline column (sections: a column not set is not in the text at all).
+-- A running process state becomes process_state.
 UPDATE runs SET
   exit_code = :exit_code, error_code = :error_code, summary = :summary, env_policy_warning = :env_policy_warning,
-  stdout_excerpt = CASE WHEN :set_stdout = 1 THEN :stdout_excerpt ELSE stdout_excerpt END,
-  stdout_bytes = CASE WHEN :set_stdout = 1 THEN :stdout_bytes ELSE stdout_bytes END,
-  stdout_sha256 = CASE WHEN :set_stdout = 1 THEN :stdout_sha256 ELSE stdout_sha256 END,
-  stdout_artifact = CASE WHEN :set_stdout = 1 THEN :stdout_artifact ELSE stdout_artifact END,
-  stdout_truncated = CASE WHEN :set_stdout = 1 THEN :stdout_truncated ELSE stdout_truncated END,
-  stderr_excerpt = CASE WHEN :set_stderr = 1 THEN :stderr_excerpt ELSE stderr_excerpt END,
-  stderr_bytes = CASE WHEN :set_stderr = 1 THEN :stderr_bytes ELSE stderr_bytes END,
-  stderr_sha256 = CASE WHEN :set_stderr = 1 THEN :stderr_sha256 ELSE stderr_sha256 END,
-  stderr_artifact = CASE WHEN :set_stderr = 1 THEN :stderr_artifact ELSE stderr_artifact END,
-  stderr_truncated = CASE WHEN :set_stderr = 1 THEN :stderr_truncated ELSE stderr_truncated END,
-  output_format = CASE WHEN :set_output = 1 THEN :output_format ELSE output_format END,
-  output_valid = CASE WHEN :set_output = 1 THEN :output_valid ELSE output_valid END,
-  output_warning = CASE WHEN :set_output = 1 THEN :output_warning ELSE output_warning END,
-  output_bytes = CASE WHEN :set_output = 1 THEN :output_bytes ELSE output_bytes END,
-  output_sha256 = CASE WHEN :set_output = 1 THEN :output_sha256 ELSE output_sha256 END,
-  output_parsed = CASE WHEN :set_output = 1 THEN :output_parsed ELSE output_parsed END,
-  output_artifact = CASE WHEN :set_output = 1 THEN :output_artifact ELSE output_artifact END,
-  usage_json = CASE WHEN :set_usage = 1 THEN :usage_json ELSE usage_json END,
-  verify_status = CASE WHEN :set_verify = 1 THEN :verify_status ELSE verify_status END,
-  verify_json = CASE WHEN :set_verify = 1 THEN :verify_json ELSE verify_json END,
-  identity_json = CASE WHEN :set_identity_json = 1 THEN :identity_json ELSE identity_json END,
-  trust_level = CASE WHEN :set_trust_level = 1 THEN :trust_level ELSE trust_level END,
-  principal = CASE WHEN :set_principal = 1 THEN :principal ELSE principal END,
-  delegation_json = CASE WHEN :set_delegation_json = 1 THEN :delegation_json ELSE delegation_json END,
-  governance_json = CASE WHEN :set_governance_json = 1 THEN :governance_json ELSE governance_json END,
-  credentials_json = CASE WHEN :set_credentials_json = 1 THEN :credentials_json ELSE credentials_json END,
-  authorization_json = CASE WHEN :set_authorization_json = 1 THEN :authorization_json ELSE authorization_json END,
-  proof_json = CASE WHEN :set_proof_json = 1 THEN :proof_json ELSE proof_json END,
-  evidence_status = CASE WHEN :set_evidence_status = 1 THEN :evidence_status ELSE evidence_status END,
+  {{set_stdout: stdout_excerpt = :stdout_excerpt, stdout_bytes = :stdout_bytes, stdout_sha256 = :stdout_sha256,
+    stdout_artifact = :stdout_artifact, stdout_truncated = :stdout_truncated,}}
+  {{set_stderr: stderr_excerpt = :stderr_excerpt, stderr_bytes = :stderr_bytes, stderr_sha256 = :stderr_sha256,
+    stderr_artifact = :stderr_artifact, stderr_truncated = :stderr_truncated,}}
+  {{set_output: output_format = :output_format, output_valid = :output_valid, output_warning = :output_warning,
+    output_bytes = :output_bytes, output_sha256 = :output_sha256, output_parsed = :output_parsed,
+    output_artifact = :output_artifact,}}
+  {{set_usage: usage_json = :usage_json,}}
+  {{set_verify: verify_status = :verify_status, verify_json = :verify_json,}}
+  {{set_identity_json: identity_json = :identity_json,}}
+  {{set_trust_level: trust_level = :trust_level,}}
+  {{set_principal: principal = :principal,}}
+  {{set_delegation_json: delegation_json = :delegation_json,}}
+  {{set_governance_json: governance_json = :governance_json,}}
+  {{set_credentials_json: credentials_json = :credentials_json,}}
+  {{set_authorization_json: authorization_json = :authorization_json,}}
+  {{set_proof_json: proof_json = :proof_json,}}
+  {{set_evidence_status: evidence_status = :evidence_status,}}
   finished_at = :now, terminal_at = :now,
   status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE :status END,
   error_message = CASE WHEN cancel_requested_at IS NOT NULL AND :status <> 'cancelled'

@@ -185,6 +185,8 @@ OUTCOME_COLUMNS = ("identity_json", "trust_level", "principal", "delegation_json
                    "authorization_json", "proof_json", "evidence_status")
 _GROUP_OF = {column: group for group, columns in RESULT_GROUPS.items() for column in columns}
 _FINISHED = frozenset((*RESULT_COLUMNS, *_GROUP_OF, *OUTCOME_COLUMNS))
+_SET_GROUP = {group: "set_" + group for group in RESULT_GROUPS}
+_SET_COLUMN = {column: "set_" + column for column in OUTCOME_COLUMNS}
 
 
 def outcome_params(values: Mapping[str, SQLValue], params: dict[str, SQLValue]) -> None:
@@ -210,18 +212,18 @@ def finish_run(
     left as it is. RETURNING hands back what completion and its consequences read (statement
     ``finish_run``) without another read: the returned row holds those columns (the others are None).
     """
-    unknown = set(values).difference(_FINISHED)
-    if unknown:
+    if not _FINISHED.issuperset(values):
+        unknown = set(values).difference(_FINISHED)
         raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(unknown))}")
-    params: dict[str, SQLValue] = {column: values.get(column) for column in RESULT_COLUMNS}
+    params: dict[str, SQLValue] = dict.fromkeys(_FINISHED)
+    params.update(values)
     for group, columns in RESULT_GROUPS.items():
         given = sum(1 for column in columns if column in values)
         if given and given != len(columns):
             raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(columns)})")
-        params["set_" + group] = 1 if given else 0
-        for column in columns:
-            params[column] = values.get(column)
-    outcome_params(values, params)
+        params[_SET_GROUP[group]] = 1 if given else 0
+    for column in OUTCOME_COLUMNS:
+        params[_SET_COLUMN[column]] = 1 if column in values else 0
     row = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
                     now=now, process_state=process_state, **params)
     if row is None:
