@@ -103,7 +103,9 @@ class JobSpec:
     schedule_kind: str = _f(
         kind="choice",
         choices=("cron", "every", "at", "manual", "chain"),
-        doc="How the job is triggered: cron expression, fixed interval, one instant, only by `jobs run`, or by a parent job.",
+        doc="How the job is triggered: cron expression, fixed interval, one instant, only by `jobs run`, or by a parent job."
+            " Left out, it is inferred from the one of schedule_cron, schedule_every, schedule_at given"
+            " (two of them: SCHEDULE_KIND_AMBIGUOUS).",
         required=True,
     )
     payload_message: str = _f(
@@ -441,6 +443,7 @@ def validate_spec(obj: object, *, now: int | None = None, check_past: bool = Tru
             {"field": "", "code": "INVALID_TYPE", "error": "expected an object"}
         ])
     errors = _Errors()
+    obj = _infer_schedule_kind(obj, errors)
     for key in obj:
         if key in MOVED_FIELDS:
             errors.add(str(key), f"moved: set {MOVED_FIELDS[key]} instead", "FIELD_MOVED")
@@ -452,7 +455,7 @@ def validate_spec(obj: object, *, now: int | None = None, check_past: bool = Tru
             values[f.name] = _coerce(f, obj[f.name], errors, installed)
             if values[f.name] is None and f.default is not attrs.NOTHING:
                 values[f.name] = _default(f)
-        elif f.metadata["required"]:
+        elif f.metadata["required"] and not errors.has(f.name):
             errors.add(f.name, "is required", "REQUIRED")
     name = values.get("name")
     if isinstance(name, str) and not _NAME_RE.fullmatch(name):
@@ -490,11 +493,34 @@ def validate_spec(obj: object, *, now: int | None = None, check_past: bool = Tru
     return spec
 
 
+#: The schedule field that implies each ``schedule_kind`` (``_infer_schedule_kind``, ``_cross_checks``).
+SCHEDULE_FIELD_KINDS = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
+
+
+def _infer_schedule_kind(obj: dict[Any, Any], errors: _Errors) -> dict[Any, Any]:
+    """``obj`` with ``schedule_kind`` filled in when it is absent (or null) and exactly one schedule field is set.
+
+    ``{"schedule_every": "5m", ...}`` means ``every``, as ``schedule_cron`` means ``cron`` and
+    ``schedule_at`` means ``at``: a user who gave the schedule need not name its kind too. Two
+    or three of them without a kind is ``SCHEDULE_KIND_AMBIGUOUS`` (the kind cannot be guessed);
+    none leaves the kind required. A given kind is never changed (``_cross_checks`` then
+    refuses a schedule field of another kind as ``CONFLICT``).
+    """
+    if obj.get("schedule_kind") is not None:
+        return obj
+    given = [field for field in SCHEDULE_FIELD_KINDS if obj.get(field) is not None]
+    if len(given) == 1:
+        return {**obj, "schedule_kind": SCHEDULE_FIELD_KINDS[given[0]]}
+    if len(given) > 1:
+        errors.add("schedule_kind", f"is not given and {' and '.join(given)} name different kinds; set schedule_kind"
+                   " (or keep one of them)", "SCHEDULE_KIND_AMBIGUOUS")
+    return obj
+
+
 def _cross_checks(v: dict[str, object], errors: _Errors, *, now: int, check_past: bool) -> None:
     """The kernel's rules that involve several fields (each step adds its own: ``Step.check``)."""
     kind = v.get("schedule_kind")
-    owners = {"schedule_cron": "cron", "schedule_every": "every", "schedule_at": "at"}
-    for field, owner in owners.items():
+    for field, owner in SCHEDULE_FIELD_KINDS.items():
         present = v.get(field) is not None
         if kind == owner and not present and not errors.has(field):
             errors.add(field, f"is required when schedule_kind={owner}", "REQUIRED")
