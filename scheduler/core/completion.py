@@ -41,7 +41,7 @@ from scheduler.settings import current_settings
 MAX_RETRY_BACKOFF_MS = 6 * 3_600_000
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)
 class CountedJob(Row):
     """What a terminal run's consequences read of its job: statement ``count_job_run``'s RETURNING, once the run counted.
 

@@ -19,11 +19,12 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import check_instant_ms, format_duration_ms, now_ms, parse_duration_ms, parse_iso, to_iso
 from scheduler.core.conditions import compile_pattern
 from scheduler.core.job_retention import normalise_job_retention
+from scheduler.core.rows import JobRow
 from scheduler.core.schedules import Schedule, validate_cron, validate_timezone
 from scheduler.core.steps import NOT_REGISTERED, Installed, registered
 
 if TYPE_CHECKING:
-    from scheduler.core.rows import JobRow, JSONObject, SQLValue
+    from scheduler.core.rows import JSONObject, SQLValue
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_CONDITION_CHARS = 1024
@@ -575,10 +576,10 @@ _SPEC_COLUMNS = attrgetter(*SPEC_COLUMN_ORDER)
 
 def spec_columns(row: JobRow | Mapping[str, object]) -> tuple[object, ...]:
     """The values of the spec columns of a job row (a ``JobRow`` or the mapping a read returned), in spec order."""
-    if isinstance(row, Mapping):
-        return tuple(map(row.get, SPEC_COLUMN_ORDER))
-    values: tuple[object, ...] = _SPEC_COLUMNS(row)
-    return values
+    if isinstance(row, JobRow):  # the concrete class first: isinstance on the Mapping ABC costs a Python-level check
+        values: tuple[object, ...] = _SPEC_COLUMNS(row)
+        return values
+    return tuple(map(row.get, SPEC_COLUMN_ORDER))
 
 
 def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
@@ -609,10 +610,12 @@ def _spec(values: dict[str, object]) -> JobSpec:
 
 def executor_name_of(row: JobRow | Mapping[str, object]) -> str:
     """The executor driver of a stored job, without rebuilding its whole spec."""
-    if isinstance(row, Mapping):
-        executor, target = row.get("executor"), row.get("session_target")
-    else:
+    executor: object
+    target: object
+    if isinstance(row, JobRow):
         executor, target = row.executor, row.session_target
+    else:
+        executor, target = row.get("executor"), row.get("session_target")
     return str(executor) if executor else DEFAULT_EXECUTORS[str(target or "shell")]
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -121,7 +122,7 @@ class Statement:
         self._pick_flags: Callable[[Mapping[str, Any]], list[Any]] = _picker(())
         #: A repeated statement's values in placeholder order: a statement parameter's name, or a repeated part's
         #: reader of one row's values (asked per row).
-        self._segments: tuple[str | Callable[[Mapping[str, Any]], list[Any]], ...] = ()
+        self._segments: tuple[str | Callable[[Mapping[str, Any]], tuple[Any, ...]], ...] = ()
         self._by_flags: dict[tuple[bool, ...], Rendered] = {}
 
     def __repr__(self) -> str:
@@ -134,7 +135,7 @@ class Statement:
             self._flags = tuple(dict.fromkeys(p.flag for p in parts if isinstance(p, Section)))
             self._pick_flags = _picker(self._flags)
             self._segments = tuple(
-                p.name if isinstance(p, Param) else _picker(tuple(q.name for q in p.parts if isinstance(q, Param)))
+                p.name if isinstance(p, Param) else _row_picker(tuple(q.name for q in p.parts if isinstance(q, Param)))
                 for p in parts if isinstance(p, Param | Repeat))
             if not self._flags and not any(isinstance(p, Repeat) for p in parts):
                 self._single = _render(parts, 1)
@@ -227,24 +228,26 @@ class Statement:
         if len(params) != len(self._params) + 1:
             raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params)
         wanted = self._row_params
-        width = len(wanted)
+        # As many keys as the row's parameters, each of them found (below): exactly those, no unknown key either.
+        if not rows:
+            raise StatementError(f"statement {self.name!r} needs at least one row")
+        if set(map(len, rows)) != {len(wanted)}:
+            bad = next(row for row in rows if len(row) != len(wanted))
+            raise self._mismatch(bad, wanted, what="a row of ")
         rendered = self.render(len(rows))
         values: list[Any] = []
-        for segment in self._segments:  # in placeholder order: a statement parameter, or a repeated part per row
-            if isinstance(segment, str):
-                try:
+        try:
+            for segment in self._segments:  # in placeholder order: a statement parameter, or a repeated part per row
+                if isinstance(segment, str):
                     values.append(params[segment])
-                except KeyError:
-                    raise self._mismatch({k: v for k, v in params.items() if k != "rows"}, self._params) from None
-                continue
-            for row in rows:
-                # as many keys as the row's parameters, each of them found: exactly those (no unknown key either)
-                if len(row) != width:
-                    raise self._mismatch(row, wanted, what="a row of ")
-                try:
-                    values.extend(segment(row))
-                except KeyError:
-                    raise self._mismatch(row, wanted, what="a row of ") from None
+                else:
+                    values.extend(chain.from_iterable(map(segment, rows)))
+        except KeyError:
+            outer = {k: v for k, v in params.items() if k != "rows"}
+            if not self._params.issubset(outer):
+                raise self._mismatch(outer, self._params) from None
+            bad = next(row for row in rows if not wanted.issubset(row))
+            raise self._mismatch(bad, wanted, what="a row of ") from None
         return rendered.sql, values
 
     def _mismatch(self, given: Mapping[str, Any], wanted: frozenset[str], what: str = "") -> StatementError:
@@ -295,6 +298,17 @@ def _render(parts: Sequence[Part], rows: int, on: frozenset[str] = frozenset()) 
                 copies.append("".join(text).strip())
             sql.append(part.separator.join(copies))
     return Rendered("".join(sql).strip(), tuple(slots), _picker(tuple(name for _i, name in slots)))
+
+
+def _row_picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """One row's values for ``names``, in order, as a tuple (``KeyError`` for a missing one)."""
+    if not names:
+        return lambda row: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda row: (row[name],)
+    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] = itemgetter(*names)
+    return pick
 
 
 def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from itertools import repeat
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
@@ -93,7 +94,8 @@ class SQLiteTx:
         if not rows:
             return []
         cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r, strict=True)) for r in rows]
+        # dict per row in C (map/zip): the dispatcher's reads return a row per candidate, several per run
+        return list(map(dict, map(zip, repeat(cols), rows)))
 
     def scalar(self, sql: str, params: Params = ()) -> Any:
         row = self._run(sql, params).fetchone()

@@ -185,8 +185,9 @@ OUTCOME_COLUMNS = ("identity_json", "trust_level", "principal", "delegation_json
                    "authorization_json", "proof_json", "evidence_status")
 _GROUP_OF = {column: group for group, columns in RESULT_GROUPS.items() for column in columns}
 _FINISHED = frozenset((*RESULT_COLUMNS, *_GROUP_OF, *OUTCOME_COLUMNS))
-_SET_GROUP = {group: "set_" + group for group in RESULT_GROUPS}
-_SET_COLUMN = {column: "set_" + column for column in OUTCOME_COLUMNS}
+#: ``(group, its columns, its flag)`` and ``(outcome column, its flag)``: finish_run's flags, named once.
+_GROUP_FLAGS = tuple((group, frozenset(columns), "set_" + group) for group, columns in RESULT_GROUPS.items())
+_OUTCOME_FLAGS = tuple((column, "set_" + column) for column in OUTCOME_COLUMNS)
 
 
 def outcome_params(values: Mapping[str, SQLValue], params: dict[str, SQLValue]) -> None:
@@ -217,13 +218,14 @@ def finish_run(
         raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(unknown))}")
     params: dict[str, SQLValue] = dict.fromkeys(_FINISHED)
     params.update(values)
-    for group, columns in RESULT_GROUPS.items():
-        given = sum(1 for column in columns if column in values)
+    keys = values.keys()
+    for group, columns, flag in _GROUP_FLAGS:
+        given = len(keys & columns)
         if given and given != len(columns):
-            raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(columns)})")
-        params[_SET_GROUP[group]] = 1 if given else 0
-    for column in OUTCOME_COLUMNS:
-        params[_SET_COLUMN[column]] = 1 if column in values else 0
+            raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(RESULT_GROUPS[group])})")
+        params[flag] = 1 if given else 0
+    for column, flag in _OUTCOME_FLAGS:
+        params[flag] = 1 if column in keys else 0
     row = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
                     now=now, process_state=process_state, **params)
     if row is None:
