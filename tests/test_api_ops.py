@@ -122,7 +122,7 @@ def test_every_operation_is_documented_and_exported() -> None:
     """The module docstring lists each operation with its CLI command; ``__all__`` exports exactly the public names."""
     doc = ops.__doc__ or ""
     operations = [n for n in ops.__all__ if n not in ("JsonObject", "StoreTarget", "open_store")]
-    assert len(operations) == 18
+    assert len(operations) == 20
     for name in operations:
         assert callable(getattr(ops, name)) and getattr(ops, name).__doc__, name
         assert f"``{name}(store" in doc, f"the docstring of scheduler.api.ops does not list {name}"

@@ -27,6 +27,10 @@ include_handoff_artifacts=)``                                                   
 ``list_deliveries(store, status=, job=, run=,          ``deliveries list``         outbox part views (``deliveries``); ``run``
 limit=100)``                                                                       (a run's parts) is the facade's own filter
 ``get_delivery(store, part)``                          ``deliveries show PART``    one part with body and receipt (``delivery``)
+``list_queue(store, status=, job=, limit=100)``        ``queue list``              dispatch rows with attempts, claim and last
+                                                                                   error, latest due first (``dispatches``)
+``get_dispatch(store, dispatch)``                      ``queue show ID``           one dispatch with its ``events`` and
+                                                                                   ``errors`` (``dispatch``)
 =====================================================  ==========================  ===========================================
 
 Act:
@@ -52,7 +56,7 @@ in the scheduler a *paused* job is one the dispatcher auto-paused after failures
 ``state`` is ``paused``), while ``disable_job`` leaves it ``disabled``; ``enable_job``
 resumes either. References are what the CLI takes: a job by id or name, a run by id or a
 unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
-Refusals: ``NOT_FOUND`` (unknown job, run, approval, part), ``INVALID_ARGUMENT`` (a bad
+Refusals: ``NOT_FOUND`` (unknown job, run, approval, part, dispatch), ``INVALID_ARGUMENT`` (a bad
 limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
 ``RUN_ALREADY_FINISHED``, ``APPROVAL_CONFLICT`` (already decided), ``APPROVAL_AMBIGUOUS``,
 ``APPROVAL_SCOPE_MISMATCH``, ``DELIVERY_NOT_FAILED``; a refused action stores nothing.
@@ -83,11 +87,13 @@ __all__ = [
     "enable_job",
     "get_approval",
     "get_delivery",
+    "get_dispatch",
     "get_job",
     "get_run",
     "list_approvals",
     "list_deliveries",
     "list_jobs",
+    "list_queue",
     "list_runs",
     "open_store",
     "reject",
@@ -175,6 +181,18 @@ def get_delivery(store: StoreTarget, part: str) -> JsonObject:
     """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
     with _opened(store, readonly=True) as s:
         return queries.get_delivery(s, part)
+
+
+def list_queue(store: StoreTarget, *, status: str | None = None, job: str | None = None, limit: int = 100) -> list[JsonObject]:
+    """``queue list``: dispatch rows, latest due first, with attempts, claim and last error; of one status or job when given."""
+    with _opened(store, readonly=True) as s:
+        return queries.list_queue(s, status=status, job=job, limit=limit)
+
+
+def get_dispatch(store: StoreTarget, dispatch: str) -> JsonObject:
+    """``queue show``: one dispatch (id, unique prefix or suffix) with its runtime events and its error history."""
+    with _opened(store, readonly=True) as s:
+        return queries.get_dispatch(s, dispatch)
 
 
 # -- act -------------------------------------------------------------------------------------------

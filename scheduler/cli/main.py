@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("scheduler.cli.status_cmd", "doctor_cmd", "Check database health and plugins; exit 1 when unhealthy."),
     "jobs": ("scheduler.cli.jobs_cmd", "jobs_group", "Create, inspect and change jobs."),
     "deliveries": ("scheduler.cli.deliveries_cmd", "deliveries_group", "Inspect the delivery outbox; re-arm failed parts."),
+    "queue": ("scheduler.cli.queue_cmd", "queue_group", "Inspect the dispatch queue: attempts, claims and errors."),
     "approvals": ("scheduler.cli.approvals_cmd", "approvals_group", "List and decide approval gates."),
     "proofs": ("scheduler.cli.proofs_cmd", "proofs_group", "Revoke authorization proofs or keys; list revocations and claims."),
     "handoff": ("scheduler.cli.handoff_cmd", "handoff_group", "Compile handoff v4 artifacts for jobs."),
@@ -135,7 +136,7 @@ def help_cmd(ctx: click.Context, command: tuple[str, ...]) -> None:
 READ_ONLY_COMMANDS = frozenset({
     "jobs list", "jobs get", "jobs tree", "jobs next", "runs list", "runs get", "runs output", "runs events",
     "schedule list", "schedule show", "status", "export",
-    "approvals list", "approvals show", "deliveries list", "deliveries show",
+    "approvals list", "approvals show", "deliveries list", "deliveries show", "queue list", "queue show",
 })
 
 

@@ -1,12 +1,13 @@
 """Reading the scheduler as the CLI shows it: jobs, runs, approvals and delivery parts, as JSON-ready dicts.
 
 One function per read command (``jobs list``, ``jobs get``, ``runs list``, ``runs get``,
-``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``): the CLI prints
+``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``, ``queue list``,
+``queue show``): the CLI prints
 what it returns under ``--json`` (or renders it as a table) and ``scheduler.api.ops`` hands the
 same value to plugins, so there is one way to read each thing. Every function takes an open
 store, checks its arguments as the CLI's options do (``INVALID_ARGUMENT``), and reads in one
 read transaction. A job is named by id or name, a run, an approval or a part by id or a unique
-prefix; an unknown one is ``NOT_FOUND``.
+prefix, a dispatch by id or a unique prefix or suffix; an unknown one is ``NOT_FOUND``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from scheduler.approvals.decisions import get_approval as approval_row
 from scheduler.approvals.decisions import list_approvals as approval_rows
 from scheduler.artifacts.handoff import hydrate
 from scheduler.base.errors import SchedulerError
+from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.jobs import job_to_json, resolve_job
 from scheduler.core.jobs import list_jobs as job_rows
-from scheduler.core.rows import RunRow
+from scheduler.core.events import event_to_json
+from scheduler.core.rows import DispatchRow, JSONObject, JSONValue, RunRow
 from scheduler.core.runs import RUN_STATUSES, run_to_json
 from scheduler.core.runs import get_run as run_row
 from scheduler.core.runs import list_runs as run_rows
@@ -30,18 +33,21 @@ from scheduler.delivery.outbox import get_part, list_parts, part_to_json
 
 __all__ = [
     "DELIVERY_STATUSES",
+    "DISPATCH_STATUSES",
     "MAX_LIMIT",
     "RUN_STATUSES",
     "check_limit",
     "check_run_status",
     "get_approval",
     "get_delivery",
+    "get_dispatch",
     "get_job",
     "get_run",
     "job_names",
     "list_approvals",
     "list_deliveries",
     "list_jobs",
+    "list_queue",
     "list_runs",
     "resolve_run",
 ]
@@ -169,3 +175,109 @@ def get_delivery(store: Store, part: str) -> dict[str, Any]:
     """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
     with store.read() as tx:
         return part_to_json(get_part(tx, part), full=True)
+
+
+#: Every status of a dispatch row (``job_dispatch_queue.status``), as ``queue list --status`` takes them.
+DISPATCH_STATUSES = ("pending", "claimed", "awaiting_approval", "done", "cancelled", "failed")
+#: The shortest dispatch id prefix or suffix ``resolve_dispatch`` accepts.
+DISPATCH_REF_MIN = 8
+_DISPATCH_SELECT = "SELECT d.*, j.name AS job_name FROM job_dispatch_queue d LEFT JOIN jobs j ON j.id = d.job_id"
+#: Where an event carrying an error keeps it: ``dispatch.claim_released`` (the attempt's last error),
+#: ``run.completion_failed`` (the completion's failure); ``run.finished`` keeps its ``error_code``.
+_ERROR_KEYS = ("last_error", "error")
+
+
+def dispatch_to_json(row: DispatchRow, job_name: str | None, *, now: int) -> JSONObject:
+    """The JSON view of a dispatch row: instants as ISO-8601, the claim's owner and whether it has expired.
+
+    The claim token and fencing token stay out: they are the claiming dispatcher's, not
+    something a reader acts on. ``claim_expired`` is true for a ``claimed`` row whose claim
+    ran out (recovery returns it to ``pending`` when no run of it is active).
+    """
+    return {
+        "id": row.id, "job_id": row.job_id, "job_name": job_name, "kind": row.kind, "status": row.status,
+        "due_at": to_iso(row.due_at), "created_at": to_iso(row.created_at), "updated_at": to_iso(row.updated_at),
+        "attempts": row.attempts, "replay_count": row.replay_count, "claim_owner": row.claim_owner,
+        "claim_expires_at": to_iso(row.claim_expires_at),
+        "claim_expired": row.status == "claimed" and row.claim_expires_at is not None and row.claim_expires_at <= now,
+        "last_error": row.last_error, "run_id": row.run_id, "source_run_id": row.source_run_id,
+        "requested_by": row.requested_by, "cancel_reason": row.cancel_reason, "artifact_digest": row.artifact_digest,
+    }
+
+
+def _escape_like(text: str) -> str:
+    """``text`` as a literal inside a LIKE pattern with ``ESCAPE '\\'``."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def resolve_dispatch(tx: Tx, ref: str) -> tuple[DispatchRow, str | None]:
+    """A dispatch row and its job's name, by full id or a unique prefix or suffix of at least 8 characters.
+
+    ``queue list`` shows each id's last 28 characters, which ``queue show`` takes back as a
+    suffix. ``INVALID_ARGUMENT`` when two dispatches share the prefix or suffix, ``NOT_FOUND`` for none.
+    """
+    row = tx.one(f"{_DISPATCH_SELECT} WHERE d.id = ?", (ref,))
+    if row is None and len(ref) >= DISPATCH_REF_MIN:
+        like = _escape_like(ref)
+        found = tx.all(f"{_DISPATCH_SELECT} WHERE d.id LIKE ? ESCAPE '\\' OR d.id LIKE ? ESCAPE '\\' LIMIT 50",
+                       (like + "%", "%" + like))
+        matches = [r for r in found if r["id"].startswith(ref) or r["id"].endswith(ref)]  # LIKE ignores case on SQLite
+        if len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"dispatch id prefix or suffix {ref!r} is ambiguous")
+        row = matches[0] if matches else None
+    if row is None:
+        raise SchedulerError("NOT_FOUND", f"Dispatch not found: {ref}")
+    return DispatchRow.from_row(row), row["job_name"]
+
+
+def list_queue(store: Store, *, status: str | None = None, job: str | None = None, limit: int = 100) -> list[JSONObject]:
+    """``queue list``: dispatch rows, latest due first, with attempts, claim and last error (``dispatch_to_json``).
+
+    Filters: ``status`` (one of ``DISPATCH_STATUSES``; unknown is ``INVALID_ARGUMENT``) and
+    ``job`` (id or name; unknown is ``NOT_FOUND``).
+    """
+    check_limit(limit)
+    if status is not None and status not in DISPATCH_STATUSES:
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown dispatch status {status!r}; one of {', '.join(DISPATCH_STATUSES)}")
+    now = now_ms()
+    with store.read() as tx:
+        job_id = _job_id(tx, job)
+        sql, params = f"{_DISPATCH_SELECT} WHERE 1 = 1", []
+        if status is not None:
+            sql += " AND d.status = ?"
+            params.append(status)
+        if job_id is not None:
+            sql += " AND d.job_id = ?"
+            params.append(job_id)
+        rows = tx.all(sql + " ORDER BY d.due_at DESC, d.id DESC LIMIT ?", [*params, limit])
+    return [dispatch_to_json(DispatchRow.from_row(r), r["job_name"], now=now) for r in rows]
+
+
+def _error_of(event: JSONObject) -> JSONObject | None:
+    """The error an event of a dispatch records (``kind``, ``at``, ``run_id``, ``attempts``, ``error``), or None."""
+    data = event["data"] if isinstance(event["data"], dict) else {}
+    error = next((data[k] for k in _ERROR_KEYS if data.get(k)), None)
+    if error is None and event["kind"] == "run.finished" and data.get("status") != "ok":
+        error = data.get("error_code")
+    if not error:
+        return None
+    return {"at": event["at"], "kind": event["kind"], "run_id": event["run_id"], "attempts": data.get("attempts"),
+            "error": error}
+
+
+def get_dispatch(store: Store, dispatch: str) -> JSONObject:
+    """``queue show``: one dispatch (id or unique prefix or suffix) with its events and its error history.
+
+    ``events`` are every runtime event naming the dispatch, oldest first (``dispatch.*`` and
+    the ``run.*`` / ``approval.*`` events of its runs); ``errors`` are those that record an
+    error, so an attempt's error survives a later attempt overwriting ``last_error``.
+    """
+    now = now_ms()
+    with store.read() as tx:
+        row, job_name = resolve_dispatch(tx, dispatch)
+        events = [event_to_json(e) for e in tx.all(
+            "SELECT * FROM runtime_events WHERE job_id = ? AND dispatch_id = ? ORDER BY id", (row.job_id, row.id))]
+    view = dispatch_to_json(row, job_name, now=now)
+    errors: list[JSONValue] = [e for e in map(_error_of, events) if e is not None]
+    view["events"], view["errors"] = [*events], errors
+    return view
