@@ -11,6 +11,7 @@ import logging
 import sqlite3
 import threading
 from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
@@ -63,6 +64,10 @@ def execute(conn: sqlite3.Connection, sql: str, params: Params, location: str, t
         raise
 
 
+#: A column's name in ``cursor.description`` (read in C, per column of every row a read returns).
+_NAME = itemgetter(0)
+
+
 class SQLiteTx:
     """A transaction on one SQLite connection."""
 
@@ -86,14 +91,14 @@ class SQLiteTx:
     def one(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
         cur = self._run(sql, params)
         row = cur.fetchone()
-        return dict(zip([d[0] for d in cur.description], row, strict=True)) if row is not None else None
+        return dict(zip(map(_NAME, cur.description), row, strict=True)) if row is not None else None
 
     def all(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         cur = self._run(sql, params)
         rows = cur.fetchall()
         if not rows:
             return []
-        cols = [d[0] for d in cur.description]
+        cols = list(map(_NAME, cur.description))
         # dict per row in C (map/zip): the dispatcher's reads return a row per candidate, several per run
         return list(map(dict, map(zip, repeat(cols), rows)))
 
