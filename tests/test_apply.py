@@ -51,8 +51,7 @@ def test_apply_creates_then_is_a_no_op_and_shows_a_diff(cli: Any, store: Any, tm
     jobs = {j["name"]: j for j in cli("--json", "jobs", "list").json["jobs"]}
     assert set(jobs) == {"parent", "child", "tick"}
     assert jobs["child"]["parent_id"] == jobs["parent"]["id"] and jobs["child"]["trigger_on"] == "failure"
-    options = jobs["parent"]["executor_options"]  # the listing shows the stored JSON text
-    assert (json.loads(options) if isinstance(options, str) else options) == {"env_policy": "inherit", "working_dir": "/tmp"}
+    assert jobs["parent"]["executor_options"] == {"env_policy": "inherit", "working_dir": "/tmp"}  # an object, not JSON text
     before = snapshot(store)
     again = cli("--json", "apply", str(f))
     assert again.json["summary"] == {"create": 0, "update": 0, "unchanged": 3, "prune": 0}

@@ -156,7 +156,7 @@ def test_the_cli_refuses_and_stores_nothing(cli: Any) -> None:
     assert cli("--json", "jobs", "list").json["jobs"] == []
     ok = cli("--json", "jobs", "add", json.dumps({**job, "credentials": [binding()]}))
     assert ok.code == 0, ok
-    stored = json.loads(ok.json["job"]["credentials"])  # JSON columns print as their stored text, like executor_options
+    stored = ok.json["job"]["credentials"]  # JSON columns print as JSON values, like executor_options
     assert stored == [{"name": "tok", "provider": "env", "ref": "CRED_SRC", "present": {"medium": "env", "key": "API_TOKEN"},
                        "required": True}]
 

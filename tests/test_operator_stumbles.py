@@ -40,6 +40,32 @@ def job_names(store: Any) -> list[str]:
         return [r["name"] for r in tx.all("SELECT name FROM jobs ORDER BY name")]
 
 
+# --------------------------------------------------------------------------- 3. JSON columns as objects
+
+
+def test_json_job_objects_carry_objects_not_json_text(cli: Any, store: Any) -> None:
+    spec = {"name": "obj", "schedule_kind": "manual", "payload_message": "true",
+            "executor_options": {"env_policy": "inherit"}, "retention": {"keep_runs": 3},
+            "delivery_mode": "on_failure", "delivery_channel": "webhook", "delivery_to": "http://127.0.0.1:9/x"}
+    added = cli("--json", "jobs", "add", json.dumps(spec))
+    assert added.code == 0, added
+    views = [added.json["job"], cli("--json", "jobs", "get", "obj").json["job"],
+             cli("--json", "jobs", "list").json["jobs"][0]]
+    for view in views:
+        assert view["executor_options"] == {"env_policy": "inherit"}
+        assert view["constraints"] == {} and view["delivery_options"] == {} and view["credentials"] == []
+        assert view["retention"] == {"keep_runs": 3} and view["evidence"] is None
+    # A job object read back is a spec jobs add takes (the spec fields of it), and stores the same job.
+    copy = {k: v for k, v in views[1].items() if k in SPEC_FIELD_NAMES and v is not None}
+    again = cli("--json", "jobs", "add", json.dumps({**copy, "name": "obj2"}))
+    assert again.code == 0, again
+    second = cli("--json", "jobs", "get", "obj2").json["job"]
+    assert {k: v for k, v in second.items() if k in SPEC_FIELD_NAMES and k != "name"} == \
+        {k: v for k, v in views[1].items() if k in SPEC_FIELD_NAMES and k != "name"}
+    human = cli("jobs", "get", "obj")
+    assert '{"env_policy": "inherit"}' in human.out, human  # the human view prints JSON, not a Python repr
+
+
 # --------------------------------------------------------------------------- 11. schedule_kind inferred
 
 

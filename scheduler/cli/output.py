@@ -7,6 +7,7 @@ adds the CLI's own renderings: errors, ``key: value`` lines and local times.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable
 from datetime import datetime
@@ -28,8 +29,9 @@ def local_time(iso: str | None) -> str:
 
 
 def kv(pairs: Iterable[tuple[str, Any]]) -> None:
-    """Print ``key: value`` lines aligned on the colon."""
-    items = [(k, "-" if v is None else v) for k, v in pairs]
+    """Print ``key: value`` lines aligned on the colon; an object or array value as compact JSON (never a Python repr)."""
+    items = [(k, "-" if v is None else json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v)
+             for k, v in pairs]
     width = max((len(k) for k, _ in items), default=0)
     for k, v in items:
         click.echo(f"{k.rjust(width)}: {v}")

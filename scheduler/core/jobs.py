@@ -25,7 +25,16 @@ from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.rows import JobRow
 from scheduler.core.schedules import next_fire
-from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, JobSpec, spec_from_row, spec_to_input, spec_to_row, validate_spec
+from scheduler.core.spec import (
+    JSON_KINDS,
+    SPEC_FIELD_NAMES,
+    SPEC_FIELDS,
+    JobSpec,
+    spec_from_row,
+    spec_to_input,
+    spec_to_row,
+    validate_spec,
+)
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import cancel_pending_work, committing
 
@@ -368,8 +377,8 @@ def job_to_json(row: JobRow) -> JSONObject:
         val = getattr(row, f.name)
         if f.metadata["kind"] == "bool" and val is not None:
             val = bool(val)
-        elif f.metadata["kind"] in ("identity", "authorization_proof") and isinstance(val, str):
-            val = json.loads(val)  # the declaration as an object, as it was written
+        elif f.metadata["kind"] in JSON_KINDS and isinstance(val, str):
+            val = json.loads(val)  # a JSON column (options, constraints, credentials, ...) as the value it holds
         out[f.name] = val
     out["artifact_digest"] = row.artifact_digest
     out["handoff_version"] = row.handoff_version

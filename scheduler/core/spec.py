@@ -544,8 +544,9 @@ def _cross_checks(v: dict[str, object], errors: _Errors, *, now: int, check_past
         errors.add("job_type", "watchdog jobs run on the shell target", "CONFLICT")
 
 
-_JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization",
-                         "retention"})
+#: Field kinds stored as JSON text (one column each) and shown as JSON values (``job_to_json``).
+JSON_KINDS = frozenset({"options", "constraints", "identity", "evidence", "credentials", "authorization_proof", "authorization",
+                        "retention"})
 
 
 def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
@@ -555,7 +556,7 @@ def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
         kind = f.metadata["kind"]
         if kind == "bool":
             values[f.name] = int(values[f.name])
-        elif kind in _JSON_KINDS:
+        elif kind in JSON_KINDS:
             values[f.name] = None if values[f.name] is None else json.dumps(values[f.name], sort_keys=True)
     row: dict[str, SQLValue] = values
     return row
@@ -564,7 +565,7 @@ def spec_to_row(spec: JobSpec) -> dict[str, SQLValue]:
 #: (name, kind, default-or-NOTHING) per field: spec_from_row is on the dispatcher's hot path.
 #: The default is a value, or (``attrs.Factory``) its factory.
 _ROW_PLAN: tuple[tuple[str, str, bool, Callable[[], object] | None, object], ...] = tuple(
-    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in _JSON_KINDS else "",
+    (f.name, "bool" if f.metadata["kind"] == "bool" else "json" if f.metadata["kind"] in JSON_KINDS else "",
      f.default is not attrs.NOTHING, getattr(f.default, "factory", None), f.default)
     for f in SPEC_FIELDS
 )
