@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.files import read_capped
 from scheduler.base.json_document import MAX_INPUT_BYTES, parse_json_document
 
 __all__ = ["MAX_INPUT_BYTES", "AsciiIntRange", "parse_json_document", "read_json_input"]
@@ -33,11 +34,8 @@ def read_json_input(inline: str | None, file: str | None, stdin: bool, *, what: 
     if inline is not None:
         text = inline
     elif file is not None:
-        try:
-            with open(file, "rb") as fh:
-                raw = fh.read(MAX_INPUT_BYTES + 1)
-        except OSError as exc:
-            raise SchedulerError("PAYLOAD_READ_FAILED", f"cannot read {file}: {exc.strerror or exc}") from None
+        raw = read_capped(file, MAX_INPUT_BYTES, what=f"{what} file", unreadable="PAYLOAD_READ_FAILED",
+                          too_large="PAYLOAD_TOO_LARGE")
         text = _decode(raw, file)
     else:
         try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from scheduler.api import SchedulerError, VerifiedProof
 from scheduler_toolkit.canonical import canonical_json
+from scheduler_toolkit.files import read_capped
 
 #: ``schema`` of the signed message.
 MESSAGE_SCHEMA = "scheduler.authorization-proof"
@@ -51,14 +52,7 @@ def artifact_claim(method: str, claimed: Any) -> str:
 
 def read_trust_file(path: str, what: str) -> bytes:
     """A key, JWKS or CA file the declaration names (``PROOF_KEY_UNAVAILABLE`` when unreadable or over 1 MiB)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_TRUST_FILE_BYTES + 1)
-    except OSError as exc:
-        raise fail("PROOF_KEY_UNAVAILABLE", f"cannot read the {what} {path}: {exc.strerror}") from None
-    if len(data) > MAX_TRUST_FILE_BYTES:
-        raise fail("PROOF_KEY_UNAVAILABLE", f"the {what} {path} is larger than {MAX_TRUST_FILE_BYTES} bytes")
-    return data
+    return read_capped(path, MAX_TRUST_FILE_BYTES, what=what, unreadable="PROOF_KEY_UNAVAILABLE", too_large="PROOF_KEY_UNAVAILABLE")
 
 
 def signed_message_fields(method: str, proof_id: str, artifact_digest: str, not_before: int, expires_at: int) -> dict[str, Any]:

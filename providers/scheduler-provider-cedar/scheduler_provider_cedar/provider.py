@@ -28,6 +28,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
+from scheduler_toolkit.files import read_capped
 
 from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
@@ -152,13 +153,8 @@ class CedarProvider:
 
         texts = []
         for path in self._paths(policy_ref):
-            try:
-                with open(path, "rb") as fh:
-                    data = fh.read(MAX_POLICY_BYTES + 1)
-            except OSError as exc:
-                raise SchedulerError("CEDAR_POLICY_NOT_FOUND", f"cannot read {path}: {exc.strerror or exc}") from None
-            if len(data) > MAX_POLICY_BYTES:
-                raise SchedulerError("CEDAR_POLICY_INVALID", f"{path} is larger than {MAX_POLICY_BYTES} bytes")
+            data = read_capped(path, MAX_POLICY_BYTES, what="Cedar policy", unreadable="CEDAR_POLICY_NOT_FOUND",
+                               too_large="CEDAR_POLICY_INVALID")
             text = data.decode("utf-8", errors="replace")
             try:
                 cedarpy.policies_to_json_str(text)

@@ -33,6 +33,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
+from scheduler_toolkit.files import read_capped
 
 from scheduler.api import AuthorizationDecision, AuthorizationRequest, SchedulerError
 
@@ -156,13 +157,7 @@ def load_rules(policy_dir: str | None, policy_ref: str) -> Rules:
     if os.path.isabs(name) or ".." in name.split("/") or "\\" in name:
         raise SchedulerError("POLICYFILE_REF_INVALID", f"policy ref {policy_ref!r} must be a relative file name inside policy_dir")
     path = os.path.join(policy_dir, name)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SchedulerError("POLICYFILE_NOT_FOUND", f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SchedulerError("POLICYFILE_INVALID", f"{path} is larger than {MAX_FILE_BYTES} bytes")
+    data = read_capped(path, MAX_FILE_BYTES, what="rules file", unreadable="POLICYFILE_NOT_FOUND", too_large="POLICYFILE_INVALID")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

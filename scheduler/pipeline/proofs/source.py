@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.files import read_capped
 
 #: Largest proof (token or document) read from a source.
 MAX_PROOF_BYTES = 64 * 1024
@@ -25,13 +26,8 @@ def read_source(declaration: Mapping[str, Any], env: Mapping[str, str] | None = 
         where = f"environment variable {source['env']}"
     else:
         where = f"file {source['file']}"
-        try:
-            with open(source["file"], "rb") as fh:
-                raw = fh.read(MAX_PROOF_BYTES + 1)
-        except OSError as exc:
-            raise SchedulerError("PROOF_MISSING", f"no proof: cannot read {where}: {exc.strerror}") from None
-        if len(raw) > MAX_PROOF_BYTES:
-            raise SchedulerError("PROOF_MALFORMED", f"the proof in {where} is larger than {MAX_PROOF_BYTES} bytes")
+        raw = read_capped(source["file"], MAX_PROOF_BYTES, what="proof file", unreadable="PROOF_MISSING",
+                          too_large="PROOF_MALFORMED")
         try:
             value = raw.decode("utf-8")
         except UnicodeDecodeError:
