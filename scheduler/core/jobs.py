@@ -37,6 +37,7 @@ from scheduler.core.spec import (
 )
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import cancel_pending_work, committing
+from scheduler.settings import current_settings
 
 if TYPE_CHECKING:
     from scheduler.core.observers import Observers
@@ -177,21 +178,45 @@ def _subtree_depth(tx: Tx, job_id: str) -> int:
     return level
 
 
+def check_job_cap(tx: Tx, *, adding: int = 0) -> None:
+    """``JOB_LIMIT_REACHED`` when the stored jobs plus ``adding`` would pass ``[jobs] max_jobs`` (unset or 0: no cap).
+
+    Called in the transaction that inserts the jobs, so nothing of a refused change is
+    stored. It first locks the newest ``schema_migrations`` row (``Tx.for_update``): every
+    transaction adding jobs under a cap takes that one lock, so on PostgreSQL (READ
+    COMMITTED) a concurrent add waits and then counts the other's committed jobs, and two
+    adds can never both see room for one; SQLite's write transaction is exclusive already.
+    """
+    cap = current_settings().jobs.max_jobs
+    if not cap:
+        return
+    tx.one("SELECT version FROM schema_migrations ORDER BY version DESC LIMIT 1" + tx.for_update)
+    total = int(tx.scalar("SELECT COUNT(*) FROM jobs") or 0) + adding
+    if total > cap:
+        raise SchedulerError("JOB_LIMIT_REACHED", f"the change would leave {total} jobs; [jobs] max_jobs is {cap}",
+                             details={"max_jobs": cap, "jobs": total})
+
+
 def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
                 submissions: list[Submission | None] | None = None,
-                job_ids: list[str | None] | None = None) -> list[JobRow]:
+                job_ids: list[str | None] | None = None, check_cap: bool = True) -> list[JobRow]:
     """Insert jobs all-or-nothing in one transaction; a chain parent may be named earlier in the batch.
 
     Each job gets its execution artifact first (``submissions[i]``, a handoff v4 artifact
     submitted with spec ``i``, is accepted only when it agrees exactly with that spec).
     ``job_ids[i]`` gives spec ``i`` a chosen id instead of a random one (an importer's
     ``openclaw-cron:<id>``, so a second import recognises it); ``JOB_ID_CONFLICT`` if taken.
+    The batch is refused whole past ``[jobs] max_jobs`` (``check_job_cap``); a caller that
+    also deletes jobs in its transaction (``apply --prune delete``) passes ``check_cap=False``
+    and checks once at its end instead.
     """
     now = now_ms() if now is None else now
     created: list[JobRow] = []
     subs = submissions or [None] * len(specs)
     ids = job_ids or [None] * len(specs)
     with store.transaction() as tx:
+        if check_cap:
+            check_job_cap(tx, adding=len(specs))
         for spec, submission in zip(specs, subs, strict=True):
             parent_id = None
             if spec.parent_id is not None:

@@ -11,7 +11,8 @@ transaction through the ordinary job paths (``create_jobs``, ``update_job``, ``s
 ``delete_job``): an update that changes a job's execution contract binds a new artifact and
 cancels the work bound to the old one, exactly as ``jobs update`` does. Any refusal rolls
 the whole apply back. ``export`` writes the stored jobs with only their non-default fields,
-chain parents by name, so export followed by apply changes nothing.
+chain parents by name, so export followed by apply changes nothing. An apply that would leave
+more jobs than ``[jobs] max_jobs`` (counted once, after pruning) is refused whole (``JOB_LIMIT_REACHED``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from scheduler.artifacts.handoff import SUBMISSION_FIELDS, hydrate, split_submis
 from scheduler.base.errors import SchedulerError
 from scheduler.base.json_document import MAX_INPUT_BYTES, parse_json_document
 from scheduler.base.timeutil import now_ms
-from scheduler.core.jobs import create_jobs, delete_job, set_enabled, update_job
+from scheduler.core.jobs import check_job_cap, create_jobs, delete_job, set_enabled, update_job
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, _default, spec_from_row, spec_to_input, validate_spec
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing
@@ -271,7 +272,7 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
         to_create = _creation_order([by_name[a.name] for a in actions if a.action == "create"])
         created_ids: dict[str, str] = {}
         for job in to_create:
-            row = create_jobs(store, [job.spec], submissions=[job.submission])[0]
+            row = create_jobs(store, [job.spec], submissions=[job.submission], check_cap=False)[0]
             created_ids[job.spec.name] = row.id
         for action in actions:
             if action.action == "create":
@@ -297,6 +298,8 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
         elif prune == "delete":
             for action in _children_first(tx, pruned):
                 delete_job(store, action.job_id)  # type: ignore[arg-type]
+        if to_create:
+            check_job_cap(tx)  # [jobs] max_jobs counts the jobs the whole apply leaves, after pruning
     return actions
 
 

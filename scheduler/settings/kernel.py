@@ -1,8 +1,8 @@
-"""The kernel's own settings tables: ``[dispatcher]``, ``[storage]``, ``[delivery]`` and ``[notifications]``.
+"""The kernel's own settings tables: ``[dispatcher]``, ``[storage]``, ``[delivery]``, ``[notifications]``, ``[jobs]`` ...
 
 ``scheduler run`` takes its defaults from ``[dispatcher]`` (its flags still win);
 the queue reads ``misfire_grace_ms`` and the SQLite store ``sqlite_synchronous``; the
-outbox consumer reads ``[delivery]``; completion reads ``[notifications]``.
+outbox consumer reads ``[delivery]``; completion reads ``[notifications]``; creating jobs reads ``[jobs]``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,16 @@ class NotificationSettings:
 
 
 @attrs.frozen(kw_only=True)
+class JobsSettings:
+    """``[jobs]``: limits on the stored jobs of this host."""
+
+    max_jobs: int | None = attrs.field(default=None, metadata={
+        "minimum": 0, "maximum": 10_000_000,
+        "doc": "Most jobs the database may hold: `jobs add`, `apply`, `import` and `schedule add` past it are refused"
+               " (JOB_LIMIT_REACHED), storing nothing; unset or 0: no cap."})
+
+
+@attrs.frozen(kw_only=True)
 class EvidenceSettings:
     """``[evidence]``: host-side evidence settings (the in-toto export's signing key)."""
 
@@ -171,7 +181,7 @@ class RetentionSettings:
 
 #: The kernel tables of the settings file, in display order.
 KERNEL_TABLES: dict[str, type] = {"dispatcher": DispatcherSettings, "storage": StorageSettings, "delivery": DeliverySettings,
-                                  "notifications": NotificationSettings, "evidence": EvidenceSettings,
+                                  "notifications": NotificationSettings, "jobs": JobsSettings, "evidence": EvidenceSettings,
                                   "identity": IdentitySettings, "authorization": AuthorizationSettings,
                                   "retention": RetentionSettings}
 

@@ -28,6 +28,7 @@ from scheduler.settings.kernel import (
     RETIRED_ENV,
     DeliverySettings,
     DispatcherSettings,
+    JobsSettings,
     NotificationSettings,
     StorageSettings,
 )
@@ -398,6 +399,11 @@ class Settings:
     def delivery(self) -> DeliverySettings:
         """``[delivery]``."""
         return typing.cast(DeliverySettings, self.kernel["delivery"].value)
+
+    @property
+    def jobs(self) -> JobsSettings:
+        """``[jobs]``."""
+        return typing.cast(JobsSettings, self.kernel["jobs"].value)
 
     def plugin_table(self, section: str, name: str) -> dict[str, Any]:
         """The file's ``[SECTION.NAME]`` table as written (empty when absent)."""

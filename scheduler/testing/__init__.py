@@ -263,7 +263,8 @@ def run_cli(*args: str, db: str | None = None) -> tuple[int, str, str]:
 
 
 #: Environment prefixes of settings overrides (``SCHEDULER_<SECTION>_...``) and the settings file variable.
-_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_DELIVERY_", "SCHEDULER_NOTIFICATIONS_", "SCHEDULER_EXECUTORS_",
+_SETTINGS_PREFIXES = ("SCHEDULER_DISPATCHER_", "SCHEDULER_STORAGE_", "SCHEDULER_DELIVERY_", "SCHEDULER_NOTIFICATIONS_", "SCHEDULER_JOBS_",
+                      "SCHEDULER_EXECUTORS_",
                       "SCHEDULER_CHANNELS_", "SCHEDULER_PROVIDERS_")
 
 
