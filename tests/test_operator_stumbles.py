@@ -40,6 +40,89 @@ def job_names(store: Any) -> list[str]:
         return [r["name"] for r in tx.all("SELECT name FROM jobs ORDER BY name")]
 
 
+# --------------------------------------------------------------------------- 1. apply and past one-shots
+
+
+def test_apply_refuses_a_new_past_one_shot_without_allow_past_at(cli: Any, store: Any, tmp_path: Path) -> None:
+    f = write_toml(tmp_path / "jobs.toml", [{"name": "tick", "schedule_kind": "every", "schedule_every": "5m",
+                                              "payload_message": "date"}, ONCE])
+    for args in (("--dry-run",), ()):
+        out = cli("--json", "apply", str(f), *args)
+        assert out.code != 0 and out.json["code"] == "VALIDATION_FAILED", out
+        (detail,) = out.json["details"]
+        assert detail["code"] == "AT_IN_PAST" and detail["field"] == "schedule_at", detail
+        assert detail["job"] == "once" and Path(detail["file"]).name == "jobs.toml" and detail["index"] == 1
+        assert job_names(store) == []  # all or nothing: the valid job is not created either
+    # jobs add gives the same code for the same spec.
+    added = cli("--json", "jobs", "add", json.dumps(ONCE))
+    assert added.code != 0 and [d["code"] for d in added.json["details"]] == ["AT_IN_PAST"], added
+    write_toml(f, [{**ONCE, "allow_past_at": True}])
+    assert cli("--json", "apply", str(f)).code == 0
+    assert job_names(store) == ["once"]
+
+
+def test_a_stored_one_shot_keeps_its_passed_instant(cli: Any, store: Any, tmp_path: Path) -> None:
+    f = write_toml(tmp_path / "jobs.toml", [{**ONCE, "schedule_at": FUTURE}])
+    assert cli("--json", "apply", str(f)).code == 0
+    with store.transaction() as tx:  # time passes: the stored instant is now behind us
+        tx.execute("UPDATE jobs SET schedule_at = ?, next_run_at = ?", (1577836800000, 1577836800000))
+    write_toml(f, [ONCE])
+    again = cli("--json", "apply", str(f))
+    assert again.code == 0 and again.json["summary"]["unchanged"] == 1, again
+
+
+def test_a_finished_one_shot_is_exported_done_and_never_runs_on_a_new_host(cli: Any, store: Any, dispatcher: Any,
+                                                                            tmp_path: Path) -> None:
+    f = write_toml(tmp_path / "jobs.toml", [{**ONCE, "allow_past_at": True},
+                                            {**ONCE, "name": "later", "schedule_at": FUTURE}])
+    assert cli("--json", "apply", str(f)).code == 0
+    job_id = cli("--json", "jobs", "get", "once").json["job"]["id"]
+    d = dispatcher()
+    try:
+        wait_for(lambda: [r for r in run_rows(store, job_id) if r["status"] in TERMINAL], timeout=30, what="the one-shot's run")
+    finally:
+        d.stop()
+    exported = cli("--json", "export", "--format", "json", "--output", str(tmp_path / "export.json"))
+    assert exported.code == 0, exported
+    doc = json.loads((tmp_path / "export.json").read_text())
+    by_name = {j["name"]: j for j in doc["jobs"]}
+    assert by_name["once"].get("done") is True and "done" not in by_name["later"]  # only the one that ran
+    # The origin host: applying its own export changes nothing.
+    same = cli("--json", "apply", str(tmp_path / "export.json"))
+    assert same.json["summary"] == {"create": 0, "update": 0, "unchanged": 2, "prune": 0}, same
+    # A new host: the finished one-shot is created done (no next run, nothing queued); re-enabling keeps it done.
+    other = str(tmp_path / "other.db")
+    created = cli("--json", "apply", str(tmp_path / "export.json"), db=other)
+    assert created.code == 0 and created.json["summary"]["create"] == 2, created
+    assert cli("--json", "jobs", "get", "once", db=other).json["job"]["next_run_at"] is None
+    assert cli("--json", "jobs", "get", "later", db=other).json["job"]["next_run_at"] == FUTURE
+    assert cli("--json", "jobs", "disable", "once", db=other).code == 0
+    assert cli("--json", "jobs", "enable", "once", db=other).json["job"]["next_run_at"] is None
+    from scheduler.plugins.stores import open_store
+
+    new_host = open_store(other)
+    try:
+        with new_host.read() as tx:
+            assert tx.scalar("SELECT next_run_at FROM jobs WHERE name = 'once'") is None  # stored, not only shown
+            assert tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue") == 0
+    finally:
+        new_host.close()
+    redo = cli("--json", "export", "--format", "json", db=other)
+    assert redo.json["document"] == doc  # and it exports done again
+
+
+def test_done_is_a_job_file_key_for_one_shots_only(cli: Any, store: Any, tmp_path: Path) -> None:
+    f = write_toml(tmp_path / "jobs.toml", [{"name": "m", "schedule_kind": "manual", "payload_message": "true", "done": True},
+                                            {**ONCE, "name": "o", "done": "yes"}])
+    out = cli("--json", "apply", str(f))
+    assert out.code != 0 and out.json["code"] == "VALIDATION_FAILED", out
+    assert {(d["job"], d["field"], d["code"]) for d in out.json["details"]} == {("m", "done", "CONFLICT"),
+                                                                                ("o", "done", "INVALID_TYPE")}
+    assert job_names(store) == []
+    added = cli("--json", "jobs", "add", json.dumps({**ONCE, "done": True}))  # not a spec field: jobs add refuses it
+    assert added.code != 0 and ("done", "UNKNOWN_FIELD") in {(d["field"], d["code"]) for d in added.json["details"]}, added
+
+
 # --------------------------------------------------------------------------- 3. JSON columns as objects
 
 
@@ -89,3 +172,24 @@ def test_two_schedule_fields_without_a_kind_are_ambiguous(cli: Any, store: Any, 
     assert cli("--json", "apply", str(f)).code == 0  # a job file may leave it out too
     assert cli("--json", "apply", str(f)).json["summary"]["unchanged"] == 1
     assert job_names(store) == ["t"]
+
+
+# --------------------------------------------------------------------------- 12. human apply errors
+
+
+def test_human_apply_errors_name_the_job_and_the_file(cli: Any, store: Any, tmp_path: Path) -> None:
+    f = write_toml(tmp_path / "jobs.toml", [{"name": "good", "schedule_kind": "manual", "payload_message": "true"},
+                                            {"name": "bad", "schedule_kind": "cron", "schedule_cron": "61 * * * *",
+                                             "payload_message": "true"}])
+    out = cli("apply", str(f))
+    assert out.code != 0 and out.out == "", out
+    line = next(ln for ln in out.err.splitlines() if "schedule_cron" in ln)
+    assert "bad" in line and str(f) in line, out.err
+    # An error met while carrying the plan out (a missing chain parent) names its job and file too, in both modes.
+    write_toml(f, [{"name": "kid", "schedule_kind": "chain", "parent_id": "nobody", "payload_message": "true"}])
+    human = cli("apply", str(f))
+    assert human.code != 0 and "NOT_FOUND" in human.err and "kid" in human.err and str(f) in human.err, human
+    as_json = cli("--json", "apply", str(f))
+    assert as_json.json["code"] == "NOT_FOUND", as_json
+    assert as_json.json["details"]["job"] == "kid" and as_json.json["details"]["file"] == str(f)
+    assert job_names(store) == []

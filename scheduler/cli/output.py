@@ -49,4 +49,14 @@ def error_out(code: str, message: str, details: Any = None) -> None:
         if isinstance(details, list):
             for item in details[:50]:
                 if isinstance(item, dict) and "field" in item:
-                    click.echo(f"  - {item['field']}: {item.get('error')} ({item.get('code')})", err=True)
+                    click.echo(f"  - {_where(item)}{item['field']}: {item.get('error')} ({item.get('code')})", err=True)
+
+
+def _where(item: dict[str, Any]) -> str:
+    """Which file, item and job a detail is about (``apply`` and arrays give them), as a prefix of its line."""
+    parts = [str(item["file"])] if item.get("file") is not None else []
+    if item.get("index") is not None:
+        parts.append(f"[{item['index']}]")
+    if item.get("job") is not None:
+        parts.append(f"job {item['job']!r}")
+    return " ".join(parts) + ": " if parts else ""

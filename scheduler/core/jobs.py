@@ -332,8 +332,8 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
         if enabled:
             check_job(tx, row)  # re-enabling needs the job to match its artifact exactly (disabling never rewrites it)
             next_run, anchor = initial_schedule(spec_from_row(row), now)
-            if row.schedule_kind == "at" and row.last_run_at is not None:
-                next_run = None  # a one-shot that already ran stays done
+            if row.schedule_kind == "at" and (row.last_run_at is not None or row.next_run_at is None):
+                next_run = None  # a one-shot that already ran, or took its slot (here or where it was exported), stays done
             state.execute(tx, "enable_job", job_id=row.id, next_run_at=next_run, schedule_anchor_at=anchor, now=now)
         else:
             state.execute(tx, "disable_job", job_id=row.id, now=now)

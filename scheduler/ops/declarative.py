@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from scheduler.artifacts.handoff import SUBMISSION_FIELDS, hydrate, split_submis
 from scheduler.base.errors import SchedulerError
 from scheduler.base.json_document import MAX_INPUT_BYTES, parse_json_document
 from scheduler.base.timeutil import now_ms
+from scheduler.core import state
 from scheduler.core.jobs import check_job_cap, create_jobs, delete_job, set_enabled, update_job
 from scheduler.core.spec import SPEC_FIELD_NAMES, SPEC_FIELDS, _default, spec_from_row, spec_to_input, validate_spec
 from scheduler.core.store.base import Store, Tx
@@ -40,17 +43,28 @@ _FILE_KEYS = frozenset({"jobs", "version"})
 FILE_VERSION = 1
 #: The spec fields that do not change through ``update_job`` (``set_enabled`` handles them).
 _STATE_FIELDS = ("enabled",)
+#: The job-file key (not a spec field) that marks a one-shot whose one slot was taken where it was exported.
+DONE_KEY = "done"
 
 
 @attrs.frozen
 class DesiredJob:
-    """One job of a job file: the raw object (for messages), its validated spec and handoff submission."""
+    """One job of a job file: the raw object (for messages), its validated spec and handoff submission.
+
+    ``done`` is the file's ``done = true``: a one-shot that already took its slot (``export``
+    writes it), created without a next run so it never fires again on this host.
+    """
 
     file: str
     index: int
     spec: Any
     submission: Any
     raw: dict[str, Any]
+    done: bool = False
+
+    def where(self) -> dict[str, Any]:
+        """``{file, index, job}``: what every message about this job names."""
+        return {"file": self.file, "index": self.index, "job": self.spec.name}
 
 
 @attrs.define
@@ -147,14 +161,20 @@ def validate_sources(sources: list[tuple[str, list[Any]]]) -> list[DesiredJob]:
     for file, items in sources:
         for index, item in enumerate(items):
             where = {"file": file, "index": index, "job": item.get("name") if isinstance(item, dict) else None}
+            done = isinstance(item, dict) and DONE_KEY in item
             try:
                 obj, submission = split_submission(item) if isinstance(item, dict) else (item, None)
-                # An at-job already stored keeps its (possibly past) instant: the file is compared, not re-added.
+                if done:
+                    obj = {k: v for k, v in obj.items() if k != DONE_KEY}
+                # An at-job already stored keeps its (possibly past) instant: the file is compared, not re-added;
+                # a new one in the past is refused when the plan sees it is new (``plan``: AT_IN_PAST).
                 spec = validate_spec(obj, now=now, check_past=False)
+                if done:
+                    done = _check_done(item[DONE_KEY], spec)
                 if submission is not None:
                     compiled = submission.payload.get("compiled") if isinstance(submission.payload, dict) else None
                     submission.verify(spec, job_id=compiled.get("job_id") if isinstance(compiled, dict) else None)
-                out.append(DesiredJob(file, index, spec, submission, item))
+                out.append(DesiredJob(file, index, spec, submission, item, done))
             except SchedulerError as exc:
                 for d in exc.details or [{"field": "", "code": exc.code, "error": exc.message}]:
                     details.append({**d, **where})
@@ -173,6 +193,17 @@ def validate_sources(sources: list[tuple[str, list[Any]]]) -> list[DesiredJob]:
         names = ", ".join(sorted({repr(c["job"]) for c in conflicts}))
         raise SchedulerError("NAME_CONFLICT", f"the job files name a job more than once: {names}", details=conflicts)
     return out
+
+
+def _check_done(value: object, spec: Any) -> bool:
+    """The file's ``done`` marker: a boolean, and only on a one-shot (``VALIDATION_FAILED`` otherwise)."""
+    if not isinstance(value, bool):
+        raise SchedulerError("VALIDATION_FAILED", "invalid job spec: done", details=[
+            {"field": DONE_KEY, "code": "INVALID_TYPE", "error": "must be true or false"}])
+    if value and spec.schedule_kind != "at":
+        raise SchedulerError("VALIDATION_FAILED", "invalid job spec: done", details=[
+            {"field": DONE_KEY, "code": "CONFLICT", "error": "is only valid with schedule_kind=at (a one-shot that already ran)"}])
+    return value
 
 
 # --------------------------------------------------------------------------- planning
@@ -207,22 +238,37 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def plan(tx: Tx, desired: list[DesiredJob], *, prune: str | None = None) -> list[Action]:
-    """The actions that make the stored jobs match ``desired`` (nothing is written)."""
+def plan(tx: Tx, desired: list[DesiredJob], *, prune: str | None = None, now: int | None = None) -> list[Action]:
+    """The actions that make the stored jobs match ``desired`` (nothing is written).
+
+    A job to create is held to ``jobs add``'s creation rule: a one-shot whose ``schedule_at``
+    has passed needs ``allow_past_at`` (or the file's ``done = true``: it will not run), else
+    ``VALIDATION_FAILED`` with an ``AT_IN_PAST`` detail naming its file, index and job. A
+    stored one-shot keeps its instant, passed or not: it is compared, not created.
+    """
+    now = now_ms() if now is None else now
     rows = tx.all("SELECT * FROM jobs ORDER BY name")
     names_by_id = {r["id"]: r["name"] for r in rows}
     by_name = {r["name"]: r for r in rows}
     actions: list[Action] = []
+    past: list[dict[str, Any]] = []
     for job in desired:
         row = by_name.get(job.spec.name)
         new = _desired_input(job, names_by_id)
         if row is None:
+            spec = job.spec
+            if spec.schedule_kind == "at" and spec.schedule_at <= now and not spec.allow_past_at and not job.done:
+                past.append({"field": "schedule_at", "code": "AT_IN_PAST",
+                             "error": "is in the past (set allow_past_at to accept it)", **job.where()})
             actions.append(Action("create", job.spec.name, job.file))
             continue
         changes = _changes(_stored_input(tx, row, names_by_id), new)
         if job.submission is not None and job.submission.digest != row.get("artifact_digest"):
             changes.append({"field": "handoff_artifact_digest", "old": row.get("artifact_digest"), "new": job.submission.digest})
         actions.append(Action("update" if changes else "unchanged", job.spec.name, job.file, row["id"], changes))
+    if past:
+        raise SchedulerError("VALIDATION_FAILED", f"{len(past)} of {len(desired)} job specs are invalid: a new one-shot"
+                             " in the past needs allow_past_at", details=past)
     if prune is not None:
         wanted = {j.spec.name for j in desired}
         for row in rows:
@@ -272,8 +318,11 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
         to_create = _creation_order([by_name[a.name] for a in actions if a.action == "create"])
         created_ids: dict[str, str] = {}
         for job in to_create:
-            row = create_jobs(store, [job.spec], submissions=[job.submission], check_cap=False)[0]
-            created_ids[job.spec.name] = row.id
+            with _naming(job):
+                row = create_jobs(store, [job.spec], submissions=[job.submission], check_cap=False)[0]
+                created_ids[job.spec.name] = row.id
+                if job.done:  # it took its slot where it was exported: no next run here, as there
+                    state.rows(tx, "clear_next_runs", now=now_ms(), rows=[{"job_id": row.id}])
         for action in actions:
             if action.action == "create":
                 action.job_id = created_ids[action.name]
@@ -287,10 +336,11 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
                     patch[name] = normalised.get(name)  # absent: None resets the field to its default
                 if job.submission is not None:
                     patch.update({k: new[k] for k in SUBMISSION_FIELDS})
-                if patch:
-                    update_job(store, action.job_id, patch)  # type: ignore[arg-type]
-                if "enabled" in fields:
-                    set_enabled(store, action.job_id, job.spec.enabled)  # type: ignore[arg-type]
+                with _naming(job):
+                    if patch:
+                        update_job(store, action.job_id, patch)  # type: ignore[arg-type]
+                    if "enabled" in fields:
+                        set_enabled(store, action.job_id, job.spec.enabled)  # type: ignore[arg-type]
         pruned = [a for a in actions if a.action == "prune"]
         if prune == "disable":
             for action in pruned:
@@ -301,6 +351,30 @@ def apply(store: Store, desired: list[DesiredJob], *, prune: str | None = None, 
         if to_create:
             check_job_cap(tx)  # [jobs] max_jobs counts the jobs the whole apply leaves, after pruning
     return actions
+
+
+@contextmanager
+def _naming(job: DesiredJob) -> Iterator[None]:
+    """Name the job and its file in any refusal met while carrying out its action (message and ``details``).
+
+    A refusal inside the transaction (a chain parent that does not exist, a handoff v4 job
+    changed without a new artifact) otherwise says what went wrong but not which job of which
+    file: the message gains ``FILE [INDEX] job 'NAME': `` and ``details`` the ``file``,
+    ``index`` and ``job`` keys (each entry's, for a list), in both output modes.
+    """
+    try:
+        yield
+    except SchedulerError as exc:
+        where = job.where()
+        exc.message = f"{job.file} [{job.index}] job {job.spec.name!r}: {exc.message}"
+        exc.args = (exc.message,)
+        if exc.details is None:
+            exc.details = where
+        elif isinstance(exc.details, dict):
+            exc.details = {**where, **exc.details}
+        elif isinstance(exc.details, list):
+            exc.details = [{**where, **d} if isinstance(d, dict) else d for d in exc.details]
+        raise
 
 
 def _children_first(tx: Tx, pruned: list[Action]) -> list[Action]:
@@ -332,6 +406,8 @@ def export_document(tx: Tx) -> dict[str, Any]:
     jobs = []
     for row in rows:
         obj = _stored_input(tx, row, names_by_id)
+        if row["schedule_kind"] == "at" and row["next_run_at"] is None:
+            obj[DONE_KEY] = True  # its one slot was taken here: applied elsewhere it must not run again
         if row.get("handoff_version") == 4:
             obj.update(submission_fields(hydrate(tx, row)))
         jobs.append(obj)
