@@ -193,3 +193,62 @@ def test_human_apply_errors_name_the_job_and_the_file(cli: Any, store: Any, tmp_
     assert as_json.json["code"] == "NOT_FOUND", as_json
     assert as_json.json["details"]["job"] == "kid" and as_json.json["details"]["file"] == str(f)
     assert job_names(store) == []
+
+
+# --------------------------------------------------------------------------- 14. jobs delete confirmation
+
+
+def test_jobs_delete_without_a_terminal_does_not_ask(cli: Any, store: Any) -> None:
+    assert cli("--json", "jobs", "add", json.dumps({"name": "gone", "schedule_kind": "manual", "payload_message": "true"})).code == 0
+    out = cli("jobs", "delete", "gone")
+    assert out.code == 0 and "deleted gone" in out.out and "?" not in out.out + out.err, out
+    assert job_names(store) == []
+
+
+def _delete_on_a_terminal(db: str, *args: str, answer: str | None, command: tuple[str, ...] = ("jobs", "delete")) -> tuple[int, str]:
+    """``scheduler jobs delete ARGS`` (or ``command``) in a subprocess whose stdin and stderr are a pseudo-terminal; type ``answer``."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--db", db, *command, *args],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=slave, close_fds=True)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 60
+    answered = answer is None
+    while proc.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:
+                break
+        if not answered and b"[y/N]" in seen:
+            os.write(master, answer.encode() + b"\n")  # type: ignore[union-attr]
+            answered = True
+    out, _ = proc.communicate(timeout=60)
+    os.close(master)
+    return proc.returncode, seen.decode(errors="replace") + out.decode(errors="replace")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pseudo-terminals as the tests drive them: Linux")
+def test_jobs_delete_on_a_terminal_asks_first(tmp_path: Path) -> None:
+    db = str(tmp_path / "tty.db")
+    add = [sys.executable, "-m", "scheduler", "--db", db, "jobs", "add"]
+    for name in ("keep", "drop", "forced", "removed"):
+        spec = json.dumps({"name": name, "schedule_kind": "manual", "payload_message": "true"})
+        assert subprocess.run([*add, spec], capture_output=True, timeout=60).returncode == 0
+    code, text = _delete_on_a_terminal(db, "keep", answer="n")
+    assert code == 130 and "Delete job 'keep'" in text and "INTERRUPTED" in text, text
+    code, text = _delete_on_a_terminal(db, "drop", answer="y")
+    assert code == 0 and "deleted drop" in text, text
+    code, text = _delete_on_a_terminal(db, "forced", "--yes", answer=None)
+    assert code == 0 and "[y/N]" not in text and "deleted forced" in text, text
+    remove = ("schedule", "remove")  # the same command under another name asks the same way
+    code, text = _delete_on_a_terminal(db, "keep", answer="n", command=remove)
+    assert code == 130 and "Delete job 'keep'" in text, text
+    code, text = _delete_on_a_terminal(db, "removed", "-y", answer=None, command=remove)
+    assert code == 0 and "[y/N]" not in text and "deleted removed" in text, text
+    listed = subprocess.run([sys.executable, "-m", "scheduler", "--db", db, "--json", "jobs", "list"],
+                            capture_output=True, text=True, timeout=60)
+    assert [j["name"] for j in json.loads(listed.stdout)["jobs"]] == ["keep"]

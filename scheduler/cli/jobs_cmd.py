@@ -329,12 +329,33 @@ def jobs_disable(job: str) -> None:
 @jobs_group.command("delete")
 @click.argument("job")
 @click.option("--cascade", is_flag=True, help="Also delete chained child jobs.")
-def jobs_delete(job: str, cascade: bool) -> None:
-    """Delete a job with its runs."""
+@click.option("--yes", "-y", "yes", is_flag=True, help="Do not ask for confirmation (asked only when stdin is a terminal).")
+def jobs_delete(job: str, cascade: bool, yes: bool = False) -> None:
+    """Delete a job with its runs; on a terminal it asks first (``--yes`` does not)."""
     from scheduler.core.jobs import delete_job
 
-    row = delete_job(open_ctx_store(), job, cascade=cascade)
+    store = open_ctx_store()
+    if not yes and sys.stdin is not None and sys.stdin.isatty():
+        _confirm_delete(store, job, cascade)
+    row = delete_job(store, job, cascade=cascade)
     emit({"deleted": {"id": row.id, "name": row.name}}, lambda: click.echo(f"deleted {row.name} ({row.id})"))
+
+
+def _confirm_delete(store: Any, job: str, cascade: bool) -> None:
+    """Ask on the terminal (stderr, default no) before deleting ``job``; a no is ``INTERRUPTED`` (exit 130), nothing deleted.
+
+    The job is resolved first, so an unknown one is ``NOT_FOUND`` without a question; the
+    question names the job, its id and how many runs (and, with ``--cascade``, chained
+    children) go with it. Scripts and pipes (stdin not a terminal) are never asked.
+    """
+    from scheduler.core.jobs import resolve_job
+
+    with store.read() as tx:
+        row = resolve_job(tx, job)
+        runs = tx.scalar("SELECT COUNT(*) FROM runs WHERE job_id = ?", (row.id,)) or 0
+        children = tx.scalar("SELECT COUNT(*) FROM jobs WHERE parent_id = ?", (row.id,)) or 0
+    also = f" and its {children} chained child job(s)" if cascade and children else ""
+    click.confirm(f"Delete job {row.name!r} ({row.id}) with its {runs} run(s){also}?", default=False, abort=True, err=True)
 
 
 @jobs_group.command("tree")

@@ -92,11 +92,12 @@ def schedule_show(job: str) -> None:
 
 @schedule_group.command("remove")
 @click.argument("job")
-def schedule_remove(job: str) -> None:
-    """Remove one job (same as ``jobs delete``)."""
+@click.option("--yes", "-y", "yes", is_flag=True, help="Do not ask for confirmation (asked only when stdin is a terminal).")
+def schedule_remove(job: str, yes: bool) -> None:
+    """Remove one job (same as ``jobs delete``, confirmation on a terminal included)."""
     from scheduler.cli.jobs_cmd import jobs_delete
 
-    click.get_current_context().invoke(jobs_delete, job=job, cascade=False)
+    click.get_current_context().invoke(jobs_delete, job=job, cascade=False, yes=yes)
 
 
 __all__ = ["SchedulerError", "schedule_group"]
