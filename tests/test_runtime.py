@@ -298,7 +298,7 @@ def test_auto_pause_after_consecutive_failures_and_enable_resumes(store, dispatc
     from scheduler.core.jobs import job_to_json
     from scheduler.core.rows import JobRow
 
-    assert job_to_json(JobRow.from_row(j))["state"] == "paused"
+    assert job_to_json(JobRow.from_row(j))["state"] == "auto-paused"
     before = now_ms()
     enabled = set_enabled(store, job["id"], True)
     assert enabled.enabled == 1 and enabled.consecutive_failures == 0 and enabled.paused_at is None

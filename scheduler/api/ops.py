@@ -17,7 +17,7 @@ Read (each returns JSON-ready dicts):
 =====================================================  ==========================  ===========================================
 operation                                              CLI command                 returns (the ``--json`` key)
 =====================================================  ==========================  ===========================================
-``list_jobs(store, enabled=, limit=,                   ``jobs list``               list of job views with ``state`` and
+``list_jobs(store, enabled=, state=, limit=,           ``jobs list``               list of job views with ``state`` and
 include_handoff_artifacts=)``                                                      ``next_run_at`` (``jobs``)
 ``get_job(store, job)``                                ``jobs get JOB``            one job view (``job``)
 ``list_runs(store, job=, status=, limit=20)``          ``runs list [JOB]``         run views, newest first (``runs``)
@@ -41,6 +41,8 @@ operation                                              CLI command              
 ``run_job(store, job)``                                ``jobs run JOB``            the queued manual dispatch row (``dispatch``)
 ``enable_job(store, job)``                             ``jobs enable JOB``         the job view (``job``)
 ``disable_job(store, job)``                            ``jobs disable JOB``        the job view (``job``)
+``pause_job(store, job)``                              ``jobs pause JOB``          the job view (``job``)
+``resume_job(store, job)``                             ``jobs resume JOB``         the job view (``job``)
 ``cancel_run(store, run, reason=)``                    ``runs cancel RUN``         ``run_id``, ``outcome``, ``requested_by``
 ``cancel_job(store, job, reason=)``                    ``jobs cancel JOB``         ``job_id``, ``runs``, ``dispatches``,
                                                                                    ``requested_by``
@@ -51,10 +53,13 @@ operation                                              CLI command              
 ``retry_delivery(store, part)``                        ``deliveries retry PART``   the re-armed part (``delivery``)
 =====================================================  ==========================  ===========================================
 
-The job operations are named after the CLI's ``enable`` / ``disable``, not pause and resume:
-in the scheduler a *paused* job is one the dispatcher auto-paused after failures (its
-``state`` is ``paused``), while ``disable_job`` leaves it ``disabled``; ``enable_job``
-resumes either. References are what the CLI takes: a job by id or name, a run by id or a
+A job view's ``state`` is one of ``scheduler.ops.queries.JOB_STATES`` (``enabled``, ``paused``,
+``auto-paused``, ``disabled``, ``done``; docs/cli.md, "Job states"), and its ``next_run_at`` is
+null unless it is ``enabled``. ``pause_job`` does what ``disable_job`` does (nothing fires, its
+pending work is cancelled) and leaves the job ``paused``; ``disable_job`` leaves it ``disabled``;
+``resume_job`` and ``enable_job`` are one operation and lift either, or the scheduler's own
+``auto-paused``. ``list_jobs(state=)`` keeps the jobs in one state (an unknown one is
+``INVALID_ARGUMENT``). References are what the CLI takes: a job by id or name, a run by id or a
 unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
 Refusals: ``NOT_FOUND`` (unknown job, run, approval, part, dispatch), ``INVALID_ARGUMENT`` (a bad
 limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
@@ -96,8 +101,10 @@ __all__ = [
     "list_queue",
     "list_runs",
     "open_store",
+    "pause_job",
     "reject",
     "reject_job",
+    "resume_job",
     "retry_delivery",
     "run_job",
 ]
@@ -133,11 +140,12 @@ def _opened(store: StoreTarget, *, readonly: bool = False) -> Iterator[Store]:
 # -- read ------------------------------------------------------------------------------------------
 
 
-def list_jobs(store: StoreTarget, *, enabled: bool | None = None, limit: int | None = None,
+def list_jobs(store: StoreTarget, *, enabled: bool | None = None, state: str | None = None, limit: int | None = None,
               include_handoff_artifacts: bool = False) -> list[JsonObject]:
-    """``jobs list``: every job by name with its ``state`` and ``next_run_at`` (only enabled or not with ``enabled``)."""
+    """``jobs list``: every job by name with its ``state`` and ``next_run_at`` (only enabled or not with ``enabled``, one state with ``state``)."""
     with _opened(store, readonly=True) as s:
-        return queries.list_jobs(s, enabled=enabled, limit=limit, include_handoff_artifacts=include_handoff_artifacts)
+        return queries.list_jobs(s, enabled=enabled, state=state, limit=limit,
+                                 include_handoff_artifacts=include_handoff_artifacts)
 
 
 def get_job(store: StoreTarget, job: str) -> JsonObject:
@@ -205,7 +213,7 @@ def run_job(store: StoreTarget, job: str) -> JsonObject:
 
 
 def enable_job(store: StoreTarget, job: str) -> JsonObject:
-    """``jobs enable``: enable a disabled job or resume an auto-paused one; the job view."""
+    """``jobs enable``: enable a disabled job or resume a paused or auto-paused one (as ``resume_job``); the job view."""
     with _opened(store) as s:
         return actions.enable_job(s, job)
 
@@ -214,6 +222,18 @@ def disable_job(store: StoreTarget, job: str) -> JsonObject:
     """``jobs disable``: disable a job and cancel its pending scheduled work; the job view."""
     with _opened(store) as s:
         return actions.disable_job(s, job)
+
+
+def pause_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs pause``: pause a job (as ``disable_job``: nothing fires, pending work cancelled; state ``paused``); the job view."""
+    with _opened(store) as s:
+        return actions.pause_job(s, job)
+
+
+def resume_job(store: StoreTarget, job: str) -> JsonObject:
+    """``jobs resume``: resume a paused, auto-paused or disabled job (as ``enable_job``); the job view."""
+    with _opened(store) as s:
+        return actions.resume_job(s, job)
 
 
 def cancel_run(store: StoreTarget, run: str, *, reason: str | None = None) -> JsonObject:

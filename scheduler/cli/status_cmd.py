@@ -36,9 +36,9 @@ def collect_status(store: Any) -> dict[str, Any]:
         approvals = {r["status"]: r["n"] for r in tx.all("SELECT status, COUNT(*) AS n FROM approvals GROUP BY status")}
         # pending past their timeout: decided by the next dispatcher pass; many, or old ones, mean no dispatcher runs
         overdue = tx.scalar("SELECT COUNT(*) FROM approvals WHERE status = 'pending' AND expires_at <= ?", (now,))
-        jobs = {r["state"]: r["n"] for r in tx.all(
-            "SELECT CASE WHEN enabled = 1 THEN 'enabled' WHEN paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS state,"
-            " COUNT(*) AS n FROM jobs GROUP BY 1")}
+        from scheduler.core.jobs import JOB_STATE_SQL
+
+        jobs = {r["state"]: r["n"] for r in tx.all(f"SELECT {JOB_STATE_SQL} AS state, COUNT(*) AS n FROM jobs GROUP BY 1")}
         skipped = tx.all("SELECT id, job_id, skip_reason, created_at FROM runs WHERE status = 'skipped' ORDER BY created_at DESC LIMIT 5")
         cancels = tx.scalar("SELECT COUNT(*) FROM runs WHERE cancel_requested_at IS NOT NULL AND status = 'running'")
         nxt = tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL")

@@ -1,4 +1,4 @@
-"""Job storage: create (one or all-or-nothing many), read, update, enable/disable, delete, chain tree.
+"""Job storage: create (one or all-or-nothing many), read, update, enable/disable/pause, delete, chain tree, state.
 
 Every write happens in one store transaction with its runtime event, and every
 job leaves here with a stored ``next_run_at`` computed from its schedule: a
@@ -227,12 +227,19 @@ def create_jobs(store: Store, specs: list[JobSpec], *, now: int | None = None,
     return created
 
 
-def list_jobs(tx: Tx, *, enabled: bool | None = None, limit: int | None = None) -> list[JobRow]:
-    """Jobs ordered by name."""
-    sql, params = "SELECT * FROM jobs", []
+def list_jobs(tx: Tx, *, enabled: bool | None = None, state: str | None = None, limit: int | None = None) -> list[JobRow]:
+    """Jobs ordered by name: only those with the ``enabled`` flag given, only those in ``state`` (``job_state``)."""
+    check_job_state(state)
+    sql, where = "SELECT * FROM jobs", []
+    params: list[SQLValue] = []
     if enabled is not None:
-        sql += " WHERE enabled = ?"
+        where.append("enabled = ?")
         params.append(int(enabled))
+    if state is not None:
+        where.append(f"{JOB_STATE_SQL} = ?")
+        params.append(state)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY name"
     if limit:
         sql += " LIMIT ?"
@@ -344,6 +351,24 @@ def set_enabled(store: Store, ref: str, enabled: bool, *, now: int | None = None
     return out
 
 
+def pause_job(store: Store, ref: str, *, now: int | None = None, hooks: Observers | None = None) -> JobRow:
+    """Pause a job for an operator (``jobs pause``): what disabling does, shown as ``paused``.
+
+    Nothing fires, its pending work is cancelled (as ``jobs disable``), and the row keeps
+    ``paused_at`` with no reason, which ``job_state`` reads as the operator's pause (the
+    scheduler's own pauses always give one). ``set_enabled(True)`` (``resume``/``enable``) lifts it.
+    """
+    now = now_ms() if now is None else now
+    with committing(store, hooks) as tx:
+        row = resolve_job(tx, ref)
+        state.execute(tx, "pause_job", job_id=row.id, now=now)
+        cancel_pending_work(tx, row.id, reason="job paused", now=now, actor=os_identity())
+        append_event(tx, "job.paused", job_id=row.id, actor=os_identity(), at=now)
+        out = _read_job(tx, row.id)
+    store.notify_change()
+    return out
+
+
 def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None = None,
                hooks: Observers | None = None) -> JobRow:
     """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
@@ -367,9 +392,10 @@ def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None
 
 
 def job_tree(tx: Tx, ref: str | None = None) -> list[JSONObject]:
-    """Chains as nested ``{"id", "name", "trigger_on", "children": [...]}``, from one job or from every root."""
+    """Chains as nested ``{"id", "name", "trigger_on", "enabled", "state", "children": [...]}``, from one job or every root."""
     rows = [JobRow.from_row(r) for r in
-            tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled FROM jobs ORDER BY name")]
+            tx.all("SELECT id, name, parent_id, trigger_on, trigger_condition, enabled, schedule_kind, next_run_at, paused_at,"
+                   " paused_reason FROM jobs ORDER BY name")]
     by_parent: dict[str | None, list[JobRow]] = {}
     for r in rows:
         by_parent.setdefault(r.parent_id, []).append(r)
@@ -382,6 +408,7 @@ def job_tree(tx: Tx, ref: str | None = None) -> list[JSONObject]:
             "trigger_on": r.trigger_on,
             "trigger_condition": r.trigger_condition,
             "enabled": bool(r.enabled),
+            "state": job_state(r),
             "children": [build(k, depth + 1) for k in kids],
         }
 
@@ -396,7 +423,12 @@ _RUNTIME_COLUMNS = ("next_run_at", "last_run_at", "last_status", "last_error", "
 
 
 def job_to_json(row: JobRow) -> JSONObject:
-    """JSON view of a job row: spec fields, runtime state, instants as ISO-8601 ``Z``."""
+    """JSON view of a job row: spec fields, runtime state, instants as ISO-8601 ``Z``.
+
+    ``state`` is ``job_state``; ``next_run_at`` is null unless the job is ``enabled``: a paused,
+    auto-paused, disabled or done job will not fire, and ``resume``/``enable`` recompute the next
+    run from that moment, so a stored slot would only mislead.
+    """
     out: JSONObject = {"id": row.id}
     for f in SPEC_FIELDS:
         val = getattr(row, f.name)
@@ -413,12 +445,55 @@ def job_to_json(row: JobRow) -> JSONObject:
         out[key] = getattr(row, key)
     for key in _TIME_COLUMNS:
         out[key] = to_iso(getattr(row, key))
-    out["state"] = job_state(row)
+    out["state"] = shown = job_state(row)
+    if not will_fire(shown):
+        out["next_run_at"] = None  # a job that will not fire has no next run (resuming recomputes it from then)
     return out
 
 
+#: Every state a job can be in, as ``job_state`` derives it: the one vocabulary of the CLI, its JSON, the docs
+#: and ``scheduler.api.ops`` (``docs/cli.md``, "Job states").
+JOB_STATES = ("enabled", "paused", "auto-paused", "disabled", "done")
+
+#: ``job_state`` as one SQL expression over a ``jobs`` row (both stores), for what must count or filter in SQL
+#: (``status``, ``jobs list --state``); a test checks the two agree on every combination of the columns read.
+JOB_STATE_SQL = (
+    "(CASE WHEN jobs.schedule_kind = 'at' AND jobs.next_run_at IS NULL THEN 'done'"
+    " WHEN jobs.enabled = 1 THEN 'enabled'"
+    " WHEN jobs.paused_at IS NULL THEN 'disabled'"
+    " WHEN jobs.paused_reason IS NULL THEN 'paused'"
+    " ELSE 'auto-paused' END)"
+)
+
+
 def job_state(row: JobRow) -> str:
-    """``enabled``, ``paused`` (auto-paused after failures) or ``disabled``."""
+    """The job's state, derived from its row (nothing stores it): one of ``JOB_STATES``.
+
+    ``done``: a one-shot (``at``) whose one slot has been taken (it ran, or was skipped as missed):
+    no schedule is left, whatever the enabled flag says (``resume`` does not re-arm it; a new
+    ``schedule_at`` does). ``enabled``: it fires on its schedule (manual and chain jobs have no next
+    run and are enabled too). The others are not enabled: ``paused`` by an operator (``jobs pause``:
+    ``paused_at`` with no reason), ``auto-paused`` by the scheduler (``paused_at`` with its reason:
+    consecutive failures, a replayed proof, unproven credential cleanup), ``disabled`` (``jobs
+    disable``, ``enabled: false`` in its spec, a watchdog's self-destruct). ``JOB_STATE_SQL`` is the
+    same rule in SQL.
+    """
+    if row.schedule_kind == "at" and row.next_run_at is None:
+        return "done"
     if row.enabled:
         return "enabled"
-    return "paused" if row.paused_at else "disabled"
+    if row.paused_at is None:
+        return "disabled"
+    return "paused" if row.paused_reason is None else "auto-paused"
+
+
+def will_fire(state_name: str) -> bool:
+    """Whether a job in this state fires on its schedule (only ``enabled`` does): what a shown next run means."""
+    return state_name == "enabled"
+
+
+def check_job_state(name: str | None) -> None:
+    """``INVALID_ARGUMENT`` for a state no job has (an empty one too): the ``jobs list --state`` filter."""
+    if name is not None and name not in JOB_STATES:
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown job state {name!r}; one of {', '.join(JOB_STATES)}",
+                             details={"field": "state", "allowed": list(JOB_STATES)})

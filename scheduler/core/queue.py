@@ -26,7 +26,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state, transitions
 from scheduler.core.events import append_event, os_identity
-from scheduler.core.jobs import resolve_job
+from scheduler.core.jobs import job_state, resolve_job
 from scheduler.core.lease import Lease, assert_live
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import DispatchRow, JobRow, JSONObject, RunRow, SQLValue
@@ -252,7 +252,9 @@ def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[st
     with store.transaction() as tx:
         job = resolve_job(tx, ref)
         if not job.enabled:
-            raise SchedulerError("JOB_DISABLED", f"job {job.name!r} is {'paused' if job.paused_at else 'disabled'}; enable it first")
+            shown = job_state(job)
+            lift = f"scheduler jobs enable {job.name}" if shown == "disabled" else f"scheduler jobs resume {job.name}"
+            raise SchedulerError("JOB_DISABLED", f"job {job.name!r} is {shown}; {lift} first", details={"state": shown})
         running = active_runs(tx, job.id)
         if running and job.overlap_policy == "skip":
             raise SchedulerError("JOB_ALREADY_RUNNING", f"job {job.name!r} is running (or awaiting approval) and its overlap_policy is skip")

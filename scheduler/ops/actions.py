@@ -1,6 +1,7 @@
 """Acting on the scheduler as the CLI does: run a job now, enable or disable it, cancel, decide approvals, re-arm parts.
 
-One function per acting command (``jobs run``, ``jobs enable``, ``jobs disable``, ``jobs cancel``,
+One function per acting command (``jobs run``, ``jobs enable``, ``jobs disable``, ``jobs pause``,
+``jobs resume``, ``jobs cancel``,
 ``runs cancel``, ``approvals approve`` / ``reject``, ``jobs approve`` / ``reject``,
 ``deliveries retry``): the CLI prints what it returns under ``--json`` and ``scheduler.api.ops``
 hands the same value to plugins, so each thing is done one way. The state changes themselves
@@ -20,6 +21,7 @@ from scheduler.core.cancel import cancel_job as cancel_job_work
 from scheduler.core.cancel import cancel_run as cancel_run_work
 from scheduler.core.events import os_identity
 from scheduler.core.jobs import job_to_json, resolve_job, set_enabled
+from scheduler.core.jobs import pause_job as pause_core
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.store.base import Store
 from scheduler.delivery.outbox import part_to_json, retry_failed
@@ -33,6 +35,8 @@ __all__ = [
     "decide_for_job",
     "disable_job",
     "enable_job",
+    "pause_job",
+    "resume_job",
     "retry_delivery",
     "run_job",
 ]
@@ -52,13 +56,23 @@ def run_job(store: Store, job: str) -> dict[str, Any]:
 
 
 def enable_job(store: Store, job: str) -> dict[str, Any]:
-    """``jobs enable``: enable a job, or resume an auto-paused one; its next run is recomputed from now. The job view."""
+    """``jobs enable``: enable a disabled job, or resume a paused or auto-paused one (as ``jobs resume``); its next run is recomputed from now. The job view."""
     return job_to_json(set_enabled(store, job, True))
 
 
 def disable_job(store: Store, job: str) -> dict[str, Any]:
-    """``jobs disable``: disable a job (state ``disabled``); its pending scheduled dispatches are cancelled. The job view."""
+    """``jobs disable``: disable a job (state ``disabled``, replacing a pause); its pending scheduled dispatches are cancelled. The job view."""
     return job_to_json(set_enabled(store, job, False))
+
+
+def pause_job(store: Store, job: str) -> dict[str, Any]:
+    """``jobs pause``: what ``jobs disable`` does (nothing fires, pending work cancelled), state ``paused``. The job view."""
+    return job_to_json(pause_core(store, job))
+
+
+def resume_job(store: Store, job: str) -> dict[str, Any]:
+    """``jobs resume``: what ``jobs enable`` does: lifts a pause, an auto-pause or a disable; next run from now. The job view."""
+    return job_to_json(set_enabled(store, job, True))
 
 
 def cancel_run(store: Store, run: str, *, reason: str | None = None) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from scheduler.approvals.decisions import list_approvals as approval_rows
 from scheduler.artifacts.handoff import hydrate
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
-from scheduler.core.jobs import job_to_json, resolve_job
-from scheduler.core.jobs import list_jobs as job_rows
 from scheduler.core.events import event_to_json
+from scheduler.core.jobs import JOB_STATES, check_job_state, job_to_json, resolve_job
+from scheduler.core.jobs import list_jobs as job_rows
 from scheduler.core.rows import DispatchRow, JSONObject, JSONValue, RunRow
 from scheduler.core.runs import RUN_STATUSES, run_to_json
 from scheduler.core.runs import get_run as run_row
@@ -34,8 +34,10 @@ from scheduler.delivery.outbox import get_part, list_parts, part_to_json
 __all__ = [
     "DELIVERY_STATUSES",
     "DISPATCH_STATUSES",
+    "JOB_STATES",
     "MAX_LIMIT",
     "RUN_STATUSES",
+    "check_job_state",
     "check_limit",
     "check_run_status",
     "get_approval",
@@ -71,17 +73,20 @@ def _job_id(tx: Tx, job: str | None) -> str | None:
     return resolve_job(tx, job).id if job is not None else None
 
 
-def list_jobs(store: Store, *, enabled: bool | None = None, limit: int | None = None,
+def list_jobs(store: Store, *, enabled: bool | None = None, state: str | None = None, limit: int | None = None,
               include_handoff_artifacts: bool = False) -> list[dict[str, Any]]:
     """``jobs list``: every job by name, each with its ``state`` and ``next_run_at`` (``job_to_json``).
 
-    ``enabled`` True or False keeps only enabled or only not enabled (disabled or paused)
-    jobs; ``include_handoff_artifacts`` adds each handoff v4 job's artifact payload,
-    re-validated, and any bad artifact fails the whole listing (so none is shown unproved).
+    ``enabled`` True or False keeps only jobs whose enabled flag is set or not (a ``done``
+    one-shot keeps its flag); ``state`` keeps only jobs in that state (one of ``JOB_STATES``,
+    else ``INVALID_ARGUMENT``); ``include_handoff_artifacts`` adds each handoff v4 job's
+    artifact payload, re-validated, and any bad artifact fails the whole listing (so none is
+    shown unproved).
     """
     check_limit(limit, optional=True)
+    check_job_state(state)
     with store.read() as tx:
-        rows = job_rows(tx, enabled=enabled, limit=limit)
+        rows = job_rows(tx, enabled=enabled, state=state, limit=limit)
         views = [job_to_json(r) for r in rows]
         if include_handoff_artifacts:
             for row, view in zip(rows, views, strict=True):

@@ -65,8 +65,13 @@ UPDATE jobs SET enabled = 1, consecutive_failures = 0, paused_at = NULL, paused_
 WHERE id = :job_id
 
 -- name: disable_job
--- enabled -> disabled by an operator.
-UPDATE jobs SET enabled = 0, updated_at = :now WHERE id = :job_id
+-- enabled | paused | auto-paused -> disabled by an operator (the operator's word replaces a pause).
+UPDATE jobs SET enabled = 0, paused_at = NULL, paused_reason = NULL, updated_at = :now WHERE id = :job_id
+
+-- name: pause_job
+-- enabled | disabled | auto-paused -> paused by an operator (jobs pause): paused_at with no reason marks the
+-- operator's pause; every pause by the scheduler (auto_pause_job, quarantine_job, block_job) gives its reason.
+UPDATE jobs SET enabled = 0, paused_at = :now, paused_reason = NULL, updated_at = :now WHERE id = :job_id
 
 -- name: auto_pause_job
 -- enabled -> paused after too many failures in a row (in the completion transaction of the last one).
