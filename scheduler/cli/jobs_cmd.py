@@ -224,10 +224,23 @@ def jobs_list(enabled: bool | None, limit: int | None, include_handoff: bool) ->
     emit(
         {"jobs": views},
         lambda: table(
-            [(v["name"], v["id"][:8], v["state"], _schedule_text(v), local_time(v["next_run_at"]), v["last_status"]) for v in views],
+            [(v["name"], short, v["state"], _schedule_text(v), local_time(v["next_run_at"]), v["last_status"])
+             for v, short in zip(views, _short_ids(views), strict=True)],
             ["name", "id", "state", "schedule", "next run", "last"],
         ),
     )
+
+
+def _short_ids(views: list[Any]) -> list[str]:
+    """The ID column of ``jobs list``: each job's shortest unique id start or end (``short_job_ids``), which every
+    command taking a job accepts back; the same piece for a job however the listing is filtered."""
+    from scheduler.core.jobs import short_job_ids
+
+    if not views:
+        return []
+    with open_ctx_store().read() as tx:
+        pieces = short_job_ids(tx)
+    return [pieces.get(v["id"], v["id"]) for v in views]
 
 
 def _schedule_text(v: dict[str, Any]) -> str:

@@ -88,12 +88,94 @@ def repair_missing_next_runs(store: Store, *, now: int | None = None, limit: int
     return len(rows)
 
 
+#: The shortest piece of a job id (its start or its end) that ``resolve_job`` accepts, and that ``short_job_ids`` shows.
+JOB_REF_MIN = 8
+
+
 def resolve_job(tx: Tx, ref: str) -> JobRow:
-    """A job row by id or by name; ``NOT_FOUND`` otherwise."""
+    """A job row by id, by name, or by a unique prefix or suffix of its id of at least ``JOB_REF_MIN`` characters.
+
+    The id pieces are what ``jobs list`` shows (``short_job_ids``): a uuid's first characters,
+    an imported job's distinguishing end. A piece two jobs share is ``INVALID_ARGUMENT``
+    (never the first of them); nothing matching is ``NOT_FOUND``.
+    """
     row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))
+    if row is None and len(ref) >= JOB_REF_MIN:
+        like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        found = tx.all("SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' OR id LIKE ? ESCAPE '\\' LIMIT 50",
+                       (like + "%", "%" + like))
+        matches = [r for r in found if r["id"].startswith(ref) or r["id"].endswith(ref)]  # LIKE ignores case on SQLite
+        if len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"job id prefix or suffix {ref!r} is ambiguous: give more of the id, or the name")
+        row = matches[0] if matches else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Job not found: {ref}")
     return JobRow.from_row(row)
+
+
+def short_job_ids(tx: Tx) -> dict[str, str]:
+    """Each job's id as ``jobs list`` shows it: the shortest start or end of at least ``JOB_REF_MIN`` characters
+    that ``resolve_job`` takes back to this job alone (``unique_id_pieces``; no other job's name either)."""
+    rows = tx.all("SELECT id, name FROM jobs")
+    return unique_id_pieces([r["id"] for r in rows], minimum=JOB_REF_MIN, reserved={r["name"] for r in rows})
+
+
+def unique_id_pieces(ids: list[str], *, minimum: int, reserved: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+    """For each of ``ids``, its shortest prefix or suffix (at least ``minimum`` long, a prefix on a tie) that is the
+    start or end of no other id and is not in ``reserved``; the whole id when there is none.
+
+    Why both ends: uuids differ at once (the first 8 characters, as ever), imported ids share
+    their source's prefix (``openclaw-cron:...``) and time-ordered ids share their start, so
+    their end tells them apart. Sorted neighbours give each id's shortest unique prefix (and,
+    reversed, suffix) in O(n log n); a candidate is then checked against the other end.
+    """
+    unique = set(ids)
+    starts, ends = _unique_lengths(unique), {s[::-1]: n for s, n in _unique_lengths({s[::-1] for s in unique}).items()}
+    by_len: dict[tuple[str, int], dict[str, int]] = {}
+
+    def count(side: str, k: int) -> dict[str, int]:
+        """How many ids start (or end) with each ``k``-character piece."""
+        key = (side, k)
+        if key not in by_len:
+            counts: dict[str, int] = {}
+            for s in unique:
+                if len(s) >= k:
+                    piece = s[:k] if side == "start" else s[-k:]
+                    counts[piece] = counts.get(piece, 0) + 1
+            by_len[key] = counts
+        return by_len[key]
+
+    def first_free(s: str, k: int, side: str) -> str | None:
+        """The shortest piece from length ``k`` on that no other id has at its other end, nor a name is."""
+        other = "end" if side == "start" else "start"
+        for n in range(max(k, minimum), len(s)):
+            piece = s[:n] if side == "start" else s[-n:]
+            own = (s.endswith(piece) if side == "start" else s.startswith(piece))
+            if count(other, n).get(piece, 0) - own == 0 and piece not in reserved:
+                return piece
+        return None
+
+    out: dict[str, str] = {}
+    for s in unique:
+        candidates = [p for p in (first_free(s, starts[s], "start"), first_free(s, ends[s], "end")) if p is not None]
+        out[s] = min(candidates, key=len) if candidates else s
+    return out
+
+
+def _unique_lengths(ids: set[str]) -> dict[str, int]:
+    """Each id's shortest prefix length no other id shares (past its length when it is another's prefix)."""
+    order = sorted(ids)
+    out: dict[str, int] = {}
+    for i, s in enumerate(order):
+        need = 1
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(order):
+                other, common = order[j], 0
+                while common < min(len(s), len(other)) and s[common] == other[common]:
+                    common += 1
+                need = max(need, common + 1)
+        out[s] = need
+    return out
 
 
 def _read_job(tx: Tx, job_id: str) -> JobRow:

@@ -1,0 +1,77 @@
+"""Issue 32, section 2: three more stumbles of a new user in the CLI, each through the real CLI (SQLite and PostgreSQL).
+
+2. ``runs output`` says what it does not print: the other stream's bytes, a run still running;
+   ``--both`` prints both streams, ``--follow`` follows a running run's stored output until it ends.
+4. ``scheduler --json run`` prints one JSON line per run event (NDJSON), then its summary.
+7. The ID column of ``jobs list`` is a unique short id (``openclaw`` was every imported job's),
+   and ``jobs get`` takes it back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def table_column(text: str, header: str) -> dict[str, str]:
+    """The cells of column ``header`` in a ``table`` rendering, keyed by the first column (cells are padded)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    head = lines[0]
+    names = head.split()
+    start = head.index(header.upper())
+    following = [head.index(n) for n in names if head.index(n) > start]
+    end = min(following) if following else None
+    first_end = head.index(names[1])
+    return {ln[:first_end].strip(): ln[start:end].strip() for ln in lines[1:]}
+
+
+# --------------------------------------------------------------------------- 7. a unique short id in jobs list
+
+
+def test_jobs_list_shows_a_unique_short_id_that_jobs_get_takes(cli: Any, store: Any) -> None:
+    imported = cli("--json", "import", "openclaw", "--legacy-json", str(FIXTURES / "openclaw" / "jobs.json"))
+    assert imported.json["details"]["summary"]["imported"] == 6, imported  # (some fixture jobs cannot be imported)
+    plain = cli("--json", "jobs", "add", json.dumps({"name": "plain", "schedule_kind": "every", "schedule_every": "1h",
+                                                      "payload_message": "true"})).json["job"]
+    full = {j["name"]: j["id"] for j in cli("--json", "jobs", "list").json["jobs"]}
+    assert len(full) == 7 and all(i.startswith("openclaw-cron:8f0c7a52-") for n, i in full.items() if n != "plain")
+    listing = cli("jobs", "list")
+    assert listing.code == 0, listing
+    shown = table_column(listing.out, "id")
+    assert set(shown) == set(full)
+    assert len(set(shown.values())) == len(shown), shown  # was "openclaw" seven times over
+    assert shown["plain"] == plain["id"][:8]  # a uuid shows its first 8 characters, as before
+    for name, short in shown.items():
+        assert 8 <= len(short) < len(full[name]), (name, short)
+        assert full[name].startswith(short) or full[name].endswith(short), (name, short)
+        got = cli("--json", "jobs", "get", short)
+        assert got.code == 0 and got.json["job"]["id"] == full[name], got
+    # A prefix several jobs share is ambiguous, not the first of them; a too short piece is not an id.
+    ambiguous = cli("--json", "jobs", "get", "openclaw-cron:8f0c7a52")
+    assert ambiguous.code != 0 and ambiguous.json["code"] == "INVALID_ARGUMENT" and "ambiguous" in ambiguous.json["error"]
+    short = cli("--json", "jobs", "get", full["Reminder"][-4:])
+    assert short.code != 0 and short.json["code"] == "NOT_FOUND", short
+    # Every command that takes a job takes the short id (here: disable, then get by name).
+    assert cli("--json", "jobs", "disable", shown["Reminder"]).code == 0
+    assert cli("--json", "jobs", "get", "Reminder").json["job"]["enabled"] is False
+
+
+def test_unique_id_pieces_are_taken_back_by_the_resolver_only_to_their_own_id() -> None:
+    """The rule behind the column: a piece matches no other id at either end and is no job's name."""
+    from scheduler.core.jobs import unique_id_pieces
+
+    ids = ["abcdefgh", "abcdefghij", "x-0001-tail-same", "y-0002-tail-same", "zzzzzzzz-end-abcdefgh", "name-is-taken-1"]
+    pieces = unique_id_pieces(ids, minimum=8, reserved={"name-is-", "-taken-1"})
+    assert pieces["abcdefgh"] == "abcdefgh"  # another id's prefix: only the whole id is its own (exact ids win)
+    assert pieces["abcdefghij"] == "cdefghij"  # its end is shorter than its first unique start (abcdefghi)
+    assert pieces["x-0001-tail-same"] == "x-0001-t" and pieces["y-0002-tail-same"] == "y-0002-t"
+    assert pieces["zzzzzzzz-end-abcdefgh"] == "zzzzzzzz"
+    assert pieces["name-is-taken-1"] == "name-is-t"  # both 8-piece ends are names: the resolver gives a name first
+    for own, piece in pieces.items():
+        others = [i for i in ids if i != own and (i.startswith(piece) or i.endswith(piece))]
+        assert piece == own or not others, (own, piece, others)
+    tails = unique_id_pieces(["openclaw-cron:0001-aaaa-1111", "openclaw-cron:0001-aaaa-2222"], minimum=8)
+    assert tails == {"openclaw-cron:0001-aaaa-1111": "aaa-1111", "openclaw-cron:0001-aaaa-2222": "aaa-2222"}
