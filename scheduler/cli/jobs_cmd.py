@@ -1,4 +1,4 @@
-"""``scheduler jobs ...``: add, validate, list, get, update, enable, disable, delete, tree, next, run, cancel."""
+"""``scheduler jobs ...``: add, validate, list, get, update, enable, disable, pause, resume, delete, tree, next, run, cancel."""
 
 from __future__ import annotations
 
@@ -95,7 +95,28 @@ def _one_shot_option(value: str | None, option: str) -> None:
         raise SchedulerError("INVALID_ARGUMENT", f"{option} needs a value (got an empty string)")
 
 
-@click.group("jobs")
+#: Words other schedulers use for a ``jobs`` command, with the command meant: an unknown one names it.
+COMMAND_HINTS = {
+    "stop": "pause", "suspend": "pause", "halt": "pause", "hold": "pause", "freeze": "pause",
+    "start": "resume", "unpause": "resume", "continue": "resume", "unsuspend": "resume", "unfreeze": "resume",
+}
+
+
+class JobsGroup(click.Group):
+    """The ``jobs`` group: an unknown command another scheduler would take (``stop``) names the one meant."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Click's resolution, except that a word in ``COMMAND_HINTS`` is refused naming its command."""
+        name = args[0] if args else ""
+        if name in COMMAND_HINTS and self.get_command(ctx, name) is None and not ctx.resilient_parsing:
+            meant = COMMAND_HINTS[name]
+            other = "disable" if meant == "pause" else "enable"
+            raise click.UsageError(f"No such command '{name}'. Did you mean `scheduler jobs {meant}`"
+                                   f" (or `scheduler jobs {other}`)? See docs/cli.md, \"Job states\".", ctx)
+        return super().resolve_command(ctx, args)
+
+
+@click.group("jobs", cls=JobsGroup)
 def jobs_group() -> None:
     """Create, inspect and change jobs."""
 
@@ -212,15 +233,19 @@ def jobs_add(spec: str | None, file: str | None, stdin: bool, dry_run: bool, at:
 
 
 @jobs_group.command("list")
-@click.option("--enabled/--disabled", "enabled", default=None, help="Only enabled or only disabled jobs.")
+@click.option("--enabled/--disabled", "enabled", default=None, help="Only jobs whose enabled flag is set, or only those whose flag is not.")
+@click.option("--state", "state", default=None, metavar="STATE",
+              help="Only jobs in this state: enabled, paused, auto-paused, disabled or done.")
 @click.option("--limit", type=AsciiIntRange(1, 100000), default=None, help="At most N jobs.")
 @click.option("--include-handoff-artifacts", "include_handoff", is_flag=True,
               help="Add each handoff v4 job's artifact payload, re-validated; any bad artifact fails the whole listing.")
-def jobs_list(enabled: bool | None, limit: int | None, include_handoff: bool) -> None:
-    """List jobs with their state and next run."""
+def jobs_list(enabled: bool | None, state: str | None, limit: int | None, include_handoff: bool) -> None:
+    """List jobs with their state and next run (none for a job that will not fire)."""
+    from scheduler.core.jobs import check_job_state
     from scheduler.ops.queries import list_jobs
 
-    views = list_jobs(open_ctx_store(), enabled=enabled, limit=limit, include_handoff_artifacts=include_handoff)
+    check_job_state(state)  # refused before the database is opened
+    views = list_jobs(open_ctx_store(), enabled=enabled, state=state, limit=limit, include_handoff_artifacts=include_handoff)
     emit(
         {"jobs": views},
         lambda: table(
@@ -317,10 +342,13 @@ def jobs_update(job: str, spec: str | None, file: str | None, stdin: bool, allow
     emit({"job": view}, lambda: click.echo(f"updated {view['name']}, next run {local_time(view['next_run_at'])}"))
 
 
-def _toggle(job: str, enabled: bool) -> None:
-    from scheduler.ops.actions import disable_job, enable_job
+def _toggle(job: str, action: str) -> None:
+    """``jobs enable``/``resume`` (one action), ``disable``, ``pause``: do it, print the job's state and next run."""
+    from scheduler.ops import actions
 
-    view = (enable_job if enabled else disable_job)(open_ctx_store(), job)
+    do = {"enable": actions.enable_job, "resume": actions.resume_job, "disable": actions.disable_job,
+          "pause": actions.pause_job}[action]
+    view = do(open_ctx_store(), job)
     nxt = f"; next run {local_time(view['next_run_at'])}" if view["state"] == "enabled" else ""
     emit({"job": view}, lambda: click.echo(f"{view['name']} is {view['state']}{nxt}"))
 
@@ -328,15 +356,29 @@ def _toggle(job: str, enabled: bool) -> None:
 @jobs_group.command("enable")
 @click.argument("job")
 def jobs_enable(job: str) -> None:
-    """Enable (or resume an auto-paused) job; its next run is recomputed from now."""
-    _toggle(job, True)
+    """Enable a disabled job, or resume a paused or auto-paused one (as `jobs resume`); its next run is recomputed from now."""
+    _toggle(job, "enable")
 
 
 @jobs_group.command("disable")
 @click.argument("job")
 def jobs_disable(job: str) -> None:
-    """Disable a job; its pending scheduled dispatches are cancelled."""
-    _toggle(job, False)
+    """Disable a job (state disabled); its pending scheduled dispatches are cancelled."""
+    _toggle(job, "disable")
+
+
+@jobs_group.command("pause")
+@click.argument("job")
+def jobs_pause(job: str) -> None:
+    """Pause a job (state paused): as `jobs disable`, nothing fires and its pending dispatches are cancelled."""
+    _toggle(job, "pause")
+
+
+@jobs_group.command("resume")
+@click.argument("job")
+def jobs_resume(job: str) -> None:
+    """Resume a paused, auto-paused or disabled job (as `jobs enable`); its next run is recomputed from now."""
+    _toggle(job, "resume")
 
 
 @jobs_group.command("delete")
@@ -384,7 +426,7 @@ def jobs_tree(job: str | None) -> None:
         def walk(node: dict[str, Any], prefix: str, last: bool, top: bool) -> None:
             branch = "" if top else ("└── " if last else "├── ")
             cond = f" [{node['trigger_on']}{' ' + node['trigger_condition'] if node['trigger_condition'] else ''}]" if node["trigger_on"] else ""
-            click.echo(f"{prefix}{branch}{node['name']}{cond}{'' if node['enabled'] else ' (disabled)'}")
+            click.echo(f"{prefix}{branch}{node['name']}{cond}{'' if node['state'] == 'enabled' else ' (' + node['state'] + ')'}")
             kids = node["children"]
             for i, kid in enumerate(kids):
                 walk(kid, prefix + ("" if top else ("    " if last else "│   ")), i == len(kids) - 1, False)
