@@ -35,6 +35,9 @@ class ClaimedRun:
     source_run_id: str | None = None
     #: What the pipeline's steps decide for this run (filled by its worker, committed with its terminal state).
     outcomes: RunOutcomes = attrs.Factory(RunOutcomes)
+    #: When its dispatch row was queued (materialised); ``queued_at - scheduled_for`` past the misfire grace makes the
+    #: run a catch-up of a slot already missed then (a past one-shot, a slot after downtime), not a late start.
+    queued_at: int | None = None
 
     @classmethod
     def of(cls, started: ClaimedRun | StartedRun) -> ClaimedRun:
@@ -45,4 +48,4 @@ class ClaimedRun:
         return cls(run_id=started.run_id, dispatch_id=started.dispatch_id, dispatch_kind=started.dispatch_kind,
                    job=started.job, attempt=started.attempt,
                    scheduled_for=started.scheduled_for, started_at=started.started_at, parent_run_id=started.parent_run_id,
-                   source_run_id=started.source_run_id, outcomes=started.outcomes)
+                   source_run_id=started.source_run_id, outcomes=started.outcomes, queued_at=started.queued_at)

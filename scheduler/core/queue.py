@@ -283,6 +283,8 @@ class StartedRun:
     source_run_id: str | None = None
     #: What the pipeline's steps decide for this run (filled by its worker, committed with its terminal state).
     outcomes: RunOutcomes = attrs.Factory(RunOutcomes)
+    #: When its dispatch row was queued (``created_at``): what tells a catch-up from a late start (``ClaimedRun``).
+    queued_at: int | None = None
 
 
 def claim_and_start(
@@ -306,7 +308,7 @@ def claim_and_start(
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
         candidates = tx.all(
-            "SELECT id, job_id, kind, due_at, source_run_id, replay_count, artifact_digest, source_artifact_digest, run_id"
+            "SELECT id, job_id, kind, due_at, created_at, source_run_id, replay_count, artifact_digest, source_artifact_digest, run_id"
             " FROM job_dispatch_queue"
             " WHERE status = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?" + tx.skip_locked,
             (now, limit * 4),
@@ -369,7 +371,7 @@ def claim_and_start(
                 d = r.dispatch
                 started.append(StartedRun(run_id=r.run_id, dispatch_id=d.id, dispatch_kind=d.kind, job=r.job,
                                           attempt=r.attempt, scheduled_for=d.due_at, started_at=now,
-                                          parent_run_id=r.parent_run_id, source_run_id=d.source_run_id))
+                                          parent_run_id=r.parent_run_id, source_run_id=d.source_run_id, queued_at=d.created_at))
     return started
 
 
@@ -472,7 +474,7 @@ def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int) -> Start
         assert approved.scheduled_for is not None  # a gated run keeps its dispatch's slot
         return StartedRun(run_id=approved.id, dispatch_id=d.id, dispatch_kind=d.kind, job=job, attempt=approved.attempt,
                           scheduled_for=approved.scheduled_for, started_at=now, parent_run_id=approved.parent_run_id,
-                          source_run_id=approved.source_run_id)
+                          source_run_id=approved.source_run_id, queued_at=d.created_at)
     run_id = str(uuid.uuid4())
     attempt, parent_run_id, retry_of = 1, None, None
     if d.kind == "retry" and d.source_run_id:

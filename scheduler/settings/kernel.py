@@ -28,6 +28,9 @@ class DispatcherSettings:
         "minimum": 0, "maximum": 3600, "doc": "Seconds between SIGTERM and SIGKILL when recovery stops an orphaned process group."})
     misfire_grace_ms: int = attrs.field(default=60_000, metadata={
         "minimum": 0, "doc": "How late (ms) a slot may start before it counts as a misfire (the job's misfire_policy applies)."})
+    metrics_job_label: bool = attrs.field(default=False, metadata={
+        "doc": "Label scheduler_runs_finished_total by job name too (--metrics-port): one series per job ever run, so off"
+               " by default (docs/operations.md)."})
 
 
 @attrs.frozen(kw_only=True)
