@@ -10,8 +10,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
+
+from kernel_testing import run_rows, scheduler_cmd
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -75,3 +78,42 @@ def test_unique_id_pieces_are_taken_back_by_the_resolver_only_to_their_own_id() 
         assert piece == own or not others, (own, piece, others)
     tails = unique_id_pieces(["openclaw-cron:0001-aaaa-1111", "openclaw-cron:0001-aaaa-2222"], minimum=8)
     assert tails == {"openclaw-cron:0001-aaaa-1111": "aaa-1111", "openclaw-cron:0001-aaaa-2222": "aaa-2222"}
+
+
+# --------------------------------------------------------------------------- 4. scheduler --json run: NDJSON events
+
+
+def add_manual(cli: Any, name: str, command: str) -> dict[str, Any]:
+    """Add a manual shell job through the CLI and return its JSON view."""
+    out = cli("--json", "jobs", "add", json.dumps({"name": name, "schedule_kind": "manual", "payload_message": command}))
+    assert out.code == 0, out
+    return out.json["job"]
+
+
+def test_json_run_prints_one_line_per_run_event_then_the_summary(cli: Any, store: Any, store_url: str) -> None:
+    fine = add_manual(cli, "fine", "echo fine")
+    bad = add_manual(cli, "bad", "echo oops >&2; exit 3")
+    for job in (fine, bad):
+        assert cli("--json", "jobs", "run", job["id"]).code == 0
+    out = subprocess.run([*scheduler_cmd(), "--db", store_url, "--json", "run", "--duration", "4s"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out
+    lines = [json.loads(ln) for ln in out.stdout.splitlines()]  # every line is one JSON object (NDJSON)
+    *events, summary = lines
+    assert summary["ok"] is True and summary["stats"]["started"] == 2 and summary["stats"]["finished"] == 2, summary
+    assert "event" not in summary and all("ok" not in e for e in events)
+    runs = {r["job_id"]: r for r in run_rows(store, fine["id"]) + run_rows(store, bad["id"])}
+    for job, status, code in ((fine, "ok", None), (bad, "error", runs[bad["id"]]["error_code"])):
+        run = runs[job["id"]]
+        mine = [e for e in events if e["run_id"] == run["id"]]
+        assert [e["event"] for e in mine] == ["run.started", "run.finished"], mine
+        started, finished = mine
+        assert (started["job"], started["job_id"], started["status"]) == (job["name"], job["id"], "running")
+        assert (finished["job"], finished["status"], finished["error_code"]) == (job["name"], status, code)
+        assert finished["exit_code"] == (0 if status == "ok" else 3) and finished["duration_ms"] == run["duration_ms"]
+        assert started["at"].endswith("Z") and finished["at"].endswith("Z")
+    assert code is not None  # the failed run's code is there to see
+    # Human mode is unchanged: lines of text, no JSON.
+    human = subprocess.run([*scheduler_cmd(), "--db", store_url, "run", "--duration", "300ms"], capture_output=True,
+                           text=True, timeout=120)
+    assert human.returncode == 0 and "dispatcher stopped" in human.stdout and "{" not in human.stdout, human

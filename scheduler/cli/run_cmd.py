@@ -49,7 +49,9 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
         exclusive=None if shared is None else not shared,
     )
     quiet = json_mode()
-    dispatcher = composed_dispatcher(open_ctx_store(), config, say=None if quiet else click.echo)
+    store = open_ctx_store()
+    dispatcher = composed_dispatcher(store, config, hooks=_json_event_hooks(store) if quiet else None,
+                                     say=None if quiet else click.echo)
     install_signal_handlers(dispatcher)
     if metrics_port is not None:  # prometheus_client is imported only here
         from scheduler.ops.metrics import DispatcherMetrics
@@ -68,6 +70,16 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
          lambda: click.echo(f"dispatcher stopped: {dispatcher.stats['started']} started, {dispatcher.stats['finished']} finished"))
     if dispatcher.stuck_workers():
         _exit_leaving_stuck_workers(dispatcher, 0)
+
+
+def _json_event_hooks(store: Any) -> Any:
+    """Under ``--json``: the entry-point hook modules plus ``RunEventLines``, which prints one JSON line per run event
+    (NDJSON) from the observer calls the dispatcher makes anyway; the summary stays the last line."""
+    from scheduler.cli.output import echo_json
+    from scheduler.ops.run_events import RunEventLines
+    from scheduler.plugins.hooks import Hooks, make_plugin_manager
+
+    return Hooks(make_plugin_manager([RunEventLines(store, echo_json)]))
 
 
 def _exit_leaving_stuck_workers(dispatcher: Any, code: int) -> None:
