@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 8
+-- Schema version: 9
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -260,8 +260,8 @@ CREATE TABLE IF NOT EXISTS runs (
     output_sha256             TEXT,
     output_parsed             TEXT,
     output_artifact           TEXT,
-    -- post-success verification (status, timing, exit metadata, sizes and hashes only)
-    verify_status             TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error')),
+    -- post-success verification (status, timing, exit metadata, sizes and hashes only); interrupted: the run ended while its check ran (a crash, an abandoned worker)
+    verify_status             TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error', 'interrupted')),
     verify_json               TEXT,
     env_policy_warning        TEXT,
     usage_json                TEXT,

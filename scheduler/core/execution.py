@@ -24,6 +24,22 @@ from scheduler.core.spec import JobSpec
 
 #: Terminal statuses an executor may report.
 EXECUTION_STATUSES = ("ok", "error", "timeout", "cancelled")
+#: The handle key naming which of the run's steps the recorded work is, and its value for the post-success
+#: verification check (``verify_shell``): a run ended without its executor's result while the last handle it
+#: recorded says ``"step": "verify"`` ends with ``verify_status`` ``interrupted`` (``verification_interrupted``).
+HANDLE_STEP_KEY, VERIFY_STEP = "step", "verify"
+#: The verification record of a run ended while its check ran (``runs.verify_json``; ``verify_status`` says the same).
+INTERRUPTED_VERIFICATION: Mapping[str, str] = {"status": "interrupted"}
+
+
+def verification_interrupted(handle: Mapping[str, Any] | None) -> bool:
+    """Whether the work a run's last recorded handle names is its post-success verification check.
+
+    The dispatcher asks this when it ends a run without its executor's result (crash recovery,
+    an abandoned worker): the check was cut short, so the run's ``verify_status`` becomes
+    ``interrupted`` instead of staying empty while its evidence says ``interrupted``.
+    """
+    return handle is not None and handle.get(HANDLE_STEP_KEY) == VERIFY_STEP
 
 
 @attrs.frozen(kw_only=True)
@@ -212,7 +228,10 @@ class RunControl(Protocol):
 
     def record_handle(self, handle: dict[str, Any]) -> None:
         """Durably record what ``recover`` needs to find this run's work after a crash (a process
-        identity, a remote turn id), before that work may act; raises ``STALE_FENCE`` if the fence is lost."""
+        identity, a remote turn id), before that work may act; raises ``STALE_FENCE`` if the fence is lost.
+
+        ``"step": "verify"`` in the handle says the work is the post-success verification check
+        (``VERIFY_STEP``): should the run end without a result now, its ``verify_status`` is ``interrupted``."""
 
     def record_termination(self, how: str) -> None:
         """Durably record that the executor stopped the work (and how, e.g. ``SIGKILL``) before completion."""

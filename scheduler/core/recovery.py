@@ -15,7 +15,8 @@ What recovery does above core it does through its participants
 this order for each orphan: its executor settles the work, its credentials are cleaned (not
 proven: the run is ``recovery_blocked`` and its job paused), then one transaction crashes it,
 gives it its interrupted evidence row, its replay and its consequences (messages through the
-outbox). Credentials are cleaned before evidence is written, as in a run.
+outbox). A run whose last recorded handle was its post-success verification check (``"step":
+"verify"``) gets ``verify_status`` ``interrupted`` before its evidence row, which binds it. Credentials are cleaned before evidence is written, as in a run.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import json
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
-from scheduler.core import transitions
+from scheduler.core import state, transitions
 from scheduler.core.completion import apply_consequences
 from scheduler.core.events import append_event
-from scheduler.core.execution import RecoveryOutcome, RecoveryRequest
+from scheduler.core.execution import INTERRUPTED_VERIFICATION, RecoveryOutcome, RecoveryRequest, verification_interrupted
 from scheduler.core.jobs import repair_missing_next_runs
 from scheduler.core.lease import FENCE_COUNTER, Lease, assert_live, describe_lost_dispatcher, next_token, owner_host
 from scheduler.core.members import Recoverable
@@ -109,7 +110,8 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, k
     for owner in {r.dispatcher_owner for r in orphans if r.dispatcher_owner}:
         fence_out(store, owner)
     for run in orphans:
-        state, detail = _settle_process(run, kill_grace_s, participants.executors)
+        process, detail = _settle_process(run, kill_grace_s, participants.executors)
+        raw_handle = json.loads(run.executor_handle) if run.executor_handle else None
         view = run.to_dict()  # the participants take the run as the mapping a read returns
         cleaned, why = participants.credentials.clean(store, view)  # the dead run's credential files (none: one read)
         now = now_ms()
@@ -120,21 +122,24 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, k
                 participants.credentials.block_job(tx, view, why or "", actor=lease.owner, now=now)
                 report.append({"run_id": run.id, "outcome": "recovery_blocked", "credentials": why})
                 continue
-            if state == "blocked":
+            if process == "blocked":
                 transitions.block_recovery(tx, run, actor=lease.owner, now=now, detail=detail)
                 report.append({"run_id": run.id, "outcome": "recovery_blocked"})
                 continue
             message = describe_lost_dispatcher(run.dispatcher_owner, run.dispatcher_token)
             replay = run.delivery_guarantee == "at-least-once" and run.dispatch_id is not None
             # Only ``terminated`` signalled anything; for the other states the detail is an explanation.
-            signal = detail if state == "terminated" else None
+            signal = detail if process == "terminated" else None
             fresh = transitions.crash_run(
-                tx, run, actor=lease.owner, now=now, message=message, process_state=state, process_signal=signal,
-                data={"process": state, "signal": signal, "detail": None if signal else detail, "replay": replay,
+                tx, run, actor=lease.owner, now=now, message=message, process_state=process, process_signal=signal,
+                data={"process": process, "signal": signal, "detail": None if signal else detail, "replay": replay,
                       "from_owner": run.dispatcher_owner, "from_token": run.dispatcher_token},
             )
             if fresh is None:
                 continue  # its owner finished it meanwhile, or another recovery did
+            if verification_interrupted(raw_handle):  # its post-success check was cut short: the run says so
+                state.execute(tx, "mark_verify_interrupted", run_id=run.id,
+                              verify_json=json.dumps(INTERRUPTED_VERIFICATION, sort_keys=True))
             participants.evidence.interrupted(tx, view, now=now, actor=lease.owner)  # an evidence job's run: its terminal row
             if replay:
                 d = tx.one("SELECT kind, replay_count FROM job_dispatch_queue WHERE id = ?", (fresh.dispatch_id,))
@@ -144,7 +149,7 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, k
                                 due_at=now, now=now, source_run_id=fresh.id, replay_count=count)
             # a replay stands in for a retry: both would run the work a third time
             apply_consequences(tx, fresh, outbox=participants.outbox, now=now, allow_retry=not replay, actor=lease.owner)
-            report.append({"run_id": run.id, "outcome": "crashed", "process": state, "replayed": replay})
+            report.append({"run_id": run.id, "outcome": "crashed", "process": process, "replayed": replay})
     participants.credentials.sweep(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
     release_expired_claims(store)
     repair_missing_next_runs(store)

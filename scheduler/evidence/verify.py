@@ -112,7 +112,8 @@ def verify_run(store: Any, run_id: str, *, artifacts_root: Path | None = None) -
             state.provider = record["provider"]
             if record["status"] != "attested" or not record.get("envelope"):
                 raise _Fail("EVIDENCE_NOT_VERIFIED", f"the evidence of run {run_id} was not attested: status {record['status']},"
-                            f" {record.get('error_code') or 'no envelope'}", record_error_code=record.get("error_code"))
+                            f" {record.get('error_code') or 'no envelope'}", record_error_code=record.get("error_code"),
+                            verify_status=_payload_verify_status(record))
             document = _check_payload(record, checks)
             envelope = _check_binding(tx, record, document, checks)
             artifact = _check_artifact(tx, record, run, document, checks)
@@ -148,6 +149,17 @@ class _State:
         return EvidenceCheck(run_id=run_id, verified=False, code=failure.code, message=failure.message, provider=self.provider,
                              status=(self.record or {}).get("status"), run_present=self.run is not None, checks=self.checks,
                              details=failure.details)
+
+
+def _payload_verify_status(record: dict[str, Any]) -> str | None:
+    """The post-success verification status the row's payload binds (``interrupted`` for a check cut short), if any."""
+    try:
+        document = json.loads(record.get("canonical_payload") or "null")
+    except ValueError:
+        return None
+    verification = document.get("verification") if isinstance(document, dict) else None
+    status = verification.get("status") if isinstance(verification, dict) else None
+    return status if isinstance(status, str) else None
 
 
 def _check_payload(record: dict[str, Any], checks: dict[str, str]) -> dict[str, Any]:

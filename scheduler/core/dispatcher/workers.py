@@ -27,7 +27,13 @@ from scheduler.core.contracts import LoadedExecutors
 from scheduler.core.dispatcher.config import ABANDON_SLACK_S, DEADLINE_SLACK_S, MAX_SLEEP_S, DispatcherConfig, clock
 from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.events import append_event
-from scheduler.core.execution import CancellationToken, ExecutionResult, RecoveryRequest
+from scheduler.core.execution import (
+    INTERRUPTED_VERIFICATION,
+    CancellationToken,
+    ExecutionResult,
+    RecoveryRequest,
+    verification_interrupted,
+)
 from scheduler.core.fenced_writes import FencedWrite, FencedWriter
 from scheduler.core.members import Recoverable
 from scheduler.core.participants import EvidenceRows
@@ -250,6 +256,9 @@ class Workers:
                 error_message=f"executor {executor!r} did not return within {waited_s:.1f}s of being cancelled ({why});"
                               " its worker was abandoned",
             )
+        handle = getattr(e.control, "handle", None)
+        if verification_interrupted(handle):  # the post-success check was still running: it was cut short
+            result = attrs.evolve(result, verification=dict(INTERRUPTED_VERIFICATION))
         e.abandoned = result
         if s.job.evidence:  # committed without its worker: an interrupted evidence row, as recovery gives
             self.evidence.interrupt(s.outcomes, result.error_code or "EXECUTOR_ABANDONED")
@@ -259,7 +268,7 @@ class Workers:
                  f" executor {executor!r} ignored cancellation ({reason})")
         self.finished.put((s, result))
         self.wake.set()
-        self.stop_abandoned_work(s, getattr(e.control, "handle", None))
+        self.stop_abandoned_work(s, handle)
 
     def stop_abandoned_work(self, s: ClaimedRun, handle: JSONObject | None) -> None:
         """An abandoned worker's executor ignored cancellation: ask its ``recover`` to stop the work it started.

@@ -133,6 +133,11 @@ RETURNING id, job_id, status, attempt, dispatch_id, started_at, finished_at, dur
   dispatcher_owner, dispatcher_token, summary, stdout_excerpt, delivery_guarantee, stdout_bytes, stdout_sha256,
   stdout_artifact, artifact_digest, principal, trust_level
 
+-- name: mark_verify_interrupted
+-- A run crashed while its post-success verification ran (its last handle was the check's): the run says so, unless
+-- the check's own status was recorded.
+UPDATE runs SET verify_status = 'interrupted', verify_json = :verify_json WHERE id = :run_id AND verify_status IS NULL
+
 -- name: mark_evidence_interrupted
 -- A run committed without its worker got its interrupted evidence row: the run says so.
 UPDATE runs SET evidence_status = 'interrupted' WHERE id = :run_id

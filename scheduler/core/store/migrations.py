@@ -236,6 +236,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             # WHERE status = 'materialized') and credential_presentations_failed_idx (status/doctor counts).
         ),
     ),
+    Migration(
+        9,
+        "runs.verify_status may be 'interrupted': the run ended while its post-success verification ran",
+        (
+            WidenCheck("runs", _current("runs", "verify_status"),
+                       before=Column("verify_status", TEXT, choices=("passed", "failed", "timeout", "cancelled", "error"))),
+        ),
+    ),
 )
 
 #: Test hook: called with (version, step_index) before each step; lets tests interrupt a migration.

@@ -269,8 +269,9 @@ RUN_TABLES: tuple[Table, ...] = (
             Column("output_sha256", TEXT),
             Column("output_parsed", TEXT),
             Column("output_artifact", TEXT),
-            Column("verify_status", TEXT, choices=("passed", "failed", "timeout", "cancelled", "error"),
-                   comment="post-success verification (status, timing, exit metadata, sizes and hashes only)"),
+            Column("verify_status", TEXT, choices=("passed", "failed", "timeout", "cancelled", "error", "interrupted"),
+                   comment="post-success verification (status, timing, exit metadata, sizes and hashes only);"
+                           " interrupted: the run ended while its check ran (a crash, an abandoned worker)"),
             Column("verify_json", TEXT),
             Column("env_policy_warning", TEXT),
             Column("usage_json", TEXT),
