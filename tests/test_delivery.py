@@ -234,6 +234,8 @@ def test_notifications_go_to_the_settings_routes_unless_the_job_opts_out(store: 
     time.sleep(0.3)
     bodies = sorted(r.json()["data"]["body"].splitlines()[0] for r in receiver.to("/ops"))
     assert bodies == ["[Job completed] fine", "[Job failed] breaks", "[Job paused] breaks: auto-paused after 1 consecutive failures"]
+    paused = next(r.json()["data"]["body"] for r in receiver.to("/ops") if r.json()["data"]["body"].startswith("[Job paused]"))
+    assert paused.splitlines()[1] == "Resume: scheduler jobs resume breaks"  # the command the job-state vocabulary names
     with store.read() as tx:
         assert tx.scalar("SELECT COUNT(*) FROM delivery_outbox WHERE job_id = ?", (quiet["id"],)) == 0
 

@@ -321,7 +321,7 @@ def _notify(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> N
             body += f"\nError: {run.error_message}"
         events.append(("failed", body))
     if job.auto_paused and "paused" in cfg.events:
-        events.append(("paused", f"[Job paused] {job.name}: {job.auto_paused}\nResume: scheduler jobs enable {job.name}"))
+        events.append(("paused", f"[Job paused] {job.name}: {job.auto_paused}\nResume: scheduler jobs resume {job.name}"))
     view = run.to_dict() if events else {}
     for event, body in events:
         for index, route in enumerate(cfg.routes):
