@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from scheduler.cli.output import emit, kv
+from scheduler.cli.output import emit, json_mode, kv
 
 _scope = click.option("--user/--system", "user", default=True,
                       help="A user unit in $XDG_CONFIG_HOME/systemd/user (default) or a system unit in /etc/systemd/system.")
@@ -25,17 +25,28 @@ def service_group() -> None:
 @click.option("--verify/--no-verify", default=True, help="Run `systemd-analyze verify` on the written unit when available.")
 @click.pass_context
 def install_cmd(ctx: click.Context, user: bool, name: str, config: str | None, dry_run: bool, verify: bool) -> None:
-    """Write the unit for `scheduler run` on this database (restart on failure, SIGTERM drain, reload on SIGHUP)."""
-    from scheduler.core.store import default_db_path
+    """Write the unit for `scheduler run` on this database (restart on failure, SIGTERM drain, reload on SIGHUP).
+
+    A system unit is sandboxed (ProtectSystem=strict ...): jobs that look like they write outside its writable paths
+    are named in a warning (``sandbox_warnings``), the unit is written all the same.
+    """
+    from scheduler.cli.main import open_ctx_store
+    from scheduler.core.store import default_db_path, local_path_of
     from scheduler.ops import service_unit
 
     db = ctx.find_root().obj.get("db") or str(default_db_path())
     spec = service_unit.build_spec(db, name=name, system=not user, config=config)
     result = service_unit.install(spec, dry_run=dry_run)
+    local = local_path_of(db)
+    conflicts = (service_unit.sandbox_conflicts(open_ctx_store(ctx), spec.read_write_paths)
+                 if spec.system and (local is None or local.expanduser().exists()) else [])
+    result["sandbox_warnings"] = [c.to_json() for c in conflicts]
     if result["written"] and verify:
         result["verify"] = service_unit.verify(service_unit.unit_path(spec.name, system=spec.system))
 
     def human() -> None:
+        if conflicts:
+            click.echo(f"warning: {service_unit.sandbox_summary(conflicts)}", err=True)
         if dry_run:
             click.echo(f"# would write {result['path']}")
             click.echo(result["text"], nl=False)
@@ -53,7 +64,7 @@ def install_cmd(ctx: click.Context, user: bool, name: str, config: str | None, d
 @_scope
 @_name
 def status_cmd(user: bool, name: str) -> None:
-    """Is the unit file installed, and is the unit active (asks `systemctl` when there is one)."""
+    """Is the unit file installed, and is the unit active (asks `systemctl`); SERVICE_MANAGER_UNREACHABLE without one."""
     from scheduler.ops import service_unit
 
     result = service_unit.status(name, system=not user)
@@ -67,6 +78,9 @@ def status_cmd(user: bool, name: str) -> None:
             ("enabled", result["enabled"] or "unknown"),
         ])
 
+    if result["active"] is None and not json_mode():
+        human()  # what could be read, then the error
+    service_unit.require_manager(result)
     emit({"service": result}, human)
 
 

@@ -233,6 +233,7 @@ def _cancellation_check(store: Any) -> dict[str, Any]:
 @click.command("doctor")
 def doctor_cmd() -> None:
     """Database integrity, foreign keys, tables, writable paths, plugin load failures; exit 1 when unhealthy."""
+    from scheduler.ops import service_unit
     from scheduler.plugins.inventory import inventory
 
     checks: list[dict[str, Any]] = []
@@ -254,6 +255,7 @@ def doctor_cmd() -> None:
                                  + (" (remove what is left in the run's scheduler-cred-<run id> directory; recovery"
                                     " retries each pass)" if credentials["cleanup_failed"] or credentials["runs_blocked"] else "")})
         checks.append(_artifact_check(store))
+        checks.append(service_unit.sandbox_check(store))  # jobs a sandboxed system unit would likely break
         checks.append(_evidence_check(store))
         authorization = _authorization_check(store)
         if authorization is not None:

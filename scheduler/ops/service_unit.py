@@ -15,14 +15,23 @@ Why these settings:
 - ``ExecReload=/bin/kill -HUP $MAINPID``: ``systemctl reload`` re-reads the settings file
   (see ``Dispatcher.request_reload``).
 - The environment is pinned at install time: the database (``SCHEDULER_DB``), the
-  settings file (``SCHEDULER_CONFIG``), the artifacts directory when set, and a ``PATH``
-  that starts with the virtualenv's ``bin`` (jobs see the same tools as the installer).
+  settings file (``SCHEDULER_CONFIG``), the artifacts directory when set, and a clean
+  ``PATH``: the virtualenv's ``bin`` then the standard system directories, each once (the
+  installing shell's ``PATH`` is not copied: pyenv shims and duplicates do not belong in a
+  service).
+- Only the system unit orders itself after ``network-online.target`` (a user manager has no
+  such target to wait for) and is sandboxed (``SYSTEM_HARDENING``: a user manager cannot
+  apply most of it). ``ProtectSystem=strict`` leaves writable only the database directory
+  and the artifacts root (``ReadWritePaths``, ``-``: a missing one is no start failure) and
+  the private ``/tmp``; ``sandbox_conflicts`` finds jobs that would write elsewhere.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -33,14 +42,38 @@ from urllib.parse import urlsplit
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.store import local_path_of
+from scheduler.core.spec import executor_name_of
+from scheduler.core.store import Store, default_artifacts_root, local_path_of
 from scheduler.settings import current_settings, settings_path
 
 DEFAULT_UNIT = "scheduler.service"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
 #: Seconds on top of the drain (grace + kill grace) before systemd may SIGKILL the cgroup.
 STOP_SLACK_S = 15
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: The unit's ``PATH`` after the virtualenv's ``bin`` (the installing shell's is not copied).
+STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+#: The system unit's sandbox (docs/operations.md says which a job may need relaxed, with a drop-in). Namespaces,
+#: devices, capabilities and system calls are left alone: jobs run containers, sandboxed agents and root tools.
+SYSTEM_HARDENING = (
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=read-only",
+    "PrivateTmp=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "LockPersonality=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "SystemCallArchitectures=native",
+)
+#: Where a job may write under the system unit besides its ``ReadWritePaths``: the private temporary directories
+#: (``PrivateTmp``) and the device nodes (``/dev/null``, ``/dev/stderr``...).
+SANDBOX_WRITABLE = ("/tmp", "/var/tmp", "/dev")
 
 
 def user_unit_dir(environ: dict[str, str] | None = None) -> Path:
@@ -85,17 +118,20 @@ class UnitSpec:
     working_directory: str
     stop_timeout_s: int
     user: str | None = None
+    #: The system unit's ``ReadWritePaths`` (the database directory, the artifacts root); unused by a user unit.
+    read_write_paths: tuple[str, ...] = ()
 
     def render(self) -> str:
         """The unit file's text."""
         env_lines = "\n".join(f"Environment={_escape(f'{k}={v}')}" for k, v in self.environment)
+        sandbox = [*SYSTEM_HARDENING, *(f"ReadWritePaths={_escape('-' + p)}" for p in self.read_write_paths)] if self.system else []
         lines = [
             "# Written by `scheduler service install`; `scheduler service uninstall` removes it.",
             "[Unit]",
             "Description=scheduler dispatcher (scheduler run)",
             "Documentation=https://github.com/scheduler-kernel/scheduler/blob/main/docs/operations.md",
-            "After=network-online.target",
-            "Wants=network-online.target",
+            # a user manager has no network-online.target: ordering after it would do nothing
+            *(["After=network-online.target", "Wants=network-online.target"] if self.system else []),
             "",
             "[Service]",
             "Type=simple",
@@ -105,6 +141,7 @@ class UnitSpec:
             # a path setting takes the rest of the line literally (no quotes); only specifiers are escaped
             f"WorkingDirectory={self.working_directory.replace('%', '%%')}",
             *([f"User={self.user}"] if self.user else []),
+            *sandbox,
             "Restart=on-failure",
             "RestartSec=5s",
             "KillMode=mixed",
@@ -163,9 +200,7 @@ def build_spec(db: str, *, name: str = DEFAULT_UNIT, system: bool = False, confi
             environment.append(("SCHEDULER_CONFIG", str(cfg)))
     if env.get("SCHEDULER_ARTIFACTS_DIR"):
         environment.append(("SCHEDULER_ARTIFACTS_DIR", str(Path(env["SCHEDULER_ARTIFACTS_DIR"]).expanduser().absolute())))
-    bindir = str(Path(sys.executable).absolute().parent)
-    rest_path = [p for p in (env.get("PATH") or BASE_PATH).split(":") if p and p != bindir]
-    environment.append(("PATH", ":".join([bindir, *rest_path])))
+    environment.append(("PATH", clean_path()))
     dispatcher = current_settings().dispatcher
     stop = int(dispatcher.grace_s + dispatcher.kill_grace_s) + STOP_SLACK_S
     user = None
@@ -173,7 +208,130 @@ def build_spec(db: str, *, name: str = DEFAULT_UNIT, system: bool = False, confi
         user = pwd.getpwuid(os.getuid()).pw_name
     workdir = str(local.expanduser().absolute().parent) if local is not None else str(Path.home())
     return UnitSpec(name=name, system=system, exec_start=(*scheduler_executable(), "run"),
-                    environment=tuple(environment), working_directory=workdir, stop_timeout_s=stop, user=user)
+                    environment=tuple(environment), working_directory=workdir, stop_timeout_s=stop, user=user,
+                    read_write_paths=writable_paths(local, env) if system else ())
+
+
+def clean_path() -> str:
+    """The unit's ``PATH``: this Python's ``bin`` (the virtualenv's) then ``STANDARD_PATH``, each directory once."""
+    bindir = str(Path(sys.executable).absolute().parent)
+    return ":".join(dict.fromkeys([bindir, *STANDARD_PATH]))
+
+
+def writable_paths(local: Path | None, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """What the system unit leaves writable for the database on ``local`` (None: a server database): its directory
+    (the database, its WAL and the dispatcher's pid file), the artifacts root and ``SCHEDULER_CREDENTIALS_DIR`` when
+    set (file credentials; by default they go to the private ``/tmp``)."""
+    env = os.environ if environ is None else environ
+    paths: list[str] = []
+    db_file = local.expanduser().absolute() if local is not None else None
+    if db_file is not None:
+        paths.append(str(db_file.parent))
+    if env.get("SCHEDULER_ARTIFACTS_DIR"):
+        artifacts = Path(env["SCHEDULER_ARTIFACTS_DIR"]).expanduser().absolute()
+    elif db_file is not None:
+        artifacts = db_file.parent / "artifacts"  # default_artifacts_root's choice beside a local database
+    else:
+        artifacts = default_artifacts_root(None).expanduser().absolute()
+    if db_file is None or not artifacts.is_relative_to(db_file.parent):
+        paths.append(str(artifacts))
+    if env.get("SCHEDULER_CREDENTIALS_DIR"):
+        paths.append(str(Path(env["SCHEDULER_CREDENTIALS_DIR"]).expanduser().absolute()))
+    return tuple(dict.fromkeys(paths))
+
+
+@attrs.frozen
+class SandboxConflict:
+    """A job that would probably fail under the system unit's ``ProtectSystem=strict`` / ``ProtectHome=read-only``."""
+
+    job: str
+    reason: str
+    #: The paths outside the writable ones its command writes to (empty: a reason without one, an imported crontab).
+    paths: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"job", "reason", "paths"}``."""
+        return {"job": self.job, "reason": self.reason, "paths": list(self.paths)}
+
+
+#: ``> path``, ``>> path``, ``2> path``, ``&> path``, ``>| path`` (not ``>&2``): the target of an output redirection.
+_REDIRECT = re.compile(r"(?:^|[^<>&\d])(?:\d|&)?>>?\|?\s*([^\s;|&<>()`]+)")
+#: ``tee [-a] [-i] path``: the first file ``tee`` writes.
+_TEE = re.compile(r"\btee\s+(?:-[a-z]+\s+)*([^\s;|&<>()`-][^\s;|&<>()`]*)")
+#: The name ``scheduler import crontab`` derives: ``cron-<command>-<8 hex>`` (``-2``... for repeated lines).
+_CRONTAB_NAME = re.compile(r"^cron-.+-[0-9a-f]{8}(?:-\d+)?$")
+
+
+def _written_paths(command: str, working_dir: str | None) -> list[str]:
+    """Paths a shell command visibly writes: the targets of its redirections and of ``tee``, made absolute.
+
+    A cheap heuristic, not a shell parser: a target with a variable (other than ``$HOME``) or
+    a command substitution is skipped, a relative one counts only when the job has a
+    ``working_dir`` (otherwise it runs in the unit's working directory, which is writable), and
+    writes by the programs themselves (``cp``, ``rsync``, ``logrotate``) are not seen.
+    """
+    home = str(Path.home())
+    found = []
+    for target in [*_REDIRECT.findall(command), *_TEE.findall(command)]:
+        target = target.strip("'\"")
+        if target.startswith(("$HOME/", "${HOME}/")):
+            target = home + target[target.index("/"):]
+        elif target.startswith("~"):
+            target = os.path.expanduser(target)
+        if not target or "$" in target or target.startswith("&"):
+            continue
+        if not target.startswith("/"):
+            if not working_dir:
+                continue
+            target = os.path.join(os.path.expanduser(working_dir), target)
+        found.append(os.path.normpath(target))
+    return list(dict.fromkeys(found))
+
+
+def sandbox_conflicts(store: Store, writable: tuple[str, ...]) -> list[SandboxConflict]:
+    """Jobs of ``store`` that would probably fail under the system unit's sandbox, where only ``writable`` (its
+    ``ReadWritePaths``) and ``SANDBOX_WRITABLE`` may be written: shell jobs whose command writes elsewhere
+    (``_written_paths``), and jobs imported from a crontab (cron ran them on a writable system, often as root,
+    in ``$HOME``, which is read-only here). A heuristic, for ``service install --system`` and ``doctor`` to warn.
+    """
+    allowed = [Path(p) for p in (*writable, *SANDBOX_WRITABLE)]
+    with store.read() as tx:
+        rows = tx.all("SELECT name, executor, session_target, payload_message, executor_options FROM jobs ORDER BY name")
+    out = []
+    for row in rows:
+        if executor_name_of(row) != "shell":
+            continue
+        try:
+            options = json.loads(row["executor_options"] or "{}")
+        except ValueError:
+            options = {}
+        working_dir = options.get("working_dir") if isinstance(options, dict) else None
+        outside = tuple(p for p in _written_paths(str(row["payload_message"] or ""), working_dir)
+                        if not any(Path(p).is_relative_to(a) for a in allowed))
+        if outside:
+            out.append(SandboxConflict(job=row["name"], reason="writes outside the unit's writable paths", paths=outside))
+        elif _CRONTAB_NAME.match(row["name"]):
+            out.append(SandboxConflict(job=row["name"], reason="imported from a crontab: cron ran it on a writable system"
+                                                             f" in {working_dir or '~'}; check what it writes"))
+    return out
+
+
+def sandbox_check(store: Store) -> dict[str, Any]:
+    """``doctor``'s ``service_sandbox`` check: a warning (never a failure) naming the jobs ``sandbox_conflicts`` finds
+    against the paths a system unit for ``store`` would leave writable."""
+    conflicts = sandbox_conflicts(store, writable_paths(store.local_path))
+    detail = (f"warning: {sandbox_summary(conflicts)}" if conflicts
+              else "no job writes outside the system unit's writable paths, as far as a look at the commands tells")
+    return {"check": "service_sandbox", "ok": True, "warning": bool(conflicts), "detail": detail,
+            "jobs": [c.to_json() for c in conflicts]}
+
+
+def sandbox_summary(conflicts: list[SandboxConflict]) -> str:
+    """One line naming the jobs that may fail under the system unit's sandbox, and how to relax it."""
+    named = "; ".join(f"{c.job} ({', '.join(c.paths)})" if c.paths else f"{c.job} ({c.reason})" for c in conflicts[:10])
+    more = f" and {len(conflicts) - 10} more" if len(conflicts) > 10 else ""
+    return (f"{len(conflicts)} job(s) may fail under the system unit's ProtectSystem=strict / ProtectHome=read-only:"
+            f" {named}{more}; relax it with `systemctl edit` (docs/operations.md, Sandbox)")
 
 
 def install(spec: UnitSpec, *, dry_run: bool = False) -> dict[str, Any]:
@@ -237,6 +395,14 @@ def status(name: str, *, system: bool) -> dict[str, Any]:
             "ours": bool(text and text.startswith("# Written by `scheduler service install`")),
             "exec_start": exec_start, "database": db, "active": active["state"], "enabled": enabled["state"],
             "systemctl": active["detail"] if not active["available"] else None}
+
+
+def require_manager(result: dict[str, Any]) -> None:
+    """``SERVICE_MANAGER_UNREACHABLE`` (``details``: what ``status`` read) when systemd gave no answer: no
+    ``systemctl``, or no bus to reach the (user) manager, so whether the unit runs is unknown."""
+    if result["active"] is None:
+        raise SchedulerError("SERVICE_MANAGER_UNREACHABLE",
+                             f"cannot ask systemd whether {result['unit']} runs: {result['systemctl']}", details=result)
 
 
 def uninstall(name: str, *, system: bool) -> dict[str, Any]:
