@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 9
+-- Schema version: 10
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -306,8 +306,10 @@ END;
 -- Approval gates: one row per gated run, versioned, bound to the run's execution artifact.
 CREATE TABLE IF NOT EXISTS approvals (
     id                      TEXT    PRIMARY KEY,
-    job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    run_id                  TEXT    REFERENCES runs(id) ON DELETE CASCADE,
+    -- no foreign key: an approval outlives its job (deleting the job cancels it; docs/approvals.md)
+    job_id                  TEXT    NOT NULL,
+    -- no foreign key: its run may be gone (a tombstone says why); pruning deletes it with its run
+    run_id                  TEXT,
     dispatch_id             TEXT,
     -- why the gate opened: the job's approval_required, or an authorization decision `escalate`
     gate_kind               TEXT    NOT NULL DEFAULT 'job' CHECK (gate_kind IN ('job', 'authorization')),

@@ -319,7 +319,8 @@ def test_auto_pause_cancels_pending_work_exactly_like_disable(store):
     for work, reason in ((disabled, "job disabled"), (paused, "auto-paused after 1 consecutive failures")):
         assert one(store, "SELECT cancel_reason FROM runs WHERE id = ?", work["waiting"])["cancel_reason"] == reason
         summary = events(store, job_id=work["job"]["id"], kind="job.pending_cancelled")
-        assert [e["data"] for e in summary] == [{"reason": reason, "dispatches": 1, "runs": 1, "approvals": 1}]
+        # every approval cancelled is counted: the waiting run's and the job's other one
+        assert [e["data"] for e in summary] == [{"reason": reason, "dispatches": 1, "runs": 1, "approvals": 2}]
 
 
 def test_update_delete_and_jobs_cancel_use_the_same_pending_work_cancel(store):

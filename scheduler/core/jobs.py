@@ -36,6 +36,7 @@ from scheduler.core.spec import (
     validate_spec,
 )
 from scheduler.core.store.base import Store, Tx
+from scheduler.core.tombstones import tombstone_job_runs
 from scheduler.core.transitions import cancel_pending_work, committing
 from scheduler.settings import current_settings
 
@@ -456,6 +457,9 @@ def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None
     """Delete a job (and its runs and queue rows); refuse while it has chain children unless ``cascade``.
 
     Its pending work is cancelled first (events and observers see it end) before the rows go.
+    Its audit trail stays: its approvals (open ones now ``cancelled``), a tombstone for each of
+    its runs, and their evidence per its retention (``scheduler.core.tombstones``); the
+    ``job.deleted`` event counts them.
     """
     now = now_ms() if now is None else now
     with committing(store, hooks) as tx:
@@ -467,8 +471,11 @@ def delete_job(store: Store, ref: str, *, cascade: bool = False, now: int | None
         if active:
             raise SchedulerError("JOB_ALREADY_RUNNING", f"job {row.name!r} is running; cancel it first")
         cancel_pending_work(tx, row.id, reason="job deleted", now=now, actor=os_identity(), include_manual=True)
+        kept = tombstone_job_runs(tx, row.id, row.name, now=now)
         tx.execute("DELETE FROM jobs WHERE id = ?", (row.id,))
-        append_event(tx, "job.deleted", job_id=row.id, actor=os_identity(), data={"name": row.name}, at=now)
+        append_event(tx, "job.deleted", job_id=row.id, actor=os_identity(), at=now, data={
+            "name": row.name, "tombstones": kept.tombstones, "evidence_retained": kept.evidence_retained,
+            "evidence_deleted": kept.evidence_deleted, "outbox": kept.outbox})
     store.notify_change()
     return row
 

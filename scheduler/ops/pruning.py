@@ -254,6 +254,10 @@ def _prune_batch(tx: Any, runs: list[dict[str, Any]], report: PruneReport, now: 
             # not be set NULL by the foreign key); parts that may still be sent keep the run (see _NEEDED).
             report.outbox += tx.execute("DELETE FROM delivery_outbox WHERE run_id = ? AND status IN ('delivered', 'cancelled')",
                                         (run["id"],))
+            # Its settled approvals go with it, as they did when approvals.run_id cascaded (schema 10 dropped that key
+            # so that deleting a job keeps its approvals); a run with an open approval is never a candidate.
+            tx.execute("DELETE FROM approvals WHERE run_id = ? AND status NOT IN ('pending', 'approved')"
+                       f" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status IN ({_in(TERMINAL)}))", (run["id"], run["id"]))
             deleted = tx.execute(f"DELETE FROM runs WHERE id = ? AND status IN ({_in(TERMINAL)})", (run["id"],)) == 1
             if deleted and run.get("dispatch_id"):
                 report.dispatches += tx.execute(

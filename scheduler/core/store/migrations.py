@@ -32,6 +32,7 @@ from scheduler.core.store.schema_steps import (
     DropColumn,
     DropEmptyTable,
     DropIndex,
+    DropReference,
     DropTrigger,
     ReplaceGuard,
     SchemaConnection,
@@ -84,8 +85,8 @@ def schema_fingerprint(dialect: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | MoveExecutorFields | CreateTable | DropEmptyTable
-        | BindArtifacts | ReplaceGuard)
+Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | DropReference | MoveExecutorFields | CreateTable
+        | DropEmptyTable | BindArtifacts | ReplaceGuard)
 
 
 class Migration(NamedTuple):
@@ -242,6 +243,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             WidenCheck("runs", _current("runs", "verify_status"),
                        before=Column("verify_status", TEXT, choices=("passed", "failed", "timeout", "cancelled", "error"))),
+        ),
+    ),
+    Migration(
+        10,
+        "approvals outlive their job and run (no foreign keys): deleting a job cancels its approvals and keeps them",
+        (
+            DropReference("approvals", _current("approvals", "job_id"),
+                          before=Column("job_id", TEXT, not_null=True, references="jobs(id) ON DELETE CASCADE")),
+            DropReference("approvals", _current("approvals", "run_id"),
+                          before=Column("run_id", TEXT, references="runs(id) ON DELETE CASCADE")),
         ),
     ),
 )

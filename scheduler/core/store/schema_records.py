@@ -28,8 +28,10 @@ RECORD_TABLES: tuple[Table, ...] = (
         "approvals",
         (
             Column("id", TEXT, primary_key=True),
-            Column("job_id", TEXT, not_null=True, references="jobs(id) ON DELETE CASCADE"),
-            Column("run_id", TEXT, references="runs(id) ON DELETE CASCADE"),
+            Column("job_id", TEXT, not_null=True,
+                   comment="no foreign key: an approval outlives its job (deleting the job cancels it; docs/approvals.md)"),
+            Column("run_id", TEXT, comment="no foreign key: its run may be gone (a tombstone says why); pruning deletes it"
+                                           " with its run"),
             Column("dispatch_id", TEXT),
             Column("gate_kind", TEXT, not_null=True, default="job", choices=("job", "authorization"),
                    comment="why the gate opened: the job's approval_required, or an authorization decision `escalate`"),

@@ -1,8 +1,8 @@
 """The kinds of schema step a migration is made of, written once for every dialect.
 
 ``AddColumn`` / ``DropColumn`` carry a ``schema.Column`` (rendered per dialect); raw
-per-dialect SQL appears only where the dialects cannot share it (``WidenCheck``: SQLite
-cannot alter a constraint). Every step runs through the small ``SchemaConnection`` adapter
+per-dialect SQL appears only where the dialects cannot share it (``WidenCheck``,
+``DropReference``: SQLite cannot alter a constraint). Every step runs through the small ``SchemaConnection`` adapter
 each store provides (``?`` placeholders, rows as dicts) inside the store's write transaction,
 and checks before it acts, so running it twice is harmless. The data moves of particular
 versions are ``scheduler.core.store.data_moves``; the list of migrations is ``migrations``.
@@ -19,7 +19,7 @@ from scheduler.core.store.base import Params
 from scheduler.core.store.schema import Column
 
 __all__ = [
-    "AddColumn", "CreateTable", "DropColumn", "DropEmptyTable", "DropIndex", "DropTrigger", "ReplaceGuard",
+    "AddColumn", "CreateTable", "DropColumn", "DropEmptyTable", "DropIndex", "DropReference", "DropTrigger", "ReplaceGuard",
     "SchemaConnection", "WidenCheck", "replace_column_definition",
 ]
 
@@ -116,27 +116,59 @@ class WidenCheck(NamedTuple):
             conn.execute(f"ALTER TABLE {self.table} DROP CONSTRAINT IF EXISTS {name}")
             conn.execute(f"ALTER TABLE {self.table} ADD CONSTRAINT {name} CHECK ({check})")
             return
-        (row,) = conn.all("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,))
-        old_sql = row["sql"]
-        new_sql = replace_column_definition(old_sql, self.column.name, self.column.definition("sqlite"))
-        if new_sql == old_sql:
+        _rewrite_sqlite_column(conn, self.table, self.column, check)
+
+
+def _rewrite_sqlite_column(conn: SchemaConnection, table: str, column: Column, check: str | None) -> None:
+    """Give ``column`` of a SQLite ``table`` its new definition by rewriting the table's text in ``sqlite_schema``.
+
+    The procedure SQLite documents for removing or changing CHECK and FOREIGN KEY constraints
+    (``PRAGMA writable_schema``, schema version bumped, inside the caller's transaction); the
+    new table text is proved to parse first, and every row to pass ``check`` when one is given.
+    """
+    (row,) = conn.all("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+    old_sql = row["sql"]
+    new_sql = replace_column_definition(old_sql, column.name, column.definition("sqlite"))
+    if new_sql == old_sql:
+        return
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute(new_sql)  # a syntax error here would make the database unreadable below
+    finally:
+        probe.close()
+    if check:
+        bad = conn.all(f"SELECT COUNT(*) AS n FROM {table} WHERE NOT ({check})")[0]["n"]
+        if bad:
+            raise ValueError(f"{bad} row(s) of {table} fail the new CHECK ({check})")
+    version = conn.all("PRAGMA schema_version")[0]["schema_version"]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (new_sql, table))
+        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+
+
+class DropReference(NamedTuple):
+    """Take the foreign key off ``column`` (its new definition has none; ``before`` is the old one, for the record).
+
+    Removing a foreign key fails no row, so no data changes. PostgreSQL drops the column's
+    constraint (``<table>_<column>_fkey``, the name it gives an inline ``REFERENCES``); SQLite
+    rewrites the column's text as ``WidenCheck`` does.
+    """
+
+    table: str
+    column: Column
+    before: Column
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if self.column.name not in conn.columns(self.table):
             return
-        probe = sqlite3.connect(":memory:")
-        try:
-            probe.execute(new_sql)  # a syntax error here would make the database unreadable below
-        finally:
-            probe.close()
-        if check:
-            bad = conn.all(f"SELECT COUNT(*) AS n FROM {self.table} WHERE NOT ({check})")[0]["n"]
-            if bad:
-                raise ValueError(f"{bad} row(s) of {self.table} fail the new CHECK ({check})")
-        version = conn.all("PRAGMA schema_version")[0]["schema_version"]
-        conn.execute("PRAGMA writable_schema = ON")
-        try:
-            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (new_sql, self.table))
-            conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
-        finally:
-            conn.execute("PRAGMA writable_schema = OFF")
+        if conn.dialect != "sqlite":
+            conn.execute(f"ALTER TABLE {self.table} DROP CONSTRAINT IF EXISTS {self.table}_{self.column.name}_fkey")
+            return
+        _rewrite_sqlite_column(conn, self.table, self.column, None)
 
 
 def _split_items(body: str) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@ class CancelledWork:
     dispatches: int
     #: Waiting runs (``pending``, ``awaiting_approval``, ``approved``), by id.
     runs: tuple[str, ...]
-    #: Open approvals of the job not tied to one of those runs.
+    #: Open approvals of the job, those of the waiting runs included.
     approvals: int
 
 
@@ -34,11 +34,15 @@ def cancel_pending_work(
       their dispatch rows and approvals (an approval was asked for the job as it was);
     * pending dispatch rows are cancelled, except ``manual`` ones unless ``include_manual``
       (an operator's explicit ``jobs run`` survives disable/update/auto-pause, as before);
-    * the job's other open approvals (``pending``, ``approved``) are cancelled.
+    * every open approval of the job (``pending``, ``approved``) is cancelled, first, so that
+      ``approvals`` counts those of the waiting runs too (it used to count only the others).
 
     Running runs are not touched (cancelling them is a request to their owner). One
     ``job.pending_cancelled`` event summarises it when anything was cancelled.
     """
+    # Every open approval of the job first, those of its waiting runs included, so the event counts them all (the
+    # waiting runs' own cancel then finds theirs already cancelled).
+    approvals = state.execute(tx, "cancel_job_approvals", job_id=job_id, reason=reason, now=now)
     # What cancel_waiting_run reads of each run (the row's other columns are None).
     waiting = [RunRow.from_row(r) for r in tx.all(
         "SELECT id, job_id, status, dispatch_id FROM runs WHERE job_id = ? AND status IN ('pending', 'awaiting_approval', 'approved')",
@@ -47,7 +51,6 @@ def cancel_pending_work(
     runs = tuple(r.id for r in waiting if cancel_waiting_run(tx, r, reason=reason, actor=actor, now=now))
     dispatches = state.execute(tx, "cancel_job_dispatches", job_id=job_id, reason=reason, now=now,
                                include_manual=1 if include_manual else 0)
-    approvals = state.execute(tx, "cancel_job_approvals", job_id=job_id, reason=reason, now=now)
     if dispatches or runs or approvals:
         append_event(tx, "job.pending_cancelled", job_id=job_id, actor=actor, at=now,
                      data={"reason": reason, "dispatches": dispatches, "runs": len(runs), "approvals": approvals})
