@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from kernel_testing import run_rows, scheduler_cmd
+from kernel_testing import TERMINAL, run_job_once, run_rows, scheduler_cmd, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -117,3 +119,77 @@ def test_json_run_prints_one_line_per_run_event_then_the_summary(cli: Any, store
     human = subprocess.run([*scheduler_cmd(), "--db", store_url, "run", "--duration", "300ms"], capture_output=True,
                            text=True, timeout=120)
     assert human.returncode == 0 and "dispatcher stopped" in human.stdout and "{" not in human.stdout, human
+
+
+# --------------------------------------------------------------------------- 2. runs output: stderr, running runs, --follow
+
+
+def test_runs_output_of_a_failed_run_says_its_error_is_on_stderr(cli: Any, store: Any, dispatcher: Any) -> None:
+    job = add_manual(cli, "fails", "echo oops >&2; exit 3")
+    run = run_job_once(store, dispatcher, job)
+    assert run["status"] == "error"
+    out = cli("runs", "output", run["id"])
+    assert out.code == 0 and out.out == "", out  # stdout stays the run's exact (empty) stdout
+    assert "stdout is empty" in out.err and "stderr has 5 bytes" in out.err and "error" in out.err, out.err
+    assert f"runs output {run['id'][:8]} stderr" in out.err and "--both" in out.err
+    both = cli("runs", "output", run["id"], "--both")
+    assert (both.code, both.out, both.err) == (0, "", "oops\n"), both  # each stream to its own
+    view = cli("--json", "runs", "output", run["id"]).json
+    assert (view["bytes"], view["content"], view["run_status"], view["complete"]) == (0, "", "error", True), view
+    assert view["other"] == {"stream": "stderr", "bytes": 5}
+    streams = cli("--json", "runs", "output", run["id"], "--both").json
+    assert streams["streams"]["stderr"]["content"] == "oops\n" and streams["streams"]["stdout"]["bytes"] == 0, streams
+    assert streams["run_status"] == "error" and "content" not in streams
+    refused = cli("--json", "runs", "output", run["id"], "stderr", "--both")
+    assert refused.code != 0 and refused.json["code"] == "INVALID_ARGUMENT", refused
+    ok = run_job_once(store, dispatcher, add_manual(cli, "speaks", "echo hello; echo warn >&2"))
+    printed = cli("runs", "output", ok["id"])
+    assert printed.out == "hello\n" and "stderr has 5 bytes too" in printed.err, printed
+
+
+def test_runs_output_of_a_running_run_says_so(cli: Any, store: Any, dispatcher: Any) -> None:
+    job = add_manual(cli, "slow", "echo started; sleep 30")
+    assert cli("--json", "jobs", "run", job["id"]).code == 0
+    d = dispatcher()
+    try:
+        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "running"], what="the run to start")
+        out = cli("runs", "output", run["id"])
+        assert out.code == 0 and out.out == "", out
+        assert "is running" in out.err and "--follow" in out.err, out.err
+        view = cli("--json", "runs", "output", run["id"]).json
+        assert (view["run_status"], view["complete"], view["bytes"]) == ("running", False, 0), view
+        assert cli("--json", "runs", "cancel", run["id"]).code == 0
+        wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL], what="the cancelled run to end")
+    finally:
+        d.stop()
+
+
+def test_runs_output_follow_streams_a_running_run_until_it_ends(cli: Any, store: Any, store_url: str, dispatcher: Any,
+                                                              tmp_path: Path, monkeypatch: Any) -> None:
+    """A real short shell job: 70 kB (offloaded to its artifact file at once), two seconds' pause, a last line."""
+    monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(tmp_path / "artifacts"))  # the dispatcher's and the follower's
+    job = add_manual(cli, "talks", "head -c 70000 /dev/zero | tr '\\0' a; echo; sleep 2; echo last line; echo bye >&2")
+    assert cli("--json", "jobs", "run", job["id"]).code == 0
+    d = dispatcher()
+    try:
+        (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "running"], what="the run to start")
+        follower = subprocess.Popen([*scheduler_cmd(), "--db", store_url, "runs", "output", run["id"][:8], "--follow"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        chunks: list[tuple[int, bytes]] = []
+        reader = threading.Thread(target=lambda: [chunks.append((int(time.time() * 1000), c))
+                                                  for c in iter(lambda: follower.stdout.read1(65536), b"")])  # type: ignore[union-attr]
+        reader.start()
+        assert follower.wait(60) == 0, follower.stderr.read()  # type: ignore[union-attr]
+        reader.join(10)
+        err = follower.stderr.read().decode()  # type: ignore[union-attr]
+    finally:
+        d.stop()
+    (done,) = run_rows(store, job["id"])
+    assert done["status"] == "ok", done
+    data = b"".join(c for _t, c in chunks)
+    assert data == b"a" * 70000 + b"\nlast line\n"  # exactly the stream, nothing twice
+    early = sum(len(c) for t, c in chunks if t < done["finished_at"] - 1000)
+    assert early >= 65536, (early, [(t, len(c)) for t, c in chunks], done["finished_at"])  # shown while it ran
+    assert "stderr has 4 bytes too" in err, err
+    both = cli("runs", "output", done["id"], "--both", "--follow")  # a finished run: at once, both streams
+    assert both.code == 0 and both.out.endswith("last line\n") and both.err == "bye\n", both.err

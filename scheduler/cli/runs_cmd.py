@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -62,39 +63,163 @@ def runs_get(run_id: str) -> None:
     emit({"run": view}, lambda: kv((k, v) for k, v in view.items() if k not in ("stdout_excerpt", "stderr_excerpt")))
 
 
+#: How often ``runs output --follow`` looks at a running run's row and its growing artifact files.
+FOLLOW_POLL_S = 0.2
+
+
 @runs_group.command("output")
 @click.argument("run_id")
 @click.argument("stream", type=click.Choice(["stdout", "stderr"]), default="stdout")
-def runs_output(run_id: str, stream: str) -> None:
+@click.option("--both", is_flag=True, help="Both streams: the run's stdout to standard output, its stderr to standard error.")
+@click.option("--follow", "-f", is_flag=True,
+              help="While the run has not ended, show what it has stored so far and wait until it ends.")
+def runs_output(run_id: str, stream: str, both: bool, follow: bool) -> None:
     """The whole output stream of a run, exact bytes, verified against its recorded SHA-256 and size.
 
     Inline or offloaded, the bytes are checked before anything is printed, so a changed
     row or file is ``ARTIFACT_TAMPERED`` (exit 1) and never shown as if it were the output.
-    Human mode writes the raw bytes; ``--json`` gives text as ``utf-8`` or, when the
-    stream is not UTF-8, ``base64``.
+    Human mode writes the raw bytes and says on stderr what it did not print: the other
+    stream's size, a run that has not ended. ``--json`` gives text as ``utf-8`` or, when the
+    stream is not UTF-8, ``base64``, with the run's status and whether it has ended.
+    ``--follow`` shows a running run's offloaded output as it is stored, then the rest, checked,
+    when the run ends (``--json``: waits, then answers).
     """
-    import base64
-
-    from scheduler.core.outputs import read_stream
     from scheduler.core.store import default_artifacts_root
 
+    ctx = click.get_current_context()
+    if both and ctx.get_parameter_source("stream") is click.core.ParameterSource.COMMANDLINE:
+        raise SchedulerError("INVALID_ARGUMENT", "--both shows stdout and stderr: give no STREAM with it")
+    streams = ("stdout", "stderr") if both else (stream,)
     store = open_ctx_store()
+    root = default_artifacts_root(store.local_path)
     with store.read() as tx:
         run = _resolve_run(tx, run_id)
-    data = read_stream(default_artifacts_root(store.local_path), run, stream)
-    if click.get_current_context().find_root().obj.get("json"):
+    quiet = bool(ctx.find_root().obj.get("json"))
+    shown: dict[str, bytes] = {}
+    if follow:
+        run, shown = _follow(store, root, run, streams, show=not quiet)
+    datas = {s: _rest_of(root, run, s, shown.get(s, b"")) for s in streams}
+    if quiet:
+        emit(_output_view(run, streams, datas, both=both))
+        return
+    for s in streams:
+        _write_raw(datas[s][len(shown.get(s, b"")):], err=s == "stderr" and both)
+    for note in _output_notes(run, streams, datas, both=both, shown=shown):
+        click.echo(note, err=True)
+
+
+def _ended(run: RunRow) -> bool:
+    """Whether waiting for ``run`` is over: a terminal status, or ``recovery_blocked`` (it waits for an operator)."""
+    from scheduler.core.runs import TERMINAL
+
+    return run.status in TERMINAL or run.status == "recovery_blocked"
+
+
+def _follow(store: Any, root: Path, run: RunRow, streams: tuple[str, ...], *, show: bool) -> tuple[RunRow, dict[str, bytes]]:
+    """Poll ``run`` until it has ended; when ``show``, write what its executor has offloaded so far as it grows.
+
+    Returns the ended run and, per stream, the bytes shown (checked against the recorded
+    stream by ``_rest_of``). Output short enough to stay in the executor's memory appears
+    only when the run ends: it is not stored anywhere before.
+    """
+    import time
+
+    from scheduler.core.outputs import read_growing
+
+    shown = {s: bytearray() for s in streams}
+    while not _ended(run):
+        if show:
+            for s in streams:
+                while chunk := read_growing(root, run.id, s, len(shown[s])):
+                    shown[s] += chunk
+                    _write_raw(chunk, err=s == "stderr" and len(streams) == 2)
+        time.sleep(FOLLOW_POLL_S)
+        with store.read() as tx:
+            run = _resolve_run(tx, run.id)
+    return run, {s: bytes(b) for s, b in shown.items()}
+
+
+def _rest_of(root: Path, run: RunRow, stream: str, shown: bytes) -> bytes:
+    """The verified stream of an ended run (``b""`` while it runs), refusing one that does not start with what
+    ``--follow`` showed of it (``ARTIFACT_TAMPERED``); a stream recorded without a digest leaves what was shown."""
+    from scheduler.core.outputs import read_stream
+    from scheduler.core.runs import TERMINAL
+
+    if run.status not in TERMINAL:
+        return shown
+    data = read_stream(root, run, stream)
+    if shown and run.get(f"{stream}_sha256") and not data.startswith(shown):
+        raise SchedulerError("ARTIFACT_TAMPERED", f"run {run.id} {stream}: the {len(shown)} bytes shown while it ran are"
+                                                  " not the start of its recorded stream")
+    return data if data or not shown else shown
+
+
+def _output_view(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes], *, both: bool) -> dict[str, Any]:
+    """The ``--json`` answer of ``runs output``: one stream (with the other's size) or, with ``--both``, each."""
+    import base64
+
+    from scheduler.core.runs import TERMINAL
+
+    def one(s: str) -> dict[str, Any]:
+        data = datas[s]
         try:
             content, encoding = data.decode("utf-8"), "utf-8"
         except UnicodeDecodeError:
             content, encoding = base64.b64encode(data).decode("ascii"), "base64"
-        emit({"run_id": run.id, "stream": stream, "bytes": len(data), "sha256": run.get(f"{stream}_sha256"),
-              "offloaded": bool(run.get(f"{stream}_artifact")), "encoding": encoding, "content": content})
+        return {"bytes": len(data), "sha256": run.get(f"{s}_sha256"), "offloaded": bool(run.get(f"{s}_artifact")),
+                "encoding": encoding, "content": content}
+
+    state = {"run_status": run.status, "complete": run.status in TERMINAL}
+    if both:
+        return {"run_id": run.id, **state, "streams": {s: one(s) for s in streams}}
+    (s,) = streams
+    other = "stderr" if s == "stdout" else "stdout"
+    return {"run_id": run.id, "stream": s, **one(s), **state, "other": {"stream": other, "bytes": run.get(f"{other}_bytes")}}
+
+
+def _output_notes(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes], *, both: bool,
+                  shown: dict[str, bytes]) -> list[str]:
+    """What human ``runs output`` says on stderr about what it did not print: a run not ended, the other stream."""
+    from scheduler.core.runs import TERMINAL
+
+    ref = run.id[:8]
+    if run.status == "recovery_blocked":
+        return [(f"run {ref} is recovery_blocked: it ends when recovery can tell what its process did"
+                 f" (scheduler runs get {ref}, scheduler doctor); its output is stored then")]
+    if run.status not in TERMINAL:
+        return [(f"run {ref} is {run.status}: its output is stored when it ends"
+                 f" (follow it with: scheduler runs output {ref} --follow)")]
+    notes = [f"run {ref} {s}: what was shown while it ran is unverified, the run ended {run.status} without recording it"
+             for s in streams if shown.get(s) and not run.get(f"{s}_sha256")]
+    if both:
+        return notes
+    (s,) = streams
+    other = "stderr" if s == "stdout" else "stdout"
+    size = (run.stderr_bytes if other == "stderr" else run.stdout_bytes) or 0
+    has = f"{other} has {size} byte{'' if size == 1 else 's'}"
+    hint = f"scheduler runs output {ref} {other}, or --both"
+    outcome = run.status + (f" [{run.error_code}]" if run.error_code else "")
+    if not datas[s] and size:
+        notes.append(f"run {ref} ended {outcome}: {s} is empty; {has} ({hint})")
+    elif not datas[s] and run.status != "ok":
+        notes.append(f"run {ref} ended {outcome}: no output on stdout or stderr (scheduler runs get {ref})")
+    elif size:
+        notes.append(f"({has} too: {hint})")
+    return notes
+
+
+def _write_raw(data: bytes, *, err: bool = False) -> None:
+    """Write ``data`` as it is to standard output (or error); a text-only stream (in-process callers) gets it as
+    str, losslessly (surrogateescape)."""
+    if not data:
         return
-    out = getattr(sys.stdout, "buffer", None)
-    if out is None:  # a text-only stdout (in-process callers): the bytes, losslessly as str
-        sys.stdout.write(data.decode("utf-8", errors="surrogateescape"))
+    stream = sys.stderr if err else sys.stdout
+    out = getattr(stream, "buffer", None)
+    if out is None:
+        stream.write(data.decode("utf-8", errors="surrogateescape"))
+        stream.flush()
     else:
-        sys.stdout.flush()
+        stream.flush()
         out.write(data)
         out.flush()
 

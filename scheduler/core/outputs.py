@@ -7,7 +7,8 @@ The excerpt is text, so it is the stream itself only when the stream is short,
 valid UTF-8 and free of NUL bytes; any other stream (binary output, however small)
 is written to the artifact store too, so the exact bytes can always be read back.
 Readers go through ``read_artifact`` / ``read_stream``, which refuse a path outside
-the store and bytes whose digest no longer matches (tampering or corruption).
+the store and bytes whose digest no longer matches (tampering or corruption). The one
+unverified read is ``read_growing``: a running run's offloaded file so far (``runs output --follow``).
 
 Files and directories are created private (``0600``/``0700``) or group-shared
 (``0660``/``2770``), see ``scheduler.core.filemodes``.
@@ -220,6 +221,27 @@ def read_artifact(root: Path, relative: str, expected_sha256: str, expected_byte
             f"artifact {relative} does not match its recorded digest (expected {expected_sha256[:12]}..., found {digest[:12]}...)",
         )
     return data
+
+
+def read_growing(root: Path, run_id: str, stream: str, offset: int, *, limit: int = 1024 * 1024) -> bytes:
+    """What a running run's executor has offloaded so far to ``runs/<run_id>/<stream>``, from ``offset`` on (at most
+    ``limit`` bytes): ``b""`` while it has none (short output stays in memory until the run ends).
+
+    For ``runs output --follow`` only: the bytes are unverified, since a stream's digest is
+    recorded when the run ends; the follower checks what it showed against ``read_stream`` then.
+    Recorders write redacted bytes, so nothing here is a credential value. ``stream`` is
+    ``stdout`` or ``stderr`` (the names executors record through ``request.stream_recorder``).
+    """
+    if stream not in ("stdout", "stderr"):
+        raise SchedulerError("INVALID_ARGUMENT", f"unknown output stream {stream!r}; one of stdout, stderr")
+    try:
+        with open(run_dir(root, run_id, create=False) / stream, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(limit)
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise SchedulerError("ARTIFACT_MISSING", f"cannot read run {run_id}'s growing {stream}: {exc}") from None
 
 
 def read_stream(root: Path, row: RunRow | Mapping[str, object], stream: str) -> bytes:
