@@ -59,8 +59,8 @@ null unless it is ``enabled``. ``pause_job`` does what ``disable_job`` does (not
 pending work is cancelled) and leaves the job ``paused``; ``disable_job`` leaves it ``disabled``;
 ``resume_job`` and ``enable_job`` are one operation and lift either, or the scheduler's own
 ``auto-paused``. ``list_jobs(state=)`` keeps the jobs in one state (an unknown one is
-``INVALID_ARGUMENT``). References are what the CLI takes: a job by id or name, a run by id or a
-unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
+``INVALID_ARGUMENT``). References are what the CLI takes: a job by id, name, or a unique prefix or
+suffix of its id (8 characters or more, what ``jobs list`` shows), a run by id or a unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
 Refusals: ``NOT_FOUND`` (unknown job, run, approval, part, dispatch), ``INVALID_ARGUMENT`` (a bad
 limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
 ``RUN_ALREADY_FINISHED``, ``APPROVAL_CONFLICT`` (already decided), ``APPROVAL_AMBIGUOUS``,
@@ -149,7 +149,7 @@ def list_jobs(store: StoreTarget, *, enabled: bool | None = None, state: str | N
 
 
 def get_job(store: StoreTarget, job: str) -> JsonObject:
-    """``jobs get``: one job by id or name."""
+    """``jobs get``: one job by id, name, or a unique prefix or suffix of its id."""
     with _opened(store, readonly=True) as s:
         return queries.get_job(s, job)
 
