@@ -166,9 +166,9 @@ def test_runs_output_of_a_running_run_says_so(cli: Any, store: Any, dispatcher: 
 
 def test_runs_output_follow_streams_a_running_run_until_it_ends(cli: Any, store: Any, store_url: str, dispatcher: Any,
                                                               tmp_path: Path, monkeypatch: Any) -> None:
-    """A real short shell job: 70 kB (offloaded to its artifact file at once), two seconds' pause, a last line."""
+    """A real short shell job: 70 kB (offloaded to its artifact file at once), four seconds' pause (a follower starting slowly still sees it run), a last line."""
     monkeypatch.setenv("SCHEDULER_ARTIFACTS_DIR", str(tmp_path / "artifacts"))  # the dispatcher's and the follower's
-    job = add_manual(cli, "talks", "head -c 70000 /dev/zero | tr '\\0' a; echo; sleep 2; echo last line; echo bye >&2")
+    job = add_manual(cli, "talks", "head -c 70000 /dev/zero | tr '\\0' a; echo; sleep 4; echo last line; echo bye >&2")
     assert cli("--json", "jobs", "run", job["id"]).code == 0
     d = dispatcher()
     try:
