@@ -941,3 +941,28 @@ def test_the_wal_starts_over_while_a_writer_never_stops(tmp_path: Path) -> None:
         store.close()
     assert written > 4 * 1024 * 1024, f"only {written} bytes written: too few for the WAL to have to start over"
     assert biggest < written / 2, f"the WAL grew to {biggest} bytes for {written} bytes written"
+
+
+def test_a_connection_caches_every_statement_the_dispatcher_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher's connection runs ~140 distinct texts; past Python's default 128 the LRU cache re-prepares each pass."""
+    import sqlite3
+
+    from scheduler.core.state import STATEMENTS
+    from scheduler.core.store.sqlite_upkeep import STATEMENT_CACHE_SIZE
+
+    assert 3 * len(STATEMENTS) <= STATEMENT_CACHE_SIZE  # each statement in a few renderings (row counts, flags) at once
+    asked: list[object] = []
+    real = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        asked.append(kwargs.get("cached_statements"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    store = open_store(str(tmp_path / "cache.db"))
+    try:
+        with store.transaction() as tx:
+            tx.execute("SELECT 1")
+    finally:
+        store.close()
+    assert asked and set(asked) == {STATEMENT_CACHE_SIZE}  # every connection the store opened
