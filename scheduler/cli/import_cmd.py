@@ -67,15 +67,20 @@ def import_openclaw(binary: str | None, legacy_json: str | None, allow_inexact_e
 
 @import_group.command("crontab")
 @click.argument("source", required=False, metavar="[FILE|-]")
+@click.option("--system", is_flag=True,
+              help="A system crontab (/etc/crontab format: a user field after the schedule; always so for /etc/crontab"
+                   " and /etc/cron.d/*): each job runs as its user.")
 @_dry_run
 @_allow_missing
-def import_crontab(source: str | None, dry_run: bool, allow_missing_plugins: bool) -> None:
+def import_crontab(source: str | None, system: bool, dry_run: bool, allow_missing_plugins: bool) -> None:
     """Import a crontab: FILE, - for standard input, or the user's ``crontab -l`` by default."""
     from scheduler.ops.importers import report, run_import
-    from scheduler.ops.importers.crontab import local_zone, parse, read_crontab
+    from scheduler.ops.importers.crontab import is_system_path, local_zone, parse, read_crontab
 
+    system = system or is_system_path(source)
     location, text = read_crontab(source)
-    items, extra = parse(text, default_tz=local_zone())
+    items, extra = parse(text, default_tz=local_zone(), system=system)
+    extra["system"] = system
     pending = [i for i in items if i.status == "pending"]
     run_import(open_ctx_store(), pending, dry_run=dry_run, same_name_is_import=True, allow_missing_plugins=allow_missing_plugins)
     _finish(report("crontab", location, items, dry_run=dry_run, **extra))

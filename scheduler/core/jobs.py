@@ -24,6 +24,7 @@ from scheduler.core import state, submissions
 from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.rows import JobRow
+from scheduler.core.run_as import stamp_adder
 from scheduler.core.schedules import next_fire
 from scheduler.core.spec import (
     JSON_KINDS,
@@ -191,6 +192,7 @@ def _insert(tx: Tx, spec: JobSpec, now: int, parent_id: str | None, submission: 
             job_id: str | None = None) -> JobRow:
     if tx.one("SELECT id FROM jobs WHERE name = ?", (spec.name,)):
         raise SchedulerError("NAME_CONFLICT", f"a job named {spec.name!r} already exists")
+    spec = stamp_adder(spec)  # a job naming executor_options.user records (and must be allowed for) its adder
     row = spec_to_row(spec)
     row["parent_id"] = parent_id
     next_run, anchor = initial_schedule(spec, now)
@@ -363,7 +365,7 @@ def update_job(store: Store, ref: str, patch: JSONObject, *, now: int | None = N
                 del merged[key]
             else:
                 merged[key] = value
-        spec = validate_spec(merged, now=now, check_past="schedule_at" in patch)
+        spec = stamp_adder(validate_spec(merged, now=now, check_past="schedule_at" in patch))
         parent_id = None
         if spec.parent_id is not None:
             parent_id = resolve_job(tx, spec.parent_id).id

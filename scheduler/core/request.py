@@ -17,6 +17,7 @@ from scheduler.base.options import build_options
 from scheduler.core.execution import Constraints, CredentialPresentation, ExecutionRequest, TriggerContext
 from scheduler.core.members import options_class_of
 from scheduler.core.outputs import run_dir
+from scheduler.core.run_as import check_at_run
 from scheduler.core.spec import JobSpec
 
 
@@ -47,7 +48,9 @@ def build_request(
     """The request of one attempt: options built by ``executor``'s class, constraints, deadline, kernel variables.
 
     ``executor`` may be None (not installed: the caller runs its own object), then ``options`` is None.
+    A job naming ``executor_options.user`` is refused here unless its recorded adder may (``run_as.check_at_run``).
     """
+    check_at_run(spec)
     return ExecutionRequest(
         run_id=run_id, job_id=job_id, job=spec, options=executor_options_for(executor, spec) if executor is not None else None,
         constraints=constraints_of(spec), credentials=credentials, dispatch_kind=dispatch_kind, attempt=attempt,

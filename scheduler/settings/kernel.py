@@ -132,6 +132,9 @@ class IdentitySettings:
         "doc": "Accounts (name or uid:N) that may add `system` jobs, besides root."})
     default_level: Literal["untrusted", "user"] = attrs.field(default="user", metadata={
         "doc": "Level of every other account: `user`, or `untrusted` (it can only lower)."})
+    run_as_users: tuple[str, ...] = attrs.field(default=(), validator=_check_accounts, metadata={
+        "doc": "Accounts (name or uid:N) that may add jobs running as another account (`executor_options.user`),"
+               " besides root; honoured only from a root-owned settings file nobody else can write."})
 
 
 @attrs.frozen(kw_only=True)

@@ -22,6 +22,7 @@ A bad value is ``CONFIG_INVALID`` naming the key and its source, reported by
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import time
 from collections.abc import Mapping
@@ -45,7 +46,7 @@ from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
 from scheduler_executor_shell.recovery import recover_process_group
-from scheduler_executor_shell.runner import ProcessOutcome, run_process
+from scheduler_executor_shell.runner import ProcessOutcome, RunAs, run_process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
@@ -89,6 +90,32 @@ def resolve_settings(environ: Mapping[str, str] | None = None) -> ShellSettings:
 def default_shell() -> str:
     """The first executable of ``DEFAULT_SHELLS`` (/bin/bash, else /bin/sh): the shell when none is configured."""
     return next((s for s in DEFAULT_SHELLS if os.access(s, os.X_OK)), DEFAULT_SHELLS[-1])
+
+
+def resolve_account(user: str) -> RunAs:
+    """The account ``user`` (a name) as the command will run: uid, gid, supplementary groups, home.
+
+    ``RUN_AS_NOT_ROOT`` when this process cannot switch accounts (not root), ``RUN_AS_USER_UNKNOWN``
+    when the account does not exist here (the kernel checked who added the job: ``scheduler.core.run_as``).
+    """
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise SchedulerError("RUN_AS_USER_UNKNOWN", f"executor_options.user {user!r}: no such account on this host") from None
+    if os.geteuid() != 0:
+        raise SchedulerError("RUN_AS_NOT_ROOT", f"running as {user!r} needs a dispatcher running as root")
+    groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid)
+    return RunAs(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir,
+                 shell=entry.pw_shell)
+
+
+def _working_dir(working_dir: str | None, run_as: RunAs | None) -> str | None:
+    """The command's working directory: ``~`` is the dispatcher's home, or the run-as account's."""
+    if not working_dir:
+        return None
+    if run_as is not None and (working_dir == "~" or working_dir.startswith("~/")):
+        return run_as.home + working_dir[1:]
+    return os.path.expanduser(working_dir)
 
 
 def _signal_name(returncode: int) -> str:
@@ -147,6 +174,14 @@ class ShellExecutor:
         except (SchedulerError, ValueError) as exc:
             err = exc if isinstance(exc, SchedulerError) else SchedulerError("SHELL_CONFIG_INVALID", str(exc))
             return ExecutionResult(status="error", error_code=err.code, error_message=err.message)
+        run_as = None
+        if options.user is not None:
+            try:
+                run_as = resolve_account(options.user)
+            except SchedulerError as exc:
+                return ExecutionResult(status="error", error_code=exc.code, error_message=exc.message)
+            # As cron sets them for a crontab's owner: from the password database, SHELL=/bin/sh.
+            env.update(HOME=run_as.home, LOGNAME=run_as.name, USER=run_as.name, SHELL="/bin/sh")
         env.update(request.extra_env)
         stdin_text = options.stdin_text
         for credential in request.credentials:  # materialised by the kernel; values never leave memory
@@ -156,7 +191,7 @@ class ShellExecutor:
                 env[credential.key] = credential.path
             elif credential.medium == "stdin":
                 stdin_text = credential.value
-        result = self._run_command(request, control, settings, env, options, stdin_text)
+        result = self._run_command(request, control, settings, env, options, stdin_text, run_as)
         return result if env_warning is None else attrs.evolve(result, env_warning=env_warning)
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
@@ -173,13 +208,16 @@ class ShellExecutor:
         env: dict[str, str],
         options: ShellOptions,
         stdin_text: str | None,
+        run_as: RunAs | None = None,
     ) -> ExecutionResult:
         """Spawn, capture and classify the job's command, then verify it when it succeeded."""
         job = request.job
         details: dict[str, Any] = {"shell": settings.shell}
+        if run_as is not None:
+            details["user"], details["uid"] = run_as.name, run_as.uid
         if control.is_cancelled():
             return _cancelled(control, details, "before the command started")
-        cwd = os.path.expanduser(options.working_dir) if options.working_dir else None
+        cwd = _working_dir(options.working_dir, run_as)
         if cwd is not None and not os.path.isdir(cwd):
             return ExecutionResult(
                 status="error",
@@ -219,6 +257,7 @@ class ShellExecutor:
             control=control,
             grace_s=settings.kill_grace_s,
             label="command",
+            run_as=run_as,
         )
         details.update(_process_details(outcome))
         if outcome.reason in ("spawn_failed", "record_failed"):
@@ -255,7 +294,7 @@ class ShellExecutor:
         )
         result = _classify(base, outcome, control, settings)
         if result.status == "ok" and job.verify_shell:
-            result = self._verify(result, request, control, settings, env, cwd)
+            result = self._verify(result, request, control, settings, env, cwd, run_as)
         return result
 
     # -- verification ------------------------------------------------------------------------
@@ -268,6 +307,7 @@ class ShellExecutor:
         settings: ShellSettings,
         env: dict[str, str],
         cwd: str | None,
+        run_as: RunAs | None = None,
     ) -> ExecutionResult:
         """Run ``verify_shell`` like the command (own group, env, cwd, cancellation); keep only an audit record."""
         job = request.job
@@ -284,6 +324,7 @@ class ShellExecutor:
             control=control,
             grace_s=settings.kill_grace_s,
             label="verify",
+            run_as=run_as,
         )
         out.finish()
         err.finish()

@@ -31,3 +31,18 @@ class ShellOptions:
         default=None, validator=_no_nul, metadata={"doc": "Working directory of the command (`~` expands)."}
     )
     stdin_text: str | None = attrs.field(default=None, metadata={"doc": "Text piped to the command's standard input."})
+    user: str | None = attrs.field(
+        default=None, validator=_no_nul,
+        metadata={"doc": "Account the command runs as (its uid, group and supplementary groups; HOME, LOGNAME, USER and"
+                         " SHELL set as cron does). Needs a root dispatcher and an adder who is root or listed in"
+                         " `[identity] run_as_users` (RUN_AS_NOT_ROOT, RUN_AS_NOT_ALLOWED); an unknown account is"
+                         " RUN_AS_USER_UNKNOWN."},
+    )
+    added_by: str | None = attrs.field(
+        default=None,
+        metadata={"doc": "Set by the kernel when `user` is: the adding account's name (whatever the spec says is overwritten)."},
+    )
+    added_by_uid: int | None = attrs.field(
+        default=None,
+        metadata={"doc": "Set by the kernel when `user` is: the adding account's effective uid."},
+    )

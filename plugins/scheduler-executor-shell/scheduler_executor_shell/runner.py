@@ -96,6 +96,18 @@ def _event(control: RunControl, kind: str, data: dict) -> None:
         pass
 
 
+@attrs.frozen
+class RunAs:
+    """The account a command runs as: uid, primary gid and supplementary groups (from the account databases)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+    shell: str
+
+
 def run_process(
     *,
     shell: str,
@@ -108,17 +120,20 @@ def run_process(
     control: RunControl,
     grace_s: float,
     label: str,
+    run_as: RunAs | None = None,
 ) -> ProcessOutcome:
     """Run ``payload`` through ``shell -c`` under the gate protocol above; never raises for process problems.
 
     ``deadline`` is a ``time.monotonic()`` instant. ``outputs`` maps "stdout" and
-    "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events.
+    "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events. ``run_as``:
+    the child drops to that account (setgid, setgroups/initgroups, setuid) before its exec;
+    the bash gate is not used then (its ``/dev/fd`` pipe cannot be reopened by another uid).
     """
     mode = "null" if stdin_data is None else "pipe"
     env = dict(env)
     gate_fds: tuple[int, int] | None = None  # (script read end, ready write end) of a bash gate, closed after the spawn
     ready_r: int | None = None
-    if os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
+    if run_as is None and os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
         ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env)
     else:
         gate = GATE_SHELL if _gate_shell_usable() else shell
@@ -138,6 +153,7 @@ def run_process(
             start_new_session=True,
             close_fds=True,
             pass_fds=gate_fds or (),
+            **({} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups)}),
         )
     except BaseException as exc:
         _close(stdin_w, out_r, err_r, ready_r)

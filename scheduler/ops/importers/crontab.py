@@ -14,6 +14,16 @@ Each line is one of:
   imported: use a delivery channel), anything else is exported to the command's shell;
 * a comment or a blank line; anything else is reported (``UNSUPPORTED_LINE``), never dropped.
 
+A system crontab (``--system``, and always ``/etc/crontab`` and files under ``/etc/cron.d/``) has
+a user field after the schedule (``m h dom mon dow USER command``): the job runs as that account
+(``executor_options.user``, see ``scheduler.core.run_as``). A user that does not exist here is
+``RUN_AS_USER_UNKNOWN``, an importer who may not name other accounts ``RUN_AS_NOT_ALLOWED``; such
+a line is reported, never imported with its user as the first word of the command.
+
+The time fields must be Vixie/cronie syntax (numbers, ``*``, ranges, steps, lists, month and day
+names): croniter's extensions that cron refuses (``L``, ``W``, ``#``, ``?``, ``H``) are
+``CRON_SYNTAX_UNSUPPORTED``.
+
 Job names are derived from the line (``cron-<first word>-<8 hex of its SHA-256>``, ``-2`` ...
 for repeated identical lines), so importing the same crontab twice skips what is there.
 """
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -30,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.core.run_as import adder_identity, may_name_users
 from scheduler.ops.importers import ImportItem, export_prefix
 
 _ENV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$")
@@ -116,8 +128,39 @@ def _slug(command: str) -> str:
     return base[:32]
 
 
-def parse(text: str, *, default_tz: str | None = None) -> tuple[list[ImportItem], dict[str, Any]]:
-    """The crontab's job items (pending, or failed with a code) and what its environment lines did."""
+#: Files read as system crontabs (with a user field) whatever the flag says.
+SYSTEM_FILE, SYSTEM_DIR = "/etc/crontab", "/etc/cron.d/"
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+#: One element of a Vixie/cronie time field: ``*`` or ``a`` or ``a-b``, optionally ``/step``.
+_ELEMENT_RE = re.compile(r"^(\*|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$")
+
+
+def is_system_path(source: str | None) -> bool:
+    """Whether ``source`` is ``/etc/crontab`` or a file under ``/etc/cron.d/`` (always read with a user field)."""
+    if source is None or source == "-":
+        return False
+    path = os.path.abspath(source)
+    return path == SYSTEM_FILE or path.startswith(SYSTEM_DIR)
+
+
+def vixie_problem(expr: str) -> str | None:
+    """Why the five time fields ``expr`` are not Vixie/cronie syntax (croniter accepts more), or None."""
+    for index, field in enumerate(expr.lower().split()):
+        names = _MONTHS if index == 3 else _DAYS if index == 4 else ()
+        for element in field.split(","):
+            match = _ELEMENT_RE.match(element)
+            values = match.group(1).split("-") if match and match.group(1) != "*" else []
+            if not match or any(not (v.isdigit() or v in names) for v in values):
+                return f"time field {index + 1} {field!r}: {element!r} is not cron syntax (L, W, #, ? and H are croniter extensions cron refuses)"
+    return None
+
+
+def parse(text: str, *, default_tz: str | None = None, system: bool = False) -> tuple[list[ImportItem], dict[str, Any]]:
+    """The crontab's job items (pending, or failed with a code) and what its environment lines did.
+
+    ``system``: the lines have a user field (``/etc/crontab`` format).
+    """
     items: list[ImportItem] = []
     env: dict[str, str] = {}
     settings: dict[str, Any] = {"tz": default_tz, "shell": None, "home": None}
@@ -138,7 +181,7 @@ def parse(text: str, *, default_tz: str | None = None) -> tuple[list[ImportItem]
             environment.append({"line": number, "key": key, "value": value, "handled": _apply_env(key, value, env, settings)})
             comments = []
             continue
-        item = _job(number, line, comments, env, settings, names)
+        item = _job(number, line, comments, env, settings, names, system=system)
         items.append(item)
         comments = []
     return items, {"environment": environment}
@@ -167,9 +210,10 @@ def _apply_env(key: str, value: str, env: dict[str, str], settings: dict[str, An
 
 
 def _job(number: int, line: str, comments: list[str], env: dict[str, str], settings: dict[str, Any],
-         names: dict[str, int]) -> ImportItem:
+         names: dict[str, int], *, system: bool = False) -> ImportItem:
     """One job line as an item (pending with a spec, or failed with a code)."""
     item = ImportItem(source_id=f"line {number}", extra={"line": number, "text": line})
+    user: str | None = None
     if line.startswith("@"):
         macro, _, rest = line.partition(" ")
         macro = macro.lower()
@@ -178,15 +222,32 @@ def _job(number: int, line: str, comments: list[str], env: dict[str, str], setti
         if macro not in _MACROS:
             return item.fail("UNSUPPORTED_LINE", f"unknown macro {macro}")
         expr, command_text = macro, rest.strip()
+        if system:
+            user, _, command_text = command_text.partition(" ")
+            command_text = command_text.strip()
     else:
-        fields = line.split(None, 5)
-        if len(fields) < 6:
-            return item.fail("UNSUPPORTED_LINE", "neither a job (five time fields and a command), an assignment nor a comment")
-        expr, command_text = " ".join(fields[:5]), fields[5]
+        fields = line.split(None, 6 if system else 5)
+        if len(fields) < (7 if system else 6):
+            what = "five time fields, a user and a command" if system else "five time fields and a command"
+            return item.fail("UNSUPPORTED_LINE", f"neither a job ({what}), an assignment nor a comment")
+        expr, command_text = " ".join(fields[:5]), fields[-1]
+        if system:
+            user = fields[5]
+        problem = vixie_problem(expr)
+        if problem is not None:
+            return item.fail("CRON_SYNTAX_UNSUPPORTED", problem)
+    if system:
+        item.extra["user"] = user
+        if not user or not command_text:
+            return item.fail("UNSUPPORTED_LINE", "a system crontab job needs a user and a command after the schedule")
+        refusal = _run_as_problem(user)
+        if refusal is not None:
+            return item.fail(*refusal)
     command, stdin = split_percent(command_text)
     if not command.strip():
         return item.fail("UNSUPPORTED_LINE", "the job line has no command")
-    digest = hashlib.sha256(f"{expr}\n{command_text}".encode()).hexdigest()[:8]
+    keyed = f"{expr}\n{command_text}" if user is None else f"{expr}\n{user}\n{command_text}"
+    digest = hashlib.sha256(keyed.encode()).hexdigest()[:8]
     name = f"cron-{_slug(command)}-{digest}"
     names[name] = names.get(name, 0) + 1
     if names[name] > 1:
@@ -196,6 +257,8 @@ def _job(number: int, line: str, comments: list[str], env: dict[str, str], setti
     options: dict[str, Any] = {"working_dir": settings["home"] or "~"}
     if stdin is not None:
         options["stdin_text"] = stdin
+    if user is not None:
+        options["user"] = user
     spec: dict[str, Any] = {"name": name, "schedule_kind": "cron", "schedule_cron": expr,
                             "payload_message": export_prefix(env) + run, "executor_options": options}
     if settings["tz"]:
@@ -206,6 +269,19 @@ def _job(number: int, line: str, comments: list[str], env: dict[str, str], setti
         spec["description"] = "\n".join(comments)
     item.name, item.spec, item.exact_schedule = name, spec, True
     return item
+
+
+def _run_as_problem(user: str) -> tuple[str, str] | None:
+    """``(code, message)`` when a system line's ``user`` cannot be honoured here, else None."""
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return "RUN_AS_USER_UNKNOWN", f"user {user!r} does not exist on this host: the line is not imported"
+    name, uid = adder_identity()
+    if not may_name_users(name, uid):
+        return "RUN_AS_NOT_ALLOWED", (f"the job runs as {user!r}: only root, or an account listed in [identity]"
+                                      f" run_as_users of a root-owned settings file, may import it (you are {name})")
+    return None
 
 
 def _quote(text: str) -> str:
