@@ -113,7 +113,8 @@ class AgentExecutor:
         """What would fail every run of this job, judged with this host's ``[executors.agent]`` when the job is added.
 
         A ``heartbeat_file`` that resolves outside the workspace (a symlink out of it:
-        ``HEARTBEAT_PATH_REFUSED``), and ``constraints.max_cost`` for a model with no configured
+        ``HEARTBEAT_PATH_REFUSED``), ``thinking`` on an endpoint whose ``thinking_mapping`` is ``refuse``
+        (``AGENT_THINKING_UNSUPPORTED``), and ``constraints.max_cost`` for a model with no configured
         price (``AGENT_PRICE_UNKNOWN``). What cannot be judged yet (no workspace, no endpoint
         configured on this host, a heartbeat file not created yet) is left to the run, which
         checks everything again.
@@ -125,6 +126,9 @@ class AgentExecutor:
             problem = prompts.heartbeat_outside(settings.workspace, options.heartbeat_file)
             if problem:
                 problems.append({"field": "executor_options.heartbeat_file", "code": "HEARTBEAT_PATH_REFUSED", "error": problem})
+        if options.thinking and settings.thinking_mapping.get(options.endpoint or settings.default_endpoint) == "refuse":
+            problems.append({"field": "executor_options.thinking", "code": "AGENT_THINKING_UNSUPPORTED",
+                             "error": _thinking_refused(options.thinking, options.endpoint or settings.default_endpoint)})
         constraints = getattr(spec, "constraints", None) or {}
         if isinstance(constraints, dict) and constraints.get("max_cost") is not None:
             endpoint_name = options.endpoint or settings.default_endpoint
@@ -212,16 +216,20 @@ class AgentExecutor:
             history = sessions.from_state(request.state, key)
             details.update(sessions.describe(history))
 
+        send_thinking = self._thinking(options, settings, endpoint, control, details)
         api_key = endpoint.resolve_key(environ)
         headers = self._headers(request, options, key, api_key)
-        discovery = self._discover(endpoint, headers, settings, request, control)
-        details["gateway"] = discovery.to_json()
         env_inject = {c.key: c.value or "" for c in request.credentials if c.medium == "env" and c.key}
         if any(c.medium != "env" for c in request.credentials):
             raise SchedulerError("AGENT_CREDENTIAL_MEDIUM_UNSUPPORTED",
                                  "an agent turn can take credentials only as a gateway-injected environment (medium env)")
-        if env_inject:
-            fresh = self._discover(endpoint, headers, settings, request, control, refresh=True)
+        if env_inject:  # the only turn that needs a capability, so the only one that probes the endpoint
+            if settings.capability_discovery.get(endpoint.name, "auto") == "off":
+                raise SchedulerError("GATEWAY_ENV_INJECT_UNSUPPORTED",
+                                     f"capability discovery is off for endpoint {endpoint.name!r} ([executors.agent]"
+                                     f" capability_discovery), so it cannot declare {ENV_INJECT_CAPABILITY}; the"
+                                     " credentials were not sent", details={"credentials": sorted(env_inject)})
+            fresh = self._discover(endpoint, headers, settings, request, need=ENV_INJECT_CAPABILITY)
             details["gateway"] = fresh.to_json()
             if ENV_INJECT_CAPABILITY not in fresh.capabilities:
                 raise SchedulerError("GATEWAY_ENV_INJECT_UNSUPPORTED",
@@ -229,7 +237,7 @@ class AgentExecutor:
                                      " were not sent", details={"credentials": sorted(env_inject)})
             headers["x-openclaw-env-inject"] = _encode_env(env_inject)
 
-        body = self._body(options, model, history or [], built.text, constraints, price)
+        body = self._body(options, model, history or [], built.text, constraints, price, send_thinking=send_thinking)
         if control.is_cancelled():
             return _cancelled(control, details, "before the turn was sent")
         handle = {"kind": "agent-turn", "request_id": headers["x-request-id"], "endpoint": endpoint.name, "model": model,
@@ -257,20 +265,44 @@ class AgentExecutor:
         return headers
 
     def _discover(self, endpoint: Endpoint, headers: dict[str, str], settings: AgentSettings, request: ExecutionRequest,
-                  control: RunControl, *, refresh: bool = False) -> Discovery:
+                  *, need: str) -> Discovery:
+        """What the endpoint declares, for a turn that needs capability ``need`` (``/health`` only for a gateway)."""
         remaining = (request.deadline_ms - now_ms()) / 1000
         auth = {k: v for k, v in headers.items() if k == "authorization"}
         return self.gateways.get(endpoint.base_url, headers=auth, ttl_s=settings.discovery_ttl_s,
-                                 timeout_s=min(DISCOVERY_TIMEOUT_S, max(0.05, remaining / 4)), refresh=refresh)
+                                 timeout_s=min(DISCOVERY_TIMEOUT_S, max(0.05, remaining / 4)), need=need,
+                                 health=endpoint.name in settings.gateway_endpoints)
+
+    @staticmethod
+    def _thinking(options: AgentOptions, settings: AgentSettings, endpoint: Endpoint, control: RunControl,
+                  details: dict[str, Any]) -> bool:
+        """Whether ``thinking`` is sent as ``reasoning_effort`` on this endpoint (``thinking_mapping``).
+
+        ``drop`` records a warning (run event ``agent.warning`` and ``details.warnings``) and sends nothing;
+        ``refuse`` ends the run ``AGENT_THINKING_UNSUPPORTED`` before anything is sent (the job was refused at
+        add if the setting was there then).
+        """
+        if not options.thinking:
+            return False
+        mapping = settings.thinking_mapping.get(endpoint.name, "send")
+        if mapping == "refuse":
+            raise SchedulerError("AGENT_THINKING_UNSUPPORTED", _thinking_refused(options.thinking, endpoint.name))
+        if mapping == "drop":
+            warning = (f"thinking {options.thinking!r} was not sent: endpoint {endpoint.name!r} drops it"
+                       " ([executors.agent] thinking_mapping)")
+            details.setdefault("warnings", []).append(warning)
+            control.event("agent.warning", {"code": "AGENT_THINKING_DROPPED", "message": warning})
+            return False
+        return True
 
     @staticmethod
     def _body(options: AgentOptions, model: str, history: list[sessions.Message], text: str, constraints: Any,
-              price: tuple[float, float] | None) -> dict[str, Any]:
+              price: tuple[float, float] | None, *, send_thinking: bool = True) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": [*history, {"role": "user", "content": text}],
                                 "stream": options.stream}
         if options.stream:
             body["stream_options"] = {"include_usage": True}
-        if options.thinking:
+        if options.thinking and send_thinking:
             body["reasoning_effort"] = options.thinking
         caps = []
         if constraints.max_tokens is not None:
@@ -382,6 +414,12 @@ class AgentExecutor:
             return ("error", "COST_CAP_EXCEEDED",
                     f"the turn cost {usage['cost']:.6f} USD, more than max_cost {constraints.max_cost}")
         return "ok", None, None
+
+
+def _thinking_refused(thinking: str, endpoint: str) -> str:
+    """The message of ``AGENT_THINKING_UNSUPPORTED`` (at add and at run)."""
+    return (f"endpoint {endpoint!r} refuses thinking ([executors.agent] thinking_mapping = refuse), and this job sets"
+            f" thinking {thinking!r}: remove executor_options.thinking or choose another endpoint")
 
 
 def _own_identity() -> str | None:

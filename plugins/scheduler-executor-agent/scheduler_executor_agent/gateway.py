@@ -2,10 +2,14 @@
 
 Only an explicit ``"capabilities"`` member of a JSON object counts, either a list of
 names or an object of ``name: true``; plain-text health answers, JSON without that
-member, errors and timeouts all mean *no capabilities*. Results are bounded (256 names
-of at most 128 characters, 64 KiB read) and cached per base URL for
-``discovery_ttl_s``; a request that carries a materialised environment forces a refresh,
-so a gateway restarted into an older version cannot ride on a stale positive answer.
+member, errors and timeouts all mean *no capabilities*. ``/health`` is read only for an
+endpoint declared a gateway (``gateway_endpoints``): on other OpenAI-compatible servers
+(LiteLLM's proxy) it health-checks every upstream model and can hang for a minute.
+Results are bounded (256 names of at most 128 characters, 64 KiB read) and cached per
+base URL for ``discovery_ttl_s``, a failed probe as long as a declaration (so an endpoint
+that does not answer costs one timeout per TTL, not one per turn). A cached answer that
+declares the needed capability is asked again (a gateway restarted into an older version
+cannot ride on a stale positive answer); one that does not declare it is reused.
 """
 
 from __future__ import annotations
@@ -24,8 +28,6 @@ ENV_INJECT_CAPABILITY = "chat-completions-env-inject-v1"
 MAX_BODY_BYTES = 64 * 1024
 MAX_NAMES = 256
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-#: Failed discoveries are retried sooner than the TTL.
-FAILURE_TTL_S = 30.0
 
 
 @attrs.frozen(kw_only=True)
@@ -74,30 +76,34 @@ class CapabilityCache:
         self.fetches = 0
 
     def get(self, base_url: str, *, headers: Mapping[str, str], ttl_s: float, timeout_s: float,
-            refresh: bool = False) -> Discovery:
-        """The cached discovery of ``base_url``, fetched again when stale or when ``refresh`` is asked."""
+            need: str | None = None, health: bool = False) -> Discovery:
+        """The discovery of ``base_url``: the cached one while fresh unless it declares ``need`` (then asked again).
+
+        ``health`` allows ``GET /health`` after ``/v1/info`` (an endpoint declared a gateway only).
+        A failed probe is cached for ``ttl_s`` like a declaration.
+        """
         now = self._clock()
+        cache_key = f"{base_url} health={health}"
         with self._lock:
-            entry = self._entries.get(base_url)
-        if entry is not None and not refresh and entry[0] > now:
+            entry = self._entries.get(cache_key)
+        if entry is not None and entry[0] > now and (need is None or need not in entry[1].capabilities):
             return entry[1]
-        found, failed = self._fetch(base_url, headers, timeout_s)
+        found = self._fetch(base_url, headers, timeout_s, health=health)
         with self._lock:
             self.fetches += 1
-            self._entries[base_url] = (self._clock() + (min(ttl_s, FAILURE_TTL_S) if failed else ttl_s), found)
+            self._entries[cache_key] = (self._clock() + ttl_s, found)
         return found
 
-    def _fetch(self, base_url: str, headers: Mapping[str, str], timeout_s: float) -> tuple[Discovery, bool]:
+    def _fetch(self, base_url: str, headers: Mapping[str, str], timeout_s: float, *, health: bool) -> Discovery:
         import httpx
 
         root = root_of(base_url)
-        failed = True
         timeout = httpx.Timeout(max(0.05, timeout_s))
+        probes = [("/v1/info", f"{root}/v1/info")] + ([("/health", f"{root}/health")] if health else [])
         with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-            for source, url in (("/v1/info", f"{root}/v1/info"), ("/health", f"{root}/health")):
+            for source, url in probes:
                 try:
                     with client.stream("GET", url, headers=dict(headers)) as response:
-                        failed = False
                         if response.status_code != 200:
                             continue
                         body = bytearray()
@@ -109,5 +115,5 @@ class CapabilityCache:
                     continue
                 names = parse_declaration(bytes(body)) if len(body) <= MAX_BODY_BYTES else None
                 if names is not None:
-                    return Discovery(capabilities=names, source=source), False
-        return Discovery(capabilities=frozenset(), source="none"), failed
+                    return Discovery(capabilities=names, source=source)
+        return Discovery(capabilities=frozenset(), source="none")

@@ -10,6 +10,17 @@ three tables of strings keyed by endpoint name, plus a table of prices keyed by 
     endpoint_models = { local = "llama3.1:8b", hosted = "small-model" }
     endpoint_keys   = { hosted = "env:HOSTED_LLM_KEY" }     # references only: env:NAME or file:/path
     prices          = { "small-model" = "0.15/0.60" }      # USD per million prompt/completion tokens
+    capability_discovery = { hosted = "off" }             # auto (default) | off
+    gateway_endpoints    = ["gw"]                         # endpoints whose /health may be read for capabilities
+    thinking_mapping     = { hosted = "drop" }            # send (default) | drop | refuse
+
+Capability discovery (``GET <root>/v1/info``, then ``GET <root>/health`` for an endpoint named in
+``gateway_endpoints`` only) runs only for a turn that needs a capability: today a turn handed
+credentials of medium ``env``, which need ``chat-completions-env-inject-v1``. A plain turn sends
+no probe. ``capability_discovery = "off"`` never probes that endpoint (such a turn is refused).
+``thinking_mapping`` says what ``executor_options.thinking`` becomes on that endpoint:
+``send`` it as ``reasoning_effort``, ``drop`` it with a warning, or ``refuse`` the job at add and
+at run (``AGENT_THINKING_UNSUPPORTED``).
 
 The plain environment variables ``SCHEDULER_AGENT_BASE_URL``, ``SCHEDULER_AGENT_MODEL`` and
 ``SCHEDULER_AGENT_API_KEY`` (the key itself, as most clients of such APIs read it) define the
@@ -25,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import attrs
@@ -101,6 +112,32 @@ def _check_prices(value: dict[str, str]) -> str | None:
     return None
 
 
+#: ``capability_discovery`` values: ``auto`` probes when a turn needs a capability, ``off`` never probes.
+DISCOVERY_MODES = ("auto", "off")
+#: ``thinking_mapping`` values: what ``executor_options.thinking`` becomes on an endpoint.
+THINKING_MAPPINGS = ("send", "drop", "refuse")
+
+
+def _check_choices(choices: tuple[str, ...]) -> Callable[[dict[str, str]], str | None]:
+    """A check of a table keyed by endpoint name whose values must be one of ``choices``."""
+
+    def check(value: dict[str, str]) -> str | None:
+        problem = _check_names(value)
+        if problem:
+            return problem
+        for name, choice in value.items():
+            if choice not in choices:
+                return f"endpoint {name!r}: {choice!r} is not one of {', '.join(choices)}"
+        return None
+
+    return check
+
+
+def _check_name_list(value: list[str]) -> str | None:
+    bad = [n for n in value if not _NAME.match(n)]
+    return f"endpoint name {bad[0]!r} must match {_NAME.pattern}" if bad else None
+
+
 def _check_dir(value: str) -> str | None:
     return None if os.path.isabs(os.path.expanduser(value)) else "must be an absolute path"
 
@@ -144,7 +181,19 @@ class AgentSettings:
         "minimum": 1024, "maximum": 1024 * 1024,
         "doc": "context_mode=session: bytes of conversation kept per job (the kernel keeps at most 1 MiB of state)."})
     discovery_ttl_s: float = attrs.field(default=300.0, metadata={
-        "minimum": 0, "maximum": 86_400, "doc": "How long a gateway's /v1/info or /health capabilities are cached."})
+        "minimum": 0, "maximum": 86_400,
+        "doc": "How long an endpoint's /v1/info or /health answer is cached, a failed probe as long as a declaration."})
+    capability_discovery: dict[str, str] = attrs.field(factory=dict, metadata={
+        "check": _check_choices(DISCOVERY_MODES),
+        "doc": "Endpoint name -> `auto` (default: probe /v1/info only for a turn that needs a capability, i.e. env"
+               " credentials) or `off` (never probe; such a turn is refused with GATEWAY_ENV_INJECT_UNSUPPORTED)."})
+    gateway_endpoints: list[str] = attrs.field(factory=list, metadata={
+        "check": _check_name_list,
+        "doc": "Endpoints declared gateways (OpenClaw): only for these is GET /health read when /v1/info declares nothing."})
+    thinking_mapping: dict[str, str] = attrs.field(factory=dict, metadata={
+        "check": _check_choices(THINKING_MAPPINGS),
+        "doc": "Endpoint name -> what executor_options.thinking becomes: `send` (default, as reasoning_effort), `drop`"
+               " (not sent; the run records a warning) or `refuse` (AGENT_THINKING_UNSUPPORTED at add and at run)."})
 
 
 def resolve_settings(environ: Mapping[str, str] | None = None) -> AgentSettings:

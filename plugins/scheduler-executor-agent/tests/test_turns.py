@@ -304,21 +304,25 @@ def test_a_fenced_handle_failure_sends_nothing(model, run_turn) -> None:
     assert model.chat_requests() == []
 
 
-def test_gateway_capabilities_are_discovered_once_per_base_url(model, run_turn) -> None:
+def test_gateway_capabilities_are_discovered_once_per_base_url(model, run_turn, settings_file) -> None:
+    settings_file('[executors.agent]\ngateway_endpoints = ["default"]\n')
     model.info = {"name": "loopback-gateway", "capabilities": ["chat-completions-v1", "sessions"]}
-    first = run_turn().result
-    second = run_turn().result
+    secret = CredentialPresentation(name="deploy", medium="env", key="DEPLOY_TOKEN", value="tok-123")
+    first = run_turn(credentials=(secret,)).result
+    second = run_turn(credentials=(secret,)).result
     assert first.details["gateway"] == {"source": "/v1/info", "capabilities": ["chat-completions-v1", "sessions"]}
     assert second.details["gateway"] == first.details["gateway"]
-    assert [r.path for r in model.requests if r.method == "GET"] == ["/v1/info"]  # cached
+    assert [r.path for r in model.requests if r.method == "GET"] == ["/v1/info"]  # a declaration without it: cached
     assert run_turn.executor.gateways.fetches == 1
 
 
-def test_health_declarations_and_plain_text(model, run_turn) -> None:
+def test_health_declarations_and_plain_text(model, run_turn, settings_file) -> None:
+    settings_file('[executors.agent]\ngateway_endpoints = ["default"]\n')  # /health is read for a gateway only
     model.info = None
     model.health = {"status": "ok", "capabilities": {"chat-completions-env-inject-v1": True, "other": False}}
-    r = run_turn().result
-    assert r.details["gateway"] == {"source": "/health", "capabilities": ["chat-completions-env-inject-v1"]}
+    secret = CredentialPresentation(name="deploy", medium="env", key="DEPLOY_TOKEN", value="tok-123")
+    r = run_turn(credentials=(secret,)).result
+    assert r.status == "ok" and r.details["gateway"] == {"source": "/health", "capabilities": ["chat-completions-env-inject-v1"]}
 
 
 def test_env_credentials_need_the_gateway_capability_before_anything_is_sent(model, run_turn) -> None:
@@ -329,11 +333,16 @@ def test_env_credentials_need_the_gateway_capability_before_anything_is_sent(mod
     assert (ran.result.status, ran.result.error_code) == ("error", "GATEWAY_ENV_INJECT_UNSUPPORTED")
     assert model.chat_requests() == [] and "tok-123" not in json.dumps(ran.result.details)
     gets = [r.path for r in model.requests if r.method == "GET"]
-    assert gets.count("/v1/info") == 2  # the credential-bearing request forced a fresh discovery
+    assert gets == ["/v1/info"]  # the default endpoint is not declared a gateway: its /health is never read
     model.info = {"capabilities": ["chat-completions-env-inject-v1"]}
+    assert run_turn(credentials=(secret,)).result.error_code == "GATEWAY_ENV_INJECT_UNSUPPORTED"  # the answer is cached
+    assert [r.path for r in model.requests if r.method == "GET"] == ["/v1/info"]
+    run_turn.executor.gateways = type(run_turn.executor.gateways)()  # as after the TTL (the cache is per executor)
     ok = run_turn(credentials=(secret,))
     assert ok.result.status == "ok"
-    (seen,) = model.chat_requests()
+    assert run_turn(credentials=(secret,)).result.status == "ok"
+    assert [r.path for r in model.requests if r.method == "GET"] == ["/v1/info"] * 3  # a positive answer is asked again
+    seen = model.chat_requests()[0]
     import base64
 
     assert json.loads(base64.urlsafe_b64decode(seen.headers["x-openclaw-env-inject"])) == {"DEPLOY_TOKEN": "tok-123"}
