@@ -1,6 +1,7 @@
 """Strict parsing of one user-supplied JSON document: every way JSON can fail becomes a coded error.
 
-Not JSON or not standard JSON (``NaN``, ``Infinity``) is ``INVALID_JSON``; a number no
+Not JSON or not standard JSON (``NaN``, ``Infinity``) is ``INVALID_JSON``; an object
+naming one key twice is ``DUPLICATE_KEY`` (``json`` would keep the last one silently); a number no
 field can hold (an integer literal of thousands of digits, which Python refuses to
 convert, or a float that overflows to infinity) is ``VALIDATION_FAILED`` with an
 ``OUT_OF_RANGE`` detail naming where it is. The CLI reads its documents with it
@@ -70,12 +71,24 @@ def parse_json_document(text: str, *, what: str = "job spec") -> Any:
     def parse_constant(name: str) -> Any:
         raise _NonStandardConstant(name)
 
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: set[str] = set()
+            key = next(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise _DuplicateKey(key)
+        return obj
+
     try:
-        doc = json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
+        doc = json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant,
+                         object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except _NonStandardConstant as exc:
         raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: {exc.args[0]} is not a JSON value") from None
+    except _DuplicateKey as exc:
+        raise SchedulerError("DUPLICATE_KEY", f"{what} gives the key {exc.args[0][:64]!r} twice in one object (JSON parsers"
+                             " disagree on which one wins): keep one") from None
     except RecursionError:
         raise SchedulerError("INVALID_JSON", f"{what} is not valid JSON: nested too deeply") from None
     if out_of_range:
@@ -94,6 +107,10 @@ def parse_json_document(text: str, *, what: str = "job spec") -> Any:
 
 class _NonStandardConstant(ValueError):
     """Raised by the decoder for ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON)."""
+
+
+class _DuplicateKey(ValueError):
+    """Raised by the decoder for an object naming one key twice (``json`` would keep the last silently)."""
 
 
 def _out_of_range_details(doc: Any) -> list[dict[str, Any]]:

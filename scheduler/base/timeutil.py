@@ -78,17 +78,26 @@ _MAX_DURATION_CHARS = 32
 
 
 def parse_duration_ms(text: str, *, field: str = "duration") -> int:
-    """Parse a duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms`` into milliseconds (> 0, <= ``MAX_DURATION_MS``)."""
+    """Parse a duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms`` into milliseconds (> 0, <= ``MAX_DURATION_MS``).
+
+    Units come at most once each, largest first (``d h m s ms``): ``1s1s`` or ``30s1m`` is
+    ``INVALID_DURATION``, never a sum nobody meant to write.
+    """
     if not isinstance(text, str):
         raise SchedulerError("INVALID_DURATION", f"{field}: expected a string such as '30s' or '1h30m'")
     raw = text.strip().lower()
     if len(raw) > _MAX_DURATION_CHARS:
         raise SchedulerError("INVALID_DURATION", f"{field}: cannot parse duration {text[:40]!r} (use e.g. 30s, 5m, 1h30m)")
-    pos, total = 0, 0
+    pos, total, last = 0, 0, None
     for match in _DURATION_RE.finditer(raw):
         if match.start() != pos:
             break
-        total += int(match.group(1)) * _UNIT_MS[match.group(2)]
+        size = _UNIT_MS[match.group(2)]
+        if last is not None and size >= last:
+            raise SchedulerError("INVALID_DURATION", f"{field}: duration {text!r} repeats a unit or puts a smaller one"
+                                 " first (write each of d, h, m, s, ms at most once, largest first: 1h30m)")
+        last = size
+        total += int(match.group(1)) * size
         pos = match.end()
     if not raw or pos != len(raw):
         raise SchedulerError("INVALID_DURATION", f"{field}: cannot parse duration {text!r} (use e.g. 30s, 5m, 1h30m)")

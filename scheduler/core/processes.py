@@ -180,3 +180,18 @@ def orphan_group_safe_to_kill(pid: int, pgid: int, identity: str | None) -> bool
     if leader_identity is not None and pid == pgid:
         return None
     return group_alive(pgid)
+
+
+#: Environment variables the dynamic loader (glibc ``ld.so``, macOS ``dyld``) or libc reads to load code into
+#: every process started with them: any ``LD_*`` (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``, ...) and
+#: ``DYLD_*`` (``DYLD_INSERT_LIBRARIES``, ...), plus glibc's module paths (``GCONV_PATH`` loads iconv modules,
+#: ``LOCPATH``/``NLSPATH`` locale data). The one list: the shell executor's ``env_allow`` refuses them, and
+#: credential bindings may not present a value under them (``scheduler.pipeline.credentials.bindings``).
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+LOADER_ENV_NAMES = frozenset({"GCONV_PATH", "LOCPATH", "NLSPATH", "MALLOC_TRACE", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN"})
+
+
+def is_loader_variable(name: str) -> bool:
+    """True when ``name`` (compared upper-cased) is a variable the dynamic loader or libc acts on (``LOADER_ENV_*``)."""
+    upper = name.upper()
+    return upper.startswith(LOADER_ENV_PREFIXES) or upper in LOADER_ENV_NAMES

@@ -461,6 +461,10 @@ def validate_spec(obj: object, *, now: int | None = None, check_past: bool = Tru
     name = values.get("name")
     if isinstance(name, str) and not _NAME_RE.fullmatch(name):
         errors.add("name", _name_problem(name), "INVALID_VALUE")
+    verify = values.get("verify_shell")
+    if isinstance(verify, str) and not verify.strip():
+        errors.add("verify_shell", "must not be empty or blank (leave it out for no check)", "REQUIRED")
+    _url_credential_checks(values, errors)
     payload = values.get("payload_message")
     if isinstance(payload, str):
         if not payload.strip():
@@ -492,6 +496,45 @@ def validate_spec(obj: object, *, now: int | None = None, check_past: bool = Tru
             evolve: Callable[..., JobSpec] = attrs.evolve
             spec = evolve(spec, **normalised)
     return spec
+
+
+#: A URL carrying credentials: a password (``scheme://user:pass@host``, any scheme) or, for the web's schemes,
+#: any user part at all (``https://token@host``: tokens travel there). The match stops before the secret.
+_URL_CREDENTIALS = re.compile(
+    r"\b(?:[a-z][a-z0-9+.-]*://[^/?#\s@:]*:[^/?#\s@]*@|(?:https?|wss?)://[^/?#\s@]+@)", re.IGNORECASE | re.ASCII,
+)
+#: Spec fields holding a destination URL (or a text that may be one), checked for credentials.
+_URL_FIELDS = ("delivery_to", "watchdog_alert_to")
+#: Plugin option objects whose string values are checked for URLs with credentials.
+_URL_OPTION_FIELDS = ("delivery_options", "executor_options")
+
+
+def _url_credential_checks(values: dict[str, object], errors: _Errors) -> None:
+    """Refuse any URL with credentials in it (``URL_CREDENTIALS_REFUSED``): the job spec is stored in plain text.
+
+    ``delivery_to``, ``watchdog_alert_to`` and every string inside ``delivery_options`` and
+    ``executor_options`` (at any depth) are checked; the message never repeats the value. A
+    secret belongs in a credential reference (the channel's settings, ``credentials``), which
+    is resolved when used and never stored.
+    """
+    message = ("must not carry credentials in a URL (user:password@ or a token before @): the job spec, `jobs get`"
+               " and the outbox would keep them in plain text; put the secret in a credential reference instead"
+               " (the channel's settings secret or a `credentials` binding, docs/credentials.md)")
+    for name in _URL_FIELDS:
+        value = values.get(name)
+        if isinstance(value, str) and _URL_CREDENTIALS.search(value):
+            errors.add(name, message, "URL_CREDENTIALS_REFUSED")
+    for name in _URL_OPTION_FIELDS:
+        stack: list[tuple[str, object]] = [(name, values.get(name))]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, str):
+                if _URL_CREDENTIALS.search(value):
+                    errors.add(path, message, "URL_CREDENTIALS_REFUSED")
+            elif isinstance(value, dict):
+                stack.extend((f"{path}.{key}", child) for key, child in value.items())
+            elif isinstance(value, list):
+                stack.extend((f"{path}[{i}]", child) for i, child in enumerate(value))
 
 
 #: The schedule field that implies each ``schedule_kind`` (``_infer_schedule_kind``, ``_cross_checks``).

@@ -189,7 +189,9 @@ def backup_sqlite(db_path: Path, dest: Path, *, artifacts_root: Path, progress: 
     Nothing is stopped or locked for writing: the copy is taken from one read snapshot.
     The directory is assembled beside ``dest`` and renamed into place when complete, so a
     failed or interrupted backup never leaves something that looks like a backup.
-    ``dest`` must not exist, or be an empty directory (``BACKUP_TARGET_EXISTS``).
+    ``dest`` must not exist, or be an empty directory (``BACKUP_TARGET_EXISTS``), and its
+    directory must be one a directory can be made in (``BACKUP_TARGET_INVALID``: ``/proc/x``,
+    below a file, no permission).
     """
     db_path = db_path.expanduser().resolve()
     dest = dest.expanduser().absolute()
@@ -199,9 +201,13 @@ def backup_sqlite(db_path: Path, dest: Path, *, artifacts_root: Path, progress: 
     root = artifacts_root.expanduser().absolute()
     if dest == db_path.parent or dest == root or root in dest.parents:
         raise SchedulerError("INVALID_ARGUMENT", f"{dest} is where the live database keeps its files")
-    filemodes.ensure_dir(dest.parent)
     work = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
-    filemodes.ensure_dir(work)
+    try:
+        filemodes.ensure_dir(dest.parent)
+        filemodes.ensure_dir(work)
+    except OSError as exc:  # /proc/x, below a file, no permission, a read-only file system: a coded refusal
+        raise SchedulerError("BACKUP_TARGET_INVALID", f"cannot make the backup directory {dest}: {exc.strerror or exc}",
+                             details={"path": str(dest)}) from None
     started = time.time()
     try:
         _copy_db(db_path, work / DB_NAME, progress, step_pages)

@@ -175,6 +175,19 @@ class WebhookChannel:
         """Close the pooled HTTP connections (a later ``send`` opens new ones)."""
         self._pool.close()
 
+    def check_job(self, options: WebhookOptions | None, spec: Any) -> list[dict[str, str]]:
+        """Refuse at ``jobs add`` a ``delivery_to`` this channel can never POST to (``DELIVERY_TARGET_INVALID``).
+
+        Only an absolute ``http://`` or ``https://`` URL is a webhook target: ``file:///etc/passwd``
+        or ``javascript:alert(1)`` would otherwise be stored and fail only at send (where the same
+        check stays, as ``WEBHOOK_TARGET_INVALID``). The message never repeats the value.
+        """
+        target = getattr(spec, "delivery_to", None)
+        if target and _http_url_problem(target):
+            return [{"field": "delivery_to", "code": "DELIVERY_TARGET_INVALID",
+                     "error": "the webhook channel sends only to an absolute http:// or https:// URL"}]
+        return []
+
     def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
         """POST one part; raise ``TransientDeliveryError`` / ``PermanentDeliveryError`` when it did not go out."""
         options = _options(route.options)

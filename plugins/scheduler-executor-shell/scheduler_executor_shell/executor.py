@@ -43,6 +43,7 @@ from scheduler.api import (
     SchedulerError,
 )
 from scheduler_executor_shell.capture import HashSink, RecorderSink
+from scheduler_executor_shell.checks import shell_job_problems
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
 from scheduler_executor_shell.recovery import recover_process_group
@@ -193,6 +194,11 @@ class ShellExecutor:
                 stdin_text = credential.value
         result = self._run_command(request, control, settings, env, options, stdin_text, run_as)
         return result if env_warning is None else attrs.evolve(result, env_warning=env_warning)
+
+    def check_job(self, options: ShellOptions | None, spec: Any) -> list[dict[str, str]]:
+        """Refuse at ``jobs add`` what could only fail every run: a missing or relative ``working_dir``, a loader
+        variable in ``env_allow`` (``scheduler_executor_shell.checks``)."""
+        return shell_job_problems(options)
 
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
         """Crash recovery: stop the process group a dead dispatcher's run left behind (see ``recovery.py``)."""

@@ -194,10 +194,22 @@ def test_no_stdin_reads_dev_null(run_job) -> None:
     assert ran.result.stdout.excerpt == "/dev/null\ndone\n"
 
 
-def test_missing_working_dir(run_job, tmp_path: Path) -> None:
-    ran = run_job("echo hi", executor_options={"working_dir": str(tmp_path / "nope")})
-    assert (ran.result.status, ran.result.error_code) == ("error", "WORKING_DIR_MISSING")
-    assert ran.control.handles == []
+def test_missing_working_dir(make_request, tmp_path: Path) -> None:
+    """A working_dir removed after the job was added (``jobs add`` refuses a missing one) fails the run before it starts."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    request = make_request("echo hi", executor_options={"working_dir": str(gone)})
+    gone.rmdir()
+    control = LocalRunControl()
+    result = ShellExecutor().execute(request, control)
+    assert (result.status, result.error_code) == ("error", "WORKING_DIR_MISSING")
+    assert control.handles == []
+
+
+def test_a_missing_working_dir_is_refused_when_the_job_is_validated(make_request, tmp_path: Path) -> None:
+    with pytest.raises(SchedulerError) as info:
+        make_request("echo hi", executor_options={"working_dir": str(tmp_path / "nope")})
+    assert [d["code"] for d in info.value.details] == ["WORKING_DIR_INVALID"]
 
 
 def test_shell_override_and_bad_value(run_job, monkeypatch) -> None:

@@ -26,7 +26,10 @@ and the conformance runner use too), re-exported.
 from __future__ import annotations
 
 from scheduler.core.processes import (
+    LOADER_ENV_NAMES,
+    LOADER_ENV_PREFIXES,
     group_alive,
+    is_loader_variable,
     kill_group,
     leftovers_after_reap,
     live_group_members,
@@ -37,8 +40,11 @@ from scheduler.core.processes import (
 from scheduler_toolkit.helper_programs import Completed, minimal_env, run_bounded, snippet
 
 __all__ = [
+    "LOADER_ENV_NAMES",
+    "LOADER_ENV_PREFIXES",
     "Completed",
     "group_alive",
+    "is_loader_variable",
     "kill_group",
     "leftovers_after_reap",
     "live_group_members",

@@ -20,6 +20,7 @@ from typing import Literal, Required, TypedDict
 
 from scheduler.base.options import build_options, option_problems
 from scheduler.core.members import options_class_of
+from scheduler.core.processes import LOADER_ENV_PREFIXES, is_loader_variable
 from scheduler.core.rows import JSONObject
 from scheduler.core.spec import JobSpec
 from scheduler.plugins.options import provider_for
@@ -75,7 +76,7 @@ RESERVED_ENV_KEYS = frozenset({
     "NLSPATH", "GIT_EXEC_PATH", "GIT_SSH", "GIT_SSH_COMMAND", "SSH_AUTH_SOCK", "EDITOR", "VISUAL", "PAGER",
 })
 #: Reserved prefixes (upper-cased): loader and interpreter hooks, locale, the scheduler's own variables.
-RESERVED_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "SCHEDULER_", "BASH_FUNC_", "LC_", "GIT_CONFIG", "OPENSSL_", "SSL_CERT_")
+RESERVED_ENV_PREFIXES = (*LOADER_ENV_PREFIXES, "PYTHON", "SCHEDULER_", "BASH_FUNC_", "LC_", "GIT_CONFIG", "OPENSSL_", "SSL_CERT_")
 _CREDENTIAL_FILE_VAR = re.compile(r"^CREDENTIAL_.*_FILE$")
 
 
@@ -89,6 +90,8 @@ def reserved_key_reason(key: str) -> str | None:
     upper = key.upper()
     if upper in RESERVED_ENV_KEYS:
         return f"{key} changes how the payload's shell or programs behave"
+    if is_loader_variable(upper) and not upper.startswith(LOADER_ENV_PREFIXES):
+        return f"{key} makes the dynamic loader or libc load code or data"
     prefix = next((p for p in RESERVED_ENV_PREFIXES if upper.startswith(p)), None)
     if prefix:
         return f"variables starting with {prefix} are reserved"
