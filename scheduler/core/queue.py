@@ -235,11 +235,14 @@ def _record_gap_skip(tx: Tx, job: JobRow, due: DueSlots, count: int, slot_ms: in
 
 
 def record_skip(tx: Tx, job: JobRow, *, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
-                dispatch_kind: str | None = None, data: JSONObject | None = None) -> str:
-    """A ``skipped`` run that says why a slot did not run (nothing is dropped silently); returns its id."""
+                dispatch_kind: str | None = None, data: JSONObject | None = None, replay_of_run_id: str | None = None) -> str:
+    """A ``skipped`` run that says why a slot did not run (nothing is dropped silently); returns its id.
+
+    ``replay_of_run_id``: set for a replay dispatch (a veto can still skip one), so the row keeps its lineage.
+    """
     run_id = str(uuid.uuid4())
     transitions.record_skipped(tx, job, run_id=run_id, slot_ms=slot_ms, reason=reason, now=now, dispatch_id=dispatch_id,
-                               dispatch_kind=dispatch_kind, data=data)
+                               dispatch_kind=dispatch_kind, data=data, replay_of_run_id=replay_of_run_id)
     return run_id
 
 
@@ -298,7 +301,10 @@ def claim_and_start(
 
     Dispatches that must not run become records instead: a disabled job's
     non-manual dispatch is cancelled; an overlapping slot under ``skip`` (or past the
-    ``queue`` limit) becomes a ``skipped`` run; under ``queue`` it waits.
+    ``queue`` limit) becomes a ``skipped`` run; under ``queue`` it waits. A replay
+    (``replay_count`` > 0, an at-least-once run recovery ended) is never skipped for
+    overlap: it waits for the job's active run to end under ``skip`` and ``queue``, runs
+    beside it under ``allow``, and pending replays do not count against ``queue_limit``.
     """
     now = now_ms() if now is None else now
     started: list[StartedRun] = []
@@ -344,7 +350,13 @@ def claim_and_start(
             running = batch.active(job.id, d.id) if batch else active_runs(tx, job.id, other_than_dispatch=d.id)
             policy = job.overlap_policy
             if running and policy != "allow" and d.kind != "retry":
-                waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'", (job.id,))
+                if d.replay_count:
+                    # A replay is a promise (at-least-once): it waits for the overlap to clear under ``skip`` and
+                    # ``queue`` alike, is never skipped, and does not hold the job's newer slots back.
+                    continue
+                # Waiting replays are not counted against ``queue_limit``: they are owed, not queued.
+                waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'"
+                                    " AND replay_count = 0", (job.id,))
                 if policy == "queue" and waiting <= job.queue_limit:
                     deferred_jobs.add(job.id)
                     continue
@@ -454,7 +466,8 @@ def _waiting_run(tx: Tx, d: DispatchRow) -> RunRow | None:
 def _skip_dispatch(tx: Tx, d: DispatchRow, job: JobRow, reason: str, now: int, lease: Lease) -> None:
     """A due dispatch that must not run: its row is done and a ``skipped`` run says why."""
     if transitions.finish_dispatch(tx, d.id, "done", now=now):
-        record_skip(tx, job, slot_ms=d.due_at, reason=reason, now=now, dispatch_id=d.id, dispatch_kind=d.kind)
+        record_skip(tx, job, slot_ms=d.due_at, reason=reason, now=now, dispatch_id=d.id, dispatch_kind=d.kind,
+                    replay_of_run_id=d.source_run_id if d.replay_count else None)
 
 
 def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int) -> StartedRun | transitions.NewRun | None:

@@ -158,12 +158,16 @@ def claim_and_start_many(tx: Tx, lease: Lease, runs: list[NewRun], *, expires_at
 def record_skipped(
     tx: Tx, job: JobRow, *, run_id: str, slot_ms: int | None, reason: str, now: int, dispatch_id: str | None = None,
     dispatch_kind: str | None = None, actor: str | None = None, data: JSONObject | None = None,
+    replay_of_run_id: str | None = None,
 ) -> None:
-    """(new) -> ``skipped``: a run that says why a slot did not run (nothing is dropped silently)."""
+    """(new) -> ``skipped``: a run that says why a slot did not run (nothing is dropped silently).
+
+    ``replay_of_run_id``: the run a skipped replay dispatch stood for (its lineage stays on the row).
+    """
     state.execute(tx, "insert_runs", rows=[run_row(
         id=run_id, job_id=job.id, dispatch_id=dispatch_id, dispatch_kind=dispatch_kind, status="skipped",
         scheduled_for=slot_ms, created_at=now, finished_at=now, terminal_at=now, skip_reason=reason,
-        delivery_guarantee=job.delivery_guarantee, artifact_digest=job.artifact_digest)])
+        delivery_guarantee=job.delivery_guarantee, artifact_digest=job.artifact_digest, replay_of_run_id=replay_of_run_id)])
     append_event(tx, "run.skipped", job_id=job.id, run_id=run_id, dispatch_id=dispatch_id, actor=actor, at=now,
                  data={"reason": reason, **(data or {})})
     notify(run_id, job.id, None, "skipped", now)
