@@ -25,8 +25,14 @@ Measured, one turn at a time, the same prompt each time:
   one until ``[DONE]``; a new connection per request, as the server closes each one.
   ``time.perf_counter``. Half of it runs before the others and half after, pooled.
 
-The first turns of each loop are warm-up and not counted (the executor's first turn also
-reads the gateway's ``/v1/info``, cached afterwards).
+The first turns of each loop are warm-up and not counted. A plain turn sends no capability
+probe (issue 31): the model server gets the chat request only.
+
+**On LiteLLM's proxy** (when ``.venv-litellm`` exists: ``.ci/run`` installs it), a
+``mock_response`` model on a loopback port: the executor alone against it and a bare httpx
+streaming POST of the same body (model renamed), interleaved in halves as above. Issue 31
+measured 3.4-8.0 s per mock turn there against 0.05 s direct while the executor probed
+``/health``; this row shows what the executor adds now.
 """
 
 from __future__ import annotations
@@ -196,7 +202,8 @@ def run_dispatcher(ctx: Context, p: dict[str, Any], directory: Path, config: Pat
     return {"run": [float(r[4] - r[3]) for r in counted], "end_to_end": [float(r[4] - r[5]) for r in counted]}
 
 
-def run_executor(p: dict[str, Any], directory: Path, config: Path) -> tuple[list[float], list[float]]:
+def run_executor(p: dict[str, Any], directory: Path, config: Path, *, model: str = MODEL, turns: int | None = None,
+                 extra_env: dict[str, str] | None = None) -> tuple[list[float], list[float]]:
     """The same executor called directly (no database, no dispatcher), perf_counter per turn; between turns (untimed
     for the turn) one ``httpx.Client()`` construction is timed too, so both see the same machine load."""
     from scheduler.plugins.loader import load_provider
@@ -205,14 +212,15 @@ def run_executor(p: dict[str, Any], directory: Path, config: Path) -> tuple[list
 
     saved = {k: os.environ.get(k) for k in ("SCHEDULER_CONFIG", "XDG_STATE_HOME")}
     hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("SCHEDULER_AGENT_", "SCHEDULER_EXECUTORS_AGENT_"))}
-    os.environ.update({"SCHEDULER_CONFIG": str(config), "XDG_STATE_HOME": str(directory / "state")})
+    os.environ.update({"SCHEDULER_CONFIG": str(config), "XDG_STATE_HOME": str(directory / "state"), **(extra_env or {})})
     reload_settings()
     try:
         executor = load_provider("executor", "agent")
         spec = {k: v for k, v in _spec().items() if k != "payload_message"}
+        spec["executor_options"] = {**spec["executor_options"], "model": model}
         out: list[float] = []
         setup: list[float] = []
-        for i in range(p["warmup"] + p["turns"]):
+        for i in range(p["warmup"] + (p["turns"] if turns is None else turns)):
             request = make_request(PAYLOAD, artifacts_root=directory / "artifacts-executor", run_id=f"bench-{i:05d}", **spec)
             control = LocalRunControl()
             t0 = time.perf_counter()
@@ -230,11 +238,14 @@ def run_executor(p: dict[str, Any], directory: Path, config: Path) -> tuple[list
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        for k in extra_env or {}:
+            os.environ.pop(k, None)
         os.environ.update(hidden)
         reload_settings()
 
 
-def run_bare(base_url: str, body: dict[str, Any], count: int, warmup: int) -> tuple[list[float], int]:
+def run_bare(base_url: str, body: dict[str, Any], count: int, warmup: int,
+             headers: dict[str, str] | None = None) -> tuple[list[float], int]:
     """Bare httpx streaming POSTs of ``body``; returns the times (ms) and the reply's length."""
     import httpx
 
@@ -245,7 +256,7 @@ def run_bare(base_url: str, body: dict[str, Any], count: int, warmup: int) -> tu
         for i in range(warmup + count):
             t0 = time.perf_counter()
             text: list[str] = []
-            with client.stream("POST", url, json=body) as response:
+            with client.stream("POST", url, json=body, headers=headers) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
@@ -275,6 +286,84 @@ def run_client_setup(count: int) -> list[float]:
     return out
 
 
+LITELLM_VENV = REPO_ROOT / ".venv-litellm"
+LITELLM_MODEL = "mock-small"
+LITELLM_KEY = "sk-bench-litellm-master"
+
+
+def _litellm_proxy(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """LiteLLM's proxy with a ``mock_response`` model (the bench reply's text) on a free loopback port."""
+    import socket
+
+    import httpx
+
+    config = directory / "litellm.yaml"
+    config.write_text("model_list:\n"
+                      f"  - model_name: {LITELLM_MODEL}\n"
+                      "    litellm_params:\n"
+                      f"      model: openai/{LITELLM_MODEL}\n"
+                      "      api_key: sk-not-used\n"
+                      f"      mock_response: {json.dumps(''.join(REPLY_CHUNKS))}\n"
+                      f"general_settings:\n  master_key: {LITELLM_KEY}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(directory / "litellm.log", "wb")  # noqa: SIM115 - the child's log, open for its life
+    proc = subprocess.Popen([str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=str(directory), env={**bench_env(), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"LiteLLM's proxy exited {proc.returncode}; see {directory / 'litellm.log'}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=1).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}/v1"
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("LiteLLM's proxy did not start in 120 s")
+        time.sleep(0.25)
+
+
+def run_litellm(ctx: Context, p: dict[str, Any], directory: Path, body: dict[str, Any]) -> dict[str, Any]:
+    """The executor alone vs a bare streaming POST of the same body, both against LiteLLM's proxy (mock model)."""
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        return {"skipped": f"{LITELLM_VENV.name} is absent (.ci/run installs LiteLLM's proxy there)"}
+    turns = 20 if ctx.quick else 100
+    proc, base_url = _litellm_proxy(directory)
+    try:
+        config = directory / "litellm.toml"
+        config.write_text("[executors.agent]\n"
+                          f'default_endpoint = "{ENDPOINT}"\n'
+                          f'endpoint_urls = {{ {ENDPOINT} = "{base_url}" }}\n'
+                          f'endpoint_models = {{ {ENDPOINT} = "{LITELLM_MODEL}" }}\n'
+                          f'endpoint_keys = {{ {ENDPOINT} = "env:BENCH_LITELLM_KEY" }}\n')
+        direct = {**body, "model": LITELLM_MODEL}
+        auth = {"authorization": f"Bearer {LITELLM_KEY}"}
+        ctx.say(f"agent: LiteLLM's proxy at {base_url}: {turns} executor turns and {turns} bare requests")
+        half = turns // 2
+        bare_a, _ = run_bare(base_url, direct, half, p["warmup"], headers=auth)
+        executor, _ = run_executor(p, directory, config, model=LITELLM_MODEL, turns=turns,
+                                   extra_env={"BENCH_LITELLM_KEY": LITELLM_KEY})
+        bare_b, _ = run_bare(base_url, direct, turns - half, p["warmup"], headers=auth)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    probes = [line for line in (directory / "litellm.log").read_text(errors="replace").splitlines()
+              if '"GET /health ' in line or '"GET /v1/info ' in line]
+    res: dict[str, Any] = {"turns": turns, "executor": summary(executor), "bare": summary(bare_a + bare_b),
+                           "probes_seen": len(probes)}
+    res["over_p50_ms"] = res["executor"]["p50"] - res["bare"]["p50"]
+    res["ratio_p50"] = ratio(res["executor"]["p50"], res["bare"]["p50"])
+    return res
+
+
 def run(ctx: Context) -> dict[str, Any]:
     try:
         import scheduler_executor_agent  # noqa: F401
@@ -301,6 +390,10 @@ def run(ctx: Context) -> dict[str, Any]:
         requests_seen = server.last()["count"]
     finally:
         server.close()
+    try:
+        litellm = run_litellm(ctx, p, directory, body)
+    except RuntimeError as exc:
+        litellm = {"skipped": f"LiteLLM's proxy could not be used: {exc}"}
     prompt = "".join(m.get("content", "") for m in body.get("messages", []) if isinstance(m, dict))
     res: dict[str, Any] = {
         "params": p,
@@ -313,6 +406,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "bare": summary(bare),
         "requests_seen": requests_seen,
         "client_setup": summary(client_setup),
+        "litellm": litellm,
     }
     for key in ("run", "end_to_end", "executor"):
         res[f"{key}_ratio_p50"] = ratio(res[key]["p50"], res["bare"]["p50"])
@@ -403,6 +497,17 @@ def render(res: dict[str, Any]) -> str:
         ("No numeric goal is set for this figure: against a real model a turn takes hundreds of milliseconds to minutes, "
          "so the absolute overhead per turn is what matters; it is tracked here against the loopback round trip."),
     ]
+    lite = res.get("litellm") or {"skipped": "not measured in this result"}
+    if "skipped" in lite:
+        out += ["", f"On LiteLLM's proxy: not measured ({lite['skipped']})."]
+    else:
+        e, b = lite["executor"], lite["bare"]
+        out += ["", (f"**On LiteLLM's proxy** (1.108.7, a `mock_response` model on loopback, {lite['turns']} turns each): the "
+                     f"executor alone p50 {e['p50']:.1f} / p99 {e['p99']:.1f} ms against a bare streaming POST of the same "
+                     f"body p50 {b['p50']:.1f} / p99 {b['p99']:.1f} ms, **{lite['over_p50_ms']:+.1f} ms** "
+                     f"({lite['ratio_p50']:.2f}x) at p50; the proxy logged {lite['probes_seen']} `/health` or `/v1/info` "
+                     "requests. Issue 31 measured 3.4-8.0 s per mock turn there while the executor probed `/health` "
+                     "before every turn.")]
     if res.get("plot"):
         out += ["", f"![agent]({res['plot']})"]
     return "\n".join(out)
