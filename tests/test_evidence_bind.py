@@ -1,4 +1,4 @@
-"""``payload.bind`` and ``collect`` shape the evidence payload (version 2), and version 1 payloads stay verifiable.
+"""``payload.bind`` and ``collect`` shape the evidence payload (version 2 and later), and version 1 payloads stay verifiable.
 
 Real shell runs through a real dispatcher on SQLite and PostgreSQL (the ``store`` fixture),
 re-verified with ``verify_run`` and the CLI. A forged row is written as an attacker with
@@ -53,7 +53,7 @@ def test_bind_and_collect_shape_the_payload_and_it_reverifies(store: Any, dispat
         "collect": ["stdout", "governance", "exit_code"]})
     assert plain["status"] == bound["status"] == "ok"
     p, b = payload_of(store, plain["id"]), payload_of(store, bound["id"])
-    assert p["version"] == b["version"] == PAYLOAD_VERSION == 2
+    assert p["version"] == b["version"] == PAYLOAD_VERSION == 3
     # Nothing declared: nothing requested or collected; the core set and every outcome the run has are enforced,
     # and no outcome the run lacks appears (not even as null).
     outcome_names = {"identity": "identity", "trust": "trust_level", "delegation": "delegation",
@@ -131,7 +131,7 @@ def test_a_version_1_payload_still_verifies_and_an_unknown_version_is_refused(st
     forge(store, store_url, run["id"], old)  # as the version-1 builder attested it
     check = verify_run(store, run["id"])
     assert check.verified, check
-    future = {**document, "version": 3}
+    future = {**document, "version": PAYLOAD_VERSION + 1}
     forge(store, store_url, run["id"], future)
     check = verify_run(store, run["id"])
     assert not check.verified and check.code == "EVIDENCE_PAYLOAD_INVALID", check

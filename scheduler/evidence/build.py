@@ -25,12 +25,19 @@ Error *messages* are not in it either (completion may append "cancellation won")
 Secret-like keys (``scheduler.core.artifact.SECRET_KEY_RE``) inside the verification
 record and the outcomes become ``{"redacted": true, "value_hash": ...}``.
 
-Version 2 (``PAYLOAD_VERSION``) makes the declaration's ``payload.bind`` and ``collect``
+Version 2 makes the declaration's ``payload.bind`` and ``collect``
 shape the document: ``bindings`` (``requested``: the declaration's names; ``enforced``: the
 core set, the requested names and every outcome present), a requested or collected outcome
 the run lacks bound as ``null``, the authorization decision and verified proof in
 ``outcomes``, and ``collected`` with a bounded excerpt of each collected stream's stored
 (already redacted) excerpt. Version 1 payloads are rebuilt with version 1 rules.
+
+Version 3 (``PAYLOAD_VERSION``) binds the parsed structured output too: ``result.structured.parsed_sha256`` is the
+``sha256:`` digest of the run's ``output_parsed`` column (the compact JSON text completion
+writes; null when nothing was parsed or stored inline), and ``result.structured`` is present
+whenever the run has an ``output_format`` *or* a parsed value. ``output_sha256`` covers the raw
+stream only, so before version 3 a rewritten ``output_parsed`` still re-verified
+(``parsed_digest`` is what ``runs get`` checks the value it shows against).
 """
 
 from __future__ import annotations
@@ -46,9 +53,12 @@ from scheduler.core.artifact import redact_secrets
 PAYLOAD_SCHEMA = "scheduler.evidence.payload"
 #: The version the worker builds. Re-verification rebuilds a stored payload with the rules of the version it
 #: carries (``build_document(..., version=)``), so a payload attested by an older builder stays verifiable.
-PAYLOAD_VERSION = 2
-#: Every version ``build_document`` can build (1: before ``bind`` / ``collect`` shaped the payload).
-PAYLOAD_VERSIONS = (1, 2)
+PAYLOAD_VERSION = 3
+#: Every version ``build_document`` can build (1: before ``bind`` / ``collect`` shaped the payload; 2: before the
+#: parsed structured output was bound).
+PAYLOAD_VERSIONS = (1, 2, 3)
+#: The first version binding ``result.structured.parsed_sha256``.
+PARSED_OUTPUT_VERSION = 3
 #: ``schema`` of a handoff v4 artifact (``scheduler.artifacts.handoff.ARTIFACT_SCHEMA``; not imported, to keep this module light).
 HANDOFF_ARTIFACT_SCHEMA = "openclaw.scheduler.handoff-artifact"
 
@@ -98,6 +108,18 @@ def _parsed(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def parsed_digest(text: str | None) -> str | None:
+    """The ``sha256:`` digest of a run's stored ``output_parsed`` text (None when the column is NULL).
+
+    The stored text itself is hashed, not a canonical form of the value: structured output may hold
+    values json-sort-v1 refuses (integers beyond 2^53, ``__proto__`` keys), and the text is exactly what
+    completion wrote and what ``runs get`` parses.
+    """
+    if text is None:
+        return None
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _flag(value: Any) -> bool | None:
@@ -166,14 +188,17 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
     verification = None
     if run.get("verify_status") is not None or run.get("verify_json") is not None:
         verification = {"status": run.get("verify_status"), "record": redact_secrets(_parsed(run.get("verify_json")))}
-    structured = None
-    if run.get("output_format") is not None:
+    structured: dict[str, Any] | None = None
+    binds_parsed = version >= PARSED_OUTPUT_VERSION
+    if run.get("output_format") is not None or (binds_parsed and run.get("output_parsed") is not None):
         structured = {
             "format": run.get("output_format"),
             "valid": _flag(run.get("output_valid")),
             "bytes": run.get("output_bytes"),
             "sha256": _digest(run.get("output_sha256")),
         }
+        if binds_parsed:
+            structured["parsed_sha256"] = parsed_digest(run.get("output_parsed"))
     return {
         "schema": PAYLOAD_SCHEMA,
         "version": version,
@@ -227,5 +252,5 @@ def build_document(run: Mapping[str, Any], artifact: Mapping[str, Any] | None, *
     }
 
 
-__all__ = ["CORE_BINDINGS", "OUTCOME_COLUMNS", "PAYLOAD_SCHEMA", "PAYLOAD_VERSION", "PAYLOAD_VERSIONS", "build_document",
-           "requested_bindings"]
+__all__ = ["CORE_BINDINGS", "OUTCOME_COLUMNS", "PARSED_OUTPUT_VERSION", "PAYLOAD_SCHEMA", "PAYLOAD_VERSION", "PAYLOAD_VERSIONS",
+           "build_document", "parsed_digest", "requested_bindings"]

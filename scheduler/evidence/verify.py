@@ -45,7 +45,14 @@ from scheduler.base.errors import SchedulerError
 from scheduler.core.artifact import load_artifact
 from scheduler.core.outputs import resolve_artifact
 from scheduler.core.store import default_artifacts_root
-from scheduler.evidence.build import PAYLOAD_SCHEMA, PAYLOAD_VERSIONS, build_document, requested_bindings
+from scheduler.evidence.build import (
+    PARSED_OUTPUT_VERSION,
+    PAYLOAD_SCHEMA,
+    PAYLOAD_VERSIONS,
+    build_document,
+    parsed_digest,
+    requested_bindings,
+)
 from scheduler.evidence.payload import EvidenceFailure, parse_canonical
 from scheduler.evidence.providers import PROVIDERS, to_provider_declaration
 from scheduler.plugins.protocols import EvidenceEnvelope, EvidencePayload
@@ -339,6 +346,47 @@ def _check_provider(record: dict[str, Any], document: dict[str, Any], envelope: 
     return data.get("method") if isinstance(data, dict) else None
 
 
+def check_parsed_output(tx: Any, run_id: str, output_parsed: str | None) -> bool:
+    """Whether the run's evidence binds the ``output_parsed`` text it stores; ``OUTPUT_TAMPERED`` when it contradicts it.
+
+    What ``runs get`` checks before it shows a parsed value (``output_parsed_verified``): True when
+    the run's attested evidence payload (version 3 or later, ``result.structured.parsed_sha256``)
+    binds exactly this text (or its absence), False when nothing binds it (no evidence row, a
+    failed or interrupted attestation, a payload attested before version 3). Raises
+    ``OUTPUT_TAMPERED`` when the stored value is not the one the payload binds, or when the payload
+    itself is no longer intact (not its recorded digest, not canonical, another run's), so a value
+    rewritten in the database is never shown as the run's. It checks the payload row, not the
+    provider's envelope: ``runs evidence`` (``verify_run``) is the full check.
+    """
+    record = tx.one("SELECT status, canonical_payload, payload_sha256 FROM evidence_records WHERE run_id = ?", (run_id,))
+    if record is None or record["status"] != "attested" or not record.get("canonical_payload"):
+        return False
+
+    def tampered(reason: str, **details: Any) -> SchedulerError:
+        return SchedulerError("OUTPUT_TAMPERED", f"run {run_id}: {reason}; its parsed output is not shown"
+                                                 f" (scheduler runs evidence {run_id} re-verifies the whole record)",
+                              details={"run_id": run_id, **details})
+
+    data = record["canonical_payload"].encode("utf-8")
+    if hashlib.sha256(data).hexdigest() != record["payload_sha256"]:
+        raise tampered("its evidence payload no longer hashes to the recorded payload_sha256")
+    try:
+        document = parse_canonical(data, "the stored payload")
+    except EvidenceFailure as exc:
+        raise tampered(f"its evidence payload is not intact ({exc.code})") from None
+    if document.get("run_id") != run_id:
+        raise tampered("its evidence payload was made for another run")
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < PARSED_OUTPUT_VERSION:
+        return False
+    result = document.get("result")
+    structured = result.get("structured") if isinstance(result, dict) else None
+    expected = structured.get("parsed_sha256") if isinstance(structured, dict) else None
+    found = parsed_digest(output_parsed)
+    if found != expected:
+        raise tampered("the stored output_parsed is not the value its evidence payload binds", expected=expected, found=found)
+    return True
+
 
 #: How many of the newest attested evidence rows ``doctor`` re-verifies (the reference checks the newest 500).
 DOCTOR_VERIFY_LIMIT = 200
@@ -387,4 +435,4 @@ def evidence_diagnostics(store: Any, *, limit: int = DOCTOR_VERIFY_LIMIT, artifa
     }
 
 
-__all__ = ["EvidenceCheck", "evidence_counts", "evidence_diagnostics", "verify_run"]
+__all__ = ["EvidenceCheck", "check_parsed_output", "evidence_counts", "evidence_diagnostics", "verify_run"]

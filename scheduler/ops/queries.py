@@ -30,6 +30,7 @@ from scheduler.core.runs import list_runs as run_rows
 from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import STATUSES as DELIVERY_STATUSES
 from scheduler.delivery.outbox import get_part, list_parts, part_to_json
+from scheduler.evidence.verify import check_parsed_output
 
 __all__ = [
     "DELIVERY_STATUSES",
@@ -141,9 +142,18 @@ def job_names(store: Store) -> dict[str, str]:
 
 
 def get_run(store: Store, run: str) -> dict[str, Any]:
-    """``runs get``: everything recorded about one run (id or unique prefix), ``run_to_json(full=True)``."""
+    """``runs get``: everything recorded about one run (id or unique prefix), ``run_to_json(full=True)``.
+
+    The parsed structured output is checked against the digest the run's evidence payload binds
+    before it is shown (``scheduler.evidence.verify.check_parsed_output``): ``output_parsed_verified``
+    says whether evidence binds it, and a value that contradicts it is ``OUTPUT_TAMPERED`` (nothing shown).
+    """
     with store.read() as tx:
-        return run_to_json(resolve_run(tx, run), full=True)
+        row = resolve_run(tx, run)
+        bound = check_parsed_output(tx, row.id, row.output_parsed)
+        view = run_to_json(row, full=True)
+    view["output_parsed_verified"] = bound
+    return view
 
 
 def list_approvals(store: Store, *, pending: bool = False, job: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
