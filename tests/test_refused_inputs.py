@@ -163,3 +163,23 @@ def test_backup_into_proc_is_a_structured_error(cli: Any, store_url: str) -> Non
     res = cli("--json", "backup", "/proc/x")
     assert res.code != 0, res
     assert res.json["code"] == "BACKUP_TARGET_INVALID", res.json
+
+
+@pytest.mark.parametrize(("channel", "target"), [
+    ("email", "not an address"), ("email", "a@example.com, javascript:alert(1)"),
+    ("telegram", "file:///etc/passwd"), ("telegram", "12ab"),
+    ("slack", "javascript:alert(1)"),
+])
+def test_every_channel_judges_its_delivery_to_at_add(cli: Any, tmp_path: Path, channel: str, target: str) -> None:
+    fields = _spec(delivery_mode="always", delivery_channel=channel, delivery_to=target)
+    _refused_everywhere(cli, tmp_path, json.dumps(fields), "DELIVERY_TARGET_INVALID", "delivery_to")
+
+
+@pytest.mark.parametrize(("channel", "target"), [
+    ("email", "ops@example.com, Ana <ana@example.com>"), ("telegram", "-1001234567890"), ("telegram", "@mychannel"),
+    ("slack", "C0123456789"),
+])
+def test_good_channel_targets_are_still_accepted(cli: Any, channel: str, target: str) -> None:
+    fields = _spec(delivery_mode="always", delivery_channel=channel, delivery_to=target)
+    added = cli("--json", "jobs", "add", json.dumps(fields))
+    assert added.code == 0, added

@@ -279,6 +279,17 @@ class EmailChannel:
             message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
         return message
 
+    def check_job(self, options: EmailOptions | None, spec: Any) -> list[dict[str, str]]:
+        """Refuse at ``jobs add`` a ``delivery_to`` this channel can never send to (``DELIVERY_TARGET_INVALID``).
+
+        The same check stays at send (``EMAIL_TARGET_INVALID``); the message never repeats the value.
+        """
+        target = (getattr(spec, "delivery_to", None) or "").strip()
+        if target and _address_problem(target):
+            return [{"field": "delivery_to", "code": "DELIVERY_TARGET_INVALID",
+                     "error": "the email channel sends only to e-mail addresses separated by commas"}]
+        return []
+
     def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
         """Send one part as one e-mail; raise ``TransientDeliveryError`` / ``PermanentDeliveryError`` when it did not go out."""
         s = self._settings

@@ -231,6 +231,19 @@ class SlackChannel:
 
     # -- send ------------------------------------------------------------------------------------
 
+    def check_job(self, options: SlackOptions | None, spec: Any) -> list[dict[str, str]]:
+        """Refuse at ``jobs add`` a ``delivery_to`` this channel can never send to (``DELIVERY_TARGET_INVALID``).
+
+        The same check stays at send (``SLACK_TARGET_INVALID``); the message never repeats the value.
+
+        In webhook mode the webhook's own channel is used and ``delivery_to`` is ignored, so it is not judged.
+        """
+        target = (getattr(spec, "delivery_to", None) or "").strip()
+        if self.mode == "api" and target and _channel_problem(target):
+            return [{"field": "delivery_to", "code": "DELIVERY_TARGET_INVALID",
+                     "error": "the slack channel (API mode) sends only to a channel id such as C0123456789"}]
+        return []
+
     def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
         """Send one part as one Slack message (its files shared with it in API mode)."""
         options = _options(route.options)

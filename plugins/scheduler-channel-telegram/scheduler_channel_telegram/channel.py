@@ -229,6 +229,17 @@ class TelegramChannel:
         result = response.json().get("result")
         return result if isinstance(result, dict) else {"result": result}
 
+    def check_job(self, options: TelegramOptions | None, spec: Any) -> list[dict[str, str]]:
+        """Refuse at ``jobs add`` a ``delivery_to`` this channel can never send to (``DELIVERY_TARGET_INVALID``).
+
+        The same check stays at send (``TELEGRAM_TARGET_INVALID``); the message never repeats the value.
+        """
+        target = (getattr(spec, "delivery_to", None) or "").strip()
+        if target and _chat_problem(target):
+            return [{"field": "delivery_to", "code": "DELIVERY_TARGET_INVALID",
+                     "error": "the telegram channel sends only to a numeric chat id (-100...) or @channelusername"}]
+        return []
+
     def send(self, part: DeliveryPart, route: DeliveryRoute) -> DeliveryReceipt:
         """Send one part: a text message, documents with the text as caption, or both."""
         options = _options(route.options)
