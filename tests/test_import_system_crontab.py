@@ -180,11 +180,13 @@ def _system_python() -> str:
     return found
 
 
-def _as_nobody(args: list[str], db: Path, env_dir: Path) -> subprocess.CompletedProcess[str]:
+def _as_nobody(args: list[str], db: Path, env_dir: Path, config: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess running as nobody (uid, gid and groups dropped by subprocess)."""
     nobody = pwd.getpwnam("nobody")
     site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(env_dir), "TZ": "UTC"}
+    if config is not None:
+        env["SCHEDULER_CONFIG"] = str(config)
     return subprocess.run([_system_python(), "-c", _CLI, site_dir, "--db", str(db), "--json", *args], capture_output=True,
                           text=True, env=env, timeout=120, cwd="/", user=nobody.pw_uid, group=nobody.pw_gid,
                           extra_groups=[])
@@ -216,8 +218,34 @@ def test_a_non_root_adder_is_refused_at_add_and_at_import(tmp_path: Path) -> Non
         imp = _as_nobody(["import", "crontab", "--system", str(source)], db, shared)
         doc = json.loads(imp.stdout or imp.stderr)
         assert imp.returncode == 1 and doc["details"]["results"][0]["code"] == "RUN_AS_NOT_ALLOWED", doc
+        root_job = json.dumps({"name": "root-made", "schedule_kind": "manual", "payload_message": "id -u",
+                               "executor_options": {"user": "nobody", "working_dir": "/"}})
+        made = subprocess.run([sys.executable, "-m", "scheduler", "--db", str(db), "--json", "jobs", "add", root_job],
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stdout + made.stderr
+        update = _as_nobody(["jobs", "update", "root-made", json.dumps({"payload_message": "id -u; id -g"})], db, shared)
+        assert json.loads(update.stdout or update.stderr)["code"] == "RUN_AS_NOT_ALLOWED", update.stdout + update.stderr
         listed = subprocess.run([sys.executable, "-m", "scheduler", "--db", str(db), "--json", "jobs", "list"],
                                 capture_output=True, text=True, timeout=120)
-        assert [j["name"] for j in json.loads(listed.stdout)["jobs"]] == ["first", "mine"]
+        jobs = {j["name"]: j for j in json.loads(listed.stdout)["jobs"]}
+        assert sorted(jobs) == ["first", "mine", "root-made"] and jobs["root-made"]["payload_message"] == "id -u"
+        # [identity] run_as_users grants it, but only from a root-owned file nobody else can write.
+        trusted = shared / "etc"
+        trusted.mkdir(mode=0o755)
+        config = trusted / "config.toml"
+        config.write_text('[identity]\nrun_as_users = ["nobody"]\n')
+        config.chmod(0o644)
+        listed_ok = _as_nobody(["jobs", "add", json.dumps({"name": "granted", "schedule_kind": "manual",
+                                                           "payload_message": "id -u",
+                                                           "executor_options": {"user": "nobody"}})], db, shared, config)
+        assert listed_ok.returncode == 0, listed_ok.stdout + listed_ok.stderr
+        opts = json.loads(listed_ok.stdout)["job"]["executor_options"]
+        opts = json.loads(opts) if isinstance(opts, str) else opts
+        assert (opts["added_by"], opts["added_by_uid"]) == ("nobody", 65534), opts
+        config.chmod(0o666)  # writable by anyone: the list grants nothing
+        loose = _as_nobody(["jobs", "add", json.dumps({"name": "loose", "schedule_kind": "manual",
+                                                       "payload_message": "id -u",
+                                                       "executor_options": {"user": "nobody"}})], db, shared, config)
+        assert json.loads(loose.stdout or loose.stderr)["code"] == "RUN_AS_NOT_ALLOWED", loose.stdout + loose.stderr
     finally:
         subprocess.run(["rm", "-rf", str(shared)], check=False)
