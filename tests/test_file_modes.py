@@ -134,6 +134,38 @@ def test_doctor_warns_about_world_access_without_failing(tmp_path: Path) -> None
     assert human.returncode == 0 and "warning: readable or writable by every user" in human.stdout
 
 
+def _export(db: Path, output: Path, umask: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*scheduler_cmd(), "--db", str(db), "--json", "export", "--output", str(output)], capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: os.umask(umask))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask022", "umask000"])
+def test_export_output_is_private_whatever_the_umask_and_when_the_file_exists(tmp_path: Path, umask: int) -> None:
+    """Issue 30, defect 10: ``export --output`` was 0644 (0666 under umask 000), and it holds every job spec."""
+    db = tmp_path / "scheduler.db"
+    cli(db, "jobs", "add", json.dumps({"name": "spec", "schedule_kind": "manual", "payload_message": "echo the-spec"}))
+    fresh = tmp_path / "fresh.toml"
+    out = _export(db, fresh, umask)
+    assert out.returncode == 0, out
+    assert mode(fresh) == 0o600 and "the-spec" in fresh.read_text()
+    existing = tmp_path / "existing.toml"
+    existing.write_text("old contents\n")
+    os.chmod(existing, 0o666)
+    out = _export(db, existing, umask)
+    assert out.returncode == 0, out
+    assert mode(existing) == 0o600 and existing.read_text() == fresh.read_text()
+    link = tmp_path / "link.toml"
+    link.symlink_to(existing)  # a symlink is followed: its target is replaced, the link stays
+    assert _export(db, link, umask).returncode == 0
+    assert link.is_symlink() and mode(existing) == 0o600
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused = _export(db, fifo, umask)  # what is not a regular file is not replaced (nor written into)
+    assert refused.returncode != 0 and json.loads(refused.stdout.strip().splitlines()[-1])["code"] == "EXPORT_WRITE_FAILED"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+
+
 # -- other users -----------------------------------------------------------------------------------
 
 

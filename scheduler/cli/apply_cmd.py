@@ -71,9 +71,10 @@ def export_cmd(fmt: str, output: str | None) -> None:
     if output is not None:
         import os
 
-        try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(text)
+        from scheduler.core.filemodes import replace_file
+
+        try:  # every job spec is in it: private (file_mode(), 0600) whatever the umask and an existing file's mode
+            replace_file(output, text.encode("utf-8"))
         except OSError as exc:
             raise SchedulerError("EXPORT_WRITE_FAILED", f"cannot write {output}: {exc.strerror or exc}") from None
         emit({"format": fmt, "output": os.path.abspath(output), "count": len(doc["jobs"])},

@@ -19,11 +19,15 @@ concurrently running jobs would inherit):
 Existing files and directories are never changed: ``doctor`` reports world access
 instead (``world_access``), because tightening a file behind an operator's back can
 lock out the users of a deliberate set-up.
+A file the scheduler writes whole on request (``export --output``, ``replace_file``) is not
+reused but replaced by a new private file, so it never keeps a wider mode from before.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import Literal
@@ -105,6 +109,35 @@ def create_file(path: str | os.PathLike[str], flags: int = os.O_WRONLY) -> tuple
             os.close(fd)
             raise
         return fd, True
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` as the file at ``path`` with exactly ``file_mode()``, atomically; returns the path written.
+
+    For a file the scheduler writes on request that holds its data (``export --output``: every
+    job spec): ``create_file`` makes a temp file beside the target (``O_EXCL``, then ``fchmod``
+    to ``file_mode()``, whatever the umask), the bytes are written and synced, and the temp file
+    is renamed over the target. So the result is private even when a file was already there
+    with a wider mode (unlike ``create_file``, which keeps an existing file's mode: this file
+    is replaced, not reused), and no reader ever sees half of it. A symlink is followed (its
+    target is replaced); a path that exists but is not a regular file (a directory, a device,
+    a FIFO) is refused with ``OSError`` (``EINVAL``) before anything is written.
+    """
+    target = Path(os.path.realpath(os.fspath(path)))
+    if target.exists() and not target.is_file():
+        raise OSError(errno.EINVAL, "not a regular file", str(target))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd, _created = create_file(tmp, os.O_WRONLY)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
 
 
 def world_access(path: str | os.PathLike[str]) -> str | None:
