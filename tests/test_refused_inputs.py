@@ -183,3 +183,22 @@ def test_good_channel_targets_are_still_accepted(cli: Any, channel: str, target:
     fields = _spec(delivery_mode="always", delivery_channel=channel, delivery_to=target)
     added = cli("--json", "jobs", "add", json.dumps(fields))
     assert added.code == 0, added
+
+
+@pytest.mark.parametrize(("patch", "code"), [
+    ('{"delivery_to": "javascript:alert(1)"}', "DELIVERY_TARGET_INVALID"),
+    ('{"delivery_to": "https://u:hunter2@host/x"}', "URL_CREDENTIALS_REFUSED"),
+    ('{"delivery_to": "https://a/x", "delivery_to": "https://b/x"}', "DUPLICATE_KEY"),
+    ('{"verify_shell": " "}', "REQUIRED"),
+    ('{"executor_options": {"env_allow": ["LD_AUDIT"]}}', "ENV_NAME_RESERVED"),
+    ('{"executor_options": {"working_dir": "../../../../etc"}}', "WORKING_DIR_INVALID"),
+])
+def test_jobs_update_refuses_the_same_and_leaves_the_job_as_it_was(cli: Any, patch: str, code: str) -> None:
+    added = cli("--json", "jobs", "add", json.dumps(_spec(**WEBHOOK, delivery_to="https://hooks.example.com/x")))
+    assert added.code == 0, added
+    before = cli("--json", "jobs", "get", "job").json
+    res = cli("--json", "jobs", "update", "job", patch)
+    assert res.code != 0, res
+    assert code == res.json["code"] or code in _codes(res.json), res.json
+    assert "hunter2" not in res.out
+    assert cli("--json", "jobs", "get", "job").json == before
