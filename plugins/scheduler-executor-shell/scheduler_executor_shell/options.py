@@ -25,10 +25,13 @@ class ShellOptions:
     env_allow: tuple[str, ...] = attrs.field(
         default=(),
         metadata={"doc": "Variable names passed through although they look like secrets or are outside `minimal`"
-                         " (exact names; use sparingly)."},
+                         " (exact names; use sparingly). Never a dynamic-loader variable (LD_*, DYLD_*, GCONV_PATH...:"
+                         " ENV_NAME_RESERVED when the job is added)."},
     )
     working_dir: str | None = attrs.field(
-        default=None, validator=_no_nul, metadata={"doc": "Working directory of the command (`~` expands)."}
+        default=None, validator=_no_nul, metadata={"doc": "Working directory of the command: absolute, or starting with `~` (expanded); it must"
+                                                  " be an existing directory when the job is added (WORKING_DIR_INVALID;"
+                                                  " a relative path is refused)."}
     )
     stdin_text: str | None = attrs.field(default=None, metadata={"doc": "Text piped to the command's standard input."})
     user: str | None = attrs.field(
