@@ -17,7 +17,13 @@ database. Figures (goals from issue 9):
 - **at-least-once duplicates**: executed more than once, counted against the runs that were
   actually interrupted (ended ``crashed`` by recovery and replayed); a duplicate without an
   interrupted run is *unjustified* (goal 0);
-- **orphaned process groups**: a logged command's process group still alive after the drain (goal 0).
+- **orphaned process groups**: a logged command's process group still alive after the drain (goal 0);
+- **replays dropped**: a replay dispatch (``...:replay:N``, made by recovery for an interrupted
+  at-least-once run) that produced no run that ran, or a run of one without ``replay_of_run_id``
+  (goal 0, issue 30). Besides the one-shot jobs, three every-second cron jobs at-least-once
+  (``overlap_policy`` ``skip``, ``queue`` with ``queue_limit`` 1, ``allow``) each run a command longer than
+  their interval, so a kill always interrupts one while a newer slot is due: their replays must
+  wait out (or run beside) the overlap, never end ``skipped``.
 
 Standalone, with options: ``python -m bench.soak --cycles 100 [--jobs-per-cycle 8] [--db URL]``
 (prints the figures; ``--json`` for the raw result). Through ``python -m bench --only soak``
@@ -54,6 +60,46 @@ def params(ctx: Context) -> dict[str, Any]:
     """Cycle count and workload shape for the bench runner's mode."""
     return {"cycles": 5 if ctx.quick else 100, "jobs_per_cycle": 8, "min_alive_s": 0.8, "max_alive_s": 2.5,
             "min_run_s": 0.1, "max_run_s": 1.5, "concurrency": 4, "lease_ttl": "2s", "seed": 20260109}
+
+
+#: The every-second at-least-once cron jobs whose replays meet their overlap policy: (policy, queue_limit).
+OVERLAP_JOBS: tuple[tuple[str, int | None], ...] = (("skip", None), ("queue", 1), ("allow", None))
+
+
+def _add_overlap_jobs(store: Any) -> list[JobRow]:
+    """One ``* * * * * *`` at-least-once job per ``OVERLAP_JOBS`` entry, its command (1.4 s) outliving its interval."""
+    from scheduler.core.jobs import create_jobs
+    from scheduler.core.spec import validate_spec
+
+    specs = []
+    for policy, limit in OVERLAP_JOBS:
+        specs.append(validate_spec({
+            "name": f"soak-overlap-{policy}", "schedule_kind": "cron", "schedule_cron": "* * * * * *", "executor": "shell",
+            "delivery_guarantee": "at-least-once", "overlap_policy": policy, "max_consecutive_failures": 0, "max_retries": 0,
+            "run_timeout_ms": 30_000, "payload_message": "sleep 1.4", **({} if limit is None else {"queue_limit": limit}),
+        }))
+    return create_jobs(store, specs)
+
+
+def _replays_owed(store: Any) -> int:
+    """Replay dispatches still pending or claimed, and runs of replay dispatches not ended (the drain waits for 0)."""
+    marks = ", ".join("?" for _ in TERMINAL)
+    with store.read() as tx:
+        queued = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE replay_count > 0 AND status IN ('pending', 'claimed')")
+        running = tx.scalar(f"SELECT COUNT(*) FROM runs WHERE dispatch_id LIKE '%:replay:%' AND status NOT IN ({marks})",
+                            TERMINAL)
+    return int(queued) + int(running)
+
+
+def _replays_dropped(store: Any) -> tuple[int, int, int]:
+    """(replay dispatches, those that produced no run that ran, runs of replay dispatches without ``replay_of_run_id``)."""
+    with store.read() as tx:
+        total = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE replay_count > 0")
+        dropped = tx.scalar(
+            "SELECT COUNT(*) FROM job_dispatch_queue d WHERE d.replay_count > 0 AND NOT EXISTS ("
+            " SELECT 1 FROM runs r WHERE r.dispatch_id = d.id AND r.started_at IS NOT NULL AND r.status <> 'skipped')")
+        unlinked = tx.scalar("SELECT COUNT(*) FROM runs WHERE dispatch_id LIKE '%:replay:%' AND replay_of_run_id IS NULL")
+    return int(total), int(dropped), int(unlinked)
 
 
 def _command(log: Path, seconds: float) -> str:
@@ -123,12 +169,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _unfinished(store: Any) -> tuple[int, int]:
-    """(runs not terminal, dispatches still pending or claimed)."""
+def _unfinished(store: Any, excluded: list[str]) -> tuple[int, int]:
+    """(runs not terminal, dispatches still pending or claimed), of the jobs not in ``excluded`` (the cron jobs)."""
     marks = ", ".join("?" for _ in TERMINAL)
+    skip = " AND job_id NOT IN (" + ", ".join("?" for _ in excluded) + ")" if excluded else ""
     with store.read() as tx:
-        runs = tx.scalar(f"SELECT COUNT(*) FROM runs WHERE status NOT IN ({marks})", TERMINAL)
-        queued = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE status IN ('pending', 'claimed')")
+        runs = tx.scalar(f"SELECT COUNT(*) FROM runs WHERE status NOT IN ({marks}){skip}", (*TERMINAL, *excluded))
+        queued = tx.scalar(f"SELECT COUNT(*) FROM job_dispatch_queue WHERE status IN ('pending', 'claimed'){skip}", excluded)
     return int(runs), int(queued)
 
 
@@ -147,6 +194,7 @@ def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str
     try:
         span_s = p["cycles"] * (p["min_alive_s"] + p["max_alive_s"]) / 2
         jobs = _add_jobs(store, log, p, now_ms(), span_s, rng)
+        overlap = [j.id for j in _add_overlap_jobs(store)]
         say(f"soak: {len(jobs)} one-shot shell jobs over ~{span_s:.0f}s, {p['cycles']} kill -9 cycles")
         kills_mid_run = 0
         for cycle in range(p["cycles"]):
@@ -165,10 +213,10 @@ def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str
         _wait_ready(proc, out, offset)
         deadline = time.monotonic() + span_s + 120
         while time.monotonic() < deadline:
-            runs_left, queued = _unfinished(store)
+            runs_left, queued = _unfinished(store, overlap)
             with store.read() as tx:
                 never = tx.scalar("SELECT COUNT(*) FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id)")
-            if not runs_left and not queued and not never:
+            if not runs_left and not queued and not never and not _replays_owed(store):
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
@@ -181,6 +229,7 @@ def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str
 
 
 def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    replay_dispatches, replays_dropped, replays_unlinked = _replays_dropped(store)
     with store.read() as tx:
         runs = tx.all("SELECT id, job_id, status, error_code, replay_of_run_id, delivery_guarantee FROM runs")
     by_run = {r["id"]: r for r in runs}
@@ -233,6 +282,9 @@ def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **ext
         "interrupted_at_most_once": len([r for r in crashed if guarantee.get(r["job_id"]) == "at-most-once"]),
         "interrupted_at_least_once": len([r for r in crashed if guarantee.get(r["job_id"]) == "at-least-once"]),
         "replays": len([r for r in runs if r["replay_of_run_id"]]),
+        "replay_dispatches": replay_dispatches,
+        "replays_dropped": replays_dropped,
+        "replay_runs_without_lineage": replays_unlinked,
         "duplicated_at_most_once": len(dup_most),
         "duplicated_at_least_once": len(dup_least),
         "extra_executions_at_least_once": extra_least,
@@ -248,7 +300,8 @@ def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **ext
 def _ok(res: dict[str, Any]) -> bool:
     return (res["lost_slots"] == 0 and res["stuck_runs"] == 0 and res["duplicated_at_most_once"] == 0
             and res["unjustified_duplicates"] == 0 and res["orphaned_process_groups"] == 0 and res["tracebacks"] == 0
-            and res["extra_executions_at_least_once"] <= res["interrupted_at_least_once"])
+            and res["extra_executions_at_least_once"] <= res["interrupted_at_least_once"]
+            and res.get("replays_dropped", 0) == 0 and res.get("replay_runs_without_lineage", 0) == 0)
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -265,7 +318,7 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         (f"{res['params']['cycles']} cycles, {fmt(res['slots'])} slots: lost {res['lost_slots']}, stuck {res['stuck_runs']}, "
          f"at-most-once duplicated {res['duplicated_at_most_once']}, at-least-once duplicated "
          f"{res['duplicated_at_least_once']} of {res['interrupted_at_least_once']} interrupted, "
-         f"orphaned groups {res['orphaned_process_groups']}"),
+         f"orphaned groups {res['orphaned_process_groups']}, replays dropped {res.get('replays_dropped', 'n/a')}"),
         "all 0; at-least-once duplicates only for interrupted runs",
         _ok(res),
     )]
@@ -286,6 +339,9 @@ def render(res: dict[str, Any]) -> str:
          f"{res['extra_executions_at_least_once']} extra execution(s); allowed only for interrupted runs"),
         ("unjustified duplicates", res["unjustified_duplicates"], "goal 0: a duplicate without an interrupted run"),
         ("orphaned process groups", res["orphaned_process_groups"], "goal 0: command groups alive after the drain"),
+        ("replays dropped", res.get("replays_dropped", "n/a"),
+         (f"goal 0: of {res.get('replay_dispatches', 'n/a')} replay dispatches, none without a run that ran "
+          f"({res.get('replay_runs_without_lineage', 'n/a')} replay runs without replay_of_run_id, goal 0)")),
         ("tracebacks in dispatcher output", res["tracebacks"], "goal 0"),
         ("dispatchers killed while runs were running", res["kills_mid_run"], f"of {p['cycles']} cycles"),
     ]
@@ -294,7 +350,8 @@ def render(res: dict[str, Any]) -> str:
          f"file, alive {p['min_alive_s']}–{p['max_alive_s']} s after it holds the lease, then `kill -9`; "
          f"{p['jobs_per_cycle']} one-shot shell jobs per cycle due at random times over the soak, half at-most-once and half "
          f"at-least-once, each sleeping {p['min_run_s']}–{p['max_run_s']} s between a `start` and an `end` line in a "
-         "side-effect log. A final dispatcher drains everything and stops on SIGTERM "
+         "side-effect log; beside them three every-second at-least-once cron jobs (`sleep 1.4`, overlap_policy skip, "
+         "queue with queue_limit 1, allow) whose replays meet their overlap. A final dispatcher drains everything and stops on SIGTERM "
          f"(exit {res['drain_exit']}); {res['elapsed']:.0f} s in all. Counts come from the log and the database after the drain."),
         "",
         md_table(["figure", "count", "meaning"], rows, align="lrl"),

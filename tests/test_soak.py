@@ -3,7 +3,7 @@
 Runs ``python -m bench.soak`` (five cycles on SQLite, three on PostgreSQL) and holds
 the figures to their goals: no lost slot, no stuck run, no at-most-once slot executed
 twice, at-least-once extra executions only for runs that were actually interrupted,
-no orphaned process group. Marked ``slow`` but not skipped: CI runs this short form;
+no orphaned process group, no replay dropped (issue 30). Marked ``slow`` but not skipped: CI runs this short form;
 ``python -m bench --only soak`` runs the long one for docs/benchmarks.md.
 """
 
@@ -35,6 +35,10 @@ def check(res: dict) -> None:
     assert res["unjustified_duplicates"] == 0, res
     assert res["extra_executions_at_least_once"] <= res["interrupted_at_least_once"], res
     assert res["orphaned_process_groups"] == 0, res
+    # Issue 30 defect 1: the every-second cron jobs always have a run to interrupt, so every kill makes replays;
+    # none may end skipped by the overlap policy or lose its lineage.
+    assert res["replay_dispatches"] >= 1, res
+    assert res["replays_dropped"] == 0 and res["replay_runs_without_lineage"] == 0, res
     assert res["tracebacks"] == 0 and res["drain_exit"] == 0, res
     assert res["kills_mid_run"] >= 1, res  # the kills did land while work was running
     assert res["executions"] >= res["slots"] - res["interrupted_at_most_once"], res
