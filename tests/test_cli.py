@@ -25,6 +25,7 @@ import pytest
 from kernel_testing import scheduler_cmd
 
 from scheduler.base.timeutil import parse_iso
+from scheduler.plugins.stores import open_store
 
 CODE_RE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
 MANUAL = {"schedule_kind": "manual", "payload_message": "echo hi"}
@@ -542,6 +543,7 @@ def test_doctor_exits_1_on_foreign_key_violations_and_reopen_restores_dropped_ta
     import sqlite3
 
     monkeypatch.setenv("SCHEDULER_DISABLE_PLUGINS", ONLY_STORES)
+    open_store(db_path).close()  # only commands adding jobs create a missing database (issue 30)
     assert run_cli("--db", str(db_path), "--json", "jobs", "list")[0] == 0
     conn = sqlite3.connect(db_path)  # foreign_keys is off on a plain connection
     conn.execute("DROP TABLE messages")
@@ -573,6 +575,7 @@ def test_doctor_exits_1_when_a_plugin_fails_to_import(tmp_path: Path) -> None:
     site = broken_plugin_dir(tmp_path)
     env = {"PYTHONPATH": str(site), "SCHEDULER_DISABLE_PLUGINS": ""}
     db = str(tmp_path / "s.db")
+    open_store(db).close()  # only commands adding jobs create a missing database (issue 30)
     res = sub("--db", db, "--json", "doctor", env=env)
     assert res.returncode == 1, res.stdout
     doc = json.loads(res.stdout)
@@ -690,7 +693,7 @@ def test_bad_database_targets_never_produce_a_traceback(tmp_path: Path) -> None:
     rand = tmp_path / "rand.db"
     rand.write_bytes(os.urandom(1000))
     (tmp_path / "file").write_text("x")
-    for db, code in ((str(tmp_path), "DB_INIT_FAILED"), (str(rand), "DB_INIT_FAILED"), (str(tmp_path / "file" / "x.db"), "DB_INIT_FAILED"),
+    for db, code in ((str(tmp_path), "DB_INIT_FAILED"), (str(rand), "DB_INIT_FAILED"), (str(tmp_path / "file" / "x.db"), "DB_NOT_FOUND"),
                      ("weird://host/db", "PLUGIN_NOT_FOUND")):
         res = sub("--db", db, "--json", "jobs", "list")
         assert res.returncode == 1 and b"Traceback" not in res.stderr

@@ -476,7 +476,7 @@ def test_cli_run_reaches_idle_dispatcher_within_250ms(sqlite_store, db_path, tmp
     assert run["started_at"] - created < 250
 
 
-def test_duration_flag_stops_cleanly(db_path):
+def test_duration_flag_stops_cleanly(sqlite_store, db_path):
     out = subprocess.run([*scheduler_cmd(), "--db", str(db_path), "--json", "run", "--duration", "500ms"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out

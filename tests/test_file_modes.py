@@ -39,6 +39,10 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+#: A job whose ``jobs add`` creates the database (the commands that only read or check refuse a missing one).
+ADD_JOB = json.dumps({"name": "first", "schedule_kind": "manual", "payload_message": "true"})
+
+
 def cli(db: Path, *args: str, env: dict[str, str] | None = None, check: bool = True) -> dict[str, Any]:
     out = subprocess.run([*scheduler_cmd(), "--db", str(db), "--json", *args], capture_output=True, text=True, timeout=120,
                          env={**os.environ, **(env or {})}, preexec_fn=lambda: os.umask(0o022))
@@ -109,17 +113,18 @@ def test_group_mode_shares_with_the_group_only(tmp_path: Path) -> None:
 
 def test_existing_files_keep_their_mode_and_an_unknown_mode_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "scheduler.db"
-    cli(db, "jobs", "list")
+    cli(db, "jobs", "add", ADD_JOB)  # only commands adding jobs create a missing database (issue 30)
     os.chmod(db, 0o640)  # an operator's deliberate choice is not undone on the next open
     cli(db, "jobs", "list")
     assert mode(db) == 0o640
-    refused = cli(tmp_path / "other.db", "jobs", "list", env={FILE_MODE_ENV: "world"}, check=False)
+    refused = cli(tmp_path / "other.db", "jobs", "add", ADD_JOB, env={FILE_MODE_ENV: "world"}, check=False)
     assert refused["code"] == "CONFIG_INVALID" and FILE_MODE_ENV in refused["error"]
     assert not (tmp_path / "other.db").exists()
 
 
 def test_doctor_warns_about_world_access_without_failing(tmp_path: Path) -> None:
     db = tmp_path / "scheduler.db"
+    cli(db, "jobs", "add", ADD_JOB)  # only commands adding jobs create a missing database (issue 30)
     report = cli(db, "doctor")
     check = next(c for c in report["checks"] if c["check"] == "file_modes")
     assert check["ok"] is True and check["warning"] is False and "no world access" in check["detail"]

@@ -140,6 +140,12 @@ READ_ONLY_COMMANDS = frozenset({
 })
 
 
+#: Commands that may create the SQLite database when its path names no file: those that add jobs. Every other
+#: command (``scheduler run``, reads, ``doctor``) refuses a missing path with ``DB_NOT_FOUND`` instead of starting
+#: over on an empty database (a dispatcher's deleted file must not come back empty, issue 30).
+CREATING_COMMANDS = frozenset({"jobs add", "apply", "import openclaw", "import crontab", "schedule add"})
+
+
 def _command_path(ctx: click.Context) -> str:
     """``"jobs list"`` for the context of ``scheduler ... jobs list``."""
     names: list[str] = []
@@ -166,7 +172,8 @@ def _pipeline_steps() -> Any:
 def open_ctx_store(ctx: click.Context | None = None) -> Any:
     """The store for this invocation, opened (and initialised, failing closed) on first use.
 
-    Commands in ``READ_ONLY_COMMANDS`` open it read-only (see ``Store.initialize``).
+    Commands in ``READ_ONLY_COMMANDS`` open it read-only (see ``Store.initialize``); only those in
+    ``CREATING_COMMANDS`` may create a SQLite database on a path that names none.
     """
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
@@ -175,7 +182,8 @@ def open_ctx_store(ctx: click.Context | None = None) -> Any:
         from scheduler.plugins.stores import open_store
 
         observers.install_default(_process_hooks)  # what this command commits tells the installed hook modules
-        store = open_store(root.obj.get("db"), readonly=_command_path(ctx) in READ_ONLY_COMMANDS)
+        command = _command_path(ctx)
+        store = open_store(root.obj.get("db"), readonly=command in READ_ONLY_COMMANDS, create=command in CREATING_COMMANDS)
         root.obj["store"] = store
         root.call_on_close(store.close)
     return root.obj["store"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import click
@@ -45,6 +47,7 @@ def collect_status(store: Any) -> dict[str, Any]:
         from scheduler.evidence.verify import evidence_counts
 
         evidence = evidence_counts(tx)  # counts only; `doctor` re-verifies
+        disk_full = last_disk_full(tx)
     return {
         "database": store.location,
         "schema_version": store.schema_version(),
@@ -61,7 +64,35 @@ def collect_status(store: Any) -> dict[str, Any]:
         "recent_skips": [{**s, "created_at": to_iso(s["created_at"])} for s in skipped],
         "next_run_at": to_iso(nxt),
         "evidence": evidence,
+        "db_disk_full": disk_full,
+        "free_bytes": free_bytes(store.local_path),
     }
+
+
+def last_disk_full(tx: Any) -> dict[str, Any] | None:
+    """The last episode a dispatcher met its database full (``DB_DISK_FULL``, waited out), or None: when it began
+    and ended, how long it lasted and how many passes met it (the event a dispatcher records once it can write again)."""
+    from scheduler.core.events import DISK_FULL_EVENT
+
+    row = tx.one("SELECT at, actor, data FROM runtime_events WHERE job_id IS NULL AND kind = ? ORDER BY at DESC, id DESC"
+                 " LIMIT 1", (DISK_FULL_EVENT,))
+    if row is None:
+        return None
+    data = json.loads(row["data"] or "{}")
+    since, until = data.get("since"), data.get("until", row["at"])
+    return {"since": to_iso(since), "until": to_iso(until), "seconds": round((until - since) / 1000, 1) if since else None,
+            "attempts": data.get("attempts"), "dispatcher": row["actor"]}
+
+
+def free_bytes(local_path: Any) -> int | None:
+    """Bytes free to this user on the file system of a local database (None for a server database): 0 means full."""
+    if local_path is None:
+        return None
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(local_path)))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -129,6 +160,9 @@ def status_cmd(check: bool) -> None:
             ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
             ("evidence", ", ".join(f"{n} {k}" for k, n in status["evidence"]["records"].items())
              + (f", {status['evidence']['missing']} missing" if status["evidence"]["missing"] else "") or "none"),
+            ("disk full", (f"last {local_time(full['since'])} for {full['seconds']}s, waited out"
+                           if (full := status["db_disk_full"]) else "never")
+             + (f"; {status['free_bytes']} bytes free" if status["free_bytes"] is not None else "")),
         ])
         if status["recent_skips"]:
             click.echo("recent skipped slots:")

@@ -15,6 +15,10 @@ from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.rows import JSONObject
 from scheduler.core.store.base import Tx
 
+#: The event a dispatcher records once its database is writable again after it was full (``DB_DISK_FULL``):
+#: no job, ``data`` ``{"since", "until", "attempts"}`` (epoch ms); ``scheduler status`` shows the last one.
+DISK_FULL_EVENT = "db.disk_full"
+
 #: Default of ``append_event``'s ``principal``/``trust_level``: read from the run in the same statement.
 LOOKUP: object = object()
 

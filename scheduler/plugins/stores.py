@@ -19,18 +19,22 @@ from scheduler.plugins.drivers import load_driver
 STORES_GROUP = kind_named("store").group
 
 
-def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True, readonly: bool = False) -> Store:
+def open_store(target: str | os.PathLike[str] | None = None, *, initialize: bool = True, readonly: bool = False,
+               create: bool = True) -> Store:
     """Open (and by default initialise) the store for a path or URL.
 
     A plain path or ``sqlite:///path`` uses the built-in SQLite store (``None``: the default
     database file); any other ``scheme://`` loads the ``scheduler.stores`` driver named by
     the scheme (``postgresql://`` and ``postgres://`` select ``postgres``). ``readonly=True``
     is for commands that only read: initialisation then never writes, and a database that
-    would need creating or migrating is refused with ``DB_INIT_FAILED`` saying so.
+    would need creating or migrating is refused with ``DB_INIT_FAILED`` saying so. ``create=False``
+    refuses a SQLite path that names no file (``DB_NOT_FOUND``) instead of creating a database
+    there (the CLI passes it for every command but those that add jobs); a server database
+    (PostgreSQL) has no file to vanish or create, so it ignores ``create``.
     """
     driver, raw = split_target(target)
     if driver is None:
-        return open_sqlite(raw, initialize=initialize, readonly=readonly)
+        return open_sqlite(raw, initialize=initialize, readonly=readonly, create=create)
     factory = load_driver(STORES_GROUP, driver)
     store: Store = factory(raw)
     if initialize:

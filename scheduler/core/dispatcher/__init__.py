@@ -170,10 +170,11 @@ class Dispatcher:
             duty.start()
             self._pass.duties.append(duty)
 
-    def _on_lease_lost(self, why: str) -> None:
-        if not self._keeper.lose(why):
-            return  # we gave it up ourselves during shutdown
-        self.say(f"LEASE LOST: {why}; aborting runs, committing nothing")
+    def _on_lease_lost(self, why: str, code: str = "LEASE_LOST") -> None:
+        """Step down: the lease was lost, or (``DB_VANISHED``) the database file was deleted or replaced."""
+        if not self._keeper.lose(why, code):
+            return  # we gave it up ourselves during shutdown, or it was already lost
+        self.say(f"{'LEASE LOST' if code == 'LEASE_LOST' else code}: {why}; aborting runs, committing nothing")
         self._workers.cancel_all("lease_lost")
         self._stop.set()
         self._workers.wake.set()
@@ -218,6 +219,9 @@ class Dispatcher:
                     timeout = passes.tick()
                     passes.db_available()
                 except SchedulerError as exc:
+                    if exc.code == "DB_VANISHED":
+                        self._on_lease_lost(exc.message, exc.code)
+                        break
                     if not is_transient(exc):
                         raise
                     timeout = passes.db_busy(exc)
@@ -235,7 +239,7 @@ class Dispatcher:
         finally:
             self._shutdown()
         if self._keeper.lost is not None:
-            raise SchedulerError("LEASE_LOST", f"dispatcher stopped: {self._keeper.lost}")
+            raise SchedulerError(self._keeper.lost_code, f"dispatcher stopped: {self._keeper.lost}")
         return 0
 
     def _tick(self, *, claim: bool = True) -> float:

@@ -26,15 +26,18 @@ DEADLINE_SLACK_S = 0.5
 ABANDON_SLACK_S = 1.0
 #: Longest pause between attempts while the database stays busy (``DB_BUSY``).
 BUSY_BACKOFF_MAX_S = 1.0
+#: Longest pause between attempts while the database stays full (``DB_DISK_FULL``): room is made by hand, so
+#: a few seconds' delay costs nothing, and each attempt may write a little more into what space is left.
+DISK_FULL_BACKOFF_MAX_S = 5.0
 #: At shutdown, how long to wait for the lease-renewal thread to finish a statement (it may be
 #: waiting out a busy database) before the store can be closed under it.
 RENEW_JOIN_S = 15.0
 #: Codes of database errors worth waiting out, as opposed to a bug or a lost lease.
-TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE"})
+TRANSIENT_DB_CODES = frozenset({"DB_BUSY", "DB_UNAVAILABLE", "DB_DISK_FULL"})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for a database error that may go away by itself (busy, briefly unavailable).
+    """True for a database error that may go away by itself (busy, briefly unavailable, full until space is freed).
 
     The dispatcher waits such errors out and retries instead of crashing; a lost lease
     is never transient.

@@ -24,7 +24,7 @@ class LeaseKeeper:
     """The dispatcher's lease (``lease``) and, in shared mode, the ``maintenance`` lease while it holds it."""
 
     def __init__(self, store: Store, *, name: str, owner: str, ttl_ms: int, exclusive: bool, pidfile: PidFile,
-                 say: Callable[[str], None], on_lost: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], on_lost: Callable[..., None]) -> None:
         self.store = store
         self.name = name
         self.owner = owner
@@ -32,13 +32,16 @@ class LeaseKeeper:
         self.exclusive = exclusive
         self.pidfile = pidfile
         self._say = say
-        #: Told (from the renewal thread) when the lease was taken over or ran out.
+        #: Told (from the renewal thread) when the lease was taken over or ran out (``why``), or the database file
+        #: vanished (``why, code="DB_VANISHED"``).
         self._on_lost = on_lost
         self.lease: leases.Lease | None = None
         #: The singleton ``maintenance`` lease (shared mode only), while we hold it.
         self.maint: leases.Lease | None = None
         #: Why the lease was lost (None while it is ours, or after we released it).
         self.lost: str | None = None
+        #: The code the dispatcher exits with once ``lost`` is set: ``LEASE_LOST``, or ``DB_VANISHED``.
+        self.lost_code = "LEASE_LOST"
         #: Set once we gave the lease up ourselves: a failure to renew after that is no loss.
         self.released = False
         self._thread: threading.Thread | None = None
@@ -79,34 +82,57 @@ class LeaseKeeper:
 
         A failed renewal (busy or unavailable database) is retried soon; a lease that
         was taken over or ran out meanwhile is lost (``renew`` never resurrects an
-        expired lease), and the dispatcher steps down.
+        expired lease), and the dispatcher steps down. Each renewal first checks that the
+        database path still names the file the store opened (``verify_identity``, where the
+        store has a file: SQLite): a deleted or replaced file stops the dispatcher at once
+        with ``DB_VANISHED``.
         """
         assert self.lease is not None
         interval = self.lease.ttl_ms / 3000
         delay = interval
+        verify = getattr(self.store, "verify_identity", None)
         while not self._stop.wait(delay):
             if self.lost is not None or self.released:
                 return
             try:
+                if verify is not None:
+                    verify()
                 leases.renew(self.store, self.lease)
                 delay = interval
             except leases.LeaseLost as exc:
                 self._on_lost(exc.message)
                 return
+            except SchedulerError as exc:
+                if exc.code != "DB_VANISHED":
+                    if self._renewal_failed(exc):
+                        return
+                    delay = min(interval, 0.2)
+                    continue
+                self._on_lost(exc.message, code=exc.code)
+                return
             except Exception as exc:  # noqa: BLE001 - database busy or unavailable: keep trying until the lease runs out
-                log.warning("lease renewal failed: %s", getattr(exc, "message", exc))
-                if now_ms() >= self.lease.expires_at:
-                    self._on_lost(f"lease expired while renewal failed: {getattr(exc, 'message', exc)}")
+                if self._renewal_failed(exc):
                     return
                 delay = min(interval, 0.2)
                 continue
             self.pidfile.retry_lock()
 
-    def lose(self, why: str) -> bool:
-        """Record that the lease is lost; False when we had given it up ourselves (during shutdown)."""
-        if self.released:
+    def _renewal_failed(self, exc: Exception) -> bool:
+        """Log a failed renewal; True (and the lease lost) when the lease ran out meanwhile."""
+        assert self.lease is not None
+        log.warning("lease renewal failed: %s", getattr(exc, "message", exc))
+        if now_ms() >= self.lease.expires_at:
+            code = "DB_DISK_FULL" if getattr(exc, "code", None) == "DB_DISK_FULL" else "LEASE_LOST"
+            self._on_lost(f"lease expired while renewal failed: {getattr(exc, 'message', exc)}", code=code)
+            return True
+        return False
+
+    def lose(self, why: str, code: str = "LEASE_LOST") -> bool:
+        """Record that the lease is lost (``code``: why the dispatcher exits); False when we had given it up
+        ourselves (during shutdown)."""
+        if self.released or self.lost is not None:
             return False
-        self.lost = why
+        self.lost, self.lost_code = why, code
         return True
 
     def maintenance(self) -> leases.Lease | None:

@@ -21,6 +21,7 @@ from scheduler.core.contracts import Expiry
 from scheduler.core.dispatcher.config import (
     BUSY_BACKOFF_MAX_S,
     CANCEL_CHECK_MS,
+    DISK_FULL_BACKOFF_MAX_S,
     MAX_SLEEP_S,
     WAIT_SLICE_S,
     DispatcherConfig,
@@ -31,6 +32,7 @@ from scheduler.core.dispatcher.config import (
 from scheduler.core.dispatcher.lease_keeper import LeaseKeeper
 from scheduler.core.dispatcher.workers import Workers
 from scheduler.core.duty import Duty
+from scheduler.core.events import DISK_FULL_EVENT, append_event
 from scheduler.core.events import batched as batched_events
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.observers import Observers
@@ -78,6 +80,10 @@ class Pass:
         self._cancels_checked_at = 0
         self._busy_since: float | None = None
         self._busy_backoff = 0.0
+        #: When (epoch ms) the current episode of a full database began (``DB_DISK_FULL``), None outside one.
+        self.disk_full_since: int | None = None
+        #: Passes that met the full database in the current episode.
+        self._disk_full_attempts = 0
 
     def tick(self, *, claim: bool = True) -> float:
         """One pass; returns how long to sleep.
@@ -284,15 +290,38 @@ class Pass:
         self.wake.clear()
 
     def db_busy(self, exc: SchedulerError) -> float:
-        """A pass met a busy database: say so once per episode; returns the back-off before the next attempt."""
+        """A pass met a busy (or full: ``DB_DISK_FULL``) database: say so once per episode; returns the back-off
+        before the next attempt (doubling, at most ``BUSY_BACKOFF_MAX_S``, or ``DISK_FULL_BACKOFF_MAX_S`` when full)."""
+        full = exc.code == "DB_DISK_FULL"
+        if full:
+            self._disk_full_attempts += 1
+            if self.disk_full_since is None:
+                self.disk_full_since = now_ms()
+                if not self.says:  # quiet (--json): the log still tells
+                    log.warning("database full: %s; waiting and retrying", exc.message)
         if self._busy_since is None:
             self._busy_since = time.monotonic()
-            self.say(f"{clock()} database busy ({exc.code}): {exc.message}; waiting and retrying")
-        self._busy_backoff = min(BUSY_BACKOFF_MAX_S, max(0.05, self._busy_backoff * 2))
+            what = "full" if full else "busy"
+            self.say(f"{clock()} database {what} ({exc.code}): {exc.message}; waiting and retrying")
+        ceiling = DISK_FULL_BACKOFF_MAX_S if full else BUSY_BACKOFF_MAX_S
+        self._busy_backoff = min(ceiling, max(0.05, self._busy_backoff * 2))
         return self._busy_backoff
 
     def db_available(self) -> None:
-        """A pass went through: say so when it ends a busy-database episode."""
+        """A pass went through: say so when it ends a busy-database episode; record a disk-full one (``status``)."""
         if self._busy_since is not None:
             self.say(f"{clock()} database available again after {time.monotonic() - self._busy_since:.1f}s")
             self._busy_since, self._busy_backoff = None, 0.0
+        if self.disk_full_since is not None:
+            since, attempts = self.disk_full_since, self._disk_full_attempts
+            until = now_ms()
+            try:
+                with self.store.transaction() as tx:
+                    append_event(tx, DISK_FULL_EVENT, actor=self.keeper.owner,
+                                 data={"since": since, "until": until, "attempts": attempts})
+            except SchedulerError as exc:  # full again, or busy: the next pass that goes through records it
+                log.warning("could not record the disk-full episode: %s", exc.message)
+                return
+            if not self.says:
+                log.warning("database writable again after %.1fs full (%d attempts)", (until - since) / 1000, attempts)
+            self.disk_full_since, self._disk_full_attempts = None, 0

@@ -74,6 +74,11 @@ class Store(Protocol):
     own uncommitted writes. Never write inside a ``read()`` that is not nested in a
     ``transaction()``. Transactions are per thread: another thread's ``transaction()`` is
     a separate transaction (on SQLite it waits for the first to finish).
+
+    **Optional: ``verify_identity()``.** A store kept in a local file may offer it: it raises
+    ``DB_VANISHED`` when the path no longer names the file it opened (deleted or replaced).
+    The dispatcher's lease keeper calls it before every renewal when present (the SQLite
+    store has it); a server database (PostgreSQL) has no file to vanish and leaves it out.
     """
 
     #: ``"sqlite"`` or ``"postgresql"``; informational only (messages, ``doctor``): kernel logic must not branch on it.

@@ -38,8 +38,10 @@ from scheduler.core.store.sqlite_statements import (
     SQLiteTx,
     busy_error,
     default_busy_timeout_ms,
+    disk_full_error,
     init_failed,
     is_busy,
+    is_full,
 )
 from scheduler.core.store.sqlite_upkeep import (
     WalFolder,
@@ -77,10 +79,16 @@ class SQLiteStore:
         return self.path
 
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: str | None = None, busy_timeout_ms: int | None = None
+        self, path: str | os.PathLike[str], *, synchronous: str | None = None, busy_timeout_ms: int | None = None,
+        create: bool = True,
     ) -> None:
         self.path = Path(path).expanduser()
         self.location = str(self.path)
+        #: Whether ``initialize`` may create the file when the path names none (``DB_NOT_FOUND`` otherwise). Only
+        #: ``initialize`` ever creates it: a connection opened later (another thread, a renewal) never does.
+        self.create = create
+        #: ``(st_dev, st_ino)`` of the file ``initialize`` opened: ``verify_identity`` compares the path with it.
+        self._identity: tuple[int, int] | None = None
         storage = current_settings().storage
         self._synchronous = (synchronous or storage.sqlite_synchronous).upper()
         self._cache_kib = storage.sqlite_cache_mb * 1024
@@ -104,9 +112,49 @@ class SQLiteStore:
     # -- connections ---------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        """A new connection configured for this store (``sqlite_upkeep.open_connection``)."""
-        return open_connection(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous,
-                               cache_kib=self._cache_kib)
+        """A new connection configured for this store (``sqlite_upkeep.open_connection``).
+
+        Once initialised, a new connection goes to the file ``initialize`` opened or to nothing: a path
+        deleted or replaced since is ``DB_VANISHED``, and no connection ever creates the file again.
+        """
+        if self._identity is not None:
+            self.verify_identity()
+        try:
+            return open_connection(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous,
+                                   cache_kib=self._cache_kib, create=self.create and self._identity is None)
+        except sqlite3.OperationalError:
+            if self._identity is not None and not self.path.exists():
+                raise self._vanished("was deleted") from None
+            raise
+
+    def _vanished(self, what: str) -> SchedulerError:
+        """``DB_VANISHED`` for this store's file (``what``: was deleted, was replaced by another file)."""
+        return SchedulerError(
+            "DB_VANISHED",
+            f"database {self.location} {what} while this process had it open: stopping rather than writing into a"
+            " file nobody can open again or starting over on an empty one; restore it (scheduler restore) or"
+            " create it on purpose (scheduler jobs add)",
+            details={"path": self.location},
+        )
+
+    def verify_identity(self) -> None:
+        """``DB_VANISHED`` when the path no longer names the file this store opened (deleted, or replaced by another).
+
+        One ``os.stat`` against the device and inode recorded at ``initialize``: cheap enough for every
+        lease renewal. SQLite keeps writing into a deleted file through its open descriptor, so without this
+        a dispatcher would go on committing runs nobody can read, then a new connection would start over on an
+        empty database. Another error from ``stat`` (a permission change) is left to the statements that follow.
+        """
+        if self._identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._vanished("was deleted") from None
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise self._vanished("was replaced by another file")
 
     def _adopt(self, conn: sqlite3.Connection) -> Slot:
         """Make ``conn`` this thread's connection; close those of threads that have ended."""
@@ -149,12 +197,15 @@ class SQLiteStore:
         return self._slot().conn
 
     def _exec(self, conn: sqlite3.Connection, sql: str, what: str) -> sqlite3.Cursor:
-        """Run a control statement (BEGIN, COMMIT, a PRAGMA), a lock past the busy timeout as ``DB_BUSY``."""
+        """Run a control statement (BEGIN, COMMIT, a PRAGMA), a lock past the busy timeout as ``DB_BUSY``, no room
+        left as ``DB_DISK_FULL``."""
         try:
             return conn.execute(sql)
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 raise busy_error(self.location, self._busy_timeout_ms, f"{what}: {exc}") from None
+            if is_full(exc):
+                raise disk_full_error(self.location, f"{what}: {exc}") from None
             raise
 
     # -- initialisation ------------------------------------------------------------------------
@@ -169,7 +220,8 @@ class SQLiteStore:
         never migrates nor repairs: an older database is refused with ``DB_INIT_FAILED``
         saying it must be migrated first, a current one missing a table, index or trigger
         with ``DB_INIT_FAILED`` (phase ``schema``, naming them) rather than answered from;
-        a database that does not exist yet is still created, as on first use. A lock held
+        a database that does not exist yet is still created, as on first use, unless the store
+        was made with ``create=False`` (``DB_NOT_FOUND``). A lock held
         past the busy timeout is ``DB_BUSY``.
 
         A writable open then compiles every named statement (``scheduler.core.state``) on
@@ -180,10 +232,23 @@ class SQLiteStore:
         if self._initialized:
             return
         path = self.location
+        self.verify_identity()  # opened before (initialize after close): the same file or none
+        if not self.create and not self.path.exists():
+            raise SchedulerError(
+                "DB_NOT_FOUND",
+                f"no database at {path}: this command does not create one (`scheduler jobs add`, `apply`, `import`"
+                " or `schedule add` does); check --db / SCHEDULER_DB",
+                details={"path": path},
+            )
         check_file(self.path)
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
+            raise init_failed("open", path, exc) from None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            conn.close()
             raise init_failed("open", path, exc) from None
         try:
             # Read-only look first: a foreign or newer database is refused before anything
@@ -211,11 +276,15 @@ class SQLiteStore:
             conn.close()
             if is_busy(exc):
                 raise busy_error(path, self._busy_timeout_ms, f"opening the database: {exc}") from None
+            if is_full(exc):
+                raise disk_full_error(path, f"opening the database: {exc}") from None
             raise init_failed("open", path, exc) from None
         except BaseException:
             conn.close()
             raise
         self._adopt(conn)
+        self._identity = (st.st_dev, st.st_ino)
+        self.create = False  # created now if it was missing: from here on, never again
         self._initialized = True
 
     def _upgrade(self, conn: sqlite3.Connection) -> None:
@@ -376,13 +445,16 @@ class SQLiteStore:
             slot.retire()
 
 
-def open_sqlite(path: str | os.PathLike[str], *, initialize: bool = True, readonly: bool = False) -> SQLiteStore:
+def open_sqlite(path: str | os.PathLike[str], *, initialize: bool = True, readonly: bool = False,
+                create: bool = True) -> SQLiteStore:
     """The built-in store on the SQLite file ``path``, initialised unless ``initialize=False`` (see ``initialize``).
+
+    ``create=False`` refuses a path that names no file (``DB_NOT_FOUND``) instead of creating a database there.
 
     Core's own opener; opening any store by path or URL (plugin stores too) is
     ``scheduler.plugins.stores.open_store``.
     """
-    store = SQLiteStore(path)
+    store = SQLiteStore(path, create=create)
     if initialize:
         store.initialize(readonly=readonly)
     return store

@@ -45,6 +45,29 @@ def is_busy(exc: BaseException) -> bool:
     return "is locked" in str(exc)
 
 
+def is_full(exc: BaseException) -> bool:
+    """Whether a sqlite3 error means the disk (or the database's page limit) is full (SQLITE_FULL)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == 13  # SQLITE_FULL
+    return "database or disk is full" in str(exc)
+
+
+def disk_full_error(location: str, what: str) -> SchedulerError:
+    """``DB_DISK_FULL``: a write found no room (the file system, or ``max_page_count``); nothing of it was kept.
+
+    Retryable: the dispatcher waits and tries again (``scheduler status`` shows when it last happened)
+    instead of exiting into a restart loop that cannot help.
+    """
+    return SchedulerError(
+        "DB_DISK_FULL",
+        f"database {location} is full: {what}; free space on its file system, the dispatcher retries",
+        details={"path": location},
+    )
+
+
 def busy_error(location: str, timeout_ms: int, what: str) -> SchedulerError:
     """``DB_BUSY``: the database stayed locked by another connection; retrying later may succeed."""
     return SchedulerError(
@@ -55,12 +78,15 @@ def busy_error(location: str, timeout_ms: int, what: str) -> SchedulerError:
 
 
 def execute(conn: sqlite3.Connection, sql: str, params: Params, location: str, timeout_ms: int) -> sqlite3.Cursor:
-    """Run one statement; a lock held past the busy timeout is ``DB_BUSY`` (retryable), not a raw error."""
+    """Run one statement; a lock held past the busy timeout is ``DB_BUSY``, no room left ``DB_DISK_FULL`` (both
+    retryable), not a raw error."""
     try:
         return conn.execute(sql, params)
     except sqlite3.OperationalError as exc:
         if is_busy(exc):
             raise busy_error(location, timeout_ms, f"database is locked ({exc})") from None
+        if is_full(exc):
+            raise disk_full_error(location, str(exc)) from None
         raise
 
 

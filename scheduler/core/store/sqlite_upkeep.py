@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import quote
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core import filemodes, state
@@ -106,23 +107,28 @@ def check_file(path: Path) -> None:
         raise init_failed("open", location, exc) from None
 
 
-def open_connection(path: Path, *, busy_timeout_ms: int, synchronous: str, cache_kib: int) -> sqlite3.Connection:
-    """A new connection to ``path`` with the store's pragmas, creating the file with private permissions.
+def open_connection(path: Path, *, busy_timeout_ms: int, synchronous: str, cache_kib: int,
+                    create: bool = True) -> sqlite3.Connection:
+    """A new connection to ``path`` with the store's pragmas, creating the file with private permissions if ``create``.
 
     The file is created here with the configured permissions (0600 by default) rather than
     by SQLite (0644 under the usual umask); SQLite gives -wal and -shm the same mode.
-    Checkpoints run on a background thread (``WalFolder``), never inside a commit that other
-    threads of this process are queued behind, hence ``wal_autocheckpoint = 0``.
+    SQLite itself never creates it (``mode=rw``): with ``create=False`` a missing file is an
+    error, not a fresh empty database (a dispatcher whose file was deleted must not start
+    over on a new one, issue 30). Checkpoints run on a background thread (``WalFolder``),
+    never inside a commit that other threads of this process are queued behind, hence
+    ``wal_autocheckpoint = 0``.
     """
     location = str(path)
-    if not path.exists():
+    if create and not path.exists():
         try:
             fd, _created = filemodes.create_file(path)
         except OSError as exc:
             raise init_failed("open", location, exc) from None
         os.close(fd)
-    conn = sqlite3.connect(location, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False,
-                           cached_statements=STATEMENT_CACHE_SIZE)
+    # An empty authority then the absolute path: a path starting with // is not read as a host.
+    conn = sqlite3.connect(f"file://{quote(os.path.abspath(location))}?mode=rw", uri=True, timeout=busy_timeout_ms / 1000,
+                           isolation_level=None, check_same_thread=False, cached_statements=STATEMENT_CACHE_SIZE)
     try:
         for pragma in (
             f"PRAGMA busy_timeout = {busy_timeout_ms}",
