@@ -83,6 +83,9 @@ def test_metrics_port_in_use_is_a_coded_error(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        from scheduler.plugins.stores import open_store
+
+        open_store(tmp_path / "s.db").close()  # `scheduler run` refuses a missing database (issue 30)
         out = subprocess.run([*scheduler_cmd(), "--db", str(tmp_path / "s.db"), "--json", "run", "--metrics-port", str(port)],
                              capture_output=True, text=True, timeout=60, env={**os.environ})
     assert out.returncode != 0

@@ -231,7 +231,7 @@ def test_schedule_add_follows_the_missing_plugin_rule(tmp_path, monkeypatch) -> 
     code, out, _ = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "main", db=db)
     assert code == 1 and _json.loads(out)["code"] == "EXECUTOR_NOT_AVAILABLE"
     code, out, _ = run_cli("--json", "jobs", "list", db=db)
-    assert _json.loads(out)["jobs"] == []
+    assert _json.loads(out)["code"] == "DB_NOT_FOUND"  # the refused add created nothing, not even the database
     code, out, err = run_cli("--json", "schedule", "add", "0 3 * * *", "summarise", "--target", "main",
                              "--allow-missing-plugins", db=db)
     assert code == 0, err

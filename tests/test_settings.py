@@ -540,6 +540,9 @@ def test_sqlite_store_uses_the_cache_setting(tmp_path: Path, monkeypatch: pytest
 def _lease_ttl_of_running_dispatcher(tmp_path: Path, env: dict[str, str], *flags: str) -> int:
     """Start ``scheduler run``, read its lease row's lifetime from the database file, stop it."""
     db = tmp_path / f"d{len(flags)}.db"
+    from scheduler.plugins.stores import open_store
+
+    open_store(str(db)).close()  # `scheduler run` refuses a missing database (issue 30)
     proc = subprocess.Popen([*scheduler_cmd(), "--db", str(db), "run", "--duration", "30s", *flags], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
