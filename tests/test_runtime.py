@@ -376,7 +376,7 @@ def test_executor_exception_is_contained(store, dispatcher):
 
 
 def test_delivery_and_watchdog_rows_enqueued_in_completion(store, dispatcher):
-    job = add_job(store, payload_message="echo:report", delivery_mode="always", delivery_channel="webhook", delivery_to="ops")
+    job = add_job(store, payload_message="echo:report", delivery_mode="always", delivery_channel="webhook", delivery_to="http://127.0.0.1:9/ops")  # webhook targets are URLs (issue 30); loopback only
     dispatcher()
     enqueue_manual(store, job["id"])
     wait_for(lambda: statuses(store, job["id"]) == ["ok"], what="ok")
