@@ -230,9 +230,12 @@ def _check_artifact(tx: Any, record: dict[str, Any], run: dict[str, Any] | None,
         if artifact.get(section) != document.get(key):
             raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the payload's {key} is not the {section} of the run's artifact {digest}")
     if document.get("version", 1) >= 2:  # what the declaration asked to bind, checked even when the run is gone
-        bindings = document.get("bindings") if isinstance(document.get("bindings"), dict) else {}
-        requested = requested_bindings(artifact.get("evidence"))
-        enforced = bindings.get("enforced") if isinstance(bindings.get("enforced"), list) else []
+        declared = document.get("bindings")
+        bindings: dict[str, Any] = declared if isinstance(declared, dict) else {}
+        evidence = artifact.get("evidence")
+        requested = requested_bindings(evidence if isinstance(evidence, dict) else None)
+        listed = bindings.get("enforced")
+        enforced: list[Any] = listed if isinstance(listed, list) else []
         if bindings.get("requested") != requested or not set(requested) <= set(enforced):
             raise _Fail("EVIDENCE_ARTIFACT_STALE", f"the payload's bindings are not those the declaration of the run's"
                                                    f" artifact {digest} asks for ({', '.join(requested) or 'none'})")
@@ -250,7 +253,8 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
 def _check_run_row(run: dict[str, Any], artifact: dict[str, Any] | None, document: dict[str, Any], record: dict[str, Any],
                    checks: dict[str, str]) -> None:
     """The payload rebuilt from the stored run row alone is byte for byte the stored one."""
-    result = document.get("result") if isinstance(document.get("result"), dict) else {}
+    stored = document.get("result")
+    result: dict[str, Any] = stored if isinstance(stored, dict) else {}
     duration = result.get("duration_ms")
     row = dict(run)
     if (row.get("status") == "cancelled" and row.get("cancel_requested_at") is not None

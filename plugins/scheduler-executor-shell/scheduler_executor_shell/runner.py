@@ -153,7 +153,9 @@ def run_process(
             start_new_session=True,
             close_fds=True,
             pass_fds=gate_fds or (),
-            **({} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups)}),
+            user=None if run_as is None else run_as.uid,
+            group=None if run_as is None else run_as.gid,
+            extra_groups=None if run_as is None else list(run_as.groups),
         )
     except BaseException as exc:
         _close(stdin_w, out_r, err_r, ready_r)
