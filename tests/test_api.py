@@ -409,7 +409,7 @@ def test_schema_jobs_lists_an_executors_own_options() -> None:
     assert code == 0, err
     doc = json.loads(out)
     names = [o["name"] for o in doc["options"]["executor_options"]]
-    assert names == ["env_policy", "env_allow", "working_dir", "stdin_text"]
+    assert names == ["env_policy", "env_allow", "working_dir", "stdin_text", "user", "added_by", "added_by_uid"]
     assert "executor_options" in [f["name"] for f in doc["fields"]]
     assert not {"shell_env_policy", "working_dir", "stdin_text"} & {f["name"] for f in doc["fields"]}
     code, out, _ = run_cli("--json", "schema", "jobs", "--executor", "nosuch")

@@ -110,6 +110,7 @@ def test_import_past_the_cap_stores_nothing(cli: Any, store: Any, monkeypatch: p
 
 
 def test_a_bad_cap_is_config_invalid(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli("--json", "jobs", "list").code == 0  # the fixture's database exists before the bad setting
     monkeypatch.setenv("SCHEDULER_JOBS_MAX_JOBS", "-1")
     reload_settings()
     refused(cli("--json", "jobs", "add", spec("a")), "CONFIG_INVALID")

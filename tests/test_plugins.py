@@ -28,6 +28,7 @@ from scheduler.plugins.hooks import Hooks, make_plugin_manager
 from scheduler.plugins.hookspecs import hookimpl
 from scheduler.plugins.inventory import inventory
 from scheduler.plugins.loader import load_provider
+from scheduler.plugins.stores import open_store
 
 
 def make_dist(site: Path, dist: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str], version: str = "0.1") -> Path:
@@ -187,6 +188,7 @@ def test_broken_plugin_is_reported_by_a_real_process_and_never_breaks_jobs_list(
     human = sub("plugins", "list", env=env)
     assert human.returncode == 0 and "kaputt" in human.stdout and "scheduler-channel-kaputt" in human.stdout
     db = str(tmp_path / "s.db")
+    open_store(db).close()  # read commands never create a database (issue 30): it exists first
     res = sub("--db", db, "--json", "jobs", "list", env=env)
     assert res.returncode == 0 and json.loads(res.stdout) == {"ok": True, "jobs": []}
     res = sub("--db", db, "--json", "plugins", "list", env={**env, "SCHEDULER_STRICT_PLUGINS": "1"})
@@ -566,6 +568,7 @@ def test_plugins_list_shows_a_misspelled_or_failing_hook_module_and_doctor_fails
     assert human.returncode == 0 and "invalid" in human.stdout and "scheduler_run_state_chnaged" in human.stdout
 
     db = str(tmp_path / "s.db")
+    open_store(db).close()  # doctor never creates a database (issue 30): it exists first
     healthy = sub("--db", db, "--json", "doctor", env={k: v for k, v in env.items() if k != "PYTHONPATH"})
     assert healthy.returncode == 0, healthy.stdout  # the same host without the broken hook modules
     res = sub("--db", db, "--json", "doctor", env=env)

@@ -43,6 +43,7 @@ from scheduler.core.spec import validate_spec
 from scheduler.pipeline.proofs.source import read_source
 from scheduler.pipeline.proofs.verify import verifier, verify, verify_with
 from scheduler.plugins.protocols import ProofRequest, VerifiedProof
+from scheduler.plugins.stores import open_store
 
 TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 DIGEST = "sha256:" + "ab" * 32
@@ -473,6 +474,7 @@ def test_the_proofs_cli_and_the_validate_warning(tmp_path: Path) -> None:
     from kernel_testing import scheduler_cmd
 
     db = str(tmp_path / "cli.db")
+    open_store(db).close()  # proofs commands never create a database (issue 30): it exists first
 
     def cli(*args: str) -> tuple[int, dict[str, Any]]:
         done = subprocess.run([*scheduler_cmd(), "--db", db, *args, "--json"], capture_output=True, text=True)
