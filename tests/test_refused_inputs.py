@@ -202,3 +202,10 @@ def test_jobs_update_refuses_the_same_and_leaves_the_job_as_it_was(cli: Any, pat
     assert code == res.json["code"] or code in _codes(res.json), res.json
     assert "hunter2" not in res.out
     assert cli("--json", "jobs", "get", "job").json == before
+
+
+def test_a_watchdog_alert_target_its_channel_cannot_send_to_is_refused(cli: Any, tmp_path: Path) -> None:
+    fields = _spec(job_type="watchdog", watchdog_alert_channel="webhook", watchdog_alert_to="file:///etc/passwd")
+    _refused_everywhere(cli, tmp_path, json.dumps(fields), "DELIVERY_TARGET_INVALID", "watchdog_alert_to")
+    good = _spec(name="dog", job_type="watchdog", watchdog_alert_channel="webhook", watchdog_alert_to="https://h/x")
+    assert cli("--json", "jobs", "add", json.dumps(good)).code == 0

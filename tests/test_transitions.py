@@ -369,7 +369,7 @@ def test_watchdog_alerts_only_when_the_check_itself_failed(status, code, alert):
 
 
 def _watchdog(store, **spec: Any) -> dict[str, Any]:
-    return add_job(store, payload_message="ok", job_type="watchdog", watchdog_alert_channel="webhook", watchdog_alert_to="ops",
+    return add_job(store, payload_message="ok", job_type="watchdog", watchdog_alert_channel="webhook", watchdog_alert_to="http://127.0.0.1:9/ops",
                    max_retries=0, max_consecutive_failures=0, **spec)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import attrs
+
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
 from scheduler.core.members import JobChecking, options_class_of
@@ -87,7 +89,26 @@ def option_problems_of(spec: Any) -> tuple[dict[str, dict[str, Any]], list[dict[
                 continue
             normalised[field] = options_to_json(instance)
             problems += job_problems(provider, instance, spec, field)
+    problems += alert_target_problems(spec)
     return normalised, problems
+
+
+def alert_target_problems(spec: Any) -> list[dict[str, str]]:
+    """The watchdog alert channel's judgement of ``watchdog_alert_to``, as its ``check_job`` judges ``delivery_to``.
+
+    A watchdog alert goes to ``watchdog_alert_channel`` at ``watchdog_alert_to`` (never with the job's
+    ``delivery_options``): the channel is asked about a copy of the spec routed there, with no options,
+    and each ``delivery_to`` problem is reported on ``watchdog_alert_to``.
+    """
+    name, target = getattr(spec, "watchdog_alert_channel", None), getattr(spec, "watchdog_alert_to", None)
+    if not name or not target or not attrs.has(type(spec)):
+        return []
+    provider = provider_for("channel", name)
+    if provider is None:
+        return []
+    routed = attrs.evolve(spec, delivery_channel=name, delivery_to=target, delivery_options={})
+    found = job_problems(provider, None, routed, "watchdog_alert_to")
+    return [{**p, "field": "watchdog_alert_to"} if p.get("field") == "delivery_to" else p for p in found]
 
 
 def job_problems(provider: Any, options: Any, spec: Any, field: str) -> list[dict[str, str]]:
