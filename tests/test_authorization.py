@@ -313,6 +313,34 @@ def test_escalate_waits_for_approval_and_approve_resumes_without_asking_again(
         assert tx.scalar("SELECT status FROM approvals WHERE id = ?", (approval["id"],)) == "dispatched"
 
 
+def test_escalate_from_a_provider_not_declaring_it_is_a_deny(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    """Issue 27 finding 3: an escalate from a provider without the escalate capability denies; no approval is opened."""
+    marker = tmp_path / "ran-undeclared"
+    job = add_job(store, payload_message=f"touch:{marker}", authorization_ref="noescalate:escalate")
+    enqueue_manual(store, job["id"])
+    d = dispatcher()
+    try:
+        (run,) = finished(store, job["id"])
+    finally:
+        d.stop()
+    assert run["status"] == "error" and run["error_code"] == "AUTHORIZATION_ESCALATE_UNDECLARED", run
+    assert "does not declare the escalate capability" in run["error_message"]
+    assert not marker.exists(), "the payload ran although the escalate was refused"
+    decision = json.loads(run["authorization_json"])
+    assert decision["decision"] == "deny" and decision["code"] == "AUTHORIZATION_ESCALATE_UNDECLARED"
+    with store.read() as tx:
+        assert tx.all("SELECT id FROM approvals WHERE run_id = ?", (run["id"],)) == []
+    # The same policy from the provider that declares escalate waits for an approval (what the capability allows).
+    job2 = add_job(store, name="declared", payload_message=f"touch:{marker}", authorization_ref="testauthz:escalate")
+    enqueue_manual(store, job2["id"])
+    d = dispatcher()
+    try:
+        wait_for(lambda: [r for r in run_rows(store, job2["id"]) if r["status"] == "awaiting_approval"], timeout=30,
+                 what="the declared escalate to wait for approval")
+    finally:
+        d.stop()
+
+
 def test_escalate_then_reject_cancels_and_nothing_runs(store: Any, dispatcher: Any, tmp_path: Path) -> None:
     from scheduler.approvals.decisions import decide
 

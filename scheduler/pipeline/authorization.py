@@ -366,6 +366,7 @@ class _Decision:
                 on_request(request)
             answer = self._ask(provider, request, limit_s)
             provider_decision, reason, details = self._check(answer)
+            self._check_declared(provider, provider_decision)
         except SchedulerError as exc:
             self._record("deny", provider_decision=None, reason=exc.message, code=exc.code,
                          details=exc.details if isinstance(exc.details, dict) else None)
@@ -394,6 +395,18 @@ class _Decision:
                              details={**self._where(), "risk_level": risk})
 
     # -- steps --
+
+    def _check_declared(self, provider: AuthorizationProvider, provider_decision: str) -> None:
+        """``AUTHORIZATION_ESCALATE_UNDECLARED`` (a deny) when a provider answers ``escalate`` without declaring it.
+
+        A provider that does not declare the ``escalate`` capability promised it never asks for an
+        approval; an ``escalate`` from it is an answer outside that promise (a bug, or a policy the
+        operator never agreed to gate on), so the run is denied instead of waiting for an approval.
+        """
+        if provider_decision == "escalate" and "escalate" not in provider.capabilities:
+            raise SchedulerError("AUTHORIZATION_ESCALATE_UNDECLARED",
+                                 f"authorization provider {self.provider_name!r} answered escalate but does not declare the"
+                                 " escalate capability", details=self._where())
 
     def _where(self) -> JSONObject:
         return {"provider": self.provider_name, "policy_ref": self.policy_ref}

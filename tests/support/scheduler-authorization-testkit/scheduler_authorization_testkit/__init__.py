@@ -6,6 +6,8 @@ risk critical), ``raise`` (an exception), ``error`` (a ``SchedulerError`` with i
 (decision VALUE, e.g. ``allow``), ``nonstr`` (a decision that is not a string). Every
 request is appended as one JSON line to ``$AUTHZ_TESTKIT_LOG`` when set. ``brokenauthz``
 permits everything: the broken reference provider conformance must report failing.
+``noescalate`` answers like ``testauthz`` but does not declare the ``escalate`` capability (the
+kernel denies its ``escalate`` with ``AUTHORIZATION_ESCALATE_UNDECLARED``).
 """
 
 from __future__ import annotations
@@ -81,3 +83,9 @@ class PermitEverything:
 
     def resolve_authorization(self, request: AuthorizationRequest) -> AuthorizationDecision:
         return AuthorizationDecision(decision="permit", reason="permit everything")
+
+
+class UndeclaredEscalation(TestAuthorizationProvider):
+    """Answers as its policy ref says, escalate included, without declaring the ``escalate`` capability."""
+
+    capabilities = frozenset()
