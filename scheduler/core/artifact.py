@@ -36,6 +36,7 @@ from scheduler.base.timeutil import to_iso
 from scheduler.core.rows import JobRow, JSONObject, JSONValue
 from scheduler.core.spec import JobSpec, spec_columns, spec_from_row
 from scheduler.core.steps import NOT_REGISTERED, Plan, plan_for, refuse_unowned, registered
+from scheduler.settings import current_settings
 
 if TYPE_CHECKING:
     from scheduler.core.store.base import Store, Tx
@@ -84,8 +85,10 @@ def _text_digest(text: str | None) -> str | None:
 
 #: The sections the kernel projects itself (each registered step adds its own: ``scheduler.core.steps``).
 KERNEL_SECTIONS = frozenset({"target", "command", "runtime", "output", "delivery", "watchdog"})
-#: The keys of a native artifact that are not sections.
-NATIVE_HEADER = frozenset({"schema", "version", "canonicalization", "job_id"})
+#: The keys of a native artifact that are not sections (``provenance`` only when it is not the default).
+NATIVE_HEADER = frozenset({"schema", "version", "canonicalization", "job_id", "provenance"})
+#: The provenance a native artifact leaves out: a default job's digest is what it was before provenance was bound.
+DEFAULT_PROVENANCE = "user_added"
 
 
 def execution_sections(spec: JobSpec) -> JSONObject:
@@ -127,13 +130,19 @@ def execution_sections(spec: JobSpec) -> JSONObject:
     return sections
 
 
-def _native_header(job_id: str) -> JSONObject:
-    return {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1", "job_id": job_id}
+def _native_header(job_id: str, provenance: str | None) -> JSONObject:
+    """The header of a native artifact. The job's provenance (its trust tier, which decides whether prompt checks
+    apply) is bound here when it is not ``user_added``: a row raised to ``static`` by SQL no longer matches its
+    artifact, while every default job keeps the digest it had before provenance was bound."""
+    header: JSONObject = {"schema": NATIVE_SCHEMA, "version": NATIVE_VERSION, "canonicalization": "json-sort-v1", "job_id": job_id}
+    if provenance is not None and provenance != DEFAULT_PROVENANCE:
+        header["provenance"] = provenance
+    return header
 
 
 def native_payload(spec: JobSpec, job_id: str) -> JSONObject:
     """The native execution artifact of job ``job_id`` with spec ``spec``."""
-    return _native_header(job_id) | execution_sections(spec)
+    return _native_header(job_id, spec.provenance) | execution_sections(spec)
 
 
 def native_digest(spec: JobSpec, job_id: str) -> str:
@@ -234,7 +243,7 @@ def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, JSONObject]:
     hit = _NATIVE_DIGESTS.get(key)
     if hit is None:
         sections = execution_sections(spec if spec is not None else spec_from_row(row))
-        hit = (canonical_digest(_native_header(row.id) | sections), sections)
+        hit = (canonical_digest(_native_header(row.id, row.provenance) | sections), sections)
         if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
             _NATIVE_DIGESTS.clear()
         _NATIVE_DIGESTS[key] = hit
@@ -280,6 +289,7 @@ def bind_plan(store: Store, row: JobRow | Mapping[str, object], spec: JobSpec) -
     if row.handoff_version is not None:
         with store.read() as tx:
             digest = check_job(tx, row, spec)
+        refuse_untrusted_prompt(row, spec)
         return plan_for(digest, lambda: execution_sections(spec), KERNEL_SECTIONS)
     try:
         digest = check_job(None, row, spec)  # a native projection needs no database
@@ -287,7 +297,17 @@ def bind_plan(store: Store, row: JobRow | Mapping[str, object], spec: JobSpec) -
         if exc.code == "EXECUTION_ARTIFACT_MISMATCH" and row.artifact_digest is not None:
             _refuse_unowned_sections(store, row.artifact_digest)
         raise
+    refuse_untrusted_prompt(row, spec)
     return plan_for(digest, lambda: _native(row, spec)[1], KERNEL_SECTIONS)
+
+
+def refuse_untrusted_prompt(row: JobRow, spec: JobSpec) -> None:
+    """The provenance trust gate (``[identity] refuse_external_prompts``): ``PROVENANCE_PROMPT_REFUSED`` for a prompt
+    (any target but ``shell``) of an ``external`` job when the host refuses them. Checked after the artifact check, so
+    the provenance it reads is the one the artifact binds (a row edited to another tier never gets this far)."""
+    if spec.session_target != "shell" and row.provenance == "external" and current_settings().identity.refuse_external_prompts:
+        raise SchedulerError("PROVENANCE_PROMPT_REFUSED", f"job {row.name!r} has provenance 'external' and this host refuses"
+                             " prompts from external jobs ([identity] refuse_external_prompts)")
 
 
 def _refuse_unowned_sections(store: Store, digest: str) -> None:

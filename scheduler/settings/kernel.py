@@ -135,6 +135,9 @@ class IdentitySettings:
     run_as_users: tuple[str, ...] = attrs.field(default=(), validator=_check_accounts, metadata={
         "doc": "Accounts (name or uid:N) that may add jobs running as another account (`executor_options.user`),"
                " besides root; honoured only from a root-owned settings file nobody else can write."})
+    refuse_external_prompts: bool = attrs.field(default=False, metadata={
+        "doc": "Refuse to run a prompt (an agent or main-session job) whose `provenance` is `external`: the run ends"
+               " PROVENANCE_PROMPT_REFUSED before anything executes; only `static` and `user_added` jobs run prompts."})
 
 
 @attrs.frozen(kw_only=True)

@@ -28,6 +28,7 @@ from scheduler.settings.kernel import (
     RETIRED_ENV,
     DeliverySettings,
     DispatcherSettings,
+    IdentitySettings,
     JobsSettings,
     NotificationSettings,
     StorageSettings,
@@ -404,6 +405,11 @@ class Settings:
     def jobs(self) -> JobsSettings:
         """``[jobs]``."""
         return typing.cast(JobsSettings, self.kernel["jobs"].value)
+
+    @property
+    def identity(self) -> IdentitySettings:
+        """``[identity]``."""
+        return typing.cast(IdentitySettings, self.kernel["identity"].value)
 
     def plugin_table(self, section: str, name: str) -> dict[str, Any]:
         """The file's ``[SECTION.NAME]`` table as written (empty when absent)."""
