@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import attrs
 
+from scheduler.base.entry_points import entry_point_names, is_disabled
 from scheduler.base.errors import SchedulerError
 
 
@@ -103,4 +104,55 @@ def settings_sections() -> dict[str, str]:
     return {k.name: k.section for k in KINDS if k.section is not None}
 
 
-__all__ = ["GROUPS", "HOOKS_GROUP", "KINDS", "PROVIDER_KIND_NAMES", "PluginKind", "declares_api", "kind_named", "kind_of_group", "settings_sections"]
+@attrs.frozen
+class Feature:
+    """A ``capabilities`` feature the kernel implements and which the installed plugins make usable.
+
+    ``needs`` lists ``(kind, driver)`` pairs, ``driver`` ``"*"`` for any driver of the kind; the feature
+    is on when one of them is installed and not switched off (``SCHEDULER_DISABLE_PLUGINS``). No need:
+    the kernel alone provides it. Read from entry-point metadata only: nothing is imported.
+    """
+
+    key: str
+    needs: tuple[tuple[str, str], ...] = ()
+    #: What it is, for docs/cli.md.
+    what: str = ""
+
+
+#: The seed's feature keys of ``scheduler capabilities`` whose value follows what is installed.
+FEATURES: tuple[Feature, ...] = (
+    Feature("artifact_bound_proofs", (("proof_verifier", "*"),),
+            "authorization proofs bound to the job's artifact digest and dispatch, checked by a proof verifier plugin"),
+    Feature("provider_session_cache", (("credential", "oauth2"),),
+            "a credential provider that caches sessions across runs, recorded in provider_sessions (the OAuth2 provider)"),
+    Feature("credential_presentation", (("credential", "*"),),
+            "credential bindings resolved by a provider and presented as env, file or stdin with their digests recorded"),
+    Feature("source_run_bound_delegation", (),
+            "a chain child's delegation is proven from the run that triggered it (the kernel's identity step)"),
+    Feature("gateway_capability_discovery", (("executor", "agent"),),
+            "the agent executor reads a gateway's declared capabilities (GET /v1/info, /health)"),
+    Feature("gateway_env_injection_negotiation", (("executor", "agent"),),
+            "the agent executor sends credentials to a gateway only when it declares chat-completions-env-inject-v1"),
+)
+
+
+def feature_values() -> dict[str, bool]:
+    """Each ``FEATURES`` key and whether it is on now: its kernel part always is, its plugins per the metadata."""
+    names: dict[str, set[str]] = {}
+    out: dict[str, bool] = {}
+    for feature in FEATURES:
+        on = not feature.needs
+        for kind, driver in feature.needs:
+            group = _BY_NAME[kind].group
+            if group not in names:
+                names[group] = entry_point_names(group)
+            if any(not is_disabled(group, n) for n in names[group] if driver in ("*", n)):
+                on = True
+        out[feature.key] = on
+    return out
+
+
+__all__ = [
+    "FEATURES", "GROUPS", "HOOKS_GROUP", "KINDS", "PROVIDER_KIND_NAMES", "Feature", "PluginKind", "declares_api",
+    "feature_values", "kind_named", "kind_of_group", "settings_sections",
+]

@@ -108,8 +108,11 @@ CAPABILITIES = {
 
 @click.command("capabilities")
 def capabilities_cmd() -> None:
-    """Print the feature flags of this kernel (without loading plugins or the database)."""
-    caps = {"version": __version__, "plugin_api": PLUGIN_API_VERSION, **CAPABILITIES}
+    """Print the feature flags of this kernel (without loading plugins or the database); the plugin-dependent ones
+    (``FEATURES`` of the plugin-kind registry) follow what the entry-point metadata says is installed and not switched off."""
+    from scheduler.base.plugin_kinds import feature_values
+
+    caps = {"version": __version__, "plugin_api": PLUGIN_API_VERSION, **CAPABILITIES, **feature_values()}
     emit({"capabilities": caps}, lambda: [click.echo(f"{k}: {v}") for k, v in caps.items()])
 
 
