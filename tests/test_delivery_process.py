@@ -64,10 +64,11 @@ def receiver() -> Any:
     r.server.close()
 
 
-def settings_env(tmp_path: Path, *, claim_ttl_ms: int = 1000) -> dict[str, str]:
+def settings_env(tmp_path: Path, *, claim_ttl_ms: int = 1000, concurrency: int = 8) -> dict[str, str]:
     config = tmp_path / "scheduler.toml"
     config.write_text('[channels.webhook]\nsecret = {credential = "env:TEST_WEBHOOK_SECRET"}\nmax_chars = 100\ntimeout_s = 3\n'
-                      f"[delivery]\nretry_base_ms = 50\nretry_max_ms = 300\nclaim_ttl_ms = {claim_ttl_ms}\n")
+                      f"[delivery]\nretry_base_ms = 50\nretry_max_ms = 300\nclaim_ttl_ms = {claim_ttl_ms}\n"
+                      f"concurrency = {concurrency}\n")
     return {"SCHEDULER_CONFIG": str(config), "TEST_WEBHOOK_SECRET": SECRET}
 
 
@@ -171,19 +172,21 @@ class SlowReceiver(IdempotentReceiver):
                     self.busy.clear()
 
 
-def test_each_kill9_during_delivery_leaves_at_most_one_part_sent_and_unrecorded(tmp_path: Path) -> None:
-    """Issue 30 defect 5: the bound docs/delivery.md states, under repeated kill -9 in the middle of sends.
+def test_each_kill9_during_delivery_leaves_at_most_concurrency_parts_sent_and_unrecorded(tmp_path: Path) -> None:
+    """Issue 30 defects 5 and 4: the bound docs/delivery.md states, under repeated kill -9 in the middle of sends.
 
-    Several dispatchers are killed one after another, each while the receiver is taking a part from it,
-    faster than their claims expire, so the parts they left are sent again together later. Per dead
-    dispatcher at most one part was received and not recorded; in all, the receiver sees at most one repeat
-    per kill, and every part is delivered and accepted once.
+    Several dispatchers are killed one after another, each while the receiver is taking parts from it,
+    faster than their claims expire, so the parts they left are sent again together later. A dispatcher
+    sends up to ``[delivery] concurrency`` parts at once (3 here, for 6 messages of 3 parts): per dead
+    dispatcher at most that many were received and not recorded; in all, the receiver sees at most
+    ``concurrency`` repeats per kill, and every part is delivered and accepted once.
     """
     receiver = SlowReceiver(hold_s=0.4)
     db = tmp_path / "scheduler.db"
     store = open_store(db)
-    env = settings_env(tmp_path, claim_ttl_ms=4000)
-    kills, unrecorded_at_kill = 4, []
+    concurrency = 3
+    env = settings_env(tmp_path, claim_ttl_ms=4000, concurrency=concurrency)
+    kills, unrecorded_at_kill, unrecorded = 4, [], set()
     try:
         jobs = [add_job(store, payload_message="echo:" + f"{i}" * 250, delivery_mode="always", delivery_channel="webhook",
                         delivery_to=f"{receiver.server.url}/hook") for i in range(6)]
@@ -205,7 +208,8 @@ def test_each_kill9_during_delivery_leaves_at_most_one_part_sent_and_unrecorded(
             for row in rows:
                 if row["idempotency_key"] in accepted:
                     per_owner[row["claim_owner"]] = per_owner.get(row["claim_owner"], 0) + 1
-            assert all(n <= 1 for n in per_owner.values()), per_owner
+                    unrecorded.add((row["claim_owner"], row["idempotency_key"]))
+            assert all(n <= concurrency for n in per_owner.values()), per_owner
             unrecorded_at_kill.append(sum(per_owner.values()))
         drain = Proc(db, log=tmp_path / "drain.log", env=env)
         try:
@@ -218,8 +222,99 @@ def test_each_kill9_during_delivery_leaves_at_most_one_part_sent_and_unrecorded(
             drain.close()
         keys = [r["idempotency_key"] for j in jobs for r in outbox(store, j["id"])]
         assert sorted(receiver.accepted) == sorted(keys)  # every part shown once
-        assert max(unrecorded_at_kill) >= 1  # the kills did land between a send and its record
-        assert 1 <= receiver.repeats <= kills, (receiver.repeats, unrecorded_at_kill)
+        assert max(unrecorded_at_kill) >= 2  # the kills did land between sends (in parallel) and their records
+        # each part a dead dispatcher sent and did not record comes again once (a later kill sees a dead one's too)
+        assert 2 <= receiver.repeats <= len(unrecorded) <= concurrency * kills, (receiver.repeats, unrecorded_at_kill)
+    finally:
+        receiver.release.set()
+        receiver.server.close()
+        store.close()
+
+
+class TimingReceiver(IdempotentReceiver):
+    """An idempotent receiver that takes ``latency_s`` over every request, noting when it took each part of which run."""
+
+    def __init__(self, latency_s: float) -> None:
+        super().__init__()
+        self.latency_s = latency_s
+        self.lock = threading.Lock()
+        #: (run id, idempotency key, start, end) per request, monotonic seconds
+        self.taken: list[tuple[str, str, float, float]] = []
+
+    def _answer(self, request: Recorded) -> Reply:
+        import json
+        import time
+
+        start = time.monotonic()
+        time.sleep(self.latency_s)
+        with self.lock:
+            reply = super()._answer(request)
+        end = time.monotonic()
+        with self.lock:
+            self.taken.append((json.loads(request.body)["data"]["run_id"], request.headers["webhook-id"], start, end))
+        return reply
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _t, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize(("concurrency", "channel_limit", "expected"), [(4, None, 4), (8, 2, 2)])
+def test_parts_of_different_runs_go_out_at_once_and_parts_of_one_run_never(
+        tmp_path: Path, concurrency: int, channel_limit: int | None, expected: int) -> None:
+    """Issue 30 defect 4: the consumer sends in parallel across runs, up to ``[delivery] concurrency`` parts at once
+    (``channel_concurrency`` caps one channel), while the parts of one run never overlap and a message's parts go in order.
+
+    Eight runs of a real ``scheduler run`` each have two messages for a receiver that takes 150 ms per request:
+    the job's result (3 parts of at most 100 characters) and a ``[notifications]`` message.
+    """
+    receiver = TimingReceiver(latency_s=0.15)
+    db = tmp_path / "scheduler.db"
+    store = open_store(db)
+    env = settings_env(tmp_path, concurrency=concurrency)
+    hook = f"{receiver.server.url}/hook"
+    with open(env["SCHEDULER_CONFIG"], "a") as fh:
+        fh.write(f'[notifications]\nroutes = ["webhook:{hook}"]\nevents = ["completed"]\n')
+    if channel_limit is not None:
+        config = Path(env["SCHEDULER_CONFIG"])
+        config.write_text(config.read_text().replace("[delivery]\n", f"[delivery]\nchannel_concurrency = {{ webhook = {channel_limit} }}\n"))
+
+    def statuses() -> list[str]:
+        with store.read() as tx:
+            return [r["status"] for r in tx.all("SELECT status FROM delivery_outbox")]
+    try:
+        jobs = [add_job(store, payload_message="echo:" + f"{i}" * 250, delivery_mode="always", delivery_channel="webhook",
+                        delivery_to=hook) for i in range(8)]
+        for job in jobs:
+            enqueue_manual(store, job["id"])
+        proc = Proc(db, log=tmp_path / "d.log", env=env)
+        try:
+            proc.wait_ready()
+            wait_for(lambda: len(s := statuses()) >= 16 and all(v == "delivered" for v in s), timeout=90,
+                     what="every part delivered")
+        finally:
+            proc.kill(15)
+            proc.p.wait(20)
+            proc.close()
+        with store.read() as tx:
+            parts = tx.all("SELECT run_id, group_key, part_index, idempotency_key FROM delivery_outbox")
+        assert sorted(receiver.accepted) == sorted(p["idempotency_key"] for p in parts) and receiver.repeats == 0
+        assert len({p["group_key"] for p in parts}) == 16 and len(parts) > 16  # two messages a run, some of several parts
+        by_key = {key: (start, end) for _run, key, start, end in receiver.taken}
+        for run_id in {p["run_id"] for p in parts}:
+            mine = sorted((start, end) for run, _key, start, end in receiver.taken if run == run_id)
+            assert len(mine) >= 2 and most_at_once(mine) == 1, (run_id, mine)  # one at a time
+        for p in parts:
+            if p["part_index"] > 1:  # in order: part i starts after part i - 1 was answered
+                before = p["idempotency_key"].replace(f":part:{p['part_index']}/", f":part:{p['part_index'] - 1}/")
+                assert by_key[p["idempotency_key"]][0] >= by_key[before][1]
+        assert most_at_once(list(by_key.values())) == expected  # different runs at once, up to the limit
     finally:
         receiver.release.set()
         receiver.server.close()

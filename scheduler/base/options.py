@@ -3,7 +3,8 @@
 A plugin declares its per-job options (``options_class``) and its host settings
 (``settings_class``) as frozen attrs classes. Field types are read from the
 annotations; supported: ``str``, ``int``, ``float``, ``bool``, ``Literal[...]``,
-``list[str]`` / ``tuple[str, ...]``, ``dict[str, str]`` and ``X | None`` (settings
+``list[str]`` / ``tuple[str, ...]``, ``dict[str, str]``, ``dict[str, int]`` (each value within
+``minimum``/``maximum``) and ``X | None`` (settings
 classes also ``SecretRef``, see ``scheduler.settings``). Field metadata may carry
 ``doc``, ``minimum``, ``maximum``, ``secret`` (settings) and ``check``: a callable
 given the converted value that returns an error message (``INVALID_VALUE``) or None,
@@ -66,6 +67,12 @@ def _check(tp: Any, value: Any, path: str, meta: Any, problems: list[dict[str, s
             return None
         return tuple(value) if origin is tuple else list(value)
     if origin is dict:
+        if len(args) == 2 and args[1] is int:  # each value an integer, checked as an int field is
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                problems.append({"field": path, "code": "INVALID_TYPE", "error": "must be an object of integers"})
+                return None
+            checked = {k: _check(int, v, f"{path}.{k}", meta, problems) for k, v in value.items()}
+            return checked if all(v is not None for v in checked.values()) else None
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             problems.append({"field": path, "code": "INVALID_TYPE", "error": "must be an object of strings"})
             return None

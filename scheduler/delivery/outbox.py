@@ -7,8 +7,9 @@ Nothing else sends.
 
 The consumer runs in each dispatcher (``DeliveryWorker``, a thread beside the run loop):
 it claims due parts with an expiry (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
-dispatchers share the work), sends each through its channel, and records the outcome
-with a compare-and-swap on its claim token:
+dispatchers share the work), hands each to one of ``[delivery] concurrency`` sender threads
+(at most ``channel_concurrency`` of a channel, never two parts of one run at once), which
+sends it through its channel and records the outcome with a compare-and-swap on its claim token:
 
 * ``delivered`` with the channel's receipt id (a delivered part is final: a guard refuses
   any later change, so it is never sent again by the scheduler);
@@ -27,19 +28,22 @@ keys shows it once; a key-less channel may show it twice (at-least-once delivery
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import random
 import secrets
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state
+from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.duty import DutyThread
 from scheduler.core.events import append_event
 from scheduler.core.outputs import read_artifact
@@ -204,18 +208,44 @@ def next_due(tx: Tx) -> int | None:
     return min(values) if values else None
 
 
-def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int) -> list[dict[str, Any]]:
-    """Claim up to ``limit`` sendable parts (due, or with an expired claim; every earlier part of the group delivered)."""
+def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int, look: int | None = None,
+              room: Mapping[str, int] | None = None, sending: Collection[str] = ()) -> list[dict[str, Any]]:
+    """Claim up to ``limit`` sendable parts, reading at most ``look`` (default ``limit``) candidates in due order.
+
+    Sendable: due, or with an expired claim; every earlier part of its message delivered;
+    and no other part of its run under a live claim (parts of one run never go out at
+    once, whichever dispatcher holds them). In one batch a run gets at most one part.
+    ``room`` is what is left of a channel's limit (``[delivery] channel_concurrency``): a
+    channel with none left is not read, one with some gets at most that many. ``sending``
+    are ids this consumer is sending now (their claims may have expired: never claimed twice here).
+    """
     claimed: list[dict[str, Any]] = []
+    room = dict(room or {})
+    full = sorted(channel for channel, left in room.items() if left <= 0)
     with store.transaction() as tx:
         rows = tx.all(
             "SELECT o.* FROM delivery_outbox o WHERE ((o.status = 'pending' AND o.due_at <= ?)"
             " OR (o.status = 'claimed' AND o.claim_expires_at <= ?))"
             " AND NOT EXISTS (SELECT 1 FROM delivery_outbox p WHERE p.group_key = o.group_key AND p.part_index < o.part_index"
-            " AND p.status <> 'delivered') ORDER BY o.due_at, o.id LIMIT ?" + tx.skip_locked,
-            (now, now, limit),
+            " AND p.status <> 'delivered')"
+            " AND (o.run_id IS NULL OR NOT EXISTS (SELECT 1 FROM delivery_outbox c WHERE c.run_id = o.run_id AND c.id <> o.id"
+            " AND c.status = 'claimed' AND c.claim_expires_at > ?))"
+            + (f" AND o.channel NOT IN ({', '.join('?' * len(full))})" if full else "")
+            + " ORDER BY o.due_at, o.id LIMIT ?" + tx.skip_locked,
+            (now, now, now, *full, look or limit),
         )
+        runs: set[str] = set()
         for row in rows:
+            if len(claimed) >= limit:
+                break
+            if row["id"] in sending or (row["run_id"] is not None and row["run_id"] in runs):
+                continue
+            if row["channel"] in room:
+                if room[row["channel"]] <= 0:
+                    continue
+                room[row["channel"]] -= 1
+            if row["run_id"] is not None:
+                runs.add(row["run_id"])
             token = secrets.token_hex(8)
             changed = state.execute(tx, "claim_outbox_part", part_id=row["id"], owner=owner, claim_token=token,
                                     expires_at=now + ttl_ms, now=now)
@@ -408,11 +438,15 @@ def part_to_json(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
 
 
 class DeliveryWorker(DutyThread):
-    """The outbox consumer of one dispatcher: a thread that claims, sends and records until stopped.
+    """The outbox consumer of one dispatcher: a thread that claims due parts and hands each to a sender thread.
 
-    It sleeps until the earliest due part or expiring claim (at most ``MAX_SLEEP_S``), or
-    until ``wake()`` (the dispatcher calls it after committing new parts). ``stop`` ends it
-    after the part being sent (a claim left behind expires and is taken over later).
+    Up to ``[delivery] concurrency`` parts are sent at once, each by its own sender, which
+    records the outcome; at most ``channel_concurrency[CHANNEL]`` of one channel; never two
+    parts of one run (``claim_due``), and a message's parts in order (the next is claimed only
+    once the one before is delivered). The claiming thread sleeps until the earliest due part or
+    expiring claim (at most ``MAX_SLEEP_S``), until ``wake()`` (the dispatcher calls it after
+    committing new parts), or until a sender finishes. ``stop`` ends it after the parts being
+    sent (claims left behind expire and are taken over later).
     """
 
     thread_name = "scheduler-delivery"
@@ -424,6 +458,10 @@ class DeliveryWorker(DutyThread):
         self.say = say or (lambda _msg: None)
         super().__init__()
         self.stats = {"delivered": 0, "retried": 0, "failed": 0}
+        self._senders = WorkerPool(current_settings().delivery.concurrency, "scheduler-delivery-send")
+        self._lock = threading.Condition()
+        #: The parts being sent now, by id: their channels.
+        self._sending: dict[str, str] = {}
 
     def pass_failed(self, exc: Exception) -> float:
         """A pass that raised is logged (with its traceback unless it is a SchedulerError); the next in ``MAX_SLEEP_S``."""
@@ -434,28 +472,62 @@ class DeliveryWorker(DutyThread):
         return MAX_SLEEP_S
 
     def run_once(self) -> float:
-        """One pass: claim due parts, send them, record the outcomes; return how long to sleep."""
+        """One pass: claim as many due parts as there are free senders and hand them over; return how long to sleep."""
         cfg = current_settings().delivery
+        with self._lock:
+            sending = dict(self._sending)
+        free = cfg.concurrency - len(sending)
+        if free <= 0:
+            return MAX_SLEEP_S  # every sender is busy: the first to finish wakes us
         now = now_ms()
         with self.store.read() as tx:  # an idle outbox costs two index lookups, never a write transaction
             due = next_due(tx)
         if due is None or due > now:
             return MAX_SLEEP_S if due is None else min(max(0.0, (due - now) / 1000), MAX_SLEEP_S)
-        parts = claim_due(self.store, self.owner, now=now, limit=cfg.batch, ttl_ms=cfg.claim_ttl_ms)
-        for index, part in enumerate(parts):
-            if self._stop.is_set() or now_ms() > part["claim_expires_at"] - cfg.claim_ttl_ms // 2:
-                # Sending under a claim about to expire could race the dispatcher that takes it over (a part
-                # shown twice): hand the rest of the batch back unsent, to be claimed afresh.
-                release(self.store, parts[index:])
-                break
+        busy = list(sending.values())
+        room = {channel: most - busy.count(channel) for channel, most in cfg.channel_concurrency.items()}
+        parts = claim_due(self.store, self.owner, now=now, limit=min(free, cfg.batch), look=cfg.batch, ttl_ms=cfg.claim_ttl_ms,
+                          room=room, sending=sending)
+        for part in parts:
+            with self._lock:
+                self._sending[part["id"]] = part["channel"]
+            self._senders.submit(functools.partial(self._send, part, cfg.claim_ttl_ms))
+        # more may be claimable (free senders, parts made sendable); nothing claimable: wait (a finished send wakes us)
+        return 0.0 if parts else MAX_SLEEP_S / 4
+
+    def _send(self, part: dict[str, Any], ttl_ms: int) -> None:
+        """On a sender thread: send one claimed part and record the outcome under its claim."""
+        try:
+            if self._stop.is_set() or now_ms() > part["claim_expires_at"] - ttl_ms // 2:
+                # Sending under a claim about to expire could race the dispatcher that takes it over (a part shown
+                # twice): hand it back unsent, to be claimed afresh.
+                release(self.store, [part])
+                return
             result = send_part(part, self.artifacts_root)
             if record(self.store, part, result, owner=self.owner):
                 settled = settled_outcome(part, result)  # the last attempt's retryable error is "failed", not "retry"
                 key = {"delivered": "delivered", "retry_scheduled": "retried", "failed": "failed"}[settled]
-                self.stats[key] += 1
+                with self._lock:
+                    self.stats[key] += 1
                 word = {"retry_scheduled": "retry"}.get(settled, settled)
                 attempt = f", attempt {part['attempts']}/{part['max_attempts']}" if settled != "delivered" else ""
                 self.say(f"deliver {part['channel']} {part['idempotency_key']}: {word}"
                          + (f" ({result.get('code')}{attempt})" if settled != "delivered" else ""))
-        # delivered parts may have made the next parts of their messages sendable; nothing claimable: wait
-        return 0.0 if parts else MAX_SLEEP_S / 4
+        except SchedulerError as exc:  # a busy database: the claim expires and the part is taken over
+            log.warning("delivery of %s not recorded: %s: %s", part["idempotency_key"], exc.code, exc.message)
+        except Exception:
+            log.exception("delivery of %s crashed", part["idempotency_key"])
+        finally:
+            with self._lock:
+                self._sending.pop(part["id"], None)
+                self._lock.notify_all()
+            self.wake()  # a free sender, and perhaps the next part of its message sendable
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop claiming, then wait (at most ``timeout`` seconds in all) for the parts being sent to be recorded."""
+        end = time.monotonic() + timeout
+        super().stop(timeout)
+        with self._lock:
+            while self._sending and (left := end - time.monotonic()) > 0:
+                self._lock.wait(left)
+        self._senders.close()

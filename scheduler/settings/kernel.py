@@ -62,7 +62,15 @@ class DeliverySettings:
         "minimum": 1, "maximum": 86_400_000, "doc": "Longest backoff between two attempts (a channel's Retry-After is honoured above it)."})
     max_attempts: int = attrs.field(default=5, metadata={
         "minimum": 1, "maximum": 1000, "doc": "Attempts per part before it is `failed` (set on each new part)."})
-    batch: int = attrs.field(default=20, metadata={"minimum": 1, "maximum": 1000, "doc": "Parts claimed per consumer pass."})
+    batch: int = attrs.field(default=20, metadata={
+        "minimum": 1, "maximum": 1000, "doc": "Parts a consumer pass looks at; it claims at most as many as it has free senders."})
+    concurrency: int = attrs.field(default=8, metadata={
+        "minimum": 1, "maximum": 256,
+        "doc": "Parts one dispatcher sends at once, each on its own sender thread; parts of one run never at once."})
+    channel_concurrency: dict[str, int] = attrs.field(factory=dict, metadata={
+        "minimum": 1, "maximum": 256,
+        "doc": "Channel name -> most parts of that channel one dispatcher sends at once (e.g. `{ telegram = 1 }`);"
+               " a channel not named may use every sender."})
 
 
 #: What ``[notifications]`` can announce: a run that ended ok, one that failed (error or timeout), a job auto-paused.
