@@ -122,7 +122,7 @@ def test_every_operation_is_documented_and_exported() -> None:
     """The module docstring lists each operation with its CLI command; ``__all__`` exports exactly the public names."""
     doc = ops.__doc__ or ""
     operations = [n for n in ops.__all__ if n not in ("JsonObject", "StoreTarget", "open_store")]
-    assert len(operations) == 22
+    assert len(operations) == 27
     for name in operations:
         assert callable(getattr(ops, name)) and getattr(ops, name).__doc__, name
         assert f"``{name}(store" in doc, f"the docstring of scheduler.api.ops does not list {name}"
@@ -189,6 +189,45 @@ def test_reads_are_what_the_cli_prints(store: Any, cli: Any, dispatcher: Any, db
     for ref in (approval["id"], approval["id"][:8]):
         assert as_printed(ops.get_approval(store, ref)) == cli_ok(cli, "approvals", "show", ref, key="approval")
     assert ops.list_deliveries(store) == cli_ok(cli, "deliveries", "list", key="deliveries") == []
+
+
+def test_events_output_evidence_status_doctor_and_run_pages_are_what_the_cli_prints(store: Any, cli: Any, dispatcher: Any,
+                                                                                       db_path: Path) -> None:
+    """The reads the web view added (issue 33) are the CLI's: ``runs events``, ``runs output --both``, ``runs evidence``,
+    ``status`` and ``doctor`` give the same values through the facade; ``list_runs`` pages by a keyset cursor and a window."""
+    job = add_job(store, name="proved", payload_message="echo:<b>out</b>", evidence={"provider": "checksum"})
+    for n in range(1, 4):  # one run per dispatcher: three distinct creation instants
+        ops.run_job(store, "proved")
+        d = dispatcher()
+        wait_for(lambda n=n: len([r for r in run_rows(store, job["id"]) if r["status"] in TERMINAL]) == n, timeout=20,
+                 what="finished run")
+        d.stop()
+    runs = ops.list_runs(store, job="proved")
+    assert len(runs) == 3
+    newest = runs[0]["id"]
+    assert as_printed(ops.run_events(store, newest)) == cli_ok(cli, "runs", "events", newest, key="events")
+    assert [e["kind"] for e in ops.run_events(store, newest)][:1] and ops.run_events(store, newest)[0]["run_id"] == newest
+    output = ops.run_output(db_path, newest[:8])
+    assert output == cli_ok(cli, "runs", "output", newest, "--both")
+    assert output["streams"]["stdout"]["content"] == "<b>out</b>" and output["complete"] is True
+    assert as_printed(ops.verify_evidence(store, newest)) == cli_ok(cli, "runs", "evidence", newest)
+    status = as_printed(ops.status(store))
+    printed = cli_ok(cli, "status", key="status")
+    for volatile in ("free_bytes",):
+        status.pop(volatile), printed.pop(volatile)
+    assert status == printed and status["runs"] == {"ok": 3}
+    doctor = ops.doctor(store)
+    res = cli("--json", "doctor")
+    assert [c["check"] for c in doctor["checks"]] == [c["check"] for c in (res.json.get("checks") or res.json["details"])]
+    assert doctor["healthy"] is (res.code == 0)
+    # pages: the cursor gives the runs after it, the window the runs created in it; the three runs are the three pages
+    pages = [ops.list_runs(store, job="proved", limit=1)]
+    while len(pages) < 4:
+        pages.append(ops.list_runs(store, job="proved", limit=1, before=pages[-1][0]["id"]) if pages[-1] else [])
+    assert [p[0]["id"] for p in pages[:3]] == [r["id"] for r in runs] and pages[3] == []
+    created = sorted(r["created_at"] for r in run_rows(store, job["id"]))
+    assert [r["id"] for r in ops.list_runs(store, since_ms=created[1], until_ms=created[2])] == [runs[1]["id"]]
+    assert facade_code(lambda: ops.list_runs(store, before="nope-nope")) == "NOT_FOUND"
 
 
 # -- acting ----------------------------------------------------------------------------------------

@@ -20,8 +20,17 @@ operation                                              CLI command              
 ``list_jobs(store, enabled=, state=, limit=,           ``jobs list``               list of job views with ``state`` and
 include_handoff_artifacts=)``                                                      ``next_run_at`` (``jobs``)
 ``get_job(store, job)``                                ``jobs get JOB``            one job view (``job``)
-``list_runs(store, job=, status=, limit=20)``          ``runs list [JOB]``         run views, newest first (``runs``)
+``list_runs(store, job=, status=, limit=20,            ``runs list [JOB]``         run views, newest first (``runs``);
+before=, since_ms=, until_ms=)``                                                   ``before`` (a keyset cursor: the page after
+                                                                                   that run) and the creation-time window are
+                                                                                   the facade's own
 ``get_run(store, run)``                                ``runs get RUN``            the full run view (``run``)
+``run_events(store, run)``                             ``runs events RUN``         the run's audit trail, oldest first
+                                                                                   (``events``)
+``run_output(store, run)``                             ``runs output RUN --both``  both streams, verified against their
+                                                                                   digests (``streams``: ``content``, ...)
+``verify_evidence(store, run)``                        ``runs evidence RUN``       the re-verified evidence verdict (raises
+                                                                                   its ``EVIDENCE_*`` code when it fails)
 ``list_approvals(store, pending=, job=, limit=100)``   ``approvals list``          approval views, newest first (``approvals``)
 ``get_approval(store, approval)``                      ``approvals show ID``       one approval view (``approval``)
 ``list_deliveries(store, status=, job=, run=,          ``deliveries list``         outbox part views (``deliveries``); ``run``
@@ -31,6 +40,10 @@ limit=100)``                                                                    
                                                                                    error, latest due first (``dispatches``)
 ``get_dispatch(store, dispatch)``                      ``queue show ID``           one dispatch with its ``events`` and
                                                                                    ``errors`` (``dispatch``)
+``status(store)``                                      ``status``                  leases, queue, runs, outbox, approvals,
+                                                                                   evidence counts (``status``)
+``doctor(store)``                                      ``doctor``                  ``healthy`` and every check (``checks``);
+                                                                                   returned, not raised, when unhealthy
 =====================================================  ==========================  ===========================================
 
 Act:
@@ -77,7 +90,7 @@ from typing import Any
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store.base import Store
-from scheduler.ops import actions, queries
+from scheduler.ops import actions, health, queries
 from scheduler.plugins.stores import open_store
 from scheduler.runtime import install
 
@@ -89,6 +102,7 @@ __all__ = [
     "cancel_job",
     "cancel_run",
     "disable_job",
+    "doctor",
     "enable_job",
     "get_approval",
     "get_delivery",
@@ -106,7 +120,11 @@ __all__ = [
     "reject_job",
     "resume_job",
     "retry_delivery",
+    "run_events",
     "run_job",
+    "run_output",
+    "status",
+    "verify_evidence",
 ]
 
 #: A JSON-ready object, as the CLI prints it under ``--json``.
@@ -154,16 +172,37 @@ def get_job(store: StoreTarget, job: str) -> JsonObject:
         return queries.get_job(s, job)
 
 
-def list_runs(store: StoreTarget, *, job: str | None = None, status: str | None = None, limit: int = 20) -> list[JsonObject]:
-    """``runs list``: recent runs, newest first, of one job and of one status when given."""
+def list_runs(store: StoreTarget, *, job: str | None = None, status: str | None = None, limit: int = 20,
+              before: str | None = None, since_ms: int | None = None, until_ms: int | None = None) -> list[JsonObject]:
+    """``runs list``: recent runs, newest first, of one job and of one status when given; ``before`` pages on
+    (the runs created before that run), ``since_ms``/``until_ms`` keep a window of creation times."""
     with _opened(store, readonly=True) as s:
-        return queries.list_runs(s, job=job, status=status, limit=limit)
+        return queries.list_runs(s, job=job, status=status, limit=limit, before=before, since_ms=since_ms,
+                                 until_ms=until_ms)
 
 
 def get_run(store: StoreTarget, run: str) -> JsonObject:
     """``runs get``: everything recorded about one run (id or unique prefix)."""
     with _opened(store, readonly=True) as s:
         return queries.get_run(s, run)
+
+
+def run_events(store: StoreTarget, run: str) -> list[JsonObject]:
+    """``runs events``: the audit trail of one run (id or unique prefix), oldest first."""
+    with _opened(store, readonly=True) as s:
+        return queries.run_events(s, run)
+
+
+def run_output(store: StoreTarget, run: str) -> JsonObject:
+    """``runs output --both``: both output streams of one run, verified against their recorded digests (``ARTIFACT_TAMPERED``)."""
+    with _opened(store, readonly=True) as s:
+        return queries.run_output(s, run)
+
+
+def verify_evidence(store: StoreTarget, run: str) -> JsonObject:
+    """``runs evidence``: re-verify one run's evidence from history; the verdict, or its ``EVIDENCE_*`` code raised."""
+    with _opened(store, readonly=True) as s:
+        return queries.verify_evidence(s, run)
 
 
 def list_approvals(store: StoreTarget, *, pending: bool = False, job: str | None = None, limit: int = 100) -> list[JsonObject]:
@@ -201,6 +240,19 @@ def get_dispatch(store: StoreTarget, dispatch: str) -> JsonObject:
     """``queue show``: one dispatch (id, unique prefix or suffix) with its runtime events and its error history."""
     with _opened(store, readonly=True) as s:
         return queries.get_dispatch(s, dispatch)
+
+
+def status(store: StoreTarget) -> JsonObject:
+    """``status``: leases (the dispatcher's holder), queue, runs, outbox, approvals and evidence counts at a glance."""
+    with _opened(store, readonly=True) as s:
+        return health.collect_status(s)
+
+
+def doctor(store: StoreTarget) -> JsonObject:
+    """``doctor``: ``{"healthy", "checks"}``, every check the command prints (the command exits 1 when one fails)."""
+    with _opened(store, readonly=True) as s:
+        checks = [*health.store_checks(s), health.plugin_check()]
+    return {"healthy": all(c["ok"] for c in checks), "checks": checks}
 
 
 # -- act -------------------------------------------------------------------------------------------

@@ -100,7 +100,9 @@ def runs_output(run_id: str, stream: str, both: bool, follow: bool) -> None:
         run, shown = _follow(store, root, run, streams, show=not quiet)
     datas = {s: _rest_of(root, run, s, shown.get(s, b"")) for s in streams}
     if quiet:
-        emit(_output_view(run, streams, datas, both=both))
+        from scheduler.ops.queries import output_view
+
+        emit(output_view(run, streams, datas, both=both))
         return
     for s in streams:
         _write_raw(datas[s][len(shown.get(s, b"")):], err=s == "stderr" and both)
@@ -152,29 +154,6 @@ def _rest_of(root: Path, run: RunRow, stream: str, shown: bytes) -> bytes:
         raise SchedulerError("ARTIFACT_TAMPERED", f"run {run.id} {stream}: the {len(shown)} bytes shown while it ran are"
                                                   " not the start of its recorded stream")
     return data if data or not shown else shown
-
-
-def _output_view(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes], *, both: bool) -> dict[str, Any]:
-    """The ``--json`` answer of ``runs output``: one stream (with the other's size) or, with ``--both``, each."""
-    import base64
-
-    from scheduler.core.runs import TERMINAL
-
-    def one(s: str) -> dict[str, Any]:
-        data = datas[s]
-        try:
-            content, encoding = data.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            content, encoding = base64.b64encode(data).decode("ascii"), "base64"
-        return {"bytes": len(data), "sha256": run.get(f"{s}_sha256"), "offloaded": bool(run.get(f"{s}_artifact")),
-                "encoding": encoding, "content": content}
-
-    state = {"run_status": run.status, "complete": run.status in TERMINAL}
-    if both:
-        return {"run_id": run.id, **state, "streams": {s: one(s) for s in streams}}
-    (s,) = streams
-    other = "stderr" if s == "stdout" else "stdout"
-    return {"run_id": run.id, "stream": s, **one(s), **state, "other": {"stream": other, "bytes": run.get(f"{other}_bytes")}}
 
 
 def _output_notes(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes], *, both: bool,
@@ -235,21 +214,6 @@ def runs_cancel(run_id: str, reason: str | None) -> None:
     emit(result, lambda: click.echo(f"run {result['run_id'][:8]}: {result['outcome']}"))
 
 
-def evidence_run_id(store, ref: str) -> str:
-    """The full run id ``runs evidence`` works on: a run (id or unique prefix), else a pruned run's evidence row."""
-    with store.read() as tx:
-        try:
-            return _resolve_run(tx, ref).id
-        except SchedulerError as exc:
-            if exc.code != "NOT_FOUND":
-                raise
-            if tx.one("SELECT run_id FROM evidence_records WHERE run_id = ?", (ref,)) is not None:
-                return ref
-            if tx.one("SELECT run_id FROM run_tombstones WHERE run_id = ?", (ref,)) is not None:
-                return ref
-            raise
-
-
 @runs_group.command("evidence")
 @click.argument("run_id", required=False)
 @click.option("--all", "all_runs", is_flag=True, help="Re-verify every run with evidence (a summary; exit 1 if any is invalid).")
@@ -265,7 +229,7 @@ def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_
     evidence still verifies (the run-row and output checks are then skipped, and said so).
     ``--all`` re-verifies many (``--since``); ``--export in-toto`` exports one (docs/evidence.md).
     """
-    from scheduler.evidence.verify import verify_run
+    from scheduler.ops.queries import evidence_run_id, verify_evidence
 
     store = open_ctx_store()
     if all_runs or since is not None or export_format is not None or output is not None:
@@ -276,23 +240,18 @@ def runs_evidence(run_id: str | None, all_runs: bool, since: str | None, export_
         return
     if run_id is None:
         raise SchedulerError("INVALID_ARGUMENT", "runs evidence needs a RUN_ID (or --all)")
-    check = verify_run(store, evidence_run_id(store, run_id))
-    if not check.verified:
-        raise check.error()
-    view = {k: v for k, v in check.to_json().items() if k != "ok"}
-    emit(view, lambda: kv([("run", check.run_id), ("verified", "yes"), ("provider", check.provider), ("method", check.method),
-                           *((name, outcome) for name, outcome in check.checks.items())]))
+    view = verify_evidence(store, run_id)
+    emit(view, lambda: kv([("run", view["run_id"]), ("verified", "yes"), ("provider", view["provider"]),
+                           ("method", view["method"]), *((name, outcome) for name, outcome in view["checks"].items())]))
 
 
 @runs_group.command("events")
 @click.argument("run_id")
 def runs_events(run_id: str) -> None:
     """The audit trail of one run."""
-    from scheduler.core.events import event_to_json
+    from scheduler.ops.queries import run_events
 
-    with open_ctx_store().read() as tx:
-        run = _resolve_run(tx, run_id)
-        events = [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (run.id,))]
+    events = run_events(open_ctx_store(), run_id)
     emit({"events": events}, lambda: table([(local_time(e["at"]), e["kind"], e["actor"], e["data"]) for e in events],
                                            ["at", "event", "actor", "data"]))
 

@@ -47,10 +47,26 @@ def get_run(tx: Tx, run_id: str) -> RunRow:
     return RunRow.from_row(row)
 
 
-def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50) -> list[RunRow]:
-    """Most recent runs first, optionally of one job and/or one status."""
+def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, limit: int = 50,
+              before: tuple[int, str] | None = None, since_ms: int | None = None,
+              until_ms: int | None = None) -> list[RunRow]:
+    """Most recent runs first, optionally of one job and/or one status.
+
+    ``before`` is a keyset cursor, the ``(created_at, id)`` of the last run of the previous page:
+    only older runs follow, so a page costs the same however deep it is. ``since_ms`` and
+    ``until_ms`` keep runs created in ``[since_ms, until_ms)``.
+    """
     where: list[str] = []
     params: list[object] = []
+    if before is not None:
+        where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        params += [before[0], before[0], before[1]]
+    if since_ms is not None:
+        where.append("created_at >= ?")
+        params.append(since_ms)
+    if until_ms is not None:
+        where.append("created_at < ?")
+        params.append(until_ms)
     if job_id:
         where.append("job_id = ?")
         params.append(job_id)

@@ -1,7 +1,7 @@
 """Reading the scheduler as the CLI shows it: jobs, runs, approvals and delivery parts, as JSON-ready dicts.
 
 One function per read command (``jobs list``, ``jobs get``, ``runs list``, ``runs get``,
-``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``, ``queue list``,
+``runs events``, ``runs output``, ``runs evidence``, ``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``, ``queue list``,
 ``queue show``): the CLI prints
 what it returns under ``--json`` (or renders it as a table) and ``scheduler.api.ops`` hands the
 same value to plugins, so there is one way to read each thing. Every function takes an open
@@ -12,7 +12,8 @@ prefix, a dispatch by id or a unique prefix or suffix; an unknown one is ``NOT_F
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+from typing import Any, cast
 
 from scheduler.approvals.decisions import approval_to_json
 from scheduler.approvals.decisions import get_approval as approval_row
@@ -23,14 +24,16 @@ from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.events import event_to_json
 from scheduler.core.jobs import JOB_STATES, check_job_state, job_to_json, resolve_job
 from scheduler.core.jobs import list_jobs as job_rows
+from scheduler.core.outputs import read_stream
 from scheduler.core.rows import DispatchRow, JSONObject, JSONValue, RunRow
-from scheduler.core.runs import RUN_STATUSES, run_to_json
+from scheduler.core.runs import RUN_STATUSES, TERMINAL, run_to_json
 from scheduler.core.runs import get_run as run_row
 from scheduler.core.runs import list_runs as run_rows
+from scheduler.core.store import default_artifacts_root
 from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import STATUSES as DELIVERY_STATUSES
 from scheduler.delivery.outbox import get_part, list_parts, part_to_json
-from scheduler.evidence.verify import check_parsed_output
+from scheduler.evidence.verify import check_parsed_output, verify_run
 
 __all__ = [
     "DELIVERY_STATUSES",
@@ -41,6 +44,7 @@ __all__ = [
     "check_job_state",
     "check_limit",
     "check_run_status",
+    "evidence_run_id",
     "get_approval",
     "get_delivery",
     "get_dispatch",
@@ -52,7 +56,11 @@ __all__ = [
     "list_jobs",
     "list_queue",
     "list_runs",
+    "output_view",
     "resolve_run",
+    "run_events",
+    "run_output",
+    "verify_evidence",
 ]
 
 #: The largest ``--limit`` a listing takes (the CLI's ``AsciiIntRange(1, MAX_LIMIT)``).
@@ -123,15 +131,24 @@ def check_run_status(status: str | None) -> None:
         raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
 
 
-def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+def list_runs(store: Store, *, job: str | None = None, status: str | None = None, limit: int = 20,
+              before: str | None = None, since_ms: int | None = None, until_ms: int | None = None) -> list[dict[str, Any]]:
     """``runs list``: recent runs, newest first, of one job (id or name) when given, of one status when given.
 
-    An unknown status is ``INVALID_ARGUMENT`` (``check_run_status``).
+    An unknown status is ``INVALID_ARGUMENT`` (``check_run_status``). Beyond the CLI's options,
+    for a paging reader such as the web view: ``before`` (a run id or unique prefix) gives the
+    page after that run (a keyset cursor: the runs created before it), ``since_ms`` / ``until_ms``
+    (epoch milliseconds) the runs created in ``[since_ms, until_ms)``.
     """
     check_limit(limit)
     check_run_status(status)
     with store.read() as tx:
-        rows = run_rows(tx, job_id=_job_id(tx, job), status=status, limit=limit)
+        cursor = None
+        if before is not None:
+            last = resolve_run(tx, before)
+            cursor = (last.created_at, last.id)
+        rows = run_rows(tx, job_id=_job_id(tx, job), status=status, limit=limit, before=cursor, since_ms=since_ms,
+                        until_ms=until_ms)
     return [run_to_json(r) for r in rows]
 
 
@@ -154,6 +171,75 @@ def get_run(store: Store, run: str) -> dict[str, Any]:
         view = run_to_json(row, full=True)
     view["output_parsed_verified"] = bound
     return view
+
+
+def run_events(store: Store, run: str) -> list[dict[str, Any]]:
+    """``runs events``: the audit trail of one run (id or unique prefix), oldest first (``event_to_json``)."""
+    with store.read() as tx:
+        row = resolve_run(tx, run)
+        return [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (row.id,))]
+
+
+def output_view(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes], *, both: bool) -> dict[str, Any]:
+    """The ``--json`` answer of ``runs output``: one stream (with the other's size) or, with ``both``, each.
+
+    Text is given as ``utf-8`` or, when a stream is not UTF-8, as ``base64``; with the run's
+    status and whether it has ended (``complete``).
+    """
+    def one(s: str) -> JSONObject:
+        data = datas[s]
+        try:
+            content, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+        return {"bytes": len(data), "sha256": cast("JSONValue", run.get(f"{s}_sha256")),
+                "offloaded": bool(run.get(f"{s}_artifact")), "encoding": encoding, "content": content}
+
+    state: JSONObject = {"run_status": run.status, "complete": run.status in TERMINAL}
+    if both:
+        return {"run_id": run.id, **state, "streams": {s: one(s) for s in streams}}
+    (s,) = streams
+    other = "stderr" if s == "stdout" else "stdout"
+    return {"run_id": run.id, "stream": s, **one(s), **state,
+            "other": {"stream": other, "bytes": cast("JSONValue", run.get(f"{other}_bytes"))}}
+
+
+def run_output(store: Store, run: str) -> dict[str, Any]:
+    """``runs output RUN --both``: both streams of one run, each verified against its recorded size and SHA-256
+    (``read_stream``: a changed row or file is ``ARTIFACT_TAMPERED``, never shown); empty until the run has ended."""
+    with store.read() as tx:
+        row = resolve_run(tx, run)
+    root = default_artifacts_root(store.local_path)
+    streams = ("stdout", "stderr")
+    datas = {s: read_stream(root, row, s) if row.status in TERMINAL else b"" for s in streams}
+    return output_view(row, streams, datas, both=True)
+
+
+def evidence_run_id(store: Store, ref: str) -> str:
+    """The full run id ``runs evidence`` works on: a run (id or unique prefix), else a pruned run's evidence row."""
+    with store.read() as tx:
+        try:
+            return resolve_run(tx, ref).id
+        except SchedulerError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            if tx.one("SELECT run_id FROM evidence_records WHERE run_id = ?", (ref,)) is not None:
+                return ref
+            if tx.one("SELECT run_id FROM run_tombstones WHERE run_id = ?", (ref,)) is not None:
+                return ref
+            raise
+
+
+def verify_evidence(store: Store, run: str) -> dict[str, Any]:
+    """``runs evidence RUN``: re-verify one run's evidence from history alone (``verify_run``); the verdict.
+
+    A failed check raises its ``EVIDENCE_*`` code (``EvidenceCheck.error``: the details name the
+    check that failed), as the command exits non-zero with it.
+    """
+    check = verify_run(store, evidence_run_id(store, run))
+    if not check.verified:
+        raise check.error()
+    return {k: v for k, v in check.to_json().items() if k != "ok"}
 
 
 def list_approvals(store: Store, *, pending: bool = False, job: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
