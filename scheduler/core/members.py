@@ -67,6 +67,19 @@ class PolicyChecking(Protocol):
 
 
 @runtime_checkable
+class HealthReporting(Protocol):
+    """A provider that reports on what this host gives it, for ``scheduler doctor`` (the shell executor's process containment).
+
+    ``health_checks()`` returns doctor checks, each ``{"check", "ok", "detail", ...}``
+    (``warning`` when it only warns, ``code`` when it fails with one); a failing check makes
+    ``doctor`` exit 1. It must be cheap and must not change anything.
+    """
+
+    def health_checks(self) -> list[dict[str, Any]]:
+        """This provider's doctor checks of the host."""
+
+
+@runtime_checkable
 class JobChecking(Protocol):
     """A provider that judges a job it would run against its host settings, when the job is added.
 
@@ -154,9 +167,11 @@ def member_problems(provider: Any) -> list[tuple[str, str]]:
         problems.append(("Recoverable", f"recover must be callable, not {type(provider.recover).__name__}"))
     if isinstance(provider, JobChecking) and not callable(provider.check_job):
         problems.append(("JobChecking", f"check_job must be callable, not {type(provider.check_job).__name__}"))
+    if isinstance(provider, HealthReporting) and not callable(provider.health_checks):
+        problems.append(("HealthReporting", f"health_checks must be callable, not {type(provider.health_checks).__name__}"))
     if isinstance(provider, PolicyChecking) and not callable(provider.check_policy):
         problems.append(("PolicyChecking", f"check_policy must be callable, not {type(provider.check_policy).__name__}"))
     return problems
 
 
-__all__ = ["Configurable", "DeclaresOptions", "JobChecking", "PolicyChecking", "Recoverable", "member_problems", "options_class_of", "settings_class_of"]
+__all__ = ["Configurable", "DeclaresOptions", "HealthReporting", "JobChecking", "PolicyChecking", "Recoverable", "member_problems", "options_class_of", "settings_class_of"]

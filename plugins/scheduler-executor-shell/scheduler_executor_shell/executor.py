@@ -1,7 +1,7 @@
 """``ShellExecutor``: runs a job's ``payload_message`` with a POSIX shell on this host.
 
-What it enforces: its own process group per command (killed as a whole on timeout,
-cancellation or output overflow), a recorded process identity before the payload
+What it enforces: its own process group per command, and its own cgroup v2 where the host
+offers one (killed as a whole on timeout, cancellation or output overflow), a recorded process identity before the payload
 starts, per-stream output caps, the environment filter (``executor_options``:
 ``env_policy``, ``env_allow``), structured-output parsing, post-success verification,
 credential presentation (env, file, stdin) and crash recovery of its process groups
@@ -14,6 +14,9 @@ settings file, each overridable as ``SCHEDULER_EXECUTORS_SHELL_<KEY>``:
 * ``shell``: shell program (default ``/bin/bash``, else ``/bin/sh``); an executable absolute path, POSIX-like.
 * ``max_output_bytes``: cap per output stream (default 64 MiB).
 * ``kill_grace_s``: seconds between SIGTERM and SIGKILL (default 2).
+* ``containment``: ``auto`` (default: each command in a cgroup v2 of its own where this host offers
+  one the dispatcher may write, else its process group), ``cgroup`` (a run is refused
+  ``CGROUP_UNAVAILABLE`` where it cannot have one) or ``process-group`` (see ``cgroups.py``).
 
 A bad value is ``CONFIG_INVALID`` naming the key and its source, reported by
 ``scheduler config --check`` and as the error of the run that meets it.
@@ -26,7 +29,7 @@ import pwd
 import signal
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from scheduler_toolkit.output import DEFAULT_EXCERPT_BYTES, DEFAULT_OFFLOAD_BYTES
@@ -43,11 +46,12 @@ from scheduler.api import (
     SchedulerError,
 )
 from scheduler_executor_shell.capture import HashSink, RecorderSink
+from scheduler_executor_shell.cgroups import Unavailable, cached_place
 from scheduler_executor_shell.checks import shell_job_problems
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
 from scheduler_executor_shell.recovery import recover_process_group
-from scheduler_executor_shell.runner import ProcessOutcome, RunAs, run_process
+from scheduler_executor_shell.runner import CgroupPlan, ProcessOutcome, RunAs, run_process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
@@ -73,6 +77,48 @@ class ShellSettings:
         "minimum": 1, "doc": "Cap per output stream; a command writing more is terminated (OUTPUT_LIMIT_EXCEEDED)."})
     kill_grace_s: float = attrs.field(default=DEFAULT_KILL_GRACE_S, metadata={
         "minimum": 0, "maximum": 3600, "doc": "Seconds between SIGTERM and SIGKILL of a command's process group."})
+    containment: Literal["auto", "cgroup", "process-group"] = attrs.field(default="auto", metadata={
+        "doc": "What a command's processes are killed by: `auto` (a cgroup v2 of its own where the dispatcher may create"
+               " one, else the process group), `cgroup` (runs refused CGROUP_UNAVAILABLE without one) or `process-group`"
+               " (a child that calls setsid escapes it). `scheduler doctor` says which is active."})
+
+
+def cgroup_plan(settings: ShellSettings, run_id: str) -> CgroupPlan | None:
+    """Where this run's command gets its cgroup, or None for the process group alone (``containment``).
+
+    ``CGROUP_UNAVAILABLE`` when ``containment = "cgroup"`` and this host offers none (the run is
+    refused before anything starts); ``auto`` falls back to the process group.
+    """
+    if settings.containment == "process-group":
+        return None
+    place = cached_place()
+    if isinstance(place, Unavailable):
+        if settings.containment == "cgroup":
+            raise SchedulerError("CGROUP_UNAVAILABLE", f"[executors.shell] containment is cgroup but {place.reason}")
+        return None
+    return CgroupPlan(place=place, run_id=run_id, required=settings.containment == "cgroup")
+
+
+def containment_check(settings: ShellSettings) -> dict[str, Any]:
+    """``doctor``'s ``shell_containment`` check: which containment runs get here, and why.
+
+    Fails (``CGROUP_UNAVAILABLE``) when ``containment = "cgroup"`` cannot be had; a warning when
+    ``auto`` falls back to process groups (what a ``setsid`` child escapes).
+    """
+    check: dict[str, Any] = {"check": "shell_containment", "ok": True, "setting": settings.containment}
+    place = cached_place() if settings.containment != "process-group" else None
+    if isinstance(place, Unavailable) or place is None:
+        reason = "containment = process-group" if place is None else place.reason
+        failed = settings.containment == "cgroup"
+        check.update(mode="process-group", warning=not failed, ok=not failed, detail=(
+            ("" if failed else "warning: ") + f"process groups ({reason}): a child that calls setsid or setpgid leaves"
+            " its group and outlives its run" + (" (containment = cgroup: shell runs are refused)" if failed else "")))
+        if failed:
+            check["code"] = "CGROUP_UNAVAILABLE"
+        return check
+    kill = "cgroup.kill" if place.has_kill else "freeze and SIGKILL each member"
+    check.update(mode="cgroup", cgroup=place.directory, detail=f"a cgroup v2 per command under {place.directory} ({kill})")
+    return check
 
 
 def resolve_settings(environ: Mapping[str, str] | None = None) -> ShellSettings:
@@ -171,6 +217,7 @@ class ShellExecutor:
         environ = dict(os.environ if self._environ is None else self._environ)
         try:
             settings = self._settings_for(environ)
+            plan = cgroup_plan(settings, request.run_id)
             env, env_warning = build_environment(options.env_policy, environ, allow=options.env_allow)
         except (SchedulerError, ValueError) as exc:
             err = exc if isinstance(exc, SchedulerError) else SchedulerError("SHELL_CONFIG_INVALID", str(exc))
@@ -192,7 +239,7 @@ class ShellExecutor:
                 env[credential.key] = credential.path
             elif credential.medium == "stdin":
                 stdin_text = credential.value
-        result = self._run_command(request, control, settings, env, options, stdin_text, run_as)
+        result = self._run_command(request, control, settings, env, options, stdin_text, run_as, plan)
         return result if env_warning is None else attrs.evolve(result, env_warning=env_warning)
 
     def check_job(self, options: ShellOptions | None, spec: Any) -> list[dict[str, str]]:
@@ -203,6 +250,14 @@ class ShellExecutor:
     def recover(self, request: RecoveryRequest) -> RecoveryOutcome:
         """Crash recovery: stop the process group a dead dispatcher's run left behind (see ``recovery.py``)."""
         return recover_process_group(request)
+
+    def health_checks(self) -> list[dict[str, Any]]:
+        """``doctor``: which process containment this host gives shell runs (``containment_check``)."""
+        try:
+            settings = self._settings_for(dict(os.environ if self._environ is None else self._environ))
+        except SchedulerError as exc:
+            return [{"check": "shell_containment", "ok": False, "code": exc.code, "detail": exc.message}]
+        return [containment_check(settings)]
 
     # -- the command ---------------------------------------------------------------------------
 
@@ -215,6 +270,7 @@ class ShellExecutor:
         options: ShellOptions,
         stdin_text: str | None,
         run_as: RunAs | None = None,
+        plan: CgroupPlan | None = None,
     ) -> ExecutionResult:
         """Spawn, capture and classify the job's command, then verify it when it succeeded."""
         job = request.job
@@ -264,6 +320,7 @@ class ShellExecutor:
             grace_s=settings.kill_grace_s,
             label="command",
             run_as=run_as,
+            cgroup=plan,
         )
         details.update(_process_details(outcome))
         if outcome.reason in ("spawn_failed", "record_failed"):
@@ -300,7 +357,7 @@ class ShellExecutor:
         )
         result = _classify(base, outcome, control, settings)
         if result.status == "ok" and job.verify_shell:
-            result = self._verify(result, request, control, settings, env, cwd, run_as)
+            result = self._verify(result, request, control, settings, env, cwd, run_as, plan)
         return result
 
     # -- verification ------------------------------------------------------------------------
@@ -314,8 +371,9 @@ class ShellExecutor:
         env: dict[str, str],
         cwd: str | None,
         run_as: RunAs | None = None,
+        plan: CgroupPlan | None = None,
     ) -> ExecutionResult:
-        """Run ``verify_shell`` like the command (own group, env, cwd, cancellation); keep only an audit record."""
+        """Run ``verify_shell`` like the command (own group and cgroup, env, cwd, cancellation); keep only an audit record."""
         job = request.job
         started_at, t0 = now_ms(), time.monotonic()
         out, err = HashSink(request.redactions), HashSink(request.redactions)
@@ -331,6 +389,7 @@ class ShellExecutor:
             grace_s=settings.kill_grace_s,
             label="verify",
             run_as=run_as,
+            cgroup=plan,
         )
         out.finish()
         err.finish()
@@ -394,6 +453,8 @@ def _process_details(outcome: ProcessOutcome) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if outcome.pid is not None:
         out.update(pid=outcome.pid, pgid=outcome.pgid, process_identity=outcome.identity)
+    if outcome.cgroup is not None:
+        out["cgroup"] = outcome.cgroup
     if outcome.termination:
         out["termination"] = outcome.termination
     if outcome.leftovers_killed:

@@ -1,4 +1,4 @@
-"""Running one shell command in its own process group, under a deadline and a cancellation token.
+"""Running one shell command in its own process group (and cgroup), under a deadline and a cancellation token.
 
 ``run_process`` is shared by the job's command and its ``verify_shell`` check. The
 order of events is what makes it safe to recover after a crash:
@@ -9,7 +9,10 @@ order of events is what makes it safe to recover after a crash:
    ``BASH_ENV``: one exec per run) and reports in on a second pipe before the gate
    opens; for other shells ``/bin/sh -c <gate>`` execs the configured shell. If the
    dispatcher dies now, the gate reads EOF and exits 125;
-2. ``control.record_handle({"pid", "pgid", "start_time", "host", "step"})``: durable before it
+   Where the run has a cgroup (``cgroups.py``: ``[executors.shell] containment``), the gate is
+   moved into ``scheduler-run-<run id>-<step>-<pid>`` now, while it blocks: everything the
+   payload will start is in that cgroup, ``setsid`` or not;
+2. ``control.record_handle({"pid", "pgid", "start_time", "host", "step"[, "cgroup"]})``: durable before it
    returns (the dispatcher groups the handles of all its workers into one commit); if
    it raises (fence lost), the gate is closed, the payload never starts, and the group is killed;
 3. open the gate: the wrapper ``exec``s the shell on the payload (same PID, same
@@ -18,12 +21,16 @@ order of events is what makes it safe to recover after a crash:
    (a pidfd in the same ``select``), deadline, cancellation or the output cap, looking
    at the cancellation token at least every ``WAIT_SLICE_S``;
 5. on deadline/cancel/cap: the pump moves to a thread of its own (output keeps
-   flowing), ``kill_group``, then ``control.record_termination``;
+   flowing), the cgroup is killed (``kill_cgroup``) and the group (``kill_group``), then ``control.record_termination``;
    after a normal exit the leader is reaped and one ``killpg(pgid, 0)`` says whether
    anything of the group is left (no ``/proc`` scan unless it is); members left behind
    (daemonised background jobs) are killed too, and recorded, so nothing of the run keeps running;
+   In a cgroup, one read of ``cgroup.events`` says it for everything the command started:
+   a child that left the group (``setsid``) is not waited for, but it is a leftover and is
+   killed with the cgroup when the run ends;
 6. the pipe pump gets a bounded time to reach EOF; a pipe still held by a process
-   that left the group (``setsid``) is abandoned rather than waited for.
+   that left the group (``setsid``) and its cgroup (or had none) is abandoned rather than
+   waited for; the emptied cgroup is removed.
 """
 
 from __future__ import annotations
@@ -33,13 +40,14 @@ import select
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
-from scheduler_toolkit.process import kill_group, leftovers_after_reap, live_group_members, process_identity
+from scheduler_toolkit.process import group_alive, kill_group, leftovers_after_reap, live_group_members, process_identity
 
 from scheduler.api import RunControl, SchedulerError
 from scheduler_executor_shell.capture import PipePump, Sink
+from scheduler_executor_shell.cgroups import Place, RunCgroup
 
 #: Wrapper run by the gate shell: wait for the go-ahead line, pick stdin, then become the payload.
 #: ``$0`` is the payload's shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
@@ -69,6 +77,8 @@ class ProcessOutcome:
     pid: int | None = None
     pgid: int | None = None
     identity: str | None = None
+    #: The command's cgroup (as the handle records it), when it ran in one (``cgroups.py``).
+    cgroup: str | None = None
     #: Signal the group was terminated with, when it had to be.
     termination: str | None = None
     #: True when the group was killed after a normal exit because members stayed behind.
@@ -97,6 +107,72 @@ def _event(control: RunControl, kind: str, data: dict) -> None:
 
 
 @attrs.frozen
+class CgroupPlan:
+    """Run the command in a cgroup of its own at ``place`` (``required``: ``CGROUP_UNAVAILABLE`` when it cannot be)."""
+
+    place: Place
+    run_id: str
+    required: bool
+
+
+@attrs.define
+class Containment:
+    """What a command's processes are tracked and killed by: its process group, and its cgroup when it has one.
+
+    The cgroup holds every descendant, also one that left the group with ``setsid``; the
+    group stays the fallback (and is checked too: a member that moved itself out of the cgroup).
+    """
+
+    pgid: int
+    cgroup: RunCgroup | None = None
+
+    def leftovers(self) -> bool:
+        """After the leader was reaped: whether live members remain (the group's check is cheap first, see below)."""
+        if self.cgroup is not None and self.cgroup.populated():
+            return True
+        return leftovers_after_reap(self.pgid) and bool(live_group_members(self.pgid))
+
+    def kill(self, grace_s: float, reap: Callable[[], object]) -> str:
+        """End the cgroup (when there is one), then the group; the strongest signal used."""
+        how = "SIGTERM"
+        if self.cgroup is not None:
+            how = self.cgroup.kill(grace_s, reap=reap)
+            if not group_alive(self.pgid):
+                return how
+        other = kill_group(self.pgid, grace_s, reap=reap)
+        return "SIGKILL" if "SIGKILL" in (how, other) else other
+
+    def release(self) -> str | None:
+        """Remove the emptied cgroup; the error text when it could not be removed."""
+        return None if self.cgroup is None else self.cgroup.remove()
+
+
+def _contain(pid: int, plan: CgroupPlan | None, label: str, outcome: ProcessOutcome) -> Containment:
+    """The command's containment: its group, and a cgroup of its own when planned (the gate still blocks)."""
+    tracker = Containment(pgid=pid)
+    if plan is None:
+        return tracker
+    try:
+        cgroup = RunCgroup.create(plan.place, plan.run_id, label, pid)
+    except SchedulerError as exc:
+        if plan.required:
+            raise
+        outcome.notes["cgroup_error"] = exc.message  # auto: the process group alone, said in the run's details
+        return tracker
+    try:
+        cgroup.adopt(pid)
+    except SchedulerError as exc:
+        cgroup.remove()
+        if plan.required:
+            raise
+        outcome.notes["cgroup_error"] = exc.message
+        return tracker
+    tracker.cgroup = cgroup
+    outcome.cgroup = cgroup.relative
+    return tracker
+
+
+@attrs.frozen
 class RunAs:
     """The account a command runs as: uid, primary gid and supplementary groups (from the account databases)."""
 
@@ -121,13 +197,16 @@ def run_process(
     grace_s: float,
     label: str,
     run_as: RunAs | None = None,
+    cgroup: CgroupPlan | None = None,
 ) -> ProcessOutcome:
     """Run ``payload`` through ``shell -c`` under the gate protocol above; never raises for process problems.
 
     ``deadline`` is a ``time.monotonic()`` instant. ``outputs`` maps "stdout" and
     "stderr" to sinks. ``label`` ("command" or "verify") tags the audit events. ``run_as``:
     the child drops to that account (setgid, setgroups/initgroups, setuid) before its exec;
-    the bash gate is not used then (its ``/dev/fd`` pipe cannot be reopened by another uid).
+    the bash gate is not used then (its ``/dev/fd`` pipe cannot be reopened by another uid). ``cgroup``:
+    the gate is moved into a cgroup of its own before its handle is recorded, so everything the
+    payload starts is in it (a required cgroup that cannot be made is ``spawn_failed``, ``CGROUP_UNAVAILABLE``).
     """
     mode = "null" if stdin_data is None else "pipe"
     env = dict(env)
@@ -172,18 +251,24 @@ def run_process(
     pid = pgid = proc.pid  # start_new_session: the child called setsid() before exec
     identity = process_identity(pid)
     outcome = ProcessOutcome(reason="exited", pid=pid, pgid=pgid, identity=identity)
-
+    tracker = Containment(pgid=pgid)
     try:
-        control.record_handle({"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label})
+        tracker = _contain(pid, cgroup, label, outcome)
+        handle = {"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label}
+        if tracker.cgroup is not None:
+            handle["cgroup"] = tracker.cgroup.relative  # what recovery kills: the whole cgroup
+        control.record_handle(handle)
     except BaseException as exc:  # any failure, even an interrupt: the payload must not start
-        outcome.reason = "record_failed"
+        cgroup_failed = isinstance(exc, SchedulerError) and exc.code == "CGROUP_UNAVAILABLE" and outcome.cgroup is None
+        outcome.reason = "spawn_failed" if cgroup_failed else "record_failed"
         _close(ready_r, stdin_w)  # the gate never opens (it reads EOF): the payload does not start
         try:
             proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
-            _terminate(outcome, control, pgid, grace_s, proc, label)
+            _terminate(outcome, control, tracker, grace_s, proc, label)
         proc.wait()
         _close(out_r, err_r)
+        _release(outcome, tracker)
         outcome.returncode = proc.returncode
         outcome.error = _error_of(exc, "RECORD_PROCESS_FAILED")
         if not isinstance(exc, Exception):
@@ -195,9 +280,10 @@ def run_process(
         # The deadline passed first, or the bash gate never reported in (cannot happen while /dev/fd
         # works): the gate stays closed and whatever runs in the group must not go on.
         outcome.reason = gate
-        _terminate(outcome, control, pgid, grace_s, proc, label)
+        _terminate(outcome, control, tracker, grace_s, proc, label)
         proc.wait()
         _close(stdin_w, out_r, err_r)
+        _release(outcome, tracker)
         outcome.returncode = proc.returncode
         if gate == "spawn_failed":
             outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
@@ -212,19 +298,26 @@ def run_process(
             stdin_data=stdin_data or b"",
             exit_fd=exit_fd,
         )
-        _finish(outcome, pump, proc, deadline, control, grace_s, label)
+        _finish(outcome, pump, proc, tracker, deadline, control, grace_s, label)
     finally:
         if exit_fd is not None:
             os.close(exit_fd)
+        _release(outcome, tracker)
     return outcome
 
 
+def _release(outcome: ProcessOutcome, tracker: Containment) -> None:
+    """Remove the command's emptied cgroup; one that cannot be removed is noted (recovery finds it by the handle)."""
+    problem = tracker.release()
+    if problem is not None:
+        outcome.notes["cgroup_remove_error"] = problem
+
+
 def _finish(
-    outcome: ProcessOutcome, pump: PipePump, proc: subprocess.Popen, deadline: float, control: RunControl, grace_s: float,
-    label: str,
+    outcome: ProcessOutcome, pump: PipePump, proc: subprocess.Popen, tracker: Containment, deadline: float,
+    control: RunControl, grace_s: float, label: str,
 ) -> None:
     """Steps 4-6 above: wait (this thread drives the pump), terminate when needed, reap, drain."""
-    pgid = proc.pid
     try:
         outcome.reason = _wait(proc, pump, deadline, control)
         if outcome.reason == "exited" and pump.error is not None:
@@ -232,22 +325,23 @@ def _finish(
     except BaseException:
         outcome.reason = "error"
         pump.start()
-        _terminate(outcome, control, pgid, grace_s, proc, label)
+        _terminate(outcome, control, tracker, grace_s, proc, label)
         proc.wait()
         pump.stop()
         raise
     if outcome.reason != "exited":
         pump.start()  # output keeps flowing on a thread of its own while the group is stopped
-        _terminate(outcome, control, pgid, grace_s, proc, label)
+        _terminate(outcome, control, tracker, grace_s, proc, label)
     else:
         # Reaped now: while members remain the kernel keeps the number reserved as their group id,
         # so one killpg tells an empty group (the common case) from leftovers without a /proc scan;
         # the scan runs only to tell live leftovers from zombies a slow init has not reaped yet.
+        # A cgroup says it in one read of cgroup.events, for everything the command started.
         proc.wait()
-        if leftovers_after_reap(pgid) and live_group_members(pgid):
+        if tracker.leftovers():
             outcome.leftovers_killed = True  # left behind: must not outlive the run
             pump.start()
-            _terminate(outcome, control, pgid, grace_s, proc, label)
+            _terminate(outcome, control, tracker, grace_s, proc, label)
     try:  # bounded only when SIGKILL did not work (a member stuck in the kernel)
         outcome.returncode = proc.wait(timeout=5.0 if "kill_error" in outcome.notes else None)
     except subprocess.TimeoutExpired:
@@ -412,11 +506,11 @@ def _leader_exited(pid: int) -> bool:
 
 
 def _terminate(
-    outcome: ProcessOutcome, control: RunControl, pgid: int, grace_s: float, proc: subprocess.Popen, label: str
+    outcome: ProcessOutcome, control: RunControl, tracker: Containment, grace_s: float, proc: subprocess.Popen, label: str
 ) -> None:
-    """Kill the group, then durably record the termination before anything else happens."""
+    """Kill the cgroup and the group, then durably record the termination before anything else happens."""
     try:
-        outcome.termination = kill_group(pgid, grace_s, reap=proc.poll)
+        outcome.termination = tracker.kill(grace_s, proc.poll)
     except SchedulerError as exc:
         outcome.termination = "SIGKILL"
         outcome.notes["kill_error"] = f"{exc.code}: {exc.message}"
@@ -425,4 +519,7 @@ def _terminate(
     except Exception as exc:  # noqa: BLE001 - the run still ends; the failure is reported
         err = _error_of(exc, "RECORD_TERMINATION_FAILED")
         outcome.notes["record_termination_error"] = f"{err.code}: {err.message}"
-    _event(control, "shell.terminated", {"step": label, "pgid": pgid, "signal": outcome.termination, "reason": outcome.reason})
+    data = {"step": label, "pgid": tracker.pgid, "signal": outcome.termination, "reason": outcome.reason}
+    if tracker.cgroup is not None:
+        data["cgroup"] = tracker.cgroup.relative
+    _event(control, "shell.terminated", data)

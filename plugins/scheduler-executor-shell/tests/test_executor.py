@@ -125,7 +125,9 @@ def test_background_writer_in_group_is_waited_for(run_job) -> None:
     assert r.stdout.excerpt == "early\nlate\n"
 
 
-def test_escaped_process_holding_pipes_does_not_hang_the_run(run_job) -> None:
+def test_escaped_process_holding_pipes_does_not_hang_the_run(run_job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With process groups alone (a cgroup kills it instead: tests/test_cgroups.py), a setsid child escapes the group."""
+    monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_CONTAINMENT", "process-group")
     ran = run_job("setsid sleep 20 & echo $!", run_timeout_ms=10_000)
     escaped = int(ran.result.stdout.excerpt.split()[0])
     try:
