@@ -84,6 +84,8 @@ class Pass:
         self.disk_full_since: int | None = None
         #: Passes that met the full database in the current episode.
         self._disk_full_attempts = 0
+        #: Whether the next claim takes the newest due dispatches before the oldest (alternating: ``claim_candidates``).
+        self._newest_first = False
 
     def tick(self, *, claim: bool = True) -> float:
         """One pass; returns how long to sleep.
@@ -138,8 +140,10 @@ class Pass:
                     for expire in self.expiries:  # timeouts release or cancel their runs before claiming
                         expire(tx, now=tick_now)
                     if free > 0:
+                        self._newest_first = not self._newest_first
                         started = [ClaimedRun.of(s) for s in claim_and_start(self.store, lease, limit=free, now=tick_now,
-                                                                             veto=veto, check_lease=False)]
+                                                                             veto=veto, check_lease=False,
+                                                                             newest_first=self._newest_first)]
                     parts = next_due_parts(tx)
         except leases.LeaseLost:
             workers.forget(finished)
