@@ -41,6 +41,7 @@ BENCHMARKS = {
     "agent": "bench.agent",
     "evidence": "bench.evidence",
     "shell": "bench.shell",
+    "web": "bench.web",
 }
 
 

@@ -122,7 +122,7 @@ def test_every_operation_is_documented_and_exported() -> None:
     """The module docstring lists each operation with its CLI command; ``__all__`` exports exactly the public names."""
     doc = ops.__doc__ or ""
     operations = [n for n in ops.__all__ if n not in ("JsonObject", "StoreTarget", "open_store")]
-    assert len(operations) == 27
+    assert len(operations) == 28
     for name in operations:
         assert callable(getattr(ops, name)) and getattr(ops, name).__doc__, name
         assert f"``{name}(store" in doc, f"the docstring of scheduler.api.ops does not list {name}"
@@ -204,6 +204,7 @@ def test_events_output_evidence_status_doctor_and_run_pages_are_what_the_cli_pri
         d.stop()
     runs = ops.list_runs(store, job="proved")
     assert len(runs) == 3
+    assert ops.job_names(store) == {job["id"]: "proved"}
     newest = runs[0]["id"]
     assert as_printed(ops.run_events(store, newest)) == cli_ok(cli, "runs", "events", newest, key="events")
     assert [e["kind"] for e in ops.run_events(store, newest)][:1] and ops.run_events(store, newest)[0]["run_id"] == newest

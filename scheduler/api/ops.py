@@ -24,6 +24,7 @@ include_handoff_artifacts=)``                                                   
 before=, since_ms=, until_ms=)``                                                   ``before`` (a keyset cursor: the page after
                                                                                    that run) and the creation-time window are
                                                                                    the facade's own
+``job_names(store)``                                   ``runs list`` (its table)   every job's name by id
 ``get_run(store, run)``                                ``runs get RUN``            the full run view (``run``)
 ``run_events(store, run)``                             ``runs events RUN``         the run's audit trail, oldest first
                                                                                    (``events``)
@@ -91,6 +92,7 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.core.store.base import Store
 from scheduler.ops import actions, health, queries
+from scheduler.plugins.health import provider_checks
 from scheduler.plugins.stores import open_store
 from scheduler.runtime import install
 
@@ -109,6 +111,7 @@ __all__ = [
     "get_dispatch",
     "get_job",
     "get_run",
+    "job_names",
     "list_approvals",
     "list_deliveries",
     "list_jobs",
@@ -181,6 +184,12 @@ def list_runs(store: StoreTarget, *, job: str | None = None, status: str | None 
                                  until_ms=until_ms)
 
 
+def job_names(store: StoreTarget) -> dict[str, str]:
+    """Every job's name by id, as ``runs list`` names the job of each run in its table (one cheap read)."""
+    with _opened(store, readonly=True) as s:
+        return queries.job_names(s)
+
+
 def get_run(store: StoreTarget, run: str) -> JsonObject:
     """``runs get``: everything recorded about one run (id or unique prefix)."""
     with _opened(store, readonly=True) as s:
@@ -251,7 +260,7 @@ def status(store: StoreTarget) -> JsonObject:
 def doctor(store: StoreTarget) -> JsonObject:
     """``doctor``: ``{"healthy", "checks"}``, every check the command prints (the command exits 1 when one fails)."""
     with _opened(store, readonly=True) as s:
-        checks = [*health.store_checks(s), health.plugin_check()]
+        checks = [*health.store_checks(s), health.plugin_check(), *provider_checks()]
     return {"healthy": all(c["ok"] for c in checks), "checks": checks}
 
 

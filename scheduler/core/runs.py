@@ -75,8 +75,11 @@ def list_runs(tx: Tx, *, job_id: str | None = None, status: str | None = None, l
             raise SchedulerError("INVALID_ARGUMENT", f"unknown run status {status!r}; one of {', '.join(RUN_STATUSES)}")
         where.append("status = ?")
         params.append(status)
-    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-    sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+    # The page's ids first, then their rows: sorting only (created_at, id) instead of whole rows is what keeps a
+    # page of 100,000 runs without a created_at index at tens of milliseconds (bench/web.py), on both stores.
+    inner = "SELECT id FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+    inner += " ORDER BY created_at DESC, id DESC LIMIT ?"
+    sql = f"SELECT * FROM runs WHERE id IN ({inner}) ORDER BY created_at DESC, id DESC"
     params.append(limit)
     return [RunRow.from_row(row) for row in tx.all(sql, params)]
 

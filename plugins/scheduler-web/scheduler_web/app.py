@@ -174,7 +174,7 @@ def create_app(store: Store, config: WebConfig | None = None) -> Starlette:
         runs = ops.list_runs(store, job=job, status=status, limit=limit + 1, before=before, since_ms=since, until_ms=until)
         more = len(runs) > limit
         runs = runs[:limit]
-        names = {j["id"]: j["name"] for j in ops.list_jobs(store)} if runs else {}
+        names = ops.job_names(store) if runs else {}
         older = None
         if more:
             keep = [(k, v) for k, v in q.multi_items() if k not in ("before", "msg")]
@@ -218,11 +218,13 @@ def create_app(store: Store, config: WebConfig | None = None) -> Starlette:
         return render(request, "outbox.html", failed=failed, pending=pending)
 
     def status_page(request: Request) -> Response:
+        """The status (live); ``doctor`` checks only on request (``?doctor=1``): they re-verify artifacts and evidence,
+        seconds on a big history, so the page never runs them on every refresh."""
         status = ops.status(store)
-        doctor = ops.doctor(store)
+        doctor = ops.doctor(store) if request.query_params.get("doctor") else None
         dispatchers = [lease for lease in status["leases"] if lease["live"] and lease["name"] != "maintenance"]
         return render(request, "status.html", status=status, doctor=doctor, dispatchers=dispatchers,
-                      live=max(config.refresh_ms, 5000) if config.refresh_ms else 0)
+                      live=0 if doctor is not None else config.refresh_ms)
 
     def _job_or_none(job_id: str) -> dict[str, Any] | None:
         try:

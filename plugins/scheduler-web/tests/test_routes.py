@@ -68,7 +68,9 @@ def test_every_page_renders_what_the_facade_reads(store: Any, client: TestClient
     assert client.get("/approvals").status_code == 200 and "Nothing waits for a decision" in client.get("/approvals").text
     assert client.get("/outbox").status_code == 200
     status = client.get("/status")
-    assert status.status_code == 200 and 'data-check="execution_artifacts"' in status.text
+    assert status.status_code == 200 and "not running" in status.text and 'data-check=' not in status.text
+    doctor = client.get("/status?doctor=1")
+    assert [c["check"] for c in ops.doctor(store)["checks"]] == re.findall(r'data-check="([^"]+)"', doctor.text)
     assert client.get("/static/web.js").status_code == 200
 
 
