@@ -9,7 +9,8 @@ subtree such as a systemd unit with ``Delegate=yes``), each command runs in
 
 * ``find_place()`` finds the dispatcher's own cgroup v2 directory (``/proc/self/cgroup`` line
   ``0::``, under the ``cgroup2`` mount of ``/proc/self/mountinfo``) and proves it writable by
-  creating and removing a probe cgroup; else it says why not (``Unavailable``);
+  creating and removing a probe cgroup; else it says why not (``Unavailable``). It also removes
+  the empty run cgroups dead dispatchers left there (``sweep_stale``);
 * ``RunCgroup.create`` makes the run's cgroup and ``adopt(pid)`` moves the gate process into it
   while the gate still blocks before the payload (nothing has forked yet, so nothing escapes);
 * ``kill_cgroup`` sends SIGTERM (and SIGCONT) to every member, waits the grace, then kills
@@ -42,6 +43,8 @@ RUN_PREFIX = "scheduler-run-"
 KILL_CONFIRM_TIMEOUT_S = 5.0
 #: How long the freeze of the pre-5.14 fallback may take to settle.
 FREEZE_TIMEOUT_S = 1.0
+#: An empty run cgroup older than this is a leftover (its dispatcher died, and nothing recovered the run there).
+STALE_AFTER_S = 60.0
 
 
 @attrs.frozen
@@ -138,8 +141,36 @@ def find_place() -> Place | Unavailable:
             os.rmdir(probe)
         except OSError:
             pass
+        sweep_stale(directory)
         return attrs.evolve(place, has_kill=has_kill)
     return Unavailable(f"no cgroup2 mount holds this process's cgroup {own}")
+
+
+def sweep_stale(directory: str, *, older_than_s: float = STALE_AFTER_S) -> list[str]:
+    """Remove the empty run cgroups under ``directory`` created more than ``older_than_s`` ago; the names removed.
+
+    A dispatcher killed with its runs leaves their cgroups; recovery removes each one it recovers,
+    but a database that was deleted (or a run recovered elsewhere) leaves them for good. An empty
+    cgroup holds nothing to recover, and ``rmdir`` refuses a populated one, so only husks go; the
+    age spares a cgroup another dispatcher has just created and not yet moved its command into.
+    """
+    removed: list[str] = []
+    cutoff = time.time() - older_than_s
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(RUN_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime > cutoff or cgroup_populated(entry.path):
+                continue
+            os.rmdir(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
 
 
 _PLACE: Place | Unavailable | None = None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
-from scheduler_executor_shell.cgroups import RunCgroup, Unavailable, find_place
+from scheduler_executor_shell.cgroups import RunCgroup, Unavailable, find_place, sweep_stale
 
 from scheduler.api import RecoveryRequest
 from scheduler.testing import LocalRunControl
@@ -185,6 +185,33 @@ def test_recovery_kills_the_recorded_cgroup_of_a_dead_dispatcher(reap_sleepers) 
 
 #: Under a system interpreter of the same version with the venv's site-packages: the venv's own interpreter may live
 #: under a directory only root can enter (/root/.pyenv here).
+@needs_cgroups
+def test_empty_run_cgroups_left_by_dead_dispatchers_are_swept_and_nothing_else() -> None:
+    """In a parent of the test's own (a sweep of the real one could take another test's cgroup just made)."""
+    assert not isinstance(PLACE, Unavailable)
+    parent = Path(PLACE.directory) / f"scheduler-test-{uuid.uuid4().hex[:12]}"
+    parent.mkdir()
+    husk, busy, other = parent / "scheduler-run-r1-command-1", parent / "scheduler-run-r2-command-2", parent / "not-a-run"
+    for path in (husk, busy, other):
+        path.mkdir()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        assert sweep_stale(str(parent)) == []  # all younger than a minute: spared
+        assert sweep_stale(str(parent), older_than_s=0) == [husk.name]
+        assert not husk.exists() and busy.is_dir() and other.is_dir() and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait(5)
+        for path in (busy, other, parent):
+            deadline = time.monotonic() + 5
+            while path.exists() and time.monotonic() < deadline:
+                try:
+                    path.rmdir()
+                except OSError:
+                    time.sleep(0.02)
+
+
 _AS_NOBODY = textwrap.dedent(
     """
     import json, site, sys
