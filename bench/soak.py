@@ -25,7 +25,16 @@ database. Figures (goals from issue 9):
   their interval, so a kill always interrupts one while a newer slot is due: their replays must
   wait out (or run beside) the overlap, never end ``skipped``.
 
-Standalone, with options: ``python -m bench.soak --cycles 100 [--jobs-per-cycle 8] [--db URL]``
+- **delivery** (issue 30): every one-shot job delivers its result through the ``webhook`` channel
+  (parts of at most 100 characters, so a message has several) to a loopback receiver in the soak
+  process that counts each ``webhook-id``: parts not delivered after the drain (goal 0), parts
+  delivered but never received (goal 0), and repeats (a part received again with its key after
+  a kill), within the bound of docs/delivery.md: ``[delivery] concurrency`` parts per kill.
+
+With ``--dispatchers N`` (PostgreSQL only, where dispatchers share the work) N dispatchers run
+at once; each cycle ``kill -9``s one of them and starts its replacement.
+
+Standalone, with options: ``python -m bench.soak --cycles 100 [--jobs-per-cycle 8] [--db URL] [--dispatchers 3]``
 (prints the figures; ``--json`` for the raw result). Through ``python -m bench --only soak``
 it runs 5 cycles with ``--quick`` and 100 otherwise.
 """
@@ -59,7 +68,46 @@ TERMINAL = ("ok", "error", "timeout", "cancelled", "crashed", "skipped")
 def params(ctx: Context) -> dict[str, Any]:
     """Cycle count and workload shape for the bench runner's mode."""
     return {"cycles": 5 if ctx.quick else 100, "jobs_per_cycle": 8, "min_alive_s": 0.8, "max_alive_s": 2.5,
-            "min_run_s": 0.1, "max_run_s": 1.5, "concurrency": 4, "lease_ttl": "2s", "seed": 20260109}
+            "min_run_s": 0.1, "max_run_s": 1.5, "concurrency": 4, "lease_ttl": "2s", "seed": 20260109, "dispatchers": 1,
+            "delivery_concurrency": 8, "claim_ttl_ms": 3000}
+
+
+SECRET_ENV = "SOAK_WEBHOOK_SECRET"
+#: A fixed Standard Webhooks secret (the receiver is in this process, on loopback).
+SECRET = "whsec_" + __import__("base64").b64encode(b"scheduler-soak-webhook-secret-32").decode()
+
+
+class Receiver:
+    """A loopback webhook receiver in the soak process: answers 200 and counts each ``webhook-id`` it got."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from scheduler.testing.http import LoopbackHTTPServer, Recorded, Reply
+
+        self.counts: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def answer(request: Recorded) -> Reply:
+            with lock:
+                key = request.headers.get("webhook-id", "")
+                self.counts[key] = self.counts.get(key, 0) + 1
+            return Reply(json={"ok": True})
+
+        self.server = LoopbackHTTPServer(answer)
+        self.url = f"{self.server.url}/hook"
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _settings(workdir: Path, p: dict[str, Any]) -> dict[str, str]:
+    """The dispatchers' environment: the webhook channel (100-character parts) and short delivery claims."""
+    config = workdir / "soak.toml"
+    config.write_text(f'[channels.webhook]\nsecret = {{credential = "env:{SECRET_ENV}"}}\nmax_chars = 100\ntimeout_s = 5\n'
+                      f"[delivery]\nclaim_ttl_ms = {p['claim_ttl_ms']}\nretry_base_ms = 200\nretry_max_ms = 2000\n"
+                      f"concurrency = {p['delivery_concurrency']}\n")
+    return bench_env(SCHEDULER_CONFIG=str(config), **{SECRET_ENV: SECRET})
 
 
 #: The every-second at-least-once cron jobs whose replays meet their overlap policy: (policy, queue_limit).
@@ -109,7 +157,7 @@ def _command(log: Path, seconds: float) -> str:
             f"echo \"end $SCHEDULER_RUN_ID $$\" >> '{q}'")
 
 
-def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random) -> list[JobRow]:
+def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: float, rng: random.Random, hook: str) -> list[JobRow]:
     from scheduler.base.timeutil import to_iso
     from scheduler.core.jobs import create_jobs
     from scheduler.core.spec import validate_spec
@@ -128,18 +176,19 @@ def _add_jobs(store: Any, log: Path, p: dict[str, Any], t0_ms: int, span_s: floa
             "max_retries": 0,
             "run_timeout_ms": 30_000,
             "payload_message": _command(log, rng.uniform(p["min_run_s"], p["max_run_s"])),
+            "delivery_mode": "always", "delivery_channel": "webhook", "delivery_to": hook,
         }))
     return create_jobs(store, specs)
 
 
-def _start(db: str, p: dict[str, Any], out: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start(db: str, p: dict[str, Any], out: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``scheduler run`` with its output appended to ``out``; returns it and where its output begins."""
     offset = out.stat().st_size if out.exists() else 0
     with open(out, "ab") as fh:
         proc = subprocess.Popen(
             [*scheduler_cmd(), "--db", db, "run", "--concurrency", str(p["concurrency"]), "--lease-ttl", p["lease_ttl"],
              "--grace", "5s"],
-            stdout=fh, stderr=subprocess.STDOUT, env=bench_env(),
+            stdout=fh, stderr=subprocess.STDOUT, env=env,
         )
     return proc, offset
 
@@ -190,42 +239,82 @@ def soak(db: str, workdir: Path, p: dict[str, Any], say: Any = None) -> dict[str
     log.write_text("")
     out = workdir / "dispatchers.log"
     store = open_store(db)
+    receiver = Receiver()
+    env = _settings(workdir, p)
+    many = p.get("dispatchers", 1)
+    if many > 1 and store.local_path is not None:
+        raise SystemExit("--dispatchers > 1 needs a PostgreSQL --db (SQLite has one dispatcher per database)")
     started = time.monotonic()
+    alive: list[subprocess.Popen[bytes]] = []
     try:
         span_s = p["cycles"] * (p["min_alive_s"] + p["max_alive_s"]) / 2
-        jobs = _add_jobs(store, log, p, now_ms(), span_s, rng)
+        jobs = _add_jobs(store, log, p, now_ms(), span_s, rng, receiver.url)
         overlap = [j.id for j in _add_overlap_jobs(store)]
-        say(f"soak: {len(jobs)} one-shot shell jobs over ~{span_s:.0f}s, {p['cycles']} kill -9 cycles")
+        say(f"soak: {len(jobs)} one-shot shell jobs over ~{span_s:.0f}s, {p['cycles']} kill -9 cycles, {many} dispatcher(s)")
         kills_mid_run = 0
         for cycle in range(p["cycles"]):
-            proc, offset = _start(db, p, out)
-            _wait_ready(proc, out, offset)
+            while len(alive) < many:
+                proc, offset = _start(db, p, out if many == 1 else workdir / f"dispatcher-{cycle}-{len(alive)}.log", env)
+                _wait_ready(proc, out if many == 1 else workdir / f"dispatcher-{cycle}-{len(alive)}.log", offset)
+                alive.append(proc)
             time.sleep(rng.uniform(p["min_alive_s"], p["max_alive_s"]))
             with store.read() as tx:
                 running = tx.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running'")
             kills_mid_run += bool(running)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
+            victim = alive.pop(rng.randrange(len(alive)))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(30)
             if (cycle + 1) % 10 == 0:
                 say(f"soak: {cycle + 1}/{p['cycles']} cycles")
+        for proc in alive:  # the survivors go the same way, then one dispatcher drains
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        alive.clear()
         # Drain: a dispatcher that is not killed finishes everything, then stops on SIGTERM.
-        proc, offset = _start(db, p, out)
+        proc, offset = _start(db, p, out, env)
+        alive.append(proc)
         _wait_ready(proc, out, offset)
         deadline = time.monotonic() + span_s + 120
         while time.monotonic() < deadline:
             runs_left, queued = _unfinished(store, overlap)
             with store.read() as tx:
                 never = tx.scalar("SELECT COUNT(*) FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id)")
-            if not runs_left and not queued and not never and not _replays_owed(store):
+                unsent = tx.scalar("SELECT COUNT(*) FROM delivery_outbox WHERE status IN ('pending', 'claimed')")
+            if not runs_left and not queued and not never and not unsent and not _replays_owed(store):
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         drain_exit = proc.wait(60)
+        alive.clear()
         elapsed = time.monotonic() - started
         return _figures(store, log, jobs, p, kills_mid_run=kills_mid_run, drain_exit=drain_exit, elapsed=elapsed,
-                        dispatcher_log=out)
+                        dispatcher_log=out, delivery=_delivery_figures(store, jobs, receiver.counts),
+                        dispatcher_logs=sorted(str(f) for f in workdir.glob("dispatcher-*.log")))
     finally:
+        for proc in alive:
+            proc.kill()
+        receiver.close()
         store.close()
+
+
+def _delivery_figures(store: Any, jobs: list[JobRow], counts: dict[str, int]) -> dict[str, int]:
+    """The one-shot jobs' outbox parts after the drain, against what the receiver got per ``webhook-id``."""
+    ids = {j.id for j in jobs}
+    with store.read() as tx:
+        parts = [r for r in tx.all("SELECT job_id, idempotency_key, status FROM delivery_outbox") if r["job_id"] in ids]
+    keys = {r["idempotency_key"] for r in parts}
+    delivered = [r for r in parts if r["status"] == "delivered"]
+    return {
+        "parts": len(parts),
+        "delivered": len(delivered),
+        "failed": sum(1 for r in parts if r["status"] == "failed"),
+        "not_delivered": len(parts) - len(delivered),
+        "delivered_not_received": sum(1 for r in delivered if not counts.get(r["idempotency_key"])),
+        "received_parts": sum(1 for k in counts if k in keys),
+        "received_unknown": sum(1 for k in counts if k not in keys),
+        "parts_received_twice_or_more": sum(1 for k, n in counts.items() if k in keys and n > 1),
+        "repeats": sum(n - 1 for k, n in counts.items() if k in keys and n > 1),
+    }
 
 
 def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -266,7 +355,7 @@ def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **ext
     extra_least = sum(starts[jid] - 1 for jid in dup_least)
     orphans = sorted(g for g in pgids if _group_alive(g))
     dispatcher_log = extra.pop("dispatcher_log")
-    text = Path(dispatcher_log).read_text(errors="replace")
+    text = "".join(Path(f).read_text(errors="replace") for f in [dispatcher_log, *extra.pop("dispatcher_logs", [])])
     return {
         "params": p,
         "slots": len(jobs),
@@ -297,11 +386,21 @@ def _figures(store: Any, log: Path, jobs: list[JobRow], p: dict[str, Any], **ext
     }
 
 
+def _delivery_ok(res: dict[str, Any]) -> bool:
+    """Every part delivered and received, none failed, repeats within ``[delivery] concurrency`` per kill."""
+    d = res.get("delivery")
+    if d is None:
+        return True
+    bound = res["params"].get("delivery_concurrency", 1) * res["params"]["cycles"]
+    return (d["not_delivered"] == 0 and d["failed"] == 0 and d["delivered_not_received"] == 0 and d["received_unknown"] == 0
+            and d["repeats"] <= bound)
+
+
 def _ok(res: dict[str, Any]) -> bool:
     return (res["lost_slots"] == 0 and res["stuck_runs"] == 0 and res["duplicated_at_most_once"] == 0
             and res["unjustified_duplicates"] == 0 and res["orphaned_process_groups"] == 0 and res["tracebacks"] == 0
             and res["extra_executions_at_least_once"] <= res["interrupted_at_least_once"]
-            and res.get("replays_dropped", 0) == 0 and res.get("replay_runs_without_lineage", 0) == 0)
+            and res.get("replays_dropped", 0) == 0 and res.get("replay_runs_without_lineage", 0) == 0 and _delivery_ok(res))
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -318,7 +417,9 @@ def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         (f"{res['params']['cycles']} cycles, {fmt(res['slots'])} slots: lost {res['lost_slots']}, stuck {res['stuck_runs']}, "
          f"at-most-once duplicated {res['duplicated_at_most_once']}, at-least-once duplicated "
          f"{res['duplicated_at_least_once']} of {res['interrupted_at_least_once']} interrupted, "
-         f"orphaned groups {res['orphaned_process_groups']}, replays dropped {res.get('replays_dropped', 'n/a')}"),
+         f"orphaned groups {res['orphaned_process_groups']}, replays dropped {res.get('replays_dropped', 'n/a')}"
+         + (f"; webhook parts not delivered {d['not_delivered']} of {d['parts']}, repeats {d['repeats']}"
+            if (d := res.get("delivery")) else "")),
         "all 0; at-least-once duplicates only for interrupted runs",
         _ok(res),
     )]
@@ -345,9 +446,18 @@ def render(res: dict[str, Any]) -> str:
         ("tracebacks in dispatcher output", res["tracebacks"], "goal 0"),
         ("dispatchers killed while runs were running", res["kills_mid_run"], f"of {p['cycles']} cycles"),
     ]
+    d = res.get("delivery")
+    if d:
+        rows += [
+            ("webhook parts (results of the one-shot jobs)", d["parts"], f"{d['delivered']} delivered, {d['failed']} failed"),
+            ("parts not delivered after the drain", d["not_delivered"], "goal 0"),
+            ("parts delivered but never received", d["delivered_not_received"], "goal 0"),
+            ("parts received more than once (same key)", d["parts_received_twice_or_more"],
+             f"{d['repeats']} repeat(s); bound {p.get('delivery_concurrency', 1)} per kill (`[delivery] concurrency`)"),
+        ]
     return "\n".join([
         (f"{p['cycles']} cycles: `scheduler run --concurrency {p['concurrency']} --lease-ttl {p['lease_ttl']}` on a fresh SQLite "
-         f"file, alive {p['min_alive_s']}–{p['max_alive_s']} s after it holds the lease, then `kill -9`; "
+         f"file (or the PostgreSQL database given, with {p.get('dispatchers', 1)} dispatcher(s) at once), alive {p['min_alive_s']}–{p['max_alive_s']} s after it holds the lease, then `kill -9`; "
          f"{p['jobs_per_cycle']} one-shot shell jobs per cycle due at random times over the soak, half at-most-once and half "
          f"at-least-once, each sleeping {p['min_run_s']}–{p['max_run_s']} s between a `start` and an `end` line in a "
          "side-effect log; beside them three every-second at-least-once cron jobs (`sleep 1.4`, overlap_policy skip, "
@@ -369,13 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-alive", type=float, default=2.5, help="longest life of a dispatcher before kill -9, s")
     ap.add_argument("--db", default=None, help="database (default: a fresh SQLite file in the work directory); a PostgreSQL URL works")
     ap.add_argument("--workdir", type=Path, default=None, help="where the database and logs go (default: a temporary directory)")
+    ap.add_argument("--dispatchers", type=int, default=1, help="dispatchers at once (PostgreSQL only; each cycle kills one)")
     ap.add_argument("--seed", type=int, default=20260109)
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON")
     args = ap.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scheduler-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     p = {**params(Context(quick=True, workdir=workdir, plot_dir=workdir)), "cycles": args.cycles,
-         "jobs_per_cycle": args.jobs_per_cycle, "min_alive_s": args.min_alive, "max_alive_s": args.max_alive, "seed": args.seed}
+         "jobs_per_cycle": args.jobs_per_cycle, "min_alive_s": args.min_alive, "max_alive_s": args.max_alive, "seed": args.seed,
+         "dispatchers": args.dispatchers}
     db = args.db or str(fresh_db(workdir, "soak.db"))
     res = soak(db, workdir, p, say=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
