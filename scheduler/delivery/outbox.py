@@ -214,7 +214,7 @@ def claim_due(store: Store, owner: str, *, now: int, limit: int, ttl_ms: int, lo
 
     Sendable: due, or with an expired claim; every earlier part of its message delivered;
     and no other part of its run under a live claim (parts of one run never go out at
-    once, whichever dispatcher holds them). In one batch a run gets at most one part.
+    once; on PostgreSQL two claims in the same instant may still each take one). In one batch a run gets at most one part.
     ``room`` is what is left of a channel's limit (``[delivery] channel_concurrency``): a
     channel with none left is not read, one with some gets at most that many. ``sending``
     are ids this consumer is sending now (their claims may have expired: never claimed twice here).
@@ -488,6 +488,9 @@ class DeliveryWorker(DutyThread):
         room = {channel: most - busy.count(channel) for channel, most in cfg.channel_concurrency.items()}
         parts = claim_due(self.store, self.owner, now=now, limit=min(free, cfg.batch), look=cfg.batch, ttl_ms=cfg.claim_ttl_ms,
                           room=room, sending=sending)
+        if parts and self._stop.is_set():  # stopping (the senders may be closed): hand them back unsent
+            release(self.store, parts)
+            return 0.0
         for part in parts:
             with self._lock:
                 self._sending[part["id"]] = part["channel"]
