@@ -209,3 +209,51 @@ def test_a_watchdog_alert_target_its_channel_cannot_send_to_is_refused(cli: Any,
     _refused_everywhere(cli, tmp_path, json.dumps(fields), "DELIVERY_TARGET_INVALID", "watchdog_alert_to")
     good = _spec(name="dog", job_type="watchdog", watchdog_alert_channel="webhook", watchdog_alert_to="https://h/x")
     assert cli("--json", "jobs", "add", json.dumps(good)).code == 0
+
+
+@pytest.fixture
+def routes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """``routes(*r)``: a settings file with these ``[notifications] routes``, read again at once (and forgotten after)."""
+    from scheduler.settings import reload_settings
+
+    def write(*routes: str) -> None:
+        config = tmp_path / "settings.toml"
+        config.write_text("[notifications]\nroutes = [" + ", ".join(json.dumps(r) for r in routes) + "]\n")
+        monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
+        reload_settings()
+
+    yield write
+    monkeypatch.delenv("SCHEDULER_CONFIG")
+    reload_settings()
+
+
+@pytest.mark.parametrize(("route", "code"), [
+    ("webhook:file:///etc/passwd", "DELIVERY_TARGET_INVALID"), ("webhook:javascript:alert(1)", "DELIVERY_TARGET_INVALID"),
+    ("telegram:12ab", "DELIVERY_TARGET_INVALID"), ("email:not an address", "DELIVERY_TARGET_INVALID"),
+    ("webhook:https://ops:hunter2@hooks.example.com/x", "URL_CREDENTIALS_REFUSED"),
+])
+def test_a_notification_route_its_channel_cannot_send_to_is_refused_before_anything_runs(cli: Any, routes: Any, route: str,
+                                                                                        code: str) -> None:
+    """The settings file's routes are judged like delivery_to: ``scheduler run`` does not start, ``config --check`` and
+    ``doctor`` fail, and nothing is stored (no lease taken, no run, no outbox row)."""
+    cli("--json", "jobs", "add", json.dumps(_spec(schedule_kind="every", schedule_every="1s", schedule_at=None)))
+    routes("webhook:https://hooks.example.com/ok", route)
+    ran = cli("--json", "run", "--duration", "2s")
+    assert ran.code != 0 and ran.json["code"] == code, ran
+    assert ran.json["details"][0]["field"] == "notifications.routes[1]" and "hunter2" not in ran.out + ran.err
+    checked = cli("--json", "config", "--check")
+    assert checked.code != 0 and checked.json["code"] == "CONFIG_INVALID", checked
+    assert [(d["key"], d["code"]) for d in checked.json["details"]] == [("notifications.routes[1]", code)]
+    doctor = cli("--json", "doctor")
+    assert doctor.code != 0 and "notification_routes" in doctor.json["error"], doctor
+    assert "hunter2" not in checked.out + doctor.out
+    status = cli("--json", "status").json["status"]
+    assert status["runs"] == {} and status["outbox"] == {} and not [lease for lease in status["leases"] if lease["live"]]
+
+
+def test_good_notification_routes_are_accepted(cli: Any, routes: Any) -> None:
+    routes("webhook:https://hooks.example.com/ok", "telegram:@mychannel", "email:ops@example.com", "webhook")
+    assert cli("--json", "config", "--check").code == 0
+    doctor = cli("--json", "doctor").json
+    [check] = [c for c in doctor.get("checks") or doctor["details"] if c["check"] == "notification_routes"]
+    assert check["ok"] and check["problems"] == []

@@ -83,6 +83,7 @@ class NoSettings:
 
 def effective_settings() -> dict[str, Any]:
     """Validate the whole settings file (kernel and installed plugins): rows, warnings and the file; ``CONFIG_INVALID`` when bad."""
+    from scheduler.plugins.options import route_problems
     from scheduler.settings import PLUGIN_SECTIONS, env_var, load_settings, resolve_plugin, section_of
     from scheduler.settings.load import raise_invalid, setting_vars
 
@@ -102,6 +103,9 @@ def effective_settings() -> dict[str, Any]:
             problems.extend(found)
             if resolved is not None and plugin is group[0]:  # providers of several kinds may share [providers.NAME]
                 rows.extend(resolved.rows())
+    routes_source = next((row["source"] for row in rows if row["key"] == "notifications.routes"), "default")
+    problems.extend({"key": p["field"], "source": routes_source, "error": p["error"], "code": p["code"]}
+                    for p in route_problems(settings.notifications.routes))
     for section, name in settings.plugin_tables():
         if (section, name) not in known:
             warnings.append(f"[{section}.{name}] in {settings.file.path}: no {section[:-1]} named {name!r} is installed "

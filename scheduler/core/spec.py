@@ -509,6 +509,15 @@ _URL_FIELDS = ("delivery_to", "watchdog_alert_to")
 _URL_OPTION_FIELDS = ("delivery_options", "executor_options")
 
 
+def url_has_credentials(text: str) -> bool:
+    """Whether ``text`` holds a URL with credentials in it (``user:pass@``, or a token before ``@`` in an http(s)/ws(s) URL).
+
+    The one test for every target that is stored in plain text: job fields and options here, and
+    ``[notifications] routes``, whose destinations are copied into the outbox (``scheduler.plugins.options``).
+    """
+    return _URL_CREDENTIALS.search(text) is not None
+
+
 def _url_credential_checks(values: dict[str, object], errors: _Errors) -> None:
     """Refuse any URL with credentials in it (``URL_CREDENTIALS_REFUSED``): the job spec is stored in plain text.
 
@@ -522,14 +531,14 @@ def _url_credential_checks(values: dict[str, object], errors: _Errors) -> None:
                " (the channel's settings secret or a `credentials` binding, docs/credentials.md)")
     for name in _URL_FIELDS:
         value = values.get(name)
-        if isinstance(value, str) and _URL_CREDENTIALS.search(value):
+        if isinstance(value, str) and url_has_credentials(value):
             errors.add(name, message, "URL_CREDENTIALS_REFUSED")
     for name in _URL_OPTION_FIELDS:
         stack: list[tuple[str, object]] = [(name, values.get(name))]
         while stack:
             path, value = stack.pop()
             if isinstance(value, str):
-                if _URL_CREDENTIALS.search(value):
+                if url_has_credentials(value):
                     errors.add(path, message, "URL_CREDENTIALS_REFUSED")
             elif isinstance(value, dict):
                 stack.extend((f"{path}.{key}", child) for key, child in value.items())

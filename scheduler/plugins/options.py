@@ -11,6 +11,7 @@ against their providers with ``provider_for`` (``scheduler.core.steps.Step.check
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -18,6 +19,7 @@ import attrs
 from scheduler.base.errors import SchedulerError
 from scheduler.base.options import build_options, option_problems, options_to_json
 from scheduler.core.members import JobChecking, options_class_of
+from scheduler.core.spec import JobSpec, url_has_credentials
 from scheduler.plugins.loader import load_provider
 
 #: Spec field -> (provider kind, attribute of JobSpec naming the driver).
@@ -109,6 +111,38 @@ def alert_target_problems(spec: Any) -> list[dict[str, str]]:
     routed = attrs.evolve(spec, delivery_channel=name, delivery_to=target, delivery_options={})
     found = job_problems(provider, None, routed, "watchdog_alert_to")
     return [{**p, "field": "watchdog_alert_to"} if p.get("field") == "delivery_to" else p for p in found]
+
+
+def route_problems(routes: Sequence[str]) -> list[dict[str, str]]:
+    """The judgement of ``[notifications] routes`` (``CHANNEL:DESTINATION``), as a job's ``delivery_to`` is judged at add.
+
+    Every notification is copied to the outbox with its route's destination, so a destination
+    is refused before anything is sent or stored (``scheduler run`` does not start, ``config
+    --check`` and ``doctor`` fail): a URL with credentials in it (``URL_CREDENTIALS_REFUSED``),
+    and what the route's channel could never send to, judged by its ``check_job`` on a job routed
+    there (``DELIVERY_TARGET_INVALID``). A route without a destination (the channel's default) and
+    one naming a channel that is not installed are not judged here. Each problem's ``field`` is
+    ``notifications.routes[i]``; the message never repeats the destination.
+    """
+    problems: list[dict[str, str]] = []
+    for index, route in enumerate(routes):
+        channel, _, target = route.partition(":")
+        field = f"notifications.routes[{index}]"
+        if not target:
+            continue
+        if url_has_credentials(target):
+            problems.append({"field": field, "code": "URL_CREDENTIALS_REFUSED",
+                             "error": f"the {channel} route must not carry credentials in its URL (the outbox keeps every"
+                                      " destination in plain text); put the secret in the channel's settings as a credential"
+                                      " reference"})
+            continue
+        provider = provider_for("channel", channel)
+        if provider is None:
+            continue
+        routed = JobSpec(name="notifications", schedule_kind="manual", payload_message="", delivery_mode="always",
+                         delivery_channel=channel, delivery_to=target)
+        problems += [{**p, "field": field} for p in job_problems(provider, None, routed, field) if p.get("field") == "delivery_to"]
+    return problems
 
 
 def job_problems(provider: Any, options: Any, spec: Any, field: str) -> list[dict[str, str]]:
