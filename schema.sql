@@ -436,7 +436,7 @@ CREATE TABLE IF NOT EXISTS delivery_attachments (
     CHECK ((content IS NULL) <> (path IS NULL))
 );
 
--- Completion delivery ownership, scoped to (task label, session, run).
+-- Completion delivery ownership, scoped to (task label, session, run): open from the completion transaction that enqueued the run's messages until reconciliation finds every part of the run settled.
 CREATE TABLE IF NOT EXISTS completion_debts (
     id            TEXT    PRIMARY KEY,
     task_label    TEXT    NOT NULL,
@@ -449,6 +449,10 @@ CREATE TABLE IF NOT EXISTS completion_debts (
     updated_at    INTEGER NOT NULL,
     UNIQUE (task_label, session_key, run_id)
 );
+-- A run's debt (deliveries checkpoint, pruning).
+CREATE INDEX IF NOT EXISTS completion_debts_run_idx ON completion_debts(run_id);
+-- Reconciliation, status and doctor read only the debts not yet reconciled.
+CREATE INDEX IF NOT EXISTS completion_debts_unsettled_idx ON completion_debts(created_at) WHERE status <> 'reconciled';
 
 -- One immutable evidence row per run.
 CREATE TABLE IF NOT EXISTS evidence_records (

@@ -13,11 +13,12 @@ from kernel_testing import add_job, run_job_once, wait_for
 from scheduler.core.claimed import ClaimedRun
 from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.queue import StartedRun, enqueue_manual
-from scheduler.core.rows import ApprovalRow, DispatchRow, JobRow, OutboxPartRow, Row, RunRow
+from scheduler.core.rows import ApprovalRow, CompletionDebtRow, DispatchRow, JobRow, OutboxPartRow, Row, RunRow
 from scheduler.core.store.schema import table
 
 ROWS: dict[type[Row], str] = {JobRow: "jobs", RunRow: "runs", DispatchRow: "job_dispatch_queue", ApprovalRow: "approvals",
-                              OutboxPartRow: "delivery_outbox"}
+                              OutboxPartRow: "delivery_outbox",
+                              CompletionDebtRow: "completion_debts"}
 _PYTHON = {"text": "str", "int": "int", "bigint": "int", "flag": "int", "blob": "bytes"}
 _TYPES = {"str": str, "int": int, "bytes": bytes}
 

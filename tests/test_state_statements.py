@@ -1,4 +1,4 @@
-"""Every state change of a run, dispatch, approval, job and outbox part is one named statement (issue 26, item 1).
+"""Every state change of a run, dispatch, approval, job, outbox part and completion debt is one named statement (issue 26, item 1).
 
 The statements live in ``scheduler.core.state``; no other module writes an UPDATE or INSERT on those
 five tables (the tree is parsed, and the check is shown to catch one). Exempt: the state package
@@ -25,7 +25,7 @@ from scheduler.plugins.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The tables whose every change is a named statement.
-TABLES = ("runs", "job_dispatch_queue", "approvals", "jobs", "delivery_outbox")
+TABLES = ("runs", "job_dispatch_queue", "approvals", "jobs", "delivery_outbox", "completion_debts")
 #: Where an UPDATE or INSERT on those tables may be written: the state module, the migrations, the PostgreSQL store's tests.
 EXEMPT = ("scheduler/core/state/", "scheduler/core/store/migrations.py", "scheduler/core/store/data_moves.py",
           "plugins/scheduler-store-postgres/tests/")

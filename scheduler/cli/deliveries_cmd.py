@@ -1,4 +1,4 @@
-"""``scheduler deliveries ...``: the delivery outbox (list, show, retry) and a test message through a channel."""
+"""``scheduler deliveries ...``: the delivery outbox (list, show, a run's checkpoint, retry) and a test message through a channel."""
 
 from __future__ import annotations
 
@@ -41,6 +41,31 @@ def deliveries_show(part_id: str) -> None:
 
     view = get_delivery(open_ctx_store(), part_id)
     emit({"delivery": view}, lambda: kv(view.items()))
+
+
+@deliveries_group.command("checkpoint")
+@click.argument("run_id")
+def deliveries_checkpoint(run_id: str) -> None:
+    """Where every message of one run stands: parts delivered / pending / failed, the next due time, each part's state,
+    and the run's completion debt (RUN_ID: id or unique prefix)."""
+    from scheduler.delivery.checkpoint import run_checkpoint
+    from scheduler.ops.queries import resolve_run
+
+    with open_ctx_store().read() as tx:
+        view = run_checkpoint(tx, resolve_run(tx, run_id).id)
+
+    def human() -> None:
+        debt = view["debt"]
+        kv([("run", view["run_id"]), ("parts", view["parts"]), ("delivered", view["delivered"]),
+            ("pending", view["pending"]), ("failed", view["failed"]), ("complete", view["complete"]),
+            ("next due", local_time(view["next_due_at"])),
+            ("debt", f"{debt['status']}{' (overdue)' if debt['overdue'] else ''}" if debt else "-")])
+        table([(m["group"], m["channel"], f"{p['part_index']}/{m['part_count']}", p["status"],
+                f"{p['attempts']}/{p['max_attempts']}", local_time(p["delivered_at"] or p["due_at"]), p["error_code"] or "")
+               for m in view["messages"] for p in m["parts"]],
+              ["message", "channel", "part", "status", "attempts", "at", "error"])
+
+    emit({"checkpoint": view}, human)
 
 
 @deliveries_group.command("retry")

@@ -86,7 +86,7 @@ CAPABILITIES = {
     "immutable_runtime_events": True,
     "approval_scope_enforcement": True,
     "approvals": "runtime",
-    "multipart_delivery_checkpoints": False,
+    "multipart_delivery_checkpoints": True,  # `deliveries checkpoint RUN` (scheduler.delivery.checkpoint)
     # The seed's evidence values (docs/evidence.md): every evidence job's run attested from its persisted run,
     # bound to its execution artifact, by the checksum, ssh (signed) or external (provider-verified) provider.
     "evidence_generation": True,

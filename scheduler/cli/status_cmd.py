@@ -40,6 +40,7 @@ def status_cmd(check: bool) -> None:
             ("credential cleanup", (f"{status['credentials']['cleanup_failed']} failed, "
                                     f"{len(status['credentials']['runs_blocked'])} run(s) blocked")),
             ("outbox", ", ".join(f"{n} {k}" for k, n in status["outbox"].items()) or "empty"),
+            ("completion debts", "{open} open, {overdue} overdue, {failed} failed".format(**status["completion_debts"])),
             ("approvals", ", ".join(f"{n} {k}" for k, n in status["approvals"].items() if n) or "none"),
             ("evidence", ", ".join(f"{n} {k}" for k, n in status["evidence"]["records"].items())
              + (f", {status['evidence']['missing']} missing" if status["evidence"]["missing"] else "") or "none"),

@@ -26,6 +26,7 @@ import attrs
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state, transitions
 from scheduler.core.conditions import condition_matches
+from scheduler.core.debts import open_debt
 from scheduler.core.events import append_event
 from scheduler.core.execution import MAX_EXECUTOR_STATE_BYTES, ExecutionResult, StreamCapture
 from scheduler.core.lease import Lease, assert_live
@@ -65,6 +66,7 @@ class CountedJob(Row):
     watchdog_alert_to: str | None
     watchdog_self_destruct: int
     notify: int
+    session_target: str
     has_children: int | bool
     auto_paused: str | None = None
 
@@ -260,8 +262,9 @@ def apply_consequences(
     job = _update_job_counters(tx, run, now, actor)
     if job is None or suppress:
         return
-    _notify(tx, outbox, job, run, now)
+    parts = _notify(tx, outbox, job, run, now)
     if status == "cancelled":
+        _open_debt(tx, job, run, parts, None, now, actor)
         return  # cancellation won: no retry, no child, no delivery
     # A disabled or just auto-paused job gets no retry (it would only be cancelled at claim).
     retrying = allow_retry and job.enabled and status in FAILURES and run.attempt <= job.max_retries
@@ -273,8 +276,15 @@ def apply_consequences(
                      data={"attempt": run.attempt + 1, "due_in_ms": backoff})
     else:
         _trigger_children(tx, job, run, now)
-    _enqueue_delivery(tx, outbox, job, run, now)
-    _watchdog(tx, outbox, job, run, now, actor)
+    delivered = _enqueue_delivery(tx, outbox, job, run, now)
+    parts += delivered + _watchdog(tx, outbox, job, run, now, actor)
+    _open_debt(tx, job, run, parts, f"{run.id}:delivery" if delivered else None, now, actor)
+
+
+def _open_debt(tx: Tx, job: CountedJob, run: RunRow, parts: int, group: str | None, now: int, actor: str | None) -> None:
+    """The run's completion debt (``scheduler.core.debts``), opened in this transaction when it enqueued any part."""
+    if parts:
+        open_debt(tx, job_id=job.id, session_key=job.session_target, run_id=run.id, outbox_group=group, owner=actor, now=now)
 
 
 def _update_job_counters(tx: Tx, run: RunRow, now: int, actor: str | None) -> CountedJob | None:
@@ -301,17 +311,18 @@ def _update_job_counters(tx: Tx, run: RunRow, now: int, actor: str | None) -> Co
     return job
 
 
-def _notify(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> None:
-    """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox.
+def _notify(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> int:
+    """The settings file's ``[notifications]`` about this run (and an auto-pause it caused), through the outbox;
+    returns the parts enqueued.
 
     Jobs with ``notify: false`` opt out. Events: ``completed`` (ok), ``failed`` (error or
     timeout), ``paused`` (this failure auto-paused the job).
     """
     if not job.notify:
-        return
+        return 0
     cfg = current_settings().notifications
     if not cfg.routes:
-        return
+        return 0
     events = []
     if run.status == "ok" and "completed" in cfg.events:
         events.append(("completed", f"[Job completed] {job.name}\nDuration: {(run.duration_ms or 0) / 1000:.1f}s"))
@@ -323,10 +334,12 @@ def _notify(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> N
     if job.auto_paused and "paused" in cfg.events:
         events.append(("paused", f"[Job paused] {job.name}: {job.auto_paused}\nResume: scheduler jobs resume {job.name}"))
     view = run.to_dict() if events else {}
+    parts = 0
     for event, body in events:
         for index, route in enumerate(cfg.routes):
             channel, _, target = route.partition(":")
-            outbox.enqueue(tx, view, channel, target or None, body, f"{run.id}:notify:{event}:{index}", now)
+            parts += outbox.enqueue(tx, view, channel, target or None, body, f"{run.id}:notify:{event}:{index}", now)
+    return parts
 
 
 def _outcome_matches(trigger_on: str | None, status: str) -> bool:
@@ -355,11 +368,12 @@ def _trigger_children(tx: Tx, job: CountedJob, run: RunRow, now: int) -> None:
                         due_at=now + child.trigger_delay_s * 1000, now=now, source_run_id=run.id)
 
 
-def _enqueue_delivery(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> None:
+def _enqueue_delivery(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int) -> int:
+    """The job's own delivery of the run's result, per its ``delivery_mode``; returns the parts enqueued."""
     mode = job.delivery_mode
     ok = run.status == "ok"
     if mode == "none" or (mode == "on_success" and not ok) or (mode == "on_failure" and ok):
-        return
+        return 0
     head = "completed" if ok else "failed"
     body = f"[Job {head}] {job.name}\nStatus: {run.status}\nDuration: {(run.duration_ms or 0) / 1000:.1f}s"
     if not ok and run.error_message:
@@ -369,7 +383,7 @@ def _enqueue_delivery(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now:
     channel = job.delivery_channel or ""  # a delivering job has its channel (the spec requires it)
     view = run.to_dict()  # the outbox takes the run as the mapping a read returns
     attachments = outbox.attachments(view, channel, body)
-    outbox.enqueue(tx, view, channel, job.delivery_to, body, f"{run.id}:delivery", now, attachments=attachments)
+    return outbox.enqueue(tx, view, channel, job.delivery_to, body, f"{run.id}:delivery", now, attachments=attachments)
 
 
 #: Error codes that say the scheduler lost or gave up the run (fencing, lease, cancellation,
@@ -392,17 +406,19 @@ def watchdog_alerts(status: str, error_code: str | None) -> bool:
     return status in ("error", "timeout") and error_code not in WATCHDOG_NO_ALERT_CODES
 
 
-def _watchdog(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int, actor: str | None) -> None:
-    """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one."""
+def _watchdog(tx: Tx, outbox: Outbox, job: CountedJob, run: RunRow, now: int, actor: str | None) -> int:
+    """A watchdog's consequences: an alert for a failed check, and self-destruct (disable) after a passing one;
+    returns the alert parts enqueued."""
     if job.job_type != "watchdog":
-        return
+        return 0
+    parts = 0
     if job.watchdog_alert_channel and watchdog_alerts(run.status, run.error_code):
         body = f"[Watchdog alert] {job.name}: check {run.status} ({run.error_code or 'failed'})"
-        outbox.enqueue(tx, run.to_dict(), job.watchdog_alert_channel, job.watchdog_alert_to, body, f"{run.id}:watchdog-alert",
-                       now)
+        parts = outbox.enqueue(tx, run.to_dict(), job.watchdog_alert_channel, job.watchdog_alert_to, body,
+                               f"{run.id}:watchdog-alert", now)
     if run.status == "ok" and job.watchdog_self_destruct:
         reason = "watchdog self-destructed after a passing check"
         state.execute(tx, "self_destruct_job", job_id=job.id, reason=reason, now=now)
         transitions.cancel_pending_work(tx, job.id, reason=reason, now=now, actor=actor)
         append_event(tx, "job.watchdog_self_destructed", job_id=job.id, run_id=run.id, actor=actor, at=now)
-
+    return parts

@@ -22,11 +22,13 @@ outbox). A run whose last recorded handle was its post-success verification chec
 from __future__ import annotations
 
 import json
+import logging
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state, transitions
 from scheduler.core.completion import apply_consequences
+from scheduler.core.debts import reconcile
 from scheduler.core.events import append_event
 from scheduler.core.execution import INTERRUPTED_VERIFICATION, RecoveryOutcome, RecoveryRequest, verification_interrupted
 from scheduler.core.jobs import repair_missing_next_runs
@@ -38,6 +40,8 @@ from scheduler.core.queue import release_expired_claims
 from scheduler.core.rows import JSONObject, RunRow
 from scheduler.core.store.base import Store
 from scheduler.core.transitions import committing, insert_dispatch
+
+log = logging.getLogger("scheduler.core.recovery")
 
 
 def _settle_process(run: RunRow, grace_s: float, executors: ExecutorSource) -> tuple[str, str | None]:
@@ -97,6 +101,20 @@ def fence_out(store: Store, owner: str, *, now: int | None = None) -> int:
     return len(names)
 
 
+def _reconcile_debts(store: Store, lease: Lease) -> None:
+    """Settle the completion debts whose runs' parts are all settled (also a dead dispatcher's). A failure only
+    leaves debts open (the side that errs safe: ``status`` keeps showing them), so it is logged, never fatal to the
+    pass; a busy database propagates for the caller's retry."""
+    try:
+        reconcile(store, actor=lease.owner)
+    except SchedulerError as exc:
+        if exc.code.startswith("DB_"):
+            raise
+        log.warning("completion debts not reconciled: %s: %s", exc.code, exc.message)
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.warning("completion debts not reconciled: %s: %s", type(exc).__name__, exc)
+
+
 def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, kill_grace_s: float = 2.0,
             hooks: Observers | None = None) -> list[JSONObject]:
     """One recovery pass under our live lease; returns what was done to each orphan.
@@ -152,5 +170,6 @@ def recover(store: Store, lease: Lease, *, participants: RecoveryParticipants, k
             report.append({"run_id": run.id, "outcome": "crashed", "process": process, "replayed": replay})
     participants.credentials.sweep(store)  # finished runs of a dead dispatcher that never reached their credential cleanup
     release_expired_claims(store)
+    _reconcile_debts(store, lease)
     repair_missing_next_runs(store)
     return report

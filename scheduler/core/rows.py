@@ -322,6 +322,23 @@ class OutboxPartRow(Row):
     updated_at: int
 
 
+@attrs.frozen(slots=False)
+class CompletionDebtRow(Row):
+    """A ``completion_debts`` row: who owns a run's completion delivery until every part of it is settled."""
+
+    id: str
+    #: The job's id (stable across renames; views add its name).
+    task_label: str
+    #: The job's session target (``shell``, ``isolated``, ``main``): the session the completion belongs to.
+    session_key: str
+    run_id: str
+    status: str
+    outbox_group: str | None
+    claim_owner: str | None
+    created_at: int
+    updated_at: int
+
+
 def json_object(value: object) -> JSONObject:
     """``value`` when it is a JSON object, else an empty one (reading an optional part of a document)."""
     return value if isinstance(value, dict) else {}

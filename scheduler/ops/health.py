@@ -15,6 +15,7 @@ from typing import Any
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.artifact import verify_stored
+from scheduler.core.debts import debt_summary
 from scheduler.core.events import DISK_FULL_EVENT
 from scheduler.core.jobs import JOB_STATE_SQL
 from scheduler.core.lease import list_leases, owner_host, owner_is_dead_local_process, owner_pid
@@ -59,6 +60,7 @@ def collect_status(store: Any) -> dict[str, Any]:
 
         evidence = evidence_counts(tx)  # counts only; `doctor` re-verifies
         disk_full = last_disk_full(tx)
+        debts = debt_summary(tx, now=now)  # completion debts not yet reconciled: open, overdue, failed
     return {
         "database": store.location,
         "schema_version": store.schema_version(),
@@ -71,6 +73,7 @@ def collect_status(store: Any) -> dict[str, Any]:
                         "runs_blocked": [r["id"] for r in blocked if (r["error_message"] or "").startswith("CREDENTIAL_")]},
         "cancel_requests_pending": cancels,
         "outbox": outbox,
+        "completion_debts": debts,
         "approvals": {**approvals, "expired_pending": overdue},
         "recent_skips": [{**s, "created_at": to_iso(s["created_at"])} for s in skipped],
         "next_run_at": to_iso(nxt),
@@ -110,7 +113,7 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
 
     No live dispatcher lease (or one whose holder is a dead process on this host), runs in
     ``recovery_blocked``, credential cleanup failures (presentations ``failed``, runs blocked on a
-    ``CREDENTIAL_*`` cleanup), failed outbox parts, approvals pending past their timeout. Meant
+    ``CREDENTIAL_*`` cleanup), failed outbox parts, overdue completion debts, approvals pending past their timeout. Meant
     for cron, systemd and monitors: it only reads.
     """
 
@@ -133,6 +136,10 @@ def check_reasons(status: dict[str, Any]) -> list[dict[str, Any]]:
     failed = status["outbox"].get("failed", 0)
     if failed:
         reasons.append({"check": "outbox", "count": failed, "reason": f"{failed} delivery part(s) failed"})
+    late = status["completion_debts"]["overdue"]
+    if late:
+        reasons.append({"check": "completion_debts", "count": late, "runs": [d["run_id"] for d in status["completion_debts"]["overdue_debts"]],
+                        "reason": f"{late} completion debt(s) open past their delivery's whole retry budget"})
     overdue = status["approvals"].get("expired_pending", 0)
     if overdue:
         reasons.append({"check": "approvals", "count": overdue, "reason": f"{overdue} approval(s) pending past their timeout"})
@@ -255,6 +262,10 @@ def store_checks(store: Any) -> list[dict[str, Any]]:
     checks.append({"check": "deliveries", "ok": True, "warning": bool(failed),
                    "detail": f"warning: {failed} failed part(s): `scheduler deliveries list --status failed`"
                              if failed else f"{status['outbox'].get('pending', 0)} pending, none failed"})
+    debts = status["completion_debts"]
+    checks.append({"check": "completion_debts", "ok": debts["overdue"] == 0, "warning": bool(debts["failed"]),
+                   "detail": f"{debts['open']} open, {debts['overdue']} overdue, {debts['failed']} failed"
+                             + (" (is a dispatcher running? `scheduler deliveries checkpoint RUN`)" if debts["overdue"] else "")})
     overdue = status["approvals"]["expired_pending"]
     checks.append({"check": "approvals", "ok": overdue == 0,
                    "detail": f"{status['approvals'].get('pending', 0)} pending, {overdue} past their timeout"

@@ -254,6 +254,8 @@ def _prune_batch(tx: Any, runs: list[dict[str, Any]], report: PruneReport, now: 
             # not be set NULL by the foreign key); parts that may still be sent keep the run (see _NEEDED).
             report.outbox += tx.execute("DELETE FROM delivery_outbox WHERE run_id = ? AND status IN ('delivered', 'cancelled')",
                                         (run["id"],))
+            # So does its settled completion debt (an open one means parts that may still be sent: the run is kept).
+            tx.execute("DELETE FROM completion_debts WHERE run_id = ? AND status <> 'open'", (run["id"],))
             # Its settled approvals go with it, as they did when approvals.run_id cascaded (schema 10 dropped that key
             # so that deleting a job keeps its approvals); a run with an open approval is never a candidate.
             tx.execute("DELETE FROM approvals WHERE run_id = ? AND status NOT IN ('pending', 'approved')"

@@ -1,7 +1,7 @@
 """The state module: every change of a run, dispatch, approval, job and outbox part as one named statement.
 
 Each statement is portable SQL with ``:keyword`` parameters, written once in this package (one
-module per table: ``runs``, ``dispatches``, ``approvals``, ``jobs``, ``outbox``; the format is
+module per table: ``runs``, ``dispatches``, ``approvals``, ``jobs``, ``outbox``, ``debts``; the format is
 ``named``'s) and parsed once at import. Each table has exactly one INSERT. Callers run a statement
 by name with its parameters as keywords::
 
@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.core.state import approvals, dispatches, jobs, outbox, runs
+from scheduler.core.state import approvals, debts, dispatches, jobs, outbox, runs
 from scheduler.core.state.named import Statement, StatementError, parse
 from scheduler.core.store.base import Tx
 
@@ -52,7 +52,8 @@ def catalogue(*sources: str) -> dict[str, Statement]:
 
 
 #: Every named statement of the kernel, by name.
-STATEMENTS: Mapping[str, Statement] = catalogue(runs.SOURCE, dispatches.SOURCE, approvals.SOURCE, jobs.SOURCE, outbox.SOURCE)
+STATEMENTS: Mapping[str, Statement] = catalogue(runs.SOURCE, dispatches.SOURCE, approvals.SOURCE, jobs.SOURCE, outbox.SOURCE,
+                                                debts.SOURCE)
 
 
 def _bound(name: str, params: Mapping[str, object]) -> tuple[str, list[Any]]:

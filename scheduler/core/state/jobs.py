@@ -101,7 +101,7 @@ UPDATE jobs SET run_count = run_count + 1, last_run_at = :last_run_at, last_stat
 WHERE id = :job_id
 RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries, retry_backoff_ms,
   delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to, watchdog_self_destruct, notify,
-  EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children
+  session_target, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children
 
 -- name: advance_next_run
 -- A due slot materialised: the job's next run advances, by compare-and-swap on the slot read (one dispatcher wins).

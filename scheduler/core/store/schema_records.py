@@ -162,7 +162,13 @@ RECORD_TABLES: tuple[Table, ...] = (
             Column("updated_at", BIGINT, not_null=True),
         ),
         constraints=("UNIQUE (task_label, session_key, run_id)",),
-        comment="Completion delivery ownership, scoped to (task label, session, run).",
+        indexes=(
+            Index("completion_debts_run_idx", "run_id", comment="A run's debt (deliveries checkpoint, pruning)."),
+            Index("completion_debts_unsettled_idx", "created_at", "status <> 'reconciled'",
+                  comment="Reconciliation, status and doctor read only the debts not yet reconciled."),
+        ),
+        comment="Completion delivery ownership, scoped to (task label, session, run): open from the completion transaction"
+                " that enqueued the run's messages until reconciliation finds every part of the run settled.",
     ),
     Table(
         "evidence_records",

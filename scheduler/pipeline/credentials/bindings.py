@@ -1,7 +1,7 @@
 """A job's ``credentials`` list: validation, normalisation and the checks made at ``jobs add``.
 
 A binding is ``{"name", "provider", "ref", "present": {"medium", "key"?, "file_name"?},
-"required"?, "options"?}``: which credential provider resolves ``ref`` at run time and how
+"required"?, "options"?, "revoke"?}``: which credential provider resolves ``ref`` at run time and how
 its value reaches the payload (``env``: variable ``key``; ``file``: a 0600 file named
 ``file_name`` in a private per-run directory, its path in ``CREDENTIAL_<NAME>_FILE``;
 ``stdin``: the payload's standard input). A spec never holds a value, only references.
@@ -47,6 +47,8 @@ class Binding(TypedDict, total=False):
     present: Required[Present]
     required: Required[bool]
     options: JSONObject
+    #: ``after_run``: the provider revokes the value when the run ends (kept only when set, so digests stay).
+    revoke: str
 
 
 #: Where ``check_bindings`` reports: ``add(field, message, code)``.
@@ -55,6 +57,8 @@ AddProblem = Callable[[str, str, str], object]
 #: Which media exist, and the executor capability each needs.
 MEDIA = ("env", "file", "stdin")
 MEDIUM_CAPABILITY = {m: f"credentials-{m}" for m in MEDIA}
+#: ``revoke`` values: ``never`` (the default, left out of the stored binding) or ``after_run``.
+REVOKE_WHEN = ("never", "after_run")
 #: ``child_credential_policy`` values (docs/credentials.md explains each).
 CHILD_POLICIES = ("none", "inherit", "downscope", "independent")
 MAX_BINDINGS = 32
@@ -63,7 +67,7 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _DRIVER = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_KEYS = frozenset({"name", "provider", "ref", "present", "required", "options"})
+_KEYS = frozenset({"name", "provider", "ref", "present", "required", "options", "revoke"})
 _PRESENT_KEYS = frozenset({"medium", "key", "file_name"})
 
 #: Variables a credential may never set (compared upper-cased): they change how the shell, the
@@ -141,7 +145,8 @@ def _check_one(item: object, where: str, add: AddProblem) -> Binding | None:
         add(f"{where}.{field}" if field else where, message, code)
 
     for key in sorted(set(item) - _KEYS, key=str):
-        bad(str(key), f"unknown key {key!r} (a binding holds name, provider, ref, present, required, options; never a value)")
+        bad(str(key), f"unknown key {key!r} (a binding holds name, provider, ref, present, required, options, revoke;"
+                      " never a value)")
     name, provider, ref, present = item.get("name"), item.get("provider"), item.get("ref"), item.get("present")
     if not isinstance(name, str) or not _NAME.match(name):
         bad("name", "must be a name of letters, digits and _ starting with a letter (max 64)")
@@ -152,6 +157,9 @@ def _check_one(item: object, where: str, add: AddProblem) -> Binding | None:
     required = item.get("required", True)
     if not isinstance(required, bool):
         bad("required", "must be true or false")
+    revoke = item.get("revoke", "never")
+    if revoke not in REVOKE_WHEN:
+        bad("revoke", "must be never or after_run (the provider revokes the value when the run ends)")
     options = item.get("options", {})
     if options is None:
         options = {}
@@ -192,6 +200,8 @@ def _check_one(item: object, where: str, add: AddProblem) -> Binding | None:
     out: Binding = {"name": name, "provider": provider, "ref": ref, "present": norm_present, "required": required}
     if options:
         out["options"] = dict(options)
+    if revoke == "after_run":
+        out["revoke"] = "after_run"
     return out
 
 
@@ -261,6 +271,20 @@ def credential_problems(spec: JobSpec, executor: object | None) -> list[dict[str
         problems.append({"field": "credentials", "code": "CREDENTIAL_MEDIA_CONFLICT",
                          "error": "a stdin credential and executor_options.stdin_text both want the payload's standard input"})
     problems += _option_problems(bindings)
+    problems += _revoke_problems(bindings)
+    return problems
+
+
+def _revoke_problems(bindings: list[Binding]) -> list[dict[str, str]]:
+    """A binding asking for revocation after the run needs a provider that declares ``revoke`` (when it is installed)."""
+    problems: list[dict[str, str]] = []
+    for i, b in enumerate(bindings):
+        provider = provider_for("credential", b["provider"]) if b.get("revoke") == "after_run" else None
+        if provider is not None and ("revoke" not in getattr(provider, "capabilities", ()) or not callable(
+                getattr(provider, "revoke", None))):
+            problems.append({"field": f"credentials[{i}].revoke", "code": "CREDENTIAL_REVOKE_UNSUPPORTED",
+                             "error": f"credential provider {b['provider']!r} cannot revoke (it does not declare the capability"
+                                      " revoke)"})
     return problems
 
 

@@ -16,7 +16,14 @@
    the executor gets ``CredentialPresentation`` objects (values in memory only);
 4. on every way out (success, failure, timeout, cancellation, exception) the files and
    the directory are removed, the values dropped, and the rows marked ``cleaned`` (or
-   ``failed`` with ``last_error``).
+   ``failed`` with ``last_error``); a binding with ``revoke: after_run`` is first revoked
+   through its provider (``revoke``, bounded in time). Only an explicit answer (``revoked``,
+   an explicit ``not_revoked``, ``unsupported``) releases it; a missing, malformed or
+   indeterminate one (no ``revoke``, not a ``RevokeResult``, an exception or timeout, a
+   ``not_revoked`` the provider calls unavailable or indeterminate) fails closed: the run
+   ends ``error`` / ``CREDENTIAL_REVOKE_INDETERMINATE`` (``after``). Every answer is recorded
+   (``credentials_json``, a ``credential.revoked`` / ``credential.revoke_failed`` event, the
+   row's ``last_error``).
 
 The run records a summary (names, media, digests, counts; never a value) in
 ``runs.credentials_json`` and ``credential.*`` events. A job without bindings costs one
@@ -77,6 +84,7 @@ from scheduler.plugins.protocols import (
     CredentialProvider,
     RefreshResult,
     ResolvedCredential,
+    RevokeResult,
 )
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,12 @@ DIR_ENV = "SCHEDULER_CREDENTIALS_DIR"
 DIR_PREFIX = "scheduler-cred-"
 #: A provider that failed to load is not retried for this long (seconds).
 PROVIDER_RETRY_S = 5.0
+#: Longest a provider's ``revoke`` may take at cleanup (later is an indeterminate answer).
+REVOKE_TIMEOUT_S = 15.0
+#: The run code of a revocation that was not answered explicitly (fail closed).
+REVOKE_INDETERMINATE = "CREDENTIAL_REVOKE_INDETERMINATE"
+#: ``not_revoked`` reasons that say the provider could not tell (its reason starts with one): indeterminate, not explicit.
+INDETERMINATE_REASONS = ("CREDENTIAL_REVOKE_UNAVAILABLE", "CREDENTIAL_REVOKE_INDETERMINATE")
 
 _T = TypeVar("_T")
 
@@ -153,6 +167,10 @@ class _Held:
     expires_at: int | None
     #: The binding's ``credential_presentations`` row id.
     id: str
+    #: The provider's answer while the run holds it: what ``revoke`` is handed at cleanup (dropped then).
+    credential: ResolvedCredential | None = None
+    #: The binding says ``revoke: after_run``.
+    revoke: bool = False
 
 
 class _Presentation:
@@ -166,12 +184,16 @@ class _Presentation:
         self.rows_written = False
         self.policy: str | None = None
         self.providers: dict[str, CredentialProvider] = {}
+        #: Names of the bindings to revoke when the run ends (``revoke: after_run``).
+        self.revoking: set[str] = set()
+        self.context: CredentialContext | None = None
 
     # -- resolution ------------------------------------------------------------------------------
 
     def _bindings(self) -> list[Any]:
         """The run's bindings (its chain parent's policy applied) as ``CredentialBinding`` objects, providers loaded."""
         raw, self.policy = bindings_for_run(self.store, self.started, self.spec, list(self.spec.credentials or []), self.outcomes)
+        self.revoking = {b["name"] for b in raw if b.get("revoke") == "after_run"}
         providers: dict[str, CredentialProvider] = {}
         for b in raw:
             try:
@@ -260,7 +282,7 @@ class _Presentation:
         """Resolve and check every binding; a required failure raises before anything is written or presented."""
         bindings = self._bindings()
         self._check_media(bindings)
-        context = self._context()
+        context = self.context = self._context()
         for binding in bindings:
             entry: JSONObject = {"name": binding.name, "provider": binding.provider, "medium": binding.present.medium,
                                      "required": binding.required}
@@ -281,8 +303,10 @@ class _Presentation:
             sha = sha256_of(data)
             entry.update(status="presented", sha256=sha, expires_at=answer.expires_at_ms)
             self.summary.append(entry)
+            revoke = binding.name in self.revoking
             self.held.append(_Held(binding=binding, data=data, sha256=sha, expires_at=answer.expires_at_ms, id=uuid.uuid4().hex,
-                                   text=answer.value if isinstance(answer.value, str) else None))
+                                   text=answer.value if isinstance(answer.value, str) else None,
+                                   credential=answer if revoke else None, revoke=revoke))
 
     # -- materialisation -------------------------------------------------------------------------
 
@@ -362,10 +386,12 @@ class _Presentation:
                 for h in self.held:
                     if h.binding.present.medium == "file":
                         failed.setdefault(h.id, problem)
+        revoked = self._revoke_all()
         for h in self.held:
             h.data = h.text = None  # the values go with the last reference the kernel holds
+            h.credential = None
         if self.rows_written:
-            self._mark_rows(failed)
+            self._mark_rows(failed, {k: v for k, v in revoked.items() if v is not None})
         counts = {"presented": sum(1 for e in self.summary if e["status"] == "presented"),
                   "skipped": sum(1 for e in self.summary if e["status"] == "skipped"),
                   "failed": sum(1 for e in self.summary if e["status"] == "failed")}
@@ -375,8 +401,55 @@ class _Presentation:
             kind = "credential.cleanup_failed" if failed else "credential.cleaned"
             self.outcomes.record(kind, {"bindings": [h.binding.name for h in self.held], "failed": len(failed)})
 
-    def _mark_rows(self, failed: dict[str, str]) -> None:
+    def _revoke_all(self) -> dict[str, str | None]:
+        """Revoke every held binding that asks for it (``revoke: after_run``), recording each answer; returns, per row id,
+        what its row's ``last_error`` records (None: revoked)."""
+        out: dict[str, str | None] = {}
+        for h in self.held:
+            if not h.revoke:
+                continue
+            outcome, explicit, reason = self._revoke_one(h)
+            entry = next((e for e in self.summary if e["name"] == h.binding.name and e["status"] == "presented"), None)
+            if entry is not None:
+                entry["revocation"] = {"outcome": outcome, "explicit": explicit, **({"reason": reason} if reason else {})}
+            data: JSONObject = {"binding": h.binding.name, "provider": h.binding.provider, "outcome": outcome}
+            if outcome == "revoked":
+                self.outcomes.record("credential.revoked", data)
+                out[h.id] = None
+                continue
+            data.update(explicit=explicit, reason=reason)
+            self.outcomes.record("credential.revoke_failed", data)
+            # an explicit answer's reason starts with the provider's own code; an unanswered one is ours
+            out[h.id] = (f"{reason or outcome}" if explicit else f"{REVOKE_INDETERMINATE}: {outcome}: {reason}")[:1000]
+        return out
+
+    def _revoke_one(self, h: _Held) -> tuple[str, bool, str | None]:
+        """``(outcome, explicit, reason)`` of revoking one binding: ``revoked``, ``not_revoked`` or ``unsupported`` as the
+        provider answered (explicit unless it says it could not tell), else ``missing``, ``malformed`` or ``indeterminate``."""
+        provider = self.providers.get(h.binding.provider)
+        revoke = getattr(provider, "revoke", None)
+        if provider is None or h.credential is None or not callable(revoke) or "revoke" not in getattr(provider, "capabilities", ()):
+            return "missing", False, f"credential provider {h.binding.provider!r} does not revoke"
+        credential, context = h.credential, self.context
+        try:
+            answer = call_bounded(lambda: revoke(credential, h.binding, context), REVOKE_TIMEOUT_S,
+                                  code=REVOKE_INDETERMINATE, what=f"revocation of credential {h.binding.name!r}",
+                                  details={"binding": h.binding.name, "provider": h.binding.provider})
+        except SchedulerError as exc:
+            return "indeterminate", False, f"{exc.code}: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - a provider bug is no answer, never a yes
+            return "indeterminate", False, f"the provider raised {type(exc).__name__}"
+        if not isinstance(answer, RevokeResult):
+            return "malformed", False, f"the provider returned {type(answer).__name__}, not a RevokeResult"
+        outcome = answer.outcome
+        reason = answer.reason if isinstance(answer.reason, str) else None
+        if outcome == "not_revoked" and (not reason or reason.startswith(INDETERMINATE_REASONS)):
+            return "indeterminate", False, reason or "not_revoked without a reason"
+        return outcome, True, reason
+
+    def _mark_rows(self, failed: dict[str, str], revocations: Mapping[str, str] | None = None) -> None:
         now = _now_ms()
+        revocations = revocations or {}
         for attempt in range(5):
             try:
                 with self.store.transaction() as tx:
@@ -384,9 +457,9 @@ class _Presentation:
                         if h.id in failed:
                             tx.execute("UPDATE credential_presentations SET status = 'failed', cleaned_at = ?, last_error = ?"
                                        " WHERE id = ? AND status = 'materialized'", (now, failed[h.id], h.id))
-                        else:
-                            tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = ?"
-                                       " WHERE id = ? AND status = 'materialized'", (now, h.id))
+                        else:  # cleaned; a revocation that was not confirmed stays on the row
+                            tx.execute("UPDATE credential_presentations SET status = 'cleaned', cleaned_at = ?, last_error = ?"
+                                       " WHERE id = ? AND status = 'materialized'", (now, revocations.get(h.id), h.id))
                 return
             except Exception:  # a busy database: try again; recovery covers a dead process
                 log.warning("marking credential presentations of run %s cleaned failed (attempt %d)", self.started.run_id,
@@ -536,8 +609,9 @@ def recover_presentations(store: Store, run: RunRecord) -> tuple[bool, str | Non
 
 
     with store.read() as tx:
-        rows = tx.all("SELECT id, temp_path FROM credential_presentations WHERE run_id = ? AND status = 'materialized'",
-                      (run["id"],))
+        rows = tx.all("SELECT id, temp_path, binding_name, provider FROM credential_presentations WHERE run_id = ?"
+                      " AND status = 'materialized'", (run["id"],))
+        revoking = _revoking_bindings(tx, run.get("job_id")) if rows else set()
     if not rows:
         return True, None
     host = owner_host(run.get("dispatcher_owner"))
@@ -555,17 +629,39 @@ def recover_presentations(store: Store, run: RunRecord) -> tuple[bool, str | Non
                 if r["temp_path"] == path:
                     failed[r["id"]] = problem
     now = _now_ms()
+    unrevoked = [r for r in rows if r["binding_name"] in revoking and r["id"] not in failed]
+    unrevoked_ids = {r["id"] for r in unrevoked}
     with store.transaction() as tx:
         for r in rows:
             if r["id"] in failed:
                 tx.execute("UPDATE credential_presentations SET status = 'failed', last_error = ? WHERE id = ?"
                            " AND status = 'materialized'", (failed[r["id"]], r["id"]))
-            else:
-                tx.execute("UPDATE credential_presentations SET status = 'recovery_cleaned', cleaned_at = ? WHERE id = ?"
-                           " AND status = 'materialized'", (now, r["id"]))
+            else:  # a value the job wanted revoked died with the dispatcher unrevoked: recorded, never called revoked
+                tx.execute("UPDATE credential_presentations SET status = 'recovery_cleaned', cleaned_at = ?, last_error = ?"
+                           " WHERE id = ? AND status = 'materialized'",
+                           (now, RECOVERY_UNREVOKED if r["id"] in unrevoked_ids else None, r["id"]))
+        for r in unrevoked:
+            append_event(tx, "credential.revoke_failed", job_id=run.get("job_id"), run_id=run["id"], at=now, data={
+                "binding": r["binding_name"], "provider": r["provider"], "outcome": "indeterminate", "explicit": False,
+                "reason": RECOVERY_UNREVOKED})
     if failed:
         return False, min(failed.values())
     return True, None
+
+
+#: What recovery records for a ``revoke: after_run`` value its dead dispatcher held: no revocation can be asked for it.
+RECOVERY_UNREVOKED = (f"{REVOKE_INDETERMINATE}: the dispatcher holding the value died before revoking it; it may be valid"
+                      " until it expires")
+
+
+def _revoking_bindings(tx: Tx, job_id: object) -> set[str]:
+    """Names of the job's bindings that ask for revocation after the run (none for a job that is gone)."""
+    raw = tx.scalar("SELECT credentials FROM jobs WHERE id = ?", (job_id,)) if isinstance(job_id, str) else None
+    try:
+        bindings = json.loads(raw) if isinstance(raw, str) else []
+    except ValueError:
+        return set()
+    return {b["name"] for b in bindings if isinstance(b, dict) and b.get("revoke") == "after_run" and isinstance(b.get("name"), str)}
 
 
 def retry_failed_cleanup(store: Store, run: RunRecord) -> tuple[bool, str | None]:
@@ -672,7 +768,16 @@ class CredentialStep(StepBase):
             yield
 
     def after(self, run: Run, result: ExecutionResult) -> ExecutionResult:
-        """What output redaction replaced, recorded on the run: counts per binding, never a value."""
+        """What output redaction replaced, recorded on the run: counts per binding, never a value. A revocation at
+        cleanup that was not answered explicitly fails the run closed (``CREDENTIAL_REVOKE_INDETERMINATE``)."""
         if run.credentials and run.executed:
-            return record_redactions(result, run.outcomes)
+            result = record_redactions(result, run.outcomes)
+        unanswered = [data for kind, data in run.outcomes.events
+                      if kind == "credential.revoke_failed" and not data.get("explicit")]
+        if unanswered and result.status == "ok":
+            names = ", ".join(str(d["binding"]) for d in unanswered)
+            result = attrs.evolve(result, status="error", error_code=REVOKE_INDETERMINATE,
+                                  error_message=f"credential {names}: the revocation after the run was not answered explicitly"
+                                                f" ({unanswered[0]['outcome']}: {unanswered[0]['reason']}); it may still be valid",
+                                  details={**(result.details or {}), "revocation": [dict(d) for d in unanswered]})
         return result
