@@ -93,3 +93,19 @@ def test_the_host_can_refuse_prompts_of_external_jobs(
     assert refused["stdout_excerpt"] in (None, "")
     assert run_once(cli, store, trusted["id"], 1)["status"] == "ok"  # user_added prompts still run
     assert run_once(cli, store, shell["id"], 1)["status"] == "ok"  # a shell command is not a prompt
+
+
+def test_a_v4_jobs_provenance_edited_by_sql_is_refused(cli: Any, store: Any, dispatcher: Any) -> None:
+    """A handoff v4 job binds provenance in ``scheduler_job_binding`` (its ``lifecycle``): the same edit is refused."""
+    job_id = "6d7c1c2a-8a54-4a39-9f3e-2f1d0c9b8a78"
+    out = cli("--json", "handoff", "compile", json.dumps({"name": "v4-tiered", **SPEC, "provenance": "external"}),
+              "--job-id", job_id, "--workflow", "wf", "--task", "t1")
+    assert out.code == 0, out
+    assert cli("jobs", "add", json.dumps(out.json["job"])).code == 0
+    dispatcher()
+    assert run_once(cli, store, job_id, 1)["status"] == "ok"
+    with store.transaction() as tx:
+        tx.execute("UPDATE jobs SET provenance = 'static' WHERE id = ?", (job_id,))
+    refused = run_once(cli, store, job_id, 2)
+    assert (refused["status"], refused["error_code"]) == ("error", "HANDOFF_ARTIFACT_BINDING_MISMATCH")
+    assert cli("--json", "doctor").code != 0
