@@ -12,10 +12,17 @@ Each is refused through the real CLI by ``jobs add`` and ``jobs validate`` (and 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kernel_testing import add_job, scheduler_cmd, wait_for
+
+from scheduler.core.queue import enqueue_manual
+from scheduler.plugins.stores import open_store
 
 MANUAL = {"schedule_kind": "manual", "payload_message": "echo hi"}
 
@@ -257,3 +264,32 @@ def test_good_notification_routes_are_accepted(cli: Any, routes: Any) -> None:
     doctor = cli("--json", "doctor").json
     [check] = [c for c in doctor.get("checks") or doctor["details"] if c["check"] == "notification_routes"]
     assert check["ok"] and check["problems"] == []
+
+
+def test_a_reload_that_brings_a_bad_route_is_refused_and_the_previous_routes_stay(tmp_path: Path) -> None:
+    """SIGHUP to a real ``scheduler run``: new settings whose route the channel refuses are not installed."""
+    db, cfg, log = tmp_path / "s.db", tmp_path / "settings.toml", tmp_path / "run.log"
+    cfg.write_text('[notifications]\nroutes = ["webhook:http://127.0.0.1:9/old"]\n')
+    store = open_store(str(db))
+    job = add_job(store, executor="shell", name="fails", payload_message="exit 3", max_retries=0)
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([*scheduler_cmd(), "--db", str(db), "run", "--grace", "1s"], stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "SCHEDULER_CONFIG": str(cfg)})
+    try:
+        wait_for(lambda: "holds lease" in log.read_text(), timeout=30, what="dispatcher ready")
+        cfg.write_text('[notifications]\nroutes = ["webhook:file:///etc/passwd"]\n')
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "settings reload failed (DELIVERY_TARGET_INVALID), keeping the previous settings" in log.read_text(),
+                 timeout=20, what="refused reload")
+        enqueue_manual(store, job["id"])
+
+        def targets() -> list[str]:
+            with store.read() as tx:
+                return [r["target"] for r in tx.all("SELECT target FROM delivery_outbox WHERE job_id = ?", (job["id"],))]
+
+        assert wait_for(targets, timeout=30, what="the failure's notification") == ["http://127.0.0.1:9/old"]
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        store.close()

@@ -37,14 +37,11 @@ def run_cmd(concurrency: int | None, lease_ttl: str | None, grace: str | None, d
             metrics_port: int | None, metrics_host: str) -> None:
     """Run the dispatcher until SIGTERM/SIGINT (or --duration)."""
     from scheduler.core.dispatcher import DispatcherConfig, install_signal_handlers
-    from scheduler.plugins.options import route_problems
+    from scheduler.plugins.options import check_routes
     from scheduler.runtime import dispatcher as composed_dispatcher
     from scheduler.settings import current_settings
 
-    routes = route_problems(current_settings().notifications.routes)
-    if routes:  # every notification would be stored for a destination its channel can never send to
-        raise SchedulerError(routes[0]["code"], f"[notifications] {routes[0]['field'].split('.', 1)[1]}: {routes[0]['error']}",
-                             details=routes)
+    check_routes(current_settings())  # every notification would be stored for a destination its channel cannot send to
     settings = current_settings().dispatcher  # the settings file's [dispatcher]; flags win
     config = DispatcherConfig(
         concurrency=concurrency or settings.concurrency,

@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scheduler.core.contracts import Expiry, LoadedExecutors
     from scheduler.core.duty import DutyFactory
     from scheduler.core.observers import Observers
     from scheduler.core.participants import CompletionParticipants, RecoveryParticipants
+    from scheduler.settings.load import Settings
 
 
 @attrs.frozen
@@ -39,3 +42,6 @@ class Parts:
     duties: tuple[DutyFactory, ...] = ()
     #: Due work each pass enforces before claiming (contract: ``scheduler.core.contracts.Expiry``).
     expiries: tuple[Expiry, ...] = ()
+    #: Judges settings before a reload installs them, raising a ``SchedulerError`` to keep the previous ones
+    #: (the runtime's: ``scheduler.plugins.options.check_routes``, the channels on ``[notifications] routes``).
+    settings_check: Callable[[Settings], None] | None = None

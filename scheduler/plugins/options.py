@@ -145,6 +145,19 @@ def route_problems(routes: Sequence[str]) -> list[dict[str, str]]:
     return problems
 
 
+def check_routes(settings: Any) -> None:
+    """Refuse settings whose ``[notifications] routes`` fail ``route_problems``: the first problem's code, all in details.
+
+    ``scheduler run`` calls it before it starts, and a SIGHUP reload before it installs new
+    settings (``Parts.settings_check``), so no notification is stored for such a destination.
+    """
+    problems = route_problems(settings.notifications.routes)
+    if problems:
+        first = problems[0]
+        raise SchedulerError(first["code"], f"[notifications] {first['field'].split('.', 1)[1]}: {first['error']}",
+                             details=problems)
+
+
 def job_problems(provider: Any, options: Any, spec: Any, field: str) -> list[dict[str, str]]:
     """The provider's own judgement of the job (``JobChecking.check_job``), when it has one; a broken check is a problem."""
     if not isinstance(provider, JobChecking):

@@ -21,6 +21,7 @@ from scheduler.pipeline import installed_steps
 from scheduler.pipeline.participants import default_completion_participants, default_recovery_participants
 from scheduler.plugins.hooks import Hooks
 from scheduler.plugins.loaded import LoadedProviders
+from scheduler.plugins.options import check_routes
 from scheduler.runtime import duties
 
 __all__ = ["EXECUTOR_RETRY_S", "dispatcher", "dispatcher_parts", "install"]
@@ -46,7 +47,8 @@ def loaded_executors() -> LoadedProviders:
 
 def dispatcher_parts(*, hooks: Observers | None = None) -> Parts:
     """Everything a dispatcher calls above core: observers (``hooks``, default the entry-point hook modules),
-    executors, the completion and recovery participants, the delivery and retention duties and approval timeouts."""
+    executors, the completion and recovery participants, the delivery and retention duties, approval timeouts, and the
+    check a settings reload must pass (the channels' judgement of ``[notifications] routes``)."""
     return Parts(
         observers=hooks if hooks is not None else Hooks(),
         executors=loaded_executors(),
@@ -54,6 +56,7 @@ def dispatcher_parts(*, hooks: Observers | None = None) -> Parts:
         expiries=(expire_due_approvals,),
         completion=default_completion_participants(),
         recovery=default_recovery_participants(),
+        settings_check=check_routes,
     )
 
 

@@ -14,7 +14,7 @@ import re
 import threading
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
@@ -486,14 +486,18 @@ def reload_settings() -> None:
         _plugin_cache.clear()
 
 
-def replace_settings() -> Settings:
+def replace_settings(check: Callable[[Settings], None] | None = None) -> Settings:
     """Load and validate the settings now and make them this process's settings (a SIGHUP reload).
 
     Unlike ``reload_settings`` nothing is forgotten before the new settings are known to
-    be valid: ``CONFIG_INVALID`` leaves the previous settings (and plugin settings) in place.
+    be valid: ``CONFIG_INVALID`` leaves the previous settings (and plugin settings) in place,
+    as does any ``SchedulerError`` from ``check``, which judges the new settings first (the
+    dispatcher's: the channels' judgement of ``[notifications] routes``).
     """
     global _current
     fresh = load_settings()
+    if check is not None:
+        check(fresh)
     with _lock:
         _current = fresh
         _plugin_cache.clear()

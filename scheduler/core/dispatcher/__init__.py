@@ -107,7 +107,7 @@ class Dispatcher:
                           expiries=parts.expiries, completion=completion, stats=self.stats, say=say)
         self._stopping = Shutdown(config, keeper=self._keeper, workers=self._workers, passes=self._pass,
                                    hurry=self._hurry, on_lease_lost=self._on_lease_lost, say=self.say)
-        self._reload = SettingsReload(executors, self.say)
+        self._reload = SettingsReload(executors, self.say, parts.settings_check)
 
     # -- what callers read and set ----------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from scheduler.base.errors import SchedulerError
 from scheduler.core.contracts import LoadedExecutors
 from scheduler.core.dispatcher.config import clock
-from scheduler.settings.load import replace_settings
+from scheduler.settings.load import Settings, replace_settings
 
 log = logging.getLogger("scheduler.core.dispatcher")
 
@@ -17,9 +17,12 @@ log = logging.getLogger("scheduler.core.dispatcher")
 class SettingsReload:
     """A pending reload (``requested``) and how it is applied (``apply``)."""
 
-    def __init__(self, executors: LoadedExecutors, say: Callable[[str], None]) -> None:
+    def __init__(self, executors: LoadedExecutors, say: Callable[[str], None],
+                 check: Callable[[Settings], None] | None = None) -> None:
         self.executors = executors
         self.say = say
+        #: Judges the new settings before they are installed (``Parts.settings_check``).
+        self.check = check
         #: Set by the signal handler; the loop applies the reload on its next pass.
         self.requested = threading.Event()
 
@@ -32,7 +35,7 @@ class SettingsReload:
         """
         self.requested.clear()
         try:
-            fresh = replace_settings()
+            fresh = replace_settings(self.check)
         except SchedulerError as exc:
             log.error("settings reload failed, keeping the previous settings: %s", exc.message)
             self.say(f"{clock()} settings reload failed ({exc.code}), keeping the previous settings: {exc.message}")
