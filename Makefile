@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
-DISTS  := $(sort $(wildcard plugins/*/pyproject.toml providers/*/pyproject.toml examples/*/pyproject.toml examples/*/*/pyproject.toml) $(filter-out tests/support/scheduler-executor-broken/% tests/support/scheduler-channel-broken/% tests/support/scheduler-authorization-testkit/%,$(wildcard tests/support/*/pyproject.toml)))
+DISTS  := $(sort $(wildcard plugins/*/pyproject.toml providers/*/pyproject.toml examples/*/pyproject.toml examples/*/*/pyproject.toml) $(filter-out tests/support/scheduler-executor-broken/% tests/support/scheduler-channel-broken/% tests/support/scheduler-authorization-testkit/% tests/support/scheduler-mutants/%,$(wildcard tests/support/*/pyproject.toml)))
 DEMO_DB ?= .demo/scheduler.db
 PYTEST_WORKERS ?= 2
 

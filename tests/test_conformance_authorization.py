@@ -143,6 +143,22 @@ class NoEscalate(Honest):
         return AuthorizationDecision(decision="permit", reason="no approval needed") if answer.decision == "escalate" else answer
 
 
+class EscalatesUndeclared(Honest):
+    """Answers escalate where its policy says so, without declaring the capability (issue 27 finding 3)."""
+
+    capabilities = frozenset()
+
+
+class DeclinesUndeclared(Honest):
+    """Does not declare escalate, and denies where its policy would escalate: what such a provider must do."""
+
+    capabilities = frozenset()
+
+    def resolve_authorization(self, request: AuthorizationRequest) -> Any:
+        answer = super().resolve_authorization(request)
+        return AuthorizationDecision(decision="deny", reason="approvals not supported") if answer.decision == "escalate" else answer
+
+
 def run(provider: Any, name: str = "reference") -> Report:
     return run_kind("authorization", name, provider=provider, service_adapter=RefPolicies())
 
@@ -201,11 +217,13 @@ def test_shipped_providers_pass(name: str) -> None:
     assert report.error is None, report.error
     assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
     skipped = {r.id for r in report.results if r.outcome == "skipped"}
-    if name == "teams":  # decides by principal only: the job-name cases are declined, never passed
+    # Each declares escalate: the cases for providers that do not are skipped (issue 27 finding 3).
+    undeclared = {"authorization.escalate-policy-without-capability", "authorization.escalate-undeclared-refused"}
+    if name == "teams":  # decides by principal only: the job-name cases are declined, never passed; no host settings
         assert skipped == {"authorization.permit-by-job", "authorization.deny-by-job", "authorization.request-other-job-denied",
-                           "authorization.request-include-job-only"}
+                           "authorization.request-include-job-only", "authorization.unconfigured-denies", *undeclared}
     else:
-        assert skipped == set() and report.passed == len(load_cases("authorization"))
+        assert skipped == undeclared and report.passed == len(load_cases("authorization")) - len(undeclared)
 
 
 def test_cli_runs_cedar_and_reports_json(tmp_path: Path) -> None:
@@ -223,7 +241,21 @@ def test_cli_runs_cedar_and_reports_json(tmp_path: Path) -> None:
 def test_the_honest_reference_passes() -> None:
     report = run(Honest())
     assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
-    assert {r.id for r in report.results if r.outcome == "skipped"} == {"authorization.timeout"}
+    assert {r.id for r in report.results if r.outcome == "skipped"} == {
+        "authorization.timeout", "authorization.unconfigured-denies",  # no host settings to leave out
+        "authorization.escalate-policy-without-capability", "authorization.escalate-undeclared-refused"}  # declares escalate
+
+
+def test_an_escalate_without_the_capability_fails_and_a_deny_passes() -> None:
+    """Issue 27 finding 3: the corpus checks that a provider without escalate never answers it, and the kernel refuses one."""
+    report = run(EscalatesUndeclared())
+    assert failed(report) == {"authorization.escalate-policy-without-capability"}, [r.to_json() for r in report.results]
+    (result,) = [r for r in report.results if r.outcome == "failed"]
+    assert "does not declare the escalate capability" in result.message
+    honest = run(DeclinesUndeclared())
+    assert honest.ok, [r.to_json() for r in honest.results if r.outcome == "failed"]
+    passed = {r.id for r in honest.results if r.outcome == "passed"}
+    assert {"authorization.escalate-policy-without-capability", "authorization.escalate-undeclared-refused"} <= passed
 
 
 @pytest.mark.parametrize(("provider", "must_fail", "why"), [

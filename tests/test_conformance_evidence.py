@@ -48,7 +48,7 @@ def test_the_corpus_covers_the_issue() -> None:
     tampers = {c.input.get("tamper", "none") for c in cases.values()}
     assert {"none", "payload", "payload_rebound", "transplant", "signature_truncated", "foreign_envelope",
             "provider_relabelled", "method_unknown", "envelope_not_object", "data_field_added", "data_field_removed",
-            "digest_malformed", "data_not_object"} == tampers
+            "digest_malformed", "data_not_object", "data_value_changed"} == tampers
     assert {c.input.get("signer", "trusted") for c in cases.values()} == {"trusted", "untrusted_key", "other_principal",
                                                                           "other_namespace"}
     assert cases["evidence.attest-verify"].polarity == "positive"
@@ -59,7 +59,7 @@ def test_the_corpus_covers_the_issue() -> None:
                            "evidence.truncated-signature"}
 
 
-@pytest.mark.parametrize(("name", "passed", "skipped"), [("checksum", 14, 5), ("ssh", 19, 0), ("external", 15, 4)])
+@pytest.mark.parametrize(("name", "passed", "skipped"), [("checksum", 15, 7), ("ssh", 22, 0), ("external", 17, 5)])
 def test_first_party_providers_pass(name: str, passed: int, skipped: int) -> None:
     report = run_kind("evidence", name)
     assert report.error is None, report.error
@@ -78,7 +78,7 @@ def test_external_passes_over_each_transport(transport: str) -> None:
     from scheduler_provider_external.conformance import ExternalSetup
 
     report = run_kind("evidence", "external", service_adapter=ExternalSetup(transport=transport))
-    assert report.error is None and report.failed == 0 and report.passed == 15, _outcomes(report)
+    assert report.error is None and report.failed == 0 and report.passed == 17, _outcomes(report)
 
 
 # --------------------------------------------------------------------------- broken providers
@@ -125,7 +125,7 @@ def _mac(var: str, digest: str) -> str:
 class HmacSettings:
     """``[providers.broken]``: the variable holding the key verification uses."""
 
-    verify_key_env: str = attrs.field(default=SIGN_VAR, metadata={"doc": "variable with the verifying key"})
+    verify_key_env: str | None = attrs.field(default=None, metadata={"doc": "variable with the verifying key (unset: no trust)"})
 
 
 class HonestHmac:
@@ -138,7 +138,7 @@ class HonestHmac:
     name = "broken"
 
     def __init__(self) -> None:
-        self.verify_var = SIGN_VAR
+        self.verify_var: str | None = None
 
     def configure(self, settings: HmacSettings) -> None:
         self.verify_var = settings.verify_key_env
@@ -166,6 +166,8 @@ class HonestHmac:
             raise EvidenceFailure("EVIDENCE_METHOD_MISMATCH", "not an hmac envelope")
         check_keys(data, KEYS)
         check_bound_payload(digest, check_payload(payload))
+        if self.verify_var is None:
+            raise EvidenceFailure("EVIDENCE_TRUST_NOT_CONFIGURED", "no verifying key is configured (verify_key_env)")
         if data["key_id"] != _key_id(self.verify_var):
             raise EvidenceFailure("EVIDENCE_SIGNER_UNTRUSTED", "made with a key this host does not trust")
         if not hmac.compare_digest(str(data["mac"]), _mac(self.verify_var, digest)):
@@ -236,7 +238,7 @@ def _run(provider: Any, cases: list[str] | str) -> Any:
 def test_an_honest_in_process_provider_passes_what_its_setup_can_give() -> None:
     report = _run(HonestHmac(), "evidence.*")
     assert report.failed == 0, [(r.id, r.message) for r in report.results if r.outcome == "failed"]
-    assert (report.passed, report.skipped) == (17, 2), _outcomes(report)  # no principal, no namespace
+    assert (report.passed, report.skipped) == (19, 3), _outcomes(report)  # no principal, no namespace, no trust file
 
 
 @pytest.mark.parametrize(("provider", "case", "fragment"), [
@@ -294,10 +296,10 @@ def test_the_cli_and_the_ci_runner(tmp_path: Path) -> None:
                           env=env, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     document = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert document["ok"] is True and document["passed"] == 19 and document["failed"] == 0
+    assert document["ok"] is True and document["passed"] == 22 and document["failed"] == 0
     env[ci.PROVIDERS_ENV] = "evidence:checksum,evidence:ssh,evidence:external"
     proc = subprocess.run([sys.executable, "-m", "scheduler.conformance.ci"], capture_output=True, text=True, env=env,
                           timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "48 passed, 0 failed, 9 skipped"
+    assert proc.stdout.strip().splitlines()[-1] == "54 passed, 0 failed, 12 skipped"
     assert ("evidence", "ssh") in ci.FIRST_PARTY and ("evidence", "external") in ci.FIRST_PARTY

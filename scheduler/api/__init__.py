@@ -26,7 +26,9 @@ counts them), by kind:
 * proof verifiers: ``ProofVerifier``; ``VerifiedProof`` (what ``verify_proof`` returns);
 * optional members, each a Protocol checked at load: ``DeclaresOptions`` (``options_class``),
   ``Configurable`` (``settings_class`` + ``configure``), ``Recoverable`` (``recover``),
-  ``PolicyChecking`` (``check_policy``);
+  ``PolicyChecking`` (``check_policy``); a provider with a ``registered_as(name)`` method is
+  told the entry-point name it was loaded under (``scheduler.core.members.Named``, structural:
+  nothing to import);
 * stores (``scheduler.api.store``): ``Store``, ``Tx``.
 
 Value types a provider meets only inside these (``Constraints``, ``TriggerContext``,

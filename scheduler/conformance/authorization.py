@@ -89,6 +89,12 @@ FAULTS: dict[str, str] = {
     "unknown_decision": "answers a decision that is not permit, deny or escalate ('allow')",
     "malformed": "answers a decision whose reason is not a string",
     "late": "answers after the kernel stopped waiting",
+    "escalate": "answers escalate instead (cases for providers that do not declare the escalate capability)",
+}
+#: What the provider is configured with (``authorization_input.settings``).
+SETTINGS: dict[str, str] = {
+    "configured": "the setup's settings",
+    "empty": "an empty [providers.NAME] table (a host that never configured the provider)",
 }
 #: The subject every policy is written about.
 JOB_NAME = "conformance-job"
@@ -219,6 +225,8 @@ class _Faulty:
             return AuthorizationDecision(decision="allow", reason=str(reason))  # type: ignore[arg-type]
         if self.fault == "malformed":
             return AuthorizationDecision(decision=decision, reason=None)  # type: ignore[arg-type]
+        if self.fault == "escalate":
+            return AuthorizationDecision(decision="escalate", reason="conformance fault: escalate without the capability")
         self.release.wait(CALL_LIMIT_S * 10)  # late: the kernel has stopped waiting long before
         return answer
 
@@ -303,6 +311,10 @@ def _ask(provider: Any, spec: Any, case: Case) -> _Asked:
 
 def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:
     """One case: a policy from the setup adapter, the provider configured at it, the kernel's decision, the checks."""
+    declared = set(getattr(provider, "capabilities", ()) or ())
+    unless = sorted(c for c in case.input.get("unless_declared", ()) if c in declared)
+    if unless:
+        return CaseCheck(skipped=f"the provider declares {', '.join(unless)}; this case is for providers that do not")
     adapter = context.adapter
     request = PolicyRequest(case_id=case.id, provider=context.name, policy=case.input["policy"],
                             condition=case.input.get("condition", "principal"), workdir=workdir)
@@ -322,9 +334,16 @@ def _run_authorization_case(provider: Any, case: Case, workdir: Path, context: A
 
 
 def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> CaseCheck:
-    problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
-    if problem:
-        return CaseCheck(problems=(problem,))
+    unconfigured = case.input.get("settings", "configured") == "empty"
+    if unconfigured:
+        if not dict(getattr(setup, "settings", None) or {}):
+            return CaseCheck(skipped="the provider's setup configures nothing on the host (its policy is the job's own)")
+        if configure_provider(provider, context.name, {}, role="setup", which="empty settings") is not None:
+            return CaseCheck()  # the host refuses to configure (load) the provider without its table: fail closed
+    else:
+        problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
+        if problem:
+            return CaseCheck(problems=(problem,))
     try:
         spec = _spec(case, context.name, setup)
     except SchedulerError as exc:
@@ -360,7 +379,7 @@ def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> Cas
         again = _ask(provider, spec, case)
         if again.decision != asked.decision:
             problems.append(f"asked again, the provider decided {again.decision} ({again.describe()}), not {asked.decision}")
-    if not fault and inp["policy"] != "slow" and not problems:  # a check of a FIFO would block like the decision
+    if not fault and not unconfigured and inp["policy"] != "slow" and not problems:  # a FIFO's check blocks too
         problems += _policy_check_problems(provider, context.name, setup, spec, inp["policy"], expect, policy_problems)
     observed = {"decision": asked.describe(), "policy_ref": setup.policy_ref}
     return CaseCheck(problems=tuple(problems), observed=observed if problems else None)
@@ -384,13 +403,16 @@ def _answer_problems(case: Case, asked: _Asked, faulty: _Faulty | None) -> list[
     code = asked.code
     if code == "AUTHORIZATION_DECISION_INVALID":
         problems.append(f"the provider's answer fails the kernel's check: {asked.message}")
-    complete = "include" not in (case.input.get("request") or {})  # a request without parts may be refused instead
+    # A request without parts, or a provider without its settings, may be refused instead of decided.
+    complete = "include" not in (case.input.get("request") or {}) and case.input.get("settings", "configured") == "configured"
     if policy in ("permit", "deny", "escalate") and complete and code in ("AUTHORIZATION_PROVIDER_FAILED", "AUTHORIZATION_TIMEOUT",
                                                              "AUTHORIZATION_OPTIONS_INVALID"):
         problems.append(f"a valid {policy} policy was not decided: {code}: {asked.message}")
     provider_decision = record.get("provider_decision")
     if provider_decision in DECISIONS and provider_decision != "permit" and not str(record.get("reason") or "").strip():
         problems.append(f"the provider answered {provider_decision} without a reason")
+    if code == "AUTHORIZATION_ESCALATE_UNDECLARED":
+        problems.append("the provider answered escalate but does not declare the escalate capability (the kernel denies it)")
     return problems
 
 
@@ -417,5 +439,5 @@ register_adapter(
 )
 
 
-__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "POLICIES", "POLICY_METHOD", "PolicyRequest", "PolicySetup",
+__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "POLICIES", "POLICY_METHOD", "SETTINGS", "PolicyRequest", "PolicySetup",
            "resolve_policy_adapter", "write_policy_setup"]

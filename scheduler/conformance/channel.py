@@ -17,7 +17,8 @@ told. Then it compares:
   service gave a ``Retry-After``;
 * what the service saw: how many messages it accepted, the body whole in one message,
   the part's idempotency key on every attempt, each attachment's name and bytes;
-* always: error codes are ``UPPER_SNAKE`` and messages non-empty; a receipt is never
+* always: one ``send`` of a part without files is one message the service sees (a channel that
+  retries inside ``send`` sends the part twice); error codes are ``UPPER_SNAKE`` and messages non-empty; a receipt is never
   returned for a message the service did not accept; ``limits`` is a sane
   ``ChannelLimits`` that agrees with the ``attachments`` capability when files are sent;
   and no secret value of the stand-in appears in an error (message, code, args), a
@@ -521,6 +522,10 @@ def _compare(case: Case, part: Any, limits: Any, declared: set[str], attempts: l
         if number < answers_n and attempt.outcome not in (None, "transient"):
             problems.append(f"{where}expected a TransientDeliveryError (the service answered {attempt.answer.kind}), "
                             f"got {attempt.describe()}")
+        if len(attempt.seen) > 1 and not part.attachments:
+            problems.append(f"{where}one send() made the service see {len(attempt.seen)} messages: a part without files is one "
+                            "request per attempt (the outbox retries; a channel that retries inside send, or sends twice, "
+                            "duplicates the part)")
         if "max_duration_ms" in expect and attempt.duration_ms > expect["max_duration_ms"] and not attempt.hung:
             problems.append(f"{where}send() took {attempt.duration_ms} ms, more than {expect['max_duration_ms']} ms")
     final = attempts[-1]

@@ -47,6 +47,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.conformance.payload import ADAPTER_FIELDS, Behaviour, resolve_payload_adapter
 from scheduler.core.execution import EXECUTION_STATUSES, ExecutionResult, LocalRunControl
+from scheduler.core.members import Named
 from scheduler.core.outputs import read_artifact, resolve_artifact
 from scheduler.core.processes import group_alive, kill_group
 from scheduler.core.spec import validate_spec
@@ -451,7 +452,8 @@ def prepare(kind: str, name: str | None, provider: Any, payload_adapter: Any = N
     adapter or a channel's service adapter; None: found as the kind finds it). Raises
     ``SchedulerError``.
 
-    It first holds a provider object built in process (``make_provider``, ``provider=``) to
+    A ``Named`` provider is told ``name`` (``registered_as``), as the loader tells it. It
+    first holds a provider object built in process (``make_provider``, ``provider=``) to
     what loading checks (``plugin_api`` major, ``capabilities`` a set of strings), so an
     object the kernel would refuse (``PLUGIN_API_MISMATCH``, ``PLUGIN_INVALID``) cannot pass.
     """
@@ -459,6 +461,8 @@ def prepare(kind: str, name: str | None, provider: Any, payload_adapter: Any = N
     if adapter is None:
         raise SchedulerError("CONFORMANCE_KIND_UNSUPPORTED", f"no adapter for kind {kind}")
     check_api(provider, group=PROVIDER_KINDS[kind][0], name=name or type(provider).__name__, dist="the provider under test")
+    if name and isinstance(provider, Named):  # as the loader does: a provider built in process learns its name too
+        provider.registered_as(name)
     return adapter.prepare(name, provider, payload_adapter)
 
 
@@ -546,6 +550,7 @@ def run_kind(
     payload_adapter: Any = None,
     service_adapter: Any = None,
     on_result: Callable[[CaseResult], None] | None = None,
+    stop_at_first_failure: bool = False,
 ) -> Report:
     """Run every (selected) case of ``kind`` against the provider ``name`` and return the report.
 
@@ -557,7 +562,8 @@ def run_kind(
     invalid fixtures, an unsupported kind, a missing payload or service adapter or a ``filter``
     that selects nothing (``CONFORMANCE_NO_CASES``) produce a report with ``error``
     set, counted as one failure, never a traceback. ``on_result`` is called after each
-    case (the CLI streams its lines through it).
+    case (the CLI streams its lines through it). ``stop_at_first_failure`` ends the run at
+    the first failed case (the report holds the cases run up to it: what a mutation test needs).
     """
     try:
         cases = select_cases(load_cases(kind, root, extra=extra), filter)
@@ -591,6 +597,8 @@ def run_kind(
         results.append(result)
         if on_result is not None:
             on_result(result)
+        if stop_at_first_failure and result.outcome == "failed":
+            break
     return Report(kind=kind, name=name, results=tuple(results))
 
 

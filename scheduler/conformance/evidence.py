@@ -78,11 +78,20 @@ TAMPERS: dict[str, str] = {
     "data_field_added": "the envelope's data gains an unknown field",
     "data_field_removed": "the envelope's data loses a field (not schema, version, method or payload_digest)",
     "digest_malformed": "the envelope's payload_digest (both copies) is not sha256: and 64 hex digits",
+    "data_value_changed": ("each value of the envelope's data but schema, version, method and payload_digest changed in turn "
+                           "(a string's last character, a number plus one): every one must be refused"),
+}
+#: What the verifier is configured with when it verifies (``evidence_input.trust``).
+TRUSTS: dict[str, str] = {
+    "configured": "the setup's own settings",
+    "empty": "an empty [providers.NAME] table (the host has no trust or key configured)",
+    "unreadable": "the setup's settings, every file of the case's directory they name moved away (then configured again)",
 }
 #: What is wrong with the payload handed to ``attest`` (``evidence_input.payload_defect``).
 PAYLOAD_DEFECTS = ("noncanonical", "digest_wrong")
-#: How long one provider call may take before the engine gives up on it.
-CALL_LIMIT_S = 30.0
+#: How long one provider call may take before the engine gives up on it (a signature or an attestor round trip takes
+#: milliseconds; a provider that hangs fails the case after this).
+CALL_LIMIT_S = 10.0
 #: A secret shorter than this is not searched for (it would match by accident).
 MIN_SECRET_CHARS = 8
 UNKNOWN_METHOD = "conformance-no-such-method"
@@ -101,10 +110,35 @@ class SetupRequest:
     workdir: Path
 
 
+class _Skip(Exception):
+    """A case that cannot apply to this provider (raised inside a case, reported as skipped with its message)."""
+
+
+def signature_path(setup: Any) -> tuple[str, ...]:
+    """The setup's ``signature_field`` as a path of keys: a string is one key, a sequence is the path.
+
+    Anything else (a number, a mapping, a sequence holding something other than strings) is a
+    ``CONFORMANCE_ADAPTER_INVALID`` naming what was given, so ``"mac"`` is never split into
+    ``('m', 'a', 'c')``.
+    """
+    raw = getattr(setup, "signature_field", None)
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,) if raw else ()
+    if isinstance(raw, (list, tuple)) and all(isinstance(k, str) and k for k in raw):
+        return tuple(raw)
+    raise SchedulerError("CONFORMANCE_ADAPTER_INVALID",
+                         f"the setup's signature_field is {raw!r}: give one key of the envelope's data (a string, e.g. "
+                         "\"mac\") or the path to it (a tuple of strings, e.g. (\"signature\", \"value\"))")
+
+
 def _check_evidence_case(case: Case) -> None:
     """What the schema cannot say: the expectation fits what the case does."""
     inp, expect = case.input, case.expect
     outcome = expect["outcome"]
+    if inp.get("trust", "configured") != "configured" and outcome != "refused":
+        raise ValueError("a case verifying without trust (trust empty or unreadable) expects outcome refused")
     if inp.get("payload_defect") and outcome != "attest_refused":  # as before SIM102: the methods half could never fire
         raise ValueError("a defective payload or an unsupported method must expect outcome attest_refused")
     if outcome == "attest_refused" and inp.get("tamper", "none") != "none":
@@ -312,8 +346,13 @@ def _run_evidence_case(provider: Any, case: Case, workdir: Path, context: Any) -
         return CaseCheck(problems=(f"setup adapter {adapter_label(adapter)} raised {type(exc).__name__}: {exc}",))
     try:
         secrets = {str(k): str(v) for k, v in dict(getattr(setup, "secrets", None) or {}).items()}
-        with _patched_environ(secrets), _capturing_logs() as logs:
-            problems, observed, texts = _run_with_setup(provider, case, context.name, setup)
+        try:
+            with _patched_environ(secrets), _capturing_logs() as logs:
+                problems, observed, texts = _run_with_setup(provider, case, context.name, setup, workdir)
+        except _Skip as skip:
+            return CaseCheck(skipped=str(skip))
+        except SchedulerError as exc:  # the setup adapter gave something the engine cannot use
+            return CaseCheck(problems=(f"setup adapter {adapter_label(adapter)}: {exc.code}: {exc.message}",))
         values = [v for v in (getattr(setup, "secret_values", list)() or []) if len(v) >= MIN_SECRET_CHARS]
         values += [v for v in secrets.values() if len(v) >= MIN_SECRET_CHARS]
         texts["a log record"] = "\n".join(logs.messages)
@@ -334,9 +373,13 @@ def _redact(text: str, values: list[str]) -> str:
     return text
 
 
-def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[list[str], dict[str, Any], dict[str, str]]:
-    """Attest, tamper, verify; returns (problems, observed, texts to search for secrets)."""
+def _run_with_setup(provider: Any, case: Case, name: str, setup: Any,
+                    workdir: Path) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """Attest, tamper, verify; returns (problems, observed, texts to search for secrets). Raises ``_Skip``."""
     inp, expect = case.input, case.expect
+    trust = inp.get("trust", "configured")
+    if trust != "configured" and not dict(getattr(setup, "settings", None) or {}):
+        raise _Skip("the provider's setup configures nothing (no trust or key to leave out)")
     codes = expected_codes(expect)
     problems: list[str] = []
     observed: dict[str, Any] = {}
@@ -383,7 +426,7 @@ def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[l
 
     tamper = inp.get("tamper", "none")
     signer = inp.get("signer", "trusted")
-    if tamper != "none" or signer != "trusted":
+    if tamper != "none" or signer != "trusted" or trust != "configured":
         # The untouched envelope must verify with the signer's own settings before a refusal means anything.
         control = _verify(provider, _as_given(copy.deepcopy(stored)), payload, declaration)
         if not _passed(control, name):
@@ -395,6 +438,31 @@ def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[l
         problem = configure_provider(provider, name, verify_settings, role="setup", which="verify_settings")
         if problem:
             return [problem], observed, texts
+    moved: list[tuple[Path, Path]] = []
+    try:
+        if trust != "configured":
+            table = dict(verify_settings if verify_settings is not None else getattr(setup, "settings", None) or {})
+            refused = _withdraw_trust(provider, name, trust, table, workdir, moved)
+            if refused is not None:  # the host refuses to configure (or load) the provider: fail closed, nothing to verify
+                observed["configure"] = refused
+                return problems, observed, texts
+        return _verify_case(provider, name, case, setup, stored, payload, document, declaration, observed, texts)
+    finally:
+        for original, away in moved:  # the setup's own clean-up (and its secret_values) may read them again
+            with contextlib.suppress(OSError):
+                away.rename(original)
+
+
+def _verify_case(provider: Any, name: str, case: Case, setup: Any, stored: dict[str, Any], payload: Any,
+                 document: dict[str, Any], declaration: Any, observed: dict[str, Any],
+                 texts: dict[str, str]) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The case's verification of the stored envelope after its tamper, and the comparison with ``expect``."""
+    inp, expect = case.input, case.expect
+    codes = expected_codes(expect)
+    tamper, signer, trust = inp.get("tamper", "none"), inp.get("signer", "trusted"), inp.get("trust", "configured")
+    problems: list[str] = []
+    if tamper == "data_value_changed":
+        return _changed_values(provider, name, stored, payload, declaration, codes, observed, texts, signature_path(setup))
 
     target_envelope, target_payload, problem = _tampered(provider, name, tamper, stored, payload, document, declaration, setup)
     if problem:
@@ -410,7 +478,8 @@ def _run_with_setup(provider: Any, case: Case, name: str, setup: Any) -> tuple[l
         if not _passed(verdict, name):
             problems.append(f"expected the envelope to verify, got {verdict.describe()}")
     elif outcome.verified is True:
-        problems.append(f"the envelope verified, but it must be refused ({TAMPERS[tamper] if tamper != 'none' else SIGNERS[signer]};"
+        why = TAMPERS[tamper] if tamper != "none" else SIGNERS[signer] if signer != "trusted" else f"verified with {TRUSTS[trust]}"
+        problems.append(f"the envelope verified, but it must be refused ({why};"
                         f" expected {' or '.join(codes)})")
     elif codes and outcome.code not in codes:
         problems.append(f"error_code: expected {' or '.join(codes)}, got {outcome.code!r} ({outcome.reason})")
@@ -439,7 +508,7 @@ def _tampered(provider: Any, name: str, tamper: str, stored: dict[str, Any], pay
             return None, None, f"attesting the other run's payload failed: {error or 'no envelope'}"
         return _as_given(_stored(moved)), payload, None
     if tamper == "signature_truncated":
-        path = tuple(getattr(setup, "signature_field", None) or ())
+        path = signature_path(setup)
         holder: Any = data
         for key in path[:-1]:
             holder = holder.get(key) if isinstance(holder, dict) else None
@@ -482,9 +551,89 @@ def _tampered(provider: Any, name: str, tamper: str, stored: dict[str, Any], pay
     return None, None, f"unknown tamper {tamper!r}"
 
 
+def _withdraw_trust(provider: Any, name: str, trust: str, table: dict[str, Any], workdir: Path,
+                    moved: list[tuple[Path, Path]]) -> str | None:
+    """Configure the provider without its trust (``TRUSTS``); the refusal to configure, or None when it took the settings.
+
+    ``empty`` configures an empty table. ``unreadable`` moves away every file of the case's
+    directory a top-level setting names, then configures the same table again (a host whose
+    key or trust file is gone when it starts), recording each ``(original, moved)`` in ``moved``;
+    ``_Skip`` when no setting names such a file.
+    """
+    if trust == "empty":
+        return configure_provider(provider, name, {}, role="setup", which="empty settings")
+    root = workdir.resolve()
+    for value in table.values():
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).expanduser()
+        with contextlib.suppress(OSError, ValueError):
+            if path.is_file() and path.resolve().is_relative_to(root):
+                away = path.with_name(path.name + ".moved-away")
+                path.rename(away)
+                moved.append((path, away))
+    if not moved:
+        raise _Skip("no setting of the setup names a file (a key or trust file) to move away")
+    return configure_provider(provider, name, table, role="setup", which="settings (their files moved away)")
+
+
+def _changed(value: Any) -> Any:
+    """``value`` changed as little as can be: a string's last character, a number plus one, anything else replaced."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str) and value:
+        return value[:-1] + ("A" if value[-1] != "A" else "B")
+    return "conformance-changed"
+
+
+def _changed_values(provider: Any, name: str, stored: dict[str, Any], payload: Any, declaration: Any, codes: list[str],
+                    observed: dict[str, Any], texts: dict[str, str],
+                    signature: tuple[str, ...]) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The signature (the setup's ``signature_field``) changed, or without one every value of the envelope's data (but the
+    fields every envelope has) changed in turn: each must be refused.
+
+    What any verifier claims by ``verified`` (with ``signed-evidence`` or without): the envelope's
+    signature or MAC, and without one every field it carries, was checked. A MAC it never
+    recomputes is caught here whether or not the provider declares ``signed-evidence``.
+    """
+    given = stored.get("data")
+    data: dict[str, Any] = given if isinstance(given, dict) else {}
+    paths = [signature] if signature else [(k,) for k in sorted(data) if k not in ("schema", "version", "method",
+                                                                                  "payload_digest")]
+    if not paths:
+        raise _Skip("the envelope's data has no field besides schema, version, method and payload_digest to change")
+    problems: list[str] = []
+    for path in paths:
+        field = ".".join(path)
+        envelope = copy.deepcopy(stored)
+        holder: Any = envelope["data"]
+        for key in path[:-1]:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or path[-1] not in holder:
+            return [f"the setup's signature_field {path!r} names nothing in the envelope's data"], observed, texts
+        holder[path[-1]] = _changed(holder[path[-1]])
+        verdict = _verify(provider, _as_given(envelope), payload, declaration)
+        texts[f"the verification with data.{field} changed"] = verdict.describe()
+        found = _verdict_problems(verdict, name, f"verify with data.{field} changed")
+        if found:
+            problems += found
+        elif verdict.outcome.verified is True:
+            problems.append(f"the envelope verified with its data.{field} changed: a verifier checks every field its envelope "
+                            "carries (a signature or MAC it never recomputes proves nothing)")
+        elif codes and verdict.outcome.code not in codes:
+            problems.append(f"data.{field} changed: error_code: expected {' or '.join(codes)}, got {verdict.outcome.code!r}")
+        if problems:
+            observed["verify"] = verdict.describe()
+            break
+    return problems, observed, texts
+
+
 register_adapter(
     KindAdapter(kind="evidence", check_case=_check_evidence_case, run=_run_evidence_case, prepare=_prepare_evidence)
 )
 
 
-__all__ = ["PAYLOAD_DEFECTS", "SETUP_METHOD", "SIGNERS", "TAMPERS", "SetupRequest", "resolve_setup_adapter"]
+__all__ = ["PAYLOAD_DEFECTS", "SETUP_METHOD", "SIGNERS", "TAMPERS", "TRUSTS", "SetupRequest", "resolve_setup_adapter",
+           "signature_path"]

@@ -67,6 +67,19 @@ class PolicyChecking(Protocol):
 
 
 @runtime_checkable
+class Named(Protocol):
+    """A provider told the entry-point name it is registered under (one class may serve several names).
+
+    The loader calls ``registered_as(name)`` once, before ``configure`` and before first use,
+    so a provider can name itself in what it returns (an evidence envelope's ``provider``, a
+    verification's) instead of hard-coding the name a deployment might register it under.
+    """
+
+    def registered_as(self, name: str) -> None:
+        """Take the name of the entry point this instance was loaded from (``[providers.NAME]``'s NAME)."""
+
+
+@runtime_checkable
 class HealthReporting(Protocol):
     """A provider that reports on what this host gives it, for ``scheduler doctor`` (the shell executor's process containment).
 

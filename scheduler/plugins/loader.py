@@ -18,7 +18,7 @@ import attrs
 
 from scheduler.base.entry_points import dist_name, entry_points_of, is_disabled
 from scheduler.base.errors import SchedulerError
-from scheduler.core.members import Configurable, member_problems
+from scheduler.core.members import Configurable, Named, member_problems
 from scheduler.plugins.drivers import check_api, load_named, stevedore_managers
 from scheduler.plugins.protocols import PROVIDER_KINDS
 from scheduler.settings import plugin_settings
@@ -28,7 +28,8 @@ def load_provider(kind: str, name: str) -> Any:
     """Load and instantiate a provider of a kind (``executor``, ``channel``, ...), checked against its Protocol.
 
     The one place a provider object is made: everything the kernel hands a provider before
-    first use (its host settings, when it declares ``settings_class``) belongs here.
+    first use belongs here: the name it was loaded under (``registered_as``, when it is
+    ``Named``), then its host settings (when it declares ``settings_class``).
     """
     group, protocol = PROVIDER_KINDS[kind]
     target, dist = load_named(group, name)
@@ -47,6 +48,8 @@ def load_provider(kind: str, name: str) -> Any:
             "PLUGIN_INVALID", f"{kind} driver {name!r} from {dist} does not implement the {protocol.__name__} protocol (missing: {', '.join(missing)})"
         )
     check_members(provider, kind=kind, name=name, dist=dist)
+    if isinstance(provider, Named):
+        provider.registered_as(name)
     apply_settings(kind, name, provider)
     return provider
 

@@ -31,6 +31,7 @@ from scheduler.core.members import (  # optional members; re-exported here
     Configurable,
     DeclaresOptions,
     JobChecking,
+    Named,
     PolicyChecking,
     Recoverable,
 )
@@ -549,6 +550,7 @@ __all__ = [
     "ExecutionResult",
     "Executor",
     "JobChecking",
+    "Named",
     "PermanentDeliveryError",
     "PolicyChecking",
     "ProofRequest",

@@ -154,6 +154,11 @@ class SshProvider:
 
     def __init__(self) -> None:
         self._settings = SshSettings()
+        self._name = PROVIDER
+
+    def registered_as(self, name: str) -> None:
+        """Take the entry-point name this instance was loaded under: its envelopes and verifications carry it."""
+        self._name = name
 
     def configure(self, settings: SshSettings) -> None:
         """Take the validated ``[providers.ssh]`` settings (the loader calls this once)."""
@@ -171,8 +176,8 @@ class SshProvider:
     def _attest(self, payload: Any, declaration: Any) -> EvidenceEnvelope:
         s = self._settings
         checked = check_payload(payload)
-        options: SshOptions = declared_options(declaration, SshOptions, PROVIDER)
-        check_requested_methods(declaration, self.methods, PROVIDER)
+        options: SshOptions = declared_options(declaration, SshOptions, self._name)
+        check_requested_methods(declaration, self.methods, self._name)
         keygen = self._keygen()
         key = self._signing_key(options)
         principal = options.principal or s.principal
@@ -204,7 +209,7 @@ class SshProvider:
             raise EvidenceFailure("EVIDENCE_SSH_SIGN_FAILED",
                                   "ssh-keygen produced a signature for another key or namespace than requested")
         data = {**fields, "signature": signature}
-        envelope = EvidenceEnvelope(provider=PROVIDER, format=fields["schema"], payload_digest=checked.digest, data=data)
+        envelope = EvidenceEnvelope(provider=self._name, format=fields["schema"], payload_digest=checked.digest, data=data)
         if s.self_check:
             try:
                 trust = self._trust_file(options)
@@ -246,18 +251,18 @@ class SshProvider:
         try:
             self._verify(envelope, payload, declaration)
         except EvidenceFailure as failure:
-            return failure.verification(PROVIDER)
+            return failure.verification(self._name)
         except Exception as exc:  # noqa: BLE001 - fail closed
-            return EvidenceVerification(verified=False, provider=PROVIDER, code="EVIDENCE_VERIFICATION_FAILED",
+            return EvidenceVerification(verified=False, provider=self._name, code="EVIDENCE_VERIFICATION_FAILED",
                                         reason=f"verification failed unexpectedly: {type(exc).__name__}")
-        return EvidenceVerification(verified=True, provider=PROVIDER)
+        return EvidenceVerification(verified=True, provider=self._name)
 
     def _verify(self, envelope: Any, payload: Any, declaration: Any) -> None:
-        options: SshOptions = declared_options(declaration, SshOptions, PROVIDER)
-        digest, data = envelope_parts(envelope, PROVIDER)
+        options: SshOptions = declared_options(declaration, SshOptions, self._name)
+        digest, data = envelope_parts(envelope, self._name)
         if data.get("method") != METHOD:
             raise EvidenceFailure("EVIDENCE_METHOD_MISMATCH", f"the envelope's method {data.get('method')!r} is not {METHOD!r}")
-        check_requested_methods(declaration, self.methods, PROVIDER)
+        check_requested_methods(declaration, self.methods, self._name)
         check_keys(data, ENVELOPE_KEYS)
         for key in ENVELOPE_KEYS:
             if key != "version" and not isinstance(data[key], str):
