@@ -293,3 +293,15 @@ def test_a_reload_that_brings_a_bad_route_is_refused_and_the_previous_routes_sta
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         store.close()
+
+
+def test_an_openclaw_jobs_file_naming_a_key_twice_is_refused(cli: Any, tmp_path: Path) -> None:
+    """``import openclaw --legacy-json`` parses its file as strictly as ``jobs add`` parses a spec (nothing imported)."""
+    legacy = tmp_path / "jobs.json"
+    legacy.write_text('{"jobs": [{"id": "a", "name": "x", "schedule": {"kind": "every", "everyMs": 60000},'
+                      ' "payload": {"kind": "agentTurn", "message": "hi"}, "payload": {"kind": "agentTurn", "message": "rm"}}]}')
+    res = cli("--json", "import", "openclaw", "--legacy-json", str(legacy))
+    assert res.code != 0 and res.json["code"] == "DUPLICATE_KEY" and "payload" in res.json["error"], res
+    assert [j["name"] for j in cli("--json", "jobs", "list").json["jobs"]] == []
+    legacy.write_text("{not json")
+    assert cli("--json", "import", "openclaw", "--legacy-json", str(legacy)).json["code"] == "IMPORT_SOURCE_INVALID"

@@ -31,7 +31,6 @@ Mapping (one OpenClaw job -> one job with id ``openclaw-cron:<id>``, so a second
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.json_document import parse_json_document
 from scheduler.base.timeutil import format_duration_ms, parse_iso, to_iso
 from scheduler.ops.importers import ImportItem, export_prefix
 
@@ -74,9 +74,21 @@ def _run(binary: str, *args: str) -> Any:
     if len(done.stdout) > MAX_OUTPUT_BYTES:
         raise SchedulerError("IMPORT_SOURCE_INVALID", f"{binary} {' '.join(args)} answered more than 16 MiB")
     try:
-        return json.loads(done.stdout)
-    except (ValueError, UnicodeDecodeError):
+        text = done.stdout.decode("utf-8")
+    except UnicodeDecodeError:
         raise SchedulerError("IMPORT_SOURCE_INVALID", f"{binary} {' '.join(args)} did not answer JSON") from None
+    return _strict_json(text, f"{binary} {' '.join(args)}", "did not answer JSON")
+
+
+def _strict_json(text: str, where: str, not_json: str) -> Any:
+    """A source document parsed as ``jobs add`` parses a spec: a key named twice in one object is ``DUPLICATE_KEY``
+    (plain ``json`` keeps the last one silently, issue 30 defect 9); what is not JSON is ``IMPORT_SOURCE_INVALID``."""
+    try:
+        return parse_json_document(text, what=where)
+    except SchedulerError as exc:
+        if exc.code == "INVALID_JSON":
+            raise SchedulerError("IMPORT_SOURCE_INVALID", f"{where} {not_json}: {exc.message}") from None
+        raise
 
 
 def _jobs_of(doc: Any, where: str) -> list[dict[str, Any]]:
@@ -113,11 +125,7 @@ def read_legacy(path: str) -> tuple[str, list[dict[str, Any]]]:
         raise SchedulerError("IMPORT_SOURCE_NOT_FOUND", f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SchedulerError("IMPORT_SOURCE_INVALID", f"cannot read {path}: {exc}") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise SchedulerError("IMPORT_SOURCE_INVALID", f"{path} is not JSON: {exc}") from None
-    return path, _jobs_of(doc, path)
+    return path, _jobs_of(_strict_json(text, path, "is not JSON"), path)
 
 
 # --------------------------------------------------------------------------- conversion
