@@ -1095,6 +1095,22 @@ def test_cli_as_a_real_subprocess(broken_installed: None) -> None:
     assert "FAIL executor.binary-output: " in proc.stdout
 
 
+def test_ci_help_prints_help_and_runs_nothing() -> None:
+    """Issue 27: ``python -m scheduler.conformance.ci --help`` prints help (exit 0) instead of starting the suite; a flag it
+    does not know is a usage error (exit 2), never a run."""
+    begin = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "scheduler.conformance.ci", "--help"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m scheduler.conformance.ci"), proc.stdout
+    assert ci.PROVIDERS_ENV in proc.stdout and "executor:shell" in proc.stdout
+    assert "== conformance" not in proc.stdout and not SUMMARY_RE.search(proc.stdout)
+    assert time.monotonic() - begin < 30
+    bad = subprocess.run([sys.executable, "-m", "scheduler.conformance.ci", "--no-such-flag"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr and "== conformance" not in bad.stdout
+
+
 def test_ci_runner(broken_installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ci.PROVIDERS_ENV, "executor:broken")
     out = io.StringIO()

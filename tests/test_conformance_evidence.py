@@ -303,3 +303,48 @@ def test_the_cli_and_the_ci_runner(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "54 passed, 0 failed, 12 skipped"
     assert ("evidence", "ssh") in ci.FIRST_PARTY and ("evidence", "external") in ci.FIRST_PARTY
+
+
+class _SignatureFieldAs:
+    """HmacSetup, with the setup's signature_field replaced by ``value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def conformance_setup(self, request: Any) -> Any:
+        setup = HmacSetup().conformance_setup(request)
+        setup.signature_field = self.value
+        return setup
+
+
+@pytest.mark.parametrize("value", ["mac", ("mac",), ["mac"]])
+def test_signature_field_may_be_one_key_or_a_path(value: Any) -> None:
+    """Issue 27 item 2: ``"mac"`` is the key ``mac`` (it used to be split into ``('m', 'a', 'c')``), like ``("mac",)``."""
+    report = run_kind("evidence", "broken", HonestHmac(), filter=["evidence.truncated-signature", "evidence.data-value-*"],
+                      service_adapter=_SignatureFieldAs(value))
+    assert report.ok and report.passed == 2, [(r.id, r.message) for r in report.results]
+
+
+@pytest.mark.parametrize("value", [5, {"mac": True}, ("mac", 1), [""]])
+def test_a_signature_field_of_another_type_is_refused_clearly(value: Any) -> None:
+    report = run_kind("evidence", "broken", HonestHmac(), filter="evidence.truncated-signature",
+                      service_adapter=_SignatureFieldAs(value))
+    (result,) = report.results
+    assert result.outcome == "failed" and "CONFORMANCE_ADAPTER_INVALID" in result.message, result.message
+    assert "give one key of the envelope's data (a string" in result.message and repr(value) in result.message
+
+
+class _Renamed(HonestHmac):
+    """HonestHmac told its name: one class, any name (issue 27 item 4)."""
+
+    def registered_as(self, name: str) -> None:
+        self.name = name
+
+
+def test_a_named_provider_is_told_the_name_it_runs_under() -> None:
+    for name in ("hmac-a", "hmac-b"):
+        report = run_kind("evidence", name, _Renamed(), filter=["evidence.attest-verify", "evidence.relabelled-envelope"],
+                          service_adapter=HmacSetup())
+        assert report.ok and report.passed == 2, [(r.id, r.message) for r in report.results]
+    unnamed = run_kind("evidence", "hmac-a", HonestHmac(), filter="evidence.attest-verify", service_adapter=HmacSetup())
+    assert not unnamed.ok and "not 'hmac-a'" in unnamed.results[0].message  # a hard-coded name fails under another

@@ -100,3 +100,10 @@ def test_each_variant_keeps_its_references_contract() -> None:
         own |= {k for base in parents for k, v in vars(base).items() if callable(v) and not k.startswith("__")}
         assert len(own) == 1 and hasattr(honest, next(iter(own))), (variant.name, own)
         assert cls.plugin_api == honest.plugin_api and cls.capabilities == honest.capabilities, variant.name
+
+
+def test_the_loader_tells_a_provider_its_name(mutants_installed: None) -> None:
+    """Issue 27 item 4: one class (the ssh provider) serves several names; each envelope names the entry point it was loaded as."""
+    for driver in ("mutant-verify-raises", "mutant-key-in-reason"):
+        report = run_kind("evidence", driver, filter="evidence.attest-verify")
+        assert report.ok and report.passed == 1, [r.to_json() for r in report.results]

@@ -14,6 +14,7 @@ one failure, never one per case.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import TextIO
@@ -72,8 +73,22 @@ def providers_to_run() -> list[tuple[str, str]]:
     return out
 
 
-def main(out: TextIO | None = None) -> int:
-    """Run every listed provider, print the reports and the combined summary; return the exit code."""
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: no arguments (the environment variables above choose what runs); ``--help`` prints this module's
+    description and exits 0, anything else is a usage error (exit 2), so a mistyped flag never starts the whole suite."""
+    parser = argparse.ArgumentParser(prog="python -m scheduler.conformance.ci", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"first-party providers: {', '.join(f'{k}:{n}' for k, n in FIRST_PARTY)}")
+    return parser.parse_args(argv)
+
+
+def main(out: TextIO | None = None, argv: list[str] | None = None) -> int:
+    """Run every listed provider, print the reports and the combined summary; return the exit code.
+
+    ``argv`` (the command line, when run as a module) is parsed first: ``--help`` prints help instead of running.
+    """
+    if argv is not None:
+        parse_args(argv)
     steps.install(installed_steps)  # the cases validate job specs: the run pipeline's steps own their fields
     stream = out or sys.stdout
     allow_missing = os.environ.get(ALLOW_MISSING_ENV, "").strip().lower() in _TRUE
@@ -97,4 +112,4 @@ def main(out: TextIO | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(argv=sys.argv[1:]))
