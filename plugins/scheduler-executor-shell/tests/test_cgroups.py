@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 from scheduler_executor_shell import ShellExecutor
-from scheduler_executor_shell.cgroups import RunCgroup, Unavailable, find_place, sweep_stale
+from scheduler_executor_shell.capture import HashSink
+from scheduler_executor_shell.cgroups import Place, RunCgroup, Unavailable, find_place, sweep_stale
+from scheduler_executor_shell.runner import CgroupPlan, run_process
 
 from scheduler.api import RecoveryRequest
 from scheduler.testing import LocalRunControl
@@ -210,6 +212,24 @@ def test_empty_run_cgroups_left_by_dead_dispatchers_are_swept_and_nothing_else()
                     path.rmdir()
                 except OSError:
                     time.sleep(0.02)
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_run_whose_cgroup_cannot_be_made_is_refused_or_falls_back(tmp_path: Path, required: bool) -> None:
+    """A place that stopped being usable (here: a directory that does not exist): ``cgroup`` refuses the run before the
+    payload starts; ``auto`` runs it in its process group and says why in the details."""
+    marker = tmp_path / "ran"
+    place = Place(mount=str(tmp_path / "gone"), root="/", own="/", has_kill=True)
+    outcome = run_process(shell="/bin/sh", payload=f"touch {marker}", cwd=None, env={"PATH": os.environ["PATH"]},
+                          stdin_data=None, outputs={"stdout": HashSink(), "stderr": HashSink()}, deadline=time.monotonic() + 30,
+                          control=LocalRunControl(), grace_s=1.0, label="command",
+                          cgroup=CgroupPlan(place=place, run_id="r1", required=required))
+    if required:
+        assert outcome.reason == "spawn_failed" and outcome.error is not None and outcome.error.code == "CGROUP_UNAVAILABLE"
+        assert not marker.exists() and outcome.cgroup is None
+    else:
+        assert outcome.reason == "exited" and outcome.returncode == 0 and marker.exists()
+        assert outcome.cgroup is None and "cannot create the run's cgroup" in outcome.notes["cgroup_error"]
 
 
 _AS_NOBODY = textwrap.dedent(
