@@ -88,8 +88,8 @@ def duration_chart(runs: list[dict[str, Any]], *, width: int = 640, height: int 
     if not ordered:
         return ""
     longest = max((r.get("duration_ms") or 0) for r in ordered) or 1
-    step = width / len(ordered)
-    bar = max(1.0, step * 0.8)
+    step = min(width / len(ordered), 16.0)  # a few runs make narrow bars from the left, not a wall of colour
+    bar = max(1.0, step * 0.75)
     bars = []
     for i, run in enumerate(ordered):
         ms = run.get("duration_ms") or 0
