@@ -34,6 +34,7 @@ from scheduler import PLUGIN_API_VERSION
 from scheduler.api import EvidenceEnvelope, EvidenceVerification
 from scheduler.conformance import ci
 from scheduler.conformance.engine import FIXTURES_ENV, load_cases, load_corpus, run_kind
+from scheduler.testing import EvidenceProviderConformance, EvidenceSetup, EvidenceSetupRequest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -348,3 +349,33 @@ def test_a_named_provider_is_told_the_name_it_runs_under() -> None:
         assert report.ok and report.passed == 2, [(r.id, r.message) for r in report.results]
     unnamed = run_kind("evidence", "hmac-a", HonestHmac(), filter="evidence.attest-verify", service_adapter=HmacSetup())
     assert not unnamed.ok and "not 'hmac-a'" in unnamed.results[0].message  # a hard-coded name fails under another
+
+
+class HelperSetup:
+    """HmacSetup written with scheduler.testing's EvidenceSetup (issue 27 item 3): what an outside author would write."""
+
+    def conformance_setup(self, request: EvidenceSetupRequest) -> EvidenceSetup:
+        if request.signer not in ("trusted", "untrusted_key"):
+            raise NotImplementedError("no principals or namespaces here")
+        key = "bk-" + secrets.token_hex(16)
+        verify_key = "bk-" + secrets.token_hex(16) if request.signer == "untrusted_key" else key
+        return EvidenceSetup({"verify_key_env": SIGN_VAR}, verify_settings={"verify_key_env": VERIFY_VAR},
+                             secrets={SIGN_VAR: key, VERIFY_VAR: verify_key}, signature_field="mac",
+                             secret_values=[key, verify_key])
+
+
+def test_the_evidence_setup_helper_is_a_whole_setup() -> None:
+    report = run_kind("evidence", "broken", HonestHmac(), adapter=HelperSetup())
+    assert report.failed == 0, [(r.id, r.message) for r in report.results if r.outcome == "failed"]
+    assert (report.passed, report.skipped) == (19, 3), _outcomes(report)
+
+
+class TestHmacThroughThePytestClass(EvidenceProviderConformance):
+    """Issue 27 item 7: the evidence class takes ``setup_adapter`` like the authorization and proof classes."""
+
+    provider_name = "broken"
+    setup_adapter = HelperSetup
+    case_filter = ["evidence.attest-verify", "evidence.truncated-signature", "evidence.verify-without-trust-refused"]
+
+    def make_provider(self) -> Any:
+        return HonestHmac()

@@ -551,6 +551,7 @@ def run_kind(
     service_adapter: Any = None,
     on_result: Callable[[CaseResult], None] | None = None,
     stop_at_first_failure: bool = False,
+    adapter: Any = None,
 ) -> Report:
     """Run every (selected) case of ``kind`` against the provider ``name`` and return the report.
 
@@ -558,7 +559,9 @@ def run_kind(
     given; ``extra`` adds fixture directories to the stock corpus (as
     ``$SCHEDULER_CONFORMANCE_FIXTURES`` does); ``payload_adapter`` (an object, a class
     or ``MODULE:ATTR``) overrides how an executor's adapter is found, ``service_adapter``
-    how a channel's is (either name is accepted for either kind). A load failure,
+    how a channel's is (either name is accepted for either kind); ``adapter`` is the same for
+    any kind (an evidence or authorization setup adapter, a credential source adapter, a
+    proof verifier's setup adapter) and wins over both. A load failure,
     invalid fixtures, an unsupported kind, a missing payload or service adapter or a ``filter``
     that selects nothing (``CONFORMANCE_NO_CASES``) produce a report with ``error``
     set, counted as one failure, never a traceback. ``on_result`` is called after each
@@ -586,8 +589,9 @@ def run_kind(
             return _start_failure(
                 kind, name, "PLUGIN_LOAD_FAILED", f"{kind} driver {name!r} failed to load: {type(exc).__name__}: {exc}"
             )
+    given = next((a for a in (adapter, payload_adapter, service_adapter) if a is not None), None)
     try:
-        context = prepare(kind, name, provider, payload_adapter if payload_adapter is not None else service_adapter)
+        context = prepare(kind, name, provider, given)
     except SchedulerError as exc:
         return _start_failure(kind, name, exc.code, exc.message)
     results: list[CaseResult] = []

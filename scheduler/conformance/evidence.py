@@ -110,6 +110,40 @@ class SetupRequest:
     workdir: Path
 
 
+class EvidenceSetup:
+    """What a setup adapter may return: the tables to attest and verify with, the secrets, where the signature is.
+
+    ``settings`` is the ``[providers.NAME]`` table used to attest (and to verify, unless
+    ``verify_settings`` is given); ``provider_config`` the job's ``evidence.provider_config``;
+    ``secrets`` environment variables set while the case runs; ``signature_field`` the key (a
+    string) or the path (a tuple of keys) inside the envelope's ``data`` of the signature or MAC;
+    ``secret_values`` the key material that must never appear in an envelope, an error, a
+    verification or a log record; ``on_close`` what ``close`` runs (removing a key agent ...).
+    Any object with these attributes works as well; this one is the short way.
+    """
+
+    def __init__(self, settings: dict[str, Any] | None = None, *, verify_settings: dict[str, Any] | None = None,
+                 provider_config: dict[str, Any] | None = None, secrets: dict[str, str] | None = None,
+                 signature_field: str | tuple[str, ...] = (), secret_values: list[str] | tuple[str, ...] = (),
+                 on_close: Any = None) -> None:
+        self.settings = dict(settings or {})
+        self.verify_settings = None if verify_settings is None else dict(verify_settings)
+        self.provider_config = dict(provider_config or {})
+        self.secrets = dict(secrets or {})
+        self.signature_field = signature_field
+        self._secret_values = list(secret_values)
+        self._on_close = on_close
+
+    def secret_values(self) -> list[str]:
+        """The key material the engine searches every output for."""
+        return list(self._secret_values)
+
+    def close(self) -> None:
+        """Run ``on_close`` (once the case is over)."""
+        if self._on_close is not None:
+            self._on_close()
+
+
 class _Skip(Exception):
     """A case that cannot apply to this provider (raised inside a case, reported as skipped with its message)."""
 
@@ -635,5 +669,5 @@ register_adapter(
 )
 
 
-__all__ = ["PAYLOAD_DEFECTS", "SETUP_METHOD", "SIGNERS", "TAMPERS", "TRUSTS", "SetupRequest", "resolve_setup_adapter",
-           "signature_path"]
+__all__ = ["PAYLOAD_DEFECTS", "SETUP_METHOD", "SIGNERS", "TAMPERS", "TRUSTS", "EvidenceSetup", "SetupRequest",
+           "resolve_setup_adapter", "signature_path"]

@@ -188,15 +188,35 @@ class ChannelConformance(_ProviderConformance):
 
 
 class EvidenceProviderConformance(_ProviderConformance):
-    """Conformance cases for ``scheduler.evidence_providers`` providers."""
+    """Conformance cases for ``scheduler.evidence_providers`` providers.
+
+    ``setup_adapter`` (an object, a class or ``"module:attr"``) names the adapter that sets up
+    each case's keys, trust or attestor; left ``None``, the provider's own ``conformance_setup``
+    method or its ``scheduler.conformance_adapters`` entry point is used.
+    """
 
     kind: ClassVar[str] = "evidence"
+    setup_adapter: ClassVar[Any] = None
+
+    def make_payload_adapter(self) -> Any:
+        """The kind's adapter handed to the engine: for an evidence provider, its setup adapter."""
+        return type(self).setup_adapter
 
 
 class CredentialProviderConformance(_ProviderConformance):
-    """Conformance cases for ``scheduler.credential_providers`` providers."""
+    """Conformance cases for ``scheduler.credential_providers`` providers.
+
+    ``source_adapter`` (an object, a class or ``"module:attr"``) names the adapter that starts
+    each case's stand-in source; left ``None``, the provider's own ``conformance_source`` method
+    or its ``scheduler.conformance_adapters`` entry point is used.
+    """
 
     kind: ClassVar[str] = "credential"
+    source_adapter: ClassVar[Any] = None
+
+    def make_payload_adapter(self) -> Any:
+        """The kind's adapter handed to the engine: for a credential provider, its source adapter."""
+        return type(self).source_adapter
 
 
 class AuthorizationProviderConformance(_ProviderConformance):

@@ -24,8 +24,10 @@
   conformance corpus against your provider (``run_conformance`` runs it without pytest); the
   executor payload-adapter types (``PosixShellPayloads``, ``Behaviour`` ...) and the
   channel service-adapter types (``HttpStandIn``, ``ServiceAnswer``,
-  ``ReceivedMessage`` ...) and the authorization setup-adapter helpers (``PolicySetup``,
-  ``write_policy_setup``) for your conformance adapter.
+  ``ReceivedMessage`` ...), the authorization setup-adapter helpers (``PolicySetup``,
+  ``write_policy_setup``), the evidence setup (``EvidenceSetup``) and what each kind's adapter
+  is asked (``PolicyRequest``, ``EvidenceSetupRequest``, ``SourceRequest``, ``ProofSetupRequest``)
+  for your conformance adapter.
 
 ``scheduler.testing.fixtures`` turns these into pytest fixtures
 (``pytest_plugins = ["scheduler.testing.fixtures"]`` in a ``conftest.py``).
@@ -51,9 +53,13 @@ from scheduler.base.entry_points import entry_point_names
 from scheduler.base.plugin_kinds import kind_named
 from scheduler.base.timeutil import now_ms
 from scheduler.cli.main import main as cli_main
-from scheduler.conformance.authorization import PolicySetup, write_policy_setup
+from scheduler.conformance.authorization import PolicyRequest, PolicySetup, write_policy_setup
+from scheduler.conformance.credential import SourceRequest
 from scheduler.conformance.engine import run_kind as run_conformance
+from scheduler.conformance.evidence import EvidenceSetup
+from scheduler.conformance.evidence import SetupRequest as EvidenceSetupRequest
 from scheduler.conformance.payload import Behaviour, PosixShellPayloads, RawPayload, Step
+from scheduler.conformance.proof_verifier import ProofSetupRequest
 from scheduler.conformance.service import (
     HttpReply,
     HttpRequest,
@@ -386,19 +392,24 @@ def make_evidence_payload(run_id: str = "run-1", **result: Any) -> Any:
 __all__ = [
     "DEFAULT_POSTGRES_URL",
     "Behaviour",
+    "EvidenceSetup",
+    "EvidenceSetupRequest",
     "HttpReply",
     "HttpRequest",
     "HttpStandIn",
     "LocalRunControl",
     "MemoryProviderSessions",
+    "PolicyRequest",
     "PolicySetup",
     "PosixShellPayloads",
+    "ProofSetupRequest",
     "RawPayload",
     "ReceivedFile",
     "ReceivedMessage",
     "RunningDispatcher",
     "ServiceAnswer",
     "ServiceRequest",
+    "SourceRequest",
     "Step",
     "add_job",
     "evidence_payload_for",
