@@ -24,6 +24,8 @@ from bench.common import Context, fmt, fresh_db, md_table, verdict
 NAME = "web"
 TITLE = "12. Web view: page latency with 1,000 jobs and 100,000 runs"
 GOAL_MS = 1000.0
+#: The one page outside the goal: on request it runs every doctor check (artifacts and recent evidence re-verified).
+DOCTOR = "status with the doctor's checks"
 
 
 def params(ctx: Context) -> dict[str, Any]:
@@ -112,7 +114,8 @@ def run(ctx: Context) -> dict[str, Any]:
             ("one run", f"/runs/{one_run}"),
             ("approvals", "/approvals"),
             ("outbox", "/outbox"),
-            ("status (with doctor)", "/status"),
+            ("status", "/status"),
+            (DOCTOR, "/status?doctor=1"),
         ]
         rows = []
         with TestClient(create_app(store, WebConfig())) as client:
@@ -121,7 +124,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 rows.append({"page": label, **timed(client, url, p["requests"])})
     finally:
         store.close()
-    worst = max(r["median_ms"] for r in rows if r["page"] != "status (with doctor)")
+    worst = max(r["median_ms"] for r in rows if r["page"] != DOCTOR)
     return {"params": p, "build_s": round(build_s, 1), "rows": rows, "worst_median_ms": worst,
             "met": worst < GOAL_MS and all(r["status"] == 200 for r in rows)}
 
@@ -132,5 +135,5 @@ def render(res: dict[str, Any]) -> str:
                      [(r["page"], r["status"], fmt(r["median_ms"], 1), fmt(r["p90_ms"], 1)) for r in res["rows"]], align="lrrr")
     return (f"{p['jobs']:,} jobs and {p['runs']:,} runs (built in {res['build_s']} s), {p['requests']} requests per page"
             f" through the whole app in process (Starlette test client, no socket).\n\n{table}\n\n"
-            f"Slowest page median (status aside: it runs every doctor check): {fmt(res['worst_median_ms'], 1)} ms;"
+            f"Slowest page median (the doctor's checks aside: they run on request only): {fmt(res['worst_median_ms'], 1)} ms;"
             f" goal every page under {GOAL_MS:.0f} ms: {verdict(res['met'])}.\n")
