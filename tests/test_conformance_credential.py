@@ -44,7 +44,7 @@ def test_the_corpus_covers_the_issue() -> None:
     assert "refresh" in cases["credential.refresh-returns-a-checked-value"].input["steps"]
 
 
-@pytest.mark.parametrize(("name", "passed", "skipped"), [("env", 6, 8), ("file", 6, 8), ("command", 7, 7), ("oauth2", 14, 0)])
+@pytest.mark.parametrize(("name", "passed", "skipped"), [("env", 6, 9), ("file", 7, 8), ("command", 8, 7), ("oauth2", 15, 0)])
 def test_first_party_providers_pass(name: str, passed: int, skipped: int) -> None:
     report = run_kind("credential", name)
     assert report.error is None, report.error
@@ -192,9 +192,9 @@ def test_the_cli_and_the_ci_runner(tmp_path: Path) -> None:
                                "--json"], capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     document = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert document["ok"] is True and document["passed"] == 14 and document["failed"] == 0
+    assert document["ok"] is True and document["passed"] == 15 and document["failed"] == 0
     env[ci.PROVIDERS_ENV] = "credential:env,credential:file,credential:command"
     proc = subprocess.run([sys.executable, "-m", "scheduler.conformance.ci"], capture_output=True, text=True, env=env,
                           timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "19 passed, 0 failed, 23 skipped"
+    assert proc.stdout.strip().splitlines()[-1] == "21 passed, 0 failed, 24 skipped"

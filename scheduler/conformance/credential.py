@@ -107,6 +107,8 @@ class SourceRequest:
 
 def _check_credential_case(case: Case) -> None:
     """What the schema cannot say: steps that fit the expectation."""
+    if case.input.get("settings", "configured") == "empty" and case.expect.get("outcome") != "refused":
+        raise ValueError("a case with empty settings expects outcome refused")
     steps = list(case.input.get("steps", ["resolve"]))
     if steps[0] != "resolve":
         raise ValueError("the first step must be resolve (refresh and revoke act on a resolved credential)")
@@ -243,9 +245,15 @@ def _run_with_source(provider: Any, case: Case, context: Any, stand_in: Any) -> 
     secrets = {str(k): str(v) for k, v in dict(getattr(stand_in, "secrets", None) or {}).items()}
     expect = case.expect
     with _patched_environ(secrets):
-        problem = configure_provider(provider, context.name, getattr(stand_in, "settings", None), role="source")
-        if problem:
-            return CaseCheck(problems=(problem,))
+        if case.input.get("settings", "configured") == "empty":
+            if not dict(getattr(stand_in, "settings", None) or {}):
+                return CaseCheck(skipped="the provider's source configures nothing on the host (nothing to leave out)")
+            if configure_provider(provider, context.name, {}, role="source", which="empty settings") is not None:
+                return CaseCheck()  # the host refuses to configure (load) the provider without its table: fail closed
+        else:
+            problem = configure_provider(provider, context.name, getattr(stand_in, "settings", None), role="source")
+            if problem:
+                return CaseCheck(problems=(problem,))
         declared = set(getattr(provider, "capabilities", ()) or ())
         missing = [c for c in case.requires if c not in declared]
         if missing:
