@@ -5,14 +5,16 @@ leaves it, so ``kill_group`` never sees it and it outlives its run. A cgroup is 
 every descendant and cannot be left without write access to a ``cgroup.procs`` above it, so
 where this host offers a cgroup v2 subtree the dispatcher may write (root, or a delegated
 subtree such as a systemd unit with ``Delegate=yes``), each command runs in
-``<the dispatcher's cgroup>/scheduler-run-<run id>-<step>-<pid>``:
+``<the dispatcher's cgroup>/scheduler-run-<run id>-<step>-<token>``:
 
 * ``find_place()`` finds the dispatcher's own cgroup v2 directory (``/proc/self/cgroup`` line
   ``0::``, under the ``cgroup2`` mount of ``/proc/self/mountinfo``) and proves it writable by
   creating and removing a probe cgroup; else it says why not (``Unavailable``). It also removes
   the empty run cgroups dead dispatchers left there (``sweep_stale``);
-* ``RunCgroup.create`` makes the run's cgroup and ``adopt(pid)`` moves the gate process into it
-  while the gate still blocks before the payload (nothing has forked yet, so nothing escapes);
+* ``RunCgroup.create`` makes the run's cgroup and the gate process is moved into it while the
+  gate still blocks before the payload (nothing has forked yet, so nothing escapes): the bash
+  gate writes its own PID into ``cgroup.procs`` (so the move, which can wait for an RCU grace
+  period, overlaps the handle's commit), otherwise ``adopt(pid)`` moves it;
 * ``kill_cgroup`` sends SIGTERM (and SIGCONT) to every member, waits the grace, then kills
   the whole cgroup at once (``cgroup.kill``; on kernels before 5.14, freeze, SIGKILL every
   member, thaw) and returns once ``cgroup.events`` says ``populated 0`` (zombies do not count);
@@ -189,9 +191,9 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80]
 
 
-def run_cgroup_name(run_id: str, step: str, pid: int) -> str:
-    """The name of a run's cgroup: ``scheduler-run-<run id>-<step>-<pid>``."""
-    return f"{RUN_PREFIX}{_safe(run_id)}-{_safe(step)}-{pid}"
+def run_cgroup_name(run_id: str, step: str, token: str) -> str:
+    """The name of a run's cgroup: ``scheduler-run-<run id>-<step>-<token>`` (a fresh hex token per command)."""
+    return f"{RUN_PREFIX}{_safe(run_id)}-{_safe(step)}-{_safe(token)}"
 
 
 def _read(path: str) -> str:
@@ -216,9 +218,9 @@ class RunCgroup:
     has_kill: bool
 
     @classmethod
-    def create(cls, place: Place, run_id: str, step: str, pid: int) -> RunCgroup:
+    def create(cls, place: Place, run_id: str, step: str, token: str) -> RunCgroup:
         """Make the cgroup of one command (``CGROUP_UNAVAILABLE`` when it cannot be made)."""
-        name = run_cgroup_name(run_id, step, pid)
+        name = run_cgroup_name(run_id, step, token)
         directory = os.path.join(place.directory, name)
         try:
             os.mkdir(directory)
@@ -226,10 +228,15 @@ class RunCgroup:
             raise SchedulerError("CGROUP_UNAVAILABLE", f"cannot create the run's cgroup {directory}: {exc.strerror}") from None
         return cls(directory=directory, relative=place.own.rstrip("/") + "/" + name, has_kill=place.has_kill)
 
+    @property
+    def procs(self) -> str:
+        """Its ``cgroup.procs``: writing a PID there moves that process in."""
+        return os.path.join(self.directory, "cgroup.procs")
+
     def adopt(self, pid: int) -> None:
         """Move ``pid`` (the gate, blocked before the payload) into the cgroup; ``CGROUP_UNAVAILABLE`` if refused."""
         try:
-            _write(os.path.join(self.directory, "cgroup.procs"), str(pid))
+            _write(self.procs, str(pid))
         except OSError as exc:
             raise SchedulerError("CGROUP_UNAVAILABLE", f"cannot move the command into {self.directory}: {exc.strerror}") from None
 
@@ -361,7 +368,7 @@ def recorded_cgroup(relative: object, run_id: str) -> str | Unavailable | None:
     if not isinstance(relative, str) or not relative.startswith("/") or "/../" in relative + "/" or "\x00" in relative:
         return Unavailable("the recorded cgroup is not an absolute cgroup path")
     name = os.path.basename(relative)
-    if not re.fullmatch(re.escape(RUN_PREFIX + _safe(run_id)) + r"-[A-Za-z0-9._-]+-[0-9]+", name):
+    if not re.fullmatch(re.escape(RUN_PREFIX + _safe(run_id)) + r"-[A-Za-z0-9._-]+-[0-9a-f]+", name):
         return Unavailable(f"the recorded cgroup {name!r} is not a cgroup of run {run_id}")
     for root, mount in cgroup2_mounts():
         if _within(root, relative):

@@ -10,7 +10,8 @@ order of events is what makes it safe to recover after a crash:
    opens; for other shells ``/bin/sh -c <gate>`` execs the configured shell. If the
    dispatcher dies now, the gate reads EOF and exits 125;
    Where the run has a cgroup (``cgroups.py``: ``[executors.shell] containment``), the gate is
-   moved into ``scheduler-run-<run id>-<step>-<pid>`` now, while it blocks: everything the
+   moved into ``scheduler-run-<run id>-<step>-<token>`` now, while it blocks (the bash gate moves
+   itself before it reports in; otherwise the executor moves it): everything the
    payload will start is in that cgroup, ``setsid`` or not;
 2. ``control.record_handle({"pid", "pgid", "start_time", "host", "step"[, "cgroup"]})``: durable before it
    returns (the dispatcher groups the handles of all its workers into one commit); if
@@ -36,7 +37,9 @@ order of events is what makes it safe to recover after a crash:
 from __future__ import annotations
 
 import os
+import secrets
 import select
+import shlex
 import socket
 import subprocess
 import time
@@ -147,20 +150,29 @@ class Containment:
         return None if self.cgroup is None else self.cgroup.remove()
 
 
-def _contain(pid: int, plan: CgroupPlan | None, label: str, outcome: ProcessOutcome) -> Containment:
-    """The command's containment: its group, and a cgroup of its own when planned (the gate still blocks)."""
-    tracker = Containment(pgid=pid)
+def _make_cgroup(plan: CgroupPlan | None, label: str, notes: dict[str, str]) -> RunCgroup | None:
+    """The command's cgroup, made before the spawn (None without a plan, or when ``auto`` cannot make one: noted)."""
     if plan is None:
-        return tracker
+        return None
     try:
-        cgroup = RunCgroup.create(plan.place, plan.run_id, label, pid)
+        return RunCgroup.create(plan.place, plan.run_id, label, secrets.token_hex(4))
     except SchedulerError as exc:
         if plan.required:
             raise
-        outcome.notes["cgroup_error"] = exc.message  # auto: the process group alone, said in the run's details
+        notes["cgroup_error"] = exc.message  # auto: the process group alone, said in the run's details
+        return None
+
+
+def _contain(pid: int, cgroup: RunCgroup | None, plan: CgroupPlan | None, outcome: ProcessOutcome,
+             moved_by_gate: bool) -> Containment:
+    """The command's containment: its group, and its cgroup (the gate still blocks): moved into it here, unless
+    the bash gate moves itself (``moved_by_gate``: confirmed by its ready byte, ``_await_gate``)."""
+    tracker = Containment(pgid=pid)
+    if cgroup is None or plan is None:
         return tracker
     try:
-        cgroup.adopt(pid)
+        if not moved_by_gate:
+            cgroup.adopt(pid)
     except SchedulerError as exc:
         cgroup.remove()
         if plan.required:
@@ -210,10 +222,15 @@ def run_process(
     """
     mode = "null" if stdin_data is None else "pipe"
     env = dict(env)
+    notes: dict[str, str] = {}
+    try:
+        made = _make_cgroup(cgroup, label, notes)
+    except SchedulerError as exc:  # containment = cgroup: nothing is spawned without one
+        return ProcessOutcome(reason="spawn_failed", error=exc)
     gate_fds: tuple[int, int] | None = None  # (script read end, ready write end) of a bash gate, closed after the spawn
     ready_r: int | None = None
     if run_as is None and os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
-        ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env)
+        ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env, None if made is None else made.procs)
     else:
         gate = GATE_SHELL if _gate_shell_usable() else shell
         argv = [gate, "-c", GATE_SCRIPT, shell, payload, mode]
@@ -238,6 +255,8 @@ def run_process(
         )
     except BaseException as exc:
         _close(stdin_w, out_r, err_r, ready_r)
+        if made is not None:
+            made.remove()
         if not isinstance(exc, OSError):
             raise
         if cwd is not None and not os.path.isdir(cwd):
@@ -250,10 +269,10 @@ def run_process(
 
     pid = pgid = proc.pid  # start_new_session: the child called setsid() before exec
     identity = process_identity(pid)
-    outcome = ProcessOutcome(reason="exited", pid=pid, pgid=pgid, identity=identity)
-    tracker = Containment(pgid=pgid)
+    outcome = ProcessOutcome(reason="exited", pid=pid, pgid=pgid, identity=identity, notes=notes)
+    tracker = Containment(pgid=pgid, cgroup=made)
     try:
-        tracker = _contain(pid, cgroup, label, outcome)
+        tracker = _contain(pid, made, cgroup, outcome, moved_by_gate=ready_r is not None)
         handle = {"pid": pid, "pgid": pgid, "start_time": identity or "unknown", "host": socket.gethostname(), "step": label}
         if tracker.cgroup is not None:
             handle["cgroup"] = tracker.cgroup.relative  # what recovery kills: the whole cgroup
@@ -276,6 +295,12 @@ def run_process(
         return outcome
 
     gate = "ready" if ready_r is None else _await_gate(ready_r, deadline)
+    if gate == "cgroup_failed" and not (cgroup is not None and cgroup.required):
+        # auto: the bash gate could not move itself; it runs in its process group alone (its handle named the
+        # cgroup, which is removed now: recovery finds nothing there and checks the group)
+        notes["cgroup_error"] = "the command could not move itself into its cgroup"
+        _release(outcome, tracker)
+        tracker.cgroup, outcome.cgroup, gate = None, None, "ready"
     if gate != "ready":
         # The deadline passed first, or the bash gate never reported in (cannot happen while /dev/fd
         # works): the gate stays closed and whatever runs in the group must not go on.
@@ -287,6 +312,9 @@ def run_process(
         outcome.returncode = proc.returncode
         if gate == "spawn_failed":
             outcome.error = SchedulerError("SHELL_SPAWN_FAILED", f"{shell} did not reach the gate before the command")
+        elif gate == "cgroup_failed":
+            outcome.reason, outcome.cgroup = "spawn_failed", None
+            outcome.error = SchedulerError("CGROUP_UNAVAILABLE", "the command could not move itself into its cgroup")
         return outcome
 
     stdin_open = _open_gate(stdin_w, stdin_data)
@@ -354,7 +382,8 @@ def _finish(
         outcome.notes["pump_error"] = repr(pump.error)
 
 
-def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tuple[int, tuple[int, int], list[str]]:
+def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str],
+               cgroup_procs: str | None = None) -> tuple[int, tuple[int, int], list[str]]:
     """The gate inside the payload's own bash (one exec, not two): ``BASH_ENV`` names a pipe holding the gate.
 
     Non-interactive bash sources ``$BASH_ENV`` before its ``-c`` string. The gate script
@@ -362,14 +391,20 @@ def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tupl
     on a second pipe (so a shell that did not run it is noticed), closes both pipes and
     blocks on the go-ahead line exactly as ``GATE_SCRIPT`` does; then the same bash runs
     the payload as ``bash -c`` would (``$0``, exec of a last simple command, exit status).
+    With ``cgroup_procs`` the shell first writes its own PID there (joining its cgroup, while the
+    dispatcher commits the handle) and reports ``x`` when it moved, ``c`` when it could not.
     Returns (ready read end, fds to pass, argv); ``env`` gets ``BASH_ENV``.
     """
     script_r, script_w = os.pipe()
     # Non-blocking (both ends: one byte into an empty pipe never waits): usually the shell has reported in by the
     # time the handle is committed, and one read finds its byte without a select first.
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    report = f"printf x >&{ready_w}"
+    if cgroup_procs is not None:  # no variable: the payload's shell must see none of the gate's
+        report = (f"if {{ echo $$ >{shlex.quote(cgroup_procs)}; }} 2>/dev/null; then printf x >&{ready_w};"
+                  f" else printf c >&{ready_w}; fi")
     script = (
-        f"unset BASH_ENV; printf x >&{ready_w} || exit 125; exec {ready_w}>&- {script_r}<&-\n"
+        f"unset BASH_ENV; {report} || exit 125; exec {ready_w}>&- {script_r}<&-\n"
         "IFS= read -r _ || exit 125\n" + ("exec </dev/null\n" if mode == "null" else "")
     ).encode()
     os.write(script_w, script)  # a few dozen bytes: always fits the pipe buffer
@@ -379,8 +414,9 @@ def _bash_gate(shell: str, payload: str, mode: str, env: dict[str, str]) -> tupl
 
 
 def _await_gate(ready_r: int, deadline: float) -> str:
-    """Wait for the bash gate's ready byte: ``ready``, ``timeout`` (the run's deadline came first) or
-    ``spawn_failed`` (EOF, a wrong byte, or nothing within ``GATE_READY_S``); closes ``ready_r``."""
+    """Wait for the bash gate's ready byte: ``ready``, ``timeout`` (the run's deadline came first),
+    ``cgroup_failed`` (``c``: it could not join its cgroup) or ``spawn_failed`` (EOF, a wrong byte, or
+    nothing within ``GATE_READY_S``); closes ``ready_r``."""
     limit = time.monotonic() + GATE_READY_S
     try:
         while True:
@@ -390,7 +426,8 @@ def _await_gate(ready_r: int, deadline: float) -> str:
             if now >= limit:
                 return "spawn_failed"
             try:
-                return "ready" if os.read(ready_r, 1) == b"x" else "spawn_failed"
+                byte = os.read(ready_r, 1)
+                return "ready" if byte == b"x" else "cgroup_failed" if byte == b"c" else "spawn_failed"
             except BlockingIOError:
                 select.select([ready_r], [], [], min(deadline, limit) - now)
     finally:

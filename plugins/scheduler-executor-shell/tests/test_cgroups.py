@@ -152,7 +152,7 @@ def test_recovery_kills_the_recorded_cgroup_of_a_dead_dispatcher(reap_sleepers) 
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     leader = subprocess.Popen(["sh", "-c", "read _; setsid sleep " + marker + " & exec sleep " + marker],
                               stdin=subprocess.PIPE, start_new_session=True)
-    cgroup = RunCgroup.create(PLACE, run_id, "command", leader.pid)
+    cgroup = RunCgroup.create(PLACE, run_id, "command", f"{leader.pid:x}")
     try:
         cgroup.adopt(leader.pid)
         assert leader.stdin is not None

@@ -78,8 +78,8 @@ def _silent_gate(monkeypatch, tmp_path: Path) -> Path:
 
     real = runner._bash_gate
 
-    def silent(shell, payload, mode, env):
-        ready_r, fds, argv = real(shell, payload, mode, env)
+    def silent(shell, payload, mode, env, cgroup_procs=None):
+        ready_r, fds, argv = real(shell, payload, mode, env, cgroup_procs)
         script_r, _ready_w = fds
         os.read(script_r, 4096)  # swallow the real gate script ...
         quiet_r, quiet_w = os.pipe()
