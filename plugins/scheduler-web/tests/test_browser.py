@@ -112,7 +112,7 @@ def test_jobs_page_lists_the_jobs(world: dict[str, Any]) -> None:
 
 def test_run_now_shows_the_run_appear_and_finish_without_reload_then_its_output(world: dict[str, Any]) -> None:
     store, driver = world["store"], world["driver"]
-    job = add_job(store, name="clicked", payload_message="sleep:1")
+    job = add_job(store, name="clicked", payload_message="sleep:1;echo:clicked output")
     driver.get(f"{world['server'].url}/jobs/{job['id']}")
     mark(driver)
     assert driver.find_elements(By.CSS_SELECTOR, "#job-runs tr[data-run]") == []
@@ -125,7 +125,8 @@ def test_run_now_shows_the_run_appear_and_finish_without_reload_then_its_output(
     driver.find_element(By.CSS_SELECTOR, f'#job-runs tr[data-run="{run["id"]}"] a').click()
     wait(driver, lambda d: d.find_elements(By.ID, "run-status"), "the run page")
     assert driver.find_element(By.ID, "run-status").get_attribute("data-status") == "ok"
-    assert "slept" in driver.find_element(By.ID, "stdout").text or driver.find_element(By.ID, "stdout").text == ""
+    assert driver.find_element(By.ID, "stdout").text == "clicked output"
+    assert ops.run_output(store, run["id"])["streams"]["stdout"]["sha256"] in driver.find_element(By.ID, "run-output").text
     timeline = driver.find_element(By.ID, "run-events").text
     assert all(e["kind"] in timeline for e in ops.run_events(store, run["id"]))
 
