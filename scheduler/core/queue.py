@@ -296,13 +296,21 @@ _CANDIDATE_SQL = ("SELECT id, job_id, kind, due_at, created_at, source_run_id, r
                   " run_id FROM job_dispatch_queue WHERE status = 'pending' AND due_at <= ?")
 
 
+#: Only a job's earliest pending dispatch may be taken from the newest: a job's newer slot never overtakes its own older
+#: work (a replay waiting for the job's run to end, a queued slot), which would keep that job busy and its replay waiting.
+_EARLIEST_OF_ITS_JOB = (" AND NOT EXISTS (SELECT 1 FROM job_dispatch_queue e WHERE e.job_id = job_dispatch_queue.job_id"
+                        " AND e.status = 'pending' AND (e.due_at < job_dispatch_queue.due_at"
+                        " OR (e.due_at = job_dispatch_queue.due_at AND e.id < job_dispatch_queue.id)))")
+
+
 def claim_candidates(tx: Tx, *, now: int, limit: int, newest_first: bool = False) -> list[dict[str, SQLValue]]:
     """The due dispatches a claim of ``limit`` runs looks at, in the order it takes them.
 
     Normally every due dispatch, oldest first (``CANDIDATES_PER_WORKER`` x ``limit`` at most).
     When more are due than that (a backlog: thousands of jobs due at one instant), the slots
     that fell due last are not queued behind it: the ``limit`` newest due dispatches (those
-    due after the oldest window) are interleaved with the oldest, one each in turn, so a slot
+    due after the oldest window, each its job's earliest pending one: a job never overtakes its
+    own older work) are interleaved with the oldest, one each in turn, so a slot
     of another job due a second after a burst starts within a pass or two instead of after
     the whole burst (issue 30 defect 8). ``newest_first`` says which of the two goes first;
     the dispatcher alternates it from pass to pass, so under a lasting overload neither the
@@ -312,8 +320,8 @@ def claim_candidates(tx: Tx, *, now: int, limit: int, newest_first: bool = False
     oldest = tx.all(_CANDIDATE_SQL + " ORDER BY due_at, id LIMIT ?" + tx.skip_locked, (now, window))
     if len(oldest) < window:
         return oldest
-    newest = tx.all(_CANDIDATE_SQL + " AND due_at > ? ORDER BY due_at DESC, id DESC LIMIT ?" + tx.skip_locked,
-                    (now, oldest[-1]["due_at"], limit))
+    newest = tx.all(_CANDIDATE_SQL + " AND due_at > ?" + _EARLIEST_OF_ITS_JOB + " ORDER BY due_at DESC, id DESC LIMIT ?"
+                    + tx.skip_locked, (now, oldest[-1]["due_at"], limit))
     newest.reverse()  # among themselves in due order: a job's earlier slot before its later one
     first, second = (newest, oldest) if newest_first else (oldest, newest)
     merged: list[dict[str, SQLValue]] = []
