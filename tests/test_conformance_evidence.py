@@ -375,7 +375,8 @@ class TestHmacThroughThePytestClass(EvidenceProviderConformance):
 
     provider_name = "broken"
     setup_adapter = HelperSetup
-    case_filter = ["evidence.attest-verify", "evidence.truncated-signature", "evidence.verify-without-trust-refused"]
+    case_filter: ClassVar[list[str]] = ["evidence.attest-verify", "evidence.truncated-signature",
+                                        "evidence.verify-without-trust-refused"]
 
     def make_provider(self) -> Any:
         return HonestHmac()
