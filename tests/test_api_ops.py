@@ -122,7 +122,7 @@ def test_every_operation_is_documented_and_exported() -> None:
     """The module docstring lists each operation with its CLI command; ``__all__`` exports exactly the public names."""
     doc = ops.__doc__ or ""
     operations = [n for n in ops.__all__ if n not in ("JsonObject", "StoreTarget", "open_store")]
-    assert len(operations) == 28
+    assert len(operations) == 29
     for name in operations:
         assert callable(getattr(ops, name)) and getattr(ops, name).__doc__, name
         assert f"``{name}(store" in doc, f"the docstring of scheduler.api.ops does not list {name}"
@@ -171,6 +171,9 @@ def test_reads_are_what_the_cli_prints(store: Any, cli: Any, dispatcher: Any, db
         assert as_printed(ops.list_jobs(store, **kwargs)) == cli_ok(cli, "jobs", "list", *args, key="jobs"), kwargs
     assert [j["state"] for j in ops.list_jobs(db_path)] == ["enabled", "enabled", "disabled", "enabled"]
     assert as_printed(ops.get_job(store, "beta")) == cli_ok(cli, "jobs", "get", beta["id"], key="job")
+    for ref, count in (("gamma", 3), ("alpha", 5)):  # a disabled interval job: from now; a manual one: none
+        assert ops.next_runs(store, ref, count)["fires"] == cli_ok(cli, "jobs", "next", ref, "-n", str(count), key="fires")
+    assert len(ops.next_runs(store, "gamma", 3)["fires"]) == 3 and ops.next_runs(store, "alpha")["fires"] == []
 
     for kwargs, args in [({}, []), ({"job": "alpha"}, ["alpha"]), ({"status": "error"}, ["--status", "error"]),
                          ({"limit": 1}, ["--limit", "1"]), ({"job": gated["id"], "status": "awaiting_approval"},

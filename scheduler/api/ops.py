@@ -20,6 +20,8 @@ operation                                              CLI command              
 ``list_jobs(store, enabled=, state=, limit=,           ``jobs list``               list of job views with ``state`` and
 include_handoff_artifacts=)``                                                      ``next_run_at`` (``jobs``)
 ``get_job(store, job)``                                ``jobs get JOB``            one job view (``job``)
+``next_runs(store, job, count=5)``                     ``jobs next JOB -n N``      ``job_id`` and its next ``fires`` (local,
+                                                                                   offset, utc)
 ``list_runs(store, job=, status=, limit=20,            ``runs list [JOB]``         run views, newest first (``runs``);
 before=, since_ms=, until_ms=)``                                                   ``before`` (a keyset cursor: the page after
                                                                                    that run) and the creation-time window are
@@ -117,6 +119,7 @@ __all__ = [
     "list_jobs",
     "list_queue",
     "list_runs",
+    "next_runs",
     "open_store",
     "pause_job",
     "reject",
@@ -173,6 +176,12 @@ def get_job(store: StoreTarget, job: str) -> JsonObject:
     """``jobs get``: one job by id, name, or a unique prefix or suffix of its id."""
     with _opened(store, readonly=True) as s:
         return queries.get_job(s, job)
+
+
+def next_runs(store: StoreTarget, job: str, count: int = 5) -> JsonObject:
+    """``jobs next``: the job's next ``count`` fire times in its zone, with UTC offsets (none for a job that never fires)."""
+    with _opened(store, readonly=True) as s:
+        return queries.next_runs(s, job, count)
 
 
 def list_runs(store: StoreTarget, *, job: str | None = None, status: str | None = None, limit: int = 20,

@@ -444,28 +444,11 @@ def jobs_tree(job: str | None) -> None:
 @click.option("-n", "count", type=AsciiIntRange(1, 1000), default=5, help="How many fire times.")
 def jobs_next(job: str, count: int) -> None:
     """The next N fire times of a job, with UTC offsets."""
-    from scheduler.base.timeutil import now_ms
-    from scheduler.core.jobs import resolve_job
-    from scheduler.core.schedules import describe_fire, next_fires
-    from scheduler.core.spec import spec_from_row
+    from scheduler.ops.queries import next_runs
 
-    with open_ctx_store().read() as tx:
-        row = resolve_job(tx, job)
-    spec = spec_from_row(row)
-    start = row.next_run_at
-    fires: list[int] = []
-    try:
-        if start is not None:
-            fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row.schedule_anchor_at) if count > 1 else [start]
-        elif spec.schedule_kind in ("cron", "every"):
-            fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row.schedule_anchor_at)
-        views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
-    except (OverflowError, ValueError) as exc:  # fire times past year 9999
-        raise SchedulerError("OUT_OF_RANGE", f"the next {count} fire times run past 9999-12-31T23:59:59Z ({exc})") from None
-    emit(
-        {"job_id": row.id, "fires": views},
-        lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]),
-    )
+    result = next_runs(open_ctx_store(), job, count)
+    views = result["fires"]
+    emit(result, lambda: table([(v["local"], v["offset"], v["utc"]) for v in views], ["local", "offset", "utc"]))
 
 
 @jobs_group.command("run")

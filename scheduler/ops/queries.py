@@ -1,6 +1,6 @@
 """Reading the scheduler as the CLI shows it: jobs, runs, approvals and delivery parts, as JSON-ready dicts.
 
-One function per read command (``jobs list``, ``jobs get``, ``runs list``, ``runs get``,
+One function per read command (``jobs list``, ``jobs get``, ``jobs next``, ``runs list``, ``runs get``,
 ``runs events``, ``runs output``, ``runs evidence``, ``approvals list``, ``approvals show``, ``deliveries list``, ``deliveries show``, ``queue list``,
 ``queue show``): the CLI prints
 what it returns under ``--json`` (or renders it as a table) and ``scheduler.api.ops`` hands the
@@ -29,6 +29,8 @@ from scheduler.core.rows import DispatchRow, JSONObject, JSONValue, RunRow
 from scheduler.core.runs import RUN_STATUSES, TERMINAL, run_to_json
 from scheduler.core.runs import get_run as run_row
 from scheduler.core.runs import list_runs as run_rows
+from scheduler.core.schedules import describe_fire, next_fires
+from scheduler.core.spec import spec_from_row
 from scheduler.core.store import default_artifacts_root
 from scheduler.core.store.base import Store, Tx
 from scheduler.delivery.outbox import STATUSES as DELIVERY_STATUSES
@@ -56,6 +58,7 @@ __all__ = [
     "list_jobs",
     "list_queue",
     "list_runs",
+    "next_runs",
     "output_view",
     "resolve_run",
     "run_events",
@@ -65,6 +68,8 @@ __all__ = [
 
 #: The largest ``--limit`` a listing takes (the CLI's ``AsciiIntRange(1, MAX_LIMIT)``).
 MAX_LIMIT = 100_000
+#: The most fire times ``next_runs`` gives (``jobs next -n``).
+MAX_NEXT_RUNS = 1000
 #: The shortest run id prefix ``resolve_run`` accepts.
 RUN_PREFIX_MIN = 6
 
@@ -108,6 +113,30 @@ def get_job(store: Store, job: str) -> dict[str, Any]:
     """``jobs get``: one job (by id or name) as ``job_to_json`` shows it."""
     with store.read() as tx:
         return job_to_json(resolve_job(tx, job))
+
+
+def next_runs(store: Store, job: str, count: int = 5) -> dict[str, Any]:
+    """``jobs next``: the job's next ``count`` fire times in its zone, each with its UTC offset (``describe_fire``).
+
+    They start at the job's stored ``next_run_at`` when it has one, else (a paused cron or interval
+    job) at now; a job that never fires again has none. Past year 9999 is ``OUT_OF_RANGE``.
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_NEXT_RUNS:
+        raise SchedulerError("INVALID_ARGUMENT", f"count must be an integer from 1 to {MAX_NEXT_RUNS} (got {count!r})")
+    with store.read() as tx:
+        row = resolve_job(tx, job)
+    spec = spec_from_row(row)
+    start = row.next_run_at
+    fires: list[int] = []
+    try:
+        if start is not None:
+            fires = [start] + next_fires(spec.schedule(), start, count - 1, anchor_ms=row.schedule_anchor_at) if count > 1 else [start]
+        elif spec.schedule_kind in ("cron", "every"):
+            fires = next_fires(spec.schedule(), now_ms(), count, anchor_ms=row.schedule_anchor_at)
+        views = [describe_fire(ms, spec.schedule_tz) for ms in fires[:count]]
+    except (OverflowError, ValueError) as exc:  # fire times past year 9999
+        raise SchedulerError("OUT_OF_RANGE", f"the next {count} fire times run past 9999-12-31T23:59:59Z ({exc})") from None
+    return {"job_id": row.id, "fires": views}
 
 
 def resolve_run(tx: Tx, ref: str) -> RunRow:

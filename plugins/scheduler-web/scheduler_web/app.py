@@ -162,7 +162,7 @@ def create_app(store: Store, config: WebConfig | None = None) -> Starlette:
         job = ops.get_job(store, request.path_params["job"])
         runs = ops.list_runs(store, job=job["id"], limit=50)
         return render(request, "job.html", job=job, spec=views.masked_job(job), words=views.schedule_words(job), runs=runs,
-                      chart=views.duration_chart(runs))
+                      chart=views.duration_chart(runs), fires=ops.next_runs(store, job["id"], 5)["fires"])
 
     def runs_page(request: Request) -> Response:
         q = request.query_params

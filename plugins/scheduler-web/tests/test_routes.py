@@ -48,6 +48,9 @@ def test_every_page_renders_what_the_facade_reads(store: Any, client: TestClient
     for job in ops.list_jobs(store):
         assert f'data-job="{job["name"]}"' in page.text
     assert "every 1h" in page.text and "manual only" in page.text
+    hourly = client.get("/jobs/hourly").text
+    assert all(f["local"] in hourly for f in ops.next_runs(store, "hourly", 5)["fires"])
+    assert len(re.findall(r'<span title="[^"]+Z">', hourly)) == 5
     job_page = client.get(f"/jobs/{ok['id']}")
     assert job_page.status_code == 200 and ok["artifact_digest"] in job_page.text
     assert '<svg class="chart"' in job_page.text and 'data-status="ok"' in job_page.text
