@@ -85,7 +85,7 @@ class HealthReporting(Protocol):
 
     ``health_checks()`` returns doctor checks, each ``{"check", "ok", "detail", ...}``
     (``warning`` when it only warns, ``code`` when it fails with one); a failing check makes
-    ``doctor`` exit 1. It must be cheap and must not change anything.
+    ``doctor`` exit 1. It must be cheap and leave nothing changed.
     """
 
     def health_checks(self) -> list[dict[str, Any]]:

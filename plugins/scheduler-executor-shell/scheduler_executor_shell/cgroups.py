@@ -9,8 +9,8 @@ subtree such as a systemd unit with ``Delegate=yes``), each command runs in
 
 * ``find_place()`` finds the dispatcher's own cgroup v2 directory (``/proc/self/cgroup`` line
   ``0::``, under the ``cgroup2`` mount of ``/proc/self/mountinfo``) and proves it writable by
-  creating and removing a probe cgroup; else it says why not (``Unavailable``). It also removes
-  the empty run cgroups dead dispatchers left there (``sweep_stale``);
+  creating and removing a probe cgroup; else it says why not (``Unavailable``). The first run of
+  an executor process removes the empty run cgroups dead dispatchers left there (``sweep_stale``);
 * ``RunCgroup.create`` makes the run's cgroup and the gate process is moved into it while the
   gate still blocks before the payload (nothing has forked yet, so nothing escapes): the bash
   gate writes its own PID into ``cgroup.procs`` (so the move, which can wait for an RCU grace
@@ -143,7 +143,6 @@ def find_place() -> Place | Unavailable:
             os.rmdir(probe)
         except OSError:
             pass
-        sweep_stale(directory)
         return attrs.evolve(place, has_kill=has_kill)
     return Unavailable(f"no cgroup2 mount holds this process's cgroup {own}")
 
@@ -176,6 +175,7 @@ def sweep_stale(directory: str, *, older_than_s: float = STALE_AFTER_S) -> list[
 
 
 _PLACE: Place | Unavailable | None = None
+_SWEPT = False
 
 
 def cached_place() -> Place | Unavailable:
@@ -184,6 +184,17 @@ def cached_place() -> Place | Unavailable:
     if _PLACE is None:
         _PLACE = find_place()
     return _PLACE
+
+
+def place_for_runs() -> Place | Unavailable:
+    """``cached_place()`` for running commands: the first call also sweeps the husks dead dispatchers left there
+    (``sweep_stale``; doctor's look at the place does not)."""
+    global _SWEPT
+    place = cached_place()
+    if not _SWEPT and isinstance(place, Place):
+        _SWEPT = True
+        sweep_stale(place.directory)
+    return place
 
 
 def _safe(text: str) -> str:

@@ -46,7 +46,7 @@ from scheduler.api import (
     SchedulerError,
 )
 from scheduler_executor_shell.capture import HashSink, RecorderSink
-from scheduler_executor_shell.cgroups import Unavailable, cached_place
+from scheduler_executor_shell.cgroups import Unavailable, cached_place, place_for_runs
 from scheduler_executor_shell.checks import shell_job_problems
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
@@ -91,7 +91,7 @@ def cgroup_plan(settings: ShellSettings, run_id: str) -> CgroupPlan | None:
     """
     if settings.containment == "process-group":
         return None
-    place = cached_place()
+    place = place_for_runs()
     if isinstance(place, Unavailable):
         if settings.containment == "cgroup":
             raise SchedulerError("CGROUP_UNAVAILABLE", f"[executors.shell] containment is cgroup but {place.reason}")
