@@ -36,6 +36,7 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "cli": "bench.cli_start",
     "postgres": "bench.postgres",
+    "procrastinate": "bench.peer_procrastinate",
     "soak": "bench.soak",
     "delivery": "bench.delivery",
     "agent": "bench.agent",

@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.common import (
@@ -179,7 +180,13 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> list[str]:
     return tails
 
 
-def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: str = f"sleep:{SLEEP_S}") -> dict[str, Any]:
+def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: str = f"sleep:{SLEEP_S}",
+                    before_jobs: Callable[[], Any] | None = None, after_stop: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """k dispatchers run ``jobs`` jobs of ``payload`` in a fresh schema of ``base_url``'s database (see the module's
+    docstring). ``before_jobs`` is called while the dispatchers are idle, just before the jobs are created, and
+    ``after_stop`` once they have exited and the bench's store is closed (before the schema is dropped): a caller
+    reads the database's statistics there (figure 6b). ``bench_reads`` counts the bench's own read transactions
+    from the jobs' creation on (its progress polls), to be told from the dispatchers' in those statistics."""
     from scheduler.base.timeutil import now_ms
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
@@ -192,6 +199,9 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
     dispatcher_url = f"{url}&application_name={schema}"
     store = open_store(url)
     procs: list[subprocess.Popen[bytes]] = []
+    summary_row: Any = None
+    hooks: dict[str, Any] = {}
+    reads = 0
     budget_s = jobs * (SLEEP_S if payload != "ok" else 0.01) / CONCURRENCY / k + 60
     try:
         cmd = scheduler_cmd() + ["--db", dispatcher_url, "--json", "run", "--shared", "--concurrency", str(CONCURRENCY),
@@ -214,6 +224,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
             raise RuntimeError(f"only {live} of {k} dispatchers took a lease within 60 s")
         ctx.say(f"  {k} dispatcher(s) holding leases after {time.monotonic() - deadline + 60:.1f} s")
         time.sleep(0.3)  # let each finish its start-up recovery pass and go idle
+        if before_jobs is not None:
+            hooks["before_jobs"] = before_jobs()
         due_ms = now_ms()
         create_jobs(store, at_job_specs(jobs, at_ms=due_ms, payload=payload, prefix="pg"), now=due_ms)
         # The clock starts at the commit (create_jobs returns right after it): inserting the jobs row by row is this
@@ -225,6 +237,7 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
         end = time.monotonic() + budget_s
         done = 0
         while time.monotonic() < end:
+            reads += 1
             with store.read() as tx:
                 done = int(tx.scalar(f"SELECT COUNT(*) FROM runs WHERE status IN {TERMINAL_SQL}") or 0)
             if done >= jobs:
@@ -245,6 +258,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
         tails = _stop(procs)
         ctx.say(f"  stopped in {time.monotonic() - t_stop:.1f} s")
         store.close()
+        if after_stop is not None and summary_row is not None:
+            hooks["after_stop"] = after_stop()
         _drop_schema(base_url, schema)
     assert summary_row is not None
     if summary_row["ok"] != jobs or summary_row["runs"] != jobs or summary_row["jobs_run"] != jobs:
@@ -254,7 +269,8 @@ def run_dispatchers(ctx: Context, base_url: str, k: int, jobs: int, *, payload: 
             "ideal_jobs_per_s": k * CONCURRENCY / SLEEP_S, "shares": [int(s["runs"]) for s in shares],
             "dispatcher_cpu_ms_per_job": cpu_used * 1000 / jobs,
             "postgres_cpu_ms_per_job": pg_used * 1000 / jobs if pg_after else None,
-            "machine_busy": (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None}
+            "machine_busy": (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None,
+            "bench_reads": reads + 3, **hooks}
 
 
 def run(ctx: Context) -> dict[str, Any]:
