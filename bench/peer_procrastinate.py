@@ -349,8 +349,8 @@ def _where_note(res: dict[str, Any]) -> str:
         "several times the buffers and spends more CPU per job, in its processes and in PostgreSQL; whenever the cores "
         "are the limit (a loaded machine, or no-op jobs) that CPU per job sets the ratio. What remains and the next "
         "step: the slimmer write set of this issue (start and finish read from the run row, lineage indexes only where "
-        "a query needs them) and the per-job plan cache take off exactly the rows and the dispatcher's Python that "
-        "this table shows beyond Procrastinate's; the 50 ms rows, where a quiet machine's slot waits on the pass "
+        "a query needs them) and the per-job plan cache are aimed at the rows, buffers and dispatcher CPU this table "
+        "shows beyond Procrastinate's (not measured yet whether they close the gap); the 50 ms rows, where a quiet machine's slot waits on the pass "
         "rather than the CPU (figure 6's note), are then to be re-measured on a quiet machine.")
     return " ".join(parts)
 
