@@ -133,3 +133,22 @@ def dispatcher(store: Any) -> Iterator[Any]:
         if d.thread.is_alive():
             d.stop()
 
+
+#: The ``user_properties`` key a test records one line of the mutation suite's report under (issue 27).
+MUTANT_REPORT_KEY = "mutant_report"
+#: The lines gathered in this process (on xdist's controller, from the workers' reports).
+_mutant_lines: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep each line a test recorded under ``MUTANT_REPORT_KEY`` (xdist hands the workers' reports, properties included, here)."""
+    if report.when == "call":
+        _mutant_lines.extend(str(value) for key, value in report.user_properties if key == MUTANT_REPORT_KEY)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the mutation suite's report (kind, variant, catching case: one line per variant) in any run that ran it."""
+    if _mutant_lines:
+        terminalreporter.section("conformance mutation suite: what caught each broken provider")
+        for line in sorted(_mutant_lines):
+            terminalreporter.write_line(line)

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import pytest
@@ -309,8 +309,9 @@ def test_portable_cases_describe_behaviours_and_shell_cases_live_apart() -> None
 
 def test_executor_corpus_covers_the_required_cases() -> None:
     cases = {c.id: c for c in load_cases("executor")}
-    negatives = {c.id: c.expect["error_code"] for c in cases.values() if c.polarity == "negative"}
+    negatives = {c.id: c.expect.get("error_code") for c in cases.values() if c.polarity == "negative"}
     assert negatives == {
+        "executor.unconfigured-refused": None,  # an unconfigured executor's code is its own (any, but one)
         "executor.exit-nonzero": "EXIT_NONZERO",
         "executor.run-timeout": "RUN_TIMEOUT",
         "executor.timeout-sigterm-ignored": "RUN_TIMEOUT",
@@ -600,7 +601,7 @@ class _DeclinesSigterm(ReferencePayloads):
 def test_cases_an_adapter_cannot_express_are_skipped_never_passed() -> None:
     report = _reference_report(payload_adapter=_DeclinesSigterm)
     assert report.ok, [r.to_json() for r in report.results if r.outcome == "failed"]
-    skipped = {r.id: r.message for r in report.results if r.outcome == "skipped"}
+    skipped = {r.id: r.message for r in report.results if r.outcome == "skipped" and r.id != UNCONFIGURED}
     declined = {c.id for c in load_cases("executor") if {"ignore_sigterm": True} in c.input.get("behaviour", [])}
     raw = {c.id for c in load_cases("executor") if "payload" in c.input}
     assert set(skipped) == declined | raw and declined and raw
@@ -767,8 +768,8 @@ def test_honest_reference_executor_passes_every_case() -> None:
     lines: list[str] = []
     report = _reference_report(on_result=lambda r: lines.append(r.id))
     failures = {r.id: r.message for r in report.results if r.outcome != "passed"}
-    assert failures == {}
-    assert report.ok and report.passed == len(load_cases("executor")) and report.skipped == 0
+    assert failures == {UNCONFIGURED: NO_SETTINGS}  # the reference needs no host settings: nothing to take away
+    assert report.ok and report.passed == len(load_cases("executor")) - 1 and report.skipped == 1
     assert lines == [r.id for r in report.results]
     assert "CONFORMANCE_API_TOKEN" not in os.environ  # input.env was restored
 
@@ -776,10 +777,72 @@ def test_honest_reference_executor_passes_every_case() -> None:
 def test_missing_capabilities_skip_cases_instead_of_passing_them() -> None:
     report = _reference_report(provider=ReferenceExecutor(capabilities=frozenset()))
     requiring = [c.id for c in load_cases("executor") if c.requires]
-    assert sorted(r.id for r in report.results if r.outcome == "skipped") == sorted(requiring)
-    assert report.failed == 0 and report.passed == len(load_cases("executor")) - len(requiring)
+    assert sorted(r.id for r in report.results if r.outcome == "skipped") == sorted([*requiring, UNCONFIGURED])
+    assert report.failed == 0 and report.passed == len(load_cases("executor")) - len(requiring) - 1
     skip = next(r for r in report.results if r.id == "executor.verify-pass")
     assert skip.message == "provider does not declare capability verify"
+
+
+UNCONFIGURED = "executor.unconfigured-refused"
+NO_SETTINGS = "the payload adapter gives no settings: the executor needs none on the host (its defaults run every case)"
+
+
+@attrs.frozen(kw_only=True)
+class _EndpointSettings:
+    """``[executors.NAME]`` of an executor that needs an endpoint on the host (a stand-in for an agent's gateway)."""
+
+    endpoint: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _RequiredEndpoint:
+    """Settings whose endpoint has no default: an empty table does not validate (the host refuses to load it)."""
+
+    endpoint: str
+
+
+class _NeedsEndpoint(ReferenceExecutor):
+    """Honest: without its endpoint it runs nothing and says why."""
+
+    settings_class: Any = _EndpointSettings
+
+    def configure(self, settings: Any) -> None:
+        self.endpoint = settings.endpoint
+
+    def execute(self, request: Any, control: Any) -> ExecutionResult:
+        if getattr(self, "endpoint", None) is None:
+            return ExecutionResult(status="error", error_code="REFERENCE_NOT_CONFIGURED", error_message="no endpoint")
+        return super().execute(request, control)
+
+
+class _RunsWithoutEndpoint(_NeedsEndpoint):
+    """Broken: an unconfigured instance runs the payload anyway (and reports it ok)."""
+
+    def execute(self, request: Any, control: Any) -> ExecutionResult:
+        return ReferenceExecutor.execute(self, request, control)
+
+
+class _RefusesEmptyTable(_NeedsEndpoint):
+    settings_class = _RequiredEndpoint
+
+
+class _EndpointPayloads(ReferencePayloads):
+    settings: ClassVar[dict[str, str]] = {"endpoint": "http://127.0.0.1:9/"}
+
+
+def test_an_executor_without_its_settings_must_not_run_the_payload() -> None:
+    """Issue 27: the empty-settings case fails an executor that runs unconfigured, passes one that refuses the run or the table."""
+    def run(cls: type) -> Any:
+        provider = cls()
+        provider.configure(_EndpointSettings(endpoint="http://127.0.0.1:9/"))
+        return _reference_report(provider=provider, payload_adapter=_EndpointPayloads(), filter=UNCONFIGURED)
+
+    honest, refusing, broken = run(_NeedsEndpoint), run(_RefusesEmptyTable), run(_RunsWithoutEndpoint)
+    assert honest.ok and honest.passed == 1, [r.to_json() for r in honest.results]
+    assert refusing.ok and refusing.passed == 1, [r.to_json() for r in refusing.results]
+    assert not broken.ok and broken.failed == 1
+    assert "status: expected 'error', got 'ok'" in broken.results[0].message, broken.results[0].message
+    assert "conformance-unconfigured-ran" in broken.results[0].message
 
 
 def test_case_filter_by_glob_list_and_predicate() -> None:

@@ -11,12 +11,14 @@ case to the table of docs/plugins.md ("What the corpus is proven to catch"), whi
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from conftest import MUTANT_REPORT_KEY
 
 from scheduler.conformance.engine import run_kind
 from scheduler.core import steps
@@ -65,13 +67,15 @@ def table_row(variant: Variant, case: str) -> str:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[f"{v.kind}-{v.name}" for v in VARIANTS])
-def test_the_corpus_catches_the_variant(mutants_installed: None, variant: Variant) -> None:
+def test_the_corpus_catches_the_variant(mutants_installed: None, variant: Variant,
+                                        record_property: Callable[[str, object], None]) -> None:
     provider = load_provider(variant.kind, variant.driver)  # it loads, through its entry point, as production loads it
     report = run_kind(variant.kind, run_as(variant), provider, stop_at_first_failure=True)
     assert report.error is None, f"{variant.driver} did not run (a load error proves nothing): {report.error}"
     failed = [r for r in report.results if r.outcome == "failed"]
     assert failed, f"no case of the {variant.kind} corpus caught {variant.driver} ({report.summary_line()})"
     caught = failed[0]
+    record_property(MUTANT_REPORT_KEY, f"MUTANT {variant.kind} {variant.name} caught-by {caught.id}")  # the run's summary prints it
     print(f"MUTANT {variant.kind} {variant.name} caught-by {caught.id}: {caught.message[:200]}\n{table_row(variant, caught.id)}")
     want = documented().get((variant.kind, variant.name))
     assert want is not None and want[1] == caught.id, (
@@ -107,3 +111,15 @@ def test_the_loader_tells_a_provider_its_name(mutants_installed: None) -> None:
     for driver in ("mutant-verify-raises", "mutant-key-in-reason"):
         report = run_kind("evidence", driver, filter="evidence.attest-verify")
         assert report.ok and report.passed == 1, [r.to_json() for r in report.results]
+
+
+def test_the_report_is_printed_in_a_plain_run_under_xdist() -> None:
+    """The report (kind, variant, catching case) is in the terminal summary of a run without -rA, under xdist too."""
+    variant = next(v for v in VARIANTS if v.name == "exit-status-hidden")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider", str(Path(__file__)),
+                           "-k", f"test_the_corpus_catches_the_variant and {variant.kind}-{variant.name}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = done.stdout[done.stdout.index("conformance mutation suite"):]
+    want = documented()[(variant.kind, variant.name)][1]
+    assert f"MUTANT {variant.kind} {variant.name} caught-by {want}" in summary.splitlines(), done.stdout[-3000:]

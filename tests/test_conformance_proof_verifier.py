@@ -137,8 +137,11 @@ def test_invalid_cases_are_refused_at_load(tmp_path: Path, change: Any, message:
 def test_shipped_verifiers_pass(name: str) -> None:
     report = run_kind("proof_verifier", name)
     assert report.error is None, report.error
-    assert report.ok and report.passed == len(load_cases("proof_verifier")), [r.to_json() for r in report.results
-                                                                              if r.outcome != "passed"]
+    not_passed = {r.id: r.message for r in report.results if r.outcome != "passed"}
+    # Every first-party verifier's trust is the declaration's own: the empty-settings case has nothing to take away.
+    assert report.ok and not_passed == {"proof_verifier.unconfigured-refuses": (
+        "the setup configures nothing on the host (the verifier's trust is the declaration's own)")}, not_passed
+    assert report.passed == len(load_cases("proof_verifier")) - 1
 
 
 def test_the_ci_runner_and_the_cli_run_the_kind(tmp_path: Path) -> None:
@@ -154,7 +157,7 @@ def test_the_ci_runner_and_the_cli_run_the_kind(tmp_path: Path) -> None:
                         env={**env, "SCHEDULER_CONFORMANCE_PROVIDERS": "proof_verifier:certificate,proof_verifier:nosuch"})
     assert ci.returncode == 1 and "== conformance proof_verifier certificate" in ci.stdout, ci.stdout + ci.stderr
     assert "FAIL proof_verifier nosuch: PLUGIN_NOT_FOUND" in ci.stdout  # a verifier CI must install is one failure
-    assert ci.stdout.strip().splitlines()[-1] == f"{len(load_cases('proof_verifier'))} passed, 1 failed, 0 skipped"
+    assert ci.stdout.strip().splitlines()[-1] == f"{len(load_cases('proof_verifier')) - 1} passed, 1 failed, 1 skipped"
 
 
 # -- broken verifiers are reported failing --------------------------------------------------------------------
@@ -191,3 +194,55 @@ def test_a_setup_for_another_verifier_is_a_failure_not_a_pass() -> None:
                       filter="proof_verifier.valid")
     assert failed(report) == {"proof_verifier.valid"}
     assert "is verified by 'jwt', not by the verifier under test 'detached-signature'" in report.results[0].message
+
+
+# -- a verifier whose trust is a host setting (issue 27: the empty-settings case) ----------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _TrustSettings:
+    """``[providers.NAME]`` of a verifier that also needs a host-side trust directory."""
+
+    trust_dir: str | None = None
+
+
+class _TrustOnHost(DetachedSignatureVerifier):
+    """Honest: without its trust_dir it verifies nothing (PROOF_KEY_UNAVAILABLE)."""
+
+    settings_class = _TrustSettings
+    trust_dir: str | None = None
+
+    def configure(self, settings: _TrustSettings) -> None:
+        self.trust_dir = settings.trust_dir
+
+    def verify_proof(self, request: Any) -> Any:
+        if self.trust_dir is None:
+            raise SchedulerError("PROOF_KEY_UNAVAILABLE", "no trust_dir is configured in [providers.NAME]")
+        return super().verify_proof(request)
+
+
+class _VerifiesUnconfigured(_TrustOnHost):
+    """Broken: an unconfigured instance verifies anyway."""
+
+    def verify_proof(self, request: Any) -> Any:
+        return DetachedSignatureVerifier.verify_proof(self, request)
+
+
+class _TrustOnHostProofs(Ed25519Proofs):
+    """The Ed25519 setups, each also configuring the verifier's trust_dir on the host."""
+
+    def conformance_proof(self, request: Any) -> Any:
+        setup = super().conformance_proof(request)
+        setup.settings = {"trust_dir": str(request.workdir)}
+        return setup
+
+
+def test_the_empty_settings_case_fails_a_verifier_that_verifies_unconfigured() -> None:
+    def report(provider: Any) -> Report:
+        return run_kind("proof_verifier", "detached-signature", provider=provider, adapter=_TrustOnHostProofs(),
+                        filter="proof_verifier.unconfigured-refuses")
+
+    honest, broken = report(_TrustOnHost()), report(_VerifiesUnconfigured())
+    assert honest.ok and honest.passed == 1, [r.to_json() for r in honest.results]
+    assert failed(broken) == {"proof_verifier.unconfigured-refuses"}
+    assert "outcome: expected refused, got verified" in broken.results[0].message, broken.results[0].message

@@ -25,7 +25,8 @@ find theirs: the one given (``--adapter MODULE:ATTR``), the provider's own
 A case is decided by the kernel's own code, not a copy: ``scheduler.pipeline.authorization.decide_with``
 builds the options (``options_class``), the request (``authorization.request.include``),
 makes the bounded call (``scheduler.core.bounded.call_bounded``, ``CALL_LIMIT_S`` here), checks
-the answer (``check_answer``), applies the mapping and records the decision. The request is
+the answer (``check_answer``), applies the mapping and records the decision. Every case's job
+carries the payload ``PAYLOAD``. The request is
 asked by the subject, or (``input.request``) by a ``stranger`` principal, for ``other`` job,
 or with parts left out. ``fault`` cases take the provider's own permit and then do what a
 faulty build would (raise after deciding, return a dict, an unknown decision, a malformed
@@ -35,7 +36,9 @@ answer must first have been a well-formed permit, or the case proves nothing.
 Whatever the case expects, the engine also checks: an answer from the provider passes the
 kernel's answer check; a ``deny`` or ``escalate`` carries a reason; a valid policy is decided,
 not refused with an exception; asking again gives the same decision; the provider does not
-change the request it was handed; and ``check_policy`` (when the provider has one: what
+change the request it was handed; neither the job's payload nor a secret of the setup (a
+``secrets`` value, a settings value under a secret-looking key, ``SECRET_KEYS``) appears in the
+decision's reason, message or record; and ``check_policy`` (when the provider has one: what
 ``jobs validate`` and ``doctor`` call) reports a problem for an ``invalid`` or ``missing``
 policy and none for a valid one.
 """
@@ -104,6 +107,11 @@ PRINCIPAL_NAME = "conformance"
 STRANGER_NAME = "conformance-stranger"
 #: The kernel's bound on one decision in the engine (``[authorization] timeout_s`` in production).
 CALL_LIMIT_S = 2.0
+#: Every case's job payload: a marker that must never appear in a decision's reason or record.
+PAYLOAD = "true # conformance-payload-7f3c9a61d2"
+#: Settings keys whose values are secret-looking (never in a reason); a value shorter than ``MIN_SECRET_CHARS`` is not searched.
+SECRET_KEYS = ("secret", "token", "password", "api_key", "credential")
+MIN_SECRET_CHARS = 8
 
 
 @attrs.frozen(kw_only=True)
@@ -243,7 +251,7 @@ def _spec(case: Case, name: str, setup: Any) -> Any:
     if "include" in request:
         authorization["request"] = {"include": list(request["include"])}
     job = JOB_NAME if request.get("job", "subject") == "subject" else OTHER_JOB_NAME
-    fields: dict[str, Any] = {"name": job, "schedule_kind": "manual", "payload_message": "true",
+    fields: dict[str, Any] = {"name": job, "schedule_kind": "manual", "payload_message": PAYLOAD,
               "authorization_ref": f"{name}:{setup.policy_ref}"}
     if authorization:
         fields["authorization"] = authorization
@@ -371,6 +379,7 @@ def _run_with_policy(provider: Any, case: Case, context: Any, setup: Any) -> Cas
     if record is None or record.get("decision") != asked.decision:
         problems.append(f"the decision was not recorded as {asked.decision} (authorization_json: {record!r})")
     problems += _answer_problems(case, asked, asked_provider if fault else None)
+    problems += _leak_problems(asked, setup)
     if asked.request is not None and asked.request_copy != (dict(asked.request.job), dict(asked.request.trigger),
                                                             None if asked.request.identity is None
                                                             else dict(asked.request.identity)):
@@ -416,6 +425,19 @@ def _answer_problems(case: Case, asked: _Asked, faulty: _Faulty | None) -> list[
     return problems
 
 
+def _leak_problems(asked: _Asked, setup: Any) -> list[str]:
+    """Neither the job's payload nor a secret of the setup (its ``secrets``, secret-looking settings) is in the reason or record."""
+    settings = dict(getattr(setup, "settings", None) or {})
+    secrets = [str(v) for v in dict(getattr(setup, "secrets", None) or {}).values()]
+    secrets += [str(v) for k, v in settings.items() if isinstance(v, str) and any(w in str(k).lower() for w in SECRET_KEYS)]
+    seen = asked.message + "\n" + json.dumps(asked.record or {}, default=str)
+    problems = ["the job's payload appears in the decision's reason or record"] if PAYLOAD in seen else []
+    if any(len(v) >= MIN_SECRET_CHARS and v in seen for v in secrets):
+        problems.append("a secret of the setup (an environment value or a secret-looking setting) appears in the decision's"
+                        " reason or record")
+    return problems
+
+
 def _policy_check_problems(provider: Any, name: str, setup: Any, spec: Any, policy: str, expect: dict[str, Any],
                            policy_problems: Any) -> list[str]:
     """``check_policy`` (``jobs validate``, ``doctor``) must flag an invalid or missing policy and pass a valid one."""
@@ -439,5 +461,5 @@ register_adapter(
 )
 
 
-__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "POLICIES", "POLICY_METHOD", "SETTINGS", "PolicyRequest", "PolicySetup",
+__all__ = ["CALL_LIMIT_S", "CONDITIONS", "FAULTS", "PAYLOAD", "POLICIES", "POLICY_METHOD", "SETTINGS", "PolicyRequest", "PolicySetup",
            "resolve_policy_adapter", "write_policy_setup"]

@@ -47,13 +47,14 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.conformance.payload import ADAPTER_FIELDS, Behaviour, resolve_payload_adapter
 from scheduler.core.execution import EXECUTION_STATUSES, ExecutionResult, LocalRunControl
-from scheduler.core.members import Named
+from scheduler.core.members import Configurable, Named, settings_class_of
 from scheduler.core.outputs import read_artifact, resolve_artifact
 from scheduler.core.processes import group_alive, kill_group
 from scheduler.core.spec import validate_spec
 from scheduler.pipeline.governance import request_for
 from scheduler.plugins.loader import check_api, load_provider
 from scheduler.plugins.protocols import PROVIDER_KINDS
+from scheduler.settings.load import resolve_table
 
 #: The fixture format version this engine reads (a directory under the fixtures root).
 FIXTURE_VERSION = "v2"
@@ -606,6 +607,30 @@ def run_kind(
     return Report(kind=kind, name=name, results=tuple(results))
 
 
+def configure_provider(provider: Any, name: str, settings: Any, *, role: str, which: str = "settings") -> str | None:
+    """Validate a ``[providers.NAME]`` table from the ``role`` adapter like the loader does (every kind's cases use it) and hand it to ``configure``.
+
+    Returns the problem (the case's failure) or None. ``which`` names the table in messages
+    (``settings``, ``verify_settings``). A table given to a provider without ``settings_class``
+    is a problem: the provider would silently ignore what the case set up.
+    """
+    table = dict(settings or {})
+    cls = settings_class_of(provider)
+    if cls is None:
+        return (f"the {role} adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class"
+                if table else None)
+    resolved, problems = resolve_table(f"providers.{name}", cls, table, f"the conformance {role} adapter", {})
+    if problems or resolved is None:
+        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
+        return f"the {role} adapter's {which} do not validate against {cls.__name__}: {listed}"
+    if isinstance(provider, Configurable):
+        try:
+            provider.configure(resolved.value)
+        except Exception as exc:  # noqa: BLE001 - the case's failure
+            return f"configure() refused the {role} adapter's {which}: {type(exc).__name__}: {exc}"
+    return None
+
+
 # --------------------------------------------------------------------------- executor adapter
 
 
@@ -642,7 +667,12 @@ def _job_fields(case: Case) -> dict[str, Any]:
 
 
 def _check_executor_case(case: Case) -> None:
-    """Load-time check: the case's kernel-level job fields must form a valid job spec (with a stand-in payload)."""
+    """Load-time check: the case's kernel-level job fields must form a valid job spec (with a stand-in payload).
+
+    A ``settings: empty`` case is negative and expects status ``error`` (an unconfigured executor runs nothing).
+    """
+    if case.input.get("settings", "configured") == "empty" and (case.polarity != "negative" or case.expect.get("status") != "error"):
+        raise ValueError("a case with empty settings is negative and expects status error")
     validate_spec({**_job_fields(case), "payload_message": "conformance"}, check_past=False, plugin_options=False)
 
 
@@ -706,6 +736,30 @@ def _executor_request(provider: Any, name: str, case: Case, fields: dict[str, An
                        started_at_ms=started, scheduled_for_ms=started)
 
 
+def _unconfigured_executor(provider: Any, case: Case, context: Any) -> tuple[Any, CaseCheck | None]:
+    """The executor a ``settings: empty`` case runs: a fresh instance configured with an empty ``[executors.NAME]`` table.
+
+    Any other case runs ``provider`` itself. Skipped (with the reason) when the payload adapter gives
+    no ``settings`` (the executor needs none on the host) or the class takes arguments; an executor
+    that refuses to be configured so fails closed and passes. The instance under test is left as the
+    host configured it, for the other cases.
+    """
+    if case.input.get("settings", "configured") != "empty":
+        return provider, None
+    if not dict(getattr(context.adapter, "settings", None) or {}):
+        return provider, CaseCheck(skipped=("the payload adapter gives no settings: the executor needs none on the host"
+                                            " (its defaults run every case)"))
+    try:
+        fresh = type(provider)()
+    except Exception as exc:  # noqa: BLE001 - a class that needs arguments is not made here
+        return provider, CaseCheck(skipped=f"a fresh {type(provider).__name__} cannot be made without arguments: {exc}")
+    if isinstance(fresh, Named):
+        fresh.registered_as(context.name)
+    if configure_provider(fresh, context.name, {}, role="payload", which="empty settings") is not None:
+        return provider, CaseCheck()  # the host refuses to configure (load) the executor without its table: fail closed
+    return fresh, None
+
+
 def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -> CaseCheck:
     """Run one executor case: payload from the adapter, the request and a ``LocalRunControl``, execute, compare."""
     adapter = context.adapter
@@ -713,6 +767,9 @@ def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -
     if early is not None:
         return early
     assert fields is not None
+    provider, early = _unconfigured_executor(provider, case, context)
+    if early is not None:
+        return early
     try:
         request = _executor_request(provider, context.name, case, fields, workdir)
     except SchedulerError as exc:
@@ -776,6 +833,8 @@ def _run_executor_case(provider: Any, case: Case, workdir: Path, context: Any) -
             )
         result = outcome.get("result")
         problems = _compare_executor_result(case, result, control, request, duration_ms)
+        if case.input.get("settings") == "empty" and isinstance(result, ExecutionResult) and not result.error_code:
+            problems.append("the run of an executor without its settings ended without an error_code saying why")
         return CaseCheck(problems=tuple(problems), observed=_observed(result, fields, control) if problems else None)
     finally:
         _reap_leftover_groups(control)

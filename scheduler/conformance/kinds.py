@@ -15,11 +15,9 @@ from typing import Any
 import attrs
 
 from scheduler.base.errors import SchedulerError
-from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label
+from scheduler.conformance.engine import _DRIVER_NAME, _adapter_label, configure_provider
 from scheduler.conformance.payload import adapter_from_entry_points, load_adapter_spec
 from scheduler.conformance.service import _instantiate
-from scheduler.core.members import Configurable, settings_class_of
-from scheduler.settings.load import resolve_table
 
 
 @attrs.frozen(kw_only=True)
@@ -67,30 +65,6 @@ def resolve_adapter(name: str | None, provider: Any, explicit: Any, *, method: s
 def provider_context(name: str | None, adapter: Any, anonymous: str) -> ProviderContext:
     """The run's context: ``name`` when it is a valid driver name (else ``anonymous``) and the adapter found."""
     return ProviderContext(name=name if name and _DRIVER_NAME.match(name) else anonymous, adapter=adapter)
-
-
-def configure_provider(provider: Any, name: str, settings: Any, *, role: str, which: str = "settings") -> str | None:
-    """Validate a ``[providers.NAME]`` table from the ``role`` adapter like the loader does and hand it to ``configure``.
-
-    Returns the problem (the case's failure) or None. ``which`` names the table in messages
-    (``settings``, ``verify_settings``). A table given to a provider without ``settings_class``
-    is a problem: the provider would silently ignore what the case set up.
-    """
-    table = dict(settings or {})
-    cls = settings_class_of(provider)
-    if cls is None:
-        return (f"the {role} adapter gives {which} ({', '.join(sorted(table))}) but the provider has no settings_class"
-                if table else None)
-    resolved, problems = resolve_table(f"providers.{name}", cls, table, f"the conformance {role} adapter", {})
-    if problems or resolved is None:
-        listed = "; ".join(f"{p.get('key') or p.get('field')}: {p['error']}" for p in problems)
-        return f"the {role} adapter's {which} do not validate against {cls.__name__}: {listed}"
-    if isinstance(provider, Configurable):
-        try:
-            provider.configure(resolved.value)
-        except Exception as exc:  # noqa: BLE001 - the case's failure
-            return f"configure() refused the {role} adapter's {which}: {type(exc).__name__}: {exc}"
-    return None
 
 
 def expected_codes(expect: dict[str, Any]) -> list[str]:

@@ -13,7 +13,12 @@ An adapter is any object with
     conformance_payload(behaviour: Behaviour) -> dict   # {"payload_message": ..., "executor_options": {...}}
 
 and, optionally, ``languages``: the raw payload languages it also accepts verbatim
-(``{"posix-shell"}``: the shell-only cases under ``executor/posix-shell/``). When it
+(``{"posix-shell"}``: the shell-only cases under ``executor/posix-shell/``), and ``settings``:
+the ``[executors.NAME]`` table the executor needs on the host to run its cases (an endpoint,
+a key reference; the host's settings file gives it, the engine never does). An adapter with
+``settings`` gets the ``settings: empty`` case: a fresh instance of the executor, configured
+with an empty table, must refuse to be configured or end the run ``error`` with an
+``error_code``, never run the payload; an adapter without them skips it. When it
 cannot express a behaviour it raises ``NotImplementedError("why")`` (a builtin, so an
 adapter needs no kernel import): the case is then **skipped** with that reason, never
 passed.

@@ -23,7 +23,9 @@ own ``conformance_proof`` method, the entry point named like the verifier in
 The other defects the engine makes itself from a valid proof (``PROOFS``): ``garbage`` (the proof
 text is not a proof at all), ``other_artifact`` (verified for another artifact than it names),
 ``expired`` / ``not_yet_valid`` (verified at a clock past its window, or before it, plus the skew),
-``trust_missing`` / ``trust_empty`` (the trust files removed, or emptied). A ``fault`` takes the
+``trust_missing`` / ``trust_empty`` (the trust files removed, or emptied). ``settings: empty``
+verifies the valid proof with the verifier configured with an empty ``[providers.NAME]`` table
+instead of the setup's ``settings`` (skipped for a setup that gives none). A ``fault`` takes the
 verifier's own answer to a valid proof and does what a faulty build would (``FAULTS``).
 
 A case is verified by the kernel's own code, not a copy: the declaration is the one
@@ -119,6 +121,8 @@ def _check_proof_case(case: Case) -> None:
         raise ValueError("a negative proof_verifier case names its error_code(s)")
     if "fault" in inp and inp["proof"] != "valid":
         raise ValueError("a fault case starts from a valid proof")
+    if inp.get("settings", "configured") == "empty" and (outcome != "refused" or inp["proof"] != "valid" or "fault" in inp):
+        raise ValueError("a case with empty settings presents a valid proof without a fault and expects outcome refused")
 
 
 # --------------------------------------------------------------------------- per verifier
@@ -239,6 +243,9 @@ def _run_proof_case(provider: Any, case: Case, workdir: Path, context: Any) -> C
 
 
 def _run_with(provider: Any, case: Case, context: Any, setup: Any, control: Any, now: int) -> CaseCheck:
+    unconfigured = case.input.get("settings", "configured") == "empty"
+    if unconfigured and not dict(getattr(setup, "settings", None) or {}):
+        return CaseCheck(skipped="the setup configures nothing on the host (the verifier's trust is the declaration's own)")
     problem = configure_provider(provider, context.name, getattr(setup, "settings", None), role="setup")
     if problem:
         return CaseCheck(problems=(problem,))
@@ -260,6 +267,8 @@ def _run_with(provider: Any, case: Case, context: Any, setup: Any, control: Any,
         if own.verified is None:
             return CaseCheck(problems=((f"the setup's valid proof was not verified ({own.describe()}): a verifier that refuses"
                                         " everything proves nothing by refusing this case"),))
+    if unconfigured and configure_provider(provider, context.name, {}, role="setup", which="empty settings") is not None:
+        return CaseCheck()  # the host refuses to configure (load) the verifier without its table: fail closed
     proof, digest, at = str(setup.proof), ARTIFACT_DIGEST, now
     if presented == "garbage":
         proof = GARBAGE

@@ -382,6 +382,14 @@ class PolicyCheckAlwaysClean(PolicyFileProvider):
         return []
 
 
+class PayloadInReason(PolicyFileProvider):
+    def resolve_authorization(self, request: Any) -> Any:
+        answer = super().resolve_authorization(request)
+        if answer.decision == "permit":
+            return answer
+        return _decision(answer, answer.decision, f"{answer.reason} (job payload: {dict(request.job).get('payload_message')})")
+
+
 class Undecided(PolicyFileProvider):
     def resolve_authorization(self, request: Any) -> Any:
         time.sleep(3)
@@ -507,6 +515,7 @@ VARIANTS: tuple[Variant, ...] = (
     _v("authorization", "missing-identity-guessed", MissingIdentityGuessed, "a request without identity is never a guess"),
     _v("authorization", "request-changed", RequestChanged, "the request handed over is left as it was"),
     _v("authorization", "policy-check-always-clean", PolicyCheckAlwaysClean, "check_policy reports a broken policy"),
+    _v("authorization", "payload-in-reason", PayloadInReason, "no job payload in a reason"),
     _v("authorization", "undecided", Undecided, "a decision within the kernel's bound"),
     _v("proof_verifier", "accepts-bad-signature", AcceptsBadSignature, "a bad signature is refused"),
     _v("proof_verifier", "accepts-untrusted-key", AcceptsUntrustedKey, "a proof by an untrusted key is refused"),
