@@ -278,6 +278,42 @@ def test_broken_providers_are_reported_failing(provider: Any, must_fail: set[str
     assert why in messages, messages
 
 
+class _SecretPolicies(RefPolicies):
+    """The reference setups, each with a secret in the environment the provider may read (never quote)."""
+
+    def conformance_policy(self, request: Any) -> _Setup:
+        setup = super().conformance_policy(request)
+        setup.secrets = {"CONFORMANCE_AUTHZ_TOKEN": "tok-9d8e7f6a5b4c"}
+        return setup
+
+
+class QuotesTheToken(Honest):
+    def resolve_authorization(self, request: AuthorizationRequest) -> Any:
+        answer = super().resolve_authorization(request)
+        token = os.environ.get("CONFORMANCE_AUTHZ_TOKEN", "")
+        return answer if answer.decision == "permit" else AuthorizationDecision(
+            decision=answer.decision, reason=f"{answer.reason} (asked with token {token})")
+
+
+class QuotesThePayload(Honest):
+    def resolve_authorization(self, request: AuthorizationRequest) -> Any:
+        answer = super().resolve_authorization(request)
+        return answer if answer.decision == "permit" else AuthorizationDecision(
+            decision=answer.decision, reason=f"{answer.reason} for {request.job.get('payload_message')}")
+
+
+def test_values_leaking_into_a_reason_are_reported() -> None:
+    """Issue 27: a secret of the setup or the job's payload in a decision's reason fails the case; the honest one passes."""
+    def report(provider: Any) -> Report:
+        return run_kind("authorization", "reference", provider=provider, adapter=_SecretPolicies())
+
+    assert report(Honest()).ok
+    token, payload = report(QuotesTheToken()), report(QuotesThePayload())
+    assert "authorization.deny" in failed(token) and "authorization.deny" in failed(payload)
+    assert "a secret of the setup" in " ".join(r.message for r in token.results if r.outcome == "failed")
+    assert "the job's payload appears" in " ".join(r.message for r in payload.results if r.outcome == "failed")
+
+
 @pytest.fixture
 def brokenauthz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from kernel_testing import sideloaded
