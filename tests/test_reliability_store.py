@@ -120,7 +120,7 @@ SCENARIO = textwrap.dedent(
         except BaseException as exc:
             record(exc)
 
-    workers = [threading.Thread(target=write) for _ in range(2)]
+    workers = [threading.Thread(target=write, daemon=True) for _ in range(2)]  # daemon: a failing scenario exits with its traceback
     for t in workers:
         t.start()
     time.sleep(0.15)  # both are waiting now: one on SQLite's lock, one on the store's write lock
@@ -152,7 +152,7 @@ SCENARIO = textwrap.dedent(
                     if not isinstance(exc, SchedulerError):
                         return
 
-        threads = [threading.Thread(target=churn, args=(i % 2,)) for i in range(4)]
+        threads = [threading.Thread(target=churn, args=(i % 2,), daemon=True) for i in range(4)]
         for t in threads:
             t.start()
         time.sleep(0.05)
