@@ -129,6 +129,17 @@ def run(ctx: Context) -> dict[str, Any]:
             "met": worst < GOAL_MS and all(r["status"] == 200 for r in rows)}
 
 
+def headline(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """The summary row: the slowest page's median against the goal (the doctor's checks, run on request, aside)."""
+    p = res["params"]
+    return [(
+        "12. web view page latency",
+        f"slowest page median {fmt(res['worst_median_ms'], 1)} ms at {p['jobs']:,} jobs and {p['runs']:,} runs",
+        f"every page < {GOAL_MS:.0f} ms",
+        res["met"],
+    )]
+
+
 def render(res: dict[str, Any]) -> str:
     p = res["params"]
     table = md_table(["page", "HTTP", "median ms", "p90 ms"],

@@ -38,3 +38,16 @@ def test_count_terminal_counts_ended_runs(tmp_path: Path) -> None:
     for i, status in enumerate(["ok", "running", "error", "awaiting_approval", "skipped", "pending", "cancelled"]):
         conn.execute("INSERT INTO runs(id, job_id, status, attempt, created_at) VALUES (?, 'j', ?, 1, 0)", (f"r{i}", status))
     assert count_terminal(conn) == 4
+
+
+def test_every_benchmark_module_has_what_the_report_calls() -> None:
+    """Each registered benchmark gives run, render and headline (a module without headline broke
+    `python -m bench` after its run, losing every result of that invocation: bench.web did)."""
+    import importlib
+
+    from bench.__main__ import BENCHMARKS
+
+    missing = [f"{name}.{member}" for name, path in BENCHMARKS.items()
+               for member in ("NAME", "TITLE", "params", "run", "render", "headline")
+               if not hasattr(importlib.import_module(path), member)]
+    assert missing == []
