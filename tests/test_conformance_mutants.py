@@ -18,7 +18,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from conftest import MUTANT_REPORT_KEY
 
 from scheduler.conformance.engine import run_kind
 from scheduler.core import steps
@@ -34,6 +33,10 @@ from scheduler_mutants import REFERENCES  # noqa: E402  (side-loaded test suppor
 from scheduler_mutants.variants import VARIANTS, Variant  # noqa: E402
 
 ROW = re.compile(r"^\| (?P<kind>[a-z_]+) \| `(?P<variant>[a-z0-9-]+)` \| (?P<promise>.+?) \| `(?P<case>[a-z0-9_.-]+)` \|$")
+
+#: The user-property key tests/conftest.py collects into the run's summary (a literal: `from conftest import` finds
+#: another distribution's conftest when the whole tree runs in one pytest).
+MUTANT_REPORT_KEY = "mutant_report"
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,9 @@ def test_a_hanging_ssh_keygen_is_cut_off_at_the_settings_timeout(load: Any, keys
 
 def test_the_conformance_corpus_passes() -> None:
     report = run_conformance("proof_verifier", "detached-signature-ssh")
-    failed = [r.explain() for r in report.results if r.outcome != "passed"]
+    failed = [r.explain() for r in report.results if r.outcome not in ("passed", "skipped")]
     assert report.ok and report.error is None and not failed, (report.error, failed)
-    assert report.passed == len(report.results) >= 14
+    # The one case skipped: the empty-settings case, for a verifier whose trust is the declaration's own (no host table).
+    skipped = [r.id for r in report.results if r.outcome == "skipped"]
+    assert skipped == ["proof_verifier.unconfigured-refuses"], skipped
+    assert report.passed == len(report.results) - 1 >= 14
