@@ -7,6 +7,7 @@ in-process dispatcher with the testkit executor.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from scheduler_web import WebConfig, create_app
 from starlette.testclient import TestClient
 
 from scheduler.api.ops import open_store
-from scheduler.testing import RunningDispatcher, isolate_settings, postgres_unavailable_reason, temporary_postgres_schema
+from scheduler.testing import RunningDispatcher, isolate_settings
+from scheduler.testing.fixtures import scheduler_dispatcher, scheduler_postgres_url  # noqa: F401 - fixtures used by name
 
 
 @pytest.fixture(autouse=True)
@@ -31,16 +33,12 @@ def _isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A SQLite file, or a PostgreSQL schema of its own (dropped afterwards)."""
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, or a PostgreSQL schema of its own (``scheduler.testing``'s, dropped afterwards)."""
     if request.param == "sqlite":
-        yield str(tmp_path / "scheduler.db")
-        return
-    reason = postgres_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with temporary_postgres_schema() as url:
-        yield url
+        return str(tmp_path / "scheduler.db")
+    url: str = request.getfixturevalue("scheduler_postgres_url")
+    return url
 
 
 @pytest.fixture
@@ -65,16 +63,6 @@ def client(store: Any, config: WebConfig) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def dispatcher(store: Any) -> Iterator[Callable[..., RunningDispatcher]]:
-    """``dispatcher(**config)``: a real dispatcher on ``store`` in a background thread, stopped after the test."""
-    started: list[RunningDispatcher] = []
-
-    def start(**cfg: Any) -> RunningDispatcher:
-        d = RunningDispatcher(store, **cfg)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        if d.thread.is_alive():
-            d.stop()
+def dispatcher(store: Any, scheduler_dispatcher: Callable[..., RunningDispatcher]) -> Callable[..., RunningDispatcher]:  # noqa: F811
+    """``dispatcher(**config)``: ``scheduler.testing``'s background dispatcher on ``store``, stopped after the test."""
+    return functools.partial(scheduler_dispatcher, store)
