@@ -33,6 +33,7 @@ from scheduler_executor_shell.capture import HashSink
 from scheduler_executor_shell.cgroups import Place, RunCgroup, Unavailable, find_place, sweep_stale
 from scheduler_executor_shell.runner import CgroupPlan, run_process
 
+import scheduler
 from scheduler.api import RecoveryRequest
 from scheduler.testing import LocalRunControl
 
@@ -249,13 +250,24 @@ _AS_NOBODY = textwrap.dedent(
 )
 
 
+def _skip_unless_others_can_reach(*paths: str) -> None:
+    """Skip when ``nobody`` could not reach the venv or the checkout (a clone under a 0700 directory, as ``mktemp -d`` makes)."""
+    for path in paths:
+        resolved = Path(path).resolve()
+        for d in (resolved, *resolved.parents):
+            if not os.stat(d).st_mode & 0o001:
+                pytest.skip(f"{d} is not searchable by other accounts, so nobody cannot load the scheduler from {path}")
+
+
 def _nobody_python() -> tuple[str, str]:
     """A system interpreter of this version, and the venv's site-packages for it."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     python = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}") if os.access(p, os.X_OK)), None)
     if python is None:
         pytest.skip(f"no system {version} that the nobody account can run")
-    return python, next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    _skip_unless_others_can_reach(site_dir, os.path.dirname(scheduler.__file__))
+    return python, site_dir
 
 
 def _as_nobody(shared: Path, payload: str, mode: str) -> dict:
