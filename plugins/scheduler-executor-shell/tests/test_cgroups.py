@@ -33,7 +33,7 @@ from scheduler_executor_shell.capture import HashSink
 from scheduler_executor_shell.cgroups import Place, RunCgroup, Unavailable, find_place, sweep_stale
 from scheduler_executor_shell.runner import CgroupPlan, run_process
 
-import scheduler
+import scheduler.api
 from scheduler.api import RecoveryRequest
 from scheduler.testing import LocalRunControl
 
@@ -266,7 +266,7 @@ def _nobody_python() -> tuple[str, str]:
     if python is None:
         pytest.skip(f"no system {version} that the nobody account can run")
     site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    _skip_unless_others_can_reach(site_dir, os.path.dirname(scheduler.__file__))
+    _skip_unless_others_can_reach(site_dir, os.path.dirname(os.path.dirname(scheduler.api.__file__)))
     return python, site_dir
 
 
