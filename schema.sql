@@ -15,7 +15,7 @@
 --   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 10
+-- Schema version: 11
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -194,8 +194,9 @@ CREATE TABLE IF NOT EXISTS job_dispatch_queue (
 CREATE INDEX IF NOT EXISTS dispatch_pending_due_idx ON job_dispatch_queue(due_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS dispatch_claimed_idx ON job_dispatch_queue(claim_expires_at) WHERE status = 'claimed';
 CREATE INDEX IF NOT EXISTS dispatch_job_idx ON job_dispatch_queue(job_id, status);
--- Pruning asks whether any dispatch names a run as its run or its source (lineage).
-CREATE INDEX IF NOT EXISTS dispatch_run_idx ON job_dispatch_queue(run_id) WHERE run_id IS NOT NULL;
+-- Pruning asks whether any dispatch names a run as its source (lineage). Partial: a plain
+-- slot has no source, so the hot path never writes it. Whether an open dispatch names a run
+-- as its run is asked through dispatch_job_idx (the run's job, the open statuses).
 CREATE INDEX IF NOT EXISTS dispatch_source_run_idx ON job_dispatch_queue(source_run_id) WHERE source_run_id IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS job_dispatch_queue_binding_immutable
 BEFORE UPDATE OF artifact_digest, source_run_id, source_artifact_digest ON job_dispatch_queue
@@ -288,6 +289,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_job_idx ON runs(job_id, created_at);
 CREATE INDEX IF NOT EXISTS runs_status_idx ON runs(status) WHERE status IN ('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked');
+-- Pruning deletes a run's dispatch only when no other run names it: the one exact lookup of
+-- that (a run of a released and claimed-again dispatch, a skipped run) without a scan.
 CREATE INDEX IF NOT EXISTS runs_dispatch_idx ON runs(dispatch_id);
 -- A run reaches a terminal status once. Terminal rows may gain audit fields but never change status.
 CREATE TRIGGER IF NOT EXISTS runs_terminal_is_final

@@ -81,7 +81,8 @@ def _in(values: tuple[str, ...]) -> str:
 
 
 _NEEDED = f"""
-  AND NOT EXISTS (SELECT 1 FROM job_dispatch_queue d WHERE d.run_id = r.id AND d.status IN ('pending', 'claimed', 'awaiting_approval'))
+  AND NOT EXISTS (SELECT 1 FROM job_dispatch_queue d WHERE d.job_id = r.job_id AND d.status IN ('pending', 'claimed', 'awaiting_approval')
+                  AND d.run_id = r.id)
   AND NOT EXISTS (SELECT 1 FROM job_dispatch_queue d WHERE d.source_run_id = r.id)
   AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.status IN ({_in(_OPEN_RUN)}) AND (o.parent_run_id = r.id
                   OR o.retry_of_run_id = r.id OR o.replay_of_run_id = r.id OR o.source_run_id = r.id))

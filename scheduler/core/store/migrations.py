@@ -255,6 +255,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                           before=Column("run_id", TEXT, references="runs(id) ON DELETE CASCADE")),
         ),
     ),
+    Migration(
+        11,
+        "a slimmer write set: dispatch_run_idx goes (pruning finds an open dispatch naming a run through its job's"
+        " dispatch_job_idx), so claiming a dispatch writes one index entry fewer",
+        (
+            DropIndex("dispatch_run_idx",
+                      "CREATE INDEX dispatch_run_idx ON job_dispatch_queue(run_id) WHERE run_id IS NOT NULL"),
+        ),
+    ),
 )
 
 #: Test hook: called with (version, step_index) before each step; lets tests interrupt a migration.

@@ -207,9 +207,10 @@ RUN_TABLES: tuple[Table, ...] = (
                   comment="The claim query orders by (due_at, id): the index covers both, so a backlog is never sorted."),
             Index("dispatch_claimed_idx", "claim_expires_at", "status = 'claimed'"),
             Index("dispatch_job_idx", "job_id, status"),
-            Index("dispatch_run_idx", "run_id", "run_id IS NOT NULL",
-                  comment="Pruning asks whether any dispatch names a run as its run or its source (lineage)."),
-            Index("dispatch_source_run_idx", "source_run_id", "source_run_id IS NOT NULL"),
+            Index("dispatch_source_run_idx", "source_run_id", "source_run_id IS NOT NULL",
+                  comment="Pruning asks whether any dispatch names a run as its source (lineage). Partial: a plain\n"
+                          "slot has no source, so the hot path never writes it. Whether an open dispatch names a run\n"
+                          "as its run is asked through dispatch_job_idx (the run's job, the open statuses)."),
         ),
         guards=(binding_guard("job_dispatch_queue", "a dispatch's", ("artifact_digest", "source_run_id", "source_artifact_digest")),),
         comment="Durable dispatch queue. Scheduled slots have deterministic ids, so materialising\n"
@@ -293,7 +294,9 @@ RUN_TABLES: tuple[Table, ...] = (
         indexes=(
             Index("runs_job_idx", "job_id, created_at"),
             Index("runs_status_idx", "status", "status IN ('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked')"),
-            Index("runs_dispatch_idx", "dispatch_id"),
+            Index("runs_dispatch_idx", "dispatch_id",
+                  comment="Pruning deletes a run's dispatch only when no other run names it: the one exact lookup of\n"
+                          "that (a run of a released and claimed-again dispatch, a skipped run) without a scan."),
         ),
         guards=(
             Guard("runs_terminal_is_final", "UPDATE", "RUN_TERMINAL: a terminal run status never changes", of=("status",),

@@ -1,0 +1,94 @@
+"""Issue 34, a slimmer write set that keeps every audit fact: what a run writes, and what its readers still find.
+
+Schema 11 drops ``dispatch_run_idx`` (claiming a dispatch wrote an entry in it for every run): the one query
+that used it, pruning's "does an open dispatch name this run as its run", asks through ``dispatch_job_idx``
+(the run's job, the open statuses) and still keeps such a run. Both stores, real databases, and an older
+database migrated with its data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernel_testing import TERMINAL, add_job, run_rows, wait_for
+
+from scheduler.base.timeutil import now_ms
+from scheduler.core.queue import enqueue_manual
+from scheduler.core.store import migrations, schema
+from scheduler.ops import queries
+from scheduler.ops.pruning import prune_runs
+from scheduler.plugins.stores import open_store
+
+DAY = 86_400_000
+
+
+def _run_once(store: Any, dispatcher: Any, tmp_path: Path, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """One finished run of a new manual job per name, through a real dispatcher."""
+    jobs = {name: add_job(store, name=name, executor="testkit", payload_message="ok") for name in names}
+    for job in jobs.values():
+        enqueue_manual(store, job["id"])
+    d = dispatcher(artifacts_root=tmp_path / "artifacts")
+    try:
+        return {name: wait_for(lambda j=job: next((r for r in run_rows(store, j["id"]) if r["status"] in TERMINAL), None),
+                               timeout=30, what=f"the run of {name}") for name, job in jobs.items()}
+    finally:
+        d.stop()
+
+
+def _indexes(tx: Any, dialect: str) -> set[str]:
+    if dialect == "sqlite":
+        return {r["name"] for r in tx.all("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'")}
+    return {r["indexname"] for r in tx.all("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
+
+
+def test_the_schema_has_no_dispatch_run_index_and_keeps_the_lineage_ones() -> None:
+    assert "dispatch_run_idx" not in schema.index_names()
+    assert {"runs_dispatch_idx", "dispatch_source_run_idx", "dispatch_job_idx"} <= schema.index_names()
+
+
+def test_prune_keeps_a_run_an_open_dispatch_names_as_its_run(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    """The NOT EXISTS that used dispatch_run_idx, now through dispatch_job_idx: an open dispatch naming the run keeps it."""
+    runs = _run_once(store, dispatcher, tmp_path, ("named", "free"))
+    with store.transaction() as tx:
+        for run in runs.values():
+            at = now_ms() - 40 * DAY
+            tx.execute("UPDATE runs SET finished_at = ?, started_at = ?, created_at = ? WHERE id = ?", (at, at, at, run["id"]))
+        # an approved run's dispatch back in the queue, pending, still naming the run it will start
+        tx.execute("INSERT INTO job_dispatch_queue(id, job_id, kind, status, due_at, created_at, updated_at, run_id)"
+                   " VALUES ('open-one', ?, 'manual', 'pending', ?, ?, ?, ?)",
+                   (runs["named"]["job_id"], now_ms() + DAY, now_ms(), now_ms(), runs["named"]["id"]))
+    report = prune_runs(store, older_than_ms=30 * DAY)
+    assert report.pruned == [runs["free"]["id"]]
+    with store.read() as tx:
+        assert {r["id"] for r in tx.all("SELECT id FROM runs")} == {runs["named"]["id"]}
+    with store.transaction() as tx:
+        tx.execute("UPDATE job_dispatch_queue SET status = 'cancelled' WHERE id = 'open-one'")
+    assert prune_runs(store, older_than_ms=30 * DAY).pruned == [runs["named"]["id"]], "a settled dispatch keeps nothing"
+
+
+def test_migration_11_drops_dispatch_run_idx_and_keeps_every_row(store_url: str, dispatcher: Any, store: Any,
+                                                                  tmp_path: Path) -> None:
+    """A version 10 database with a finished run migrates to 11: the index is gone, the run and its audit trail read the same."""
+    (step,) = next(m for m in migrations.MIGRATIONS if m.version == 11).steps
+    runs = _run_once(store, dispatcher, tmp_path, ("before",))
+    run = runs["before"]
+    shown, events = queries.get_run(store, run["id"]), queries.run_events(store, run["id"])
+    with store.transaction() as tx:  # back to version 10: the index migration 11 records
+        tx.execute(step.sql)
+        tx.execute("DELETE FROM schema_migrations")
+        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (10, 'v10', 0)")
+    with store.read() as tx:
+        assert "dispatch_run_idx" in _indexes(tx, store.dialect), "the version 10 layout was restored"
+    store.close()
+    upgraded = open_store(store_url)
+    try:
+        assert upgraded.schema_version() == migrations.SCHEMA_VERSION
+        with upgraded.read() as tx:
+            assert "dispatch_run_idx" not in _indexes(tx, upgraded.dialect)
+            assert {"runs_dispatch_idx", "dispatch_source_run_idx"} <= _indexes(tx, upgraded.dialect)
+            versions = [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions[:2] == [10, 11] and versions[-1] == migrations.SCHEMA_VERSION
+        assert queries.get_run(upgraded, run["id"]) == shown and queries.run_events(upgraded, run["id"]) == events
+    finally:
+        upgraded.close()
