@@ -48,10 +48,11 @@ from scheduler.api import (
 from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.cgroups import Unavailable, cached_place, place_for_runs
 from scheduler_executor_shell.checks import shell_job_problems
+from scheduler_executor_shell.direct import DirectCommand, direct_command
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
 from scheduler_executor_shell.recovery import recover_process_group
-from scheduler_executor_shell.runner import CgroupPlan, ProcessOutcome, RunAs, run_process
+from scheduler_executor_shell.runner import CgroupPlan, ProcessOutcome, RunAs, gate_shell_usable, run_process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
@@ -163,6 +164,19 @@ def _working_dir(working_dir: str | None, run_as: RunAs | None) -> str | None:
     if run_as is not None and (working_dir == "~" or working_dir.startswith("~/")):
         return run_as.home + working_dir[1:]
     return os.path.expanduser(working_dir)
+
+
+def plain_command(shell: str, payload: str, env: Mapping[str, str], cwd: str | None,
+                  run_as: RunAs | None) -> DirectCommand | None:
+    """The payload as a command the gate execs without bash (``direct.py``), or None for the shell.
+
+    Only where the shell is bash (the detector's rules are bash's), the run stays in the
+    dispatcher's working directory and account (``working_dir`` and ``user`` keep the shell
+    path) and the gate shell exists.
+    """
+    if run_as is not None or cwd is not None or os.path.basename(shell) != "bash" or not gate_shell_usable():
+        return None
+    return direct_command(payload, env)
 
 
 def _signal_name(returncode: int) -> str:
@@ -308,8 +322,12 @@ class ShellExecutor:
             )
             for name in ("stdout", "stderr")
         }
+        shell = settings.shell or default_shell()  # resolve_settings filled it in
+        direct = plain_command(shell, job.payload_message, env, cwd, run_as)
+        if direct is not None:
+            details["direct"] = True  # exec'd by the gate without the shell (direct.py)
         outcome = run_process(
-            shell=settings.shell or default_shell(),  # resolve_settings filled it in
+            shell=shell,
             payload=job.payload_message,
             cwd=cwd,
             env=env,
@@ -321,6 +339,7 @@ class ShellExecutor:
             label="command",
             run_as=run_as,
             cgroup=plan,
+            direct=direct,
         )
         details.update(_process_details(outcome))
         if outcome.reason in ("spawn_failed", "record_failed"):
@@ -377,8 +396,9 @@ class ShellExecutor:
         job = request.job
         started_at, t0 = now_ms(), time.monotonic()
         out, err = HashSink(request.redactions), HashSink(request.redactions)
+        shell = settings.shell or default_shell()  # resolve_settings filled it in
         outcome = run_process(
-            shell=settings.shell or default_shell(),  # resolve_settings filled it in
+            shell=shell,
             payload=job.verify_shell or "",
             cwd=cwd,
             env=env,
@@ -390,6 +410,7 @@ class ShellExecutor:
             label="verify",
             run_as=run_as,
             cgroup=plan,
+            direct=plain_command(shell, job.verify_shell or "", env, cwd, run_as),
         )
         out.finish()
         err.finish()

@@ -51,6 +51,7 @@ from scheduler_toolkit.process import group_alive, kill_group, leftovers_after_r
 from scheduler.api import RunControl, SchedulerError
 from scheduler_executor_shell.capture import PipePump, Sink
 from scheduler_executor_shell.cgroups import Place, RunCgroup
+from scheduler_executor_shell.direct import DirectCommand
 
 #: Wrapper run by the gate shell: wait for the go-ahead line, pick stdin, then become the payload.
 #: ``$0`` is the payload's shell, ``$1`` the payload, ``$2`` "null" or "pipe". Needs a POSIX shell.
@@ -210,6 +211,7 @@ def run_process(
     label: str,
     run_as: RunAs | None = None,
     cgroup: CgroupPlan | None = None,
+    direct: DirectCommand | None = None,
 ) -> ProcessOutcome:
     """Run ``payload`` through ``shell -c`` under the gate protocol above; never raises for process problems.
 
@@ -219,6 +221,8 @@ def run_process(
     the bash gate is not used then (its ``/dev/fd`` pipe cannot be reopened by another uid). ``cgroup``:
     the gate is moved into a cgroup of its own before its handle is recorded, so everything the
     payload starts is in it (a required cgroup that cannot be made is ``spawn_failed``, ``CGROUP_UNAVAILABLE``).
+    ``direct``: ``payload`` is that plain command (``direct.py``), exec'd by the ``GATE_SHELL`` gate without ``shell``
+    (the caller checked ``gate_shell_usable()``).
     """
     mode = "null" if stdin_data is None else "pipe"
     env = dict(env)
@@ -229,10 +233,13 @@ def run_process(
         return ProcessOutcome(reason="spawn_failed", error=exc)
     gate_fds: tuple[int, int] | None = None  # (script read end, ready write end) of a bash gate, closed after the spawn
     ready_r: int | None = None
-    if run_as is None and os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
+    if direct is not None:
+        env = direct.environment(env)
+        argv = direct.gate_argv(GATE_SHELL, mode)
+    elif run_as is None and os.path.basename(shell) == "bash" and "BASH_ENV" not in env and _dev_fd_usable():
         ready_r, gate_fds, argv = _bash_gate(shell, payload, mode, env, None if made is None else made.procs)
     else:
-        gate = GATE_SHELL if _gate_shell_usable() else shell
+        gate = GATE_SHELL if gate_shell_usable() else shell
         argv = [gate, "-c", GATE_SCRIPT, shell, payload, mode]
     # Plain pipes, not Popen's file objects: the pump reads, writes and closes their fds itself.
     stdin_r, stdin_w = os.pipe()
@@ -470,7 +477,7 @@ def _dev_fd_usable() -> bool:
     return _DEV_FD_OK
 
 
-def _gate_shell_usable() -> bool:
+def gate_shell_usable() -> bool:
     """Whether ``GATE_SHELL`` is executable (looked up once per process)."""
     global _GATE_SHELL_OK
     if _GATE_SHELL_OK is None:
