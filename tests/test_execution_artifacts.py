@@ -12,16 +12,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from kernel_testing import add_job, run_rows, wait_for
 
 from scheduler.base.canonical import canonical_digest, canonical_json, is_digest
 from scheduler.base.errors import SchedulerError
+from scheduler.core import artifact
 from scheduler.core.artifact import check_job, load_artifact, native_payload, redact_secrets
 from scheduler.core.jobs import resolve_job, set_enabled, update_job
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.rows import JobRow
-from scheduler.core.spec import spec_from_row, validate_spec
+from scheduler.core.spec import spec_from_row, spec_to_row, validate_spec
+from scheduler.core.steps import StepBase, installed_as, registered
 
 
 def job_row(store: Any, ref: str) -> JobRow:
@@ -192,6 +195,38 @@ def test_a_job_edited_outside_the_scheduler_never_runs(store: Any, dispatcher: A
     assert not marker.exists() and not Path(f"{marker}.evil").exists()
 
 
+@pytest.mark.parametrize(("column", "donor_fields"), [
+    ("payload_message", {"payload_message": "touch:{other}"}),
+    ("provenance", {"provenance": "static"}),
+    ("run_timeout_ms", {"run_timeout_ms": 4321}),
+])
+def test_a_row_edited_to_a_warm_shape_of_another_job_never_runs(
+    store: Any, dispatcher: Any, tmp_path: Path, column: str, donor_fields: dict[str, Any],
+) -> None:
+    """The projection, its canonical text and the plan are cached per contract column values without the job id
+    (every job of one shape shares them): a row edited by SQL to exactly the values of another job whose shape is
+    warm is served that shape, and still refused, since its own id's digest is not the one it records."""
+    ran, other = tmp_path / "ran", tmp_path / "other"
+    fields = {k: (v.format(other=other) if isinstance(v, str) else v) for k, v in donor_fields.items()}
+    victim = add_job(store, name="victim", payload_message=f"touch:{ran}")
+    twin = add_job(store, name="twin", payload_message=f"touch:{ran}")  # the victim's shape, another job
+    donor = add_job(store, name="donor", **{"payload_message": f"touch:{ran}", **fields})
+    dispatcher()
+    for job in (victim, donor, twin):  # the twin's first run is served the victim's warm shape
+        enqueue_manual(store, job["id"])
+        wait_for(lambda job=job: [r for r in run_rows(store, job["id"]) if r["status"] == "ok"], what=f"{job['name']} ok")
+    ran.unlink()
+    other.unlink(missing_ok=True)
+    with store.transaction() as tx:  # the victim now has the donor's stored value, behind the scheduler's back
+        tx.execute(f"UPDATE jobs SET {column} = ? WHERE id = ?", (donor[column], victim["id"]))
+    enqueue_manual(store, victim["id"])
+    (run,) = wait_for(lambda: [r for r in run_rows(store, victim["id"]) if r["status"] == "error"], what="refused run")
+    assert run["error_code"] == "EXECUTION_ARTIFACT_MISMATCH"
+    assert not ran.exists() and not other.exists()  # nothing executed
+    enqueue_manual(store, donor["id"])  # the shape it was served still runs its own job
+    wait_for(lambda: len([r for r in run_rows(store, donor["id"]) if r["status"] == "ok"]) == 2, what="donor ok again")
+
+
 def test_queued_work_bound_to_a_superseded_artifact_is_cancelled_at_claim(store: Any, dispatcher: Any, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     job = add_job(store, payload_message=f"touch:{marker}")
@@ -220,6 +255,51 @@ def test_the_remembered_projection_never_hides_an_edit(store: Any) -> None:
         with pytest.raises(SchedulerError) as err:
             check_job(None, {**row.to_dict(), column: value})
         assert err.value.code == "EXECUTION_ARTIFACT_MISMATCH", column
+
+
+class OddSections(StepBase):
+    """A step whose section names a plain sort does not place (an array index, non-ASCII) and one named like a header key."""
+
+    name = "odd-sections"
+    sections = ("10", "\u00e9t\u00e9", "version")
+
+    def project(self, spec: Any) -> dict[str, Any]:
+        return {"10": spec.payload_message, "\u00e9t\u00e9": {"9": 1.5}, "version": None}
+
+
+VARIED = [
+    {"payload_message": "ok"},
+    {"payload_message": "echo:h\u00e9llo \U0001f600 \u2028 \x01 \"q\" \\"},
+    {"payload_message": "ok", "executor_options": {"\u00e9": 1, "10": [1.5, -0.0], "9": {"": None}, "api_key": "s"}},
+    {"payload_message": "ok", "provenance": "static", "run_timeout_ms": 7},
+    {"payload_message": "ok", "provenance": "external", "approval_required": True, "constraints": {"network": "none"}},
+]
+JOB_IDS = ["job-1", "j\u00f6b-\u2713", "x\ud800y", "\"quoted\"\\id", ""]
+
+
+def varied_rows() -> list[JobRow]:
+    """Rows of varied jobs (non-ASCII payloads, odd option keys, floats, provenances) under varied job ids."""
+    rows = []
+    for fields in VARIED:
+        spec = validate_spec({"name": "v", "schedule_kind": "manual", "executor": "testkit", **fields}, plugin_options=False)
+        for job_id in JOB_IDS:
+            values = {**spec_to_row(spec), "id": job_id, "artifact_digest": canonical_digest(native_payload(spec, job_id))}
+            rows.append(JobRow.from_row({name: values.get(name) for name in attrs.fields_dict(JobRow)}))
+    return rows
+
+
+@pytest.mark.parametrize("extra", [(), (OddSections(),)], ids=["installed", "odd-sections"])
+def test_the_composed_digest_is_the_canonical_digest_of_the_payload(extra: tuple[StepBase, ...]) -> None:
+    """The check composes each job's digest from its shape's canonical text and its id (``member_template``): for varied
+    jobs and ids it is exactly ``canonical_digest`` of the native payload, composed where the section names allow it
+    and canonicalised whole where they do not (an array-index or non-ASCII section name, a section named like a
+    header key)."""
+    with installed_as([*registered().steps, *extra]):
+        for row in varied_rows():
+            digest, shape = artifact._native(row, None)
+            assert digest == canonical_digest(native_payload(spec_from_row(row), row.id)) == row.artifact_digest, row.id
+            assert (shape.template is None) == bool(extra)
+            assert check_job(None, row) == row.artifact_digest
 
 
 def test_check_job_reports_a_missing_binding(store: Any) -> None:

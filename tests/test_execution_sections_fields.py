@@ -14,6 +14,7 @@ import pytest
 
 from scheduler.core.artifact import execution_sections
 from scheduler.core.spec import validate_spec
+from scheduler.core.steps import StepBase, installed_as, registered
 
 FIELDS = ("credentials", "child_credential_policy", "authorization_ref", "authorization", "authorization_proof", "evidence")
 
@@ -36,3 +37,19 @@ def test_a_spec_without_a_trust_field_is_refused_not_defaulted(hidden: str) -> N
     assert execution_sections(Hiding(spec, "nothing")) == execution_sections(spec)
     with pytest.raises(AttributeError):
         execution_sections(Hiding(spec, hidden))
+
+
+def test_a_section_reading_a_field_outside_the_contract_fails_loudly() -> None:
+    """Sections are cached per contract column values, shared by jobs that differ in name, schedule, retries...
+    (``NON_CONTRACT_FIELDS``): a step whose section read one of those would be served another job's projection,
+    so the view it projects refuses it."""
+    class ReadsName(StepBase):
+        name = "reads-name"
+        sections = ("named",)
+
+        def project(self, spec: Any) -> dict[str, Any]:
+            return {"named": spec.name}
+
+    spec = validate_spec({"name": "s", "schedule_kind": "manual", "payload_message": "true"}, plugin_options=False)
+    with installed_as([*registered().steps, ReadsName()]), pytest.raises(AttributeError, match="outside the execution contract"):
+        execution_sections(spec)

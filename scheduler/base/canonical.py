@@ -139,6 +139,42 @@ def _plain(value: Any, depth: int) -> bool:
     return True
 
 
+def member_template(value: dict[str, Any], key: str) -> tuple[str, str] | None:
+    """The canonical text of ``value`` with one more string member ``key``, split around that member's value.
+
+    ``(before, after)`` such that ``before + canonical_json(s) + after == canonical_json({**value, key: s})`` for
+    every string ``s`` (``member_digest`` composes it): many objects that differ only in that one string (the
+    native artifacts of one job shape, which differ only in their job id) are canonicalised once, not once each.
+    Written by ``_write`` itself, member by member at the depth the whole object puts them, so the text is the
+    whole object's by construction, and a value it refuses is refused here with the same code. None when ``key``
+    is already in ``value``, or when any key's place is not a plain sort's (not ASCII, an array index,
+    ``__proto__``, not a string): then the caller canonicalises each whole object.
+    """
+    keys = [*value, key]
+    if key in value or not all(_plain_key(k) for k in keys):
+        return None
+    members: list[str | None] = []
+    for k in sorted(keys):
+        if k == key:
+            members.append(None)
+            continue
+        out = [_string(k), ":"]
+        _write(value[k], out, 1)
+        members.append("".join(out))
+    at = members.index(None)
+    before = "{" + "".join(f"{m}," for m in members[:at]) + _string(key) + ":"
+    after = "".join(f",{m}" for m in members[at + 1:]) + "}"
+    return before, after
+
+
+def member_digest(template: tuple[str, str], text: str) -> str:
+    """``canonical_digest`` of the object ``template`` (``member_template``) describes, with ``text`` as its member."""
+    if not isinstance(text, str):
+        raise _unsupported(text)
+    before, after = template
+    return "sha256:" + hashlib.sha256((before + _string(text) + after).encode("utf-8")).hexdigest()
+
+
 def canonical_bytes(value: Any) -> bytes:
     """The UTF-8 bytes of ``canonical_json(value)``: what digests and signatures cover."""
     return canonical_json(value).encode("utf-8")

@@ -26,16 +26,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest
+from scheduler.base.canonical import canonical_digest, canonical_json, hash_text, is_digest, member_digest, member_template
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import to_iso
 from scheduler.core.rows import JobRow, JSONObject, JSONValue
-from scheduler.core.spec import JobSpec, spec_columns, spec_from_row
-from scheduler.core.steps import NOT_REGISTERED, Plan, plan_for, refuse_unowned, registered
+from scheduler.core.spec import NON_CONTRACT_FIELDS, JobSpec, contract_columns, spec_from_row
+from scheduler.core.steps import NOT_REGISTERED, Installed, Plan, derive_plan, plan_for, refuse_unowned, registered
 from scheduler.settings import current_settings
 
 if TYPE_CHECKING:
@@ -91,13 +91,32 @@ NATIVE_HEADER = frozenset({"schema", "version", "canonicalization", "job_id", "p
 DEFAULT_PROVENANCE = "user_added"
 
 
+class _ContractView:
+    """A spec as the artifact sections see it: its execution contract, and an ``AttributeError`` for any field outside
+    it (``NON_CONTRACT_FIELDS``). A section that read one would differ between jobs that share a cached projection
+    (``_native``), so it fails loudly instead."""
+
+    __slots__ = ("_spec",)
+
+    def __init__(self, spec: JobSpec) -> None:
+        self._spec = spec
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NON_CONTRACT_FIELDS:
+            raise AttributeError(f"an execution artifact section may not read the job's {name!r}: it is outside the"
+                                 " execution contract (scheduler.core.spec.NON_CONTRACT_FIELDS)")
+        return getattr(self._spec, name)
+
+
 def execution_sections(spec: JobSpec) -> JSONObject:
     """The execution contract of ``spec`` as artifact sections (no job id, no header): the kernel's, then each
     registered step's (``PIPELINE_NOT_INSTALLED`` without them: an artifact is never projected without its steps).
 
-    Shared by native artifacts and handoff v4 artifacts, so both describe a job the same way.
+    Shared by native artifacts and handoff v4 artifacts, so both describe a job the same way. The kernel and the
+    steps project a view of ``spec`` without the fields outside the contract (``NON_CONTRACT_FIELDS``).
     """
     steps = registered().steps
+    spec = cast("JobSpec", _ContractView(spec))
     payload = spec.payload_message
     sections: JSONObject = {
         "target": {
@@ -234,25 +253,55 @@ def expected_digest(tx: Tx | None, row: JobRow | Mapping[str, object], spec: Job
     return _native(job, spec)[0]
 
 
-def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, JSONObject]:
-    """``(native digest, sections)`` of a native job row. The projection is a pure function of the row's spec
-    columns and the installed steps: it is remembered per exact row content, so the check before every run
-    costs a lookup, not a canonicalisation."""
+class _Shape:
+    """What every native job with the same contract column values shares under one installation of the steps: its
+    sections, the canonical text of its artifact around the job id (``member_template``), and its run plan."""
+
+    __slots__ = ("installed", "plan", "provenance", "sections", "template")
+
+    def __init__(self, installed: Installed, sections: JSONObject, provenance: str | None) -> None:
+        #: Held so that ``id(installed)`` in the cache key names this installation while the entry lives.
+        self.installed = installed
+        self.sections = sections
+        self.provenance = provenance
+        fixed = {k: v for k, v in _native_header("", provenance).items() if k != "job_id"}
+        #: None when the header and the sections cannot be composed (a section named like a header key, a key whose
+        #: place is not a plain sort's): each digest is then the whole payload's, canonicalised.
+        self.template = None if NATIVE_HEADER & sections.keys() else member_template(fixed | sections, "job_id")
+        #: Derived on the first run that passed the artifact check (a refused one never derives it).
+        self.plan: Plan | None = None
+
+    def digest(self, job_id: str) -> str:
+        """The native digest of the job ``job_id`` of this shape (exactly ``canonical_digest`` of its payload)."""
+        if self.template is None:
+            return canonical_digest(_native_header(job_id, self.provenance) | self.sections)
+        return member_digest(self.template, job_id)
+
+
+def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, _Shape]:
+    """``(native digest, shape)`` of a native job row. The projection is a pure function of the row's contract
+    columns (``contract_columns``: the provenance of the header among them) and the installed steps, so it is
+    remembered per exact stored values of those columns, without the job id: the check before a run, even the
+    first run of a job, costs a lookup and one SHA-256 of the composed text, not a projection and a canonicalisation.
+    A row changed outside the kernel has other values there, so it is never served another row's projection."""
     installed = registered()
-    key = (id(installed), row.id, *spec_columns(row))
-    hit = _NATIVE_DIGESTS.get(key)
-    if hit is None:
-        sections = execution_sections(spec if spec is not None else spec_from_row(row))
-        hit = (canonical_digest(_native_header(row.id, row.provenance) | sections), sections)
-        if len(_NATIVE_DIGESTS) >= _NATIVE_DIGESTS_MAX:
-            _NATIVE_DIGESTS.clear()
-        _NATIVE_DIGESTS[key] = hit
-    return hit
+    key: tuple[object, ...] | None = (id(installed), *contract_columns(row))
+    try:
+        shape = _SHAPES.get(key)
+    except TypeError:  # a column read as a mapping (unhashable): projected afresh, never cached
+        key, shape = None, None
+    if shape is None:
+        shape = _Shape(installed, execution_sections(spec if spec is not None else spec_from_row(row)), row.provenance)
+        if key is not None:
+            if len(_SHAPES) >= _SHAPES_MAX:
+                _SHAPES.clear()
+            _SHAPES[key] = shape
+    return shape.digest(row.id), shape
 
 
-#: ``(installed steps, job id, spec column values...) -> (native digest, sections)``; bounded, cleared when full.
-_NATIVE_DIGESTS: dict[tuple[object, ...], tuple[str, JSONObject]] = {}
-_NATIVE_DIGESTS_MAX = 4096
+#: ``(installed steps, contract column values...) -> shape``; bounded, cleared when full.
+_SHAPES: dict[tuple[object, ...] | None, _Shape] = {}
+_SHAPES_MAX = 4096
 
 
 def check_job(tx: Tx | None, row: JobRow | Mapping[str, object], spec: JobSpec | None = None) -> str:
@@ -263,25 +312,36 @@ def check_job(tx: Tx | None, row: JobRow | Mapping[str, object], spec: JobSpec |
     ``spec``: ``spec_from_row(row)`` when the caller has it (saves rebuilding it); ``tx`` may be None for a native job.
     """
     job = _job(row)
+    recorded = _recorded(job)
+    _refuse_mismatch(job, recorded, expected_digest(tx, job, spec))
+    return recorded
+
+
+def _recorded(job: JobRow) -> str:
+    """The digest the job row records (``EXECUTION_ARTIFACT_MISSING`` when it has none in the stored form)."""
     recorded = job.artifact_digest
     if recorded is None or not is_digest(recorded):
         raise SchedulerError("EXECUTION_ARTIFACT_MISSING", f"job {job.name!r} has no execution artifact")
-    actual = expected_digest(tx, job, spec)
+    return recorded
+
+
+def _refuse_mismatch(job: JobRow, recorded: str, actual: str) -> None:
+    """``EXECUTION_ARTIFACT_MISMATCH`` unless the job projects to the artifact it records."""
     if actual != recorded:
         raise SchedulerError(
             "EXECUTION_ARTIFACT_MISMATCH",
             f"job {job.name!r} no longer matches its execution artifact {recorded} (it projects to {actual});"
             " re-save the job with `jobs update` to bind a new artifact",
         )
-    return recorded
 
 
 def bind_plan(store: Store, row: JobRow | Mapping[str, object], spec: JobSpec) -> Plan:
     """The run pipeline's artifact check, and the run plan it proves: the first thing every run does.
 
     The job as claimed must still project to the artifact it is bound to (``check_job``; a handoff
-    v4 job reads its stored artifact); the plan is then derived from that artifact's sections and
-    cached per digest (``scheduler.core.steps.plan_for``). A native job that no longer matches
+    v4 job reads its stored artifact); the plan is then derived from that artifact's sections: a native
+    job's is its shape's (``_native``: one per contract column values), a handoff job's is cached per
+    digest (``scheduler.core.steps.plan_for``). A native job that no longer matches
     because its stored artifact declares a section no registered step owns (a step's distribution
     was uninstalled) fails with ``PIPELINE_STEP_NOT_REGISTERED`` instead of the mismatch.
     """
@@ -291,14 +351,15 @@ def bind_plan(store: Store, row: JobRow | Mapping[str, object], spec: JobSpec) -
             digest = check_job(tx, row, spec)
         refuse_untrusted_prompt(row, spec)
         return plan_for(digest, lambda: execution_sections(spec), KERNEL_SECTIONS)
-    try:
-        digest = check_job(None, row, spec)  # a native projection needs no database
-    except SchedulerError as exc:
-        if exc.code == "EXECUTION_ARTIFACT_MISMATCH" and row.artifact_digest is not None:
-            _refuse_unowned_sections(store, row.artifact_digest)
-        raise
+    recorded = _recorded(row)
+    actual, shape = _native(row, spec)  # a native projection needs no database
+    if actual != recorded:
+        _refuse_unowned_sections(store, recorded)
+        _refuse_mismatch(row, recorded, actual)
     refuse_untrusted_prompt(row, spec)
-    return plan_for(digest, lambda: _native(row, spec)[1], KERNEL_SECTIONS)
+    if shape.plan is None:  # two workers may derive it at once: the same plan either way
+        shape.plan = derive_plan(recorded, shape.sections, KERNEL_SECTIONS)
+    return shape.plan
 
 
 def refuse_untrusted_prompt(row: JobRow, spec: JobSpec) -> None:

@@ -245,6 +245,19 @@ SPEC_FIELD_NAMES: frozenset[str] = frozenset(f.name for f in SPEC_FIELDS)
 #: The spec fields (one stored column each) in declaration order.
 SPEC_COLUMN_ORDER: tuple[str, ...] = tuple(f.name for f in SPEC_FIELDS)
 
+#: The fields outside the execution contract: how the job is named and described, when and how often it runs, how
+#: its failures are retried and its runs kept. No artifact section reads them (``scheduler.core.artifact`` projects
+#: a view of the spec that refuses them), so a job's projection is a function of the other fields alone and is
+#: shared by every job that has the same values there.
+NON_CONTRACT_FIELDS: frozenset[str] = frozenset({
+    "name", "description", "enabled", "schedule_kind", "schedule_cron", "schedule_every", "schedule_at", "schedule_tz",
+    "dst_gap_policy", "dst_fold_policy", "misfire_policy", "allow_past_at", "max_retries", "retry_backoff_ms",
+    "overlap_policy", "queue_limit", "max_consecutive_failures", "delivery_guarantee", "parent_id", "trigger_on",
+    "trigger_delay_s", "trigger_condition", "notify", "retention",
+})
+#: The spec fields of the execution contract (every field but ``NON_CONTRACT_FIELDS``), in declaration order.
+CONTRACT_COLUMN_ORDER: tuple[str, ...] = tuple(n for n in SPEC_COLUMN_ORDER if n not in NON_CONTRACT_FIELDS)
+
 
 def _default(f: attrs.Attribute) -> Any:
     """A field's default value (a fresh one for factory defaults)."""
@@ -633,6 +646,16 @@ def spec_columns(row: JobRow | Mapping[str, object]) -> tuple[object, ...]:
         values: tuple[object, ...] = _SPEC_COLUMNS(row)
         return values
     return tuple(map(row.get, SPEC_COLUMN_ORDER))
+
+
+_CONTRACT_COLUMNS = attrgetter(*CONTRACT_COLUMN_ORDER)
+
+
+def contract_columns(row: JobRow) -> tuple[object, ...]:
+    """The stored values of the contract columns of a job row (``CONTRACT_COLUMN_ORDER``): what its projection and
+    plan are a function of, so caches of them are keyed on these exact values."""
+    values: tuple[object, ...] = _CONTRACT_COLUMNS(row)
+    return values
 
 
 def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:

@@ -10,7 +10,7 @@ approval gate, credentials, verification, evidence, or a third party's). It owns
   ``check_section`` says why a compiled (handoff v4) section is not one it enforces, and
   ``check_binding`` proves a job bound to an artifact kind other than native;
 * **its part of every run**: ``applies`` (a pure function of the artifact's sections, so the run
-  plan is cached per artifact digest), ``gates``/``open_gate`` (a gate opened when a dispatch is
+  plan is cached per artifact sections), ``gates``/``open_gate`` (a gate opened when a dispatch is
   claimed: nothing of the run starts before a decision), ``before`` (continue by returning,
   refuse by raising ``SchedulerError`` with a stable code; ask for an approval by setting
   ``run.outcomes.escalate`` and raising, the completion transaction opens the gate), ``around``
@@ -130,7 +130,7 @@ class Step(Protocol):
         """Prove a job row bound to an artifact kind this step owns agrees with it (raise); False: not this step's kind."""
 
     def applies(self, sections: Mapping[str, Any]) -> bool:
-        """Whether the step takes part in runs of an artifact with these sections (pure: plans are cached per digest)."""
+        """Whether the step takes part in runs of an artifact with these sections (pure: plans are cached per artifact sections)."""
 
     def gates(self, job: JobRow) -> bool:
         """Whether a claimed dispatch of ``job`` (its row) waits at this step's gate before anything runs."""
@@ -300,9 +300,9 @@ def installed_as(steps: Sequence[Step] | None) -> Iterator[None]:
 
 
 class Plan(NamedTuple):
-    """Which steps take part in runs of one artifact, and their hooks in pipeline order (derived, never stored)."""
+    """Which steps take part in runs of one artifact, and their hooks in pipeline order (derived, never stored; shared
+    by every artifact with the same sections, so it names none)."""
 
-    digest: str
     #: Names of the steps that apply, in order (``runs`` never record it: the artifact is the truth).
     steps: tuple[str, ...]
     before: tuple[Callable[[Run], None], ...]
@@ -336,7 +336,7 @@ def derive_plan(digest: str, sections: Mapping[str, Any], kernel_sections: froze
     installed = registered()
     refuse_unowned(digest, sections, kernel_sections)
     applying = [s for s in installed.steps if s.applies(sections)]
-    return Plan(digest=digest, steps=tuple(s.name for s in applying),
+    return Plan(steps=tuple(s.name for s in applying),
                 before=tuple(s.before for s in applying if overrides(s, "before")),
                 around=tuple(s.around for s in applying if overrides(s, "around")),
                 after=tuple(s.after for s in applying if overrides(s, "after")))

@@ -146,5 +146,5 @@ def _unbound_plan(s: ClaimedRun, spec: JobSpec) -> Plan:
     try:
         return derive_plan(str(s.job.artifact_digest), execution_sections(spec), KERNEL_SECTIONS)
     except Exception:  # noqa: BLE001 - nothing to add to a run that cannot even be projected
-        return Plan(digest="", steps=(), before=(), around=(), after=())
+        return Plan(steps=(), before=(), around=(), after=())
 
