@@ -340,3 +340,13 @@ def test_runs_get_shows_who_the_run_acted_as(store: Any, dispatcher: Any, cli: A
     view = shown.json["run"]
     assert (view["principal"], view["trust_level"]) == ("service:worker", "user")
     assert view["identity"]["source"] == "delegated" and view["delegation"]["chain"] == ["service:front", "service:worker"]
+
+
+@pytest.mark.parametrize("name", ["a", "job-1", "h\u00e9llo \U0001f600 \u2028", 'q"\\x', "\x00", "x\ud800", "job:x"])
+def test_the_default_identity_json_is_composed_exactly(name: str) -> None:
+    """Every run of a job declaring no identity records ``default_identity_json``: the text ``json.dumps`` gives."""
+    from scheduler.core.rows import JobRow
+    from scheduler.pipeline.identity import default_identity, default_identity_json
+
+    job = JobRow.from_row({"name": name})
+    assert default_identity_json(name) == json.dumps(default_identity(job).to_json(), sort_keys=True)

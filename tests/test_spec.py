@@ -18,6 +18,7 @@ import pytest
 
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import parse_iso, to_iso
+from scheduler.core.rows import JobRow
 from scheduler.core.spec import SPEC_FIELDS, JobSpec, field_catalogue, spec_from_row, spec_to_input, spec_to_row, validate_spec
 from scheduler.plugins.stores import open_store
 
@@ -184,6 +185,33 @@ def test_spec_round_trips_through_a_row() -> None:
     assert row["approval_required"] == 1 and row["enabled"] == 1
     assert spec_from_row(row) == s
     assert validate_spec(spec_to_input(s), now=NOW) == s
+
+
+def test_a_stored_row_rebuilds_the_same_spec_from_its_shape_and_never_shares_a_value() -> None:
+    """``spec_from_row`` converts a ``JobRow``'s contract columns once per exact stored values and the others per call:
+    the spec is the one a mapping of the same row gives, two specs of one shape share no dict or list, and a row whose
+    stored values were edited (as by SQL) gets its own values, never the remembered ones."""
+    s = validate_spec(spec(executor_options={"a": [1]}, constraints={"network": "none"}, retention={"keep_runs": 3}), now=NOW,
+                      plugin_options=False)
+    base = {**spec_to_row(s), "id": "job-1"}
+    for other in ({"name": "other", "schedule_at": None}, {"name": "third", "enabled": 0, "executor_options": "{}"},
+                  {"credentials": None, "executor_options": None, "constraints": "{}"}):
+        stored = {**base, **other}
+        row = JobRow.from_row({name: stored.get(name) for name in attrs.fields_dict(JobRow)})
+        first, second = spec_from_row(row), spec_from_row(row)
+        assert first == second == spec_from_row(stored)
+        for f in SPEC_FIELDS:
+            value = getattr(first, f.name)
+            if isinstance(value, (dict, list)):
+                assert value is not getattr(second, f.name), f.name
+    warm = JobRow.from_row({name: base.get(name) for name in attrs.fields_dict(JobRow)})
+    assert spec_from_row(warm) == s
+    for column, value, field, expected in (("payload_message", "echo:x", "payload_message", "echo:x"),
+                                           ("executor_options", '{"a": [2]}', "executor_options", {"a": [2]}),
+                                           ("approval_required", 0, "approval_required", False),
+                                           ("name", "renamed", "name", "renamed")):
+        edited = JobRow.from_row({name: {**base, column: value}.get(name) for name in attrs.fields_dict(JobRow)})
+        assert getattr(spec_from_row(edited), field) == expected, column
 
 
 # --- validation: unknown fields and each kind of bad value -------------------------------------------

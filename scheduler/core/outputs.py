@@ -54,10 +54,19 @@ def run_dir(root: Path, run_id: str, *, create: bool = True) -> Path:
     """The per-run artifact directory (created unless ``create=False``: then on first offload)."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise SchedulerError("ARTIFACT_PATH_INVALID", f"bad run id for an artifact path: {run_id!r}")
-    path = root / "runs" / run_id
+    runs = _RUNS_DIRS.get(root)
+    if runs is None:  # one path join per run, not two (every run's request names its directory)
+        if len(_RUNS_DIRS) >= 64:
+            _RUNS_DIRS.clear()
+        runs = _RUNS_DIRS[root] = root / "runs"
+    path = runs / run_id
     if create:
         filemodes.ensure_dir(path)
     return path
+
+
+#: Artifacts root -> its ``runs`` directory; bounded, cleared when full.
+_RUNS_DIRS: dict[Path, Path] = {}
 
 
 def excerpt_is_exact(data: bytes) -> bool:

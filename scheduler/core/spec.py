@@ -7,6 +7,7 @@ column per field) all read it from there, so they cannot drift apart.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -659,9 +660,25 @@ def contract_columns(row: JobRow) -> tuple[object, ...]:
 
 
 def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
-    """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written)."""
+    """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written).
+
+    On the dispatcher's hot path (every run): the contract columns of a ``JobRow`` are converted once per exact
+    stored values (``_contract_values``: jobs of one shape share it), the other columns per call. JSON values are
+    parsed afresh for every spec (two specs never share a dict or a list), so the spec of one run can be changed by
+    whatever it is handed to without reaching another's.
+    """
+    if not isinstance(row, JobRow):
+        return _spec(_converted(_ROW_PLAN, spec_columns(row)))
+    values = _contract_values(_CONTRACT_COLUMNS(row))
+    values.update(_converted(_OTHER_PLAN, _OTHER_COLUMNS(row)))
+    return _spec(values)
+
+
+def _converted(plan: tuple[tuple[str, str, bool, Callable[[], object] | None, object], ...],
+               columns: tuple[object, ...]) -> dict[str, object]:
+    """The stored column values ``columns`` (in ``plan`` order) as spec field values: defaults, booleans, JSON parsed."""
     values: dict[str, object] = {}
-    for (name, kind, has_default, factory, default), val in zip(_ROW_PLAN, spec_columns(row), strict=True):
+    for (name, kind, has_default, factory, default), val in zip(plan, columns, strict=True):
         if val is None:
             if has_default:
                 val = factory() if factory is not None else default
@@ -675,7 +692,52 @@ def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
             else:
                 raise TypeError(f"the {name} column holds {type(val).__name__}, not JSON text")
         values[name] = val
-    return _spec(values)
+    return values
+
+
+def _contract_values(columns: tuple[object, ...]) -> dict[str, object]:
+    """The contract field values of stored contract columns ``columns``: scalars converted once per exact values
+    (remembered), JSON values made afresh (an empty object or list as a new one, other text parsed)."""
+    try:
+        shape = _CONTRACT_SHAPES.get(columns)
+    except TypeError:  # a JSON column read as a mapping: converted, never remembered
+        return _converted(_CONTRACT_PLAN, columns)
+    if shape is None:
+        converted = _converted(_CONTRACT_PLAN, columns)
+        fresh = tuple((name, _maker(text, factory)) for (name, kind, _, factory, _), text
+                      in zip(_CONTRACT_PLAN, columns, strict=True) if (kind == "json" and text is not None)
+                      or (text is None and factory is not None))
+        shape = ({k: v for k, v in converted.items() if k not in dict(fresh)}, fresh)
+        if len(_CONTRACT_SHAPES) >= _CONTRACT_SHAPES_MAX:
+            _CONTRACT_SHAPES.clear()
+        _CONTRACT_SHAPES[columns] = shape
+    fixed, fresh = shape
+    values = fixed.copy()
+    for name, make in fresh:
+        values[name] = make()
+    return values
+
+
+def _maker(text: object, factory: Callable[[], object] | None) -> Callable[[], object]:
+    """What makes a fresh value of a stored JSON ``text`` each time: the field's default ``factory`` for none,
+    ``dict``/``list`` for ``{}``/``[]``, else a parse."""
+    if text is None and factory is not None:
+        return factory
+    if text == "{}":
+        return dict
+    if text == "[]":
+        return list
+    if isinstance(text, str):
+        return functools.partial(json.loads, text)
+    raise TypeError(f"a stored JSON column holds {type(text).__name__}, not JSON text")
+
+
+_CONTRACT_PLAN = tuple(p for p in _ROW_PLAN if p[0] not in NON_CONTRACT_FIELDS)
+_OTHER_PLAN = tuple(p for p in _ROW_PLAN if p[0] in NON_CONTRACT_FIELDS)
+_OTHER_COLUMNS = attrgetter(*(p[0] for p in _OTHER_PLAN))
+#: Stored contract column values -> (their immutable field values, (JSON field, maker) pairs); bounded, cleared when full.
+_CONTRACT_SHAPES: dict[tuple[object, ...], tuple[dict[str, object], tuple[tuple[str, Callable[[], object]], ...]]] = {}
+_CONTRACT_SHAPES_MAX = 4096
 
 
 def _spec(values: dict[str, object]) -> JobSpec:

@@ -25,6 +25,7 @@ import os
 import re
 import stat as st
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -269,10 +270,30 @@ def own_identity(job: JobRow, declaration: JSONObject) -> ResolvedIdentity:
                             declared_level=level, source="declared")
 
 
-def record(outcomes: RunOutcomes, resolved: ResolvedIdentity) -> None:
-    """Put a resolved identity into the run's outcomes (columns committed with the run, handed to later steps)."""
+def _default_parts() -> tuple[str, str, str]:
+    """The default identity's ``identity_json`` split around the job's name, which it holds twice (principal and
+    subject): written once with a stand-in name no job can have (a NUL) and split where it went."""
+    stand_in = ResolvedIdentity(subject_kind="job", subject_principal="\x00", trust_level=DEFAULT_TRUST,
+                                declared_level=DEFAULT_TRUST, source="default")
+    before, middle, after = json.dumps(stand_in.to_json(), sort_keys=True).split("\\u0000")
+    return before, middle, after
+
+
+_DEFAULT_PARTS = _default_parts()
+
+
+def default_identity_json(name: str) -> str:
+    """``json.dumps(default_identity(job).to_json(), sort_keys=True)`` for a job named ``name``, composed from its fixed
+    parts and the name's escaped form: every run of a job that declares no identity records it, and only the name
+    differs between jobs."""
+    return encode_basestring_ascii(name)[1:-1].join(_DEFAULT_PARTS)
+
+
+def record(outcomes: RunOutcomes, resolved: ResolvedIdentity, text: str | None = None) -> None:
+    """Put a resolved identity into the run's outcomes (columns committed with the run, handed to later steps).
+    ``text``: its ``identity_json`` when the caller composed it (``default_identity_json``)."""
     outcomes.identity = resolved
-    outcomes.columns["identity_json"] = json.dumps(resolved.to_json(), sort_keys=True)
+    outcomes.columns["identity_json"] = text if text is not None else json.dumps(resolved.to_json(), sort_keys=True)
     outcomes.columns["trust_level"] = resolved.trust_level
     outcomes.columns["principal"] = resolved.principal
     if resolved.delegation is not None:
@@ -293,7 +314,7 @@ def resolve(store: Store, started: ClaimedRun, spec: JobSpec, outcomes: RunOutco
     """
     declaration = _declaration(spec)
     if declaration is None:
-        record(outcomes, default_identity(started.job))
+        record(outcomes, default_identity(started.job), default_identity_json(str(started.job.name)))
         return
     own = own_identity(started.job, declaration)
     policy = json_object(declaration.get("delegation")) or {"mode": "none"}
