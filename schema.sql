@@ -12,10 +12,11 @@
 -- Conventions:
 --   * times are INTEGER UTC epoch milliseconds (columns ending in _at, _ms or named *_for);
 --   * booleans are INTEGER 0/1 guarded by CHECK;
---   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
+--   * enumerations are TEXT guarded by CHECK so a bad write fails at the database (spelled as equalities
+--     joined by OR: SQLite evaluates IN (...) by building an ephemeral index per statement);
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 11
+-- Schema version: 12
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -28,7 +29,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 CREATE TABLE IF NOT EXISTS execution_artifacts (
     -- sha256:<hex> of payload (json-sort-v1 canonical JSON); the one stored digest form
     digest         TEXT    PRIMARY KEY CHECK (digest LIKE 'sha256:%' AND length(digest) = 71),
-    kind           TEXT    NOT NULL CHECK (kind IN ('native', 'handoff-v4')),
+    kind           TEXT    NOT NULL CHECK (kind = 'native' OR kind = 'handoff-v4'),
     -- the job it was made for (no foreign key: an artifact outlives its job's edits)
     job_id         TEXT,
     payload        TEXT    NOT NULL,
@@ -48,18 +49,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     name                      TEXT    NOT NULL UNIQUE,
     description               TEXT,
     enabled                   INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
-    job_type                  TEXT    NOT NULL DEFAULT 'standard' CHECK (job_type IN ('standard', 'watchdog')),
-    provenance                TEXT    NOT NULL DEFAULT 'user_added' CHECK (provenance IN ('static', 'user_added', 'external')),
-    schedule_kind             TEXT    NOT NULL CHECK (schedule_kind IN ('cron', 'every', 'at', 'manual', 'chain')),
+    job_type                  TEXT    NOT NULL DEFAULT 'standard' CHECK (job_type = 'standard' OR job_type = 'watchdog'),
+    provenance                TEXT    NOT NULL DEFAULT 'user_added' CHECK (provenance = 'static' OR provenance = 'user_added' OR provenance = 'external'),
+    schedule_kind             TEXT    NOT NULL CHECK (schedule_kind = 'cron' OR schedule_kind = 'every' OR schedule_kind = 'at' OR schedule_kind = 'manual' OR schedule_kind = 'chain'),
     schedule_cron             TEXT,
     schedule_every            TEXT,
     schedule_at               INTEGER,
     schedule_tz               TEXT    NOT NULL DEFAULT 'UTC',
-    dst_gap_policy            TEXT    NOT NULL DEFAULT 'shift' CHECK (dst_gap_policy IN ('shift', 'skip')),
-    dst_fold_policy           TEXT    NOT NULL DEFAULT 'once' CHECK (dst_fold_policy IN ('once', 'twice')),
-    misfire_policy            TEXT    NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy IN ('coalesce', 'skip')),
+    dst_gap_policy            TEXT    NOT NULL DEFAULT 'shift' CHECK (dst_gap_policy = 'shift' OR dst_gap_policy = 'skip'),
+    dst_fold_policy           TEXT    NOT NULL DEFAULT 'once' CHECK (dst_fold_policy = 'once' OR dst_fold_policy = 'twice'),
+    misfire_policy            TEXT    NOT NULL DEFAULT 'coalesce' CHECK (misfire_policy = 'coalesce' OR misfire_policy = 'skip'),
     allow_past_at             INTEGER NOT NULL DEFAULT 0 CHECK (allow_past_at IN (0, 1)),
-    session_target            TEXT    NOT NULL DEFAULT 'shell' CHECK (session_target IN ('shell', 'isolated', 'main')),
+    session_target            TEXT    NOT NULL DEFAULT 'shell' CHECK (session_target = 'shell' OR session_target = 'isolated' OR session_target = 'main'),
     executor                  TEXT,
     -- plugin-owned per-job options (JSON objects validated by the named plugin's options class)
     executor_options          TEXT    NOT NULL DEFAULT '{}',
@@ -71,25 +72,25 @@ CREATE TABLE IF NOT EXISTS jobs (
     run_timeout_ms            INTEGER NOT NULL DEFAULT 300000 CHECK (run_timeout_ms > 0),
     max_retries               INTEGER NOT NULL DEFAULT 0 CHECK (max_retries >= 0),
     retry_backoff_ms          INTEGER NOT NULL DEFAULT 30000 CHECK (retry_backoff_ms >= 0),
-    overlap_policy            TEXT    NOT NULL DEFAULT 'skip' CHECK (overlap_policy IN ('skip', 'allow', 'queue')),
+    overlap_policy            TEXT    NOT NULL DEFAULT 'skip' CHECK (overlap_policy = 'skip' OR overlap_policy = 'allow' OR overlap_policy = 'queue'),
     queue_limit               INTEGER NOT NULL DEFAULT 10 CHECK (queue_limit >= 1),
     max_consecutive_failures  INTEGER NOT NULL DEFAULT 3 CHECK (max_consecutive_failures >= 0),
-    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
+    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee = 'at-most-once' OR delivery_guarantee = 'at-least-once'),
     parent_id                 TEXT    REFERENCES jobs(id) ON DELETE CASCADE,
-    trigger_on                TEXT    CHECK (trigger_on IS NULL OR trigger_on IN ('success', 'failure', 'complete')),
+    trigger_on                TEXT    CHECK (trigger_on IS NULL OR trigger_on = 'success' OR trigger_on = 'failure' OR trigger_on = 'complete'),
     trigger_delay_s           INTEGER NOT NULL DEFAULT 0 CHECK (trigger_delay_s >= 0),
     trigger_condition         TEXT,
-    delivery_mode             TEXT    NOT NULL DEFAULT 'none' CHECK (delivery_mode IN ('none', 'always', 'on_success', 'on_failure')),
+    delivery_mode             TEXT    NOT NULL DEFAULT 'none' CHECK (delivery_mode = 'none' OR delivery_mode = 'always' OR delivery_mode = 'on_success' OR delivery_mode = 'on_failure'),
     delivery_channel          TEXT,
     delivery_to               TEXT,
-    output_format             TEXT    NOT NULL DEFAULT 'text' CHECK (output_format IN ('text', 'json', 'ndjson')),
+    output_format             TEXT    NOT NULL DEFAULT 'text' CHECK (output_format = 'text' OR output_format = 'json' OR output_format = 'ndjson'),
     verify_shell              TEXT,
     verify_timeout_s          INTEGER NOT NULL DEFAULT 60 CHECK (verify_timeout_s > 0),
-    verify_on_failure         TEXT    NOT NULL DEFAULT 'error' CHECK (verify_on_failure IN ('error', 'warn')),
+    verify_on_failure         TEXT    NOT NULL DEFAULT 'error' CHECK (verify_on_failure = 'error' OR verify_on_failure = 'warn'),
     approval_required         INTEGER NOT NULL DEFAULT 0 CHECK (approval_required IN (0, 1)),
     approval_timeout_s        INTEGER NOT NULL DEFAULT 3600 CHECK (approval_timeout_s > 0),
-    approval_timeout_action   TEXT    NOT NULL DEFAULT 'reject' CHECK (approval_timeout_action IN ('reject', 'approve')),
-    approval_risk_level       TEXT    NOT NULL DEFAULT 'medium' CHECK (approval_risk_level IN ('low', 'medium', 'high', 'critical')),
+    approval_timeout_action   TEXT    NOT NULL DEFAULT 'reject' CHECK (approval_timeout_action = 'reject' OR approval_timeout_action = 'approve'),
+    approval_risk_level       TEXT    NOT NULL DEFAULT 'medium' CHECK (approval_risk_level = 'low' OR approval_risk_level = 'medium' OR approval_risk_level = 'high' OR approval_risk_level = 'critical'),
     approval_approver_scope   TEXT,
     watchdog_alert_channel    TEXT,
     watchdog_alert_to         TEXT,
@@ -98,7 +99,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     identity                  TEXT,
     -- credential bindings (JSON list of name, provider, ref, present): names and references, never values
     credentials               TEXT    NOT NULL DEFAULT '[]',
-    child_credential_policy   TEXT    NOT NULL DEFAULT 'none' CHECK (child_credential_policy IN ('none', 'inherit', 'downscope', 'independent')),
+    child_credential_policy   TEXT    NOT NULL DEFAULT 'none' CHECK (child_credential_policy = 'none' OR child_credential_policy = 'inherit' OR child_credential_policy = 'downscope' OR child_credential_policy = 'independent'),
     -- the evidence declaration (JSON: provider, methods, provider_config, payload, verify, ...)
     evidence                  TEXT,
     evidence_ref              TEXT,
@@ -169,8 +170,8 @@ END;
 CREATE TABLE IF NOT EXISTS job_dispatch_queue (
     id                      TEXT    PRIMARY KEY,
     job_id                  TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-    kind                    TEXT    NOT NULL CHECK (kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'awaiting_approval', 'done', 'cancelled', 'failed')),
+    kind                    TEXT    NOT NULL CHECK (kind = 'schedule' OR kind = 'at' OR kind = 'manual' OR kind = 'chain' OR kind = 'retry'),
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status = 'pending' OR status = 'claimed' OR status = 'awaiting_approval' OR status = 'done' OR status = 'cancelled' OR status = 'failed'),
     due_at                  INTEGER NOT NULL,
     created_at              INTEGER NOT NULL,
     updated_at              INTEGER NOT NULL,
@@ -210,8 +211,8 @@ CREATE TABLE IF NOT EXISTS runs (
     id                        TEXT    PRIMARY KEY,
     job_id                    TEXT    NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
     dispatch_id               TEXT,
-    dispatch_kind             TEXT    CHECK (dispatch_kind IS NULL OR dispatch_kind IN ('schedule', 'at', 'manual', 'chain', 'retry')),
-    status                    TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped', 'awaiting_approval', 'approved', 'recovery_blocked')),
+    dispatch_kind             TEXT    CHECK (dispatch_kind IS NULL OR dispatch_kind = 'schedule' OR dispatch_kind = 'at' OR dispatch_kind = 'manual' OR dispatch_kind = 'chain' OR dispatch_kind = 'retry'),
+    status                    TEXT    NOT NULL CHECK (status = 'pending' OR status = 'running' OR status = 'ok' OR status = 'error' OR status = 'timeout' OR status = 'cancelled' OR status = 'crashed' OR status = 'skipped' OR status = 'awaiting_approval' OR status = 'approved' OR status = 'recovery_blocked'),
     attempt                   INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),
     scheduled_for             INTEGER,
     created_at                INTEGER NOT NULL,
@@ -224,7 +225,7 @@ CREATE TABLE IF NOT EXISTS runs (
     parent_run_id             TEXT,
     retry_of_run_id           TEXT,
     replay_of_run_id          TEXT,
-    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee IN ('at-most-once', 'at-least-once')),
+    delivery_guarantee        TEXT    NOT NULL DEFAULT 'at-most-once' CHECK (delivery_guarantee = 'at-most-once' OR delivery_guarantee = 'at-least-once'),
     executor                  TEXT,
     exit_code                 INTEGER,
     error_code                TEXT,
@@ -233,7 +234,7 @@ CREATE TABLE IF NOT EXISTS runs (
     summary                   TEXT,
     -- what the executor recorded to find its work after a crash (JSON: a process identity, a remote turn id)
     executor_handle           TEXT,
-    process_state             TEXT    CHECK (process_state IS NULL OR process_state IN ('running', 'exited', 'terminated', 'gone', 'unknown')),
+    process_state             TEXT    CHECK (process_state IS NULL OR process_state = 'running' OR process_state = 'exited' OR process_state = 'terminated' OR process_state = 'gone' OR process_state = 'unknown'),
     process_terminated_at     INTEGER,
     process_signal            TEXT,
     -- cancellation
@@ -254,7 +255,7 @@ CREATE TABLE IF NOT EXISTS runs (
     stdout_truncated          INTEGER NOT NULL DEFAULT 0 CHECK (stdout_truncated IN (0, 1)),
     stderr_truncated          INTEGER NOT NULL DEFAULT 0 CHECK (stderr_truncated IN (0, 1)),
     -- structured output
-    output_format             TEXT    CHECK (output_format IS NULL OR output_format IN ('text', 'json', 'ndjson')),
+    output_format             TEXT    CHECK (output_format IS NULL OR output_format = 'text' OR output_format = 'json' OR output_format = 'ndjson'),
     output_valid              INTEGER CHECK (output_valid IS NULL OR output_valid IN (0, 1)),
     output_warning            TEXT,
     output_bytes              INTEGER,
@@ -262,13 +263,13 @@ CREATE TABLE IF NOT EXISTS runs (
     output_parsed             TEXT,
     output_artifact           TEXT,
     -- post-success verification (status, timing, exit metadata, sizes and hashes only); interrupted: the run ended while its check ran (a crash, an abandoned worker)
-    verify_status             TEXT    CHECK (verify_status IS NULL OR verify_status IN ('passed', 'failed', 'timeout', 'cancelled', 'error', 'interrupted')),
+    verify_status             TEXT    CHECK (verify_status IS NULL OR verify_status = 'passed' OR verify_status = 'failed' OR verify_status = 'timeout' OR verify_status = 'cancelled' OR verify_status = 'error' OR verify_status = 'interrupted'),
     verify_json               TEXT,
     env_policy_warning        TEXT,
     usage_json                TEXT,
     -- pipeline outcomes before execution (JSON): resolved identity and trust, delegation, governance
     identity_json             TEXT,
-    trust_level               TEXT    CHECK (trust_level IS NULL OR trust_level IN ('untrusted', 'user', 'operator', 'system')),
+    trust_level               TEXT    CHECK (trust_level IS NULL OR trust_level = 'untrusted' OR trust_level = 'user' OR trust_level = 'operator' OR trust_level = 'system'),
     -- who the run acted as (KIND:NAME), copied onto each of its events
     principal                 TEXT,
     delegation_json           TEXT,
@@ -280,7 +281,7 @@ CREATE TABLE IF NOT EXISTS runs (
     -- the verified proof (method, proof id, key id, verified window and skew)
     proof_json                TEXT,
     -- the run's evidence row, when its job declares evidence
-    evidence_status           TEXT    CHECK (evidence_status IS NULL OR evidence_status IN ('attested', 'verified', 'failed', 'interrupted')),
+    evidence_status           TEXT    CHECK (evidence_status IS NULL OR evidence_status = 'attested' OR evidence_status = 'verified' OR evidence_status = 'failed' OR evidence_status = 'interrupted'),
     -- execution artifact binding (from the dispatch), with the source run of chain, retry and replay work
     artifact_digest           TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     source_run_id             TEXT,
@@ -315,14 +316,14 @@ CREATE TABLE IF NOT EXISTS approvals (
     run_id                  TEXT,
     dispatch_id             TEXT,
     -- why the gate opened: the job's approval_required, or an authorization decision `escalate`
-    gate_kind               TEXT    NOT NULL DEFAULT 'job' CHECK (gate_kind IN ('job', 'authorization')),
-    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'cancelled', 'timed_out', 'dispatched')),
+    gate_kind               TEXT    NOT NULL DEFAULT 'job' CHECK (gate_kind = 'job' OR gate_kind = 'authorization'),
+    status                  TEXT    NOT NULL DEFAULT 'pending' CHECK (status = 'pending' OR status = 'approved' OR status = 'rejected' OR status = 'cancelled' OR status = 'timed_out' OR status = 'dispatched'),
     -- compare-and-swap version: every transition is `... WHERE status = ? AND version = ?`, version + 1
     version                 INTEGER NOT NULL DEFAULT 1 CHECK (version >= 1),
     -- snapshots of the job when the gate opened
-    risk_level              TEXT    NOT NULL CHECK (risk_level IN ('low', 'medium', 'high', 'critical')),
+    risk_level              TEXT    NOT NULL CHECK (risk_level = 'low' OR risk_level = 'medium' OR risk_level = 'high' OR risk_level = 'critical'),
     approver_scope          TEXT,
-    timeout_action          TEXT    NOT NULL DEFAULT 'reject' CHECK (timeout_action IN ('reject', 'approve')),
+    timeout_action          TEXT    NOT NULL DEFAULT 'reject' CHECK (timeout_action = 'reject' OR timeout_action = 'approve'),
     requested_at            INTEGER NOT NULL,
     expires_at              INTEGER,
     -- the deciding OS account (name) and its uid; the system for timeouts
@@ -391,7 +392,7 @@ CREATE TABLE IF NOT EXISTS delivery_outbox (
     part_index        INTEGER NOT NULL DEFAULT 1 CHECK (part_index >= 1),
     part_count        INTEGER NOT NULL DEFAULT 1 CHECK (part_count >= 1),
     body              TEXT    NOT NULL,
-    status            TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'claimed', 'delivered', 'failed', 'cancelled')),
+    status            TEXT    NOT NULL DEFAULT 'pending' CHECK (status = 'pending' OR status = 'claimed' OR status = 'delivered' OR status = 'failed' OR status = 'cancelled'),
     attempts          INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     max_attempts      INTEGER NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
     due_at            INTEGER NOT NULL,
@@ -445,7 +446,7 @@ CREATE TABLE IF NOT EXISTS completion_debts (
     task_label    TEXT    NOT NULL,
     session_key   TEXT    NOT NULL,
     run_id        TEXT    NOT NULL,
-    status        TEXT    NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'reconciled', 'failed')),
+    status        TEXT    NOT NULL DEFAULT 'open' CHECK (status = 'open' OR status = 'reconciled' OR status = 'failed'),
     outbox_group  TEXT,
     claim_owner   TEXT,
     created_at    INTEGER NOT NULL,
@@ -471,7 +472,7 @@ CREATE TABLE IF NOT EXISTS evidence_records (
     verification       TEXT,
     verified           INTEGER NOT NULL DEFAULT 0 CHECK (verified IN (0, 1)),
     created_at         INTEGER NOT NULL,
-    status             TEXT    NOT NULL DEFAULT 'attested' CHECK (status IN ('attested', 'failed', 'interrupted')),
+    status             TEXT    NOT NULL DEFAULT 'attested' CHECK (status = 'attested' OR status = 'failed' OR status = 'interrupted'),
     error_code         TEXT,
     evidence_ref       TEXT,
     declaration        TEXT,
@@ -585,7 +586,7 @@ CREATE TABLE IF NOT EXISTS provider_sessions (
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL,
     scopes            TEXT,
-    status            TEXT    NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'expired', 'revoked', 'revoke_failed')),
+    status            TEXT    NOT NULL DEFAULT 'active' CHECK (status = 'active' OR status = 'expired' OR status = 'revoked' OR status = 'revoke_failed'),
     refresh_after     INTEGER,
     UNIQUE (provider, session_key, artifact_digest)
 );
@@ -602,12 +603,12 @@ CREATE TABLE IF NOT EXISTS credential_presentations (
     run_id               TEXT,
     binding_name         TEXT    NOT NULL,
     provider             TEXT    NOT NULL,
-    medium               TEXT    NOT NULL CHECK (medium IN ('env', 'file', 'stdin', 'header')),
+    medium               TEXT    NOT NULL CHECK (medium = 'env' OR medium = 'file' OR medium = 'stdin' OR medium = 'header'),
     env_key              TEXT,
     file_name            TEXT,
-    cardinality          TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality IN ('one', 'many')),
+    cardinality          TEXT    NOT NULL DEFAULT 'one' CHECK (cardinality = 'one' OR cardinality = 'many'),
     required             INTEGER NOT NULL DEFAULT 1 CHECK (required IN (0, 1)),
-    status               TEXT    NOT NULL DEFAULT 'materialized' CHECK (status IN ('materialized', 'cleaned', 'recovery_cleaned', 'failed')),
+    status               TEXT    NOT NULL DEFAULT 'materialized' CHECK (status = 'materialized' OR status = 'cleaned' OR status = 'recovery_cleaned' OR status = 'failed'),
     artifact_digest      TEXT    REFERENCES execution_artifacts(digest) CHECK (artifact_digest IS NULL OR (artifact_digest LIKE 'sha256:%' AND length(artifact_digest) = 71)),
     materialized_at      INTEGER NOT NULL,
     cleaned_at           INTEGER,
@@ -673,9 +674,9 @@ CREATE TABLE IF NOT EXISTS messages (
     job_id       TEXT,
     run_id       TEXT,
     session_key  TEXT,
-    role         TEXT    NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    role         TEXT    NOT NULL CHECK (role = 'user' OR role = 'assistant' OR role = 'system'),
     body         TEXT    NOT NULL,
-    status       TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'prompt_claimed', 'consumed', 'expired')),
+    status       TEXT    NOT NULL DEFAULT 'pending' CHECK (status = 'pending' OR status = 'prompt_claimed' OR status = 'consumed' OR status = 'expired'),
     claimed_by   TEXT,
     claimed_at   INTEGER,
     created_at   INTEGER NOT NULL

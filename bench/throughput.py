@@ -348,10 +348,12 @@ def run_raw_grouped(directory: Path, jobs: int, *, group: int = 4, tag: str) -> 
         running = [(str(uuid.uuid4()), job_id, f"{job_id}:at:{slot}") for job_id in chunk]
         if running:
             marks = ", ".join("?" for _ in running)
-            x(f"UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_fence = 1,"
-              f" claim_expires_at = ?, attempts = attempts + 1, run_id = id, updated_at = ? WHERE id IN ({marks})"
-              " AND status = 'pending' RETURNING id", (owner, secrets.token_hex(8), now + 60_000, now,
-                                                       *(d for _r, _j, d in running))).fetchall()
+            x("UPDATE job_dispatch_queue SET status = 'claimed', claim_owner = ?, claim_token = ?, claim_fence = 1,"
+              " claim_expires_at = ?, attempts = attempts + 1, run_id = CASE id"
+              + " WHEN ? THEN ?" * len(running) + f" ELSE run_id END, updated_at = ? WHERE id IN ({marks})"
+              " AND status = 'pending' RETURNING id",
+              (owner, secrets.token_hex(8), now + 60_000, *(v for r, _j, d in running for v in (d, r)), now,
+               *(d for _r, _j, d in running))).fetchall()
             x("INSERT INTO runs(id, job_id, dispatch_id, dispatch_kind, status, attempt, scheduled_for, created_at, started_at,"
               " dispatcher_owner, dispatcher_token, delivery_guarantee, executor, output_format) VALUES "
               + ", ".join(["(?, ?, ?, 'at', 'running', 1, ?, ?, ?, ?, 1, 'at-most-once', 'testkit', 'text')"] * len(running)),

@@ -2,8 +2,10 @@
 
 Schema 11 drops ``dispatch_run_idx`` (claiming a dispatch wrote an entry in it for every run): the one query
 that used it, pruning's "does an open dispatch name this run as its run", asks through ``dispatch_job_idx``
-(the run's job, the open statuses) and still keeps such a run. Both stores, real databases, and an older
-database migrated with its data.
+(the run's job, the open statuses) and still keeps such a run. Schema 12 spells SQLite's list-of-choices
+CHECKs as equalities joined by OR (SQLite builds an ephemeral index for ``IN (...)`` each time a statement
+runs): every value outside a list is still refused by the database. Both stores, real databases, and older
+databases migrated with their data.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kernel_testing import TERMINAL, add_job, run_rows, wait_for
+import pytest
+from kernel_testing import TERMINAL, RunningDispatcher, add_job, run_rows, wait_for
 
+from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core.queue import enqueue_manual
-from scheduler.core.store import migrations, schema
+from scheduler.core.store import migrations, schema, schema_steps
 from scheduler.ops import queries
 from scheduler.ops.pruning import prune_runs
 from scheduler.plugins.stores import open_store
@@ -90,5 +94,88 @@ def test_migration_11_drops_dispatch_run_idx_and_keeps_every_row(store_url: str,
             versions = [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
         assert versions[:2] == [10, 11] and versions[-1] == migrations.SCHEMA_VERSION
         assert queries.get_run(upgraded, run["id"]) == shown and queries.run_events(upgraded, run["id"]) == events
+    finally:
+        upgraded.close()
+
+
+#: Tables a run writes, with the row key the refusal test updates (each has list-of-choices columns).
+_RUN_TABLES = {"runs": "id", "job_dispatch_queue": "id", "jobs": "id"}
+
+
+def _choices(table: str) -> list[schema.Column]:
+    return [c for c in schema.table(table).columns if c.choices]
+
+
+def _assert_every_choice_is_enforced(store: Any, rows: dict[str, str]) -> None:
+    """Each list-of-choices column of the tables a run writes refuses a value outside its list, and keeps the row."""
+    for table, key in rows.items():
+        for column in _choices(table):
+            with pytest.raises(SchedulerError) as err, store.transaction() as tx:
+                tx.execute(f"UPDATE {table} SET {column.name} = 'bogus' WHERE id = ?", (key,))
+            assert err.value.code == "CONSTRAINT_VIOLATION", (table, column.name, err.value.code)
+            with store.read() as tx:
+                assert tx.scalar(f"SELECT {column.name} FROM {table} WHERE id = ?", (key,)) != "bogus"
+
+
+def _in_spelled(create_sql: str, table: str) -> str:
+    """``create_sql`` with each list-of-choices CHECK spelled ``IN (...)``, as schema 11 and older stored it."""
+    for column in _choices(table):
+        create_sql = create_sql.replace(f"CHECK ({column.check_expression('sqlite')})", f"CHECK ({column.check_expression()})")
+    return create_sql
+
+
+def test_sqlite_spells_choices_as_or_and_postgresql_keeps_in() -> None:
+    status = schema.table("runs").column("status")
+    assert status.check_expression("sqlite") == " OR ".join(f"status = '{v}'" for v in status.choices)
+    assert status.check_expression("postgresql") == status.check_expression() == (
+        "status IN (" + ", ".join(f"'{v}'" for v in status.choices) + ")")
+    trust = schema.table("runs").column("trust_level")
+    assert trust.check_expression("sqlite").startswith("trust_level IS NULL OR trust_level = 'untrusted' OR ")
+    tables = {t.name: next(s for s in schema.statements("sqlite") if s.startswith(f"CREATE TABLE IF NOT EXISTS {t.name} ("))
+              for t in schema.TABLES}
+    for table, create in tables.items():
+        for column in _choices(table):
+            assert f"CHECK ({column.check_expression('sqlite')})" in create and f"{column.name} IN (" not in create
+
+
+def test_every_choice_of_a_runs_tables_is_refused_at_the_database(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    run = _run_once(store, dispatcher, tmp_path, ("refused",))["refused"]
+    _assert_every_choice_is_enforced(store, {"runs": run["id"], "job_dispatch_queue": run["dispatch_id"], "jobs": run["job_id"]})
+
+
+def test_migration_12_respells_an_older_sqlite_file_and_keeps_every_row_and_refusal(db_path: Path, tmp_path: Path) -> None:
+    """A version 11 file (IN spellings) with a finished run migrates to 12: OR spellings, same rows, same refusals."""
+    store = open_store(str(db_path))
+    run = _run_once(store, lambda **config: RunningDispatcher(store, **config), tmp_path, ("older",))["older"]
+    shown, events = queries.get_run(store, run["id"]), queries.run_events(store, run["id"])
+    with store.transaction() as tx:  # back to version 11: the spelling migration 12 records
+        version = tx.scalar("PRAGMA schema_version")
+        tx.execute("PRAGMA writable_schema = ON")
+        for step in next(m for m in migrations.MIGRATIONS if m.version == 12).steps:
+            assert isinstance(step, schema_steps.RespellChoices)
+            create = tx.scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (step.table,))
+            tx.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (_in_spelled(create, step.table), step.table))
+        tx.execute(f"PRAGMA schema_version = {int(version) + 1}")
+        tx.execute("PRAGMA writable_schema = OFF")
+        tx.execute("DELETE FROM schema_migrations")
+        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (11, 'v11', 0)")
+    with store.read() as tx:
+        runs_sql = tx.scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
+    assert "status IN ('pending', 'running'" in runs_sql, "the version 11 spelling was restored"
+    _assert_every_choice_is_enforced(store, {"runs": run["id"]})
+    store.close()
+    upgraded = open_store(str(db_path))
+    try:
+        assert upgraded.schema_version() == migrations.SCHEMA_VERSION
+        with upgraded.read() as tx:
+            stored = {t: tx.scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (t,)) for t in _RUN_TABLES}
+            assert tx.scalar("PRAGMA integrity_check") == "ok"
+        for table, text in stored.items():
+            for column in _choices(table):
+                assert f"CHECK ({column.check_expression('sqlite')})" in text, (table, column.name)
+                assert f"CHECK ({column.check_expression()})" not in text, (table, column.name)
+        assert queries.get_run(upgraded, run["id"]) == shown and queries.run_events(upgraded, run["id"]) == events
+        _assert_every_choice_is_enforced(upgraded, {"runs": run["id"], "job_dispatch_queue": run["dispatch_id"],
+                                                    "jobs": run["job_id"]})
     finally:
         upgraded.close()

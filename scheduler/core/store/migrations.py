@@ -35,6 +35,7 @@ from scheduler.core.store.schema_steps import (
     DropReference,
     DropTrigger,
     ReplaceGuard,
+    RespellChoices,
     SchemaConnection,
     WidenCheck,
 )
@@ -86,7 +87,7 @@ def schema_fingerprint(dialect: str) -> str:
 
 
 Step = (AddColumn | DropColumn | DropIndex | DropTrigger | WidenCheck | DropReference | MoveExecutorFields | CreateTable
-        | DropEmptyTable | BindArtifacts | ReplaceGuard)
+        | DropEmptyTable | BindArtifacts | ReplaceGuard | RespellChoices)
 
 
 class Migration(NamedTuple):
@@ -263,6 +264,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             DropIndex("dispatch_run_idx",
                       "CREATE INDEX dispatch_run_idx ON job_dispatch_queue(run_id) WHERE run_id IS NOT NULL"),
         ),
+    ),
+    Migration(
+        12,
+        "SQLite spells every list-of-choices CHECK as equalities joined by OR (the same refusal, without the ephemeral"
+        " index SQLite builds for IN (...) each time a statement runs); PostgreSQL's CHECKs are unchanged",
+        tuple(RespellChoices(t.name) for t in schema.TABLES if any(c.choices for c in t.columns)),
     ),
 )
 

@@ -272,7 +272,8 @@ _HEADERS = {
 -- Conventions:
 --   * times are INTEGER UTC epoch milliseconds (columns ending in _at, _ms or named *_for);
 --   * booleans are INTEGER 0/1 guarded by CHECK;
---   * enumerations are TEXT guarded by CHECK so a bad write fails at the database;
+--   * enumerations are TEXT guarded by CHECK so a bad write fails at the database (spelled as equalities
+--     joined by OR: SQLite evaluates IN (...) by building an ephemeral index per statement);
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 """,
     "postgresql": """\

@@ -20,7 +20,7 @@ from scheduler.core.store.schema import Column
 
 __all__ = [
     "AddColumn", "CreateTable", "DropColumn", "DropEmptyTable", "DropIndex", "DropReference", "DropTrigger", "ReplaceGuard",
-    "SchemaConnection", "WidenCheck", "replace_column_definition",
+    "RespellChoices", "SchemaConnection", "WidenCheck", "replace_column_definition",
 ]
 
 
@@ -110,7 +110,7 @@ class WidenCheck(NamedTuple):
         """Run the step on the caller's open transaction."""
         if self.column.name not in conn.columns(self.table):
             return
-        check = self.column.check_expression()
+        check = self.column.check_expression(conn.dialect)
         if conn.dialect != "sqlite":
             name = f"{self.table}_{self.column.name}_check"
             conn.execute(f"ALTER TABLE {self.table} DROP CONSTRAINT IF EXISTS {name}")
@@ -131,15 +131,25 @@ def _rewrite_sqlite_column(conn: SchemaConnection, table: str, column: Column, c
     new_sql = replace_column_definition(old_sql, column.name, column.definition("sqlite"))
     if new_sql == old_sql:
         return
-    probe = sqlite3.connect(":memory:")
-    try:
-        probe.execute(new_sql)  # a syntax error here would make the database unreadable below
-    finally:
-        probe.close()
+    _probe_sqlite_table(new_sql)
     if check:
         bad = conn.all(f"SELECT COUNT(*) AS n FROM {table} WHERE NOT ({check})")[0]["n"]
         if bad:
             raise ValueError(f"{bad} row(s) of {table} fail the new CHECK ({check})")
+    _store_sqlite_table(conn, table, new_sql)
+
+
+def _probe_sqlite_table(create_sql: str) -> None:
+    """Raise when ``create_sql`` does not parse (stored as it is, it would make the database unreadable)."""
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute(create_sql)
+    finally:
+        probe.close()
+
+
+def _store_sqlite_table(conn: SchemaConnection, table: str, new_sql: str) -> None:
+    """Make ``new_sql`` the stored text of ``table`` (``PRAGMA writable_schema``, schema version bumped)."""
     version = conn.all("PRAGMA schema_version")[0]["schema_version"]
     conn.execute("PRAGMA writable_schema = ON")
     try:
@@ -147,6 +157,34 @@ def _rewrite_sqlite_column(conn: SchemaConnection, table: str, column: Column, c
         conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
     finally:
         conn.execute("PRAGMA writable_schema = OFF")
+
+
+class RespellChoices(NamedTuple):
+    """Give the list-of-choices CHECKs of ``table`` the spelling the current schema renders for the store's dialect.
+
+    The refusal is the same (a value outside the list fails either way), so no row is read and
+    none changes. Only SQLite's spelling changed (``Column.check_expression``: equalities joined
+    by OR, which SQLite evaluates without building an ephemeral index per statement): each
+    column's ``CHECK (<IN spelling>)`` in the stored table text becomes ``CHECK (<OR spelling>)``,
+    as ``WidenCheck`` rewrites a column; a column whose stored text reads otherwise is left alone.
+    """
+
+    table: str
+
+    def apply(self, conn: SchemaConnection) -> None:
+        """Run the step on the caller's open transaction."""
+        if conn.dialect != "sqlite":
+            return
+        rows = conn.all("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,))
+        if not rows:
+            return
+        old_sql = new_sql = rows[0]["sql"]
+        for column in schema.table(self.table).columns:
+            if column.choices:
+                new_sql = new_sql.replace(f"CHECK ({column.check_expression()})", f"CHECK ({column.check_expression('sqlite')})")
+        if new_sql != old_sql:
+            _probe_sqlite_table(new_sql)
+            _store_sqlite_table(conn, self.table, new_sql)
 
 
 class DropReference(NamedTuple):
