@@ -45,7 +45,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import attrs
@@ -555,6 +555,12 @@ def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def presents_nothing(spec: JobSpec, started: ClaimedRun) -> bool:
+    """Whether a run has nothing to present: no bindings of its own, and not a chain child (whose parent's policy may
+    hand some on). One attribute test for most jobs."""
+    return not spec.credentials and not (spec.schedule_kind == "chain" and started.parent_run_id)
+
+
 @contextmanager
 def presented(store: Store, started: ClaimedRun, spec: JobSpec, executor: object,
               outcomes: RunOutcomes) -> Iterator[tuple[CredentialPresentation, ...]]:
@@ -563,7 +569,7 @@ def presented(store: Store, started: ClaimedRun, spec: JobSpec, executor: object
     A job with no bindings that is not a chain child costs one attribute test; a chain child
     without bindings reads its parent's ``child_credential_policy`` (one primary-key read).
     """
-    if not spec.credentials and not (spec.schedule_kind == "chain" and started.parent_run_id):
+    if presents_nothing(spec, started):
         yield ()
         return
     presentation = _Presentation(store, started, spec, executor, outcomes)
@@ -760,9 +766,15 @@ class CredentialStep(StepBase):
         show (``presented`` costs one attribute test for a job that presents nothing)."""
         return True
 
+    def around(self, run: Run) -> AbstractContextManager[None]:
+        """Resolve and present the credentials for the execution; clean them up however it ends (a run with nothing
+        to present gets no context: ``run.credentials`` stays empty)."""
+        if presents_nothing(run.spec, run.started):
+            return nullcontext()
+        return self._presenting(run)
+
     @contextmanager
-    def around(self, run: Run) -> Iterator[None]:
-        """Resolve and present the credentials for the execution; clean them up however it ends."""
+    def _presenting(self, run: Run) -> Iterator[None]:
         with presented(run.store, run.started, run.spec, run.executor, run.outcomes) as credentials:
             run.credentials = credentials
             yield
