@@ -305,3 +305,23 @@ def test_another_configured_shell_keeps_that_shell(run_job, monkeypatch: pytest.
     monkeypatch.setenv("SCHEDULER_EXECUTORS_SHELL_SHELL", "/bin/sh")
     r = run_job("id -u").result
     assert r.status == "ok" and "direct" not in r.details and r.details["shell"] == "/bin/sh"
+
+
+@pytest.mark.parametrize("pwd_kind", ["symlink", "stale", "unset"])
+def test_pwd_is_set_as_bash_sets_it(run_job, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pwd_kind: str) -> None:
+    """An inherited PWD naming the working directory through a symlink is kept; a stale or missing one is replaced."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.chdir(link)
+    if pwd_kind == "symlink":
+        monkeypatch.setenv("PWD", str(link))
+    elif pwd_kind == "stale":
+        monkeypatch.setenv("PWD", str(tmp_path))
+    else:
+        monkeypatch.delenv("PWD", raising=False)
+    fast, slow = _both(run_job, monkeypatch, "printenv PWD", executor_options={"env_policy": "inherit"})
+    assert fast.details.get("direct") is True and _observed(fast) == _observed(slow)
+    expected = link if pwd_kind == "symlink" else real.resolve()
+    assert fast.stdout.excerpt == f"{expected}\n"
