@@ -53,6 +53,8 @@ class RunExecution:
     finished: queue.SimpleQueue[tuple[ClaimedRun, ExecutionResult]]
     #: Set after a result is handed over: wakes the loop.
     wake: threading.Event
+    #: The trigger context of attempts that follow no run, per (dispatch kind, attempt): frozen, so one serves them all.
+    _plain_triggers: dict[tuple[str, int], TriggerContext] = attrs.field(factory=dict, init=False)
 
     def execute(self, s: ClaimedRun, control: CancellationToken) -> None:
         """One run through its plan; every step records into ``s.outcomes``. A refusal (``SchedulerError``) or a
@@ -62,10 +64,11 @@ class RunExecution:
         plan: Plan | None = None
         try:
             plan = bind_plan(self.store, s.job, spec)
-            executor = run.executor = self.executor(spec.executor_name())
+            name = spec.executor_name()
+            executor = run.executor = self.executor(name)
             for before in plan.before:
                 before(run)
-            trigger, state = self.run_context(s, spec.executor_name(), "state" in getattr(executor, "capabilities", ()))
+            trigger, state = self.run_context(s, name, "state" in getattr(executor, "capabilities", ()))
             with _entered(plan, run):
                 request = build_request(
                     executor, spec, run_id=s.run_id, job_id=s.job.id, artifacts_root=self.artifacts_root,
@@ -87,18 +90,24 @@ class RunExecution:
         for after in (plan or _unbound_plan(s, spec)).after:
             result = _after(after, run, result)
         self.finished.put((s, result))  # the loop commits it (group commit), under its fence
-        self.wake.set()
+        if not self.wake.is_set():  # a loop not yet woken by another result (setting it again would wake no one)
+            self.wake.set()
 
     def run_context(self, s: ClaimedRun, executor: str, keeps_state: bool) -> tuple[TriggerContext, JSONObject | None]:
         """The attempt's trigger context (with the run it follows and a bounded excerpt of its output) and the
         state the executor kept for this job after its last ok run (executors declaring ``state``): one read, or none."""
+        if not s.source_run_id and not keeps_state:
+            trigger = self._plain_triggers.get((s.dispatch_kind, s.attempt))
+            if trigger is None:
+                trigger = self._plain_triggers[(s.dispatch_kind, s.attempt)] = TriggerContext(
+                    dispatch_kind=s.dispatch_kind, attempt=s.attempt)
+            return trigger, None
         source, state, row = None, None, None
-        if s.source_run_id or keeps_state:
-            with self.store.read() as tx:
-                if s.source_run_id:
-                    source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
-                if keeps_state:
-                    row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job.id, executor))
+        with self.store.read() as tx:
+            if s.source_run_id:
+                source = tx.one("SELECT id, status, error_code, stdout_excerpt FROM runs WHERE id = ?", (s.source_run_id,))
+            if keeps_state:
+                row = tx.one("SELECT state FROM executor_state WHERE job_id = ? AND executor = ?", (s.job.id, executor))
         if row is not None:
             state = json.loads(row["state"])
         output = (source or {}).get("stdout_excerpt") or None
