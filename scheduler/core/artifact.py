@@ -285,14 +285,14 @@ def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, _Shape]:
     first run of a job, costs a lookup and one SHA-256 of the composed text, not a projection and a canonicalisation.
     A row changed outside the kernel has other values there, so it is never served another row's projection."""
     installed = registered()
-    key: tuple[object, ...] | None = (id(installed), *contract_columns(row))
+    key = (id(installed), *contract_columns(row))
     try:
-        shape = _SHAPES.get(key)
+        shape, cacheable = _SHAPES.get(key), True
     except TypeError:  # a column read as a mapping (unhashable): projected afresh, never cached
-        key, shape = None, None
+        shape, cacheable = None, False
     if shape is None:
         shape = _Shape(installed, execution_sections(spec if spec is not None else spec_from_row(row)), row.provenance)
-        if key is not None:
+        if cacheable:
             if len(_SHAPES) >= _SHAPES_MAX:
                 _SHAPES.clear()
             _SHAPES[key] = shape
@@ -300,7 +300,7 @@ def _native(row: JobRow, spec: JobSpec | None) -> tuple[str, _Shape]:
 
 
 #: ``(installed steps, contract column values...) -> shape``; bounded, cleared when full.
-_SHAPES: dict[tuple[object, ...] | None, _Shape] = {}
+_SHAPES: dict[tuple[object, ...], _Shape] = {}
 _SHAPES_MAX = 4096
 
 

@@ -115,7 +115,9 @@ class Step(Protocol):
         """Execution-artifact sections this step projects and validates."""
 
     def project(self, spec: JobSpec) -> JSONObject:
-        """This step's sections of the job's execution artifact (exactly ``sections``)."""
+        """This step's sections of the job's execution artifact (exactly ``sections``). ``spec`` is a view without
+        the fields outside the execution contract (``scheduler.core.spec.NON_CONTRACT_FIELDS``: reading one raises
+        ``AttributeError``), since jobs that differ only there share one cached projection."""
 
     def check(self, values: Mapping[str, Any], problems: Problems) -> None:
         """Rules across this step's fields and others (``values``: the normalised fields of a spec being validated)."""
