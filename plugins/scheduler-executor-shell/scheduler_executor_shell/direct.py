@@ -25,7 +25,12 @@ does nothing with it but split it at blanks and exec the first word found on ``P
 * an environment that bash would not act on: no ``BASH*`` variable (``BASH_ENV``,
   exported functions ``BASH_FUNC_*``), no ``ENV``, ``SHELLOPTS``, ``EXECIGNORE``,
   ``POSIXLY_CORRECT``, only valid names, ``SHLVL`` absent or 0-998;
-* no ``working_dir`` and no ``user``: those runs keep the existing path (``executor.py``).
+* no ``working_dir`` and no ``user``: those runs keep the existing path (``executor.py``);
+* a gate shell that is dash (``is_dash``): the equivalence is dash's ``exec "$@"`` (a ``/bin/sh``
+  that is bash or busybox sets ``SHLVL`` and ``_`` its own way: bash then).
+
+A file that disappears between the check and the exec gets dash's error message (``sh: 1:
+exec: ...: not found``, 127) where bash would print its own: the only case where the texts differ.
 
 The command's environment is then what bash would have given it: the gate sets ``PWD``
 as bash does, and the executor sets ``SHLVL`` (bash 5 increments it and decrements it
@@ -89,6 +94,12 @@ class DirectCommand:
         script = DIRECT_GATE_SCRIPTS[(mode, self.path is not None)]
         head = [gate_shell, "-c", script, "sh"] + ([] if self.path is None else [self.path])
         return head + list(self.words)
+
+
+@functools.lru_cache(maxsize=4)
+def is_dash(gate_shell: str) -> bool:
+    """Whether ``gate_shell`` is dash (through its symlinks), looked up once per path: the gate the rules were made for."""
+    return os.path.basename(os.path.realpath(gate_shell)) == "dash"
 
 
 @functools.lru_cache(maxsize=256)

@@ -49,11 +49,11 @@ from scheduler.api import (
 from scheduler_executor_shell.capture import HashSink, RecorderSink
 from scheduler_executor_shell.cgroups import Unavailable, cached_place, place_for_runs
 from scheduler_executor_shell.checks import shell_job_problems
-from scheduler_executor_shell.direct import DirectCommand, direct_command
+from scheduler_executor_shell.direct import DirectCommand, direct_command, is_dash
 from scheduler_executor_shell.envpolicy import build_environment
 from scheduler_executor_shell.options import ShellOptions
 from scheduler_executor_shell.recovery import recover_process_group
-from scheduler_executor_shell.runner import CgroupPlan, ProcessOutcome, RunAs, gate_shell_usable, run_process
+from scheduler_executor_shell.runner import GATE_SHELL, CgroupPlan, ProcessOutcome, RunAs, gate_shell_usable, run_process
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 DEFAULT_KILL_GRACE_S = 2.0
@@ -173,9 +173,11 @@ def plain_command(shell: str, payload: str, env: Mapping[str, str], cwd: str | N
 
     Only where the shell is bash (the detector's rules are bash's), the run stays in the
     dispatcher's working directory and account (``working_dir`` and ``user`` keep the shell
-    path) and the gate shell exists.
+    path) and the gate shell is dash.
     """
-    if run_as is not None or cwd is not None or os.path.basename(shell) != "bash" or not gate_shell_usable():
+    if run_as is not None or cwd is not None or os.path.basename(shell) != "bash":
+        return None
+    if not gate_shell_usable() or not is_dash(GATE_SHELL):
         return None
     return direct_command(payload, env)
 

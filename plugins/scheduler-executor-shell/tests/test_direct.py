@@ -325,3 +325,19 @@ def test_pwd_is_set_as_bash_sets_it(run_job, monkeypatch: pytest.MonkeyPatch, tm
     assert fast.details.get("direct") is True and _observed(fast) == _observed(slow)
     expected = link if pwd_kind == "symlink" else real.resolve()
     assert fast.stdout.excerpt == f"{expected}\n"
+
+
+def test_a_plain_verification_runs_the_same_way(run_job, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = run_job("true", verify_shell="false").result
+    assert (r.status, r.error_code, r.verification["exit_code"]) == ("error", "VERIFY_FAILED", 1)
+    r = run_job("true", verify_shell="test -d /").result  # a builtin: bash's
+    assert r.status == "ok" and r.verification["status"] == "passed"
+    r = run_job("true", verify_shell="ls /").result
+    assert r.status == "ok" and r.verification["status"] == "passed"
+
+
+def test_a_gate_shell_that_is_not_dash_keeps_bash(run_job, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor_mod, "is_dash", lambda _path: False)
+    r = run_job("ls /").result
+    assert r.status == "ok" and "direct" not in r.details
+    assert direct_mod.is_dash("/bin/sh") == (os.path.basename(os.path.realpath("/bin/sh")) == "dash")
