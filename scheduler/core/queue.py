@@ -63,9 +63,15 @@ def next_due_parts(tx: Tx) -> tuple[int | None, int | None, int | None]:
     The dispatcher tells them apart: with every worker busy, due dispatches wait for a worker,
     while due jobs and approval timeouts still need a pass.
     """
-    return (tx.scalar("SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL"),
-            tx.scalar("SELECT MIN(due_at) FROM job_dispatch_queue WHERE status = 'pending'"),
-            tx.scalar("SELECT MIN(expires_at) FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL"))
+    row = tx.one(_NEXT_DUE_SQL)
+    assert row is not None  # a SELECT of three aggregates always returns its one row
+    return row["jobs_due"], row["dispatch_due"], row["approval_due"]
+
+
+#: ``next_due_parts``' three index lookups in one statement (the dispatcher runs it at the end of every pass).
+_NEXT_DUE_SQL = ("SELECT (SELECT MIN(next_run_at) FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL) AS jobs_due,"
+                 " (SELECT MIN(due_at) FROM job_dispatch_queue WHERE status = 'pending') AS dispatch_due,"
+                 " (SELECT MIN(expires_at) FROM approvals WHERE status = 'pending' AND expires_at IS NOT NULL) AS approval_due")
 
 
 @attrs.frozen
@@ -151,53 +157,64 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
     handled the same way.
     """
     now = now_ms() if now is None else now
-    created = 0
-    grace_ms = current_settings().dispatcher.misfire_grace_ms
     with committing(store) as tx:
-        # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
-        rows = [JobRow.from_row(row) for row in tx.all(
-            "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
-            + tx.skip_locked,
-            (now, limit),
-        )]
-        # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT.
-        on_time = [job for job in rows if job.schedule_kind == "at" and now - (job.next_run_at or 0) <= grace_ms]
-        if len(on_time) > 1:
-            created += _materialize_one_shots(tx, on_time, now)
-            batched_ids = {job.id for job in on_time}
-            rows = [job for job in rows if job.id not in batched_ids]
-        for job in rows:
-            slot = job.next_run_at
-            assert slot is not None  # selected on next_run_at IS NOT NULL
-            kind = "at" if job.schedule_kind == "at" else "schedule"
-            next_run, anchor = None, job.schedule_anchor_at
-            due = DueSlots(slot, slot, 1, None)
-            if job.schedule_kind in ("cron", "every"):
-                spec = spec_from_row(job)
-                schedule = spec.schedule()
-                anchor_ms = slot if spec.schedule_kind == "every" else None
-                next_run = next_fire(schedule, now, anchor_ms=anchor_ms)
-                if spec.schedule_kind == "every":
-                    anchor = slot
-                due = due_slots(schedule, slot, now)
-            misfire = now - slot > grace_ms  # a misfire, not just a busy loop
-            changed = state.execute(tx, "advance_next_run", job_id=job.id, slot=slot, next_run_at=next_run,
-                                    schedule_anchor_at=anchor, now=now)
-            if changed != 1:
-                continue  # another dispatcher advanced it first
-            if job.misfire_policy == "skip":
-                if misfire:  # none of the gap runs
-                    _record_gap_skip(tx, job, due, due.count, due.last, kind, now)
-                    continue
-                if due.count > 1:  # the earlier slots were overtaken by the latest, which runs
-                    assert due.before_last is not None
-                    _record_gap_skip(tx, job, due, due.count - 1, due.before_last, kind, now)
-            elif misfire or due.count > 1:
-                append_event(tx, "slot.misfire_coalesced", job_id=job.id, at=now,
-                             data={**due.data(), "not_run": due.count - 1, "run_slot": due.last})
-            if insert_dispatch(tx, id=slot_dispatch_id(job.id, kind, due.last), job_id=job.id, kind=kind, due_at=due.last,
-                               now=now):
-                created += 1
+        return materialize_due_in(tx, now=now, limit=limit)
+
+
+def materialize_due_in(tx: Tx, *, now: int, limit: int = 200) -> int:
+    """``materialize_due`` inside the caller's ``committing`` transaction (the dispatcher's pass); returns the slots created.
+
+    A pass with no job due costs one indexed read.
+    """
+    created = 0
+    # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
+    found = tx.all(
+        "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
+        + tx.skip_locked,
+        (now, limit),
+    )
+    if not found:
+        return 0
+    grace_ms = current_settings().dispatcher.misfire_grace_ms
+    rows = [JobRow.from_row(row) for row in found]
+    # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT.
+    on_time = [job for job in rows if job.schedule_kind == "at" and now - (job.next_run_at or 0) <= grace_ms]
+    if len(on_time) > 1:
+        created += _materialize_one_shots(tx, on_time, now)
+        batched_ids = {job.id for job in on_time}
+        rows = [job for job in rows if job.id not in batched_ids]
+    for job in rows:
+        slot = job.next_run_at
+        assert slot is not None  # selected on next_run_at IS NOT NULL
+        kind = "at" if job.schedule_kind == "at" else "schedule"
+        next_run, anchor = None, job.schedule_anchor_at
+        due = DueSlots(slot, slot, 1, None)
+        if job.schedule_kind in ("cron", "every"):
+            spec = spec_from_row(job)
+            schedule = spec.schedule()
+            anchor_ms = slot if spec.schedule_kind == "every" else None
+            next_run = next_fire(schedule, now, anchor_ms=anchor_ms)
+            if spec.schedule_kind == "every":
+                anchor = slot
+            due = due_slots(schedule, slot, now)
+        misfire = now - slot > grace_ms  # a misfire, not just a busy loop
+        changed = state.execute(tx, "advance_next_run", job_id=job.id, slot=slot, next_run_at=next_run,
+                                schedule_anchor_at=anchor, now=now)
+        if changed != 1:
+            continue  # another dispatcher advanced it first
+        if job.misfire_policy == "skip":
+            if misfire:  # none of the gap runs
+                _record_gap_skip(tx, job, due, due.count, due.last, kind, now)
+                continue
+            if due.count > 1:  # the earlier slots were overtaken by the latest, which runs
+                assert due.before_last is not None
+                _record_gap_skip(tx, job, due, due.count - 1, due.before_last, kind, now)
+        elif misfire or due.count > 1:
+            append_event(tx, "slot.misfire_coalesced", job_id=job.id, at=now,
+                         data={**due.data(), "not_run": due.count - 1, "run_slot": due.last})
+        if insert_dispatch(tx, id=slot_dispatch_id(job.id, kind, due.last), job_id=job.id, kind=kind, due_at=due.last,
+                           now=now):
+            created += 1
     return created
 
 
@@ -351,78 +368,88 @@ def claim_and_start(
     beside it under ``allow``, and pending replays do not count against ``queue_limit``.
     """
     now = now_ms() if now is None else now
-    started: list[StartedRun] = []
     if limit <= 0:
-        return started
+        return []
     with committing(store) as tx:
         if check_lease:  # False: the caller asserted it in this same transaction
             assert_live(tx, lease, now=now)
-        candidates = claim_candidates(tx, now=now, limit=limit, newest_first=newest_first)
-        # Without row locks (SQLite) the write transaction is the only writer: the candidates' jobs and active runs
-        # are read in two statements for the whole batch. With row locks (PostgreSQL) each job is locked and then
-        # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
-        batch = _BatchReads(tx, candidates) if not tx.for_update and candidates else None
-        deferred_jobs: set[str] = set()
-        # New runs are claimed and inserted together after the loop (transitions.claim_and_start_many): the loop's
-        # decisions never read them back (a job with a run started here is deferred, or its policy is ``allow``).
-        new_runs: list[transitions.NewRun] = []
-        for candidate in candidates:
-            if len(started) + len(new_runs) >= limit:
-                break
-            # Typed once it is looked at (up to 4 x limit are read): the columns the claim reads (the others are None).
-            d = DispatchRow.from_row(candidate)
-            job = batch.job(d.job_id) if batch else _job_row(tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d.job_id,)))
-            if job is None:
+        return claim_and_start_in(tx, lease, limit=limit, now=now, veto=veto, newest_first=newest_first)
+
+
+def claim_and_start_in(
+    tx: Tx, lease: Lease, *, limit: int, now: int, veto: Callable[[dict[str, SQLValue], str], str | None] | None = None,
+    newest_first: bool = False,
+) -> list[StartedRun]:
+    """``claim_and_start`` inside the caller's ``committing`` transaction, whose lease the caller asserted (the pass)."""
+    started: list[StartedRun] = []
+    if limit <= 0:
+        return started
+    candidates = claim_candidates(tx, now=now, limit=limit, newest_first=newest_first)
+    # Without row locks (SQLite) the write transaction is the only writer: the candidates' jobs and active runs
+    # are read in two statements for the first ``limit`` of them (two more should the pass look further). With row locks (PostgreSQL) each job is locked and then
+    # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
+    batch = _BatchReads(tx, candidates, limit) if not tx.for_update and candidates else None
+    deferred_jobs: set[str] = set()
+    # New runs are claimed and inserted together after the loop (transitions.claim_and_start_many): the loop's
+    # decisions never read them back (a job with a run started here is deferred, or its policy is ``allow``).
+    new_runs: list[transitions.NewRun] = []
+    for candidate in candidates:
+        if len(started) + len(new_runs) >= limit:
+            break
+        # Typed once it is looked at (up to 4 x limit are read): the columns the claim reads (the others are None).
+        d = DispatchRow.from_row(candidate)
+        job = batch.job(d.job_id) if batch else _job_row(tx.one("SELECT * FROM jobs WHERE id = ?" + tx.for_update, (d.job_id,)))
+        if job is None:
+            continue
+        if not job.enabled and d.kind != "manual":
+            _drop_dispatch(tx, d, job, "job disabled", now, lease)
+            if batch:
+                batch.forget(job.id)  # a waiting run may have ended with it: count that job afresh
+            continue
+        if d.artifact_digest != job.artifact_digest:  # the job changed; its update should have cancelled this
+            _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d.artifact_digest}", now, lease)
+            if batch:
+                batch.forget(job.id)
+            continue
+        if job.id in deferred_jobs:
+            continue
+        running = batch.active(job.id, d.id) if batch else active_runs(tx, job.id, other_than_dispatch=d.id)
+        policy = job.overlap_policy
+        if running and policy != "allow" and d.kind != "retry":
+            if d.replay_count:
+                # A replay is a promise (at-least-once): it waits for the overlap to clear under ``skip`` and
+                # ``queue`` alike, is never skipped, and does not hold the job's newer slots back.
                 continue
-            if not job.enabled and d.kind != "manual":
-                _drop_dispatch(tx, d, job, "job disabled", now, lease)
-                if batch:
-                    batch.forget(job.id)  # a waiting run may have ended with it: count that job afresh
-                continue
-            if d.artifact_digest != job.artifact_digest:  # the job changed; its update should have cancelled this
-                _drop_dispatch(tx, d, job, f"bound to superseded execution artifact {d.artifact_digest}", now, lease)
-                if batch:
-                    batch.forget(job.id)
-                continue
-            if job.id in deferred_jobs:
-                continue
-            running = batch.active(job.id, d.id) if batch else active_runs(tx, job.id, other_than_dispatch=d.id)
-            policy = job.overlap_policy
-            if running and policy != "allow" and d.kind != "retry":
-                if d.replay_count:
-                    # A replay is a promise (at-least-once): it waits for the overlap to clear under ``skip`` and
-                    # ``queue`` alike, is never skipped, and does not hold the job's newer slots back.
-                    continue
-                # Waiting replays are not counted against ``queue_limit``: they are owed, not queued.
-                waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'"
-                                    " AND replay_count = 0", (job.id,))
-                if policy == "queue" and waiting <= job.queue_limit:
-                    deferred_jobs.add(job.id)
-                    continue
-                reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job.queue_limit} reached"
-                _skip_dispatch(tx, d, job, reason, now, lease)
-                continue
-            vetoed = veto(job.to_dict(), d.kind) if veto is not None else None
-            if vetoed:
-                _skip_dispatch(tx, d, job, f"veto: {vetoed}", now, lease)
-                continue
-            run = _start(tx, lease, d, job, now)
-            if run is None:
-                if batch:
-                    batch.forget(job.id)  # an approval gate opened: its waiting run counts from now on
-                continue
-            if isinstance(run, transitions.NewRun):
-                new_runs.append(run)
-            else:
-                started.append(run)
-            if policy != "allow":
+            # Waiting replays are not counted against ``queue_limit``: they are owed, not queued.
+            waiting = tx.scalar("SELECT COUNT(*) FROM job_dispatch_queue WHERE job_id = ? AND status = 'pending'"
+                                " AND replay_count = 0", (job.id,))
+            if policy == "queue" and waiting <= job.queue_limit:
                 deferred_jobs.add(job.id)
-        if new_runs:
-            for r in transitions.claim_and_start_many(tx, lease, new_runs, expires_at=now + CLAIM_TTL_MS, now=now):
-                d = r.dispatch
-                started.append(StartedRun(run_id=r.run_id, dispatch_id=d.id, dispatch_kind=d.kind, job=r.job,
-                                          attempt=r.attempt, scheduled_for=d.due_at, started_at=now,
-                                          parent_run_id=r.parent_run_id, source_run_id=d.source_run_id, queued_at=d.created_at))
+                continue
+            reason = "overlap: job already running" if policy == "skip" else f"overlap: queue limit {job.queue_limit} reached"
+            _skip_dispatch(tx, d, job, reason, now, lease)
+            continue
+        vetoed = veto(job.to_dict(), d.kind) if veto is not None else None
+        if vetoed:
+            _skip_dispatch(tx, d, job, f"veto: {vetoed}", now, lease)
+            continue
+        run = _start(tx, lease, d, job, now)
+        if run is None:
+            if batch:
+                batch.forget(job.id)  # an approval gate opened: its waiting run counts from now on
+            continue
+        if isinstance(run, transitions.NewRun):
+            new_runs.append(run)
+        else:
+            started.append(run)
+        if policy != "allow":
+            deferred_jobs.add(job.id)
+    if new_runs:
+        for r in transitions.claim_and_start_many(tx, lease, new_runs, expires_at=now + CLAIM_TTL_MS, now=now):
+            d = r.dispatch
+            started.append(StartedRun(run_id=r.run_id, dispatch_id=d.id, dispatch_kind=d.kind, job=r.job,
+                                      attempt=r.attempt, scheduled_for=d.due_at, started_at=now,
+                                      parent_run_id=r.parent_run_id, source_run_id=d.source_run_id, queued_at=d.created_at))
     return started
 
 
@@ -435,22 +462,37 @@ _ACTIVE = "('running', 'awaiting_approval', 'approved')"
 
 
 class _BatchReads:
-    """One claim pass's job rows and active runs, read once for all candidates (SQLite: the transaction is exclusive).
+    """One claim pass's job rows and active runs, read for many candidates at once (SQLite: the transaction is exclusive).
 
-    A job's row becomes its ``JobRow`` when the pass first looks at it (the read covers every
-    candidate's job; the pass stops at its limit), and once only.
+    The jobs of the first ``limit`` candidates are read first (a pass takes ``limit`` runs, and
+    usually from its first candidates); the others' only when the pass looks past those (waiting
+    slots, skips). A job's row becomes its ``JobRow`` when the pass first looks at it, and once only.
     """
 
-    def __init__(self, tx: Tx, candidates: Sequence[Mapping[str, object]]) -> None:
+    def __init__(self, tx: Tx, candidates: Sequence[Mapping[str, object]], limit: int) -> None:
         self._tx = tx
         ids = list(dict.fromkeys(str(d["job_id"]) for d in candidates))
-        marks = ", ".join("?" for _ in ids)
-        self._rows: dict[str, Mapping[str, object]] = {
-            str(row["id"]): row for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids)}
+        self._later = ids[limit:]
+        self._rows: dict[str, Mapping[str, object]] = {}
         self._jobs: dict[str, JobRow] = {}
-        self._active: dict[str, list[str | None]] = {job_id: [] for job_id in ids}
-        for row in tx.all(f"SELECT job_id, dispatch_id FROM runs WHERE job_id IN ({marks}) AND status IN {_ACTIVE}", ids):
+        self._active: dict[str, list[str | None]] = {}
+        self._read(ids[:limit])
+
+    def _read(self, ids: list[str]) -> None:
+        """The job rows and active runs of ``ids`` (two statements)."""
+        marks = ", ".join("?" * len(ids))
+        for row in self._tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids):
+            self._rows[str(row["id"])] = row
+        for job_id in ids:
+            self._active[job_id] = []
+        for row in self._tx.all(f"SELECT job_id, dispatch_id FROM runs WHERE job_id IN ({marks}) AND status IN {_ACTIVE}",
+                                ids):
             self._active[row["job_id"]].append(row["dispatch_id"])
+
+    def _read_later(self) -> None:
+        """The pass looked past its first candidates' jobs: read the others (once)."""
+        later, self._later = self._later, []
+        self._read(later)
 
     def job(self, job_id: str) -> JobRow | None:
         """The job row as the pass read it (None: deleted)."""
@@ -458,7 +500,12 @@ class _BatchReads:
         if job is None:
             row = self._rows.get(job_id)
             if row is None:
-                return None
+                if not self._later:
+                    return None
+                self._read_later()
+                row = self._rows.get(job_id)
+                if row is None:
+                    return None
             job = self._jobs[job_id] = JobRow.from_row(row)
         return job
 
@@ -563,10 +610,12 @@ __all__ = [
     "DueSlots",
     "StartedRun",
     "claim_and_start",
+    "claim_and_start_in",
     "due_slots",
     "enqueue_manual",
     "insert_dispatch",
     "materialize_due",
+    "materialize_due_in",
     "next_due",
     "next_due_parts",
     "record_skip",

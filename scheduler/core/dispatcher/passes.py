@@ -37,7 +37,7 @@ from scheduler.core.events import batched as batched_events
 from scheduler.core.execution import ExecutionResult
 from scheduler.core.observers import Observers
 from scheduler.core.participants import CompletionParticipants
-from scheduler.core.queue import claim_and_start, materialize_due, next_due_parts
+from scheduler.core.queue import claim_and_start_in, materialize_due_in, next_due_parts
 from scheduler.core.rows import RunRow, SQLValue
 from scheduler.core.runs import StaleFence
 from scheduler.core.store.base import Store, Tx
@@ -136,14 +136,13 @@ class Pass:
                 leases.assert_live(tx, lease, now=tick_now)
                 committed = self.complete(tx, finished, now=tick_now)
                 if claim:
-                    created = materialize_due(self.store, now=tick_now)
+                    created = materialize_due_in(tx, now=tick_now)
                     for expire in self.expiries:  # timeouts release or cancel their runs before claiming
                         expire(tx, now=tick_now)
                     if free > 0:
                         self._newest_first = not self._newest_first
-                        started = [ClaimedRun.of(s) for s in claim_and_start(self.store, lease, limit=free, now=tick_now,
-                                                                             veto=veto, check_lease=False,
-                                                                             newest_first=self._newest_first)]
+                        started = [ClaimedRun.of(s) for s in claim_and_start_in(tx, lease, limit=free, now=tick_now,
+                                                                                veto=veto, newest_first=self._newest_first)]
                     parts = next_due_parts(tx)
         except leases.LeaseLost:
             workers.forget(finished)

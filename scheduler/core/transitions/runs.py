@@ -203,6 +203,30 @@ def outcome_params(values: Mapping[str, SQLValue], params: dict[str, SQLValue]) 
             params[column], params["set_" + column] = None, 0
 
 
+#: ``finish_run``'s flags per set of columns given (a few shapes of result: checked and computed once per shape).
+_FLAGS_OF: dict[frozenset[str], dict[str, int]] = {}
+#: Shapes kept at most (an unbounded variety of column sets is not expected; the cache starts over past it).
+_FLAGS_MAX = 256
+
+
+def _finish_flags(keys: frozenset[str]) -> dict[str, int]:
+    """The ``set_`` flags for a result and outcome of these columns; ``ValueError`` for an unknown column or a partial group."""
+    if not _FINISHED.issuperset(keys):
+        raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(keys - _FINISHED))}")
+    flags: dict[str, int] = {}
+    for group, columns, flag in _GROUP_FLAGS:
+        given = len(keys & columns)
+        if given and given != len(columns):
+            raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(RESULT_GROUPS[group])})")
+        flags[flag] = 1 if given else 0
+    for column, flag in _OUTCOME_FLAGS:
+        flags[flag] = 1 if column in keys else 0
+    if len(_FLAGS_OF) >= _FLAGS_MAX:
+        _FLAGS_OF.clear()
+    _FLAGS_OF[keys] = flags
+    return flags
+
+
 def finish_run(
     tx: Tx, run_id: str, *, owner: str, token: int, status: str, values: Mapping[str, SQLValue], error_message: str | None,
     now: int, process_state: str = "exited",
@@ -217,19 +241,13 @@ def finish_run(
     left as it is. RETURNING hands back what completion and its consequences read (statement
     ``finish_run``) without another read: the returned row holds those columns (the others are None).
     """
-    if not _FINISHED.issuperset(values):
-        unknown = set(values).difference(_FINISHED)
-        raise ValueError(f"finish_run: not a result or outcome column: {', '.join(sorted(unknown))}")
+    keys = frozenset(values)
+    flags = _FLAGS_OF.get(keys)
+    if flags is None:
+        flags = _finish_flags(keys)
     params: dict[str, SQLValue] = dict.fromkeys(_FINISHED)
     params.update(values)
-    keys = values.keys()
-    for group, columns, flag in _GROUP_FLAGS:
-        given = len(keys & columns)
-        if given and given != len(columns):
-            raise ValueError(f"finish_run: the {group} columns are written together ({', '.join(RESULT_GROUPS[group])})")
-        params[flag] = 1 if given else 0
-    for column, flag in _OUTCOME_FLAGS:
-        params[flag] = 1 if column in keys else 0
+    params.update(flags)
     row = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
                     now=now, process_state=process_state, **params)
     if row is None:
