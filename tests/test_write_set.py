@@ -5,7 +5,8 @@ that used it, pruning's "does an open dispatch name this run as its run", asks t
 (the run's job, the open statuses) and still keeps such a run. Schema 12 spells SQLite's list-of-choices
 CHECKs as equalities joined by OR (SQLite builds an ephemeral index for ``IN (...)`` each time a statement
 runs): every value outside a list is still refused by the database. Both stores, real databases, and older
-databases migrated with their data.
+databases migrated with their data. The start and finish events a plain run shows in ``runs events --json``
+are pinned field by field against the run row (the shape any other recording of them must keep).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from kernel_testing import TERMINAL, RunningDispatcher, add_job, run_rows, wait_for
 
 from scheduler.base.errors import SchedulerError
-from scheduler.base.timeutil import now_ms
+from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.queue import enqueue_manual
 from scheduler.core.store import migrations, schema, schema_steps
 from scheduler.ops import queries
@@ -179,3 +180,26 @@ def test_migration_12_respells_an_older_sqlite_file_and_keeps_every_row_and_refu
                                                     "jobs": run["job_id"]})
     finally:
         upgraded.close()
+
+
+def test_runs_events_json_of_a_plain_run_field_by_field(store: Any, dispatcher: Any, tmp_path: Path, cli: Any) -> None:
+    """What ``runs events --json`` shows for a plain run: start and finish, each field as the run row holds it.
+
+    This is the shape any other way of recording a run's start and finish must reproduce exactly
+    (ids in order, the ISO times of started_at and terminal_at, the owner as actor, the data keys).
+    """
+    run = _run_once(store, dispatcher, tmp_path, ("plain",))["plain"]
+    result = cli("--json", "runs", "events", run["id"])
+    assert result.code == 0, result.err
+    started, finished = result.json["events"]
+    assert finished["id"] > started["id"]
+    common = {"job_id": run["job_id"], "run_id": run["id"], "dispatch_id": run["dispatch_id"],
+              "actor": run["dispatcher_owner"], "artifact_digest": run["artifact_digest"]}
+    assert started == {"id": started["id"], "at": to_iso(run["started_at"]), "kind": "run.started", **common,
+                       "data": {"attempt": run["attempt"], "kind": run["dispatch_kind"], "token": run["dispatcher_token"]},
+                       "principal": None, "trust_level": None}
+    assert finished == {"id": finished["id"], "at": to_iso(run["terminal_at"]), "kind": "run.finished", **common,
+                        "data": {"error_code": run["error_code"], "status": run["status"], "token": run["dispatcher_token"]},
+                        "principal": run["principal"], "trust_level": run["trust_level"]}
+    assert run["status"] == "ok" and run["principal"] and run["trust_level"] and run["artifact_digest"]
+    assert queries.run_events(store, run["id"]) == result.json["events"]
