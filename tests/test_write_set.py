@@ -11,6 +11,7 @@ are pinned field by field against the run row (the shape any other recording of 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,19 @@ def test_runs_events_json_of_a_plain_run_field_by_field(store: Any, dispatcher: 
                         "principal": run["principal"], "trust_level": run["trust_level"]}
     assert run["status"] == "ok" and run["principal"] and run["trust_level"] and run["artifact_digest"]
     assert queries.run_events(store, run["id"]) == result.json["events"]
+
+
+def test_a_version_1_file_ends_with_every_choice_respelled(tmp_path: Path) -> None:
+    """The whole history (the committed version 1 fixture, migrations 2 to 12): no IN spelling of a choices CHECK is left."""
+    path = tmp_path / "v1.db"
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "scheduler_v1.db", path)
+    upgraded = open_store(str(path))
+    try:
+        with upgraded.read() as tx:
+            stored = {r["name"]: r["sql"] for r in tx.all("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+            assert tx.scalar("PRAGMA integrity_check") == "ok"
+    finally:
+        upgraded.close()
+    left = [(t.name, c.name) for t in schema.TABLES if t.name in stored for c in _choices(t.name)
+            if f"CHECK ({c.check_expression('sqlite')})" not in stored[t.name]]
+    assert left == []
