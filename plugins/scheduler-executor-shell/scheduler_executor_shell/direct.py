@@ -15,7 +15,8 @@ does nothing with it but split it at blanks and exec the first word found on ``P
   no expansion (``$`` backquote ``~`` ``* ? [ ]`` braces), no quoting or backslash, no
   redirection, pipe or list (``< > | & ;``), no subshell or grouping, no comment, no
   newline, no ``!``, nothing outside ASCII;
-* a first word that is not an assignment (no ``=``), not an option-looking word (``-x``),
+* a first word that is not an assignment (no ``=``), not an option-looking word (``-x``), not a
+  job spec (``%1``: bash runs ``fg``),
   not a bash keyword and not a bash builtin (``cd``, ``export``, ``echo``, ``test``...,
   ``BASH_BUILTINS``) apart from ``true`` and ``false`` without arguments;
 * a first word that names, through ``PATH`` (only absolute entries, no empty one) or as a
@@ -113,7 +114,7 @@ def plain_words(payload: str) -> tuple[str, ...] | None:
         return None
     words = tuple(payload.split())
     first = words[0]
-    if "=" in first or first.startswith("-") or first in BASH_KEYWORDS:
+    if "=" in first or first.startswith(("-", "%")) or first in BASH_KEYWORDS:
         return None
     if first in BASH_BUILTINS and not (first in GATE_BUILTINS and len(words) == 1):
         return None

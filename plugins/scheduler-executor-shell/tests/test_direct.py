@@ -95,6 +95,9 @@ SYNTAX = {
     "ls\r": None,
     "ls é": None,
     "-ls": None,
+    "%1": None,  # a job spec: bash runs fg
+    "%ls": None,
+    "ls %1": ("ls", "%1"),
     "ls !x": None,
     "ls ^x": None,
 }
