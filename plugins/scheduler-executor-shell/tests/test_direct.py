@@ -141,9 +141,12 @@ def test_the_detectors_resolution_table(tmp_path: Path) -> None:
     assert direct_command("sleep 1", {}) is None  # no PATH: bash's default search
     # environments bash acts on
     for extra in ({"BASH_ENV": "/x"}, {"BASH_FUNC_sleep%%": "() { :; }"}, {"ENV": "/x"}, {"SHELLOPTS": "xtrace"},
-                  {"EXECIGNORE": "*"}, {"POSIXLY_CORRECT": "1"}, {"a-b": "1"}, {"SHLVL": "999"}, {"SHLVL": "x"}):
+                  {"EXECIGNORE": "*"}, {"POSIXLY_CORRECT": "1"}, {"a-b": "1"}, {"SHLVL": "999"}, {"SHLVL": "x"},
+                  {"PS1": "$ "}, {"RANDOM": "4"}, {"OPTIND": "3"}, {"LC_ALL": "xx_YY.UTF-8"},
+                  {"OLDPWD": str(tmp_path / "absent")}):
         assert direct_command("sleep 1", {**env, **extra}) is None, extra
-    assert direct_command("sleep 1", {**env, "SHLVL": "3"}) is not None
+    for extra in ({"SHLVL": "3"}, {"LC_ALL": "C.UTF-8"}, {"OLDPWD": str(tmp_path)}, {"PS3": "x"}, {"LANG": "xx"}):
+        assert direct_command("sleep 1", {**env, **extra}) is not None, extra
 
 
 def test_a_changed_file_is_looked_at_again(tmp_path: Path) -> None:
@@ -344,3 +347,36 @@ def test_a_gate_shell_that_is_not_dash_keeps_bash(run_job, monkeypatch: pytest.M
     r = run_job("ls /").result
     assert r.status == "ok" and "direct" not in r.details
     assert direct_mod.is_dash("/bin/sh") == (os.path.basename(os.path.realpath("/bin/sh")) == "dash")
+
+
+#: The variables of bash's manual ("Shell Variables") and a few others, each tried with these values.
+BASH_MANUAL_VARIABLES = (
+    "BASH", "BASHOPTS", "BASHPID", "BASH_ALIASES", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "BASH_CMDS",
+    "BASH_COMMAND", "BASH_COMPAT", "BASH_EXECUTION_STRING", "BASH_LINENO", "BASH_LOADABLES_PATH", "BASH_REMATCH",
+    "BASH_SOURCE", "BASH_SUBSHELL", "BASH_VERSINFO", "BASH_VERSION", "BASH_XTRACEFD", "CDPATH", "CHILD_MAX",
+    "COLUMNS", "COMP_CWORD", "COMP_KEY", "COMP_LINE", "COMP_POINT", "COMP_TYPE", "COMP_WORDBREAKS", "COMP_WORDS",
+    "COMPREPLY", "COPROC", "DIRSTACK", "EMACS", "ENV", "EPOCHREALTIME", "EPOCHSECONDS", "EUID", "EXECIGNORE",
+    "FCEDIT", "FIGNORE", "FUNCNAME", "FUNCNEST", "GLOBIGNORE", "GROUPS", "HISTCMD", "HISTCONTROL", "HISTFILE",
+    "HISTFILESIZE", "HISTIGNORE", "HISTSIZE", "HISTTIMEFORMAT", "HOSTFILE", "HOSTNAME", "HOSTTYPE", "IFS",
+    "IGNOREEOF", "INPUTRC", "INSIDE_EMACS", "LANG", "LC_ALL", "LC_COLLATE", "LC_CTYPE", "LC_MESSAGES",
+    "LC_NUMERIC", "LC_TIME", "LINENO", "LINES", "MACHTYPE", "MAIL", "MAILCHECK", "MAILPATH", "MAPFILE", "OLDPWD",
+    "OPTARG", "OPTERR", "OPTIND", "OSTYPE", "PIPESTATUS", "POSIXLY_CORRECT", "PPID", "PROMPT_COMMAND",
+    "PROMPT_DIRTRIM", "PS0", "PS1", "PS2", "PS3", "PS4", "READLINE_LINE", "READLINE_POINT", "REPLY", "SECONDS",
+    "SHELL", "SHELLOPTS", "SHLVL", "SRANDOM", "TIMEFORMAT", "TMOUT", "UID", "auto_resume", "histchars",
+)
+
+
+@pytest.mark.parametrize("value", ["x", "1", "/usr"])
+def test_every_bash_variable_either_keeps_bash_or_reaches_the_command_as_under_bash(
+        run_job, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """With each variable set in the dispatcher environment: the command's environment is bash's, or bash runs it."""
+    direct_count = 0
+    for name in BASH_MANUAL_VARIABLES:
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            fast, slow = _both(run_job, m, "env", executor_options={"env_policy": "inherit"})
+        if fast.details.get("direct"):
+            direct_count += 1
+            assert (fast.exit_code, fast.stderr.excerpt) == (slow.exit_code, slow.stderr.excerpt), name
+            assert sorted(_observed(fast)[4].splitlines()) == sorted(_observed(slow)[4].splitlines()), name
+    assert direct_count > len(BASH_MANUAL_VARIABLES) // 2  # most of them are nothing to bash
