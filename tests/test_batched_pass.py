@@ -228,3 +228,70 @@ def test_a_pass_that_fills_every_worker_sleeps_until_a_run_ends(store, tmp_path)
         wide._hurry.set()
         wide.request_stop()
         wide._shutdown()
+
+
+def _counting_scenario(store, tag):
+    """Jobs whose runs one pass ends: an auto-pausing failure, an ok run, a failure that retries, and two runs of one
+    ``allow`` job (the second fails); each role's runs started under one lease."""
+    roles = {
+        "pauses": add_job(store, name=f"{tag}-pauses", payload_message="x", max_consecutive_failures=1),
+        "ok": add_job(store, name=f"{tag}-ok", payload_message="x"),
+        "retries": add_job(store, name=f"{tag}-retries", payload_message="x", max_retries=1),
+        "twice": add_job(store, name=f"{tag}-twice", payload_message="x", overlap_policy="allow",
+                         max_consecutive_failures=1),
+    }
+    for role in ("pauses", "ok", "retries", "twice", "twice"):
+        enqueue_manual(store, roles[role]["id"])
+    return roles
+
+
+def test_a_pass_counts_its_runs_on_their_jobs_as_one_by_one(store):
+    """``complete_runs_in`` (one ``count_job_runs`` for the jobs the pass ends once) writes the job counters, the
+    auto-pause, the retry and the events that completing the runs one by one writes, on both stores."""
+    from scheduler.core.completion import complete_run_in, complete_runs_in
+    from scheduler.core.execution import ExecutionResult
+    from scheduler.pipeline.participants import default_completion_participants
+
+    participants = default_completion_participants()
+    lease = leases.acquire(store, "dispatcher", "D", 10_000)
+    outcome = {"pauses": ExecutionResult(status="error", error_code="X_FAILED", error_message="bad"),
+               "ok": ExecutionResult(status="ok"), "retries": ExecutionResult(status="timeout", error_code="T"),
+               "twice": ExecutionResult(status="ok")}
+    second = ExecutionResult(status="error", error_code="Y_FAILED")
+    seen = {}
+    for tag in ("batched", "single"):
+        roles = _counting_scenario(store, tag)
+        role_of = {job["id"]: role for role, job in roles.items()}
+        started = claim_and_start(store, lease, limit=6)
+        assert len(started) == 5
+        items, twice = [], 0
+        for s in started:
+            role = role_of[s.job.id]
+            twice += role == "twice"
+            items.append((s.run_id, second if role == "twice" and twice == 2 else outcome[role], s.outcomes))
+        now = now_ms()
+        with committing(store) as tx:
+            if tag == "batched":
+                ended = complete_runs_in(tx, lease, items, participants=participants, now=now)
+            else:
+                ended = [complete_run_in(tx, lease, run_id, r, participants=participants, now=now, outcomes=o)
+                         for run_id, r, o in items]
+        assert [run.id for run in ended] == [run_id for run_id, _r, _o in items]
+        with store.read() as tx:
+            jobs = {role_of[r["id"]]: (r["run_count"], r["last_status"], r["last_error"], r["consecutive_failures"],
+                                       r["enabled"])
+                    for r in tx.all("SELECT * FROM jobs WHERE id IN (?, ?, ?, ?)", list(role_of))}
+            events: dict[str, list[str]] = {}  # per job in order (the claim orders jobs due together by random id)
+            for e in tx.all("SELECT job_id, kind FROM runtime_events WHERE job_id IN (?, ?, ?, ?) AND at >= ? ORDER BY id",
+                            [*role_of, now]):
+                events.setdefault(role_of[e["job_id"]], []).append(e["kind"])
+            queue = sorted((role_of[d["job_id"]], d["kind"], d["status"]) for d in tx.all(
+                "SELECT job_id, kind, status FROM job_dispatch_queue WHERE job_id IN (?, ?, ?, ?)", list(role_of)))
+        seen[tag] = (jobs, events, queue)
+    assert seen["batched"] == seen["single"]
+    jobs, events, queue = seen["batched"]
+    assert jobs["pauses"][1:] == ("error", "bad", 1, 0) and jobs["ok"][:2] == (1, "ok")
+    assert jobs["twice"][0] == 2 and jobs["twice"][1] == "error" and jobs["twice"][4] == 0  # counted in order
+    assert events["pauses"] == ["run.finished", "job.auto_paused"]
+    assert events["twice"] == ["run.finished", "run.finished", "job.auto_paused"]
+    assert ("retries", "retry", "pending") in queue

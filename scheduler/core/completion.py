@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -138,10 +139,69 @@ def complete_run_in(
 ) -> RunRow:
     """``complete_run`` inside the caller's ``committing`` transaction, whose lease the caller asserted.
 
-    The dispatcher's pass completes all its finished runs in its one transaction; raises
-    ``StaleFence`` (and writes nothing for this run) when the run is no longer ours. The run
+    Raises ``StaleFence`` (and writes nothing for this run) when the run is no longer ours. The run
     returned holds what its terminal write returned (``transitions.finish_run``; an escalated
     run: ``transitions.escalate_run``'s columns, status ``awaiting_approval``).
+    """
+    run, owed = _end_run(tx, lease, run_id, result, participants=participants, now=now, outcomes=outcomes)
+    if owed:
+        apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
+                           suppress=outcomes is not None and outcomes.suppress_consequences)
+    return run
+
+
+#: What ``complete_runs_in`` completes: a run's id, its executor's result and the pipeline's outcomes (or None).
+Finished = tuple[str, ExecutionResult, RunOutcomes | None]
+
+
+def complete_runs_in(
+    tx: Tx, lease: Lease, finished: Sequence[Finished], *, participants: CompletionParticipants, now: int,
+) -> list[RunRow | StaleFence]:
+    """``complete_run_in`` for each of a pass's finished runs, in order, in the caller's transaction (lease asserted).
+
+    Each run's entry is what ``complete_run_in`` returns, or the ``StaleFence`` it raises (nothing
+    written for that run). The same writes, in the same order per run; only the job counters of
+    the runs whose job ends no other run of the pass go in one statement (``count_job_runs``) before
+    their consequences: counting a run never depends on another job's consequences. Runs of a job
+    the pass ends twice or more are counted one by one, each after the previous one's consequences.
+    """
+    ended: list[tuple[RunRow, bool, ExecutionResult, RunOutcomes | None] | StaleFence] = []
+    for run_id, result, outcomes in finished:
+        try:
+            run, owed = _end_run(tx, lease, run_id, result, participants=participants, now=now, outcomes=outcomes)
+        except StaleFence as exc:
+            ended.append(exc)
+            continue
+        ended.append((run, owed, result, outcomes))
+    owed_jobs = Counter(e[0].job_id for e in ended if not isinstance(e, StaleFence) and e[1])
+    once = [e[0] for e in ended if not isinstance(e, StaleFence) and e[1] and owed_jobs[e[0].job_id] == 1]
+    counted: dict[str, dict[str, object]] = {}
+    if len(once) > 1:
+        counted = {str(row["id"]): row for row in state.rows(tx, "count_job_runs", now=now,
+                                                             rows=[_count_params(run, now) for run in once])}
+    counted_ids = {run.id for run in once} if len(once) > 1 else set()
+    out: list[RunRow | StaleFence] = []
+    for e in ended:
+        if isinstance(e, StaleFence):
+            out.append(e)
+            continue
+        run, owed, result, outcomes = e
+        if owed:
+            row_of_job = (lambda job_id=run.job_id: counted.get(job_id)) if run.id in counted_ids else None
+            apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
+                               suppress=outcomes is not None and outcomes.suppress_consequences, counted=row_of_job)
+        out.append(run)
+    return out
+
+
+def _end_run(
+    tx: Tx, lease: Lease, run_id: str, result: ExecutionResult, *, participants: CompletionParticipants,
+    now: int, outcomes: RunOutcomes | None,
+) -> tuple[RunRow, bool]:
+    """A run's terminal write (or its escalation) and what the pipeline decided; ``(run, consequences owed)``.
+
+    Raises ``StaleFence`` (nothing written) when the run is no longer ours. An escalated run
+    waiting for a decision owes no consequences.
     """
     values = result_columns(result)
     if outcomes is not None:
@@ -154,7 +214,7 @@ def complete_run_in(
     if outcomes is not None and outcomes.escalate is not None and result.error_code == "AUTHORIZATION_ESCALATED":
         gated = escalate_to_approval(tx, lease, run_id, outcomes, participants, now=now)
         if gated is not None:
-            return gated  # waiting for a decision: no terminal state, no consequences
+            return gated, False  # waiting for a decision: no terminal state, no consequences
     run = transitions.finish_run(tx, run_id, owner=lease.owner, token=lease.token, status=result.status, values=values,
                                  error_message=message, now=now, process_state=process_state)
     if run is None:
@@ -163,9 +223,7 @@ def complete_run_in(
         keep_executor_state(tx, run, result.state, now=now, actor=lease.owner)
     if outcomes is not None:
         commit_outcomes(tx, run, outcomes, participants.evidence, now=now, actor=lease.owner)
-    apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
-                       suppress=outcomes is not None and outcomes.suppress_consequences)
-    return run
+    return run, True
 
 
 def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcomes, participants: CompletionParticipants, *,
@@ -235,7 +293,7 @@ def keep_executor_state(tx: Tx, run: RunRow, state: object, *, now: int, actor: 
 
 def apply_consequences(
     tx: Tx, run: RunRow, *, outbox: Outbox, details: Mapping[str, object] | None = None, now: int, allow_retry: bool = True,
-    actor: str | None = None, suppress: bool = False,
+    actor: str | None = None, suppress: bool = False, counted: Callable[[], Mapping[str, object] | None] | None = None,
 ) -> None:
     """Everything a terminal run causes, inside the caller's transaction (also used by crash recovery).
 
@@ -244,7 +302,8 @@ def apply_consequences(
     whose required evidence failed) counts the run but sends nothing and starts nothing.
     Every message goes through ``outbox``, in this order: notifications, the job's delivery,
     a watchdog alert. ``run`` is what its terminal write returned (``transitions.finish_run``,
-    ``transitions.crash_run``): its binding and identity columns included.
+    ``transitions.crash_run``): its binding and identity columns included. ``counted``: the run's job row as
+    ``count_job_runs`` returned it when the caller already counted the run (None: counted here, ``count_job_run``).
     """
     status = run.status
     transitions.finish_dispatch(tx, run.dispatch_id, "done", now=now, last_error=run.error_code if status != "ok" else None,
@@ -259,7 +318,7 @@ def apply_consequences(
     append_event(tx, "run.finished", job_id=run.job_id, run_id=run.id, dispatch_id=run.dispatch_id,
                  actor=actor, at=now, data=data, artifact_digest=run.artifact_digest,
                  principal=run.principal, trust_level=run.trust_level)
-    job = _update_job_counters(tx, run, now, actor)
+    job = _update_job_counters(tx, run, now, actor, counted)
     if job is None or suppress:
         return
     parts = _notify(tx, outbox, job, run, now)
@@ -287,22 +346,28 @@ def _open_debt(tx: Tx, job: CountedJob, run: RunRow, parts: int, group: str | No
         open_debt(tx, job_id=job.id, session_key=job.session_target, run_id=run.id, outbox_group=group, owner=actor, now=now)
 
 
-def _update_job_counters(tx: Tx, run: RunRow, now: int, actor: str | None) -> CountedJob | None:
-    """Count the run on its job (one UPDATE ... RETURNING) and auto-pause it after too many failures in a row.
+def _count_params(run: RunRow, now: int) -> dict[str, SQLValue]:
+    """What counting ``run`` on its job writes (statements ``count_job_run`` and ``count_job_runs``)."""
+    status = run.status
+    outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
+    return {"job_id": run.job_id, "last_run_at": run.started_at or now, "status": status,
+            "error": run.error_message if status != "ok" else None, "duration_ms": run.duration_ms, "outcome": outcome}
+
+
+def _update_job_counters(tx: Tx, run: RunRow, now: int, actor: str | None,
+                         counted: Callable[[], Mapping[str, object] | None] | None = None) -> CountedJob | None:
+    """Count the run on its job (one UPDATE ... RETURNING, or ``counted``: the caller's) and auto-pause it after too
+    many failures in a row.
 
     Auto-pause cancels the job's pending work exactly as ``jobs disable`` does
     (``transitions.cancel_pending_work``): pending dispatches, waiting runs, approvals.
     """
-    status = run.status
-    outcome = "ok" if status == "ok" else ("failure" if status in FAILURES else "other")
-    row = state.one(tx, "count_job_run", job_id=run.job_id, last_run_at=run.started_at or now, status=status,
-                    error=run.error_message if status != "ok" else None, duration_ms=run.duration_ms, outcome=outcome,
-                    now=now)
+    row = state.one(tx, "count_job_run", now=now, **_count_params(run, now)) if counted is None else counted()
     if row is None:
         return None
     job = CountedJob.from_row(row)
     failures, limit = job.consecutive_failures, job.max_consecutive_failures
-    if outcome == "failure" and limit and failures >= limit and job.enabled:
+    if run.status in FAILURES and limit and failures >= limit and job.enabled:
         reason = f"auto-paused after {failures} consecutive failures"
         state.execute(tx, "auto_pause_job", job_id=job.id, now=now, reason=reason)
         transitions.cancel_pending_work(tx, job.id, reason=reason, now=now, actor=actor)

@@ -25,14 +25,14 @@ import attrs
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state, transitions
+from scheduler.core.claimed import ClaimedRun
 from scheduler.core.events import append_event, os_identity
 from scheduler.core.jobs import job_state, resolve_job
 from scheduler.core.lease import Lease, assert_live
-from scheduler.core.outcomes import RunOutcomes
 from scheduler.core.rows import DispatchRow, JobRow, JSONObject, RunRow, SQLValue
 from scheduler.core.schedules import Schedule, missed_slots, next_fire
 from scheduler.core.spec import executor_name_of, spec_from_row
-from scheduler.core.steps import Gate, registered
+from scheduler.core.steps import Gate, Step, registered
 from scheduler.core.store.base import Store, Tx
 from scheduler.core.transitions import committing, insert_dispatch
 from scheduler.settings import current_settings
@@ -287,24 +287,9 @@ def enqueue_manual(store: Store, ref: str, *, now: int | None = None) -> dict[st
     return dict(row)
 
 
-@attrs.frozen
-class StartedRun:
-    """A claimed dispatch whose run row now exists in ``running`` under our fence."""
-
-    run_id: str
-    dispatch_id: str
-    dispatch_kind: str
-    job: JobRow
-    attempt: int
-    scheduled_for: int
-    started_at: int
-    parent_run_id: str | None
-    #: The run this one follows (chain parent, retried or replayed run), for the executor's trigger context.
-    source_run_id: str | None = None
-    #: What the pipeline's steps decide for this run (filled by its worker, committed with its terminal state).
-    outcomes: RunOutcomes = attrs.Factory(RunOutcomes)
-    #: When its dispatch row was queued (``created_at``): what tells a catch-up from a late start (``ClaimedRun``).
-    queued_at: int | None = None
+#: A claimed dispatch whose run row now exists in ``running`` under our fence: the claim builds the very ``ClaimedRun``
+#: its worker gets (one object per run, not a copy per layer).
+StartedRun = ClaimedRun
 
 
 #: Dispatches a claim reads per free worker, oldest due first (a job's waiting slots are passed over among them).
@@ -390,6 +375,7 @@ def claim_and_start_in(
     # counted, one by one, so a run another dispatcher starts meanwhile is always seen.
     batch = _BatchReads(tx, candidates, limit) if not tx.for_update and candidates else None
     deferred_jobs: set[str] = set()
+    gates = registered().gates  # once per pass: the steps that may gate a run
     # New runs are claimed and inserted together after the loop (transitions.claim_and_start_many): the loop's
     # decisions never read them back (a job with a run started here is deferred, or its policy is ``allow``).
     new_runs: list[transitions.NewRun] = []
@@ -433,7 +419,7 @@ def claim_and_start_in(
         if vetoed:
             _skip_dispatch(tx, d, job, f"veto: {vetoed}", now, lease)
             continue
-        run = _start(tx, lease, d, job, now)
+        run = _start(tx, lease, d, job, now, gates)
         if run is None:
             if batch:
                 batch.forget(job.id)  # an approval gate opened: its waiting run counts from now on
@@ -556,7 +542,8 @@ def _skip_dispatch(tx: Tx, d: DispatchRow, job: JobRow, reason: str, now: int, l
                     replay_of_run_id=d.source_run_id if d.replay_count else None)
 
 
-def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int) -> StartedRun | transitions.NewRun | None:
+def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int,
+           gates: Sequence[Step]) -> StartedRun | transitions.NewRun | None:
     """Claim ``d`` and start its run; or open a step's gate (``Step.gates``); or resume the run its approval released.
 
     None when nothing is to execute now (no longer ours, or waiting for a decision); a
@@ -583,7 +570,7 @@ def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int) -> Start
     elif d.kind == "chain":
         parent_run_id = d.source_run_id
     replay_of = d.source_run_id if d.replay_count else None
-    gate = next((step for step in registered().gates if step.gates(job)), None)
+    gate = next((step for step in gates if step.gates(job)), None)
     if gate is None:
         return transitions.NewRun(run_id=run_id, claim_token=secrets.token_hex(8), job=job, dispatch=d, attempt=attempt,
                                   executor=executor_name_of(job), parent_run_id=parent_run_id, retry_of_run_id=retry_of,

@@ -16,7 +16,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.claimed import ClaimedRun
-from scheduler.core.completion import complete_run_in
+from scheduler.core.completion import complete_runs_in
 from scheduler.core.contracts import Expiry
 from scheduler.core.dispatcher.config import (
     BUSY_BACKOFF_MAX_S,
@@ -141,8 +141,8 @@ class Pass:
                         expire(tx, now=tick_now)
                     if free > 0:
                         self._newest_first = not self._newest_first
-                        started = [ClaimedRun.of(s) for s in claim_and_start_in(tx, lease, limit=free, now=tick_now,
-                                                                                veto=veto, newest_first=self._newest_first)]
+                        started = claim_and_start_in(tx, lease, limit=free, now=tick_now, veto=veto,
+                                                     newest_first=self._newest_first)
                     parts = next_due_parts(tx)
         except leases.LeaseLost:
             workers.forget(finished)
@@ -207,15 +207,15 @@ class Pass:
         lease = self.keeper.lease
         assert lease is not None
         now = now_ms() if now is None else now
-        participants = self.completion
+        ended = complete_runs_in(tx, lease, [(s.run_id, result, s.outcomes) for s, result in finished],
+                                 participants=self.completion, now=now)
         done: list[tuple[ClaimedRun, RunRow]] = []
-        for s, result in finished:
-            try:
-                done.append((s, complete_run_in(tx, lease, s.run_id, result, participants=participants, now=now,
-                                                outcomes=s.outcomes)))
-            except StaleFence as exc:
+        for (s, _result), run in zip(finished, ended, strict=True):
+            if isinstance(run, StaleFence):
                 self.stats["skipped_commits"] += 1
-                self.say(f"{clock()} not committing run {s.run_id[:8]}: {exc.message}")
+                self.say(f"{clock()} not committing run {s.run_id[:8]}: {run.message}")
+            else:
+                done.append((s, run))
         return done
 
     def complete_each(self, finished: list[tuple[ClaimedRun, ExecutionResult]]) -> list[tuple[ClaimedRun, RunRow]]:

@@ -103,6 +103,22 @@ RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_fai
   delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to, watchdog_self_destruct, notify,
   session_target, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children
 
+-- name: count_job_runs
+-- count_job_run for several runs of distinct jobs at once (a dispatcher pass's completions), each row one run of its
+-- job; returns count_job_run's columns for every job counted.
+UPDATE jobs SET run_count = run_count + 1,
+  last_run_at = CASE id [[WHEN :job_id THEN :last_run_at]] ELSE last_run_at END,
+  last_status = CASE id [[WHEN :job_id THEN :status]] ELSE last_status END,
+  last_error = CASE id [[WHEN :job_id THEN :error]] ELSE last_error END,
+  last_duration_ms = CASE id [[WHEN :job_id THEN :duration_ms]] ELSE last_duration_ms END,
+  consecutive_failures = CASE CASE id [[WHEN :job_id THEN :outcome]] END WHEN 'ok' THEN 0
+    WHEN 'failure' THEN consecutive_failures + 1 ELSE consecutive_failures END,
+  updated_at = :now
+WHERE id IN ([[, :job_id]])
+RETURNING id, name, enabled, job_type, consecutive_failures, max_consecutive_failures, max_retries, retry_backoff_ms,
+  delivery_mode, delivery_channel, delivery_to, watchdog_alert_channel, watchdog_alert_to, watchdog_self_destruct, notify,
+  session_target, EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = jobs.id) AS has_children
+
 -- name: advance_next_run
 -- A due slot materialised: the job's next run advances, by compare-and-swap on the slot read (one dispatcher wins).
 UPDATE jobs SET next_run_at = :next_run_at, schedule_anchor_at = :schedule_anchor_at, updated_at = :now
