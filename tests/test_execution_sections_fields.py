@@ -43,13 +43,19 @@ def test_a_section_reading_a_field_outside_the_contract_fails_loudly() -> None:
     """Sections are cached per contract column values, shared by jobs that differ in name, schedule, retries...
     (``NON_CONTRACT_FIELDS``): a step whose section read one of those would be served another job's projection,
     so the view it projects refuses it."""
-    class ReadsName(StepBase):
-        name = "reads-name"
-        sections = ("named",)
+    class Reads(StepBase):
+        name = "reads"
+        sections = ("read",)
+
+        def __init__(self, read: Any) -> None:
+            self.read = read
 
         def project(self, spec: Any) -> dict[str, Any]:
-            return {"named": spec.name}
+            return {"read": self.read(spec)}
 
     spec = validate_spec({"name": "s", "schedule_kind": "manual", "payload_message": "true"}, plugin_options=False)
-    with installed_as([*registered().steps, ReadsName()]), pytest.raises(AttributeError, match="outside the execution contract"):
-        execution_sections(spec)
+    for read in (lambda s: s.name, lambda s: s.schedule_at, lambda s: s.retention, lambda s: s.schedule(), lambda s: s.to_json()):
+        with installed_as([*registered().steps, Reads(read)]), pytest.raises(AttributeError, match="only the execution contract"):
+            execution_sections(spec)
+    with installed_as([*registered().steps, Reads(lambda s: [s.executor_name(), s.payload_message, s.provenance])]):
+        assert execution_sections(spec)["read"] == ["shell", "true", "user_added"]

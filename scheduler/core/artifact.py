@@ -34,7 +34,7 @@ from scheduler.base.canonical import canonical_digest, canonical_json, hash_text
 from scheduler.base.errors import SchedulerError
 from scheduler.base.timeutil import to_iso
 from scheduler.core.rows import JobRow, JSONObject, JSONValue
-from scheduler.core.spec import NON_CONTRACT_FIELDS, JobSpec, contract_columns, spec_from_row
+from scheduler.core.spec import CONTRACT_COLUMN_ORDER, JobSpec, contract_columns, spec_from_row
 from scheduler.core.steps import NOT_REGISTERED, Installed, Plan, derive_plan, plan_for, refuse_unowned, registered
 from scheduler.settings import current_settings
 
@@ -92,9 +92,10 @@ DEFAULT_PROVENANCE = "user_added"
 
 
 class _ContractView:
-    """A spec as the artifact sections see it: its execution contract, and an ``AttributeError`` for any field outside
-    it (``NON_CONTRACT_FIELDS``). A section that read one would differ between jobs that share a cached projection
-    (``_native``), so it fails loudly instead."""
+    """A spec as the artifact sections see it: the fields of its execution contract and ``executor_name()``, and an
+    ``AttributeError`` for anything else (the fields in ``NON_CONTRACT_FIELDS``, and methods such as ``schedule()``
+    or ``to_json()`` that read them). A section that read one would differ between jobs that share a cached
+    projection (``_native``), so it fails loudly instead."""
 
     __slots__ = ("_spec",)
 
@@ -102,10 +103,14 @@ class _ContractView:
         self._spec = spec
 
     def __getattr__(self, name: str) -> Any:
-        if name in NON_CONTRACT_FIELDS:
-            raise AttributeError(f"an execution artifact section may not read the job's {name!r}: it is outside the"
-                                 " execution contract (scheduler.core.spec.NON_CONTRACT_FIELDS)")
+        if name not in _CONTRACT_VIEW:
+            raise AttributeError(f"an execution artifact section may not read the job's {name!r}: only the execution"
+                                 " contract (every field but scheduler.core.spec.NON_CONTRACT_FIELDS) and executor_name()")
         return getattr(self._spec, name)
+
+
+#: What ``_ContractView`` hands on: the contract fields, and the one method that reads only them.
+_CONTRACT_VIEW = frozenset(CONTRACT_COLUMN_ORDER) | {"executor_name"}
 
 
 def execution_sections(spec: JobSpec) -> JSONObject:
