@@ -230,6 +230,46 @@ def test_a_pass_that_fills_every_worker_sleeps_until_a_run_ends(store, tmp_path)
         wide._shutdown()
 
 
+def test_a_pass_after_one_that_found_less_work_than_workers_gathers_a_window(store, tmp_path, monkeypatch):
+    """A time-capped commit group: after a pass that started fewer runs than it had free workers (work arriving one
+    run at a time), the next pass waits until ``GROUP_WINDOW_S`` after it, so it commits the window's finished runs
+    and due work together; after a pass that filled its workers (a backlog) the next pass does not wait."""
+    from scheduler.core.dispatcher import DispatcherConfig
+    from scheduler.core.dispatcher import passes as passes_module
+    from scheduler.runtime import dispatcher as Dispatcher
+
+    window = 30.0  # longer than this test's passes take on a loaded machine (the real one is GROUP_WINDOW_S)
+    monkeypatch.setattr(passes_module, "GROUP_WINDOW_S", window)
+    slept: list[float] = []
+    for _ in range(3):
+        enqueue_manual(store, add_job(store, payload_message="sleep:2", overlap_policy="allow")["id"])
+    d = Dispatcher(store, DispatcherConfig(concurrency=2, artifacts_root=tmp_path / "a", lease_ttl_ms=5_000))
+    monkeypatch.setattr(d._pass, "pause", slept.append)
+    d.start()
+    try:
+        d._tick()  # fills both workers: a backlog
+        d._tick()
+        assert d.stats["started"] == 2 and slept == []
+    finally:
+        d.request_stop()
+        d._stop.set()
+        d._hurry.set()
+        d._shutdown()
+    enqueue_manual(store, add_job(store, payload_message="ok")["id"])
+    wide = Dispatcher(store, DispatcherConfig(concurrency=4, artifacts_root=tmp_path / "b", lease_ttl_ms=5_000))
+    monkeypatch.setattr(wide._pass, "pause", slept.append)
+    wide.start()
+    try:
+        wide._tick()  # two runs (the leftover and the new one) for four workers
+        assert wide.stats["started"] == 2 and slept == []
+        wide._tick()
+        assert len(slept) == 1 and window - 5 < slept[0] <= window  # until the window after the last pass
+    finally:
+        wide._hurry.set()
+        wide.request_stop()
+        wide._shutdown()
+
+
 def _counting_scenario(store, tag):
     """Jobs whose runs one pass ends: an auto-pausing failure, an ok run, a failure that retries, and two runs of one
     ``allow`` job (the second fails); each role's runs started under one lease."""

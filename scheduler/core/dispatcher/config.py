@@ -16,6 +16,10 @@ MAX_SLEEP_S = 1.0
 CANCEL_CHECK_MS = 100
 #: How often a sleeping loop looks for other processes' changes (well inside the 250 ms promise).
 WAIT_SLICE_S = 0.02
+#: A pass that found less work than it had free workers for (work arrives one run at a time) is followed by the next
+#: pass no sooner than this (seconds) after it: that pass then takes the finished runs and due work of the whole window
+#: in one commit (a time-capped commit group), at most this much later. A pass that fills its workers is followed at once.
+GROUP_WINDOW_S = 0.002
 #: How long a failed executor load is remembered before the dispatcher tries again.
 EXECUTOR_RETRY_S = 30.0
 #: After a run's deadline, how long its executor gets to end the run itself (``timeout``) before

@@ -22,6 +22,7 @@ from scheduler.core.dispatcher.config import (
     BUSY_BACKOFF_MAX_S,
     CANCEL_CHECK_MS,
     DISK_FULL_BACKOFF_MAX_S,
+    GROUP_WINDOW_S,
     MAX_SLEEP_S,
     WAIT_SLICE_S,
     DispatcherConfig,
@@ -86,6 +87,10 @@ class Pass:
         self._disk_full_attempts = 0
         #: Whether the next claim takes the newest due dispatches before the oldest (alternating: ``claim_candidates``).
         self._newest_first = False
+        #: ``time.monotonic()`` at the end of the last pass that committed work.
+        self._last_pass = 0.0
+        #: Whether that pass started fewer runs than it had free workers for (work arriving one run at a time).
+        self._trickle = False
 
     def tick(self, *, claim: bool = True) -> float:
         """One pass; returns how long to sleep.
@@ -99,6 +104,10 @@ class Pass:
         lease = self.keeper.lease
         assert lease is not None
         workers = self.workers
+        if self._trickle and claim:  # the last pass took all there was: gather the window's work (GROUP_WINDOW_S)
+            rest = self._last_pass + GROUP_WINDOW_S - time.monotonic()
+            if rest > 0:
+                self.pause(rest)
         self.store.wait_for_change(0)  # arm: changes after this point (not before our reads) wake the next wait
         tick_now = now_ms()
         if tick_now - self._cancels_checked_at >= CANCEL_CHECK_MS:
@@ -156,6 +165,8 @@ class Pass:
             # One bad completion must not take the others (or new claims) down: commit them one by one.
             log.warning("group commit failed (%s); completing runs one at a time", exc.message)
             committed, started, created = self.complete_each(finished), [], 0
+        self._last_pass = time.monotonic()
+        self._trickle = bool(started or committed) and len(started) < free
         retried = {s.run_id for s, _r in workers.retry}
         workers.forget([item for item in finished if item[0].run_id not in retried])
         if created:
@@ -280,6 +291,10 @@ class Pass:
             self.say(line)
         else:
             lines.append(line)
+
+    def pause(self, seconds: float) -> None:
+        """Let a commit group's window pass (``GROUP_WINDOW_S``): a plain sleep, since a finishing run must not cut it."""
+        time.sleep(seconds)
 
     def wait(self, timeout: float) -> None:
         """Sleep until ``timeout``, a finished run (in-process event) or another process's change."""
