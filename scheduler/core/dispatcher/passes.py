@@ -97,7 +97,9 @@ class Pass:
 
         Finished runs are completed, due slots materialised and free workers given new
         runs in ONE write transaction (group commit: one commit for many runs). An idle
-        pass costs one indexed read. ``claim=False`` (during shutdown) only commits
+        pass costs one indexed read. After a pass that started fewer runs than it had
+        free workers, this one starts ``GROUP_WINDOW_S`` after it at the earliest (a
+        time-capped commit group). ``claim=False`` (during shutdown) only commits
         finished runs. A busy database raises ``DB_BUSY`` after keeping the finished
         results for the next pass.
         """
