@@ -25,6 +25,7 @@ import pytest
 from kernel_testing import add_job, run_job_once
 
 import scheduler
+from scheduler.testing import unreachable_by_others
 
 CORPUS = Path(__file__).parent / "fixtures" / "crontab" / "system"
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="running as another account needs root")
@@ -174,15 +175,6 @@ def test_a_job_whose_adder_is_no_longer_allowed_is_refused_at_run(store: Any, di
 _CLI = ("import site, sys; site.addsitedir(sys.argv.pop(1)); from scheduler.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
-def _skip_unless_others_can_reach(*paths: str) -> None:
-    """Skip when ``nobody`` could not reach the venv or the checkout (a clone under a 0700 directory, as ``mktemp -d`` makes)."""
-    for path in paths:
-        resolved = Path(path).resolve()
-        for d in (resolved, *resolved.parents):
-            if not os.stat(d).st_mode & 0o001:
-                pytest.skip(f"{d} is not searchable by other accounts, so nobody cannot load the scheduler from {path}")
-
-
 def _system_python() -> str:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     found = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}") if os.access(p, os.X_OK)), None)
@@ -195,7 +187,8 @@ def _as_nobody(args: list[str], db: Path, env_dir: Path, config: Path | None = N
     """The real CLI in a subprocess running as nobody (uid, gid and groups dropped by subprocess)."""
     nobody = pwd.getpwnam("nobody")
     site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    _skip_unless_others_can_reach(site_dir, os.path.dirname(scheduler.__file__))
+    if (unreachable := unreachable_by_others(site_dir, os.path.dirname(scheduler.__file__))) is not None:
+        pytest.skip(unreachable)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(env_dir), "TZ": "UTC"}
     if config is not None:
         env["SCHEDULER_CONFIG"] = str(config)

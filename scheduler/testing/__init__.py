@@ -238,6 +238,20 @@ def _probe_postgres() -> str | None:
     return None
 
 
+def unreachable_by_others(*paths: str | Path) -> str | None:
+    """Why another account (a test running a command as ``nobody``) could not reach ``paths``, or None when it can.
+
+    Such a test must load the scheduler from this venv and checkout; under a directory others may not search (a clone
+    under ``mktemp -d``, mode 0700) it would fail with an empty output instead, so it skips with this reason.
+    """
+    for path in paths:
+        resolved = Path(path).resolve()
+        for directory in (resolved, *resolved.parents):
+            if not os.stat(directory).st_mode & 0o001:
+                return f"{directory} is not searchable by other accounts, so they cannot load the scheduler from {path}"
+    return None
+
+
 @contextmanager
 def temporary_postgres_schema() -> Iterator[str]:
     """A store URL in a fresh PostgreSQL schema of its own, dropped afterwards."""

@@ -35,7 +35,7 @@ from scheduler_executor_shell.runner import CgroupPlan, run_process
 
 import scheduler.api
 from scheduler.api import RecoveryRequest
-from scheduler.testing import LocalRunControl
+from scheduler.testing import LocalRunControl, unreachable_by_others
 
 PLACE = find_place()
 needs_cgroups = pytest.mark.skipif(isinstance(PLACE, Unavailable), reason=f"no usable cgroup v2 here: {getattr(PLACE, 'reason', '')}")
@@ -250,15 +250,6 @@ _AS_NOBODY = textwrap.dedent(
 )
 
 
-def _skip_unless_others_can_reach(*paths: str) -> None:
-    """Skip when ``nobody`` could not reach the venv or the checkout (a clone under a 0700 directory, as ``mktemp -d`` makes)."""
-    for path in paths:
-        resolved = Path(path).resolve()
-        for d in (resolved, *resolved.parents):
-            if not os.stat(d).st_mode & 0o001:
-                pytest.skip(f"{d} is not searchable by other accounts, so nobody cannot load the scheduler from {path}")
-
-
 def _nobody_python() -> tuple[str, str]:
     """A system interpreter of this version, and the venv's site-packages for it."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -266,7 +257,8 @@ def _nobody_python() -> tuple[str, str]:
     if python is None:
         pytest.skip(f"no system {version} that the nobody account can run")
     site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    _skip_unless_others_can_reach(site_dir, os.path.dirname(os.path.dirname(scheduler.api.__file__)))
+    if (unreachable := unreachable_by_others(site_dir, os.path.dirname(os.path.dirname(scheduler.api.__file__)))) is not None:
+        pytest.skip(unreachable)
     return python, site_dir
 
 
