@@ -13,7 +13,7 @@ import pytest
 from scheduler_executor_shell import ShellExecutor
 from scheduler_toolkit.settings import reload_settings
 
-from scheduler.api import ExecutionRequest, ExecutionResult
+from scheduler.api import ExecutionRequest, ExecutionResult, SchedulerError
 from scheduler.testing import LocalRunControl
 from scheduler.testing import make_request as build_request
 
@@ -115,3 +115,17 @@ def assert_group_gone(pgid: int, *, reaped: bool = False, timeout_s: float = 15.
 def group_gone() -> Callable[..., None]:
     """``assert_group_gone`` as a fixture (test modules cannot import conftest under importlib mode)."""
     return assert_group_gone
+
+
+class _FenceLostControl(LocalRunControl):
+    """A run control whose fence is lost as the handle is recorded: the payload must never start."""
+
+    def record_handle(self, handle: dict) -> None:
+        super().record_handle(handle)
+        raise SchedulerError("LEASE_LOST", "fence lost")
+
+
+@pytest.fixture
+def fence_lost_control() -> LocalRunControl:
+    """A fresh ``LocalRunControl`` whose ``record_handle`` records the handle, then raises ``LEASE_LOST``."""
+    return _FenceLostControl()

@@ -19,7 +19,6 @@ from scheduler_executor_shell import direct as direct_mod
 from scheduler_executor_shell import executor as executor_mod
 from scheduler_executor_shell.direct import direct_command, plain_words
 
-from scheduler.api import SchedulerError
 from scheduler.testing import LocalRunControl
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -263,15 +262,10 @@ def test_cancel_kills_the_direct_commands_group(run_job, group_gone) -> None:
     group_gone(control.handles[0]["pgid"], reaped=True)
 
 
-def test_a_direct_command_never_starts_when_its_handle_is_not_recorded(run_job, tmp_path: Path, group_gone) -> None:
+def test_a_direct_command_never_starts_when_its_handle_is_not_recorded(run_job, tmp_path: Path, group_gone, fence_lost_control) -> None:
     marker = tmp_path / "side-effect"
 
-    class Fenced(LocalRunControl):
-        def record_handle(self, handle: dict) -> None:
-            super().record_handle(handle)
-            raise SchedulerError("LEASE_LOST", "fence lost")
-
-    control = Fenced()
+    control = fence_lost_control
     r = run_job(f"touch {marker}", control=control).result
     assert (r.status, r.error_code, r.details.get("direct")) == ("error", "LEASE_LOST", True)
     assert not marker.exists()

@@ -162,15 +162,10 @@ def test_record_handle_before_payload_runs(run_job, tmp_path: Path) -> None:
     assert not same_process(pid, "ticks:1")
 
 
-def test_record_handle_failure_never_starts_payload(run_job, tmp_path: Path, group_gone) -> None:
+def test_record_handle_failure_never_starts_payload(run_job, tmp_path: Path, group_gone, fence_lost_control) -> None:
     marker = tmp_path / "side-effect"
 
-    class Fenced(LocalRunControl):
-        def record_handle(self, handle: dict) -> None:
-            super().record_handle(handle)
-            raise SchedulerError("LEASE_LOST", "fence lost")
-
-    control = Fenced()
+    control = fence_lost_control
     r = run_job(f"touch {marker}; sleep 30", control=control).result
     assert (r.status, r.error_code) == ("error", "LEASE_LOST")
     assert not marker.exists()
