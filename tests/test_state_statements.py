@@ -121,18 +121,20 @@ def test_each_table_has_exactly_one_insert() -> None:
 
 
 def _calls_by_name() -> dict[str, set[str]]:
-    """Statement name -> the modules that run it (``state.execute/one/rows(tx, "name", ...)``)."""
+    """Statement name -> the modules that run it (``state.execute/one/rows(tx, "name", ...)``, ``state.prepare("name", ...)``)."""
     used: dict[str, set[str]] = {}
     for rel, path in _modules():
         if rel.startswith("scheduler/core/state/"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("execute", "one", "rows") and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "state" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-                    and isinstance(node.args[1].value, str)):
-                used.setdefault(node.args[1].value, set()).add(rel)
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "state"):
+                continue
+            at = {"execute": 1, "one": 1, "rows": 1, "prepare": 0}.get(node.func.attr)
+            if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant) \
+                    and isinstance(node.args[at].value, str):
+                used.setdefault(node.args[at].value, set()).add(rel)
     return used
 
 

@@ -32,11 +32,12 @@ import attrs
 
 from scheduler.base.errors import SchedulerError
 from scheduler.core.state import approvals, debts, dispatches, jobs, outbox, runs
-from scheduler.core.state.named import Statement, StatementError, parse
+from scheduler.core.state.named import Rendered, Statement, StatementError, parse
 from scheduler.core.store.base import Tx
 
 __all__ = [
-    "STATEMENTS", "Probe", "Statement", "StatementError", "catalogue", "execute", "one", "parse", "probes", "rows", "unrunnable",
+    "STATEMENTS", "Probe", "Rendered", "Statement", "StatementError", "catalogue", "execute", "one", "parse", "prepare", "probes", "rows",
+    "unrunnable",
 ]
 
 
@@ -80,6 +81,15 @@ def rows(tx: Tx, name: str, /, **params: Any) -> list[dict[str, Any]]:
     """Run the statement ``name`` (one with RETURNING) with ``params`` in ``tx``; every row it returned."""
     sql, values = _bound(name, params)
     return tx.all(sql, values)
+
+
+def prepare(name: str, /, **params: Any) -> Rendered:
+    """The statement ``name`` as a call with ``params`` runs it (``Statement.prepare``: checked, to keep per shape)."""
+    try:
+        stmt = STATEMENTS[name]
+    except KeyError:
+        raise StatementError(f"no named statement {name!r}") from None
+    return stmt.prepare(params)
 
 
 @attrs.frozen

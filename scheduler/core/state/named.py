@@ -250,6 +250,23 @@ class Statement:
             raise self._mismatch(bad, wanted, what="a row of ") from None
         return rendered.sql, values
 
+    def prepare(self, params: Mapping[str, Any]) -> Rendered:
+        """The rendered text a call with ``params`` runs, checked as ``bind`` checks it, for a caller to keep per shape.
+
+        Only for a statement without repeated parts. The ``Rendered``'s ``values`` reads only
+        the names that text uses, so a hot caller that keeps it per shape of its calls (the same
+        keywords and flags as ``params``) binds its later calls of that shape with just those
+        names, checked once instead of per call (``transitions.finish_run``). ``StatementError``
+        for a repeated statement, or a missing or unknown parameter.
+        """
+        self._parse()
+        if any(isinstance(p, Repeat) for p in self._parts or ()):
+            raise StatementError(f"statement {self.name!r} writes rows: it has no one-row shape to prepare")
+        self.bind(params)  # refuses a missing or unknown parameter
+        if self._single is not None:
+            return self._single
+        return self._switched(tuple(map(bool, self._pick_flags(params))))
+
     def _mismatch(self, given: Mapping[str, Any], wanted: frozenset[str], what: str = "") -> StatementError:
         missing = sorted(wanted - set(given))
         unknown = sorted(set(given) - wanted)

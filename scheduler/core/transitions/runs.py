@@ -203,10 +203,11 @@ def outcome_params(values: Mapping[str, SQLValue], params: dict[str, SQLValue]) 
             params[column], params["set_" + column] = None, 0
 
 
-#: ``finish_run``'s flags per set of columns given (a few shapes of result: checked and computed once per shape).
-_FLAGS_OF: dict[frozenset[str], dict[str, int]] = {}
+#: ``finish_run``'s prepared statement per set of columns given (a few shapes of result: checked and rendered once per
+#: shape, ``state.prepare``).
+_SHAPES: dict[frozenset[str], state.Rendered] = {}
 #: Shapes kept at most (an unbounded variety of column sets is not expected; the cache starts over past it).
-_FLAGS_MAX = 256
+_SHAPES_MAX = 256
 
 
 def _finish_flags(keys: frozenset[str]) -> dict[str, int]:
@@ -221,10 +222,19 @@ def _finish_flags(keys: frozenset[str]) -> dict[str, int]:
         flags[flag] = 1 if given else 0
     for column, flag in _OUTCOME_FLAGS:
         flags[flag] = 1 if column in keys else 0
-    if len(_FLAGS_OF) >= _FLAGS_MAX:
-        _FLAGS_OF.clear()
-    _FLAGS_OF[keys] = flags
     return flags
+
+
+def _finish_shape(keys: frozenset[str]) -> state.Rendered:
+    """``finish_run`` as a call writing the columns ``keys`` runs it: its flags checked, every keyword passed once."""
+    params: dict[str, SQLValue] = dict.fromkeys(_FINISHED)
+    params.update(_finish_flags(keys))
+    shape = state.prepare("finish_run", run_id=None, owner=None, token=None, status=None, error_message=None, now=None,
+                          process_state=None, **params)
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    _SHAPES[keys] = shape
+    return shape
 
 
 def finish_run(
@@ -240,16 +250,18 @@ def finish_run(
     ``RESULT_GROUPS``) and the pipeline's (``OUTCOME_COLUMNS``); a group or column not in it is
     left as it is. RETURNING hands back what completion and its consequences read (statement
     ``finish_run``) without another read: the returned row holds those columns (the others are None).
+
+    The statement is prepared once per set of columns given (``state.prepare``: the flags and
+    keywords checked then); a call binds only the values its text uses.
     """
     keys = frozenset(values)
-    flags = _FLAGS_OF.get(keys)
-    if flags is None:
-        flags = _finish_flags(keys)
-    params: dict[str, SQLValue] = dict.fromkeys(_FINISHED)
-    params.update(values)
-    params.update(flags)
-    row = state.one(tx, "finish_run", run_id=run_id, owner=owner, token=token, status=status, error_message=error_message,
-                    now=now, process_state=process_state, **params)
+    shape = _SHAPES.get(keys)
+    if shape is None:
+        shape = _finish_shape(keys)
+    params = dict(values)
+    params["run_id"], params["owner"], params["token"], params["status"] = run_id, owner, token, status
+    params["error_message"], params["now"], params["process_state"] = error_message, now, process_state
+    row = tx.one(shape.sql, shape.values(params))
     if row is None:
         return None
     run = RunRow.from_row(row)
