@@ -93,9 +93,13 @@ def _f(
     return attrs.field(default=default, metadata=meta)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class JobSpec:
-    """A validated, normalised job specification (what a user may set)."""
+    """A validated, normalised job specification (what a user may set).
+
+    Not slotted: ``spec_from_row`` (every run) fills a new spec's ``__dict__`` in one C-level call instead of
+    running the generated ``__init__`` (``_filled``), as ``scheduler.core.rows`` does for rows.
+    """
 
     name: str = _f(
         kind="str", required=True,
@@ -663,15 +667,40 @@ def spec_from_row(row: JobRow | Mapping[str, object]) -> JobSpec:
     """Rebuild the ``JobSpec`` stored in a jobs row (already validated when written).
 
     On the dispatcher's hot path (every run): the contract columns of a ``JobRow`` are converted once per exact
-    stored values (``_contract_values``: jobs of one shape share it), the other columns per call. JSON values are
-    parsed afresh for every spec (two specs never share a dict or a list), so the spec of one run can be changed by
+    stored values (``_contract_shape``: jobs of one shape share it), the other columns per call, and the spec's
+    ``__dict__`` is filled in C (``_filled``) rather than through ``JobSpec.__init__``. JSON values are parsed
+    afresh for every spec (two specs never share a dict or a list), so the spec of one run can be changed by
     whatever it is handed to without reaching another's.
     """
     if not isinstance(row, JobRow):
         return _spec(_converted(_ROW_PLAN, spec_columns(row)))
-    values = _contract_values(_CONTRACT_COLUMNS(row))
-    values.update(_converted(_OTHER_PLAN, _OTHER_COLUMNS(row)))
-    return _spec(values)
+    columns = _CONTRACT_COLUMNS(row)
+    shape = _contract_shape(columns)
+    if shape is None:  # a JSON column read as a mapping (unhashable): converted, never remembered
+        values = _converted(_CONTRACT_PLAN, columns)
+        values.update(_converted(_OTHER_PLAN, _OTHER_COLUMNS(row)))
+        return _spec(values)
+    fixed, fresh = shape
+    others = list(_OTHER_COLUMNS(row))
+    for i, default, factory in _OTHER_DEFAULTED:  # a column read as None takes its field's default
+        if others[i] is None:
+            others[i] = factory() if factory is not None else default
+    for i in _OTHER_BOOLS:
+        if others[i] is not None:
+            others[i] = bool(others[i])
+    for i, name in _OTHER_JSON:
+        if others[i] is not None:
+            others[i] = _json_value(name, others[i])
+    return _filled(fixed, fresh, others)
+
+
+def _json_value(name: str, val: object) -> object:
+    """The stored JSON column ``name`` (its text, or a mapping a read returned) as a new spec value."""
+    if isinstance(val, str):
+        return json.loads(val)
+    if isinstance(val, Mapping):
+        return dict(val)
+    raise TypeError(f"the {name} column holds {type(val).__name__}, not JSON text")
 
 
 def _converted(plan: tuple[tuple[str, str, bool, Callable[[], object] | None, object], ...],
@@ -685,37 +714,36 @@ def _converted(plan: tuple[tuple[str, str, bool, Callable[[], object] | None, ob
         elif kind == "bool":
             val = bool(val)
         elif kind == "json":
-            if isinstance(val, str):
-                val = json.loads(val)
-            elif isinstance(val, Mapping):
-                val = dict(val)
-            else:
-                raise TypeError(f"the {name} column holds {type(val).__name__}, not JSON text")
+            val = _json_value(name, val)
         values[name] = val
     return values
 
 
-def _contract_values(columns: tuple[object, ...]) -> dict[str, object]:
-    """The contract field values of stored contract columns ``columns``: scalars converted once per exact values
-    (remembered), JSON values made afresh (an empty object or list as a new one, other text parsed)."""
+#: What a contract shape remembers: every spec field in declaration order, its contract fields converted (the
+#: others, and the JSON ones, are placeholders the caller replaces), and a maker of a fresh value per JSON (or
+#: factory-defaulted) contract field.
+_Shape = tuple[dict[str, object], tuple[tuple[str, Callable[[], object]], ...]]
+
+
+def _contract_shape(columns: tuple[object, ...]) -> _Shape | None:
+    """The contract fields of stored contract columns ``columns``: scalars converted once per exact values
+    (remembered), JSON values made afresh by their makers (an empty object or list as a new one, other text parsed).
+    None when a column is unhashable (a JSON column read as a mapping): nothing is remembered for it."""
     try:
         shape = _CONTRACT_SHAPES.get(columns)
-    except TypeError:  # a JSON column read as a mapping: converted, never remembered
-        return _converted(_CONTRACT_PLAN, columns)
+    except TypeError:
+        return None
     if shape is None:
         converted = _converted(_CONTRACT_PLAN, columns)
         fresh = tuple((name, _maker(text, factory)) for (name, kind, _, factory, _), text
                       in zip(_CONTRACT_PLAN, columns, strict=True) if (kind == "json" and text is not None)
                       or (text is None and factory is not None))
-        shape = ({k: v for k, v in converted.items() if k not in dict(fresh)}, fresh)
+        made = {name for name, _make in fresh}
+        shape = ({name: None if name in made else converted.get(name) for name in SPEC_COLUMN_ORDER}, fresh)
         if len(_CONTRACT_SHAPES) >= _CONTRACT_SHAPES_MAX:
             _CONTRACT_SHAPES.clear()
         _CONTRACT_SHAPES[columns] = shape
-    fixed, fresh = shape
-    values = fixed.copy()
-    for name, make in fresh:
-        values[name] = make()
-    return values
+    return shape
 
 
 def _maker(text: object, factory: Callable[[], object] | None) -> Callable[[], object]:
@@ -734,10 +762,33 @@ def _maker(text: object, factory: Callable[[], object] | None) -> Callable[[], o
 
 _CONTRACT_PLAN = tuple(p for p in _ROW_PLAN if p[0] not in NON_CONTRACT_FIELDS)
 _OTHER_PLAN = tuple(p for p in _ROW_PLAN if p[0] in NON_CONTRACT_FIELDS)
-_OTHER_COLUMNS = attrgetter(*(p[0] for p in _OTHER_PLAN))
-#: Stored contract column values -> (their immutable field values, (JSON field, maker) pairs); bounded, cleared when full.
-_CONTRACT_SHAPES: dict[tuple[object, ...], tuple[dict[str, object], tuple[tuple[str, Callable[[], object]], ...]]] = {}
+_OTHER_NAMES = tuple(p[0] for p in _OTHER_PLAN)
+_OTHER_COLUMNS = attrgetter(*_OTHER_NAMES)
+#: ``(index, default, factory)`` of the other fields whose default is not None (a None column takes it).
+_OTHER_DEFAULTED = tuple((i, default, factory) for i, (_n, _kind, has_default, factory, default) in enumerate(_OTHER_PLAN)
+                         if has_default and (factory is not None or default is not None))
+#: Indexes of the other fields stored as 0/1, and of those stored as JSON text (with their names).
+_OTHER_BOOLS = tuple(i for i, p in enumerate(_OTHER_PLAN) if p[1] == "bool")
+_OTHER_JSON = tuple((i, p[0]) for i, p in enumerate(_OTHER_PLAN) if p[1] == "json")
+#: Stored contract column values -> their ``_Shape``; bounded, cleared when full.
+_CONTRACT_SHAPES: dict[tuple[object, ...], _Shape] = {}
 _CONTRACT_SHAPES_MAX = 4096
+
+
+def _filled(fixed: dict[str, object], fresh: tuple[tuple[str, Callable[[], object]], ...], others: list[object]) -> JobSpec:
+    """A new ``JobSpec`` of a contract shape's ``fixed`` values, a value of each ``fresh`` maker and the ``others``
+    (``_OTHER_NAMES`` order), its ``__dict__`` filled in C rather than through the generated ``__init__`` (a
+    frozen ``__init__`` sets each of the 56 fields through a Python-level ``object.__setattr__`` call: about 7 µs
+    a spec on the worker's hot path). ``JobSpec`` has no validator, converter or post-init that this skips, the
+    fields keep their declaration order (``fixed`` has every field), and a test holds such a spec equal to
+    ``JobSpec(**values)``'s."""
+    spec: JobSpec = object.__new__(JobSpec)
+    values = spec.__dict__
+    values.update(fixed)
+    for name, make in fresh:
+        values[name] = make()
+    values.update(zip(_OTHER_NAMES, others))
+    return spec
 
 
 def _spec(values: dict[str, object]) -> JobSpec:
