@@ -25,6 +25,9 @@ LOOKUP: object = object()
 _COLUMNS = "at, kind, job_id, run_id, dispatch_id, actor, artifact_digest, data, principal, trust_level"
 #: Rows per multi-row INSERT of a batch (10 parameters each: well inside every SQLite's and PostgreSQL's limit).
 _BATCH_ROWS = 90
+#: An event's ``data`` as its row's text: ``json.dumps(data, sort_keys=True, default=str)``, with the encoder made once
+#: (the same options, so the same text) rather than per event.
+_data_text = json.JSONEncoder(sort_keys=True, default=str).encode
 #: The fully known event rows of the open ``batched`` block on this thread (None: no block open).
 _batch: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("scheduler_event_batch", default=None)
 
@@ -103,7 +106,7 @@ def append_event(
     pending = _batch.get()
     if artifact_digest is not None and principal is not LOOKUP and trust_level is not LOOKUP:
         row = (now_ms() if at is None else at, kind, job_id, run_id, dispatch_id, actor, artifact_digest,
-               json.dumps(data, sort_keys=True, default=str) if data else None, principal, trust_level)
+               _data_text(data) if data else None, principal, trust_level)
         if pending is not None:
             pending.append(row)
         else:
@@ -127,7 +130,7 @@ def append_event(
             run_id,
             dispatch_id,
             job_id,
-            json.dumps(data, sort_keys=True, default=str) if data else None,
+            _data_text(data) if data else None,
             run_id,
             run_id,
         ),
