@@ -49,11 +49,18 @@ class AfterCommit:
     """The observer notifications queued by the transitions of one transaction."""
 
     def __init__(self) -> None:
-        self.notices: list[RunNotice] = []
+        #: The queued transitions as ``RunNotice`` fields (``notify`` queues a tuple: the notice is made only when
+        #: an observer wants it, at ``fire``).
+        self.queued: list[tuple[str, str, str | None, str, int]] = []
+
+    @property
+    def notices(self) -> list[RunNotice]:
+        """The queued notifications, in order."""
+        return [RunNotice(*fields) for fields in self.queued]
 
     def add(self, notice: RunNotice) -> None:
         """Queue one notification (fired by ``fire`` once the transaction committed)."""
-        self.notices.append(notice)
+        self.queued.append((notice.run_id, notice.job_id, notice.old_status, notice.new_status, notice.at_ms))
 
     def fire(self, store: Store, hooks: Observers | None = None) -> None:
         """Tell observers about every queued transition, in order; never raises.
@@ -62,8 +69,8 @@ class AfterCommit:
         terminal runs of the transaction and only when a plugin implements that hook
         (the dispatcher's hot path pays nothing for observers nobody installed).
         """
-        notices, self.notices = self.notices, []
-        if not notices:
+        queued, self.queued = self.queued, []
+        if not queued:
             return
         try:
             if hooks is None:
@@ -74,6 +81,7 @@ class AfterCommit:
             wants_done = hooks.wants("scheduler_run_completed")
             if not (wants_state or wants_done):
                 return
+            notices = [RunNotice(*fields) for fields in queued]
             rows = _read_runs(store, [n.run_id for n in notices if n.terminal]) if wants_done else {}
             for n in notices:
                 if wants_state:
@@ -84,7 +92,7 @@ class AfterCommit:
                         "id": n.run_id, "job_id": n.job_id, "status": n.new_status}
                     hooks.run_completed(view)
         except Exception:  # an observer problem never undoes or blocks a committed transition
-            log.exception("could not notify observers of %d run transition(s)", len(notices))
+            log.exception("could not notify observers of %d run transition(s)", len(queued))
 
 
 def _read_runs(store: Store, run_ids: list[str]) -> dict[str, RunRow]:
@@ -131,4 +139,4 @@ def notify(run_id: str, job_id: str, old: str | None, new: str, at_ms: int) -> N
     if scope is None:
         log.debug("run %s %s -> %s outside a committing() transaction: observers not notified", run_id, old, new)
         return
-    scope.add(RunNotice(run_id, job_id, old, new, at_ms))
+    scope.queued.append((run_id, job_id, old, new, at_ms))
