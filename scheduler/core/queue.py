@@ -167,23 +167,25 @@ def materialize_due_in(tx: Tx, *, now: int, limit: int = 200) -> int:
     A pass with no job due costs one indexed read.
     """
     created = 0
-    # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other.
+    # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other. The
+    # columns that tell a one-shot reached in time from the others, and all its batch writes need (``_DUE_COLUMNS``):
+    # a whole jobs row is read only for the jobs that take the per-job path below.
     found = tx.all(
-        "SELECT * FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ? ORDER BY next_run_at LIMIT ?"
-        + tx.skip_locked,
+        f"SELECT {_DUE_COLUMNS} FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?"
+        " ORDER BY next_run_at LIMIT ?" + tx.skip_locked,
         (now, limit),
     )
     if not found:
         return 0
     grace_ms = current_settings().dispatcher.misfire_grace_ms
-    rows = [JobRow.from_row(row) for row in found]
-    # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT.
-    on_time = [job for job in rows if job.schedule_kind == "at" and now - (job.next_run_at or 0) <= grace_ms]
-    if len(on_time) > 1:
+    # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT (a
+    # single one too: the writes are the per-job path's for it, and its whole row is not read).
+    on_time = [due for due in found if due["schedule_kind"] == "at" and now - (due["next_run_at"] or 0) <= grace_ms]
+    if on_time:
         created += _materialize_one_shots(tx, on_time, now)
-        batched_ids = {job.id for job in on_time}
-        rows = [job for job in rows if job.id not in batched_ids]
-    for job in rows:
+        batched_ids = {due["id"] for due in on_time}
+        found = [due for due in found if due["id"] not in batched_ids]
+    for job in _whole_rows(tx, [str(due["id"]) for due in found]):
         slot = job.next_run_at
         assert slot is not None  # selected on next_run_at IS NOT NULL
         kind = "at" if job.schedule_kind == "at" else "schedule"
@@ -218,29 +220,47 @@ def materialize_due_in(tx: Tx, *, now: int, limit: int = 200) -> int:
     return created
 
 
+#: What ``materialize_due_in`` reads of every due job: enough to batch a one-shot reached in time.
+_DUE_COLUMNS = "id, schedule_kind, next_run_at, artifact_digest"
+
+
+def _text(value: SQLValue) -> str | None:
+    """A TEXT column's value (None stays None)."""
+    return None if value is None else str(value)
+
+
+def _whole_rows(tx: Tx, ids: list[str]) -> list[JobRow]:
+    """The jobs rows of ``ids`` (read, and locked, by this transaction already), in the order of ``ids``."""
+    if not ids:
+        return []
+    marks = ", ".join("?" * len(ids))
+    by_id = {str(row["id"]): row for row in tx.all(f"SELECT * FROM jobs WHERE id IN ({marks})", ids)}
+    return [JobRow.from_row(by_id[job_id]) for job_id in ids if job_id in by_id]
+
+
 #: One-shot jobs per multi-row statement of ``_materialize_one_shots`` (12 parameters a dispatch row).
 _ONE_SHOT_ROWS = 100
 
 
-def _materialize_one_shots(tx: Tx, jobs: list[JobRow], now: int) -> int:
+def _materialize_one_shots(tx: Tx, jobs: list[dict[str, SQLValue]], now: int) -> int:
     """``materialize_due`` for one-shot jobs due within the misfire grace: their single slot becomes a dispatch.
 
     What the per-job path does for them (next run cleared, one ``at`` dispatch bound to the
     job's artifact, idempotent on the slot's id), in one ``clear_next_runs`` ... RETURNING and one
     multi-row ``insert_dispatches`` per chunk. The rows were read in this transaction (SQLite: exclusive;
     PostgreSQL: locked), so their ``next_run_at`` is still the slot read; a job the UPDATE
-    does not return is not materialised. Returns how many dispatch rows were created.
+    does not return is not materialised. ``jobs``: their ``_DUE_COLUMNS``. Returns how many dispatch rows were created.
     """
     created = 0
     for i in range(0, len(jobs), _ONE_SHOT_ROWS):
         chunk = jobs[i:i + _ONE_SHOT_ROWS]
-        advanced = {r["id"] for r in state.rows(tx, "clear_next_runs", now=now, rows=[{"job_id": job.id} for job in chunk])}
-        chunk = [job for job in chunk if job.id in advanced]
+        advanced = {r["id"] for r in state.rows(tx, "clear_next_runs", now=now, rows=[{"job_id": job["id"]} for job in chunk])}
+        chunk = [job for job in chunk if job["id"] in advanced]
         if not chunk:
             continue
         created += len(state.rows(tx, "insert_dispatches", rows=[transitions.dispatch_row(
-            id=slot_dispatch_id(job.id, "at", slot), job_id=job.id, kind="at", due_at=slot, now=now,
-            artifact_digest=job.artifact_digest) for job in chunk if (slot := job.next_run_at) is not None]))
+            id=slot_dispatch_id(str(job["id"]), "at", slot), job_id=str(job["id"]), kind="at", due_at=slot, now=now,
+            artifact_digest=_text(job["artifact_digest"])) for job in chunk if isinstance(slot := job["next_run_at"], int)]))
     return created
 
 
