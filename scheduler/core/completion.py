@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import attrs
 
@@ -93,8 +93,10 @@ def result_columns(result: ExecutionResult) -> dict[str, SQLValue]:
         "summary": (result.summary or "")[:4096] or None,
         "env_policy_warning": result.env_warning,
     }
-    cols.update(_stream_columns("stdout", result.stdout))
-    cols.update(_stream_columns("stderr", result.stderr))
+    if result.stdout is not None:
+        cols.update(_stream_columns("stdout", result.stdout))
+    if result.stderr is not None:
+        cols.update(_stream_columns("stderr", result.stderr))
     s = result.structured
     if s:
         cols.update(
@@ -173,7 +175,11 @@ def complete_runs_in(
             ended.append(exc)
             continue
         ended.append((run, owed, result, outcomes))
-    owed_jobs = Counter(e[0].job_id for e in ended if not isinstance(e, StaleFence) and e[1])
+    owed_jobs: dict[str, int] = {}  # how many of the pass's owed runs each job ends
+    for e in ended:
+        if not isinstance(e, StaleFence) and e[1]:
+            job_id = e[0].job_id
+            owed_jobs[job_id] = owed_jobs.get(job_id, 0) + 1
     once = [e[0] for e in ended if not isinstance(e, StaleFence) and e[1] and owed_jobs[e[0].job_id] == 1]
     counted: dict[str, dict[str, object]] = {}
     if len(once) > 1:
@@ -187,7 +193,7 @@ def complete_runs_in(
             continue
         run, owed, result, outcomes = e
         if owed:
-            row_of_job = (lambda job_id=run.job_id: counted.get(job_id)) if run.id in counted_ids else None
+            row_of_job = partial(counted.get, run.job_id) if run.id in counted_ids else None
             apply_consequences(tx, run, outbox=participants.outbox, details=result.details, now=now, actor=lease.owner,
                                suppress=outcomes is not None and outcomes.suppress_consequences, counted=row_of_job)
         out.append(run)
