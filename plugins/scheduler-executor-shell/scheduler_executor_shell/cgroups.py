@@ -234,6 +234,8 @@ class RunCgroup:
     directory: str
     relative: str
     has_kill: bool
+    #: True once ``remove_if_empty`` removed it: nothing was left in it, and nothing can join it any more.
+    removed: bool = False
 
     @classmethod
     def create(cls, place: Place, run_id: str, step: str, token: str) -> RunCgroup:
@@ -260,7 +262,26 @@ class RunCgroup:
 
     def populated(self) -> bool:
         """Whether a live process is left in the cgroup (``cgroup.events``; zombies do not count)."""
-        return cgroup_populated(self.directory)
+        return not self.removed and cgroup_populated(self.directory)
+
+    def remove_if_empty(self) -> bool:
+        """Remove the cgroup when it holds no live process; True when it is gone (now, or already).
+
+        The kernel refuses to remove a populated cgroup (``EBUSY``), so one ``rmdir`` that works
+        says "nothing is left" and does the removal the run ends with anyway: four system calls
+        fewer than reading ``cgroup.events`` first. False (it stays) when the ``rmdir`` is refused
+        for any reason: ``populated`` then says whether something is left (a child cgroup also
+        makes it refuse).
+        """
+        if not self.removed:
+            try:
+                os.rmdir(self.directory)
+            except FileNotFoundError:
+                pass  # gone already: nothing can be in it
+            except OSError:
+                return False
+            self.removed = True
+        return True
 
     def kill(self, grace_s: float, *, reap: Callable[[], object] | None = None) -> str:
         """``kill_cgroup`` of this cgroup."""
@@ -268,7 +289,11 @@ class RunCgroup:
 
     def remove(self) -> str | None:
         """Remove the (emptied) cgroup; the error text when it cannot be removed (left for recovery), else None."""
-        return remove_cgroup(self.directory)
+        if self.removed:
+            return None
+        problem = remove_cgroup(self.directory)
+        self.removed = problem is None
+        return problem
 
 
 def cgroup_populated(directory: str) -> bool:

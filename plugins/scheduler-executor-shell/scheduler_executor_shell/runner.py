@@ -26,7 +26,8 @@ order of events is what makes it safe to recover after a crash:
    after a normal exit the leader is reaped and one ``killpg(pgid, 0)`` says whether
    anything of the group is left (no ``/proc`` scan unless it is); members left behind
    (daemonised background jobs) are killed too, and recorded, so nothing of the run keeps running;
-   In a cgroup, one read of ``cgroup.events`` says it for everything the command started:
+   In a cgroup, one ``rmdir`` says it for everything the command started (the kernel refuses to remove a
+   populated cgroup; ``cgroup.events`` is read only when it refuses):
    a child that left the group (``setsid``) is not waited for, but it is a leftover and is
    killed with the cgroup when the run ends;
 6. the pipe pump gets a bounded time to reach EOF; a pipe still held by a process
@@ -131,8 +132,12 @@ class Containment:
     cgroup: RunCgroup | None = None
 
     def leftovers(self) -> bool:
-        """After the leader was reaped: whether live members remain (the group's check is cheap first, see below)."""
-        if self.cgroup is not None and self.cgroup.populated():
+        """After the leader was reaped: whether live members remain (the group's check is cheap first, see below).
+
+        The cgroup is asked by removing it (``remove_if_empty``): an empty one, the common case, is
+        gone then (``release`` has nothing left to do); one the kernel keeps is asked ``populated``.
+        """
+        if self.cgroup is not None and not self.cgroup.remove_if_empty() and self.cgroup.populated():
             return True
         return leftovers_after_reap(self.pgid) and bool(live_group_members(self.pgid))
 
@@ -371,7 +376,7 @@ def _finish(
         # Reaped now: while members remain the kernel keeps the number reserved as their group id,
         # so one killpg tells an empty group (the common case) from leftovers without a /proc scan;
         # the scan runs only to tell live leftovers from zombies a slow init has not reaped yet.
-        # A cgroup says it in one read of cgroup.events, for everything the command started.
+        # A cgroup says it for everything the command started: removed if empty, else cgroup.events.
         proc.wait()
         if tracker.leftovers():
             outcome.leftovers_killed = True  # left behind: must not outlive the run
