@@ -240,24 +240,43 @@ class RunControl(Protocol):
         """Append a runtime event for this run (audit trail)."""
 
 
+#: Guards the making of a token's event (``CancellationToken._flag``): held for that instant only, once per token at most.
+_FLAG_LOCK = threading.Lock()
+
+
 class CancellationToken:
-    """The cancellation half of a ``RunControl``: set once, first reason wins, waitable."""
+    """The cancellation half of a ``RunControl``: set once, first reason wins, waitable.
+
+    Its ``threading.Event`` is made when first needed (a cancel, or a wait): the dispatcher makes a token per run
+    on its loop thread, and most runs end without either (``_flag``).
+    """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._event: threading.Event | None = None
         self._reason: str | None = None
+
+    def _flag(self) -> threading.Event:
+        """The token's event, made once (under ``_FLAG_LOCK``: a cancel and a wait racing get the same one)."""
+        event = self._event
+        if event is None:
+            with _FLAG_LOCK:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        return event
 
     def cancel(self, reason: str = "user") -> None:
         """Request cancellation; a later request does not change the recorded reason."""
         if self._reason is None:
             self._reason = reason
-        self._event.set()
+        self._flag().set()
 
     def is_cancelled(self) -> bool:
-        return self._event.is_set()
+        event = self._event
+        return event is not None and event.is_set()
 
     def wait_cancelled(self, timeout_s: float) -> bool:
-        return self._event.wait(max(0.0, timeout_s))
+        return self._flag().wait(max(0.0, timeout_s))
 
     def cancel_reason(self) -> str | None:
         return self._reason
