@@ -16,6 +16,7 @@ the count; ``skip``: one ``skipped`` run), however short or long the gap.
 
 from __future__ import annotations
 
+import os
 import secrets
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,17 @@ CLAIM_TTL_MS = 60_000
 GAP_SCAN_LIMIT = 10_000
 #: First window (ms) scanned back from now for the last slot of a very long cron gap.
 _TAIL_WINDOW_MS = 3_600_000
+
+
+def new_run_id() -> str:
+    """A new run's id: a random (version 4) UUID in its canonical text form, as ``str(uuid.uuid4())`` gives it, from
+    the same ``os.urandom`` bytes but without building a ``UUID`` object (the claim makes one per run)."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+#: The first hex digit of a UUID's clock sequence with its two top bits set to the RFC 4122 variant (``10``).
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def slot_dispatch_id(job_id: str, kind: str, slot_ms: int) -> str:
@@ -277,7 +289,7 @@ def record_skip(tx: Tx, job: JobRow, *, slot_ms: int | None, reason: str, now: i
 
     ``replay_of_run_id``: set for a replay dispatch (a veto can still skip one), so the row keeps its lineage.
     """
-    run_id = str(uuid.uuid4())
+    run_id = new_run_id()
     transitions.record_skipped(tx, job, run_id=run_id, slot_ms=slot_ms, reason=reason, now=now, dispatch_id=dispatch_id,
                                dispatch_kind=dispatch_kind, data=data, replay_of_run_id=replay_of_run_id)
     return run_id
@@ -346,9 +358,10 @@ def claim_candidates(tx: Tx, *, now: int, limit: int, newest_first: bool = False
                     + tx.skip_locked, (now, oldest[-1]["due_at"], limit))
     newest.reverse()  # among themselves in due order: a job's earlier slot before its later one
     first, second = (newest, oldest) if newest_first else (oldest, newest)
-    merged: list[dict[str, SQLValue]] = []
-    for i in range(max(len(first), len(second))):
-        merged += [side[i] for side in (first, second) if i < len(side)]
+    # One of each in turn while both last, then the rest of the longer one.
+    merged: list[dict[str, SQLValue]] = [d for pair in zip(first, second) for d in pair]
+    shorter = min(len(first), len(second))
+    merged += first[shorter:] or second[shorter:]
     return merged
 
 
@@ -581,7 +594,7 @@ def _start(tx: Tx, lease: Lease, d: DispatchRow, job: JobRow, now: int,
         return StartedRun(run_id=approved.id, dispatch_id=d.id, dispatch_kind=d.kind, job=job, attempt=approved.attempt,
                           scheduled_for=approved.scheduled_for, started_at=now, parent_run_id=approved.parent_run_id,
                           source_run_id=approved.source_run_id, queued_at=d.created_at)
-    run_id = str(uuid.uuid4())
+    run_id = new_run_id()
     attempt, parent_run_id, retry_of = 1, None, None
     if d.kind == "retry" and d.source_run_id:
         src = tx.one("SELECT attempt FROM runs WHERE id = ?", (d.source_run_id,))
@@ -624,6 +637,7 @@ __all__ = [
     "materialize_due",
     "materialize_due_in",
     "next_due",
+    "new_run_id",
     "next_due_parts",
     "record_skip",
     "release_expired_claims",
