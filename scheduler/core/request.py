@@ -21,8 +21,14 @@ from scheduler.core.run_as import check_at_run
 from scheduler.core.spec import JobSpec
 
 
+#: What a job declaring no constraints demands (frozen, so every such run is given this one).
+_UNCONSTRAINED = Constraints()
+
+
 def constraints_of(spec: JobSpec) -> Constraints:
-    """The job's ``constraints`` as a ``Constraints`` instance."""
+    """The job's ``constraints`` as a ``Constraints`` instance (asked twice a run: by governance and the request)."""
+    if not spec.constraints:
+        return _UNCONSTRAINED
     raw = dict(spec.constraints)
     if "allowed_paths" in raw and raw["allowed_paths"] is not None:
         raw["allowed_paths"] = tuple(raw["allowed_paths"])
