@@ -64,7 +64,10 @@ class Row:
         """The row a read returned, as this class (a column the read did not select is None; other keys are ignored)."""
         names = _NAMES.get(cls) or _names(cls)
         made = object.__new__(cls)
-        made.__dict__.update(zip(names, map(row.get, names), strict=True))  # one C-level fill: see the module docstring
+        if len(row) == len(names) and row.keys() == _NAME_SETS[cls]:  # a whole row (``SELECT *``, ``RETURNING *``)
+            made.__dict__.update(row)
+        else:
+            made.__dict__.update(zip(names, map(row.get, names), strict=True))  # one C-level fill: see the module docstring
         return made
 
     def to_dict(self) -> dict[str, SQLValue]:
