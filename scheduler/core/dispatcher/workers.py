@@ -164,15 +164,15 @@ class Workers:
         run for its deadline is recorded as the ``timeout`` it is.
         """
         items, self.retry = self.retry, []
-        while True:
-            try:
-                items.append(self.finished.get_nowait())
-            except queue.Empty:
-                break
+        finished = self.finished
+        while not finished.empty():  # the loop is its only reader: a queue not empty has a result to get
+            items.append(finished.get_nowait())
+        if not items:
+            return items
+        with self.lock:  # once for the pass's results, not once each
+            entries = [self.active.get(s.run_id) for s, _result in items]
         kept = []
-        for s, result in items:
-            with self.lock:
-                entry = self.active.get(s.run_id)
+        for (s, result), entry in zip(items, entries, strict=True):
             if entry is None or (entry.abandoned is not None and result is not entry.abandoned):
                 if s.run_id in self.abandoned:  # else: a run given up with the lease, nothing to say
                     self.abandoned.discard(s.run_id)
