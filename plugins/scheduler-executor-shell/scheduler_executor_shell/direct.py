@@ -86,7 +86,6 @@ _BASH_VARIABLES = frozenset({
 })
 #: ``LC_ALL`` values bash accepts without a warning on every host (another one may make it print a setlocale warning).
 _PORTABLE_LC_ALL = frozenset({"", "C", "POSIX", "C.UTF-8", "C.utf8"})
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SHLVL = re.compile(r"[0-9]{1,3}")
 _ELF = b"\x7fELF"
 
@@ -153,8 +152,8 @@ def direct_command(payload: str, env: Mapping[str, str]) -> DirectCommand | None
 
 def _env_is_plain(env: Mapping[str, str]) -> bool:
     """True when bash would not act on anything in ``env`` before running a plain command."""
-    for name in env:
-        if name.startswith("BASH") or name in _BASH_VARIABLES or not _NAME.fullmatch(name):
+    for name in env:  # a valid name: ASCII letters, digits and "_", not a digit first ([A-Za-z_][A-Za-z0-9_]*)
+        if name.startswith("BASH") or name in _BASH_VARIABLES or not (name.isascii() and name.isidentifier()):
             return False
     if env.get("LC_ALL", "") not in _PORTABLE_LC_ALL:
         return False

@@ -60,6 +60,8 @@ DEFAULT_KILL_GRACE_S = 2.0
 DEFAULT_SHELLS = ("/bin/bash", "/bin/sh")
 #: Prefix of the variables that override ``[executors.shell]`` (``SCHEDULER_EXECUTORS_SHELL_<KEY>``).
 OVERRIDE_PREFIX = "SCHEDULER_EXECUTORS_SHELL_"
+#: How many job environments (distinct ``env_policy`` and ``env_allow``) an executor keeps built (``_job_environment``).
+ENV_SHAPES_KEPT = 64
 
 
 def _executable_path(value: str) -> str | None:
@@ -209,6 +211,9 @@ class ShellExecutor:
         #: The dispatcher environment last read: ``os.environ``'s raw items, that environment decoded (read-only),
         #: and the settings resolved for it (``_dispatcher_environ``).
         self._environ_seen: tuple[tuple[tuple[bytes, bytes], ...], Mapping[str, str], ShellSettings | None] | None = None
+        #: The job environments built from the dispatcher environment last read (``_job_environment``): that
+        #: environment, and per (env_policy, env_allow) the filtered variables and the warning.
+        self._env_built: tuple[Mapping[str, str], dict[tuple[str, tuple[str, ...]], tuple[dict[str, str], str | None]]] | None = None
 
     def configure(self, settings: ShellSettings) -> None:
         """Nothing to keep: the loader has validated the table (a bad value fails the load with
@@ -257,6 +262,22 @@ class ShellExecutor:
             self._environ_seen = (seen[0], environ, settings)
         return settings
 
+    def _job_environment(self, environ: Mapping[str, str], options: ShellOptions) -> tuple[dict[str, str], str | None]:
+        """``build_environment`` for the job's ``env_policy`` and ``env_allow`` from ``environ``: a fresh dict per run.
+
+        Remembered per job shape for as long as ``_dispatcher_environ`` hands out the same environment
+        (it does until a variable changes), so a run pays a dict copy, not the filter's lookup (which
+        hashes every variable of the dispatcher's environment). ``ValueError`` for an unknown policy, never kept.
+        """
+        built = self._env_built
+        if built is None or built[0] is not environ or len(built[1]) >= ENV_SHAPES_KEPT:
+            built = self._env_built = (environ, {})
+        key = (options.env_policy, tuple(options.env_allow))
+        found = built[1].get(key)
+        if found is None:
+            found = built[1][key] = build_environment(options.env_policy, environ, allow=options.env_allow)
+        return dict(found[0]), found[1]
+
     def execute(self, request: ExecutionRequest, control: RunControl) -> ExecutionResult:
         """Run one attempt of a shell job and report it; see the module docstring for the guarantees."""
         options = request.options if isinstance(request.options, ShellOptions) else ShellOptions()
@@ -264,7 +285,7 @@ class ShellExecutor:
         try:
             settings = self._settings_for(environ)
             plan = cgroup_plan(settings, request.run_id)
-            env, env_warning = build_environment(options.env_policy, environ, allow=options.env_allow)
+            env, env_warning = self._job_environment(environ, options)
         except (SchedulerError, ValueError) as exc:
             err = exc if isinstance(exc, SchedulerError) else SchedulerError("SHELL_CONFIG_INVALID", str(exc))
             return ExecutionResult(status="error", error_code=err.code, error_message=err.message)

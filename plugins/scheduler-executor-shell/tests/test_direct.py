@@ -140,11 +140,11 @@ def test_the_detectors_resolution_table(tmp_path: Path) -> None:
     assert direct_command("sleep 1", {}) is None  # no PATH: bash's default search
     # environments bash acts on
     for extra in ({"BASH_ENV": "/x"}, {"BASH_FUNC_sleep%%": "() { :; }"}, {"ENV": "/x"}, {"SHELLOPTS": "xtrace"},
-                  {"EXECIGNORE": "*"}, {"POSIXLY_CORRECT": "1"}, {"a-b": "1"}, {"SHLVL": "999"}, {"SHLVL": "x"},
+                  {"EXECIGNORE": "*"}, {"POSIXLY_CORRECT": "1"}, {"a-b": "1"}, {"1X": "1"}, {"CAF\u00c9": "1"}, {"SHLVL": "999"}, {"SHLVL": "x"},
                   {"PS1": "$ "}, {"RANDOM": "4"}, {"OPTIND": "3"}, {"LC_ALL": "xx_YY.UTF-8"},
                   {"OLDPWD": str(tmp_path / "absent")}):
         assert direct_command("sleep 1", {**env, **extra}) is None, extra
-    for extra in ({"SHLVL": "3"}, {"LC_ALL": "C.UTF-8"}, {"OLDPWD": str(tmp_path)}, {"PS3": "x"}, {"LANG": "xx"}):
+    for extra in ({"SHLVL": "3"}, {"LC_ALL": "C.UTF-8"}, {"OLDPWD": str(tmp_path)}, {"PS3": "x"}, {"_X9": "1"}, {"LANG": "xx"}):
         assert direct_command("sleep 1", {**env, **extra}) is not None, extra
 
 

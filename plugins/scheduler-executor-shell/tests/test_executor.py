@@ -13,6 +13,7 @@ import pytest
 from scheduler_executor_shell import ShellExecutor
 from scheduler_toolkit.process import same_process
 from scheduler_toolkit.settings import reload_settings
+from scheduler_toolkit.types import CredentialPresentation
 
 from scheduler.api import PLUGIN_API_VERSION, Executor, SchedulerError
 from scheduler.testing import LocalRunControl
@@ -265,6 +266,20 @@ def test_one_executor_sees_environment_changes_between_runs(make_request, monkey
     assert run(env_policy="inherit", env_allow=["PROBE_TOKEN"]) == "one:secret\n"
     monkeypatch.setenv("PROBE_VALUE", "two")
     assert run(env_policy="inherit") == "two:unset\n"
+
+
+def test_a_runs_own_variables_never_reach_the_next_run_of_the_same_shape(make_request) -> None:
+    """The job environment kept per job shape is copied for each run: a credential or run id set on one run
+    (``extra_env``, credentials) is not in the next one's."""
+    executor = ShellExecutor()
+    payload = 'echo "${PROBE_SECRET_VALUE-unset}:$SCHEDULER_RUN_ID"'
+    with_secret = make_request(payload, credentials=(
+        CredentialPresentation(name="probe", medium="env", key="PROBE_SECRET_VALUE", value="s3"),))
+    first = executor.execute(with_secret, LocalRunControl())
+    plain = make_request(payload)
+    second = executor.execute(plain, LocalRunControl())
+    assert first.stdout.excerpt == f"[REDACTED:probe]:{with_secret.run_id}\n"  # it was set (and redacted)
+    assert second.stdout.excerpt == f"unset:{plain.run_id}\n"
 
 
 @pytest.mark.parametrize("value", ["abc", "0"])
