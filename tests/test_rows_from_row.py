@@ -1,6 +1,6 @@
-"""``Row.from_row``: a whole row (every column, as ``SELECT *`` gives it) is taken in one ``dict.update``; any other
-mapping column by column. Either way the typed row is the same: each field the column's value, None for a column the
-read did not select, other keys ignored, on both stores."""
+"""``Row.from_row``: a whole row (every column, as ``SELECT *`` gives it) is taken in one ``dict.update``, a row of some
+of the columns over every field None, any other mapping column by column. Either way the typed row is the same: each
+field the column's value, None for a column the read did not select, other keys ignored, on both stores."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def test_whole_partial_and_wider_rows_build_the_same_typed_row(store) -> None:
     thin = JobRow.from_row(partial)
     assert (thin.id, thin.name, thin.enabled) == (job["id"], job["name"], 1)
     assert all(v is None for k, v in _fields(thin).items() if k not in partial)
+    assert list(thin.to_dict()) == names and thin == JobRow.from_row({**partial, "extra": 1})  # the same either way
     # as many keys as fields but not the same ones: column by column (the missing ones None, the stranger ignored)
     swapped = {**{k: v for k, v in whole.items() if k != "paused_reason"}, "stranger": 1}
     other = JobRow.from_row(swapped)

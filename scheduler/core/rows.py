@@ -41,6 +41,8 @@ SQLValue: TypeAlias = str | int | float | bytes | None
 #: Field names per row class, in schema (and ``__init__``) order.
 _NAMES: dict[type, tuple[str, ...]] = {}
 _NAME_SETS: dict[type, frozenset[str]] = {}
+#: Per row class, every field None (what ``from_row`` starts a row of some of the columns from).
+_NONES: dict[type, dict[str, None]] = {}
 #: Per row class, one C-level read of every field in schema order (``to_dict``).
 _READ_ALL: dict[type, Callable[[object], tuple[SQLValue, ...]]] = {}
 
@@ -50,6 +52,7 @@ def _names(cls: type) -> tuple[str, ...]:
     if names is None:
         names = _NAMES[cls] = tuple(a.name for a in attrs.fields(cls))
         _NAME_SETS[cls] = frozenset(names)
+        _NONES[cls] = dict.fromkeys(names)
         _READ_ALL[cls] = attrgetter(*names)
     return names
 
@@ -64,10 +67,16 @@ class Row:
         """The row a read returned, as this class (a column the read did not select is None; other keys are ignored)."""
         names = _NAMES.get(cls) or _names(cls)
         made = object.__new__(cls)
-        if len(row) == len(names) and row.keys() == _NAME_SETS[cls]:  # a whole row (``SELECT *``, ``RETURNING *``)
-            made.__dict__.update(row)
+        values = made.__dict__
+        # One or two C-level fills (see the module docstring): a whole row (``SELECT *``, ``RETURNING *``) as it is,
+        # a row of some of the columns over every field None, anything else (other keys too) column by column.
+        if len(row) == len(names) and row.keys() == _NAME_SETS[cls]:
+            values.update(row)
+        elif row.keys() <= _NAME_SETS[cls]:
+            values.update(_NONES[cls])
+            values.update(row)
         else:
-            made.__dict__.update(zip(names, map(row.get, names), strict=True))  # one C-level fill: see the module docstring
+            values.update(zip(names, map(row.get, names), strict=True))
         return made
 
     def to_dict(self) -> dict[str, SQLValue]:
