@@ -53,3 +53,23 @@ def test_finish_run_keeps_one_checked_shape_per_set_of_columns() -> None:
         run_transitions._finish_shape(base | {"stdout_excerpt"})
     with pytest.raises(ValueError, match="not a result or outcome column"):
         run_transitions._finish_shape(base | {"status"})
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_every_repeated_statement_binds_each_placeholder_its_value(count: int) -> None:
+    """A repeated statement's call is bound by one pick from its values (``Statement._plan``): each placeholder gets
+    what its slot names, the statement's parameter or that row's, for every statement of the catalogue."""
+    repeated = [stmt for stmt in state.STATEMENTS.values() if stmt.repeated]
+    assert {"insert_runs", "claim_dispatches", "count_job_runs", "finish_dispatches_clean"} <= {s.name for s in repeated}
+    for stmt in repeated:
+        outer = {name: f"{name}!" for name in stmt.params}
+        rows = [{name: f"{name}@{i}" for name in stmt.row_params} for i in range(count)]
+        sql, values = stmt.bind({**outer, "rows": rows})
+        rendered = stmt.render(count)
+        assert sql == rendered.sql
+        assert values == [outer[name] if i < 0 else rows[i][name] for i, name in rendered.slots], stmt.name
+    # a statement whose values are already in placeholder order, and one whose rows' values interleave with its own
+    plain = parse("-- name: p\nUPDATE t SET at = :now WHERE id IN ([[, :id]])")["p"]
+    assert plain.bind({"now": 1, "rows": [{"id": "a"}, {"id": "b"}]})[1] == [1, "a", "b"]
+    mixed = parse("-- name: m\nUPDATE t SET a = CASE id [[WHEN :id THEN :a]] END, b = :b WHERE id IN ([[, :id]])")["m"]
+    assert mixed.bind({"b": 9, "rows": [{"id": "x", "a": 1}, {"id": "y", "a": 2}]})[1] == ["x", 1, "y", 2, 9, "x", "y"]

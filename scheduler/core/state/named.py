@@ -105,7 +105,8 @@ class Statement:
     the statements it runs, or all of them once when its store checks them at start-up.
     """
 
-    __slots__ = ("_by_flags", "_by_rows", "_flags", "_params", "_parts", "_pick_flags", "_row_params", "_segments", "_single", "doc", "name", "text")
+    __slots__ = ("_by_flags", "_by_rows", "_flags", "_outer_names", "_outer_pick", "_params", "_parts", "_pick_flags", "_plans", "_row_all",
+                 "_row_names", "_row_params", "_single", "doc", "name", "text")
 
     def __init__(self, name: str, doc: str, text: str) -> None:
         self.name = name
@@ -120,10 +121,15 @@ class Statement:
         #: The flags of the sections, in text order, and the rendered text per combination of them.
         self._flags: tuple[str, ...] = ()
         self._pick_flags: Callable[[Mapping[str, Any]], list[Any]] = _picker(())
-        #: A repeated statement's values in placeholder order: a statement parameter's name, or a repeated part's
-        #: reader of one row's values (asked per row).
-        self._segments: tuple[str | Callable[[Mapping[str, Any]], tuple[Any, ...]], ...] = ()
         self._by_flags: dict[tuple[bool, ...], Rendered] = {}
+        #: A repeated statement's row parameters in the order the text first uses them, read from a row in one call, and
+        #: its own parameters' values (a list) in that order; per row count, the text and where each placeholder's value
+        #: is in ``[the statement's values..., row 0's..., row 1's...]`` (one C-level pick per call, none when in order).
+        self._row_names: tuple[str, ...] = ()
+        self._outer_names: tuple[str, ...] = ()
+        self._row_all: Callable[[Mapping[str, Any]], tuple[Any, ...]] = _row_picker(())
+        self._outer_pick: Callable[[Mapping[str, Any]], list[Any]] = _picker(())
+        self._plans: dict[int, tuple[str, Callable[[Sequence[Any]], list[Any]]]] = {}
 
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
@@ -134,11 +140,14 @@ class Statement:
             parts, self._params, self._row_params = _parse_body(self.name, self.text)
             self._flags = tuple(dict.fromkeys(p.flag for p in parts if isinstance(p, Section)))
             self._pick_flags = _picker(self._flags)
-            self._segments = tuple(
-                p.name if isinstance(p, Param) else _row_picker(tuple(q.name for q in p.parts if isinstance(q, Param)))
-                for p in parts if isinstance(p, Param | Repeat))
             if not self._flags and not any(isinstance(p, Repeat) for p in parts):
                 self._single = _render(parts, 1)
+            if any(isinstance(p, Repeat) for p in parts):
+                slots = _render(parts, 1).slots
+                self._row_names = tuple(dict.fromkeys(name for i, name in slots if i >= 0))
+                self._row_all = _row_picker(self._row_names)
+                self._outer_names = tuple(dict.fromkeys(name for i, name in slots if i < 0))
+                self._outer_pick = _picker(self._outer_names)
             self._parts = parts
         return parts
 
@@ -234,21 +243,30 @@ class Statement:
         if set(map(len, rows)) != {len(wanted)}:
             bad = next(row for row in rows if len(row) != len(wanted))
             raise self._mismatch(bad, wanted, what="a row of ")
-        rendered = self.render(len(rows))
-        values: list[Any] = []
-        try:
-            for segment in self._segments:  # in placeholder order: a statement parameter, or a repeated part per row
-                if isinstance(segment, str):
-                    values.append(params[segment])
-                else:
-                    values.extend(chain.from_iterable(map(segment, rows)))
+        sql, pick = self._plans.get(len(rows)) or self._plan(len(rows))
+        try:  # the statement's values, then every row's (each row read once): placed by the plan in one pick
+            flat = self._outer_pick(params)
+            flat.extend(chain.from_iterable(map(self._row_all, rows)))
         except KeyError:
             outer = {k: v for k, v in params.items() if k != "rows"}
             if not self._params.issubset(outer):
                 raise self._mismatch(outer, self._params) from None
             bad = next(row for row in rows if not wanted.issubset(row))
             raise self._mismatch(bad, wanted, what="a row of ") from None
-        return rendered.sql, values
+        return sql, pick(flat)
+
+    def _plan(self, rows: int) -> tuple[str, Callable[[Sequence[Any]], list[Any]]]:
+        """A repeated statement's text for ``rows`` rows and its placeholders' positions among a call's values (cached)."""
+        rendered = self.render(rows)
+        of_statement = {name: j for j, name in enumerate(self._outer_names)}
+        width, base = len(self._row_names), len(of_statement)
+        of_row = {name: base + k for k, name in enumerate(self._row_names)}
+        indices = tuple(of_statement[name] if i < 0 else i * width + of_row[name] for i, name in rendered.slots)
+        plan = (rendered.sql, _index_picker(indices))
+        if len(self._plans) >= _RENDERED_MAX:
+            self._plans.clear()
+        self._plans[rows] = plan
+        return plan
 
     def prepare(self, params: Mapping[str, Any]) -> Rendered:
         """The rendered text a call with ``params`` runs, checked as ``bind`` checks it, for a caller to keep per shape.
@@ -326,6 +344,24 @@ def _row_picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[A
         return lambda row: (row[name],)
     pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] = itemgetter(*names)
     return pick
+
+
+def _index_picker(indices: tuple[int, ...]) -> Callable[[Sequence[Any]], list[Any]]:
+    """The values at ``indices`` of a list, in order, as a list: one C-level pick per call (the list itself when in order)."""
+    if indices == tuple(range(len(indices))):
+        return _same
+    if not indices:
+        return lambda values: []
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda values: [values[index]]
+    pick = itemgetter(*indices)
+    return lambda values: list(pick(values))
+
+
+def _same(values: Sequence[Any]) -> list[Any]:
+    """The call's values, already in placeholder order."""
+    return list(values) if not isinstance(values, list) else values
 
 
 def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[Any]]:
