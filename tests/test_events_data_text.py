@@ -15,6 +15,7 @@ from scheduler.core.events import _data_text, append_event, batched
 from scheduler.plugins.stores import open_store
 from scheduler.testing import add_job
 
+
 class _Code(enum.IntEnum):
     A = 3
 
