@@ -16,7 +16,7 @@
 --     joined by OR: SQLite evaluates IN (...) by building an ephemeral index per statement);
 --   * append-only and immutable tables are enforced by triggers, not by convention.
 --
--- Schema version: 12
+-- Schema version: 13
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     INTEGER PRIMARY KEY,
@@ -559,7 +559,11 @@ CREATE TABLE IF NOT EXISTS runtime_events (
     trust_level      TEXT
 );
 CREATE INDEX IF NOT EXISTS runtime_events_run_idx ON runtime_events(run_id) WHERE run_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS runtime_events_job_idx ON runtime_events(job_id, at);
+-- Events naming a dispatch and no run (queue show finds a dispatch's run events through its
+-- runs) and, below, events of no job (status's last disk-full episode): partial, so the two
+-- events of a run write one index entry each (runtime_events_run_idx).
+CREATE INDEX IF NOT EXISTS runtime_events_dispatch_idx ON runtime_events(dispatch_id) WHERE run_id IS NULL AND dispatch_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runtime_events_jobless_idx ON runtime_events(kind, at) WHERE job_id IS NULL;
 CREATE TRIGGER IF NOT EXISTS runtime_events_no_update
 BEFORE UPDATE ON runtime_events
 BEGIN

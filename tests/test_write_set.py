@@ -220,3 +220,81 @@ def test_a_version_1_file_ends_with_every_choice_respelled(tmp_path: Path) -> No
     left = [(t.name, c.name) for t in schema.TABLES if t.name in stored for c in _choices(t.name)
             if f"CHECK ({c.check_expression('sqlite')})" not in stored[t.name]]
     assert left == []
+
+
+# -- schema 13: a run's events write one index entry each ------------------------------------------------------------
+
+#: What ``queue show`` read before schema 13 (through runtime_events_job_idx): the reference its answer must equal.
+_EVENTS_NAMING = "SELECT * FROM runtime_events WHERE job_id = ? AND dispatch_id = ? ORDER BY id"
+
+
+def test_the_schema_indexes_no_run_event_by_job(store: Any) -> None:
+    assert "runtime_events_job_idx" not in schema.index_names()
+    with store.read() as tx:
+        found = _indexes(tx, store.dialect)
+    assert {"runtime_events_run_idx", "runtime_events_dispatch_idx", "runtime_events_jobless_idx"} <= found
+    assert "runtime_events_job_idx" not in found
+
+
+def test_queue_show_lists_every_event_naming_the_dispatch(store: Any, dispatcher: Any, tmp_path: Path) -> None:
+    """A dispatch's events in ``queue show`` are exactly the events naming it (its runs' and its own), oldest first."""
+    run = _run_once(store, dispatcher, tmp_path, ("shown",))["shown"]
+    with store.transaction() as tx:  # an event naming the dispatch and no run, and one of another job naming it
+        tx.execute("INSERT INTO runtime_events(at, kind, job_id, dispatch_id, data) VALUES (?, 'dispatch.note', ?, ?, NULL)",
+                   (now_ms(), run["job_id"], run["dispatch_id"]))
+        other = add_job(store, name="other", executor="testkit", payload_message="ok")
+        tx.execute("INSERT INTO runtime_events(at, kind, job_id, dispatch_id, data) VALUES (?, 'dispatch.note', ?, ?, NULL)",
+                   (now_ms(), other["id"], run["dispatch_id"]))
+    shown = queries.get_dispatch(store, run["dispatch_id"])
+    with store.read() as tx:
+        expected = [queries.event_to_json(e) for e in tx.all(_EVENTS_NAMING, (run["job_id"], run["dispatch_id"]))]
+    assert [e["kind"] for e in shown["events"]] == ["dispatch.manual", "run.started", "run.finished", "dispatch.note"]
+    assert shown["events"] == expected
+
+
+def test_the_event_reads_use_indexes(db_path: Path) -> None:
+    """SQLite answers queue show's and status's event reads from indexes, never a scan of runtime_events."""
+    store = open_store(str(db_path))
+    try:
+        with store.read() as tx:
+            plans = {
+                "queue show": tx.all("EXPLAIN QUERY PLAN " + queries._DISPATCH_EVENTS_SQL, ("d", "d", "j", "d", "j")),
+                "status": tx.all("EXPLAIN QUERY PLAN SELECT at, actor, data FROM runtime_events WHERE job_id IS NULL"
+                                 " AND kind = ? ORDER BY at DESC, id DESC LIMIT 1", ("db.disk_full",)),
+            }
+    finally:
+        store.close()
+    for what, plan in plans.items():
+        details = [str(step["detail"]) for step in plan]
+        assert not [d for d in details if d.startswith("SCAN runtime_events") or d == "SCAN runs"], (what, details)
+        assert any("runtime_events_" in d for d in details), (what, details)
+
+
+def test_migration_13_drops_the_job_index_and_reads_the_same(store_url: str, dispatcher: Any, store: Any,
+                                                               tmp_path: Path) -> None:
+    """A version 12 database (with runtime_events_job_idx, without the partial indexes) migrates to 13 and reads the same."""
+    (step,) = next(m for m in migrations.MIGRATIONS if m.version == 13).steps
+    run = _run_once(store, dispatcher, tmp_path, ("before13",))["before13"]
+    shown, events = queries.get_dispatch(store, run["dispatch_id"]), queries.run_events(store, run["id"])
+    with store.transaction() as tx:  # back to version 12
+        tx.execute(step.sql)
+        tx.execute("DROP INDEX runtime_events_dispatch_idx")
+        tx.execute("DROP INDEX runtime_events_jobless_idx")
+        tx.execute("DELETE FROM schema_migrations")
+        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (12, 'v12', 0)")
+    with store.read() as tx:
+        assert "runtime_events_job_idx" in _indexes(tx, store.dialect), "the version 12 layout was restored"
+    store.close()
+    upgraded = open_store(store_url)
+    try:
+        assert upgraded.schema_version() == migrations.SCHEMA_VERSION
+        with upgraded.read() as tx:
+            found = _indexes(tx, upgraded.dialect)
+            versions = [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
+        assert "runtime_events_job_idx" not in found
+        assert {"runtime_events_dispatch_idx", "runtime_events_jobless_idx"} <= found
+        assert versions[:2] == [12, 13]
+        assert queries.get_dispatch(upgraded, run["dispatch_id"]) == shown
+        assert queries.run_events(upgraded, run["id"]) == events
+    finally:
+        upgraded.close()

@@ -395,6 +395,17 @@ def _error_of(event: JSONObject) -> JSONObject | None:
             "error": error}
 
 
+#: Every event of a dispatch: those of its runs (``runs_dispatch_idx``, then ``runtime_events_run_idx``) and those
+#: naming it and no run (``runtime_events_dispatch_idx``), of its job, oldest first. An event names the run it is about
+#: and that run's own dispatch, so the two halves are every event naming the dispatch (schema 13 dropped the
+#: job-and-time index this read once went through, which every run event wrote).
+_DISPATCH_EVENTS_SQL = (
+    "SELECT * FROM runtime_events WHERE run_id IN (SELECT id FROM runs WHERE dispatch_id = ?) AND dispatch_id = ?"
+    " AND job_id = ?"
+    " UNION ALL SELECT * FROM runtime_events WHERE run_id IS NULL AND dispatch_id = ? AND job_id = ? ORDER BY id"
+)
+
+
 def get_dispatch(store: Store, dispatch: str) -> JSONObject:
     """``queue show``: one dispatch (id or unique prefix or suffix) with its events and its error history.
 
@@ -405,8 +416,7 @@ def get_dispatch(store: Store, dispatch: str) -> JSONObject:
     now = now_ms()
     with store.read() as tx:
         row, job_name = resolve_dispatch(tx, dispatch)
-        events = [event_to_json(e) for e in tx.all(
-            "SELECT * FROM runtime_events WHERE job_id = ? AND dispatch_id = ? ORDER BY id", (row.job_id, row.id))]
+        events = [event_to_json(e) for e in tx.all(_DISPATCH_EVENTS_SQL, (row.id, row.id, row.job_id, row.id, row.job_id))]
     view = dispatch_to_json(row, job_name, now=now)
     errors: list[JSONValue] = [e for e in map(_error_of, events) if e is not None]
     view["events"], view["errors"] = [*events], errors

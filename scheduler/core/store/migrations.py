@@ -271,6 +271,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         " index SQLite builds for IN (...) each time a statement runs); PostgreSQL's CHECKs are unchanged",
         tuple(RespellChoices(t.name) for t in schema.TABLES if any(c.choices for c in t.columns)),
     ),
+    Migration(
+        13,
+        "a slimmer write set: runtime_events_job_idx goes, so a run's two events write one index entry each instead of"
+        " two; queue show finds a dispatch's run events through its runs and the others through a partial index, and"
+        " status finds the events of no job through another (both created by the schema statements)",
+        (
+            DropIndex("runtime_events_job_idx", "CREATE INDEX runtime_events_job_idx ON runtime_events(job_id, at)"),
+        ),
+    ),
 )
 
 #: Test hook: called with (version, step_index) before each step; lets tests interrupt a migration.

@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 
 #: The version this schema describes. Bump it together with a new ``Migration`` in
 #: ``scheduler.core.store.migrations`` (a test holds the two together).
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")

@@ -250,7 +250,11 @@ RECORD_TABLES: tuple[Table, ...] = (
         ),
         indexes=(
             Index("runtime_events_run_idx", "run_id", "run_id IS NOT NULL"),
-            Index("runtime_events_job_idx", "job_id, at"),
+            Index("runtime_events_dispatch_idx", "dispatch_id", "run_id IS NULL AND dispatch_id IS NOT NULL",
+                  comment="Events naming a dispatch and no run (queue show finds a dispatch's run events through its\n"
+                          "runs) and, below, events of no job (status's last disk-full episode): partial, so the two\n"
+                          "events of a run write one index entry each (runtime_events_run_idx)."),
+            Index("runtime_events_jobless_idx", "kind, at", "job_id IS NULL"),
         ),
         guards=(
             no_update("runtime_events", "EVENTS_APPEND_ONLY: runtime events cannot be updated"),
