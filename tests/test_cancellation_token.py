@@ -46,7 +46,7 @@ def test_tokens_racing_a_cancel_against_waits_all_see_it() -> None:
         token = CancellationToken()
         start, results = threading.Barrier(5), []
 
-        def wait(token: CancellationToken = token, start: threading.Barrier = start) -> None:
+        def wait(token: CancellationToken = token, start: threading.Barrier = start, results: list[bool] = results) -> None:
             start.wait()
             results.append(token.wait_cancelled(30.0))
 

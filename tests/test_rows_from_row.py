@@ -57,7 +57,7 @@ def test_whole_partial_and_wider_rows_build_the_same_typed_row(store) -> None:
 
 
 def test_run_and_dispatch_rows_too() -> None:
-    run = {name: None for name in attrs.fields_dict(RunRow)} | {"id": "r", "job_id": "j", "status": "ok", "attempt": 1}
+    run = dict.fromkeys(attrs.fields_dict(RunRow)) | {"id": "r", "job_id": "j", "status": "ok", "attempt": 1}
     assert RunRow.from_row(run).to_dict() == run
     dispatch = {"id": "d", "job_id": "j", "kind": "at", "due_at": 5}
     built = DispatchRow.from_row(dispatch)

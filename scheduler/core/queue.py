@@ -359,7 +359,7 @@ def claim_candidates(tx: Tx, *, now: int, limit: int, newest_first: bool = False
     newest.reverse()  # among themselves in due order: a job's earlier slot before its later one
     first, second = (newest, oldest) if newest_first else (oldest, newest)
     # One of each in turn while both last, then the rest of the longer one.
-    merged: list[dict[str, SQLValue]] = [d for pair in zip(first, second) for d in pair]
+    merged: list[dict[str, SQLValue]] = [d for pair in zip(first, second, strict=False) for d in pair]
     shorter = min(len(first), len(second))
     merged += first[shorter:] or second[shorter:]
     return merged
@@ -636,8 +636,8 @@ __all__ = [
     "insert_dispatch",
     "materialize_due",
     "materialize_due_in",
-    "next_due",
     "new_run_id",
+    "next_due",
     "next_due_parts",
     "record_skip",
     "release_expired_claims",

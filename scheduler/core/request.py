@@ -20,7 +20,6 @@ from scheduler.core.outputs import run_dir
 from scheduler.core.run_as import check_at_run
 from scheduler.core.spec import JobSpec
 
-
 #: What a job declaring no constraints demands (frozen, so every such run is given this one).
 _UNCONSTRAINED = Constraints()
 

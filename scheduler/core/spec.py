@@ -787,7 +787,7 @@ def _filled(fixed: dict[str, object], fresh: tuple[tuple[str, Callable[[], objec
     values.update(fixed)
     for name, make in fresh:
         values[name] = make()
-    values.update(zip(_OTHER_NAMES, others))
+    values.update(zip(_OTHER_NAMES, others, strict=True))
     return spec
 
 
