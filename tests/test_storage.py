@@ -26,7 +26,6 @@ from scheduler.base.errors import SchedulerError
 from scheduler.core.store import migrations, schema, schema_steps
 from scheduler.core.store.sqlite import SQLiteStore
 from scheduler.core.store.sqlite_statements import BUSY_TIMEOUT_MS, SQLiteSchemaConnection
-from scheduler.core.store.sqlite_upkeep import NEW_DATABASE_PAGE_SIZE
 from scheduler.plugins.stores import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,43 +159,6 @@ def test_connections_have_wal_foreign_keys_and_busy_timeout(db_path: Path) -> No
     conn = sqlite3.connect(db_path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
-
-
-def test_a_new_database_gets_the_store_page_size(db_path: Path) -> None:
-    """Issue 34: a file the store creates has ``NEW_DATABASE_PAGE_SIZE`` pages (fewer bytes per commit than 4 KiB)."""
-    assert NEW_DATABASE_PAGE_SIZE != 4096  # SQLite's default: the test would prove nothing
-    open_store(db_path).close()
-    conn = sqlite3.connect(db_path)
-    try:
-        assert conn.execute("PRAGMA page_size").fetchone()[0] == NEW_DATABASE_PAGE_SIZE
-    finally:
-        conn.close()
-
-
-def test_an_existing_database_keeps_its_page_size_and_works(tmp_path: Path) -> None:
-    """A database made with other pages (an older kernel's 4 KiB, a current schema or a version-1 one) keeps them:
-    the store never rewrites a file to change them, and reads and writes as before."""
-    for name, source in (("current", None), ("v1", V1_FIXTURE)):
-        path = tmp_path / f"{name}.db"
-        if source is None:
-            conn = sqlite3.connect(path)
-            conn.execute("PRAGMA page_size = 4096")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.close()
-            open_store(path).close()
-        else:
-            shutil.copyfile(source, path)
-        before = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
-        assert before != NEW_DATABASE_PAGE_SIZE, name
-        store = open_store(path)
-        try:
-            with store.transaction() as tx:
-                tx.execute("INSERT INTO dispatcher_leases(name, token) VALUES ('page-size-probe', 0)")
-            with store.read() as tx:
-                assert tx.scalar("SELECT token FROM dispatcher_leases WHERE name = 'page-size-probe'") == 0
-                assert tx.scalar("PRAGMA page_size") == before, name
-        finally:
-            store.close()
 
 
 def test_foreign_keys_are_enforced_through_the_store(db_path: Path) -> None:

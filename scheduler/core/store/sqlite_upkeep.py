@@ -32,12 +32,6 @@ CHECKPOINT_INTERVAL_S = 0.25
 #: sectioned one per combination of flags): past the default, the LRU cache evicts and SQLite re-prepares on every
 #: pass, which costs C time no Python profile shows. Each cached statement is a few KiB.
 STATEMENT_CACHE_SIZE = 512
-#: Page size of a database the store creates (an existing file keeps its own; ``VACUUM`` would convert it). A run
-#: dirties about 13 pages of indexes on random keys (run, job and dispatch ids), each written whole into the WAL at
-#: its commit and again by the checkpoint: 2 KiB pages write ~36% fewer bytes per commit than SQLite's default 4 KiB
-#: (issue 34: 135 vs 212 KiB per commit of 4 no-op runs), measured 15% less process CPU per no-op run through the
-#: dispatcher (8 alternating repetitions). Rows and index keys stay well inside a 2 KiB page's local payload.
-NEW_DATABASE_PAGE_SIZE = 2048
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
