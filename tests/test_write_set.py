@@ -48,6 +48,20 @@ def _indexes(tx: Any, dialect: str) -> set[str]:
     return {r["indexname"] for r in tx.all("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
 
 
+def _back_to(store: Any, version: int, *statements: str) -> None:
+    """Give ``store`` an older version's layout (``statements``) and record that version alone, as such a database has."""
+    with store.transaction() as tx:
+        for sql in statements:
+            tx.execute(sql)
+        tx.execute("DELETE FROM schema_migrations")
+        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, 0)", (version, f"v{version}"))
+
+
+def _versions(tx: Any) -> list[int]:
+    """The versions a database records, oldest first."""
+    return [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
+
+
 def test_the_schema_has_no_dispatch_run_index_and_keeps_the_lineage_ones() -> None:
     assert "dispatch_run_idx" not in schema.index_names()
     assert {"runs_dispatch_idx", "dispatch_source_run_idx", "dispatch_job_idx"} <= schema.index_names()
@@ -80,10 +94,7 @@ def test_migration_11_drops_dispatch_run_idx_and_keeps_every_row(store_url: str,
     runs = _run_once(store, dispatcher, tmp_path, ("before",))
     run = runs["before"]
     shown, events = queries.get_run(store, run["id"]), queries.run_events(store, run["id"])
-    with store.transaction() as tx:  # back to version 10: the index migration 11 records
-        tx.execute(step.sql)
-        tx.execute("DELETE FROM schema_migrations")
-        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (10, 'v10', 0)")
+    _back_to(store, 10, step.sql)  # the index migration 11 records
     with store.read() as tx:
         assert "dispatch_run_idx" in _indexes(tx, store.dialect), "the version 10 layout was restored"
     store.close()
@@ -93,7 +104,7 @@ def test_migration_11_drops_dispatch_run_idx_and_keeps_every_row(store_url: str,
         with upgraded.read() as tx:
             assert "dispatch_run_idx" not in _indexes(tx, upgraded.dialect)
             assert {"runs_dispatch_idx", "dispatch_source_run_idx"} <= _indexes(tx, upgraded.dialect)
-            versions = [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
+            versions = _versions(tx)
         assert versions[:2] == [10, 11] and versions[-1] == migrations.SCHEMA_VERSION
         assert queries.get_run(upgraded, run["id"]) == shown and queries.run_events(upgraded, run["id"]) == events
     finally:
@@ -276,12 +287,7 @@ def test_migration_13_drops_the_job_index_and_reads_the_same(store_url: str, dis
     (step,) = next(m for m in migrations.MIGRATIONS if m.version == 13).steps
     run = _run_once(store, dispatcher, tmp_path, ("before13",))["before13"]
     shown, events = queries.get_dispatch(store, run["dispatch_id"]), queries.run_events(store, run["id"])
-    with store.transaction() as tx:  # back to version 12
-        tx.execute(step.sql)
-        tx.execute("DROP INDEX runtime_events_dispatch_idx")
-        tx.execute("DROP INDEX runtime_events_jobless_idx")
-        tx.execute("DELETE FROM schema_migrations")
-        tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (12, 'v12', 0)")
+    _back_to(store, 12, step.sql, "DROP INDEX runtime_events_dispatch_idx", "DROP INDEX runtime_events_jobless_idx")
     with store.read() as tx:
         assert "runtime_events_job_idx" in _indexes(tx, store.dialect), "the version 12 layout was restored"
     store.close()
@@ -290,7 +296,7 @@ def test_migration_13_drops_the_job_index_and_reads_the_same(store_url: str, dis
         assert upgraded.schema_version() == migrations.SCHEMA_VERSION
         with upgraded.read() as tx:
             found = _indexes(tx, upgraded.dialect)
-            versions = [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
+            versions = _versions(tx)
         assert "runtime_events_job_idx" not in found
         assert {"runtime_events_dispatch_idx", "runtime_events_jobless_idx"} <= found
         assert versions[:2] == [12, 13]
