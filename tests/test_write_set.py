@@ -57,6 +57,14 @@ def _back_to(store: Any, version: int, *statements: str) -> None:
         tx.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, 0)", (version, f"v{version}"))
 
 
+def _reopened(store: Any, store_url: str) -> Any:
+    """Close ``store`` and open its database again (the migrations run); the caller closes what is returned."""
+    store.close()
+    upgraded = open_store(store_url)
+    assert upgraded.schema_version() == migrations.SCHEMA_VERSION
+    return upgraded
+
+
 def _versions(tx: Any) -> list[int]:
     """The versions a database records, oldest first."""
     return [r["version"] for r in tx.all("SELECT version FROM schema_migrations ORDER BY version")]
@@ -97,10 +105,8 @@ def test_migration_11_drops_dispatch_run_idx_and_keeps_every_row(store_url: str,
     _back_to(store, 10, step.sql)  # the index migration 11 records
     with store.read() as tx:
         assert "dispatch_run_idx" in _indexes(tx, store.dialect), "the version 10 layout was restored"
-    store.close()
-    upgraded = open_store(store_url)
+    upgraded = _reopened(store, store_url)
     try:
-        assert upgraded.schema_version() == migrations.SCHEMA_VERSION
         with upgraded.read() as tx:
             assert "dispatch_run_idx" not in _indexes(tx, upgraded.dialect)
             assert {"runs_dispatch_idx", "dispatch_source_run_idx"} <= _indexes(tx, upgraded.dialect)
@@ -290,10 +296,8 @@ def test_migration_13_drops_the_job_index_and_reads_the_same(store_url: str, dis
     _back_to(store, 12, step.sql, "DROP INDEX runtime_events_dispatch_idx", "DROP INDEX runtime_events_jobless_idx")
     with store.read() as tx:
         assert "runtime_events_job_idx" in _indexes(tx, store.dialect), "the version 12 layout was restored"
-    store.close()
-    upgraded = open_store(store_url)
+    upgraded = _reopened(store, store_url)
     try:
-        assert upgraded.schema_version() == migrations.SCHEMA_VERSION
         with upgraded.read() as tx:
             found = _indexes(tx, upgraded.dialect)
             versions = _versions(tx)

@@ -350,13 +350,7 @@ def _index_picker(indices: tuple[int, ...]) -> Callable[[Sequence[Any]], list[An
     """The values at ``indices`` of a list, in order, as a list: one C-level pick per call (the list itself when in order)."""
     if indices == tuple(range(len(indices))):
         return _same
-    if not indices:
-        return lambda values: []
-    if len(indices) == 1:
-        index = indices[0]
-        return lambda values: [values[index]]
-    pick = itemgetter(*indices)
-    return lambda values: list(pick(values))
+    return _picker(indices)
 
 
 def _same(values: Sequence[Any]) -> list[Any]:
@@ -364,8 +358,9 @@ def _same(values: Sequence[Any]) -> list[Any]:
     return list(values) if not isinstance(values, list) else values
 
 
-def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], list[Any]]:
-    """A call's values for ``names``, in order (``KeyError`` for a missing one): one C-level lookup per call."""
+def _picker(names: tuple[Any, ...]) -> Callable[[Any], list[Any]]:
+    """A call's values for ``names`` (a mapping's keys, or a list's indices), in order (``KeyError`` or ``IndexError``
+    for a missing one): one C-level lookup per call."""
     if not names:
         return lambda params: []
     if len(names) == 1:
