@@ -214,7 +214,9 @@ def test_sigterm_lets_runs_finish_then_releases_lease(sqlite_store, db_path, tmp
 def test_executor_ignoring_its_deadline_is_cut_loose_and_grace_is_honoured(sqlite_store, db_path, tmp_path, procs):
     """Issue 8: `time.sleep(30)` with `run_timeout_ms: 2000` was recorded `ok` after 30 s, `--grace 1s` took 31 s."""
     job = add_job(sqlite_store, payload_message="ignore-cancel:30", run_timeout_ms=2000)
-    a = start(db_path, procs, tmp_path)
+    # A long lease: this test is about deadlines and grace, and a loaded CI machine once stalled a 1.5 s lease's
+    # renewal long enough to lose it during the drain (then nothing is committed and the exit code is LEASE_LOST).
+    a = start(db_path, procs, tmp_path, ttl="60s")
     a.wait_ready()
     enqueue_manual(sqlite_store, job["id"])
     # deadline 2 s, cancelled 0.5 s later, abandoned kill grace (2 s) + 1 s after that

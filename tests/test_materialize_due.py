@@ -5,6 +5,7 @@ stores (a lone one-shot reached in time, one-shots past the grace under ``skip``
 from __future__ import annotations
 
 import json
+import time
 
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.queue import materialize_due, slot_dispatch_id
@@ -16,9 +17,14 @@ def test_one_pass_accounts_for_a_lone_one_shot_late_ones_and_a_cron_job(store):
     on_time = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 61_000), payload_message="ok")
     skipped = add_job(store, schedule_kind="at", schedule_at=to_iso(base), payload_message="ok", misfire_policy="skip")
     coalesced = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 1), payload_message="ok")
-    cron = add_job(store, schedule_kind="cron", schedule_cron="* * * * *", payload_message="ok")
+    # A daily cron at the last minute boundary before the lone one-shot: exactly one of its slots is due at `now`,
+    # whatever second the test starts in (an every-minute cron had two due when it started in a minute's last 12 s).
+    minute = (base + 61_000) // 60_000 * 60_000
+    at = time.gmtime(minute / 1000)
+    cron = add_job(store, schedule_kind="cron", schedule_cron=f"{at.tm_min} {at.tm_hour} * * *", payload_message="ok")
+    assert int(cron["next_run_at"]) == minute
     not_yet = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 3_600_000), payload_message="ok")
-    now = max(base + 62_000, int(cron["next_run_at"]) + 1)  # the lone one-shot within the 60 s grace, two past it
+    now = base + 62_000  # the lone one-shot within the 60 s grace, two past it, the cron's slot 1 to 61 s late
     assert materialize_due(store, now=now) == 3
     assert materialize_due(store, now=now) == 0  # nothing twice
     with store.read() as tx:

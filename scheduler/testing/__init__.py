@@ -175,11 +175,15 @@ def run_rows(store: Any, job_id: str) -> list[dict[str, Any]]:
 
 
 class RunningDispatcher:
-    """A real dispatcher running in a background thread of the test process (short lease TTL)."""
+    """A real dispatcher running in a background thread of the test process.
+
+    Its lease lasts 10 s (renewed every 3.3 s): a lease lost to a stalled renewal stops the dispatcher, and a test
+    waiting for its next run then only times out, so the lease must outlast a loaded CI machine's stalls.
+    """
 
     def __init__(self, store: Any, *, hooks: Any = None, **config: Any) -> None:
         """Start it (``hooks``: the kernel's hook facade to use, e.g. ``hooks_with(module)``)."""
-        config.setdefault("lease_ttl_ms", 3000)
+        config.setdefault("lease_ttl_ms", 10_000)
         config.setdefault("kill_grace_s", 0.5)
         config.setdefault("grace_s", 2.0)
         self.messages: list[str] = []
