@@ -146,3 +146,101 @@ def test_writes_queued_while_the_writer_waits_for_the_write_lock_join_its_group(
             assert json.loads(run_rows(store, s.job.id)[0]["executor_handle"])["pid"] == 5
     finally:
         store.close()
+
+
+def _record_in_thread(d, s, handle: dict, outcome: dict) -> threading.Thread:
+    """``record_handle`` on a thread of its own; ``outcome[run_id]`` is None once it returned, else what it raised."""
+    def worker() -> None:
+        try:
+            DbRunControl(d, s.run_id, s.job.id).record_handle(handle)
+            outcome[s.run_id] = None
+        except BaseException as exc:  # noqa: BLE001 - asserted by the caller
+            outcome[s.run_id] = exc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    return thread
+
+
+def _queued(writer, count: int) -> None:
+    """Wait until ``count`` writes are queued (the writer thread leaves them alone while a pass is open)."""
+    deadline = now_ms() + 10_000
+    while len(writer._queue) < count:
+        assert now_ms() < deadline, "writes never queued"
+        threading.Event().wait(0.005)
+
+
+def test_handles_recorded_while_a_pass_is_open_ride_its_commit(store):
+    """Issue 34: a process identity queued while the dispatcher's pass holds the write lock is committed by that pass
+    (one commit, not the pass's and then one of its own); its writer returns only once the pass committed."""
+    d, started = _running(store, 3)
+    stale, *fine = started
+    with store.transaction() as tx:  # the stale run is no longer ours: its write fails alone, inside the pass too
+        tx.execute("UPDATE runs SET dispatcher_token = dispatcher_token + 100 WHERE id = ?", (stale.run_id,))
+    writer, outcome = d.fenced_writes, {}
+    writer.pass_opens()
+    threads = [_record_in_thread(d, s, {"pid": 7, "pgid": 7, "start_time": "ticks:7"}, outcome) for s in started]
+    _queued(writer, len(started))
+    taken: list = []
+    with store.transaction() as tx:
+        writer.join(tx, d.lease, taken)
+        assert outcome == {}  # nobody returns before the pass commits
+    writer.pass_closes()
+    writer.acknowledge(taken)
+    for t in threads:
+        t.join(10)
+    assert isinstance(outcome[stale.run_id], StaleFence) and all(outcome[s.run_id] is None for s in fine)
+    assert (writer.commits, writer.writes, writer.joined) == (0, 2, 2)  # the writer thread committed nothing
+    for s in fine:
+        assert json.loads(run_rows(store, s.job.id)[0]["executor_handle"])["pid"] == 7
+        assert [e["actor"] for e in _events(store, s.run_id, "run.handle_recorded")] == [d.owner]
+    assert run_rows(store, stale.job.id)[0]["executor_handle"] is None and _events(store, stale.run_id, "run.handle_recorded") == []
+
+
+def test_a_pass_that_fails_gives_its_handles_back_to_the_writer_thread(store):
+    """The pass took the writes and then rolled back: nothing of them was written, so the writer thread commits them
+    on its own (never joined again) and each writer returns once that commit is durable."""
+    d, started = _running(store, 2)
+    writer, outcome = d.fenced_writes, {}
+    writer.pass_opens()
+    threads = [_record_in_thread(d, s, {"pid": 9, "pgid": 9, "start_time": "ticks:9"}, outcome) for s in started]
+    _queued(writer, len(started))
+    taken: list = []
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        writer.join(tx, d.lease, taken)
+        raise RuntimeError("the pass failed after taking the writes")
+    assert len(taken) == 2 and outcome == {}
+    writer.give_back(taken)
+    assert all(item.solo for item in taken)
+    late: list = []
+    with store.transaction() as tx:  # a later pass does not take them again
+        writer.join(tx, d.lease, late)
+    assert late == []
+    writer.pass_closes()
+    for t in threads:
+        t.join(10)
+    assert outcome == {s.run_id: None for s in started}
+    assert writer.joined == 0 and writer.writes == 2 and writer.commits >= 1
+    for s in started:
+        assert json.loads(run_rows(store, s.job.id)[0]["executor_handle"])["pid"] == 9
+        assert len(_events(store, s.run_id, "run.handle_recorded")) == 1
+
+
+def test_event_only_writes_are_never_taken_by_a_pass(store):
+    """An executor's own event (no bookkeeping values) stays with the writer thread, even while a pass is open:
+    a statement failing inside the pass's transaction would take the whole pass down on PostgreSQL."""
+    d, (s,) = _running(store, 1)
+    writer, done = d.fenced_writes, threading.Event()
+    writer.pass_opens()
+    try:
+        thread = threading.Thread(target=lambda: (DbRunControl(d, s.run_id, s.job.id).event("testkit.note", {"n": 1}),
+                                                  done.set()))
+        thread.start()
+        assert done.wait(10)  # committed by the writer thread while the pass is still open
+        taken: list = []
+        with store.transaction() as tx:
+            writer.join(tx, d.lease, taken)
+        assert taken == [] and writer.joined == 0 and writer.commits == 1
+        assert len(_events(store, s.run_id, "testkit.note")) == 1
+    finally:
+        writer.pass_closes()

@@ -17,6 +17,16 @@ lease fails every fenced write of the group (unfenced events still commit); any
 other error rolls the group back and each write is retried in a transaction of its
 own, so one bad row cannot fail the others.
 
+The dispatcher's pass takes part too (``join``): just before it commits, it takes the
+queued bookkeeping writes into its own transaction (its lease already asserted), so a
+process identity recorded while a pass holds the write lock rides that pass's commit
+instead of waiting for it and then paying a commit of its own. Those writes are
+acknowledged once the pass has committed (``acknowledge``); should the pass fail, they go
+back to the queue (``give_back``) and the writer thread commits them on its own, never
+joined again. Event-only writes (an executor's own event kinds) always stay with the
+writer thread: a statement failing in a pass's transaction would take the pass down on
+PostgreSQL.
+
 The thread starts on the first write and ends after ``IDLE_EXIT_S`` without one, so
 a dispatcher whose executors never record anything (no-op, HTTP agents that only
 send events rarely) runs no extra thread and makes no extra query.
@@ -67,6 +77,8 @@ class FencedWrite:
     #: Released (once) when the write is settled: committed, or ``error`` set; its writer waits by acquiring it.
     done: threading.Lock = attrs.field(factory=_held_lock)
     error: BaseException | None = None
+    #: Set when a pass that took this write failed: from then on only the writer thread commits it.
+    solo: bool = False
 
 
 class FencedWriter:
@@ -79,9 +91,13 @@ class FencedWriter:
         self._queue: deque[FencedWrite] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._running = False
-        #: Commits made and writes committed (the bench reports writes per commit).
+        #: Whether the dispatcher's pass is open (``pass_opens``): it will take the queued bookkeeping writes.
+        self._passing = False
+        #: Commits made and writes committed (the bench reports writes per commit); ``joined``: those of ``writes``
+        #: that rode a pass's commit (``join``).
         self.commits = 0
         self.writes = 0
+        self.joined = 0
 
     def write(self, item: FencedWrite) -> None:
         """Queue ``item`` and block until it is committed; raises what failed it (``STALE_FENCE``, ``LEASE_LOST``...)."""
@@ -98,10 +114,13 @@ class FencedWriter:
 
     def _loop(self) -> None:
         """Once a write is queued, open a transaction and commit everything queued by then as one group,
-        acknowledge; exit when idle for ``IDLE_EXIT_S``."""
+        acknowledge; exit when idle for ``IDLE_EXIT_S``. While the dispatcher's pass is open this waits for it:
+        the pass takes the queued bookkeeping writes into its own commit (``join``)."""
         while True:
             with self._cond:
-                if not self._queue and not self._cond.wait_for(lambda: bool(self._queue), IDLE_EXIT_S):
+                if not self._cond.wait_for(self._ready, IDLE_EXIT_S):
+                    if self._queue:  # a pass is open (a long one): wait on, the writes are still owed
+                        continue
                     self._running = False
                     return
             batch: list[FencedWrite] = []
@@ -128,6 +147,75 @@ class FencedWriter:
                             item.error = one
             for item in batch:
                 item.done.release()
+
+    def _ready(self) -> bool:
+        """Called with ``_cond`` held: something is queued that no open pass will take."""
+        return bool(self._queue) and (not self._passing or any(item.values is None or item.solo for item in self._queue))
+
+    def pass_opens(self) -> None:
+        """The dispatcher's pass is about to open its transaction: the writer thread leaves the queue to it."""
+        with self._cond:
+            self._passing = True
+
+    def pass_closes(self) -> None:
+        """The pass committed (or failed) and settled what it ``join``-ed: the writer thread takes what is left."""
+        with self._cond:
+            self._passing = False
+            if self._queue:
+                self._cond.notify()
+
+    def join(self, tx: Tx, lease: Lease, taken: list[FencedWrite]) -> None:
+        """Inside the dispatcher's pass, its lease asserted: move the queued bookkeeping writes to ``taken`` and write
+        them in ``tx``; the caller ``acknowledge``-s them once ``tx`` committed, or gives them back when it did not
+        (``taken`` holds them from the moment they left the queue, so a failure half-way loses none).
+
+        A run that is no longer ours fails its own write only (``StaleFence``: the ``UPDATE`` matched no row).
+        """
+        with self._cond:
+            if not self._queue:
+                return
+            mine = [item for item in self._queue if item.values is not None and not item.solo]
+            if not mine:
+                return
+            if len(mine) == len(self._queue):
+                self._queue.clear()
+            else:
+                kept = [item for item in self._queue if item.values is None or item.solo]
+                self._queue.clear()
+                self._queue.extend(kept)
+            taken.extend(mine)
+        for item in mine:
+            item.error = None
+            assert item.values is not None
+            try:
+                fenced_update(tx, item.run_id, lease.owner, lease.token, "running", item.values)
+            except StaleFence as exc:  # matched no row: nothing of this write exists
+                item.error = exc
+                continue
+            _append(tx, item, lease.owner)
+
+    def acknowledge(self, taken: list[FencedWrite]) -> None:
+        """The pass that ``join``-ed ``taken`` committed: their writers return (or raise their own ``StaleFence``)."""
+        written = sum(1 for item in taken if item.error is None)
+        self.writes += written
+        self.joined += written
+        for item in taken:
+            item.done.release()
+
+    def give_back(self, taken: list[FencedWrite]) -> None:
+        """The pass that ``join``-ed ``taken`` did not commit: the writer thread commits them, each group on its own."""
+        if not taken:
+            return
+        with self._cond:
+            for item in reversed(taken):
+                item.solo = True
+                item.error = None
+                self._queue.appendleft(item)
+            if self._running:
+                self._cond.notify()
+            else:
+                self._running = True
+                threading.Thread(target=self._loop, name="fenced-writes", daemon=True).start()
 
     def _take(self) -> list[FencedWrite]:
         """Everything queued now, in order; the queue is left empty."""
@@ -171,7 +259,8 @@ class FencedWriter:
                         continue
                 _append(tx, item, lease.owner if (lease is not None and item.values is not None) else self._actor)
                 written += 1
-        self.commits += 1
+        if batch:  # a pass may have taken everything while this waited for the write lock: nothing was committed
+            self.commits += 1
         self.writes += written
 
 

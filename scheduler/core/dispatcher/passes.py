@@ -36,6 +36,7 @@ from scheduler.core.duty import Duty
 from scheduler.core.events import DISK_FULL_EVENT, append_event
 from scheduler.core.events import batched as batched_events
 from scheduler.core.execution import ExecutionResult
+from scheduler.core.fenced_writes import FencedWrite
 from scheduler.core.observers import Observers
 from scheduler.core.participants import CompletionParticipants
 from scheduler.core.queue import claim_and_start_in, materialize_due_in, next_due_parts
@@ -139,22 +140,34 @@ class Pass:
         started: list[ClaimedRun] = []
         created = 0
         parts: tuple[int | None, int | None, int | None] = (None, None, None)
+        writes = self.workers.fenced.fenced_writes
+        joined: list[FencedWrite] = []
+        writes.pass_opens()
         try:
-            # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
-            # batched_events: the pass's run.started/run.finished rows go in as one INSERT before the commit.
-            # batched_finishes: the completed runs' dispatch rows go done in one UPDATE.
-            with committing(self.store, self.hooks) as tx, batched_events(tx), batched_finishes(tx):
-                leases.assert_live(tx, lease, now=tick_now)
-                committed = self.complete(tx, finished, now=tick_now)
-                if claim:
-                    created = materialize_due_in(tx, now=tick_now)
-                    for expire in self.expiries:  # timeouts release or cancel their runs before claiming
-                        expire(tx, now=tick_now)
-                    if free > 0:
-                        self._newest_first = not self._newest_first
-                        started = claim_and_start_in(tx, lease, limit=free, now=tick_now, veto=veto,
-                                                     newest_first=self._newest_first)
-                    parts = next_due_parts(tx)
+            try:
+                # committing: observers hear of this pass's transitions (starts, skips, completions) once it committed.
+                # batched_events: the pass's run.started/run.finished rows go in as one INSERT before the commit.
+                # batched_finishes: the completed runs' dispatch rows go done in one UPDATE.
+                with committing(self.store, self.hooks) as tx, batched_events(tx), batched_finishes(tx):
+                    leases.assert_live(tx, lease, now=tick_now)
+                    committed = self.complete(tx, finished, now=tick_now)
+                    if claim:
+                        created = materialize_due_in(tx, now=tick_now)
+                        for expire in self.expiries:  # timeouts release or cancel their runs before claiming
+                            expire(tx, now=tick_now)
+                        if free > 0:
+                            self._newest_first = not self._newest_first
+                            started = claim_and_start_in(tx, lease, limit=free, now=tick_now, veto=veto,
+                                                         newest_first=self._newest_first)
+                        parts = next_due_parts(tx)
+                    # Last: the workers' process identities queued by now ride this commit (fenced_writes.join).
+                    writes.join(tx, lease, joined)
+            except BaseException:
+                writes.give_back(joined)
+                raise
+            finally:
+                writes.pass_closes()
+            writes.acknowledge(joined)
         except leases.LeaseLost:
             workers.forget(finished)
             raise
