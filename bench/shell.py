@@ -127,8 +127,9 @@ def run_process(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s
         else:
             raise RuntimeError("scheduler run took no lease within 30 s")
         time.sleep(0.3)  # start-up recovery pass done, the loop asleep
-        start_ms = now_ms()
-        create_jobs(store, _specs(jobs, start_ms), now=start_ms)
+        due_ms = now_ms()
+        create_jobs(store, _specs(jobs, due_ms), now=due_ms)
+        start_ms = now_ms()  # the commit: before it no run can start (creating 300 jobs takes a few hundred ms)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and proc.poll() is None:
             if count_terminal(poll) >= jobs:
