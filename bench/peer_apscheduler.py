@@ -331,6 +331,18 @@ def render(res: dict[str, Any]) -> str:
         "index (7.2) is rewritten at every claim and finish because the status is in its key. One UPDATE for a pass's "
         "completions measured slower (it carries every column of every shape); 2 KiB pages measured no faster on a "
         "quiet machine (0.528 against 0.520 ms a run, 10 pairs) and slowed the status page's scans by about a fifth."),
+        "",
+        ("Issue 34, stop 42 (an Intel Xeon VM again; hook plugins off as in the figure; in-process, 2,000 no-op runs, "
+        "alternating): upper bounds measured by switching a part off in the bench process only, to choose the next step. "
+        "Not writing the `run.started` and `run.finished` rows at all: +6 to +13% jobs/s and -0.03 to -0.06 ms of CPU a "
+        "run (4 pairs), the most that serving them from the run row could give; dropping only the events' run index: "
+        "about +3%; time-ordered run ids (UUIDv7, so the run id and event run indexes append instead of landing on random "
+        "pages): 18% fewer bytes written per run but jobs/s and CPU within noise (4 pairs), and the ids' first 8 "
+        "characters, which the CLI shows and resolves as a prefix, would then be shared by every run of a minute, so "
+        "not adopted; a 256 MiB `mmap_size` and foreign keys off: no difference. So no change to the write set alone "
+        "closes the 12-15% that separates this figure from APScheduler tuned here; yappi puts about a third of the "
+        "loop thread in SQLite's statements and the rest in the Python of the claim (its reads of the candidates' job "
+        "rows, typed rows, the start of each run) and of the completion, spread over many functions of 5-40 us each."),
     ]
     if res.get("plot"):
         out += ["", f"![apscheduler]({res['plot']})"]
