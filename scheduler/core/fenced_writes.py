@@ -103,11 +103,7 @@ class FencedWriter:
         """Queue ``item`` and block until it is committed; raises what failed it (``STALE_FENCE``, ``LEASE_LOST``...)."""
         with self._cond:
             self._queue.append(item)
-            if self._running:
-                self._cond.notify()
-            else:
-                self._running = True
-                threading.Thread(target=self._loop, name="fenced-writes", daemon=True).start()
+            self._wake_writer()
         item.done.acquire()
         if item.error is not None:
             raise item.error
@@ -211,11 +207,15 @@ class FencedWriter:
                 item.solo = True
                 item.error = None
                 self._queue.appendleft(item)
-            if self._running:
-                self._cond.notify()
-            else:
-                self._running = True
-                threading.Thread(target=self._loop, name="fenced-writes", daemon=True).start()
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """Called with ``_cond`` held, after queueing: tell the writer thread, or start it if it is not running."""
+        if self._running:
+            self._cond.notify()
+        else:
+            self._running = True
+            threading.Thread(target=self._loop, name="fenced-writes", daemon=True).start()
 
     def _take(self) -> list[FencedWrite]:
         """Everything queued now, in order; the queue is left empty."""
