@@ -196,7 +196,7 @@ def test_sigstop_past_lease_then_resume_commits_nothing(sqlite_store, db_path, t
 def test_sigterm_lets_runs_finish_then_releases_lease(sqlite_store, db_path, tmp_path, procs):
     quick = add_job(sqlite_store, name="quick", payload_message="sleep:0.4")
     slow = add_job(sqlite_store, name="slow", payload_message="sleep:30")
-    a = start(db_path, procs, tmp_path)
+    a = start(db_path, procs, tmp_path, ttl="60s")  # a drain, not a takeover: a stalled renewal must not end it
     a.wait_ready()
     enqueue_manual(sqlite_store, quick["id"])
     enqueue_manual(sqlite_store, slow["id"])
@@ -245,7 +245,7 @@ def test_executor_ignoring_its_deadline_is_cut_loose_and_grace_is_honoured(sqlit
 
 def test_second_signal_stops_waiting_for_the_grace_period(sqlite_store, db_path, tmp_path, procs):
     job = add_job(sqlite_store, payload_message="ignore-cancel:30")
-    a = start(db_path, procs, tmp_path, grace="60s")
+    a = start(db_path, procs, tmp_path, grace="60s", ttl="60s")  # a drain, not a takeover (see the deadline test)
     a.wait_ready()
     enqueue_manual(sqlite_store, job["id"])
     wait_for(lambda: [r for r in run_rows(sqlite_store, job["id"]) if r["status"] == "running"], what="running")
