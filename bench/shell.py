@@ -94,8 +94,15 @@ PROFILE_NOTE = (
     "code), and a process identity queued while the dispatcher's pass holds the write lock is written in that pass's "
     "transaction instead of waiting for it and then committing on its own: in-process, commits per run 1.28 -> 1.04 "
     "and identity commits 395 -> 214 per 600 runs, the process figure 335 -> 345 jobs/s (4 alternating pairs). "
-    "Fewer commits did not make it much faster: here a shell run costs the dispatcher about 2.1 ms of CPU and its "
-    "command's processes about 0.85 ms, so two cores are the limit, and 1.5x the loop needs that cut by about half."
+    "Fewer commits did not make it much faster: a shell run costs the dispatcher about 2.1 ms of CPU and its command's "
+    "processes about 0.85 ms, about one of the two cores at 345 runs/s, so what bounds the figure is each run's cycle "
+    "(4 in flight, about 11.6 ms each). Its parts, from wall-clock stamps around each step (in-process, 600 runs, "
+    "medians): handed to the pool until a worker starts it 0.40 ms; worker to the shell executor 0.12; the executor until "
+    "it records the identity (cgroup, pipes, the gate's spawn, its identity) 2.19, of which stop 41 measured 0.38-0.52 "
+    "of CPU standalone, the rest most likely waiting for the GIL after each system call; the identity until committed "
+    "2.21; then the command run and reaped 0.75; the worker's result until the pass that completes it 1.48. Spawning "
+    "the gate before the claim commits and committing the identity with the claim would take the 2.21 ms wait and part "
+    "of the 2.19 out of every cycle; it changes the executor contract (the next step)."
 )
 
 
