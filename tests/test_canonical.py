@@ -693,7 +693,10 @@ def test_a_member_template_composes_the_whole_objects_digest() -> None:
         composed += not got.startswith("refused")
 
     check()
-    assert composed >= 100, f"only {composed} generated objects were composed"
+    # Of the 400 generated objects, 85-122 composed over 15 random runs (about 100 on average): a floor of 100 failed
+    # about half of them (one CI run refused). 50 still says the test exercises composition, and is over 4 standard
+    # deviations below what the generator gives.
+    assert composed >= 50, f"only {composed} generated objects were composed"
     for depth in (MAX_DEPTH - 1, MAX_DEPTH):  # a member is written at the depth the whole object puts it
         deep = {"a": nest(1, depth, "k", [True])}
         assert _composed_or_code(deep, "job_id", "x") == _digest_or_code({**deep, "job_id": "x"})
