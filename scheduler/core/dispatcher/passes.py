@@ -112,11 +112,13 @@ class Pass:
             if rest > 0:
                 self.pause(rest)
         self.store.wait_for_change(0)  # arm: changes after this point (not before our reads) wake the next wait
+        # The results first, then the clock: every result this pass completes was attested before the pass's ``now``,
+        # so a run's recorded duration is never shorter than its evidence payload's (tests/test_pass_clock.py).
+        finished = workers.take_finished()
         tick_now = now_ms()
         if tick_now - self._cancels_checked_at >= CANCEL_CHECK_MS:
             workers.propagate_cancels()
             self._cancels_checked_at = tick_now
-        finished = workers.take_finished()
         if not claim and not finished:
             return CANCEL_CHECK_MS / 1000
         if not finished:
