@@ -182,13 +182,7 @@ class FencedWriter:
             taken.extend(mine)
         for item in mine:
             item.error = None
-            assert item.values is not None
-            try:
-                fenced_update(tx, item.run_id, lease.owner, lease.token, "running", item.values)
-            except StaleFence as exc:  # matched no row: nothing of this write exists
-                item.error = exc
-                continue
-            _append(tx, item, lease.owner)
+            _write_fenced(tx, item, lease)
 
     def acknowledge(self, taken: list[FencedWrite]) -> None:
         """The pass that ``join``-ed ``taken`` committed: their writers return (or raise their own ``StaleFence``)."""
@@ -252,16 +246,26 @@ class FencedWriter:
                         item.error = lost
                         continue
                     assert lease is not None
-                    try:
-                        fenced_update(tx, item.run_id, lease.owner, lease.token, "running", item.values)
-                    except StaleFence as exc:  # matched no row: nothing of this write exists
-                        item.error = exc
-                        continue
-                _append(tx, item, lease.owner if (lease is not None and item.values is not None) else self._actor)
+                    written += _write_fenced(tx, item, lease)
+                    continue
+                _append(tx, item, self._actor)
                 written += 1
         if batch:  # a pass may have taken everything while this waited for the write lock: nothing was committed
             self.commits += 1
         self.writes += written
+
+
+def _write_fenced(tx: Tx, item: FencedWrite, lease: Lease) -> bool:
+    """A bookkeeping write and its event under ``lease``; False (``item.error`` set, nothing written) when the run is
+    no longer ours (``StaleFence``: the ``UPDATE`` matched no row)."""
+    assert item.values is not None
+    try:
+        fenced_update(tx, item.run_id, lease.owner, lease.token, "running", item.values)
+    except StaleFence as exc:
+        item.error = exc
+        return False
+    _append(tx, item, lease.owner)
+    return True
 
 
 def _append(tx: Tx, item: FencedWrite, actor: str) -> None:
