@@ -161,6 +161,23 @@ def test_connections_have_wal_foreign_keys_and_busy_timeout(db_path: Path) -> No
     conn.close()
 
 
+def test_a_new_database_gets_the_small_page_size_and_an_existing_one_keeps_its_own(db_path: Path, v1_db: Path) -> None:
+    """Issue 34: a database this store creates has ``NEW_DATABASE_PAGE_SIZE`` pages (half SQLite's default: a commit
+    writes half the bytes to the WAL); one it opens, migrated or not, keeps the page size it was made with."""
+    from scheduler.core.store.sqlite_upkeep import NEW_DATABASE_PAGE_SIZE
+
+    assert NEW_DATABASE_PAGE_SIZE == 2048
+    for path in (db_path, v1_db):
+        store = open_store(path)
+        store.close()
+    sizes = {}
+    for path in (db_path, v1_db):
+        conn = sqlite3.connect(path)
+        sizes[path.name] = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.close()
+    assert sizes == {db_path.name: 2048, v1_db.name: 1024}  # the v1 fixture was made with 1,024-byte pages
+
+
 def test_foreign_keys_are_enforced_through_the_store(db_path: Path) -> None:
     store = open_store(db_path)
     with pytest.raises(SchedulerError) as info, store.transaction() as tx:

@@ -44,6 +44,7 @@ from scheduler.core.store.sqlite_statements import (
     is_full,
 )
 from scheduler.core.store.sqlite_upkeep import (
+    NEW_DATABASE_PAGE_SIZE,
     WalFolder,
     check_file,
     file_modes_check,
@@ -260,6 +261,8 @@ class SQLiteStore:
             if readonly and version is not None and not complete:
                 raise incomplete_schema(conn, path)
             if not readonly or version is None:
+                if version is None:  # no schema yet: the page size is still open (NEW_DATABASE_PAGE_SIZE)
+                    self._exec(conn, f"PRAGMA page_size = {NEW_DATABASE_PAGE_SIZE}", "cannot set the page size")
                 mode = self._exec(conn, "PRAGMA journal_mode", "cannot read the journal mode").fetchone()[0]
                 if str(mode).lower() != "wal":
                     mode = self._exec(conn, "PRAGMA journal_mode = WAL", "cannot enable WAL").fetchone()[0]
