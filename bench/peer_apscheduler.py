@@ -343,6 +343,16 @@ def render(res: dict[str, Any]) -> str:
         "closes the 12-15% that separates this figure from APScheduler tuned here; yappi puts about a third of the "
         "loop thread in SQLite's statements and the rest in the Python of the claim (its reads of the candidates' job "
         "rows, typed rows, the start of each run) and of the completion, spread over many functions of 5-40 us each."),
+        "",
+        ("Issue 34, stop 43 (an AMD EPYC VM again, about 2.5x slower than stop 42's Xeon for pure Python: the whole "
+        "figure is lower here and APScheduler, which spends more of its time in fsync, lost less of its speed). A "
+        "database the scheduler creates now has 2,048-byte pages (`NEW_DATABASE_PAGE_SIZE`): a commit of 4 runs writes "
+        "about 46 dirtied pages to the WAL, mostly index pages on random ids, so half-size pages halve the bytes written "
+        "and checksummed. In-process A/B, 10 alternating pairs of 2,000 no-op runs: median 1,164 -> 1,351 jobs/s, CPU "
+        "0.71 -> 0.61 ms a run, faster in 8 of 10 pairs (pairwise median 1.10x). Stop 41 measured no gain from the same "
+        "change before the later cuts; its cost is real: the web view's status page, which scans, is 20-30% slower at "
+        "100,000 runs (134-136 -> 168-178 ms, 2 pairs; every other page the same or faster). APScheduler tuned with "
+        "the same page size: 1,241 -> 1,297 jobs/s, within noise (3 pairs), so its figure here keeps SQLite's default."),
     ]
     if res.get("plot"):
         out += ["", f"![apscheduler]({res['plot']})"]
