@@ -7,24 +7,35 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.queue import materialize_due, slot_dispatch_id
 from scheduler.testing import add_job
 
 
-def test_one_pass_accounts_for_a_lone_one_shot_late_ones_and_a_cron_job(store):
-    base = now_ms() + 10_000  # specs refuse a past schedule_at: materialise "later" instead
+#: Where in its minute the test's ``base`` falls. The cron slot's lateness depends on it; the last ones put the old
+#: choice of slot (the minute boundary before ``base + 61 s``) more than the 60 s grace behind ``now``, which made the
+#: cron a misfire (a second ``slot.misfire_coalesced``) about one run in sixty before the slot was taken from ``now``.
+OFFSETS_IN_MINUTE_MS = (0, 1, 1_000, 30_000, 58_001, 58_999, 59_001, 59_999)
+
+
+@pytest.mark.parametrize("offset", OFFSETS_IN_MINUTE_MS)
+def test_one_pass_accounts_for_a_lone_one_shot_late_ones_and_a_cron_job(store, offset):
+    # specs refuse a past schedule_at: materialise "later" instead, at a chosen point of a minute
+    base = (now_ms() + 10_000) // 60_000 * 60_000 + 60_000 + offset
     on_time = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 61_000), payload_message="ok")
     skipped = add_job(store, schedule_kind="at", schedule_at=to_iso(base), payload_message="ok", misfire_policy="skip")
     coalesced = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 1), payload_message="ok")
-    # A daily cron at the last minute boundary before the lone one-shot: exactly one of its slots is due at `now`,
-    # whatever second the test starts in (an every-minute cron had two due when it started in a minute's last 12 s).
-    minute = (base + 61_000) // 60_000 * 60_000
+    now = base + 62_000  # the lone one-shot within the 60 s grace, two past it, the cron's slot 0 to 60 s late
+    # A daily cron at the last minute boundary at or before `now`: exactly one of its slots is due and it is within the
+    # grace, wherever in its minute `base` falls (an every-minute cron had two due when it started in a minute's last
+    # 12 s).
+    minute = now // 60_000 * 60_000
     at = time.gmtime(minute / 1000)
     cron = add_job(store, schedule_kind="cron", schedule_cron=f"{at.tm_min} {at.tm_hour} * * *", payload_message="ok")
     assert int(cron["next_run_at"]) == minute
     not_yet = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 3_600_000), payload_message="ok")
-    now = base + 62_000  # the lone one-shot within the 60 s grace, two past it, the cron's slot 1 to 61 s late
     assert materialize_due(store, now=now) == 3
     assert materialize_due(store, now=now) == 0  # nothing twice
     with store.read() as tx:
