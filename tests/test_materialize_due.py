@@ -13,7 +13,6 @@ from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.queue import materialize_due, slot_dispatch_id
 from scheduler.testing import add_job
 
-
 #: Where in its minute the test's ``base`` falls. The cron slot's lateness depends on it; the last ones put the old
 #: choice of slot (the minute boundary before ``base + 61 s``) more than the 60 s grace behind ``now``, which made the
 #: cron a misfire (a second ``slot.misfire_coalesced``) about one run in sixty before the slot was taken from ``now``.
