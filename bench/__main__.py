@@ -31,6 +31,7 @@ BENCH_DISABLED_PLUGINS = "hooks:*"
 #: name -> module, in report order.
 BENCHMARKS = {
     "throughput": "bench.throughput",
+    "history": "bench.history",
     "apscheduler": "bench.peer_apscheduler",
     "latency": "bench.latency",
     "scale": "bench.scale",

@@ -181,7 +181,7 @@ def test_reads_are_what_the_cli_prints(store: Any, cli: Any, dispatcher: Any, db
         got = as_printed(ops.list_runs(store, **kwargs))
         assert got and got == cli_ok(cli, "runs", "list", *args, key="runs"), kwargs
     assert [r["status"] for r in ops.list_runs(store, job="beta")] == ["error"]
-    for ref in (run["id"], run["id"][:8]):
+    for ref in (run["id"], run["id"][-8:]):
         view = ops.get_run(db_path, ref)
         assert as_printed(view) == cli_ok(cli, "runs", "get", ref, key="run") and view["stdout_excerpt"] == "one"
 
@@ -211,7 +211,7 @@ def test_events_output_evidence_status_doctor_and_run_pages_are_what_the_cli_pri
     newest = runs[0]["id"]
     assert as_printed(ops.run_events(store, newest)) == cli_ok(cli, "runs", "events", newest, key="events")
     assert [e["kind"] for e in ops.run_events(store, newest)][:1] and ops.run_events(store, newest)[0]["run_id"] == newest
-    output = ops.run_output(db_path, newest[:8])
+    output = ops.run_output(db_path, newest[-8:])
     assert output == cli_ok(cli, "runs", "output", newest, "--both")
     assert output["streams"]["stdout"]["content"] == "<b>out</b>" and output["complete"] is True
     assert as_printed(ops.verify_evidence(store, newest)) == cli_ok(cli, "runs", "evidence", newest)
@@ -356,7 +356,7 @@ def test_deliveries_read_and_retry_as_the_cli_does(store: Any, cli: Any, dispatc
                          ({"limit": 3}, ["--limit", "3"]), ({"status": "delivered"}, ["--status", "delivered"])]:
         assert as_printed(ops.list_deliveries(store, **kwargs)) == cli_ok(cli, "deliveries", "list", *args, key="deliveries"), kwargs
     (run_a,) = run_rows(store, a["id"])
-    of_run = ops.list_deliveries(db_path, run=run_a["id"][:8])
+    of_run = ops.list_deliveries(db_path, run=run_a["id"][-8:])
     assert len(of_run) > 1 and of_run == [p for p in ops.list_deliveries(store) if p["run_id"] == run_a["id"]]
     assert ops.list_deliveries(store, run=run_a["id"], job=b["id"]) == []
     assert ops.list_deliveries(store, run=run_a["id"], status="pending") == []
@@ -413,7 +413,7 @@ def test_refusals_have_the_cli_codes_and_change_nothing(store: Any, cli: Any, di
         ("NOT_FOUND", lambda: ops.retry_delivery(store, "nope"), ["deliveries", "retry", "nope"]),
         ("NOT_FOUND", lambda: ops.get_delivery(store, "nope"), ["deliveries", "show", "nope"]),
         ("RUN_ALREADY_FINISHED", lambda: ops.cancel_run(store, finished["id"]), ["runs", "cancel", finished["id"]]),
-        ("RUN_ALREADY_FINISHED", lambda: ops.cancel_run(db_path, finished["id"][:8]), ["runs", "cancel", finished["id"][:8]]),
+        ("RUN_ALREADY_FINISHED", lambda: ops.cancel_run(db_path, finished["id"][-8:]), ["runs", "cancel", finished["id"][-8:]]),
         ("APPROVAL_CONFLICT", lambda: ops.approve(store, decided["id"]), ["approvals", "approve", decided["id"]]),
         ("APPROVAL_CONFLICT", lambda: ops.reject(db_path, decided["id"]), ["approvals", "reject", decided["id"]]),
         ("JOB_DISABLED", lambda: ops.run_job(store, "off"), ["jobs", "run", "off"]),

@@ -164,8 +164,8 @@ def test_a_pass_says_every_run_start_and_end_in_one_write(store):
     text = "\n".join(d.messages)
     lines = text.splitlines()
     for run in runs:
-        start = [i for i, line in enumerate(lines) if f"run {run['id'][:8]}" in line and " start " in line]
-        end = [i for i, line in enumerate(lines) if f"run {run['id'][:8]} in " in line and " ok " in line]
+        start = [i for i, line in enumerate(lines) if f"run {run['id'][-8:]}" in line and " start " in line]
+        end = [i for i, line in enumerate(lines) if f"run {run['id'][-8:]} in " in line and " ok " in line]
         assert len(start) == 1 and len(end) == 1 and start[0] < end[0], (run["id"], lines)
     # fewer say() calls than lines: a pass's lines travel together
     run_lines = [m for m in d.messages if " start " in m or " ok " in m]

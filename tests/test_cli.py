@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from kernel_testing import scheduler_cmd
 
+from scheduler.base.run_ids import new_run_id, short_run_id
 from scheduler.base.timeutil import parse_iso
 from scheduler.plugins.stores import open_store
 
@@ -499,6 +500,31 @@ def test_runs_get_and_output(cli: Any, with_runs: dict[str, Any]) -> None:
     out = ok(cli("--json", "runs", "output", "11111111-aaaa-4aaa-8aaa-000000000001"))
     assert out["content"] == "line one\nline two ✓\n" and out["stream"] == "stdout" and out["offloaded"] is False
     assert ok(cli("--json", "runs", "output", "11111111", "stderr"))["content"] == "warn: x\n"
+
+
+def test_a_run_is_listed_by_its_last_8_characters_and_found_by_either_end(cli: Any, with_runs: dict[str, Any],
+                                                                         store_url: str) -> None:
+    human = cli("runs", "list").out.splitlines()
+    assert [line.split()[0] for line in human[1:4]] == ["00000003", "00000002", "00000001"]  # the ids' random end
+    assert ok(cli("--json", "runs", "get", "00000002"))["run"]["error_code"] == "EXIT_NONZERO"  # as listed: a suffix
+    assert ok(cli("--json", "runs", "events", "c-000000000003"))["events"] is not None  # a longer end, dashes and all
+    assert ok(cli("--json", "runs", "get", "222222"))["run"]["id"].startswith("222222")  # a prefix, as before
+    json_error(cli("--json", "runs", "get", "00000009"), "NOT_FOUND")
+    json_error(cli("--json", "runs", "get", "00001"), "NOT_FOUND")  # shorter than 6: never a piece
+    store = open_store(store_url)
+    # two runs that end alike: their shared end is refused, not taken as the first of them
+    insert_run(store, with_runs["job_id"], "44444444-dddd-4ddd-8ddd-00000000aa0f", "ok", with_runs["t0"] + 150_000)
+    insert_run(store, with_runs["job_id"], "55555555-eeee-4eee-8eee-10000000aa0f", "ok", with_runs["t0"] + 160_000)
+    # time-ordered ids made within a minute share their start: their prefix is ambiguous, their end is not
+    made = [new_run_id() for _ in range(2)]
+    for i, run_id in enumerate(made):
+        insert_run(store, with_runs["job_id"], run_id, "ok", with_runs["t0"] + 200_000 + i)
+    store.close()
+    err = json_error(cli("--json", "runs", "get", "00aa0f"), "INVALID_ARGUMENT")
+    assert "ambiguous" in err["error"] and "last 8 characters" in err["error"]
+    assert ok(cli("--json", "runs", "get", "10000000aa0f"))["run"]["id"].startswith("55555555")
+    json_error(cli("--json", "runs", "get", made[0][:8]), "INVALID_ARGUMENT")
+    assert ok(cli("--json", "runs", "get", short_run_id(made[1])))["run"]["id"] == made[1]
 
 
 def test_runs_output_human_writes_the_raw_stream(with_runs: dict[str, Any], store_url: str, tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_the_debt_opens_with_the_completion_and_closes_when_every_part_is_delive
     assert message["parts"][0]["status"] == "claimed" and {p["status"] for p in message["parts"][1:]} == {"pending"}
     assert debts(cli)["open"] == 1 and debts(cli)["overdue"] == 0
     assert doctor_check(cli)["ok"] is True
-    short = cli("--json", "deliveries", "checkpoint", run["id"][:8])  # a unique prefix, as every runs command takes
+    short = cli("--json", "deliveries", "checkpoint", run["id"][-8:])  # the short form, as every runs command takes
     assert short.code == 0 and short.json["checkpoint"]["run_id"] == run["id"]
     receiver.gate.set()
     wait_for(lambda: (v := checkpoint(cli, run["id"]))["complete"] and v["debt"]["status"] == "reconciled", timeout=30,

@@ -144,7 +144,7 @@ def test_checksum_evidence_of_a_run_with_offloaded_output(store: Any, dispatcher
     assert out.code == 0, out
     assert {k: out.json[k] for k in ("ok", "verified", "provider", "method")} == {
         "ok": True, "verified": True, "provider": "checksum", "method": "sha256"}
-    human = cli("runs", "evidence", run["id"][:8])
+    human = cli("runs", "evidence", run["id"][-8:])
     assert human.code == 0 and "checksum" in human.out
 
 

@@ -115,7 +115,7 @@ def test_export_in_toto_verifies_without_the_scheduler(store: Any, dispatcher: A
 
     key, public = _key(tmp_path)
     _use_key(monkeypatch, key)
-    done = cli("--json", "runs", "evidence", run["id"][:8], "--export", "in-toto", "--output", str(out))
+    done = cli("--json", "runs", "evidence", run["id"][-8:], "--export", "in-toto", "--output", str(out))
     assert done.code == 0, done
     stdout = cli("runs", "output", run["id"]).out.encode()
     with store.read() as tx:

@@ -131,7 +131,7 @@ def test_runs_output_of_a_failed_run_says_its_error_is_on_stderr(cli: Any, store
     out = cli("runs", "output", run["id"])
     assert out.code == 0 and out.out == "", out  # stdout stays the run's exact (empty) stdout
     assert "stdout is empty" in out.err and "stderr has 5 bytes" in out.err and "error" in out.err, out.err
-    assert f"runs output {run['id'][:8]} stderr" in out.err and "--both" in out.err
+    assert f"runs output {run['id'][-8:]} stderr" in out.err and "--both" in out.err
     both = cli("runs", "output", run["id"], "--both")
     assert (both.code, both.out, both.err) == (0, "", "oops\n"), both  # each stream to its own
     view = cli("--json", "runs", "output", run["id"]).json
@@ -173,7 +173,7 @@ def test_runs_output_follow_streams_a_running_run_until_it_ends(cli: Any, store:
     d = dispatcher()
     try:
         (run,) = wait_for(lambda: [r for r in run_rows(store, job["id"]) if r["status"] == "running"], what="the run to start")
-        follower = subprocess.Popen([*scheduler_cmd(), "--db", store_url, "runs", "output", run["id"][:8], "--follow"],
+        follower = subprocess.Popen([*scheduler_cmd(), "--db", store_url, "runs", "output", run["id"][-8:], "--follow"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         chunks: list[tuple[int, bytes]] = []
         reader = threading.Thread(target=lambda: [chunks.append((int(time.time() * 1000), c))

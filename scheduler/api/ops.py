@@ -76,7 +76,7 @@ pending work is cancelled) and leaves the job ``paused``; ``disable_job`` leaves
 ``resume_job`` and ``enable_job`` are one operation and lift either, or the scheduler's own
 ``auto-paused``. ``list_jobs(state=)`` keeps the jobs in one state (an unknown one is
 ``INVALID_ARGUMENT``). References are what the CLI takes: a job by id, name, or a unique prefix or
-suffix of its id (8 characters or more, what ``jobs list`` shows), a run by id or a unique prefix (6 characters or more), an approval or a part by id or a unique prefix.
+suffix of its id (8 characters or more, what ``jobs list`` shows), a run by id or a unique prefix or suffix (6 characters or more; listings show its last 8), an approval or a part by id or a unique prefix.
 Refusals: ``NOT_FOUND`` (unknown job, run, approval, part, dispatch), ``INVALID_ARGUMENT`` (a bad
 limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
 ``RUN_ALREADY_FINISHED``, ``APPROVAL_CONFLICT`` (already decided), ``APPROVAL_AMBIGUOUS``,
@@ -200,13 +200,13 @@ def job_names(store: StoreTarget) -> dict[str, str]:
 
 
 def get_run(store: StoreTarget, run: str) -> JsonObject:
-    """``runs get``: everything recorded about one run (id or unique prefix)."""
+    """``runs get``: everything recorded about one run (id or a unique prefix or suffix)."""
     with _opened(store, readonly=True) as s:
         return queries.get_run(s, run)
 
 
 def run_events(store: StoreTarget, run: str) -> list[JsonObject]:
-    """``runs events``: the audit trail of one run (id or unique prefix), oldest first."""
+    """``runs events``: the audit trail of one run (id or a unique prefix or suffix), oldest first."""
     with _opened(store, readonly=True) as s:
         return queries.run_events(s, run)
 

@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import transitions
 from scheduler.core.rows import ApprovalRow, JobRow
@@ -88,7 +89,7 @@ def open_gate(
     )
     if job.delivery_mode != "none" and job.delivery_channel:
         scope = job.approval_approver_scope
-        body = (f"[Approval required] {job.name} ({dispatch_kind} run {run_id[:8]}), risk {risk_level or job.approval_risk_level}"
+        body = (f"[Approval required] {job.name} ({dispatch_kind} run {short_run_id(run_id)}), risk {risk_level or job.approval_risk_level}"
                 f"{f', approver {scope}' if scope else ''}.\nApprove: scheduler approvals approve {approval_id}\n"
                 f"Reject:  scheduler approvals reject {approval_id}")
         enqueue_message(tx, {"id": run_id, "job_id": job.id}, job.delivery_channel, job.delivery_to, body,

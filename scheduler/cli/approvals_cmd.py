@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from scheduler.base.run_ids import short_run_id
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
@@ -57,7 +58,7 @@ def _print_decision(view: dict[str, Any], decision: str) -> None:
     """What ``approvals approve`` / ``reject`` and ``jobs approve`` / ``reject`` print about the decided approval."""
     verb = "approved" if decision == "approved" else "rejected"
     emit({"approval": view}, lambda: click.echo(f"{verb} approval {view['id']} of job {view['job_name'] or view['job_id']}"
-                                                f" (run {view['run_id'][:8] if view['run_id'] else '-'})"))
+                                                f" (run {short_run_id(view['run_id']) if view['run_id'] else '-'})"))
 
 
 @approvals_group.command("approve")

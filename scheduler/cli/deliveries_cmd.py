@@ -47,7 +47,7 @@ def deliveries_show(part_id: str) -> None:
 @click.argument("run_id")
 def deliveries_checkpoint(run_id: str) -> None:
     """Where every message of one run stands: parts delivered / pending / failed, the next due time, each part's state,
-    and the run's completion debt (RUN_ID: id or unique prefix)."""
+    and the run's completion debt (RUN_ID: id or a unique prefix or suffix)."""
     from scheduler.delivery.checkpoint import run_checkpoint
     from scheduler.ops.queries import resolve_run
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from scheduler.base.run_ids import short_run_id
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, table
@@ -60,7 +61,7 @@ def proofs_list(limit: int) -> None:
         table([(r["id"][:8], r["proof_id"] or "-", r["key_id"] or "-", r["revoked_by"] or "-", r["revoked_at"], r["reason"] or "")
                for r in revocations], ["id", "proof", "key", "by", "at", "reason"])
         click.echo("claims:")
-        table([(c["proof_id"], c["method"] or "-", c["job_name"] or c["job_id"] or "-", (c["run_id"] or "-")[:8], c["claimed_at"],
+        table([(c["proof_id"], c["method"] or "-", c["job_name"] or c["job_id"] or "-", short_run_id(c["run_id"]) if c["run_id"] else "-", c["claimed_at"],
                 c["expires_at"] or "-") for c in claims], ["proof", "method", "job", "run", "claimed", "expires"])
 
     emit({"revocations": revocations, "claims": claims}, human)

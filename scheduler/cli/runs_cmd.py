@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.cli.input import AsciiIntRange
 from scheduler.cli.main import open_ctx_store
 from scheduler.cli.output import emit, kv, local_time, table
@@ -37,7 +38,7 @@ def runs_list(job: str | None, limit: int, status: str | None) -> None:
     def human() -> None:
         names = job_names(store) if views else {}
         table(
-            [(v["id"][:8], names.get(v["job_id"], v["job_id"][:8]), v["status"], v["dispatch_kind"], local_time(v["scheduled_for"]),
+            [(short_run_id(v["id"]), names.get(v["job_id"], v["job_id"][:8]), v["status"], v["dispatch_kind"], local_time(v["scheduled_for"]),
               local_time(v["started_at"]), f"{v['duration_ms']} ms" if v["duration_ms"] is not None else None,
               v["error_code"] or v["skip_reason"]) for v in views],
             ["run", "job", "status", "kind", "scheduled", "started", "took", "note"],
@@ -47,7 +48,7 @@ def runs_list(job: str | None, limit: int, status: str | None) -> None:
 
 
 def _resolve_run(tx, ref: str) -> RunRow:
-    """A run row by full id or a unique prefix of at least 6 characters (``scheduler.ops.queries.resolve_run``)."""
+    """A run row by full id or a unique prefix or suffix of at least 6 characters (``scheduler.ops.queries.resolve_run``)."""
     from scheduler.ops.queries import resolve_run
 
     return resolve_run(tx, ref)
@@ -161,7 +162,7 @@ def _output_notes(run: RunRow, streams: tuple[str, ...], datas: dict[str, bytes]
     """What human ``runs output`` says on stderr about what it did not print: a run not ended, the other stream."""
     from scheduler.core.runs import TERMINAL
 
-    ref = run.id[:8]
+    ref = short_run_id(run.id)
     if run.status == "recovery_blocked":
         return [(f"run {ref} is recovery_blocked: it ends when recovery can tell what its process did"
                  f" (scheduler runs get {ref}, scheduler doctor); its output is stored then")]
@@ -211,7 +212,7 @@ def runs_cancel(run_id: str, reason: str | None) -> None:
     from scheduler.ops.actions import cancel_run
 
     result = cancel_run(open_ctx_store(), run_id, reason=reason)
-    emit(result, lambda: click.echo(f"run {result['run_id'][:8]}: {result['outcome']}"))
+    emit(result, lambda: click.echo(f"run {short_run_id(result['run_id'])}: {result['outcome']}"))
 
 
 @runs_group.command("evidence")

@@ -24,6 +24,7 @@ from functools import partial
 
 import attrs
 
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms
 from scheduler.core import state, transitions
 from scheduler.core.conditions import condition_matches
@@ -252,7 +253,7 @@ def escalate_to_approval(tx: Tx, lease: Lease, run_id: str, outcomes: RunOutcome
     job = JobRow.from_row(found) if found is not None else None  # those columns (the others are None)
     if job is not None and job.delivery_mode != "none" and job.delivery_channel:
         scope = job.approval_approver_scope
-        body = (f"[Approval required] {job.name} ({run.dispatch_kind} run {run_id[:8]}), escalated by its authorization"
+        body = (f"[Approval required] {job.name} ({run.dispatch_kind} run {short_run_id(run_id)}), escalated by its authorization"
                 f" policy, risk {escalate.get('risk_level')}{f', approver {scope}' if scope else ''}."
                 f"{chr(10) + 'Reason: ' + escalate['reason'] if escalate.get('reason') else ''}\n"
                 f"Approve: scheduler approvals approve {approval_id}\nReject:  scheduler approvals reject {approval_id}")

@@ -23,6 +23,7 @@ from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state, submissions
 from scheduler.core.artifact import check_job, native_payload, put_artifact
 from scheduler.core.events import append_event, os_identity
+from scheduler.core.id_refs import ids_with_end
 from scheduler.core.rows import JobRow
 from scheduler.core.run_as import stamp_adder
 from scheduler.core.schedules import next_fire
@@ -103,13 +104,10 @@ def resolve_job(tx: Tx, ref: str) -> JobRow:
     """
     row = tx.one("SELECT * FROM jobs WHERE id = ?", (ref,)) or tx.one("SELECT * FROM jobs WHERE name = ?", (ref,))
     if row is None and len(ref) >= JOB_REF_MIN:
-        like = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        found = tx.all("SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' OR id LIKE ? ESCAPE '\\' LIMIT 50",
-                       (like + "%", "%" + like))
-        matches = [r for r in found if r["id"].startswith(ref) or r["id"].endswith(ref)]  # LIKE ignores case on SQLite
+        matches = ids_with_end(tx, "jobs", ref)
         if len(matches) > 1:
             raise SchedulerError("INVALID_ARGUMENT", f"job id prefix or suffix {ref!r} is ambiguous: give more of the id, or the name")
-        row = matches[0] if matches else None
+        row = tx.one("SELECT * FROM jobs WHERE id = ?", (matches[0],)) if matches else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Job not found: {ref}")
     return JobRow.from_row(row)

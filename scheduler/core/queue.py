@@ -16,7 +16,6 @@ the count; ``skip``: one ``skipped`` run), however short or long the gap.
 
 from __future__ import annotations
 
-import os
 import secrets
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import new_run_id
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state, transitions
 from scheduler.core.claimed import ClaimedRun
@@ -45,17 +45,6 @@ CLAIM_TTL_MS = 60_000
 GAP_SCAN_LIMIT = 10_000
 #: First window (ms) scanned back from now for the last slot of a very long cron gap.
 _TAIL_WINDOW_MS = 3_600_000
-
-
-def new_run_id() -> str:
-    """A new run's id: a random (version 4) UUID in its canonical text form, as ``str(uuid.uuid4())`` gives it, from
-    the same ``os.urandom`` bytes but without building a ``UUID`` object (the claim makes one per run)."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-
-
-#: The first hex digit of a UUID's clock sequence with its two top bits set to the RFC 4122 variant (``10``).
-_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def slot_dispatch_id(job_id: str, kind: str, slot_ms: int) -> str:
@@ -636,7 +625,6 @@ __all__ = [
     "insert_dispatch",
     "materialize_due",
     "materialize_due_in",
-    "new_run_id",
     "next_due",
     "next_due_parts",
     "record_skip",

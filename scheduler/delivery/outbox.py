@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import state
 from scheduler.core.dispatcher.pool import WorkerPool
@@ -187,7 +188,7 @@ def output_attachments(run: dict[str, Any], channel: str, body: str) -> tuple[di
     fits = len(body) <= limits.max_chars * limits.max_parts and not run.get("stdout_artifact")
     if fits:
         return ()
-    staged = {"name": f"output-{str(run['id'])[:8]}.txt", "mime_type": "text/plain", "size_bytes": size,
+    staged = {"name": f"output-{short_run_id(str(run['id']))}.txt", "mime_type": "text/plain", "size_bytes": size,
               "sha256": run["stdout_sha256"]}
     if run.get("stdout_artifact"):
         return ({**staged, "path": run["stdout_artifact"]},)

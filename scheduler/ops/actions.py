@@ -76,7 +76,7 @@ def resume_job(store: Store, job: str) -> dict[str, Any]:
 
 
 def cancel_run(store: Store, run: str, *, reason: str | None = None) -> dict[str, Any]:
-    """``runs cancel``: cancel one run (id or unique prefix): a waiting run ends at once, a running one gets its request.
+    """``runs cancel``: cancel one run (id or a unique prefix or suffix): a waiting run ends at once, a running one gets its request.
 
     Returns ``run_id`` (the full id), ``outcome`` (``cancelled`` or ``requested``) and
     ``requested_by``; a finished run is ``RUN_ALREADY_FINISHED``.

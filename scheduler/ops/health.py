@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.artifact import verify_stored
 from scheduler.core.debts import debt_summary
@@ -161,7 +162,7 @@ def _evidence_check(store: Any) -> dict[str, Any]:
 
     diag = evidence_diagnostics(store)
     bad = diag["invalid"] + diag["missing"]
-    samples = "; ".join(f"{s['run_id'][:8]}: {s['code']}" for s in diag["invalid_samples"][:5])
+    samples = "; ".join(f"{short_run_id(s['run_id'])}: {s['code']}" for s in diag["invalid_samples"][:5])
     detail = (f"{diag['checked']} checked, {diag['invalid']} invalid, {diag['missing']} missing"
               + (f" ({diag['unchecked']} older not checked)" if diag["unchecked"] else "") + (f": {samples}" if samples else ""))
     return {"check": "evidence", "ok": not bad, "detail": detail, "evidence": diag}
@@ -228,7 +229,7 @@ def _cancellation_check(store: Any) -> dict[str, Any]:
     overdue = [r for r in rows if now - int(r["cancel_requested_at"]) > CANCEL_OVERDUE_MS]
     detail = f"{len(rows)} pending cancel request(s), {len(overdue)} not honoured after {CANCEL_OVERDUE_MS // 1000} s"
     if overdue:
-        detail += (": " + ", ".join(f"run {r['id'][:8]} (requested {to_iso(r['cancel_requested_at'])})" for r in overdue[:5])
+        detail += (": " + ", ".join(f"run {short_run_id(r['id'])} (requested {to_iso(r['cancel_requested_at'])})" for r in overdue[:5])
                    + " (is a dispatcher running?)")
     return {"check": "cancellations", "ok": not overdue, "detail": detail, "runs": [r["id"] for r in overdue]}
 

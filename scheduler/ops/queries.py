@@ -20,8 +20,10 @@ from scheduler.approvals.decisions import get_approval as approval_row
 from scheduler.approvals.decisions import list_approvals as approval_rows
 from scheduler.artifacts.handoff import hydrate
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import RUN_REF_MIN, SHORT_RUN_ID_LENGTH
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core.events import event_to_json
+from scheduler.core.id_refs import ids_with_end
 from scheduler.core.jobs import JOB_STATES, check_job_state, job_to_json, resolve_job
 from scheduler.core.jobs import list_jobs as job_rows
 from scheduler.core.outputs import read_stream
@@ -70,8 +72,6 @@ __all__ = [
 MAX_LIMIT = 100_000
 #: The most fire times ``next_runs`` gives (``jobs next -n``).
 MAX_NEXT_RUNS = 1000
-#: The shortest run id prefix ``resolve_run`` accepts.
-RUN_PREFIX_MIN = 6
 
 
 def check_limit(limit: int | None, *, optional: bool = False) -> None:
@@ -140,17 +140,20 @@ def next_runs(store: Store, job: str, count: int = 5) -> dict[str, Any]:
 
 
 def resolve_run(tx: Tx, ref: str) -> RunRow:
-    """A run row by full id or a unique prefix of at least 6 characters (what every ``runs`` command takes).
+    """A run row by full id or a unique prefix or suffix of at least ``RUN_REF_MIN`` (6) characters: what every
+    ``runs`` command takes, and the listings' short form (a run id's last 8 characters, ``short_run_id``) among them.
 
-    ``INVALID_ARGUMENT`` for a prefix two runs share, ``NOT_FOUND`` for no run.
+    ``INVALID_ARGUMENT`` for a piece two runs share (the first characters of runs made within the same minute, say),
+    ``NOT_FOUND`` for no run.
     """
     row = tx.one("SELECT * FROM runs WHERE id = ?", (ref,))
-    if row is None and len(ref) >= RUN_PREFIX_MIN and all(c in "0123456789abcdef-" for c in ref):
-        matches = tx.all("SELECT * FROM runs WHERE id >= ? AND id < ? LIMIT 2", (ref, ref + "g"))
-        if len(matches) == 1:
-            row = matches[0]
-        elif len(matches) > 1:
-            raise SchedulerError("INVALID_ARGUMENT", f"run id prefix {ref!r} is ambiguous")
+    if row is None and len(ref) >= RUN_REF_MIN and all(c in "0123456789abcdef-" for c in ref):
+        matches = ids_with_end(tx, "runs", ref, limit=2)
+        if len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"run id prefix or suffix {ref!r} is ambiguous: give more of the id "
+                                 f"(its last {SHORT_RUN_ID_LENGTH} characters, as listings show it, or the whole id)")
+        if matches:
+            row = tx.one("SELECT * FROM runs WHERE id = ?", (matches[0],))
     return RunRow.from_row(row) if row is not None else run_row(tx, ref)
 
 
@@ -165,7 +168,7 @@ def list_runs(store: Store, *, job: str | None = None, status: str | None = None
     """``runs list``: recent runs, newest first, of one job (id or name) when given, of one status when given.
 
     An unknown status is ``INVALID_ARGUMENT`` (``check_run_status``). Beyond the CLI's options,
-    for a paging reader such as the web view: ``before`` (a run id or unique prefix) gives the
+    for a paging reader such as the web view: ``before`` (a run id or a unique prefix or suffix) gives the
     page after that run (a keyset cursor: the runs created before it), ``since_ms`` / ``until_ms``
     (epoch milliseconds) the runs created in ``[since_ms, until_ms)``.
     """
@@ -188,7 +191,7 @@ def job_names(store: Store) -> dict[str, str]:
 
 
 def get_run(store: Store, run: str) -> dict[str, Any]:
-    """``runs get``: everything recorded about one run (id or unique prefix), ``run_to_json(full=True)``.
+    """``runs get``: everything recorded about one run (id or a unique prefix or suffix), ``run_to_json(full=True)``.
 
     The parsed structured output is checked against the digest the run's evidence payload binds
     before it is shown (``scheduler.evidence.verify.check_parsed_output``): ``output_parsed_verified``
@@ -203,7 +206,7 @@ def get_run(store: Store, run: str) -> dict[str, Any]:
 
 
 def run_events(store: Store, run: str) -> list[dict[str, Any]]:
-    """``runs events``: the audit trail of one run (id or unique prefix), oldest first (``event_to_json``)."""
+    """``runs events``: the audit trail of one run (id or a unique prefix or suffix), oldest first (``event_to_json``)."""
     with store.read() as tx:
         row = resolve_run(tx, run)
         return [event_to_json(e) for e in tx.all("SELECT * FROM runtime_events WHERE run_id = ? ORDER BY id", (row.id,))]
@@ -245,7 +248,7 @@ def run_output(store: Store, run: str) -> dict[str, Any]:
 
 
 def evidence_run_id(store: Store, ref: str) -> str:
-    """The full run id ``runs evidence`` works on: a run (id or unique prefix), else a pruned run's evidence row."""
+    """The full run id ``runs evidence`` works on: a run (id or a unique prefix or suffix), else a pruned run's evidence row."""
     with store.read() as tx:
         try:
             return resolve_run(tx, ref).id
@@ -289,7 +292,7 @@ def list_deliveries(store: Store, *, status: str | None = None, job: str | None 
     """``deliveries list``: outbox parts newest first, with state, attempts and last error (``part_to_json``).
 
     Filters: ``status`` (one of ``DELIVERY_STATUSES``), ``job`` (id or name) and, beyond the
-    CLI's options, ``run`` (id or unique prefix): the parts of that run's messages.
+    CLI's options, ``run`` (id or a unique prefix or suffix): the parts of that run's messages.
     """
     check_limit(limit)
     if status is not None and status not in DELIVERY_STATUSES:
@@ -335,11 +338,6 @@ def dispatch_to_json(row: DispatchRow, job_name: str | None, *, now: int) -> JSO
     }
 
 
-def _escape_like(text: str) -> str:
-    """``text`` as a literal inside a LIKE pattern with ``ESCAPE '\\'``."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 def resolve_dispatch(tx: Tx, ref: str) -> tuple[DispatchRow, str | None]:
     """A dispatch row and its job's name, by full id or a unique prefix or suffix of at least 8 characters.
 
@@ -348,13 +346,10 @@ def resolve_dispatch(tx: Tx, ref: str) -> tuple[DispatchRow, str | None]:
     """
     row = tx.one(f"{_DISPATCH_SELECT} WHERE d.id = ?", (ref,))
     if row is None and len(ref) >= DISPATCH_REF_MIN:
-        like = _escape_like(ref)
-        found = tx.all(f"{_DISPATCH_SELECT} WHERE d.id LIKE ? ESCAPE '\\' OR d.id LIKE ? ESCAPE '\\' LIMIT 50",
-                       (like + "%", "%" + like))
-        matches = [r for r in found if r["id"].startswith(ref) or r["id"].endswith(ref)]  # LIKE ignores case on SQLite
+        matches = ids_with_end(tx, "job_dispatch_queue", ref)
         if len(matches) > 1:
             raise SchedulerError("INVALID_ARGUMENT", f"dispatch id prefix or suffix {ref!r} is ambiguous")
-        row = matches[0] if matches else None
+        row = tx.one(f"{_DISPATCH_SELECT} WHERE d.id = ?", (matches[0],)) if matches else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Dispatch not found: {ref}")
     return DispatchRow.from_row(row), row["job_name"]

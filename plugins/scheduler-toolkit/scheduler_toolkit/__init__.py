@@ -18,6 +18,7 @@ only plugins use it, the code lives here.
 * ``scheduler_toolkit.options``: plugin option and settings classes from JSON objects;
 * ``scheduler_toolkit.settings``: a plugin's settings table, secret references and schemes;
 * ``scheduler_toolkit.timeutil``: epoch milliseconds and ISO-8601;
+* ``scheduler_toolkit.run_ids``: a run id as listings show it (``short_run_id``);
 * ``scheduler_toolkit.cli``: the CLI's output contract for plugin commands (``emit``, ``table``);
 * ``scheduler_toolkit.store``: what a store plugin builds its schema and migrations from;
 * ``scheduler_toolkit.steps``: the run step contract and its base class (``scheduler.steps``);

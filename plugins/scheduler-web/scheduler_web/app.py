@@ -28,6 +28,7 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 import jinja2
+from scheduler_toolkit.run_ids import short_run_id
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -83,6 +84,7 @@ def create_app(store: Store, config: WebConfig | None = None) -> Starlette:
     env.filters["tojson_pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
     env.filters["mask"] = views.mask_target
     env.filters["short"] = lambda value, n=8: (str(value)[:n] if value else "")
+    env.filters["short_run"] = lambda value: (short_run_id(str(value)) if value else "")
     templates = Jinja2Templates(env=env)
 
     def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
@@ -251,7 +253,7 @@ def create_app(store: Store, config: WebConfig | None = None) -> Starlette:
 
     def cancel(request: Request, form: dict[str, str]) -> tuple[str, str]:
         done = ops.cancel_run(store, request.path_params["run"], reason=form.get("reason") or "cancelled in the web view")
-        return f"run {done['run_id'][:8]}: {done['outcome']}", f"/runs/{done['run_id']}"
+        return f"run {short_run_id(done['run_id'])}: {done['outcome']}", f"/runs/{done['run_id']}"
 
     def retry(request: Request, form: dict[str, str]) -> tuple[str, str]:
         part = ops.retry_delivery(store, request.path_params["part"])

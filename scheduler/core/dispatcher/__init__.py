@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.core import lease as leases
 from scheduler.core.claimed import ClaimedRun
 from scheduler.core.dispatcher.config import MAX_SLEEP_S, DispatcherConfig, is_transient
@@ -189,7 +190,7 @@ class Dispatcher:
         try:
             for item in recover(self.store, lease, participants=self._recovery, kill_grace_s=self.config.kill_grace_s,
                                 hooks=self.hooks):
-                self.say(f"recovered run {str(item['run_id'])[:8]}: {item['outcome']}")
+                self.say(f"recovered run {short_run_id(str(item['run_id']))}: {item['outcome']}")
         except leases.LeaseLost:
             pass
         except SchedulerError as exc:

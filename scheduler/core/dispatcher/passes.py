@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.claimed import ClaimedRun
@@ -241,7 +242,7 @@ class Pass:
         for (s, _result), run in zip(finished, ended, strict=True):
             if isinstance(run, StaleFence):
                 self.stats["skipped_commits"] += 1
-                self.say(f"{clock()} not committing run {s.run_id[:8]}: {run.message}")
+                self.say(f"{clock()} not committing run {short_run_id(s.run_id)}: {run.message}")
             else:
                 done.append((s, run))
         return done
@@ -303,7 +304,7 @@ class Pass:
             return
         took = run.duration_ms or 0
         detail = f" [{run.error_code}]" if run.error_code and run.status != "ok" else ""
-        line = f"{clock()} {run.status:<6} {s.job.name} run {s.run_id[:8]} in {took} ms{detail}"
+        line = f"{clock()} {run.status:<6} {s.job.name} run {short_run_id(s.run_id)} in {took} ms{detail}"
         if lines is None:
             self.say(line)
         else:

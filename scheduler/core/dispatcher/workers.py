@@ -20,6 +20,7 @@ from typing import Protocol
 import attrs
 
 from scheduler.base.errors import SchedulerError
+from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms
 from scheduler.core import lease as leases
 from scheduler.core.claimed import ClaimedRun
@@ -135,7 +136,7 @@ class Workers:
         control = DbRunControl(self.fenced, s.run_id, s.job.id)
         self.stats["started"] += 1
         if self.says:
-            line = f"{clock()} start  {s.job.name} run {s.run_id[:8]} ({s.dispatch_kind}, attempt {s.attempt})"
+            line = f"{clock()} start  {s.job.name} run {short_run_id(s.run_id)} ({s.dispatch_kind}, attempt {s.attempt})"
             if lines is None:
                 self.say(line)
             else:
@@ -177,7 +178,7 @@ class Workers:
                 if s.run_id in self.abandoned:  # else: a run given up with the lease, nothing to say
                     self.abandoned.discard(s.run_id)
                     self.stats["late_results_discarded"] += 1
-                    self.say(f"{clock()} discarding late result of abandoned run {s.run_id[:8]} ({result.status})")
+                    self.say(f"{clock()} discarding late result of abandoned run {short_run_id(s.run_id)} ({result.status})")
                 continue
             kept.append((s, past_deadline(entry, result)))
         return kept
@@ -223,7 +224,7 @@ class Workers:
                         next_in = min(next_in, due_in)
                         continue
                     e.control.cancel("deadline")
-                    self.say(f"{clock()} deadline passed for {e.started.job.name} run {e.started.run_id[:8]}: cancelling it")
+                    self.say(f"{clock()} deadline passed for {e.started.job.name} run {short_run_id(e.started.run_id)}: cancelling it")
                 e.cancelled_at = mono
             left = e.cancelled_at + abandon_after - mono
             if left > 0:
@@ -264,7 +265,7 @@ class Workers:
             self.evidence.interrupt(s.outcomes, result.error_code or "EXECUTOR_ABANDONED")
         self.abandoned.add(s.run_id)
         self.stats["abandoned"] += 1
-        self.say(f"{clock()} abandoning {s.job.name} run {s.run_id[:8]}:"
+        self.say(f"{clock()} abandoning {s.job.name} run {short_run_id(s.run_id)}:"
                  f" executor {executor!r} ignored cancellation ({reason})")
         self.finished.put((s, result))
         self.wake.set()
@@ -294,7 +295,7 @@ class Workers:
             except Exception:  # best effort; crash recovery is not involved (the run is ended)
                 log.exception("stopping the work of abandoned run %s failed", s.run_id)
 
-        threading.Thread(target=stop, name=f"stop-{s.run_id[:8]}", daemon=True).start()
+        threading.Thread(target=stop, name=f"stop-{short_run_id(s.run_id)}", daemon=True).start()
 
 
 def past_deadline(entry: ActiveRun, result: ExecutionResult) -> ExecutionResult:
