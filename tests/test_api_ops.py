@@ -294,8 +294,8 @@ def test_approvals_and_run_cancels_do_what_the_cli_does(store: Any, cli: Any, di
 
     (waiting_a,) = run_rows(store, cancel_a["id"])
     (waiting_b,) = run_rows(store, cancel_b["id"])
-    mine = ops.cancel_run(store, waiting_a["id"][:10], reason="not now")
-    theirs = cli_ok(cli, "runs", "cancel", waiting_b["id"][:10], "--reason", "not now")
+    mine = ops.cancel_run(store, waiting_a["id"][-10:], reason="not now")
+    theirs = cli_ok(cli, "runs", "cancel", waiting_b["id"][-10:], "--reason", "not now")
     assert mine["run_id"] == waiting_a["id"] and mine["outcome"] == "cancelled"
     assert shape(as_printed(mine)) == shape(theirs)
 

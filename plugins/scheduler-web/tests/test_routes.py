@@ -96,6 +96,11 @@ def test_runs_page_filters_and_pages_by_a_keyset_cursor(store: Any, client: Test
         found = re.search(r'<a href="([^"]+)" rel="next">', page.text)
         url = found.group(1).replace("&amp;", "&") if found else None
     assert seen == newest_first  # three pages of 2, 2 and 1, in order, nothing twice
+    # each run is shown as the CLI lists it: the random end of its time-ordered id (its start is shared by the five)
+    shown = re.findall(r'<a href="/runs/([^"]+)"><code>([^<]+)</code></a>', client.get("/runs?job=many").text)
+    assert [(run_id, run_id[-8:]) for run_id in newest_first] == shown
+    assert len({run_id[:8] for run_id in newest_first}) < 5 and len({code for _id, code in shown}) == 5
+    assert f"<h1>Run <code>{newest_first[0][-8:]}</code>" in client.get(f"/runs/{newest_first[0]}").text
     created = sorted(r["created_at"] for r in run_rows(store, job["id"]))
     from scheduler_toolkit.timeutil import to_iso
 
