@@ -6,7 +6,7 @@ after ids made earlier, so a new run's key lands at the end of every index keyed
 (the runs primary key, the events' run index) instead of on a random page of it: a commit
 dirties a page or two per index whatever the history's size, where random (version 4) ids
 dirtied a page per run, and more of them the longer the history grows (issue 34: with
-100,000 runs of history, 1.2-1.4x the no-op throughput of random ids).
+100,000 runs of history, 1.26x the no-op throughput of random ids: bench/history.py).
 
 Because the id starts with its time, runs made within about a minute share their first
 eight characters. A run is therefore shown by its last eight (``short_run_id``), which
