@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -203,6 +204,24 @@ def at_job_specs(count: int, *, at_ms: int | Callable[[int], int], payload: str 
 
 #: The statuses of runs not yet ended: exactly the kernel's partial index ``runs_status_idx``.
 ACTIVE_SQL = "('pending', 'running', 'awaiting_approval', 'approved', 'recovery_blocked')"
+
+
+def dispatcher_thread(dispatcher: Any, *, duration_s: float, name: str = "bench-dispatcher"
+                      ) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread (not started) that runs ``dispatcher.run(duration_s=...)``, and the list its failure lands in.
+
+    The caller starts and joins the thread and raises what the list holds: a dispatcher that
+    failed is reported with its exception, never read as a slow run.
+    """
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            dispatcher.run(duration_s=duration_s)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller, never swallowed
+            failure.append(exc)
+
+    return threading.Thread(target=target, name=name, daemon=True), failure
 
 
 def count_terminal(conn: sqlite3.Connection) -> int:

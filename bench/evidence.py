@@ -17,12 +17,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Context, fmt, fresh_db, md_table, median, pyplot, save_plot
+from bench.common import Context, dispatcher_thread, fmt, fresh_db, md_table, median, pyplot, save_plot
 
 NAME = "evidence"
 TITLE = "10. Evidence: run throughput with checksum and SSH evidence vs. none"
@@ -72,16 +71,8 @@ def run_variant(ctx: Context, directory: Path, jobs: int, provider: str | None, 
     create_jobs(store, _specs(jobs, provider, now_ms()))
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=CONCURRENCY, lease_ttl_ms=15_000,
                                                     artifacts_root=directory / f"artifacts-{tag}"), say=None)
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failure.append(exc)
-
     poll = sqlite3.connect(str(path))
-    thread = threading.Thread(target=target, name="bench-evidence", daemon=True)
+    thread, failure = dispatcher_thread(dispatcher, duration_s=timeout_s, name="bench-evidence")
     start_ms = now_ms()
     start = time.perf_counter()
     thread.start()

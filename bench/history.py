@@ -39,6 +39,7 @@ from bench.common import (
     ACTIVE_SQL,
     Context,
     at_job_specs,
+    dispatcher_thread,
     fmt,
     fresh_db,
     md_table,
@@ -63,8 +64,8 @@ def params(ctx: Context) -> dict[str, Any]:
             "reps": 1 if ctx.quick else 5, "concurrency": CONCURRENCY}
 
 
-def _v4_run_id() -> str:
-    """A random (version 4) run id, as the kernel made them before: the reference side's ids."""
+def _v4_run_id(at_ms: int | None = None) -> str:
+    """A random (version 4) run id, as the kernel made them before: the reference side's ids (``at_ms`` unused)."""
     import uuid
 
     return str(uuid.uuid4())
@@ -142,15 +143,7 @@ def run_on(directory: Path, base: Path | None, jobs: int, *, tag: str, random_id
         queue.new_run_id = _v4_run_id
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=CONCURRENCY, lease_ttl_ms=15_000,
                                                     artifacts_root=directory / f"artifacts-{tag}"), say=None)
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, name="bench-dispatcher", daemon=True)
+    thread, failure = dispatcher_thread(dispatcher, duration_s=timeout_s, name="bench-dispatcher")
     try:
         start, cpu_start = time.perf_counter(), time.process_time()
         thread.start()

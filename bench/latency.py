@@ -26,7 +26,19 @@ import threading
 import time
 from typing import Any
 
-from bench.common import Context, at_job_specs, count_terminal, fmt, fresh_db, md_table, pyplot, save_plot, summary, verdict
+from bench.common import (
+    Context,
+    at_job_specs,
+    count_terminal,
+    dispatcher_thread,
+    fmt,
+    fresh_db,
+    md_table,
+    pyplot,
+    save_plot,
+    summary,
+    verdict,
+)
 
 NAME = "latency"
 TITLE = "3. Lateness: due time to executor start"
@@ -163,15 +175,7 @@ def _run_kernel(ctx: Context, p: dict[str, Any], *, load_per_s: int, lead_factor
     cache = getattr(dispatcher._executors, "_cache", dispatcher._executors)  # a LoadedProviders, or a dict before it
     cache[EXECUTOR] = stamp  # bench-only shortcut, see the module docstring
     span_s = (instants[-1] - now_ms()) / 1000
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            dispatcher.run(duration_s=span_s + 60)
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, name="bench-dispatcher", daemon=True)
+    thread, failure = dispatcher_thread(dispatcher, duration_s=span_s + 60, name="bench-dispatcher")
     thread.start()
     poll = sqlite3.connect(str(path))
     deadline = time.monotonic() + span_s + 30

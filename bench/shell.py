@@ -28,7 +28,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +38,7 @@ from bench.common import (
     at_job_specs,
     bench_env,
     count_terminal,
+    dispatcher_thread,
     fmt,
     fresh_db,
     md_table,
@@ -182,16 +182,8 @@ def run_counted(directory: Path, jobs: int, *, tag: str, timeout_s: float = 120.
     create_jobs(store, _specs(jobs, start_ms), now=start_ms)
     counter = _OutermostCommits(store)
     dispatcher = Dispatcher(store, DispatcherConfig(concurrency=CONCURRENCY, artifacts_root=directory / f"artifacts-{tag}"))
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failure.append(exc)
-
     poll = sqlite3.connect(str(path))
-    thread = threading.Thread(target=target, name="bench-shell-dispatcher", daemon=True)
+    thread, failure = dispatcher_thread(dispatcher, duration_s=timeout_s, name="bench-shell-dispatcher")
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     start_ms = now_ms()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +41,7 @@ from bench.common import (
     at_job_specs,
     bench_env,
     count_terminal,
+    dispatcher_thread,
     fmt,
     fresh_db,
     kernel_schema_db,
@@ -84,16 +84,8 @@ def run_kernel(ctx: Context, directory: Path, jobs: int, *, tag: str, timeout_s:
         store, DispatcherConfig(concurrency=CONCURRENCY, lease_ttl_ms=15_000, artifacts_root=directory / f"artifacts-{tag}"),
         say=None,
     )
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            dispatcher.run(duration_s=timeout_s)
-        except BaseException as exc:  # noqa: BLE001 - reported below, never swallowed
-            failure.append(exc)
-
     poll = sqlite3.connect(str(path))
-    thread = threading.Thread(target=target, name="bench-dispatcher", daemon=True)
+    thread, failure = dispatcher_thread(dispatcher, duration_s=timeout_s, name="bench-dispatcher")
     start_ms = now_ms()
     start = time.perf_counter()
     cpu_start = time.process_time()
