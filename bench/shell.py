@@ -103,6 +103,12 @@ PROFILE_NOTE = (
     "2.21; then the command run and reaped 0.75; the worker's result until the pass that completes it 1.48. Spawning "
     "the gate before the claim commits and committing the identity with the claim would take the 2.21 ms wait and part "
     "of the 2.19 out of every cycle; it changes the executor contract (the next step)."
+    " Issue 34, stop 44 (in-process, 300 `true` runs a side, 3 alternating pairs): twice the workers does not raise the"
+    " figure (concurrency 4: 327-426 jobs/s, 8: 381-435; the sequential loop 448 in the same sitting), nor does a"
+    " 0.5 ms GIL switch interval instead of 5 ms (+1.5 to +10%, within noise). The dispatcher's Python costs 2.1-2.4 ms"
+    " of CPU a run and runs under one GIL, so about 410 runs/s is one core's worth: the cycle's waits are mostly that"
+    " GIL, and 1.5x the loop (about 670-720 jobs/s here) needs the dispatcher's CPU per shell run near 1.2 ms or its"
+    " work split across processes, not more overlap."
 )
 
 
