@@ -179,6 +179,7 @@ def test_two_pending_approvals_make_jobs_approve_ambiguous(cli: Any, store: Any,
     assert cli("--json", "approvals", "list", "--pending").json["approvals"] == []
     shown = cli("--json", "approvals", "show", first["id"][:8]).json["approval"]
     assert shown["status"] == "rejected" and shown["note"] == "dup"
+    assert cli("--json", "approvals", "show", second["id"][-12:]).json["approval"]["id"] == second["id"]  # its end too
     assert cli("--json", "approvals", "show", "no-such-approval").json["code"] == "NOT_FOUND"
 
 

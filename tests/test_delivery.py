@@ -281,3 +281,26 @@ def test_two_consumers_on_postgres_share_the_outbox_and_send_each_part_once(pg_u
     assert all(w.stats["delivered"] > 0 for w in workers), [w.stats for w in workers]  # both took a share
     for s in stores:
         s.close()
+
+
+def test_a_part_is_found_by_the_id_end_its_listing_shows_and_a_shared_piece_is_refused(store: Any, cli: Any) -> None:
+    """``deliveries list`` shows each part id's last 28 characters; ``deliveries show`` and ``retry`` take them back.
+
+    A part id starts with its message's group, which starts with its run's id: runs made within a minute share their
+    first characters (time-ordered ids), so a shared prefix must be refused as ambiguous, not reported as missing.
+    """
+    job = add_job(store, payload_message="ok")
+    with store.transaction() as tx:
+        for group in ("01a2427e-9dbc-73d8-86fb-175105c6ef0b:delivery", "01a2427e-cc6a-786b-9277-8d08dc993e4a:delivery"):
+            enqueue(tx, {"id": None, "job_id": job["id"]}, "webhook", "http://127.0.0.1:9/x", "hello", group, now_ms())
+    ids = sorted(r["id"] for r in parts(store, job["id"]))
+    listed = [line.split()[0] for line in cli("deliveries", "list").out.splitlines()[1:]]
+    assert sorted(listed) == sorted(part_id[-28:] for part_id in ids)
+    for part_id in ids:
+        assert cli("--json", "deliveries", "show", part_id[-28:]).json["delivery"]["id"] == part_id  # as listed
+        assert cli("--json", "deliveries", "show", part_id[:24]).json["delivery"]["id"] == part_id  # a unique prefix
+    shared = cli("--json", "deliveries", "show", "01a2427e-")
+    assert shared.code != 0 and shared.json["code"] == "INVALID_ARGUMENT" and "ambiguous" in shared.json["error"]
+    assert cli("--json", "deliveries", "show", "delivery:part:1/1").json["code"] == "INVALID_ARGUMENT"  # both end so
+    missing = cli("--json", "deliveries", "show", "01a2427f-")
+    assert missing.code != 0 and missing.json["code"] == "NOT_FOUND"

@@ -76,7 +76,7 @@ pending work is cancelled) and leaves the job ``paused``; ``disable_job`` leaves
 ``resume_job`` and ``enable_job`` are one operation and lift either, or the scheduler's own
 ``auto-paused``. ``list_jobs(state=)`` keeps the jobs in one state (an unknown one is
 ``INVALID_ARGUMENT``). References are what the CLI takes: a job by id, name, or a unique prefix or
-suffix of its id (8 characters or more, what ``jobs list`` shows), a run by id or a unique prefix or suffix (6 characters or more; listings show its last 8), an approval or a part by id or a unique prefix.
+suffix of its id (8 characters or more, what ``jobs list`` shows), a run by id or a unique prefix or suffix (6 characters or more; listings show its last 8), an approval or a part by id or a unique prefix or suffix (8 characters or more).
 Refusals: ``NOT_FOUND`` (unknown job, run, approval, part, dispatch), ``INVALID_ARGUMENT`` (a bad
 limit or status, an ambiguous prefix), ``JOB_DISABLED``, ``JOB_ALREADY_RUNNING``,
 ``RUN_ALREADY_FINISHED``, ``APPROVAL_CONFLICT`` (already decided), ``APPROVAL_AMBIGUOUS``,
@@ -230,7 +230,7 @@ def list_approvals(store: StoreTarget, *, pending: bool = False, job: str | None
 
 
 def get_approval(store: StoreTarget, approval: str) -> JsonObject:
-    """``approvals show``: one approval (id or unique prefix)."""
+    """``approvals show``: one approval (id or a unique prefix or suffix)."""
     with _opened(store, readonly=True) as s:
         return queries.get_approval(s, approval)
 
@@ -243,7 +243,7 @@ def list_deliveries(store: StoreTarget, *, status: str | None = None, job: str |
 
 
 def get_delivery(store: StoreTarget, part: str) -> JsonObject:
-    """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
+    """``deliveries show``: one outbox part (id or a unique prefix or suffix) with its body and receipt."""
     with _opened(store, readonly=True) as s:
         return queries.get_delivery(s, part)
 

@@ -32,6 +32,7 @@ from scheduler.base.errors import SchedulerError
 from scheduler.base.run_ids import short_run_id
 from scheduler.base.timeutil import now_ms, to_iso
 from scheduler.core import transitions
+from scheduler.core.id_refs import ids_with_end
 from scheduler.core.rows import ApprovalRow, JobRow
 from scheduler.core.spec import executor_name_of
 from scheduler.core.store.base import Store, Tx
@@ -153,12 +154,15 @@ def expire_due(tx: Tx, *, now: int) -> int:
 
 
 def get_approval(tx: Tx, approval_id: str) -> dict[str, Any]:
-    """An approval by id or unique id prefix (at least 8 characters), with its job's ``job_name``; ``NOT_FOUND`` otherwise."""
+    """An approval by id or a unique prefix or suffix of it (at least 8 characters), with its job's ``job_name``;
+    ``INVALID_ARGUMENT`` for a piece two approvals share, ``NOT_FOUND`` for none."""
     select = "SELECT a.*, j.name AS job_name FROM approvals a LEFT JOIN jobs j ON j.id = a.job_id"
     row = tx.one(f"{select} WHERE a.id = ?", (approval_id,))
     if row is None and len(approval_id) >= 8:
-        rows = tx.all(f"{select} WHERE a.id LIKE ? LIMIT 2", (approval_id.replace("%", "").replace("_", "\\_") + "%",))
-        row = rows[0] if len(rows) == 1 else None
+        matches = ids_with_end(tx, "approvals", approval_id, limit=2)
+        if len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"approval id prefix or suffix {approval_id!r} is ambiguous: give more of the id")
+        row = tx.one(f"{select} WHERE a.id = ?", (matches[0],)) if matches else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Approval not found: {approval_id}")
     return row

@@ -41,7 +41,7 @@ def _status(view: dict[str, Any]) -> str:
 @approvals_group.command("show")
 @click.argument("approval_id")
 def approvals_show(approval_id: str) -> None:
-    """Everything about one approval (id or a unique prefix of at least 8 characters)."""
+    """Everything about one approval (id or a unique prefix or suffix of at least 8 characters)."""
     from scheduler.ops.queries import get_approval
 
     view = get_approval(open_ctx_store(), approval_id)

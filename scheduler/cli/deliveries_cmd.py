@@ -36,7 +36,7 @@ def deliveries_list(status: str | None, job: str | None, limit: int) -> None:
 @deliveries_group.command("show")
 @click.argument("part_id")
 def deliveries_show(part_id: str) -> None:
-    """One part: its body, receipt, attempts and last error (id or a unique prefix)."""
+    """One part: its body, receipt, attempts and last error (id or a unique prefix or suffix, such as the end `deliveries list` shows)."""
     from scheduler.ops.queries import get_delivery
 
     view = get_delivery(open_ctx_store(), part_id)

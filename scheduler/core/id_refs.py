@@ -1,7 +1,8 @@
-"""Matching what a user types for an id: a unique start or end of it (jobs, dispatches, runs).
+"""Matching what a user types for an id: a unique start or end of it (jobs, dispatches, runs, approvals, parts).
 
 Listings show each id short (``jobs list`` the shortest unique piece, ``queue list`` a
-dispatch id's end, ``runs list`` a run id's random end: ``scheduler.base.run_ids``), and the
+dispatch id's end, ``runs list`` a run id's random end: ``scheduler.base.run_ids``, ``deliveries list`` a
+part id's end, ``approvals list`` an approval id's start), and the
 commands that take an id take such a piece back. One query finds the ids that start or end
 with it, whichever end the listing showed.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from scheduler.core.store.base import Tx
 
 #: The tables whose ids ``ids_with_end`` matches (the name goes into the SQL text).
-_TABLES = frozenset({"jobs", "job_dispatch_queue", "runs"})
+_TABLES = frozenset({"jobs", "job_dispatch_queue", "runs", "approvals", "delivery_outbox"})
 
 
 def escape_like(text: str) -> str:

@@ -47,6 +47,7 @@ from scheduler.core import state
 from scheduler.core.dispatcher.pool import WorkerPool
 from scheduler.core.duty import DutyThread
 from scheduler.core.events import append_event
+from scheduler.core.id_refs import ids_with_end
 from scheduler.core.outputs import read_artifact
 from scheduler.core.store.base import Store, Tx
 from scheduler.plugins.loaded import LoadedProviders
@@ -394,12 +395,16 @@ def retry_failed(store: Store, ref: str, *, actor: str, now: int | None = None) 
 
 
 def get_part(tx: Tx, ref: str) -> dict[str, Any]:
-    """An outbox part by id (its idempotency key) or unique id prefix, with its job's ``job_name``; ``NOT_FOUND`` otherwise."""
+    """An outbox part by id (its idempotency key) or a unique prefix or suffix of it (8 characters or more: ``deliveries
+    list`` shows each id's last 28), with its job's ``job_name``; ``INVALID_ARGUMENT`` for a piece two parts share
+    (the parts of one message, or of runs made within a minute), ``NOT_FOUND`` for none."""
     select = "SELECT o.*, j.name AS job_name FROM delivery_outbox o LEFT JOIN jobs j ON j.id = o.job_id"
     row = tx.one(f"{select} WHERE o.id = ?", (ref,))
     if row is None and len(ref) >= 8:
-        rows = tx.all(f"{select} WHERE o.id LIKE ? LIMIT 2", (ref.replace("%", "").replace("_", "\\_") + "%",))
-        row = rows[0] if len(rows) == 1 else None
+        matches = ids_with_end(tx, "delivery_outbox", ref, limit=2)
+        if len(matches) > 1:
+            raise SchedulerError("INVALID_ARGUMENT", f"delivery id prefix or suffix {ref!r} is ambiguous: give more of the id")
+        row = tx.one(f"{select} WHERE o.id = ?", (matches[0],)) if matches else None
     if row is None:
         raise SchedulerError("NOT_FOUND", f"Delivery not found: {ref}")
     return row

@@ -96,7 +96,7 @@ def cancel_job(store: Store, job: str, *, reason: str | None = None) -> dict[str
 
 
 def decide_approval(store: Store, approval: str, decision: str, *, note: str | None = None) -> dict[str, Any]:
-    """``approvals approve`` / ``approvals reject``: decide one pending approval (id or unique prefix); the decided approval.
+    """``approvals approve`` / ``approvals reject``: decide one pending approval (id or a unique prefix or suffix); the decided approval.
 
     ``decision`` is ``approved`` or ``rejected`` (else ``INVALID_ARGUMENT``). ``APPROVAL_CONFLICT``
     when it is no longer pending, ``APPROVAL_SCOPE_MISMATCH`` when this account may not decide it.
@@ -117,7 +117,7 @@ def decide_for_job(store: Store, job: str, decision: str, *, note: str | None = 
 
 
 def retry_delivery(store: Store, part: str) -> dict[str, Any]:
-    """``deliveries retry``: re-arm a failed outbox part (id or unique prefix) and its message's failed parts; the part.
+    """``deliveries retry``: re-arm a failed outbox part (id or a unique prefix or suffix) and its message's failed parts; the part.
 
     ``DELIVERY_NOT_FAILED`` for a part that is not failed.
     """

@@ -282,7 +282,7 @@ def list_approvals(store: Store, *, pending: bool = False, job: str | None = Non
 
 
 def get_approval(store: Store, approval: str) -> dict[str, Any]:
-    """``approvals show``: one approval (id or a unique prefix of at least 8 characters)."""
+    """``approvals show``: one approval (id or a unique prefix or suffix of at least 8 characters)."""
     with store.read() as tx:
         return approval_to_json(approval_row(tx, approval))
 
@@ -305,7 +305,7 @@ def list_deliveries(store: Store, *, status: str | None = None, job: str | None 
 
 
 def get_delivery(store: Store, part: str) -> dict[str, Any]:
-    """``deliveries show``: one outbox part (id or unique prefix) with its body and receipt."""
+    """``deliveries show``: one outbox part (id or a unique prefix or suffix) with its body and receipt."""
     with store.read() as tx:
         return part_to_json(get_part(tx, part), full=True)
 
