@@ -50,6 +50,8 @@ from scheduler.core.execution import ExecutionResult
 from scheduler.core.fenced_writes import FencedWriter
 from scheduler.core.parts import Parts
 from scheduler.core.recovery import recover
+from scheduler.core.spec import executor_name_of
+from scheduler.core.steps import registered
 from scheduler.core.store import default_artifacts_root
 from scheduler.core.store.base import Store
 
@@ -170,6 +172,33 @@ class Dispatcher:
             duty = factory(context)
             duty.start()
             self._pass.duties.append(duty)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Load now what the first runs would otherwise load inside their own lateness: the run pipeline's steps
+        (entry points scanned, third-party steps imported) and the executor of every enabled job.
+
+        Measured before this existed: the first job due after ``scheduler run`` started began 50 ms (testkit) to
+        74 ms (shell) after its due time, against 1 ms for the next one (tests/test_dispatcher_warm_up.py). A step
+        or executor that cannot be loaded is left as it is: the run that needs it fails closed with the same code
+        it always did (``PIPELINE_STEP_NOT_REGISTERED``, ``EXECUTOR_NOT_AVAILABLE``, remembered for the retry period).
+        """
+        try:
+            registered()
+        except Exception as exc:  # noqa: BLE001 - the first run raises it again, as it did without the warm-up
+            log.debug("pipeline steps not loaded at start: %s", exc)
+        try:
+            with self.store.read() as tx:
+                names = {executor_name_of(row) for row in tx.all(
+                    "SELECT DISTINCT executor, session_target FROM jobs WHERE enabled = 1")}
+        except SchedulerError as exc:  # busy database: the runs load their executors themselves
+            log.debug("executors not loaded at start: %s", exc.message)
+            return
+        for name in sorted(names):
+            try:
+                self._executors.get(name)
+            except SchedulerError as exc:
+                log.debug("executor %r not loaded at start: %s", name, exc.message)
 
     def _on_lease_lost(self, why: str, code: str = "LEASE_LOST") -> None:
         """Step down: the lease was lost, or (``DB_VANISHED``) the database file was deleted or replaced."""
