@@ -109,6 +109,15 @@ PROFILE_NOTE = (
     " of CPU a run and runs under one GIL, so about 410 runs/s is one core's worth: the cycle's waits are mostly that"
     " GIL, and 1.5x the loop (about 670-720 jobs/s here) needs the dispatcher's CPU per shell run near 1.2 ms or its"
     " work split across processes, not more overlap."
+    " Issue 34, stop 45 (in-process, 600 `true` runs, thread CPU inside each function): the worker's 0.8-0.9 ms a run is"
+    " the gate's `Popen` 0.15, the reaping and leftovers check 0.15-0.16, making the run's cgroup 0.09 and moving the"
+    " gate into it 0.06, recording the identity 0.06 and the request and pipeline around the executor about 0.13; the"
+    " loop's 0.7-0.9 ms is the claim 0.24, the completions 0.22 and BEGIN/COMMIT 0.24. Shell passes carry 1.43 runs on"
+    " average, and a 1-run pass costs about 0.94 ms of CPU (a 4-run no-op pass 1.07), so the pass's fixed cost decides"
+    " this figure. Two ways to fewer commits were measured and not kept, 3 alternating pairs each: the identities"
+    " waiting up to 3 ms for a pass (commits per run 1.10 -> 1.03, but the loop's CPU per run rose, 391-471 -> 366-420"
+    " jobs/s), and a 2 ms window after every pass (354-512 against 414-524 jobs/s): at concurrency 4, a run waiting for a"
+    " window is a slot not working."
 )
 
 
