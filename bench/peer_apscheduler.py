@@ -369,6 +369,21 @@ def render(res: dict[str, Any]) -> str:
         "pairs: time-ordered job ids too (31 pages a commit: the burst's jobs and dispatches are then stored in claim "
         "order; +5% median, and it changes what `jobs list` shows), and sorting each pass's due jobs into claim order "
         "before their dispatches are stored (37.2 pages)."),
+        "",
+        ("Issue 34, 2026-12-07 (stop 44 in `issues stops`; the labels above are their sessions' own count, two ahead of "
+        "it). The same AMD EPYC VM ran about half as fast as the day before (in-process no-op runs 1.0-1.3 ms of CPU, "
+        "not 0.57), so these are ratios within the session. Per thread, in-process: the loop thread 0.90-1.09 ms a run, "
+        "each of the 4 workers 0.05; about 3 context switches a run, 1.05 of them the loop's. The loop's statements are "
+        "0.66 ms a run (60%): the terminal UPDATE of each run 175 us, the biggest; per pass of 4 runs the COMMIT 530 us, "
+        "the run INSERT 236, the jobs' counters 213, the claim 181, the events 158, the dispatches done 96. The same "
+        "terminal UPDATE in a plain sqlite3 loop on a copy of that database costs 41-77 us. A Python thread of the "
+        "same process spinning all the time raises it to 88-530 us of CPU (7-13 ms of wall time, about 3 voluntary "
+        "switches a statement), a spinning process does not, and a thread busy a fifth of the time (the workers' share "
+        "here) raises it only to about 84 us: so the GIL hand-off is not most of the gap, which is more likely the "
+        "pass's Python between the statements leaving SQLite's pages and code cold (not established). The pass's "
+        "terminal UPDATEs as one statement per shape of result (`CASE id WHEN ...`, one a pass instead of four): 5 "
+        "alternating pairs, median 693 -> 683 jobs/s and 1.24 -> 1.28 ms of CPU a run, no gain, as stop 41's single "
+        "statement for all shapes was none; not kept."),
     ]
     if res.get("plot"):
         out += ["", f"![apscheduler]({res['plot']})"]
