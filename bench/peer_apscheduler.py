@@ -372,7 +372,8 @@ def render(res: dict[str, Any]) -> str:
         "",
         ("Issue 34, 2026-12-07 (stop 44 in `issues stops`; the labels above are their sessions' own count, two ahead of "
         "it). The same AMD EPYC VM ran about half as fast as the day before (in-process no-op runs 1.0-1.3 ms of CPU, "
-        "not 0.57), so these are ratios within the session. Per thread, in-process: the loop thread 0.90-1.09 ms a run, "
+        "not 0.57), so these are ratios within the session. Per thread, in-process (`python -m bench.pass_profile` "
+        "measures the same): the loop thread 0.90-1.09 ms a run, "
         "each of the 4 workers 0.05; about 3 context switches a run, 1.05 of them the loop's. The loop's statements are "
         "0.66 ms a run (60%): the terminal UPDATE of each run 175 us, the biggest; per pass of 4 runs the COMMIT 530 us, "
         "the run INSERT 236, the jobs' counters 213, the claim 181, the events 158, the dispatches done 96. The same "

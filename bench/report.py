@@ -80,7 +80,9 @@ def render(results: dict[str, Any], *, facts: dict[str, Any], order: list[str], 
         "",
         f"Last run: {mode}, {', '.join(selected)}, {total_s:.0f} s. "
         "Re-run everything with `python -m bench`, the short CI form with `python -m bench --quick`, "
-        "one figure with `python -m bench --only NAME` (names: " + ", ".join(f"`{n}`" for n in order) + ").",
+        "one figure with `python -m bench --only NAME` (names: " + ", ".join(f"`{n}`" for n in order) + "). "
+        "Where a pass's time goes (per-thread CPU and the loop's statements ranked by CPU, not a figure): "
+        "`python -m bench.pass_profile` (`--shell` for shell jobs).",
         "",
         "## Machine",
         "",

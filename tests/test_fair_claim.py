@@ -48,6 +48,24 @@ def test_claim_candidates_put_the_newest_due_beside_a_backlog(store: Any) -> Non
     assert [c["due_at"] for c in wide] == sorted(c["due_at"] for c in wide)
 
 
+def test_materialising_a_backlog_does_not_queue_the_jobs_due_after_it_behind_it(store: Any) -> None:
+    """More jobs due than a pass materialises (its ``limit``): the jobs that fell due after the backlog's oldest are
+    materialised in the same pass, not after the whole backlog (an every-second job behind 4,000 overdue one-shots
+    waited 20 passes, and on a loaded machine its slots were coalesced as missed: tests below, CI of 2026-12-07)."""
+    base = now_ms() - 5_000
+    create_jobs(store, _one_shots(250, base, "backlog"))
+    late_once = add_job(store, schedule_kind="at", schedule_at=to_iso(base + 1000), allow_past_at=True, payload_message="ok")
+    every = add_job(store, name="every", schedule_kind="every", schedule_every="1s", payload_message="ok")
+    with store.transaction() as tx:  # its next slot falls due after the backlog's
+        tx.execute("UPDATE jobs SET next_run_at = ? WHERE id = ?", (base + 2000, every["id"]))
+    created = materialize_due(store, now=base + 2500, limit=200)
+    with store.read() as tx:
+        queued = {r["job_id"]: r["due_at"] for r in tx.all("SELECT job_id, due_at FROM job_dispatch_queue")}
+    assert queued.get(late_once["id"]) == base + 1000 and queued.get(every["id"]) == base + 2000, queued.get(every["id"])
+    assert created == len(queued) == 202  # the 200 oldest and the two due after them; 50 of the backlog wait a pass
+    assert materialize_due(store, now=base + 2500, limit=200) == 50
+
+
 #: One-shot jobs of the burst: enough that working them takes well over a second (the canary needs slots inside it);
 #: 2,000 took 1.1-1.2 s once the dispatcher reached about 1,800 runs/s.
 BURST = 4000

@@ -165,19 +165,24 @@ def materialize_due(store: Store, *, now: int | None = None, limit: int = 200) -
 def materialize_due_in(tx: Tx, *, now: int, limit: int = 200) -> int:
     """``materialize_due`` inside the caller's ``committing`` transaction (the dispatcher's pass); returns the slots created.
 
-    A pass with no job due costs one indexed read.
+    The oldest due first, ``limit`` of them; when more are due than that, up to ``limit // 4`` of the
+    newest due too, so a job due after a backlog's oldest is not queued behind all of it. A pass
+    with no job due costs one indexed read, a backlog a second one.
     """
     created = 0
     # SKIP LOCKED (PostgreSQL): dispatchers materialise disjoint jobs instead of queueing behind each other. The
     # columns that tell a one-shot reached in time from the others, and all its batch writes need (``_DUE_COLUMNS``):
     # a whole jobs row is read only for the jobs that take the per-job path below.
-    found = tx.all(
-        f"SELECT {_DUE_COLUMNS} FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?"
-        " ORDER BY next_run_at LIMIT ?" + tx.skip_locked,
-        (now, limit),
-    )
+    found = tx.all(_DUE_SQL + " ORDER BY next_run_at LIMIT ?" + tx.skip_locked, (now, limit))
     if not found:
         return 0
+    if len(found) == limit:
+        # A backlog (thousands of one-shots due at one instant): the jobs that fell due after its oldest are not queued
+        # behind the whole of it, ``limit`` a pass; up to a quarter as many of the newest due go in this pass too (an
+        # every-second job behind 4,000 overdue one-shots waited 20 passes, long enough on a loaded machine for its
+        # slots to be coalesced as missed). The claim treats its candidates the same way (``claim_candidates``).
+        found += tx.all(_DUE_SQL + " AND next_run_at > ? ORDER BY next_run_at DESC LIMIT ?" + tx.skip_locked,
+                        (now, found[-1]["next_run_at"], max(1, limit // 4)))
     grace_ms = current_settings().dispatcher.misfire_grace_ms
     # One-shot jobs reached in time (the common bulk case) are materialised together: one UPDATE, one INSERT (a
     # single one too: the writes are the per-job path's for it, and its whole row is not read).
@@ -223,6 +228,8 @@ def materialize_due_in(tx: Tx, *, now: int, limit: int = 200) -> int:
 
 #: What ``materialize_due_in`` reads of every due job: enough to batch a one-shot reached in time.
 _DUE_COLUMNS = "id, schedule_kind, next_run_at, artifact_digest"
+#: The due jobs ``materialize_due_in`` reads (``jobs_due_idx``), before its order and limit.
+_DUE_SQL = (f"SELECT {_DUE_COLUMNS} FROM jobs WHERE enabled = 1 AND next_run_at IS NOT NULL AND next_run_at <= ?")
 
 
 def _text(value: SQLValue) -> str | None:
