@@ -123,13 +123,32 @@ def thread_usage() -> dict[str, dict[str, float]]:
 def profile(runs: int = 3000, *, shell: bool = False, directory: Path | None = None,
             timeout_s: float = 300.0) -> dict[str, Any]:
     """Run ``runs`` due one-shots through an in-process dispatcher with its loop's statements timed; the figures."""
+    with hooks_off():
+        return _profile(runs, shell=shell, directory=directory, timeout_s=timeout_s)
+
+
+@contextmanager
+def hooks_off() -> Iterator[None]:
+    """``SCHEDULER_DISABLE_PLUGINS=hooks:*`` for the block unless the caller set it (as every benchmark:
+    bench/__main__.py), then the environment as it was: a caller's later plugin managers are not affected."""
+    if "SCHEDULER_DISABLE_PLUGINS" in os.environ:
+        yield
+        return
+    os.environ["SCHEDULER_DISABLE_PLUGINS"] = "hooks:*"
+    try:
+        yield
+    finally:
+        os.environ.pop("SCHEDULER_DISABLE_PLUGINS", None)
+
+
+def _profile(runs: int, *, shell: bool, directory: Path | None, timeout_s: float) -> dict[str, Any]:
+    """``profile``'s run, with the environment already set."""
     from scheduler.base.timeutil import now_ms
     from scheduler.core.dispatcher import DispatcherConfig
     from scheduler.core.jobs import create_jobs
     from scheduler.plugins.stores import open_store
     from scheduler.runtime import dispatcher as Dispatcher
 
-    os.environ.setdefault("SCHEDULER_DISABLE_PLUGINS", "hooks:*")  # as every benchmark (bench/__main__.py)
     scratch = Path(directory or tempfile.mkdtemp(prefix="pass-profile-"))
     path = scratch / "profile.db"
     store = open_store(str(path))

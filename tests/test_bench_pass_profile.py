@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from scheduler.core.store import sqlite as sqlite_store
 from scheduler.core.store import sqlite_statements
@@ -12,12 +14,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from bench.pass_profile import LOOP_THREAD, profile, render
 
 
-def test_the_profile_attributes_the_loops_statements_and_puts_the_store_back(tmp_path: Path) -> None:
+def test_the_profile_attributes_the_loops_statements_and_puts_the_store_back(tmp_path: Path, monkeypatch: Any) -> None:
     """A short run: every run ended ok, the loop's write transactions and its run INSERT are counted, the statements'
-    CPU is the loop thread's (never more than it, allowing the thread clock's tick), and the wrappers are gone after."""
+    CPU is the loop thread's (never more than it, allowing the thread clock's tick), and the wrappers and the
+    environment are as they were after (hook plugins were off only for the run: later tests' plugin managers load them)."""
+    monkeypatch.delenv("SCHEDULER_DISABLE_PLUGINS", raising=False)
     statement, control = sqlite_statements.execute, sqlite_store.SQLiteStore._exec
     res = profile(60, directory=tmp_path)
     assert sqlite_statements.execute is statement and sqlite_store.SQLiteStore._exec is control
+    assert "SCHEDULER_DISABLE_PLUGINS" not in os.environ
     assert res["runs"] == 60 and res["passes_committed"] >= 60 / 4  # concurrency 4: at most 4 runs start a pass
     texts = [s["statement"] for s in res["statements"]]
     assert "BEGIN IMMEDIATE" in texts and "COMMIT" in texts
