@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import REPO_ROOT, Context, machine_facts
-
-#: ``SCHEDULER_DISABLE_PLUGINS`` for the bench's processes: hook plugins (the venv's examples; no workload uses one).
-BENCH_DISABLED_PLUGINS = "hooks:*"
+from bench.common import BENCH_DISABLED_PLUGINS, REPO_ROOT, Context, machine_facts
 
 #: name -> module, in report order.
 BENCHMARKS = {

@@ -24,6 +24,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+#: ``SCHEDULER_DISABLE_PLUGINS`` for the bench's processes: hook plugins (the venv's examples; no workload uses one).
+BENCH_DISABLED_PLUGINS = "hooks:*"
+
 #: Terminal run statuses (mirrors ``scheduler.core.runs.TERMINAL``; repeated here so the poller needs no kernel import).
 TERMINAL_SQL = "('ok', 'error', 'timeout', 'cancelled', 'crashed', 'skipped')"
 

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import at_job_specs, count_terminal, dispatcher_thread, md_table
+from bench.common import BENCH_DISABLED_PLUGINS, at_job_specs, count_terminal, dispatcher_thread, md_table
 
 #: The dispatcher loop's thread (``dispatcher_thread``'s name): the one whose statements are timed.
 LOOP_THREAD = "bench-dispatcher"
@@ -129,12 +129,12 @@ def profile(runs: int = 3000, *, shell: bool = False, directory: Path | None = N
 
 @contextmanager
 def hooks_off() -> Iterator[None]:
-    """``SCHEDULER_DISABLE_PLUGINS=hooks:*`` for the block unless the caller set it (as every benchmark:
-    bench/__main__.py), then the environment as it was: a caller's later plugin managers are not affected."""
+    """``SCHEDULER_DISABLE_PLUGINS`` as every benchmark has it (``BENCH_DISABLED_PLUGINS``) for the block unless the
+    caller set it, then the environment as it was: a caller's later plugin managers are not affected."""
     if "SCHEDULER_DISABLE_PLUGINS" in os.environ:
         yield
         return
-    os.environ["SCHEDULER_DISABLE_PLUGINS"] = "hooks:*"
+    os.environ["SCHEDULER_DISABLE_PLUGINS"] = BENCH_DISABLED_PLUGINS
     try:
         yield
     finally:
