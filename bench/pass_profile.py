@@ -217,11 +217,22 @@ def render(res: dict[str, Any], top: int = 15) -> str:
     return "\n\n".join([head, threads, statements])
 
 
+def _positive(text: str) -> int:
+    """``--runs`` and ``--top``: a whole number above zero (argparse exits 2 with the message otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pass_profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", "--runs", type=int, default=3000, help="one-shot jobs due at once (default 3,000)")
+    ap.add_argument("-n", "--runs", type=_positive, default=3000, help="one-shot jobs due at once (default 3,000)")
     ap.add_argument("--shell", action="store_true", help="shell `true` jobs instead of testkit `ok`")
-    ap.add_argument("--top", type=int, default=15, help="statements shown (default 15)")
+    ap.add_argument("--top", type=_positive, default=15, help="statements shown (default 15)")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object")
     args = ap.parse_args(argv)
     res = profile(args.runs, shell=args.shell)

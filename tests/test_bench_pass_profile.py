@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from scheduler.core.store import sqlite as sqlite_store
 from scheduler.core.store import sqlite_statements
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: ``bench`` is not installed
-from bench.pass_profile import LOOP_THREAD, profile, render
+from bench.pass_profile import LOOP_THREAD, main, profile, render
 
 
 def test_the_profile_attributes_the_loops_statements_and_puts_the_store_back(tmp_path: Path, monkeypatch: Any) -> None:
@@ -32,3 +34,12 @@ def test_the_profile_attributes_the_loops_statements_and_puts_the_store_back(tmp
     assert 0 < res["statements_cpu_ms_per_run"] <= loop["cpu_ms_per_run"] + tick_ms_per_run
     text = render(res)
     assert LOOP_THREAD in text and "COMMIT" in text
+
+
+def test_the_tool_refuses_a_run_count_below_one_before_making_anything(capsys: Any) -> None:
+    """``-n 0`` or ``-n x`` is an argparse error (exit 2, the reason on stderr), not a traceback after a database is made."""
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["-n", bad])
+        assert exit_info.value.code == 2
+        assert "--runs" in capsys.readouterr().err
